@@ -1,0 +1,41 @@
+"""blackbox: a crash-survivable flight recorder for machine-learning training jobs.
+
+    import blackbox
+    blackbox.arm()                  # maps an on-disk ring; survives SIGKILL
+    blackbox.step()                 # per training step
+    with blackbox.phase("forward"):
+        ...
+    blackbox.mark("checkpoint", 3)
+
+After a death: ``blackbox recover RING -o bundle/`` (or :func:`recover`).
+"""
+
+from ._api import active, arm, disarm, mark, phase, recover, step
+from ._errors import (
+    BlackboxError,
+    BlackboxWarning,
+    CorruptHeaderError,
+    NotARingError,
+    RingNotFoundError,
+    UnsupportedVersionError,
+)
+from ._recorder import Recorder
+from ._version import __version__
+
+__all__ = [
+    "BlackboxError",
+    "BlackboxWarning",
+    "CorruptHeaderError",
+    "NotARingError",
+    "Recorder",
+    "RingNotFoundError",
+    "UnsupportedVersionError",
+    "__version__",
+    "active",
+    "arm",
+    "disarm",
+    "mark",
+    "phase",
+    "recover",
+    "step",
+]

@@ -1,0 +1,128 @@
+"""Module-level API: one active Recorder per process, fork and exit handling.
+
+Fork policy: a forked child (a DataLoader worker, say) never writes into its
+parent's ring. By default (``on_fork="disarm"``) the child's inherited recorder
+is silently abandoned: the mapping is dropped without a record or a state
+change, and ``blackbox.arm()`` in the child makes a fresh ring. With
+``on_fork="rearm"`` the child arms its own ring at once, beside the parent's,
+with the same settings and its own pid in the name.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from ._recorder import DEFAULT_CAPACITY, DEFAULT_SAMPLE_INTERVAL, DEFAULT_STRINGS_SIZE, Phase, Recorder
+
+_lock = threading.Lock()
+_active: Recorder = Recorder()  # inert until arm()
+_settings: dict[str, Any] = {}
+_atexit_registered = False
+
+
+def arm(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    capacity: int = DEFAULT_CAPACITY,
+    sample_interval: float = DEFAULT_SAMPLE_INTERVAL,
+    strings_size: int = DEFAULT_STRINGS_SIZE,
+    on_fork: str = "disarm",
+) -> Recorder:
+    """Arm the flight recorder and return it; a second call returns the armed one.
+
+    Args:
+        path: the ring file to create, or a folder to create it in. None uses
+            ``$BLACKBOX_DIR``, else ``/var/tmp/blackbox-<uid>``; the file is
+            named ``blackbox-<host>-rank<RANK>-pid<pid>-<UTC start>.ring``.
+        capacity: number of 128-byte event slots; the newest ``capacity``
+            events survive.
+        sample_interval: seconds between host-memory ``sample`` records.
+        strings_size: bytes reserved for interned label strings.
+        on_fork: ``"disarm"`` (a forked child writes nothing) or ``"rearm"``
+            (a forked child arms its own ring).
+
+    Never raises: if the ring cannot be made, a BlackboxWarning is issued and
+    the returned Recorder is disarmed (``recorder.armed`` is False).
+    """
+    global _active, _atexit_registered
+    with _lock:
+        if _active.armed:
+            return _active
+        _settings.update(
+            path=path, capacity=capacity, sample_interval=sample_interval,
+            strings_size=strings_size, on_fork=on_fork,
+        )
+        _active = Recorder.arm(
+            path, capacity=capacity, sample_interval=sample_interval,
+            strings_size=strings_size, on_fork=on_fork,
+        )
+        if _active.armed and not _atexit_registered:
+            atexit.register(_disarm_at_exit)
+            _atexit_registered = True
+        return _active
+
+
+def disarm() -> None:
+    """Record a clean end and close the ring (also run at interpreter exit)."""
+    _active.disarm()
+
+
+def active() -> Recorder:
+    """The current Recorder (inert if none was armed)."""
+    return _active
+
+
+def mark(label: str, value: int | None = None) -> None:
+    """Record a ``mark`` event with a label and an optional int64 value."""
+    _active.mark(label, value)
+
+
+def step(n: int | None = None) -> None:
+    """Start step ``n`` (the next step when None); later events carry it."""
+    _active.step(n)
+
+
+def phase(name: str) -> Phase:
+    """``with blackbox.phase("forward"):`` records phase_begin and phase_end."""
+    return _active.phase(name)
+
+
+def recover(ring_or_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> Path:
+    """Turn a ring (or every ring in a folder) into a bundle folder; returns its path.
+
+    The bundle holds ``timeline.parquet``, ``metadata.json`` and ``summary.md``.
+    Raises a BlackboxError subclass for input that is not a readable ring.
+    pyarrow is imported here, not when the recorder is armed.
+    """
+    from ._bundle import write_bundle
+
+    return write_bundle([Path(ring_or_dir)], Path(out_dir))
+
+
+def _disarm_at_exit() -> None:
+    try:
+        _active.disarm()
+    except Exception:
+        pass
+
+
+def _after_fork_in_child() -> None:
+    global _active, _lock
+    _lock = threading.Lock()  # the parent's lock may have been held by another thread
+    parent = _active
+    if not parent.armed:
+        return
+    parent.abandon_after_fork()
+    _active = Recorder()
+    if parent.on_fork == "rearm":
+        settings = dict(_settings)
+        if parent.path is not None:
+            settings["path"] = parent.path.parent
+        arm(**settings)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

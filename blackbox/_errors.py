@@ -1,0 +1,33 @@
+"""Errors raised for bad input, and the recorder's warning category.
+
+Every error that a user can cause with bad input (a missing file, a file that
+is not a ring, a damaged header) is a :class:`BlackboxError`. Its message is one
+line that says what was expected and what was found, so the CLI can print it
+as-is and exit non-zero without a traceback.
+"""
+
+from __future__ import annotations
+
+
+class BlackboxError(Exception):
+    """Base class of every error blackbox raises for bad input."""
+
+
+class RingNotFoundError(BlackboxError):
+    """The path given does not exist or holds no ring files."""
+
+
+class NotARingError(BlackboxError):
+    """The file does not start with the ring magic (empty, garbage, another format)."""
+
+
+class UnsupportedVersionError(BlackboxError):
+    """The ring was written in a format version this reader does not know."""
+
+
+class CorruptHeaderError(BlackboxError):
+    """The header's magic is right but its fields or checksum are not."""
+
+
+class BlackboxWarning(RuntimeWarning):
+    """Issued when the recorder cannot do its job; the training job carries on."""

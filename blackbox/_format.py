@@ -1,0 +1,288 @@
+"""The ring file format: the one module that knows byte offsets.
+
+``FORMAT.md`` beside this file is the normative description; ``tests/test_format_spec.py``
+keeps the two in step. A ring file is three regions::
+
+    [ header (header_size bytes, a multiple of 4096) ]
+    [ string region (strings_size bytes)              ]
+    [ record slots (capacity x 128 bytes)             ]
+
+Nothing here does I/O: functions take bytes or buffers and return values, so
+the writer, the reader and the golden-file tool share one definition.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._errors import CorruptHeaderError, NotARingError, UnsupportedVersionError
+
+MAGIC = b"\x89BLKBOX\n"
+FORMAT_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+PAGE = 4096
+
+# ---------------------------------------------------------------- header prefix
+#   0  magic[8]   8 version u2   10 state u2   12 header_crc u4   16 header_size u4
+#  20 record_size u4   24 capacity u8   32 records_offset u8   40 strings_offset u8
+#  48 strings_size u8  56 meta_len u8   64 meta JSON (meta_len bytes), zero padding
+PREFIX = struct.Struct("<8sHHIIIQQQQQ")
+PREFIX_SIZE = PREFIX.size  # 64
+STATE_OFFSET = 10
+STATE_STRUCT = struct.Struct("<H")
+CRC_START = 16  # the CRC covers bytes [16, 64 + meta_len): everything but magic/version/state/crc
+STATE_ARMED = 1
+STATE_CLEAN = 2
+STATE_NAMES = {STATE_ARMED: "armed", STATE_CLEAN: "clean"}
+MAX_HEADER_SIZE = 1 << 20
+
+# ---------------------------------------------------------------- record slots
+RECORD_SIZE = 128
+NULL = -1  # gauges, step and device use -1 for "not measured / none"
+FLAG_VALUE = 0x01  # flags bit 0: the value field holds a value (else value is null)
+PAYLOAD_WORDS = 9
+RECORD_DTYPE = np.dtype(
+    [
+        ("seq", "<u8"),
+        ("time", "<i8"),
+        ("thread", "<u8"),
+        ("step", "<i8"),
+        ("value", "<i8"),
+        ("label", "<u4"),
+        ("kind", "u1"),
+        ("flags", "u1"),
+        ("device", "<i2"),
+    ]
+    + [(f"p{i}", "<i8") for i in range(PAYLOAD_WORDS)]
+    + [("commit", "<u8")]
+)
+# Same layout for struct.pack_into: an event leaves the payload zero, a sample fills it.
+EVENT_FORMAT = "<QqQqqIBBh72xQ"
+SAMPLE_FORMAT = "<QqQqqIBBh9qQ"
+EVENT_STRUCT = struct.Struct(EVENT_FORMAT)
+SAMPLE_STRUCT = struct.Struct(SAMPLE_FORMAT)
+assert RECORD_DTYPE.itemsize == EVENT_STRUCT.size == SAMPLE_STRUCT.size == RECORD_SIZE
+
+KINDS: dict[int, str] = {
+    1: "arm",
+    2: "disarm",
+    3: "sample",
+    4: "step",
+    5: "mark",
+    6: "phase_begin",
+    7: "phase_end",
+}
+KIND_CODES = {name: code for code, name in KINDS.items()}
+# Payload words p0..p6 of a ``sample`` record; p7, p8 are reserved (-1).
+SAMPLE_FIELDS = (
+    "host_rss",
+    "cgroup_usage",
+    "cgroup_limit",
+    "gpu_allocated",
+    "gpu_reserved",
+    "device_free",
+    "device_total",
+)
+
+
+def kind_name(code: int) -> str:
+    """Name of a kind code; codes this reader does not know come out as ``kind_<n>``."""
+    return KINDS.get(code, f"kind_{code}")
+
+
+# ---------------------------------------------------------------- string region
+#   entry: id u4, length u4, crc32 u4, reserved u4, then `length` UTF-8 bytes, zero padded to 8
+STRING_ENTRY = struct.Struct("<IIII")
+STRING_ID_STRUCT = struct.Struct("<II")
+MAX_STRING_BYTES = 4096
+STRING_FULL_ID = 1
+STRING_FULL_TEXT = "<blackbox: string region full, label lost>"
+
+
+def _pad8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+def string_entry(string_id: int, text: str) -> bytes:
+    """Encode one interned string; text longer than MAX_STRING_BYTES is cut at a character."""
+    data = text.encode("utf-8", "replace")
+    if len(data) > MAX_STRING_BYTES:
+        data = data[: MAX_STRING_BYTES - 3].decode("utf-8", "ignore").encode() + "\u2026".encode()
+    crc = zlib.crc32(data, zlib.crc32(STRING_ID_STRUCT.pack(string_id, len(data))))
+    body = STRING_ENTRY.pack(string_id, len(data), crc, 0) + data
+    return body + bytes(_pad8(len(body)) - len(body))
+
+
+@dataclass
+class StringScan:
+    strings: dict[int, str]
+    entries: int
+    damaged: int  # entries skipped because their CRC or bounds did not hold
+
+
+def scan_strings(region: bytes | memoryview) -> StringScan:
+    """Read every intact entry of a string region, resynchronising past damage."""
+    buf = bytes(region)
+    size = len(buf)
+    out: dict[int, str] = {}
+    damaged = 0
+    pos = 0
+    while pos + STRING_ENTRY.size <= size:
+        sid, n, crc, _ = STRING_ENTRY.unpack_from(buf, pos)
+        if sid == 0 and n == 0 and crc == 0:
+            rest = buf[pos:]
+            if not rest.strip(b"\0"):
+                break  # the zero tail: nothing was ever written past here
+            pos += 8
+            continue
+        end = pos + STRING_ENTRY.size + n
+        if 0 < sid and n <= MAX_STRING_BYTES and end <= size:
+            data = buf[pos + STRING_ENTRY.size : end]
+            if zlib.crc32(data, zlib.crc32(STRING_ID_STRUCT.pack(sid, n))) == crc:
+                out.setdefault(sid, data.decode("utf-8", "replace"))
+                pos = _pad8(end)
+                continue
+        damaged += 1
+        pos += 8  # resynchronise on the next 8-byte boundary
+        while pos + STRING_ENTRY.size <= size and not _plausible_entry(buf, pos):
+            pos += 8
+    return StringScan(out, len(out), damaged)
+
+
+def _plausible_entry(buf: bytes, pos: int) -> bool:
+    sid, n, crc, _ = STRING_ENTRY.unpack_from(buf, pos)
+    end = pos + STRING_ENTRY.size + n
+    if sid == 0 or n > MAX_STRING_BYTES or end > len(buf):
+        return sid == 0 and n == 0 and crc == 0 and not buf[pos:].strip(b"\0")
+    data = buf[pos + STRING_ENTRY.size : end]
+    return zlib.crc32(data, zlib.crc32(STRING_ID_STRUCT.pack(sid, n))) == crc
+
+
+# ---------------------------------------------------------------- header
+@dataclass
+class Header:
+    version: int
+    state: int
+    header_size: int
+    record_size: int
+    capacity: int
+    records_offset: int
+    strings_offset: int
+    strings_size: int
+    meta: dict[str, Any]
+
+    @property
+    def file_size(self) -> int:
+        return self.records_offset + self.capacity * self.record_size
+
+
+def layout(capacity: int, strings_size: int, meta_len: int) -> tuple[int, int, int]:
+    """(header_size, strings_offset, records_offset) for a new ring."""
+    header_size = -(-(PREFIX_SIZE + meta_len) // PAGE) * PAGE
+    strings_size = -(-strings_size // PAGE) * PAGE
+    return header_size, header_size, header_size + strings_size
+
+
+def encode_header(capacity: int, strings_size: int, meta: dict[str, Any]) -> bytes:
+    """The header region's bytes (prefix, metadata JSON, zero padding), state ``armed``."""
+    meta = dict(meta, record_dtype=[[n, RECORD_DTYPE[n].str] for n in RECORD_DTYPE.names or ()])
+    blob = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+    header_size, strings_offset, records_offset = layout(capacity, strings_size, len(blob))
+    if header_size > MAX_HEADER_SIZE:
+        raise ValueError(f"ring metadata is {len(blob)} bytes; at most {MAX_HEADER_SIZE - 64} fit")
+    strings_size = records_offset - strings_offset
+    fields = (header_size, RECORD_SIZE, capacity, records_offset, strings_offset, strings_size)
+    tail = PREFIX.pack(MAGIC, FORMAT_VERSION, STATE_ARMED, 0, *fields, len(blob))[CRC_START:] + blob
+    crc = zlib.crc32(tail)
+    raw = PREFIX.pack(MAGIC, FORMAT_VERSION, STATE_ARMED, crc, *fields, len(blob)) + blob
+    return raw + bytes(header_size - len(raw))
+
+
+def decode_header(raw: bytes, file_size: int, name: str = "ring") -> Header:
+    """Parse and check a header read from the start of a file of ``file_size`` bytes.
+
+    ``raw`` must hold at least the prefix and the metadata it declares (the
+    caller reads ``PREFIX_SIZE`` bytes first, then ``64 + meta_len``).
+    """
+    if len(raw) < PREFIX_SIZE or raw[:8] != MAGIC:
+        found = "an empty file" if file_size == 0 else f"{raw[:8]!r}"
+        raise NotARingError(f"{name}: expected a blackbox ring (magic {MAGIC!r}), found {found}")
+    magic, version, state, crc, hsize, rsize, cap, roff, soff, ssize, mlen = PREFIX.unpack_from(raw)
+    if version not in SUPPORTED_VERSIONS:
+        raise UnsupportedVersionError(
+            f"{name}: expected format version {', '.join(map(str, SUPPORTED_VERSIONS))}, "
+            f"found version {version} (written by a newer blackbox? upgrade to read it)"
+        )
+    if mlen > MAX_HEADER_SIZE - PREFIX_SIZE or len(raw) < PREFIX_SIZE + mlen:
+        raise CorruptHeaderError(
+            f"{name}: expected header metadata of at most {MAX_HEADER_SIZE} bytes within the file, "
+            f"found a length of {mlen} bytes"
+        )
+    blob = raw[PREFIX_SIZE : PREFIX_SIZE + mlen]
+    actual = zlib.crc32(raw[CRC_START:PREFIX_SIZE] + blob)
+    if actual != crc:
+        raise CorruptHeaderError(
+            f"{name}: expected header checksum {crc:#010x}, found {actual:#010x} (header damaged)"
+        )
+    problems = []
+    if rsize != RECORD_SIZE:
+        problems.append(f"record size {rsize} (expected {RECORD_SIZE})")
+    if hsize % PAGE or hsize < PREFIX_SIZE + mlen or hsize > MAX_HEADER_SIZE:
+        problems.append(f"header size {hsize}")
+    if soff != hsize or roff != soff + ssize or roff % 64:
+        problems.append(f"region offsets strings={soff}+{ssize} records={roff}")
+    if cap < 1:
+        problems.append(f"capacity {cap}")
+    try:
+        meta = json.loads(blob)
+    except ValueError as exc:
+        problems.append(f"metadata JSON ({exc})")
+        meta = {}
+    if not isinstance(meta, dict):
+        problems.append("metadata that is not a JSON object")
+        meta = {}
+    expected_dtype = [[n, RECORD_DTYPE[n].str] for n in RECORD_DTYPE.names or ()]
+    if meta and meta.get("record_dtype") != expected_dtype:
+        problems.append("a record dtype that differs from format version 1")
+    if problems:
+        raise CorruptHeaderError(
+            f"{name}: expected a consistent version-{version} header, found {'; '.join(problems)}"
+        )
+    return Header(version, state, hsize, rsize, cap, roff, soff, ssize, meta)
+
+
+# ---------------------------------------------------------------- the commit rule
+@dataclass
+class SlotCensus:
+    valid: np.ndarray  # bool per slot
+    empty: int
+    torn: int
+    stale: int  # intact but out of slot position or window: never returned
+
+
+def classify(slots: np.ndarray, capacity: int) -> SlotCensus:
+    """Apply the commit rule to an array of RECORD_DTYPE slots (index = slot number).
+
+    A slot is *empty* when all its bytes are zero. It is *valid* when
+    ``seq != 0``, ``commit == seq`` and ``seq % capacity == slot index``, and its
+    seq lies within ``capacity`` of the newest valid seq. Everything else is
+    *torn* (cut by a kill mid-write, or damaged) or *stale*.
+    """
+    seq = slots["seq"]
+    words = slots.view("<u8").reshape(len(slots), RECORD_SIZE // 8)
+    empty = ~words.any(axis=1)
+    index = np.arange(len(slots), dtype=np.uint64)
+    intact = (seq != 0) & (slots["commit"] == seq) & (seq % np.uint64(capacity) == index)
+    stale = np.zeros(len(slots), dtype=bool)
+    if intact.any():
+        head = seq[intact].max()
+        low = head - np.uint64(min(int(head), capacity))
+        stale = intact & (seq <= low)
+    valid = intact & ~stale
+    return SlotCensus(valid, int(empty.sum()), int((~intact & ~empty).sum()), int(stale.sum()))

@@ -1,0 +1,137 @@
+"""metadata.json for a bundle, as pure functions over rings and their tables."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import _format as fmt
+from ._reader import Ring
+from ._timeline import GAUGES
+from ._version import __version__
+
+
+def iso(ns: int | None) -> str | None:
+    """UTC ISO-8601 with microseconds, or None."""
+    if ns is None:
+        return None
+    dt = datetime.fromtimestamp(ns // 1000 / 1e6, tz=timezone.utc)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def writer_state(ring: Ring) -> str:
+    """``clean``, ``running`` (writer alive on this host) or ``ended without a clean end``."""
+    if ring.clean or ring.header.state == fmt.STATE_CLEAN:
+        return "clean"
+    ident = ring.meta.get("identity") or {}
+    pid, boot = ident.get("pid"), ident.get("boot_id")
+    if isinstance(pid, int) and pid > 0 and ident.get("host") == socket.gethostname():
+        same_boot = boot is None or boot == _boot_id()
+        if same_boot and _alive(pid):
+            return "running"
+    return "ended without a clean end"
+
+
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _last_sample(table: pa.Table) -> dict[str, Any] | None:
+    samples = table.filter(pc.equal(table["kind"].cast(pa.string()), "sample"))
+    if samples.num_rows == 0:
+        return None
+    row = samples.slice(samples.num_rows - 1).to_pylist()[0]
+    out = {g: row[g] for g in GAUGES}
+    out["time"] = row["time"].isoformat().replace("+00:00", "Z") if row["time"] else None
+    out["step"] = row["step"]
+    return out
+
+
+def _peaks(table: pa.Table) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    times = table["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
+    for g in GAUGES:
+        col = table[g]
+        if col.null_count == len(col):
+            continue
+        values = col.fill_null(-1).to_numpy()
+        i = int(np.argmax(values))
+        out[g] = {"bytes": int(values[i]), "time": iso(int(times[i]))}
+    return out
+
+
+def ring_metadata(ring: Ring, table: pa.Table) -> dict[str, Any]:
+    """The metadata of one recovered ring (see FORMAT.md, "metadata.json")."""
+    ident = ring.meta.get("identity") or {}
+    times = table["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
+    steps = table["step"].drop_null()
+    clock = ring.meta.get("clock") or {}
+    start_ns = clock.get("wall_ns") if isinstance(clock.get("wall_ns"), int) else None
+    end_ns = int(times[-1]) if len(times) else None
+    return {
+        "format_version": ring.header.version,
+        "ring": str(ring.path),
+        "host": ident.get("host"),
+        "pid": ident.get("pid"),
+        "ppid": ident.get("ppid"),
+        "rank": ident.get("rank"),
+        "local_rank": ident.get("local_rank"),
+        "world_size": ident.get("world_size"),
+        "argv": ident.get("argv"),
+        "boot_id": ident.get("boot_id"),
+        "versions": ring.meta.get("versions"),
+        "started_at": iso(start_ns),
+        "last_event_at": iso(end_ns),
+        "duration_s": round((end_ns - start_ns) / 1e9, 6) if start_ns and end_ns else None,
+        "clean": ring.clean,
+        "writer_state": writer_state(ring),
+        "events": table.num_rows,
+        "last_step": int(pc.max(steps).as_py()) if len(steps) else None,
+        "sample_interval_s": ring.meta.get("sample_interval_s"),
+        "cgroup": ring.meta.get("cgroup"),
+        "last_sample": _last_sample(table),
+        "peaks": _peaks(table),
+        "recovery": ring.recovery.as_dict(),
+        "recovered_by": {"blackbox": __version__},
+    }
+
+
+def bundle_metadata(rings: list[dict[str, Any]]) -> dict[str, Any]:
+    """One ring's metadata as-is; several rings' under ``rings`` with summed counts."""
+    if len(rings) == 1:
+        return rings[0]
+    totals: dict[str, int] = {}
+    for m in rings:
+        for k, v in m["recovery"].items():
+            if isinstance(v, int) and k not in ("first_seq", "last_seq"):
+                totals[k] = totals.get(k, 0) + v
+    return {
+        "format_version": max(m["format_version"] for m in rings),
+        "clean": all(m["clean"] for m in rings),
+        "events": sum(m["events"] for m in rings),
+        "recovery": totals,
+        "rings": rings,
+        "recovered_by": {"blackbox": __version__},
+    }

@@ -1,0 +1,319 @@
+"""The Recorder: one armed ring, its sampler thread, and its clean end.
+
+A Recorder never raises into the job. Arming failures (a full disk, a
+read-only folder, a path that exists) become one :class:`BlackboxWarning` and a
+disarmed Recorder whose methods do nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from . import _format as fmt
+from ._errors import BlackboxWarning
+from ._host import HostProbe
+from ._ringfile import create_ring, default_dir, hostname, is_diskless, lock_pages, ring_name
+from ._version import __version__
+from ._writer import RingWriter
+
+DEFAULT_CAPACITY = 1 << 18  # 262,144 slots: 32 MiB of records
+DEFAULT_SAMPLE_INTERVAL = 0.1  # seconds
+DEFAULT_STRINGS_SIZE = 1 << 20  # 1 MiB of interned strings
+MIN_CAPACITY = 16
+MAX_ARGV_CHARS = 16384
+_KIND_PHASE_BEGIN = fmt.KIND_CODES["phase_begin"]
+_KIND_PHASE_END = fmt.KIND_CODES["phase_end"]
+_NULL_PAYLOAD = (-1,) * fmt.PAYLOAD_WORDS
+
+
+def warn(message: str) -> None:
+    """One warning, never an exception (even under ``-W error``)."""
+    try:
+        warnings.warn(message, BlackboxWarning, stacklevel=3)
+    except Exception:
+        try:
+            sys.stderr.write(f"BlackboxWarning: {message}\n")
+        except Exception:
+            pass
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _argv() -> list[str]:
+    out, used = [], 0
+    for arg in sys.argv:
+        if used + len(arg) > MAX_ARGV_CHARS:
+            out.append("...")
+            break
+        out.append(arg)
+        used += len(arg)
+    return out
+
+
+def _clock_pair() -> tuple[int, int]:
+    """(wall ns, monotonic ns) read as close together as Python allows."""
+    m0 = time.monotonic_ns()
+    wall = time.time_ns()
+    m1 = time.monotonic_ns()
+    return wall, (m0 + m1) // 2
+
+
+def _noop(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
+class Phase:
+    """Context manager written by ``phase(name)``: a begin event and an end event.
+
+    The end event's ``value`` is the phase's duration in nanoseconds.
+    """
+
+    __slots__ = ("_event", "_name", "_t0")
+
+    def __init__(self, event: Callable[..., int], name: str) -> None:
+        self._event, self._name, self._t0 = event, name, 0
+
+    def __enter__(self) -> Phase:
+        self._t0 = self._event(_KIND_PHASE_BEGIN, self._name)
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        t0 = self._t0
+        self._event(_KIND_PHASE_END, self._name, time.monotonic_ns() - t0 if t0 else None)
+
+
+def _null_event(*_args: Any, **_kwargs: Any) -> int:
+    return 0
+
+
+class Recorder:
+    """An armed (or, after a failure or ``disarm()``, inert) flight recorder.
+
+    Attributes:
+        path: the ring file, or None if arming failed before one was made.
+        armed: True while events are being written.
+        capacity: number of record slots in the ring.
+        sample_interval: seconds between host-memory samples.
+    """
+
+    mark: Callable[..., None]
+    step: Callable[..., None]
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self.armed = False
+        self.capacity = 0
+        self.sample_interval = 0.0
+        self.on_fork = "disarm"
+        self.pages_locked = False
+        self.mark = _noop
+        self.step = _noop
+        self._event: Callable[..., int] = _null_event
+        self._writer: RingWriter | None = None
+        self._map: Any = None
+        self._fd = -1
+        self._probe: HostProbe | None = None
+        self._stop = threading.Event()
+        self._sampler: threading.Thread | None = None
+        self._warned = False
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ arming
+    @classmethod
+    def arm(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        capacity: int = DEFAULT_CAPACITY,
+        sample_interval: float = DEFAULT_SAMPLE_INTERVAL,
+        strings_size: int = DEFAULT_STRINGS_SIZE,
+        on_fork: str = "disarm",
+    ) -> Recorder:
+        rec = cls()
+        rec.on_fork = on_fork
+        try:
+            rec._arm(path, int(capacity), float(sample_interval), int(strings_size), on_fork)
+        except Exception as exc:
+            rec._teardown(flush=False)  # create_ring removed any partial file
+            where = f" at {rec.path}" if rec.path else ""
+            warn(f"blackbox is disarmed: could not arm the ring{where}: {exc}")
+        return rec
+
+    def _arm(
+        self, path: str | os.PathLike[str] | None, capacity: int, interval: float, strings: int, on_fork: str
+    ) -> None:
+        if capacity < MIN_CAPACITY:
+            raise ValueError(f"capacity must be at least {MIN_CAPACITY} slots, got {capacity}")
+        if not interval > 0:
+            raise ValueError(f"sample_interval must be > 0 seconds, got {interval}")
+        if on_fork not in ("disarm", "rearm"):
+            raise ValueError(f"on_fork must be 'disarm' or 'rearm', got {on_fork!r}")
+        wall, mono = _clock_pair()
+        host, pid, rank = hostname(), os.getpid(), _env_int("RANK")
+        target = Path(path) if path is not None else default_dir()
+        if path is None or target.is_dir():
+            target.mkdir(mode=0o700, parents=True, exist_ok=True)
+            target = target / ring_name(host, pid, rank, wall)
+        self.path = target
+        if is_diskless(target.parent):
+            warn(
+                f"the ring folder {target.parent} is on a RAM filesystem (tmpfs): its pages count "
+                "against the memory limit that kills the job; set BLACKBOX_DIR to a disk-backed folder"
+            )
+        self._probe = HostProbe()
+        cg = self._probe.cgroup
+        meta = {
+            "format_version": fmt.FORMAT_VERSION,
+            "writer": {"package": "blackbox", "version": __version__},
+            "identity": {
+                "host": host,
+                "pid": pid,
+                "ppid": os.getppid(),
+                "rank": rank,
+                "local_rank": _env_int("LOCAL_RANK"),
+                "world_size": _env_int("WORLD_SIZE"),
+                "argv": _argv(),
+                "boot_id": _boot_id(),
+            },
+            "clock": {"wall_ns": wall, "monotonic_ns": mono},
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(wall / 1e9))
+            + f".{(wall // 1000) % 1_000_000:06d}Z",
+            "versions": _versions(),
+            "sample_interval_s": interval,
+            "cgroup": {"version": cg.version, "path": str(cg.directory)} if cg else None,
+        }
+        header = fmt.encode_header(capacity, strings, meta)
+        hdr = fmt.decode_header(header, len(header))
+        self._fd, self._map = create_ring(target, header, hdr.file_size)
+        self.pages_locked = lock_pages(self._map)
+        self._writer = RingWriter(
+            self._map, hdr.records_offset, capacity, hdr.strings_offset, hdr.strings_size, self._on_error
+        )
+        self.capacity, self.sample_interval, self.armed = capacity, interval, True
+        w = self._writer
+        self.mark, self.step, self._event = w.mark, w.step, w.event
+        w.event(fmt.KIND_CODES["arm"], None, capacity)
+        self.sample_now()
+        self._sampler = threading.Thread(target=self._sample_loop, name="blackbox-sampler", daemon=True)
+        self._sampler.start()
+
+    # ------------------------------------------------------------ the API
+    def phase(self, name: str) -> Phase:
+        """``with recorder.phase("forward"):`` writes phase_begin and phase_end events."""
+        return Phase(self._event, name)
+
+    def sample_now(self) -> None:
+        """Write one ``sample`` record with the current host memory figures."""
+        w, probe = self._writer, self._probe
+        if w is None or probe is None:
+            return
+        rss, usage, limit = probe.read()
+        w.sample((rss, usage, limit) + _NULL_PAYLOAD[3:])
+
+    def current_step(self) -> int | None:
+        """The step in force (None before the first ``step()``)."""
+        s = self._writer.current_step() if self._writer else -1
+        return None if s < 0 else s
+
+    def _sample_loop(self) -> None:
+        stop, interval = self._stop, self.sample_interval
+        try:
+            while not stop.wait(interval):
+                self.sample_now()
+        except Exception as exc:  # a probe that breaks stops sampling, never the job
+            self._on_error(exc)
+
+    def _on_error(self, exc: BaseException) -> None:
+        if not self._warned:
+            self._warned = True
+            warn(f"blackbox dropped an event: {type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------ ending
+    def disarm(self) -> None:
+        """Record a clean end and release the ring. Safe to call twice."""
+        with self._lock:
+            if not self.armed:
+                return
+            self.armed = False
+            self._stop.set()
+            sampler = self._sampler
+            if sampler is not None and sampler is not threading.current_thread():
+                sampler.join(timeout=max(1.0, 2 * self.sample_interval))
+            try:
+                self.sample_now()
+                if self._writer is not None:
+                    self._writer.event(fmt.KIND_CODES["disarm"])
+                if self._map is not None:
+                    fmt.STATE_STRUCT.pack_into(self._map, fmt.STATE_OFFSET, fmt.STATE_CLEAN)
+            except Exception as exc:
+                self._on_error(exc)
+            self._teardown(flush=True)
+
+    def abandon_after_fork(self) -> None:
+        """In a forked child: stop writing into the parent's ring without touching it."""
+        self.armed = False
+        self._stop.set()
+        self._sampler = None
+        self._teardown(flush=False)
+
+    def _teardown(self, *, flush: bool) -> None:
+        self.mark, self.step, self._event = _noop, _noop, _null_event
+        if self._writer is not None:
+            self._writer.kill()
+            self._writer = None
+        if self._map is not None:
+            try:
+                if flush:
+                    self._map.flush()
+                self._map.close()
+            except (OSError, ValueError, BufferError):
+                pass
+            self._map = None
+        if self._fd >= 0:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = -1
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
+
+    def __repr__(self) -> str:
+        state = "armed" if self.armed else "disarmed"
+        return f"<blackbox.Recorder {state} path={str(self.path)!r} capacity={self.capacity}>"
+
+
+def _versions() -> dict[str, str | None]:
+    import numpy
+
+    torch = sys.modules.get("torch")  # never import torch ourselves
+    return {
+        "python": sys.version.split()[0],
+        "numpy": numpy.__version__,
+        "torch": getattr(torch, "__version__", None) if torch is not None else None,
+        "blackbox": __version__,
+    }

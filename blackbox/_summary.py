@@ -1,0 +1,98 @@
+"""summary.md: a short human account of a recovered ring, as a pure function."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._timeline import GAUGES
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _ending(m: dict[str, Any]) -> str:
+    state = m.get("writer_state")
+    if state == "clean":
+        return "Ended cleanly: the recorder was disarmed (normal exit or `blackbox.disarm()`)."
+    if state == "running":
+        return "Still running: the writer process is alive; this is a snapshot."
+    return (
+        "**No clean end was recorded.** The process died without running its exit handlers: "
+        "SIGKILL, the kernel OOM killer, a native crash, or a power loss."
+    )
+
+
+def ring_summary(m: dict[str, Any]) -> str:
+    """Markdown for one ring's metadata (as built by ``ring_metadata``)."""
+    rec = m["recovery"]
+    argv = " ".join(m.get("argv") or []) or "n/a"
+    lines = [
+        f"# blackbox: {m.get('host')} pid {m.get('pid')} rank {_dash(m.get('rank'))}",
+        "",
+        f"- Command: `{argv}`",
+        f"- Started: {m.get('started_at')}; last event: {m.get('last_event_at')} "
+        f"({_duration(m.get('duration_s'))} recorded)",
+        f"- Steps: {'none recorded' if m.get('last_step') is None else 'last step ' + str(m['last_step'])}",
+        f"- Ending: {_ending(m)}",
+        "",
+        "## Last memory figures",
+        "",
+    ]
+    last = m.get("last_sample")
+    if last:
+        lines += ["| gauge | bytes | human |", "|---|---:|---:|"]
+        for g in GAUGES:
+            if last.get(g) is not None:
+                lines.append(f"| {g} | {last[g]} | {human_bytes(last[g])} |")
+        lines += ["", f"Sampled at {last.get('time')}, step {_dash(last.get('step'))}."]
+        usage, limit = last.get("cgroup_usage"), last.get("cgroup_limit")
+        if usage is not None and limit:
+            lines.append(f"Memory cgroup at {100 * usage / limit:.1f}% of its {human_bytes(limit)} limit.")
+    else:
+        lines.append("No memory sample survived.")
+    peaks = m.get("peaks") or {}
+    if peaks:
+        lines += ["", "## Peaks", "", "| gauge | peak | at |", "|---|---:|---|"]
+        for g, p in peaks.items():
+            lines.append(f"| {g} | {human_bytes(p['bytes'])} | {p['time']} |")
+    lines += [
+        "",
+        "## Recovery",
+        "",
+        f"{rec['valid']} events recovered from {rec['slots_read']} of {rec['slots']} slots "
+        f"(seq {_dash(rec['first_seq'])}..{_dash(rec['last_seq'])}); {rec['overwritten']} older events "
+        f"were overwritten by wrap-around; {rec['torn']} torn and {rec['stale']} stale slots dropped; "
+        f"{rec['holes']} holes; {rec['labels_lost']} labels lost.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def bundle_summary(meta: dict[str, Any]) -> str:
+    rings = meta.get("rings")
+    if not rings:
+        return ring_summary(meta)
+    head = [f"# blackbox: {len(rings)} rings, {meta['events']} events", ""]
+    return "\n".join(head + [ring_summary(m).replace("\n# ", "\n## ", 1) for m in rings])
+
+
+def _dash(v: Any) -> str:
+    return "-" if v is None else str(v)
+
+
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "n/a"
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.2f} h"

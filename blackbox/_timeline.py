@@ -1,0 +1,143 @@
+"""Rings to Arrow tables: the timeline, as pure functions (no file writing here).
+
+The column set and types are specified in FORMAT.md ("Timeline columns");
+``TIMELINE_SCHEMA`` below is the definition the spec test compares against.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from . import _format as fmt
+from ._reader import Ring
+
+GAUGES = fmt.SAMPLE_FIELDS
+_DICT_STR = pa.dictionary(pa.int32(), pa.string())
+
+TIMELINE_SCHEMA = pa.schema(
+    [
+        ("seq", pa.uint64()),
+        ("time", pa.timestamp("ns", tz="UTC")),
+        ("kind", _DICT_STR),
+        ("label", _DICT_STR),
+        ("value", pa.int64()),
+        ("step", pa.int64()),
+        ("thread", pa.uint64()),
+        ("pid", pa.int64()),
+        ("rank", pa.int32()),
+        ("host", _DICT_STR),
+        ("device", pa.int16()),
+    ]
+    + [(g, pa.int64()) for g in GAUGES]
+)
+
+
+def ring_times(ring: Ring) -> tuple[np.ndarray, int]:
+    """UTC nanoseconds of each record, made non-decreasing; also how many were raised.
+
+    The header's clock pair maps the monotonic stamps onto the wall clock.
+    Stamps are taken with the seq in one GIL-atomic step, so a raise only
+    happens with a damaged record or a writer without a GIL.
+    """
+    clock = ring.meta.get("clock") or {}
+    wall0, mono0 = int(clock.get("wall_ns", 0)), int(clock.get("monotonic_ns", 0))
+    t = ring.records["time"].astype(np.int64) + np.int64(wall0 - mono0)
+    fixed = np.maximum.accumulate(t) if len(t) else t
+    return fixed, int((fixed != t).sum())
+
+
+def _labels(ids: np.ndarray, strings: dict[int, str]) -> tuple[pa.Array, int]:
+    """Dictionary-encoded labels; ids whose string is missing become a placeholder."""
+    uniq, inverse = np.unique(ids, return_inverse=True)
+    lost = 0
+    words: list[str | None] = []
+    for sid in uniq.tolist():
+        if sid == 0:
+            words.append(None)
+        elif sid == fmt.STRING_FULL_ID:
+            words.append(fmt.STRING_FULL_TEXT)
+        elif sid in strings:
+            words.append(strings[sid])
+        else:
+            words.append(f"<blackbox: label #{sid} lost>")
+    for sid in uniq.tolist():
+        if sid == fmt.STRING_FULL_ID or (sid != 0 and sid not in strings):
+            lost += int((ids == sid).sum())
+    null_at = [i for i, w in enumerate(words) if w is None]
+    indices = inverse.astype(np.int32)
+    mask = np.isin(indices, null_at) if null_at else None
+    dictionary = pa.array([w if w is not None else "" for w in words], pa.string())
+    arr = pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32(), mask=mask), dictionary)
+    return arr, lost
+
+
+def _kinds(codes: np.ndarray) -> pa.Array:
+    uniq, inverse = np.unique(codes, return_inverse=True)
+    dictionary = pa.array([fmt.kind_name(int(c)) for c in uniq], pa.string())
+    return pa.DictionaryArray.from_arrays(pa.array(inverse.astype(np.int32), pa.int32()), dictionary)
+
+
+def _constant(value: Any, n: int, typ: pa.DataType) -> pa.Array:
+    if value is None:
+        return pa.nulls(n, typ)
+    return pa.array(np.full(n, value), typ)
+
+
+def _const_str(value: str | None, n: int) -> pa.Array:
+    if value is None:
+        return pa.nulls(n, _DICT_STR)
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([value]))
+
+
+def ring_table(ring: Ring) -> pa.Table:
+    """The timeline of one ring, one row per valid record, in seq order.
+
+    Updates ``ring.recovery.labels_lost`` and ``time_clamped`` as it goes.
+    """
+    r = ring.records
+    n = len(r)
+    ident = ring.meta.get("identity") or {}
+    times, clamped = ring_times(ring)
+    labels, lost = _labels(r["label"], ring.strings)
+    ring.recovery.time_clamped = clamped
+    ring.recovery.labels_lost = lost
+    has_value = (r["flags"] & fmt.FLAG_VALUE) != 0
+    step = r["step"]
+    device = r["device"]
+    is_sample = r["kind"] == fmt.KIND_CODES["sample"]
+    cols: dict[str, pa.Array] = {
+        "seq": pa.array(r["seq"], pa.uint64()),
+        "time": pa.array(times, pa.timestamp("ns", tz="UTC")),
+        "kind": _kinds(r["kind"]),
+        "label": labels,
+        "value": pa.array(r["value"], pa.int64(), mask=~has_value),
+        "step": pa.array(step, pa.int64(), mask=step < 0),
+        "thread": pa.array(r["thread"], pa.uint64()),
+        "pid": _constant(_int_or_none(ident.get("pid")), n, pa.int64()),
+        "rank": _constant(_int_or_none(ident.get("rank")), n, pa.int32()),
+        "host": _const_str(_str_or_none(ident.get("host")), n),
+        "device": pa.array(device, pa.int16(), mask=device < 0),
+    }
+    for i, name in enumerate(GAUGES):
+        words = r[f"p{i}"]
+        cols[name] = pa.array(words, pa.int64(), mask=~is_sample | (words < 0))
+    return pa.Table.from_pydict(cols, schema=TIMELINE_SCHEMA)
+
+
+def merge_tables(tables: list[pa.Table]) -> pa.Table:
+    """Several rings' timelines as one, ordered by time (then host, pid, seq)."""
+    if len(tables) == 1:
+        return tables[0]
+    merged = pa.concat_tables([t.cast(TIMELINE_SCHEMA) for t in tables]).unify_dictionaries()
+    return merged.combine_chunks().sort_by([("time", "ascending"), ("pid", "ascending"), ("seq", "ascending")])
+
+
+def _int_or_none(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _str_or_none(v: Any) -> str | None:
+    return v if isinstance(v, str) else None

@@ -1,0 +1,175 @@
+"""The hot path: closures that write records into a mapped ring.
+
+Why closures: a call like ``mark("x", 3)`` must cost well under a microsecond.
+Closure cells are the cheapest state CPython can read, so every write function
+below reads its buffer, capacity and current step from cells and does exactly
+one ``struct.pack_into`` into the mapping.
+
+Thread safety without a lock: ``tick()`` is one C-level call (``zip`` over
+``itertools.count``, ``time.monotonic_ns`` and ``threading.get_ident``) that
+returns the sequence number, the timestamp and the thread together. Under the
+GIL no other thread runs inside it, so seq order and time order agree, and no
+two writers ever get the same seq (hence the same slot, within one lap).
+``pack_into`` zeroes the slot and writes the fields in order, ``commit`` last,
+so a writer killed mid-record leaves ``commit != seq`` and the reader drops it.
+
+Interning a new label string is the slow path: it takes a lock, appends a
+CRC-checked entry to the string region, and only then publishes the id, so a
+record never refers to a string that is not yet on disk.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from itertools import count, repeat, starmap
+from typing import Any
+
+from ._format import (
+    EVENT_STRUCT,
+    FLAG_VALUE,
+    KIND_CODES,
+    RECORD_SIZE,
+    SAMPLE_STRUCT,
+    STRING_FULL_ID,
+    STRING_FULL_TEXT,
+    string_entry,
+)
+
+MARK = KIND_CODES["mark"]
+STEP = KIND_CODES["step"]
+SAMPLE = KIND_CODES["sample"]
+assert RECORD_SIZE == 1 << 7
+
+
+class RingWriter:
+    """Write functions bound to one mapped ring. ``kill()`` turns them all into no-ops.
+
+    ``mark``, ``step``, ``event`` and ``sample`` are plain functions stored on
+    the instance (no method binding on the hot path). Errors inside them are
+    passed to ``on_error`` and never raised.
+    """
+
+    mark: Callable[..., None]
+    step: Callable[..., None]
+    event: Callable[..., int]
+    sample: Callable[..., None]
+    current_step: Callable[[], int]
+    kill: Callable[[], None]
+
+    def __init__(
+        self,
+        buffer: Any,
+        records_offset: int,
+        capacity: int,
+        strings_offset: int,
+        strings_size: int,
+        on_error: Callable[[BaseException], None],
+    ) -> None:
+        whole = memoryview(buffer)
+        records: Any = whole[records_offset : records_offset + capacity * RECORD_SIZE]
+        strings: Any = whole[strings_offset : strings_offset + strings_size]
+        whole.release()
+        cap = capacity
+        pack_event = EVENT_STRUCT.pack_into
+        pack_sample = SAMPLE_STRUCT.pack_into
+        tick = zip(
+            count(1), starmap(time.monotonic_ns, repeat(())), starmap(threading.get_ident, repeat(()))
+        ).__next__
+        step_now = -1
+        ids: dict[Any, int] = {}
+        lookup = ids.get
+        lock = threading.Lock()
+        next_id = STRING_FULL_ID
+        string_pos = 0
+        full = False
+        dead = False
+
+        def intern(label: Any) -> int:
+            nonlocal next_id, string_pos, full
+            if label is None:
+                return 0
+            if full:
+                return STRING_FULL_ID
+            with lock:
+                sid = lookup(label)
+                if sid:
+                    return sid
+                text = label if isinstance(label, str) else str(label)
+                entry = string_entry(next_id, text)
+                end = string_pos + len(entry)
+                if end > len(strings):
+                    full = True
+                    return STRING_FULL_ID
+                strings[string_pos:end] = entry
+                string_pos = end
+                sid = next_id
+                next_id += 1
+                ids[label] = sid
+                return sid
+
+        def mark(label: str, value: int | None = None) -> None:
+            try:
+                seq, t, th = tick()
+                lid = lookup(label) or intern(label)
+                if value is None:
+                    pack_event(records, (seq % cap) << 7, seq, t, th, step_now, 0, lid, MARK, 0, -1, seq)
+                else:
+                    pack_event(records, (seq % cap) << 7, seq, t, th, step_now, value, lid, MARK, 1, -1, seq)
+            except Exception as exc:
+                if not dead:
+                    on_error(exc)
+
+        def step(n: int | None = None) -> None:
+            nonlocal step_now
+            try:
+                new = step_now + 1 if n is None else n.__index__()
+                if new < 0:
+                    raise ValueError(f"step must be >= 0, got {new}")
+                step_now = new
+                seq, t, th = tick()
+                pack_event(records, (seq % cap) << 7, seq, t, th, new, new, 0, STEP, FLAG_VALUE, -1, seq)
+            except Exception as exc:
+                if not dead:
+                    on_error(exc)
+
+        def event(kind: int, label: Any = None, value: int | None = None, device: int = -1) -> int:
+            """Write any event; returns its monotonic timestamp (0 if it was dropped)."""
+            try:
+                seq, t, th = tick()
+                lid = (lookup(label) or intern(label)) if label is not None else 0
+                flags, v = (0, 0) if value is None else (FLAG_VALUE, value)
+                pack_event(records, (seq % cap) << 7, seq, t, th, step_now, v, lid, kind, flags, device, seq)
+                return t
+            except Exception as exc:
+                if not dead:
+                    on_error(exc)
+                return 0
+
+        def sample(payload: tuple[int, ...], device: int = -1) -> None:
+            """Write a ``sample`` record; ``payload`` is the 9 gauge words (-1 = null)."""
+            try:
+                seq, t, th = tick()
+                pack_sample(records, (seq % cap) << 7, seq, t, th, step_now, 0, 0, SAMPLE, 0, device, *payload, seq)
+            except Exception as exc:
+                if not dead:
+                    on_error(exc)
+
+        def current_step() -> int:
+            return step_now
+
+        def kill() -> None:
+            nonlocal records, strings, dead
+            dead = True
+            r, s = records, strings
+            records = strings = None
+            for view in (r, s):
+                if view is not None:
+                    view.release()
+
+        # The reserved "region full" entry goes first, so id 1 always resolves.
+        if intern(STRING_FULL_TEXT) != STRING_FULL_ID:
+            raise ValueError(f"string region of {strings_size} bytes cannot hold its first entry")
+        self.mark, self.step, self.event, self.sample = mark, step, event, sample
+        self.current_step, self.kill = current_step, kill
