@@ -1,0 +1,49 @@
+"""The ``blackbox`` command: one small module per subcommand.
+
+Each subcommand module has ``add_arguments(parser)``, ``run(args) -> int`` and a
+standalone ``main(argv) -> int``. Bad input ends in one line on stderr and a
+non-zero exit status, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from .._errors import BlackboxError
+from .._version import __version__
+from . import demo, info, recover
+
+COMMANDS: dict[str, ModuleType] = {"recover": recover, "info": info, "demo": demo}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="blackbox", description="Crash-survivable flight recorder for training jobs.")
+    parser.add_argument("--version", action="version", version=f"blackbox {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, module in COMMANDS.items():
+        doc = (module.__doc__ or "").strip().splitlines()[0]
+        module.add_arguments(sub.add_parser(name, help=doc, description=doc))
+    return parser
+
+
+def run_command(module: ModuleType, args: argparse.Namespace) -> int:
+    """Run one subcommand, turning expected failures into one line and exit status 1."""
+    try:
+        return int(module.run(args))
+    except BlackboxError as exc:
+        print(f"blackbox: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"blackbox: error:{where}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    return run_command(COMMANDS[args.command], args)

@@ -1,0 +1,34 @@
+"""Recover rings (files or folders of rings) into a bundle: timeline.parquet, metadata.json, summary.md."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ._common import standalone
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("rings", nargs="+", metavar="RING|DIR", help="ring files, or folders holding *.ring files")
+    parser.add_argument("-o", "--out", required=True, metavar="OUT", help="bundle folder to write")
+    parser.add_argument("--summary", action="store_true", help="print summary.md after writing")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .._bundle import METADATA, SUMMARY, write_bundle
+
+    out = write_bundle([Path(p) for p in args.rings], Path(args.out))
+    meta = json.loads((out / METADATA).read_text())
+    rec = meta["recovery"]
+    state = "clean end" if meta.get("clean") else "no clean end"
+    print(f"wrote {out}/ ({meta['events']} events, {rec.get('torn', 0)} torn slots dropped, {state})")
+    if args.summary:
+        sys.stdout.write((out / SUMMARY).read_text())
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return standalone(sys.modules[__name__], "blackbox recover", argv)
