@@ -1,0 +1,65 @@
+"""The CLI through main(argv): recover, info, demo, and the console entry point."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import blackbox
+from blackbox.cli import info, main, recover
+from conftest import REPO
+
+
+@pytest.fixture
+def ring(tmp_path: Path) -> Iterator[Path]:
+    rec = blackbox.Recorder.arm(tmp_path / "c.ring", capacity=64, sample_interval=3600)
+    for i in range(100):
+        rec.mark("m", i)
+    assert rec.path is not None
+    yield rec.path  # armed during the test: the writer is this (live) process
+    rec.disarm()
+
+
+def test_info_reports_counts_and_live_writer(ring: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert info.main([str(ring), "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert facts["capacity"] == 64 and facts["valid"] == 64 and facts["empty"] == 0 and facts["torn"] == 0
+    assert facts["newest_seq"] == 102 and facts["overwritten"] == 102 - 64
+    assert facts["writer"] == "running"
+    assert main(["info", str(ring)]) == 0
+    text = capsys.readouterr().out
+    assert "64 valid, 0 empty, 0 torn" in text and "newest 102" in text and "writer:     running" in text
+
+
+def test_recover_cli_writes_bundle_and_prints_summary(ring: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bundle"
+    assert recover.main([str(ring), "-o", str(out), "--summary"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"wrote {out}/ (64 events") and "## Recovery" in printed
+    assert (out / "timeline.parquet").exists()
+
+
+def test_recover_without_out_is_a_usage_error(ring: Path) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["recover", str(ring)])
+    assert e.value.code == 2
+
+
+def test_console_script_and_module_entry_point(ring: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "blackbox", "info", str(ring)], capture_output=True, text=True,
+                          cwd=REPO)
+    assert proc.returncode == 0 and "valid" in proc.stdout
+
+
+def test_demo_arms_kills_recovers_and_summarises(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--dir", str(tmp_path / "demo"), "--kill-after", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "sent SIGKILL" in out and "No clean end was recorded" in out
+    meta = json.loads((tmp_path / "demo" / "bundle" / "metadata.json").read_text())
+    assert meta["clean"] is False and meta["last_step"] >= 5

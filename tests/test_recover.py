@@ -1,0 +1,119 @@
+"""recover(): the bundle's Parquet timeline, metadata.json and summary.md; merging rings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import blackbox
+from blackbox._timeline import TIMELINE_SCHEMA
+from conftest import run_py
+
+JOB = """
+import blackbox, sys, time, os, signal
+blackbox.arm(sys.argv[1], capacity=4096, sample_interval=0.01)
+for i in range(5):
+    blackbox.step()
+    with blackbox.phase("forward"):
+        blackbox.mark("loss", 100 - i)
+time.sleep(0.1)
+if sys.argv[2] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.fixture(scope="module")
+def killed_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("killed")
+    run_py(JOB, str(d / "job.ring"), "kill", check=False, env={"RANK": "2", "WORLD_SIZE": "4"})
+    return blackbox.recover(d / "job.ring", d / "bundle")
+
+
+def test_bundle_holds_the_three_files(killed_bundle: Path) -> None:
+    assert sorted(p.name for p in killed_bundle.iterdir()) == ["metadata.json", "summary.md", "timeline.parquet"]
+
+
+def test_timeline_schema_and_types(killed_bundle: Path) -> None:
+    table = pq.read_table(killed_bundle / "timeline.parquet")
+    assert table.schema.equals(TIMELINE_SCHEMA, check_metadata=False)
+    assert table.schema.field("time").type == pa.timestamp("ns", tz="UTC")
+    assert pa.types.is_dictionary(table.schema.field("kind").type)
+
+
+def test_timeline_reads_in_pandas_with_expected_rows(killed_bundle: Path) -> None:
+    df = pd.read_parquet(killed_bundle / "timeline.parquet")
+    assert list(df["seq"]) == list(range(1, len(df) + 1))
+    assert df["time"].is_monotonic_increasing
+    kinds = df["kind"].astype(str)
+    assert kinds.iloc[0] == "arm" and "disarm" not in set(kinds)
+    marks = df[kinds == "mark"]
+    assert list(marks["label"].astype(str)) == ["loss"] * 5 and list(marks["value"]) == [100, 99, 98, 97, 96]
+    assert list(marks["step"]) == [0, 1, 2, 3, 4]
+    assert set(df["rank"]) == {2} and df["pid"].nunique() == 1
+    samples = df[kinds == "sample"]
+    assert len(samples) >= 5 and (samples["host_rss"] > 1 << 20).all()
+    assert df.loc[kinds != "sample", "host_rss"].isna().all()
+    assert df["label"].isna().sum() == (kinds.isin(["sample", "arm", "step"])).sum()
+
+
+def test_timeline_queries_in_duckdb(killed_bundle: Path) -> None:
+    path = killed_bundle / "timeline.parquet"
+    rows = duckdb.sql(f"SELECT kind, count(*) FROM '{path}' GROUP BY kind ORDER BY kind").fetchall()
+    counts = dict(rows)
+    assert counts["mark"] == 5 and counts["phase_begin"] == 5 and counts["phase_end"] == 5 and counts["step"] == 5
+    ((peak,),) = duckdb.sql(f"SELECT max(host_rss) FROM '{path}'").fetchall()
+    assert peak > 1 << 20
+
+
+def test_metadata_says_who_and_how_it_ended(killed_bundle: Path) -> None:
+    m = json.loads((killed_bundle / "metadata.json").read_text())
+    for key in ("format_version", "pid", "host", "rank", "world_size", "argv", "versions", "started_at", "clean"):
+        assert key in m, key
+    assert m["format_version"] == 1 and m["rank"] == 2 and m["world_size"] == 4
+    assert m["clean"] is False and m["writer_state"] == "ended without a clean end"
+    assert m["versions"]["python"] and m["versions"]["numpy"] and m["versions"]["torch"] is None
+    r = m["recovery"]
+    assert r["slots"] == 4096 and r["valid"] == m["events"] and r["torn"] == 0 and r["first_seq"] == 1
+    assert r["overwritten"] == 0 and r["last_seq"] == r["valid"]
+    assert m["last_step"] == 4 and m["last_sample"]["host_rss"] > 0
+
+
+def test_summary_tells_the_story(killed_bundle: Path) -> None:
+    text = (killed_bundle / "summary.md").read_text()
+    assert "No clean end was recorded" in text and "last step 4" in text and "host_rss" in text
+
+
+def test_clean_exit_bundle_is_marked_clean(tmp_path: Path) -> None:
+    run_py(JOB, str(tmp_path / "ok.ring"), "exit")
+    m = json.loads((blackbox.recover(tmp_path / "ok.ring", tmp_path / "b") / "metadata.json").read_text())
+    assert m["clean"] is True and m["writer_state"] == "clean"
+    assert "Ended cleanly" in (tmp_path / "b" / "summary.md").read_text()
+
+
+def test_folder_of_rings_merges_into_one_timeline(tmp_path: Path) -> None:
+    rings = tmp_path / "rings"
+    rings.mkdir()
+    for rank in (0, 1):
+        run_py(JOB, str(rings / f"r{rank}.ring"), "exit", env={"RANK": str(rank)})
+    out = blackbox.recover(rings, tmp_path / "merged")
+    df = pd.read_parquet(out / "timeline.parquet")
+    assert set(df["rank"]) == {0, 1} and df["pid"].nunique() == 2
+    assert df["time"].is_monotonic_increasing
+    m = json.loads((out / "metadata.json").read_text())
+    assert len(m["rings"]) == 2 and m["events"] == len(df) and m["clean"] is True
+
+
+def test_recover_of_a_live_ring_reports_running(tmp_path: Path) -> None:
+    rec = blackbox.Recorder.arm(tmp_path / "live.ring", capacity=256, sample_interval=3600)
+    rec.mark("alive")
+    try:
+        m = json.loads((blackbox.recover(tmp_path / "live.ring", tmp_path / "b") / "metadata.json").read_text())
+        assert m["writer_state"] == "running" and m["clean"] is False
+    finally:
+        rec.disarm()
