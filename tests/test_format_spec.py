@@ -1,0 +1,85 @@
+"""FORMAT.md is normative: its tables must match the code that reads and writes rings."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pyarrow as pa
+
+from blackbox import _format as fmt
+from blackbox._timeline import TIMELINE_SCHEMA
+
+SPEC = (Path(fmt.__file__).parent / "FORMAT.md").read_text(encoding="utf-8")
+
+
+def table_after(heading: str) -> list[list[str]]:
+    """Rows of the first Markdown table after a heading, without header and rule."""
+    start = SPEC.index(heading)
+    rows, started = [], False
+    for line in SPEC[start:].splitlines()[1:]:
+        if line.startswith("|"):
+            started = True
+            rows.append([c.strip() for c in line.strip("|").split("|")])
+        elif started:
+            break
+    return rows[2:]
+
+
+def test_header_prefix_table_matches_struct() -> None:
+    rows = table_after("## Header prefix")
+    offsets = [int(r[0]) for r in rows]
+    sizes = [int(r[1]) for r in rows]
+    codes = re.findall(r"(\d*)([a-zA-Z])", fmt.PREFIX.format.lstrip("<"))
+    struct_sizes = [int(n) if c == "s" else {"H": 2, "I": 4, "Q": 8}[c] for n, c in codes]
+    assert sizes == struct_sizes
+    assert offsets == [sum(sizes[:i]) for i in range(len(sizes))]
+    assert sum(sizes) == fmt.PREFIX_SIZE
+    assert [r[2] for r in rows][1:3] == ["version", "state"] and offsets[2] == fmt.STATE_OFFSET
+    assert bytes.fromhex(rows[0][3].split("`")[1]) == fmt.MAGIC
+
+
+def test_record_table_matches_dtype_and_struct() -> None:
+    rows = table_after("## Record slots")
+    names = fmt.RECORD_DTYPE.names or ()
+    assert [r[2] for r in rows] == list(names)
+    for offset, size, name, typ, _ in rows:
+        field_dtype, field_offset = fmt.RECORD_DTYPE.fields[name][:2]
+        assert int(offset) == field_offset and int(size) == field_dtype.itemsize, name
+        assert typ[0] == field_dtype.kind and int(typ[1]) == field_dtype.itemsize, name
+    assert fmt.RECORD_DTYPE.itemsize == fmt.RECORD_SIZE == 128
+
+
+def test_kind_table_matches_codes() -> None:
+    rows = table_after("### Kinds")
+    assert {int(r[0]): r[1] for r in rows} == fmt.KINDS
+
+
+def test_sample_payload_table_matches_fields() -> None:
+    rows = table_after("### Sample payload")
+    assert [r[0] for r in rows] == [f"p{i}" for i in range(len(fmt.SAMPLE_FIELDS))]
+    assert tuple(r[1] for r in rows) == fmt.SAMPLE_FIELDS
+
+
+def test_string_entry_table_matches_struct() -> None:
+    rows = table_after("## String region")
+    assert [int(r[0]) for r in rows[:4]] == [0, 4, 8, 12] and fmt.STRING_ENTRY.size == 16
+    assert f"<= {fmt.MAX_STRING_BYTES}" in rows[1][2]
+    assert fmt.STRING_FULL_TEXT in SPEC
+
+
+def test_timeline_column_table_matches_schema() -> None:
+    rows = table_after("## Timeline columns")
+    assert [r[0] for r in rows] == TIMELINE_SCHEMA.names
+    for name, typ, _ in rows:
+        t = TIMELINE_SCHEMA.field(name).type
+        if pa.types.is_dictionary(t):
+            assert typ == f"dictionary<{t.value_type}>", name
+        elif pa.types.is_timestamp(t):
+            assert typ == f"timestamp[{t.unit}, {t.tz}]", name
+        else:
+            assert typ == str(t), name
+
+
+def test_version_named_in_spec_is_the_current_one() -> None:
+    assert SPEC.splitlines()[0] == f"# The blackbox ring format, version {fmt.FORMAT_VERSION}"

@@ -1,0 +1,112 @@
+"""Regenerate the golden ring files under tests/data/ (one per format version).
+
+    python tools/make_golden.py            # writes tests/data/ring-v1.ring and ring-v1.expected.json
+
+The ring is built byte by byte from blackbox._format with fixed clocks and
+identity, so it is the same on every machine. It exercises wrap-around, a torn
+slot, a damaged string entry, the "region full" label, nulls and every kind.
+The expected JSON is what the reader must recover from it; tests/test_golden.py
+compares. Never regenerate an old version's file: it must stay readable as is.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from blackbox import _format as fmt  # noqa: E402
+from blackbox._reader import read_ring  # noqa: E402
+from blackbox._timeline import ring_table  # noqa: E402
+
+CAPACITY = 32
+STRINGS = 4096
+WALL, MONO = 1_767_225_600_000_000_000, 5_000_000_000  # 2026-01-01T00:00:00Z
+META = {
+    "format_version": 1,
+    "writer": {"package": "blackbox", "version": "golden"},
+    "identity": {"host": "golden-host", "pid": 4242, "ppid": 1, "rank": 1, "local_rank": 1, "world_size": 2,
+                 "argv": ["train.py", "--golden"], "boot_id": None},
+    "clock": {"wall_ns": WALL, "monotonic_ns": MONO},
+    "started_at": "2026-01-01T00:00:00.000000Z",
+    "versions": {"python": "3.11.7", "numpy": "2.4.6", "torch": None, "blackbox": "golden"},
+    "sample_interval_s": 0.1,
+    "cgroup": None,
+}
+
+
+def build() -> bytes:
+    header = fmt.encode_header(CAPACITY, STRINGS, META)
+    h = fmt.decode_header(header, len(header))
+    buf = bytearray(h.file_size)
+    buf[: len(header)] = header
+    entries = [fmt.string_entry(1, fmt.STRING_FULL_TEXT), fmt.string_entry(2, "loss"),
+               fmt.string_entry(3, "forward"), fmt.string_entry(4, "damaged soon"), fmt.string_entry(5, "ünïcödé")]
+    pos = h.strings_offset
+    for e in entries:
+        buf[pos : pos + len(e)] = e
+        pos += len(e)
+    damaged_at = h.strings_offset + sum(len(e) for e in entries[:3]) + 16
+    buf[damaged_at] ^= 0xFF  # entry 4's text: its CRC fails, its label is lost
+    seq = 0
+    thread = 0x7F00_0000_1000
+
+    def put(kind: str, *, label: int = 0, value: int | None = None, step: int = -1, payload=None) -> None:
+        nonlocal seq
+        seq += 1
+        t = MONO + seq * 1_000_000
+        off = h.records_offset + (seq % CAPACITY) * fmt.RECORD_SIZE
+        flags, v = (0, 0) if value is None else (fmt.FLAG_VALUE, value)
+        if payload is None:
+            fmt.EVENT_STRUCT.pack_into(buf, off, seq, t, thread, step, v, label, fmt.KIND_CODES[kind], flags, -1, seq)
+        else:
+            fmt.SAMPLE_STRUCT.pack_into(buf, off, seq, t, thread, step, v, label, fmt.KIND_CODES[kind], flags, -1,
+                                        *payload, seq)
+
+    put("arm", value=CAPACITY)
+    put("sample", payload=(100 << 20, 200 << 20, 1 << 30, -1, -1, -1, -1, -1, -1))
+    for step in range(8):
+        put("step", value=step, step=step)
+        put("phase_begin", label=3, step=step)
+        put("phase_end", label=3, value=250_000 + step, step=step)
+        put("mark", label=2, value=1000 - step, step=step)
+        put("sample", step=step, payload=((100 + 10 * step) << 20, (200 + 10 * step) << 20, 1 << 30,
+                                          -1, -1, -1, -1, -1, -1))
+    put("mark", label=4, value=None, step=7)  # its string is damaged
+    put("mark", label=1, value=-5, step=7)  # the region-full placeholder
+    put("mark", label=5, value=-(1 << 63), step=7)
+    put("mark", label=9, value=(1 << 63) - 1, step=7)  # id with no entry at all
+    # a torn slot: the next record's seq written, commit not yet
+    torn_seq = seq + 1
+    off = h.records_offset + (torn_seq % CAPACITY) * fmt.RECORD_SIZE
+    buf[off : off + fmt.RECORD_SIZE] = bytes(fmt.RECORD_SIZE)
+    buf[off : off + 8] = torn_seq.to_bytes(8, "little")
+    return bytes(buf)
+
+
+def expected(path: Path) -> dict[str, object]:
+    ring = read_ring(path)
+    table = ring_table(ring)
+    rows = []
+    for row in table.to_pylist():
+        row["time"] = row["time"].isoformat()
+        rows.append(row)
+    return {"recovery": ring.recovery.as_dict(), "clean": ring.clean, "rows": rows}
+
+
+def main() -> int:
+    data_dir = ROOT / "tests" / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    ring = data_dir / f"ring-v{fmt.FORMAT_VERSION}.ring"
+    ring.write_bytes(build())
+    (data_dir / f"ring-v{fmt.FORMAT_VERSION}.expected.json").write_text(
+        json.dumps(expected(ring), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"wrote {ring} ({ring.stat().st_size} bytes) and its expected timeline")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
