@@ -30,7 +30,7 @@ def write_timeline(table: pa.Table, path: Path) -> None:
         table,
         path,
         compression="zstd",
-        compression_level=3,
+        compression_level=1,
         use_dictionary=_DICTIONARY,
         column_encoding={c: "DELTA_BINARY_PACKED" for c in _DELTA},
         write_statistics=True,

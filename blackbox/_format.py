@@ -275,8 +275,6 @@ def classify(slots: np.ndarray, capacity: int) -> SlotCensus:
     *torn* (cut by a kill mid-write, or damaged) or *stale*.
     """
     seq = slots["seq"]
-    words = slots.view("<u8").reshape(len(slots), RECORD_SIZE // 8)
-    empty = ~words.any(axis=1)
     index = np.arange(len(slots), dtype=np.uint64)
     intact = (seq != 0) & (slots["commit"] == seq) & (seq % np.uint64(capacity) == index)
     stale = np.zeros(len(slots), dtype=bool)
@@ -285,4 +283,7 @@ def classify(slots: np.ndarray, capacity: int) -> SlotCensus:
         low = head - np.uint64(min(int(head), capacity))
         stale = intact & (seq <= low)
     valid = intact & ~stale
-    return SlotCensus(valid, int(empty.sum()), int((~intact & ~empty).sum()), int(stale.sum()))
+    rest = np.flatnonzero(~intact)  # only these can be empty or torn: usually few in a full ring
+    words = slots[rest].view("<u8").reshape(len(rest), RECORD_SIZE // 8)
+    empty = int((~words.any(axis=1)).sum())
+    return SlotCensus(valid, empty, len(rest) - empty, int(stale.sum()))

@@ -106,9 +106,7 @@ def read_ring(path: str | os.PathLike[str]) -> Ring:
     finally:
         os.close(fd)
     census = fmt.classify(slots, header.capacity)
-    records = slots[census.valid]
-    order = np.argsort(records["seq"], kind="stable")  # two sorted runs: linear time
-    records = np.ascontiguousarray(records[order])
+    records = slots[seq_order(slots["seq"], np.flatnonzero(census.valid))]
     seqs = records["seq"]
     first = int(seqs[0]) if len(seqs) else None
     last = int(seqs[-1]) if len(seqs) else None
@@ -128,6 +126,21 @@ def read_ring(path: str | os.PathLike[str]) -> Ring:
         strings_damaged=scan.damaged,
     )
     return Ring(p, header, records, scan.strings, recovery, size, header.meta)
+
+
+def seq_order(seq: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Slot indices ``idx`` reordered by seq. Valid slots hold seq % capacity, so in slot
+    order their seqs form at most two ascending runs: a rotation, found in linear time."""
+    s = seq[idx]
+    drops = np.flatnonzero(s[1:] < s[:-1])
+    if len(drops) == 0:
+        return idx
+    if len(drops) == 1:
+        k = int(drops[0]) + 1
+        rotated = np.concatenate([idx[k:], idx[:k]])
+        if s[-1] < s[0]:
+            return rotated
+    return idx[np.argsort(s, kind="stable")]
 
 
 def find_rings(paths: list[Path]) -> list[Path]:

@@ -35,7 +35,29 @@ TIMELINE_SCHEMA = pa.schema(
 )
 
 
-def ring_times(ring: Ring) -> tuple[np.ndarray, int]:
+def record_columns(records: np.ndarray) -> dict[str, np.ndarray]:
+    """Each record field as a contiguous array (Arrow converts strided views slowly).
+
+    One cache-blocked transpose of the 8-byte words replaces a strided pass per field.
+    """
+    n = len(records)
+    width = fmt.RECORD_SIZE // 8
+    words = np.ascontiguousarray(records).view("<u8").reshape(n, width)
+    rows = np.empty((width, n), np.uint64)
+    for lo in range(0, n, 8192):
+        rows[:, lo : lo + 8192] = words[lo : lo + 8192].T
+    out: dict[str, np.ndarray] = {}
+    fields = fmt.RECORD_DTYPE.fields or {}
+    for name, (dt, offset, *_) in fields.items():
+        if dt.itemsize == 8:
+            out[name] = rows[offset // 8].view(dt)
+        else:
+            word = np.dtype({"names": [name], "formats": [dt], "offsets": [offset % 8], "itemsize": 8})
+            out[name] = np.ascontiguousarray(rows[offset // 8].view(word)[name])
+    return out
+
+
+def ring_times(ring: Ring, mono: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """UTC nanoseconds of each record, made non-decreasing; also how many were raised.
 
     The header's clock pair maps the monotonic stamps onto the wall clock.
@@ -44,40 +66,52 @@ def ring_times(ring: Ring) -> tuple[np.ndarray, int]:
     """
     clock = ring.meta.get("clock") or {}
     wall0, mono0 = int(clock.get("wall_ns", 0)), int(clock.get("monotonic_ns", 0))
-    t = ring.records["time"].astype(np.int64) + np.int64(wall0 - mono0)
+    stamps = ring.records["time"] if mono is None else mono
+    t = np.asarray(stamps, dtype=np.int64) + np.int64(wall0 - mono0)
     fixed = np.maximum.accumulate(t) if len(t) else t
     return fixed, int((fixed != t).sum())
 
 
+def _dense_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct values ascending, index of each value among them): np.unique without a sort
+    when the values are small non-negative ids, as kinds and label ids are."""
+    if len(values) and int(values.max()) < (1 << 22):
+        present = np.bincount(values, minlength=1) > 0
+        uniq = np.flatnonzero(present)
+        position = np.cumsum(present) - 1
+        return uniq, position[values].astype(np.int32)
+    uniq, inverse = np.unique(values, return_inverse=True)
+    return uniq, inverse.astype(np.int32)
+
+
 def _labels(ids: np.ndarray, strings: dict[int, str]) -> tuple[pa.Array, int]:
     """Dictionary-encoded labels; ids whose string is missing become a placeholder."""
-    uniq, inverse = np.unique(ids, return_inverse=True)
+    uniq, indices = _dense_codes(ids)
+    counts = np.bincount(indices, minlength=len(uniq)) if len(uniq) else np.zeros(0, np.int64)
     lost = 0
     words: list[str | None] = []
-    for sid in uniq.tolist():
+    for i, sid in enumerate(uniq.tolist()):
         if sid == 0:
             words.append(None)
-        elif sid == fmt.STRING_FULL_ID:
+            continue
+        if sid == fmt.STRING_FULL_ID or sid not in strings:
+            lost += int(counts[i])
+        if sid == fmt.STRING_FULL_ID:
             words.append(fmt.STRING_FULL_TEXT)
-        elif sid in strings:
-            words.append(strings[sid])
         else:
-            words.append(f"<blackbox: label #{sid} lost>")
-    for sid in uniq.tolist():
-        if sid == fmt.STRING_FULL_ID or (sid != 0 and sid not in strings):
-            lost += int((ids == sid).sum())
-    null_at = [i for i, w in enumerate(words) if w is None]
-    indices = inverse.astype(np.int32)
-    mask = np.isin(indices, null_at) if null_at else None
+            words.append(strings.get(sid, f"<blackbox: label #{sid} lost>"))
+    mask = None
+    if len(uniq) and uniq[0] == 0:
+        mask = indices == 0
     dictionary = pa.array([w if w is not None else "" for w in words], pa.string())
     arr = pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32(), mask=mask), dictionary)
     return arr, lost
 
 
 def _kinds(codes: np.ndarray) -> pa.Array:
-    uniq, inverse = np.unique(codes, return_inverse=True)
+    uniq, indices = _dense_codes(codes)
     dictionary = pa.array([fmt.kind_name(int(c)) for c in uniq], pa.string())
-    return pa.DictionaryArray.from_arrays(pa.array(inverse.astype(np.int32), pa.int32()), dictionary)
+    return pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), dictionary)
 
 
 def _constant(value: Any, n: int, typ: pa.DataType) -> pa.Array:
@@ -97,10 +131,12 @@ def ring_table(ring: Ring) -> pa.Table:
 
     Updates ``ring.recovery.labels_lost`` and ``time_clamped`` as it goes.
     """
-    r = ring.records
-    n = len(r)
+    records = ring.records
+    n = len(records)
+
+    r = record_columns(records)
     ident = ring.meta.get("identity") or {}
-    times, clamped = ring_times(ring)
+    times, clamped = ring_times(ring, r["time"])
     labels, lost = _labels(r["label"], ring.strings)
     ring.recovery.time_clamped = clamped
     ring.recovery.labels_lost = lost
