@@ -53,12 +53,18 @@ def arm(
         if _active.armed:
             return _active
         _settings.update(
-            path=path, capacity=capacity, sample_interval=sample_interval,
-            strings_size=strings_size, on_fork=on_fork,
+            path=path,
+            capacity=capacity,
+            sample_interval=sample_interval,
+            strings_size=strings_size,
+            on_fork=on_fork,
         )
         _active = Recorder.arm(
-            path, capacity=capacity, sample_interval=sample_interval,
-            strings_size=strings_size, on_fork=on_fork,
+            path,
+            capacity=capacity,
+            sample_interval=sample_interval,
+            strings_size=strings_size,
+            on_fork=on_fork,
         )
         if _active.armed and not _atexit_registered:
             atexit.register(_disarm_at_exit)

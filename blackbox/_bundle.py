@@ -32,7 +32,7 @@ def write_timeline(table: pa.Table, path: Path) -> None:
         compression="zstd",
         compression_level=1,
         use_dictionary=_DICTIONARY,
-        column_encoding={c: "DELTA_BINARY_PACKED" for c in _DELTA},
+        column_encoding=dict.fromkeys(_DELTA, "DELTA_BINARY_PACKED"),
         write_statistics=True,
     )
 
@@ -41,7 +41,7 @@ def write_bundle(inputs: list[Path], out_dir: Path) -> Path:
     """Recover every ring named (files, or folders of ``*.ring``) into ``out_dir``."""
     rings = [read_ring(p) for p in find_rings(inputs)]
     tables = [ring_table(r) for r in rings]
-    metas = [ring_metadata(r, t) for r, t in zip(rings, tables)]
+    metas = [ring_metadata(r, t) for r, t in zip(rings, tables, strict=False)]
     meta = bundle_metadata(metas)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_timeline(merge_tables(tables), out_dir / TIMELINE)

@@ -29,7 +29,7 @@ def train_torch(steps: int) -> None:
             loss = torch.nn.functional.cross_entropy(model[2](hidden), y)
         kept.append(hidden.detach().clone())
         with blackbox.phase("backward"):
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
         with blackbox.phase("optimizer"):
             opt.step()
             opt.zero_grad()

@@ -159,9 +159,9 @@ def _plausible_entry(buf: bytes, pos: int) -> bool:
     sid, n, crc, _ = STRING_ENTRY.unpack_from(buf, pos)
     end = pos + STRING_ENTRY.size + n
     if sid == 0 or n > MAX_STRING_BYTES or end > len(buf):
-        return sid == 0 and n == 0 and crc == 0 and not buf[pos:].strip(b"\0")
+        return bool(sid == 0 and n == 0 and crc == 0 and not buf[pos:].strip(b"\0"))
     data = buf[pos + STRING_ENTRY.size : end]
-    return zlib.crc32(data, zlib.crc32(STRING_ID_STRUCT.pack(sid, n))) == crc
+    return bool(zlib.crc32(data, zlib.crc32(STRING_ID_STRUCT.pack(sid, n))) == crc)
 
 
 # ---------------------------------------------------------------- header
@@ -227,9 +227,7 @@ def decode_header(raw: bytes, file_size: int, name: str = "ring") -> Header:
     blob = raw[PREFIX_SIZE : PREFIX_SIZE + mlen]
     actual = zlib.crc32(raw[CRC_START:PREFIX_SIZE] + blob)
     if actual != crc:
-        raise CorruptHeaderError(
-            f"{name}: expected header checksum {crc:#010x}, found {actual:#010x} (header damaged)"
-        )
+        raise CorruptHeaderError(f"{name}: expected header checksum {crc:#010x}, found {actual:#010x} (header damaged)")
     problems = []
     if rsize != RECORD_SIZE:
         problems.append(f"record size {rsize} (expected {RECORD_SIZE})")
@@ -251,9 +249,7 @@ def decode_header(raw: bytes, file_size: int, name: str = "ring") -> Header:
     if meta and meta.get("record_dtype") != expected_dtype:
         problems.append("a record dtype that differs from format version 1")
     if problems:
-        raise CorruptHeaderError(
-            f"{name}: expected a consistent version-{version} header, found {'; '.join(problems)}"
-        )
+        raise CorruptHeaderError(f"{name}: expected a consistent version-{version} header, found {'; '.join(problems)}")
     return Header(version, state, hsize, rsize, cap, roff, soff, ssize, meta)
 
 

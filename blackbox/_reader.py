@@ -85,9 +85,7 @@ def read_ring(path: str | os.PathLike[str]) -> Ring:
         if prefix[:8] != fmt.MAGIC:
             fmt.decode_header(prefix, size, name)  # raises NotARingError naming what it found
         if len(prefix) < fmt.PREFIX_SIZE:
-            raise NotARingError(
-                f"{name}: expected a ring header of {fmt.PREFIX_SIZE} bytes, found a {size}-byte file"
-            )
+            raise NotARingError(f"{name}: expected a ring header of {fmt.PREFIX_SIZE} bytes, found a {size}-byte file")
         meta_len = int.from_bytes(prefix[56:64], "little")
         head = os.pread(fd, fmt.PREFIX_SIZE + min(meta_len, fmt.MAX_HEADER_SIZE), 0)
         header = fmt.decode_header(head, size, name)
@@ -100,7 +98,8 @@ def read_ring(path: str | os.PathLike[str]) -> Ring:
         if n_slots:
             with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
                 f.seek(header.records_offset)
-                got = f.readinto(memoryview(slots).cast("B"))
+                target: Any = slots.view(np.uint8)  # numpy arrays are buffers; stubs disagree
+                got = f.readinto(target)
             n_slots = (got or 0) // fmt.RECORD_SIZE
             slots = slots[:n_slots]
     finally:

@@ -98,9 +98,7 @@ class Phase:
         self._t0 = self._event(_KIND_PHASE_BEGIN, self._name)
         return self
 
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         t0 = self._t0
         self._event(_KIND_PHASE_END, self._name, time.monotonic_ns() - t0 if t0 else None)
 

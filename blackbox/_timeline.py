@@ -47,7 +47,7 @@ def record_columns(records: np.ndarray) -> dict[str, np.ndarray]:
     for lo in range(0, n, 8192):
         rows[:, lo : lo + 8192] = words[lo : lo + 8192].T
     out: dict[str, np.ndarray] = {}
-    fields = fmt.RECORD_DTYPE.fields or {}
+    fields: dict[str, Any] = dict(fmt.RECORD_DTYPE.fields or {})
     for name, (dt, offset, *_) in fields.items():
         if dt.itemsize == 8:
             out[name] = rows[offset // 8].view(dt)

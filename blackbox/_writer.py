@@ -74,9 +74,7 @@ class RingWriter:
         cap = capacity
         pack_event = EVENT_STRUCT.pack_into
         pack_sample = SAMPLE_STRUCT.pack_into
-        tick = zip(
-            count(1), starmap(time.monotonic_ns, repeat(())), starmap(threading.get_ident, repeat(()))
-        ).__next__
+        tick = zip(count(1), starmap(time.monotonic_ns, repeat(())), starmap(threading.get_ident, repeat(()))).__next__
         step_now = -1
         ids: dict[Any, int] = {}
         lookup = ids.get

@@ -15,12 +15,19 @@ from blackbox._reader import Ring, read_ring
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_py(code: str, *args: str, env: dict[str, str] | None = None, timeout: float = 120,
-           check: bool = True, preexec_fn=None) -> subprocess.CompletedProcess[str]:
+def run_py(
+    code: str, *args: str, env: dict[str, str] | None = None, timeout: float = 120, check: bool = True, preexec_fn=None
+) -> subprocess.CompletedProcess[str]:
     """Run a Python snippet in a fresh interpreter with the repo importable."""
     full_env = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout, preexec_fn=preexec_fn)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        preexec_fn=preexec_fn,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc

@@ -9,10 +9,10 @@ import stat
 from pathlib import Path
 
 import pytest
+from conftest import run_py
 
 import blackbox
 from blackbox._reader import read_ring
-from conftest import run_py
 
 
 def test_arm_in_blackbox_dir_names_ring_after_host_pid_rank_and_start(tmp_path: Path) -> None:
@@ -44,7 +44,8 @@ def test_default_folder_is_var_tmp_per_user(tmp_path: Path) -> None:
 def test_exit_code_unchanged_and_clean_end_recorded(tmp_path: Path) -> None:
     proc = run_py(
         "import blackbox, sys; blackbox.arm(sys.argv[1], capacity=64); blackbox.mark('bye'); sys.exit(3)",
-        str(tmp_path / "e.ring"), check=False,
+        str(tmp_path / "e.ring"),
+        check=False,
     )
     assert proc.returncode == 3 and proc.stderr == ""
     assert read_ring(tmp_path / "e.ring").clean
@@ -53,7 +54,8 @@ def test_exit_code_unchanged_and_clean_end_recorded(tmp_path: Path) -> None:
 def test_uncaught_exception_keeps_traceback_and_status(tmp_path: Path) -> None:
     proc = run_py(
         "import blackbox, sys; blackbox.arm(sys.argv[1], capacity=64); raise KeyError('boom')",
-        str(tmp_path / "x.ring"), check=False,
+        str(tmp_path / "x.ring"),
+        check=False,
     )
     assert proc.returncode == 1 and "KeyError: 'boom'" in proc.stderr
 
@@ -102,7 +104,8 @@ def test_full_disk_fails_at_arm_with_one_warning(tmp_path: Path) -> None:
         print('armed' if r.armed else 'disarmed')
         sys.exit(5)
         """,
-        str(tmp_path / "big.ring"), check=False,
+        str(tmp_path / "big.ring"),
+        check=False,
     )
     assert proc.returncode == 5 and proc.stdout.strip() == "disarmed"
     assert proc.stderr.count("BlackboxWarning") == 1 and "Traceback" not in proc.stderr
@@ -140,7 +143,8 @@ def test_warnings_as_errors_still_never_raise(tmp_path: Path) -> None:
     target.write_bytes(b"")
     proc = run_py(
         "import blackbox, sys; r = blackbox.arm(sys.argv[1]); print(r.armed)",
-        str(target), env={"PYTHONWARNINGS": "error"},
+        str(target),
+        env={"PYTHONWARNINGS": "error"},
     )
     assert proc.stdout.strip() == "False" and "BlackboxWarning" in proc.stderr
 

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 import blackbox
 from blackbox.cli import info, main, recover
-from conftest import REPO
 
 
 @pytest.fixture
@@ -36,8 +36,9 @@ def test_info_reports_counts_and_live_writer(ring: Path, capsys: pytest.CaptureF
     assert "64 valid, 0 empty, 0 torn" in text and "newest 102" in text and "writer:     running" in text
 
 
-def test_recover_cli_writes_bundle_and_prints_summary(ring: Path, tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_recover_cli_writes_bundle_and_prints_summary(
+    ring: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "bundle"
     assert recover.main([str(ring), "-o", str(out), "--summary"]) == 0
     printed = capsys.readouterr().out
@@ -52,8 +53,9 @@ def test_recover_without_out_is_a_usage_error(ring: Path) -> None:
 
 
 def test_console_script_and_module_entry_point(ring: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "blackbox", "info", str(ring)], capture_output=True, text=True,
-                          cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "blackbox", "info", str(ring)], capture_output=True, text=True, cwd=REPO
+    )
     assert proc.returncode == 0 and "valid" in proc.stdout
 
 

@@ -6,12 +6,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import labels_of
 
 import blackbox
 from blackbox import _format as fmt
 from blackbox._reader import read_ring
 from blackbox.cli import main
-from conftest import labels_of
 
 
 @pytest.fixture
@@ -146,9 +146,11 @@ def test_damaged_string_entry_loses_only_its_label(ring: Path) -> None:
 
 def test_cli_prints_one_line_and_exits_nonzero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "junk.ring").write_bytes(b"\x00garbage")
-    for argv in (["recover", str(tmp_path / "junk.ring"), "-o", str(tmp_path / "o")],
-                 ["info", str(tmp_path / "missing.ring")],
-                 ["recover", str(tmp_path), "-o", str(tmp_path / "o2")]):
+    for argv in (
+        ["recover", str(tmp_path / "junk.ring"), "-o", str(tmp_path / "o")],
+        ["info", str(tmp_path / "missing.ring")],
+        ["recover", str(tmp_path), "-o", str(tmp_path / "o2")],
+    ):
         assert main(argv) == 1
         err = capsys.readouterr().err
         assert err.startswith("blackbox: error: ") and err.count("\n") == 1 and "Traceback" not in err

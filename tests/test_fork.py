@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from blackbox._reader import read_ring
 from conftest import labels_of, run_py
+
+from blackbox._reader import read_ring
 
 FORK_JOB = """
 import os, sys, blackbox
@@ -47,7 +48,7 @@ def test_forked_child_rearms_its_own_ring_when_asked(tmp_path: Path) -> None:
     assert parent_path != child_path and child_path.parent == tmp_path
     parent, child = read_ring(parent_path), read_ring(child_path)
     assert "child" not in labels_of(parent)
-    child_values = [int(v) for v, lab in zip(child.records["value"], labels_of(child)) if lab == "child"]
+    child_values = [int(v) for v, lab in zip(child.records["value"], labels_of(child), strict=False) if lab == "child"]
     assert child_values == list(range(50))
     assert child.meta["identity"]["pid"] != parent.meta["identity"]["pid"]
     assert child.meta["identity"]["ppid"] == parent.meta["identity"]["pid"]

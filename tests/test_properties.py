@@ -6,6 +6,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from conftest import labels_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -13,11 +14,13 @@ import blackbox
 from blackbox import _format as fmt
 from blackbox._reader import read_ring
 from blackbox._timeline import ring_table
-from conftest import labels_of
 
 EVENT = st.one_of(
-    st.tuples(st.just("mark"), st.sampled_from(["a", "bb", "ccc", "é", ""]),
-              st.one_of(st.none(), st.integers(-(1 << 63), (1 << 63) - 1))),
+    st.tuples(
+        st.just("mark"),
+        st.sampled_from(["a", "bb", "ccc", "é", ""]),
+        st.one_of(st.none(), st.integers(-(1 << 63), (1 << 63) - 1)),
+    ),
     st.tuples(st.just("step"), st.none(), st.one_of(st.none(), st.integers(0, 1 << 40))),
     st.tuples(st.just("phase"), st.sampled_from(["forward", "backward"]), st.none()),
 )

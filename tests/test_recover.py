@@ -10,10 +10,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import run_py
 
 import blackbox
 from blackbox._timeline import TIMELINE_SCHEMA
-from conftest import run_py
 
 JOB = """
 import blackbox, sys, time, os, signal

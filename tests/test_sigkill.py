@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import labels_of, spawn_py
 
 from blackbox import _format as fmt
 from blackbox._reader import read_ring
-from conftest import labels_of, spawn_py
 
 WRITER = """
 import sys, threading, blackbox
@@ -85,7 +85,7 @@ def test_sigkill_loses_no_acknowledged_event(tmp_path: Path, capacity: int, seco
         labels = labels_of(ring)
         wrapped = rec.overwritten > 0
         for k, last_acked in acked.items():
-            values = [int(v) for v, lab in zip(r["value"], labels) if lab == f"t{k}"]
+            values = [int(v) for v, lab in zip(r["value"], labels, strict=False) if lab == f"t{k}"]
             assert values == list(range(values[0], values[0] + len(values))), "no gap, no duplicate"
             assert values[-1] >= last_acked
             if not wrapped:

@@ -53,8 +53,12 @@ def bench_mark(tmp: Path, n: int, runs: int) -> dict[str, float]:
         for _ in range(k):
             pass
 
-    cases = {"blackbox.mark(label, value)": module_mark, "Recorder.mark(label, value)": recorder_mark,
-             "deque.append(dict) (in memory, not crash-safe)": deque_dict, "empty loop": empty}
+    cases = {
+        "blackbox.mark(label, value)": module_mark,
+        "Recorder.mark(label, value)": recorder_mark,
+        "deque.append(dict) (in memory, not crash-safe)": deque_dict,
+        "empty loop": empty,
+    }
     results: dict[str, list[float]] = {name: [] for name in cases}
     for fn in cases.values():
         fn(10_000)  # warm-up
@@ -120,14 +124,18 @@ def main() -> int:
         rec = bench_recover(tmp, 3 if quick else 5, 100_000 if quick else 1_000_000)
         arm_s = bench_arm(tmp, 3 if quick else 7)
     base = marks["deque.append(dict) (in memory, not crash-safe)"]
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-          f"{platform.system()} {platform.release()}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"{platform.system()} {platform.release()}"
+    )
     print("\n| measure | median | note |\n|---|---:|---|")
     for name, v in marks.items():
         note = f"{v / base:.2f}x deque" if "deque" not in name else "reference"
         print(f"| {name} | {v:.0f} ns/call | {note} |")
-    print(f"| recover {rec['events']:,.0f} events (ring to bundle) | {rec['seconds']:.2f} s | "
-          f"{rec['events_per_s'] / 1e6:.2f} M events/s |")
+    print(
+        f"| recover {rec['events']:,.0f} events (ring to bundle) | {rec['seconds']:.2f} s | "
+        f"{rec['events_per_s'] / 1e6:.2f} M events/s |"
+    )
     print(f"| timeline.parquet size | {rec['parquet_bytes_per_event']:.1f} B/event | typical training timeline |")
     print(f"| arm() of a 64 MiB ring | {arm_s * 1e3:.1f} ms | fallocate + pre-fault + header |")
     return 0

@@ -28,8 +28,16 @@ WALL, MONO = 1_767_225_600_000_000_000, 5_000_000_000  # 2026-01-01T00:00:00Z
 META = {
     "format_version": 1,
     "writer": {"package": "blackbox", "version": "golden"},
-    "identity": {"host": "golden-host", "pid": 4242, "ppid": 1, "rank": 1, "local_rank": 1, "world_size": 2,
-                 "argv": ["train.py", "--golden"], "boot_id": None},
+    "identity": {
+        "host": "golden-host",
+        "pid": 4242,
+        "ppid": 1,
+        "rank": 1,
+        "local_rank": 1,
+        "world_size": 2,
+        "argv": ["train.py", "--golden"],
+        "boot_id": None,
+    },
     "clock": {"wall_ns": WALL, "monotonic_ns": MONO},
     "started_at": "2026-01-01T00:00:00.000000Z",
     "versions": {"python": "3.11.7", "numpy": "2.4.6", "torch": None, "blackbox": "golden"},
@@ -43,8 +51,13 @@ def build() -> bytes:
     h = fmt.decode_header(header, len(header))
     buf = bytearray(h.file_size)
     buf[: len(header)] = header
-    entries = [fmt.string_entry(1, fmt.STRING_FULL_TEXT), fmt.string_entry(2, "loss"),
-               fmt.string_entry(3, "forward"), fmt.string_entry(4, "damaged soon"), fmt.string_entry(5, "ünïcödé")]
+    entries = [
+        fmt.string_entry(1, fmt.STRING_FULL_TEXT),
+        fmt.string_entry(2, "loss"),
+        fmt.string_entry(3, "forward"),
+        fmt.string_entry(4, "damaged soon"),
+        fmt.string_entry(5, "ünïcödé"),
+    ]
     pos = h.strings_offset
     for e in entries:
         buf[pos : pos + len(e)] = e
@@ -63,8 +76,9 @@ def build() -> bytes:
         if payload is None:
             fmt.EVENT_STRUCT.pack_into(buf, off, seq, t, thread, step, v, label, fmt.KIND_CODES[kind], flags, -1, seq)
         else:
-            fmt.SAMPLE_STRUCT.pack_into(buf, off, seq, t, thread, step, v, label, fmt.KIND_CODES[kind], flags, -1,
-                                        *payload, seq)
+            fmt.SAMPLE_STRUCT.pack_into(
+                buf, off, seq, t, thread, step, v, label, fmt.KIND_CODES[kind], flags, -1, *payload, seq
+            )
 
     put("arm", value=CAPACITY)
     put("sample", payload=(100 << 20, 200 << 20, 1 << 30, -1, -1, -1, -1, -1, -1))
@@ -73,8 +87,11 @@ def build() -> bytes:
         put("phase_begin", label=3, step=step)
         put("phase_end", label=3, value=250_000 + step, step=step)
         put("mark", label=2, value=1000 - step, step=step)
-        put("sample", step=step, payload=((100 + 10 * step) << 20, (200 + 10 * step) << 20, 1 << 30,
-                                          -1, -1, -1, -1, -1, -1))
+        put(
+            "sample",
+            step=step,
+            payload=((100 + 10 * step) << 20, (200 + 10 * step) << 20, 1 << 30, -1, -1, -1, -1, -1, -1),
+        )
     put("mark", label=4, value=None, step=7)  # its string is damaged
     put("mark", label=1, value=-5, step=7)  # the region-full placeholder
     put("mark", label=5, value=-(1 << 63), step=7)
@@ -103,7 +120,8 @@ def main() -> int:
     ring = data_dir / f"ring-v{fmt.FORMAT_VERSION}.ring"
     ring.write_bytes(build())
     (data_dir / f"ring-v{fmt.FORMAT_VERSION}.expected.json").write_text(
-        json.dumps(expected(ring), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        json.dumps(expected(ring), indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     print(f"wrote {ring} ({ring.stat().st_size} bytes) and its expected timeline")
     return 0
 

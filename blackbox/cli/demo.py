@@ -39,14 +39,18 @@ def run(args: argparse.Namespace) -> int:
             if last >= args.kill_after:
                 break
     if child.poll() is not None:
-        print(f"[demo] the job exited by itself (status {child.returncode}) before step {args.kill_after}",
-              file=sys.stderr)
+        print(
+            f"[demo] the job exited by itself (status {child.returncode}) before step {args.kill_after}",
+            file=sys.stderr,
+        )
         return 1
     time.sleep(random.uniform(0, 0.01))  # land somewhere inside the next step
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
-    print(f"[demo] sent SIGKILL after step {last}: the job died with status {child.returncode}, "
-          "no handler ran", flush=True)
+    print(
+        f"[demo] sent SIGKILL after step {last}: the job died with status {child.returncode}, no handler ran",
+        flush=True,
+    )
     write_bundle([rings], bundle)
     print(f"[demo] recovered the ring into {bundle}/ (timeline.parquet, metadata.json, summary.md)\n", flush=True)
     sys.stdout.write((bundle / SUMMARY).read_text())

@@ -57,16 +57,24 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(f, indent=2))
         return 0
     mib = f["capacity"] * f["record_size"] / 2**20
-    size_note = "" if f["file_size"] >= f["expected_file_size"] else f" (TRUNCATED: {f['file_size']} of {f['expected_file_size']} bytes)"
+    size_note = ""
+    if f["file_size"] < f["expected_file_size"]:
+        size_note = f" (TRUNCATED: {f['file_size']} of {f['expected_file_size']} bytes)"
     print(f"ring:       {f['ring']}{size_note}")
-    print(f"format:     version {f['format_version']}, {f['record_size']}-byte records, "
-          f"{f['capacity']} slots ({mib:.1f} MiB), {f['strings_size'] // 1024} KiB of strings")
+    print(
+        f"format:     version {f['format_version']}, {f['record_size']}-byte records, "
+        f"{f['capacity']} slots ({mib:.1f} MiB), {f['strings_size'] // 1024} KiB of strings"
+    )
     print(f"identity:   host {f['host']}, pid {f['pid']}, rank {f['rank']}, world size {f['world_size']}")
     print(f"started:    {f['started_at']}")
     print(f"command:    {' '.join(f['argv'] or [])}")
-    print(f"slots:      {f['valid']} valid, {f['empty']} empty, {f['torn']} torn, {f['stale']} stale "
-          f"({f['slots_read']} read)")
-    print(f"seq:        newest {f['newest_seq']}, oldest {f['oldest_seq']}, {f['overwritten']} overwritten by wrap-around")
+    print(
+        f"slots:      {f['valid']} valid, {f['empty']} empty, {f['torn']} torn, {f['stale']} stale "
+        f"({f['slots_read']} read)"
+    )
+    print(
+        f"seq:        newest {f['newest_seq']}, oldest {f['oldest_seq']}, {f['overwritten']} overwritten by wrap-around"
+    )
     print(f"strings:    {f['strings']} interned")
     print(f"writer:     {f['writer']}")
     return 0
