@@ -1,0 +1,63 @@
+"""Host probes: memory cgroup discovery (v1 and v2) and limit parsing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from blackbox._host import HostProbe, effective_limit_file, find_memory_cgroup, parse_limit
+
+
+def _fake(tmp_path: Path, cgroup: str, mountinfo: str) -> tuple[str, str]:
+    (tmp_path / "cgroup").write_text(cgroup)
+    (tmp_path / "mountinfo").write_text(mountinfo)
+    return str(tmp_path / "cgroup"), str(tmp_path / "mountinfo")
+
+
+def test_cgroup_v1_is_found_and_its_effective_limit_is_the_lowest_ancestor(tmp_path: Path) -> None:
+    root = tmp_path / "memory"
+    job = root / "slurm" / "job_7"
+    job.mkdir(parents=True)
+    (root / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (root / "slurm" / "memory.limit_in_bytes").write_text(f"{8 << 30}\n")
+    (job / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (job / "memory.usage_in_bytes").write_text("12345\n")
+    cg, mi = _fake(tmp_path, "4:memory:/slurm/job_7\n1:cpu:/\n",
+                   f"30 25 0:27 / {root} rw,relatime - cgroup cgroup rw,memory\n")
+    found = find_memory_cgroup(cg, mi)
+    assert found is not None and found.version == 1 and found.directory == job.resolve()
+    assert effective_limit_file(found) == (root / "slurm" / "memory.limit_in_bytes").resolve()
+
+
+def test_cgroup_v2_is_found_with_memory_max(tmp_path: Path) -> None:
+    root = tmp_path / "unified"
+    job = root / "user.slice" / "job"
+    job.mkdir(parents=True)
+    (job / "memory.current").write_text("4096\n")
+    (job / "memory.max").write_text("max\n")
+    cg, mi = _fake(tmp_path, "0::/user.slice/job\n", f"35 25 0:30 / {root} rw - cgroup2 cgroup2 rw\n")
+    found = find_memory_cgroup(cg, mi)
+    assert found is not None and found.version == 2 and found.usage.name == "memory.current"
+    assert found.limit.name == "memory.max" and effective_limit_file(found) is None  # "max": unlimited
+
+
+def test_no_memory_cgroup_gives_none(tmp_path: Path) -> None:
+    cg, mi = _fake(tmp_path, "1:cpu:/\n", "22 1 0:5 / /proc rw - proc proc rw\n")
+    assert find_memory_cgroup(cg, mi) is None
+
+
+def test_parse_limit() -> None:
+    assert parse_limit("max\n") is None and parse_limit("9223372036854771712") is None
+    assert parse_limit("268435456\n") == 256 << 20 and parse_limit("garbage") is None and parse_limit("") is None
+
+
+def test_probe_reads_this_process() -> None:
+    probe = HostProbe()
+    try:
+        rss, usage, limit = probe.read()
+        assert rss > 1 << 20
+        if probe.cgroup is not None:
+            assert usage > 0
+        assert limit == -1 or limit > 0
+    finally:
+        probe.close()
+    assert probe.read() == (-1, -1, -1)
