@@ -21,8 +21,9 @@ def test_cgroup_v1_is_found_and_its_effective_limit_is_the_lowest_ancestor(tmp_p
     (root / "slurm" / "memory.limit_in_bytes").write_text(f"{8 << 30}\n")
     (job / "memory.limit_in_bytes").write_text("9223372036854771712\n")
     (job / "memory.usage_in_bytes").write_text("12345\n")
-    cg, mi = _fake(tmp_path, "4:memory:/slurm/job_7\n1:cpu:/\n",
-                   f"30 25 0:27 / {root} rw,relatime - cgroup cgroup rw,memory\n")
+    cg, mi = _fake(
+        tmp_path, "4:memory:/slurm/job_7\n1:cpu:/\n", f"30 25 0:27 / {root} rw,relatime - cgroup cgroup rw,memory\n"
+    )
     found = find_memory_cgroup(cg, mi)
     assert found is not None and found.version == 1 and found.directory == job.resolve()
     assert effective_limit_file(found) == (root / "slurm" / "memory.limit_in_bytes").resolve()
