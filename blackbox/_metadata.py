@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 
 from . import _format as fmt
 from ._reader import Ring
+from ._ringfile import boot_id
 from ._timeline import GAUGES
 from ._version import __version__
 
@@ -32,18 +33,10 @@ def writer_state(ring: Ring) -> str:
     ident = ring.meta.get("identity") or {}
     pid, boot = ident.get("pid"), ident.get("boot_id")
     if isinstance(pid, int) and pid > 0 and ident.get("host") == socket.gethostname():
-        same_boot = boot is None or boot == _boot_id()
+        same_boot = boot is None or boot == boot_id()
         if same_boot and _alive(pid):
             return "running"
     return "ended without a clean end"
-
-
-def _boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 def _alive(pid: int) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 from . import _format as fmt
 from ._errors import BlackboxWarning
 from ._host import HostProbe
-from ._ringfile import create_ring, default_dir, hostname, is_diskless, lock_pages, ring_name
+from ._ringfile import boot_id, create_ring, default_dir, hostname, is_diskless, lock_pages, ring_name
 from ._version import __version__
 from ._writer import RingWriter
 
@@ -49,14 +49,6 @@ def _env_int(name: str) -> int | None:
     try:
         return int(os.environ[name])
     except (KeyError, ValueError):
-        return None
-
-
-def _boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip()
-    except OSError:
         return None
 
 
@@ -194,7 +186,7 @@ class Recorder:
                 "local_rank": _env_int("LOCAL_RANK"),
                 "world_size": _env_int("WORLD_SIZE"),
                 "argv": _argv(),
-                "boot_id": _boot_id(),
+                "boot_id": boot_id(),
             },
             "clock": {"wall_ns": wall, "monotonic_ns": mono},
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(wall / 1e9))

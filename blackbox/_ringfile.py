@@ -49,6 +49,15 @@ def hostname() -> str:
     return socket.gethostname()
 
 
+def boot_id() -> str | None:
+    """This boot's id: tells whether a ring's writer pid can still be the same process."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
 def filesystem_type(path: Path) -> str | None:
     """The type of the filesystem holding ``path``, from /proc/self/mountinfo."""
     try:
