@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     write_bundle([rings], bundle)
     print(f"[demo] recovered the ring into {bundle}/ (timeline.parquet, metadata.json, summary.md)\n", flush=True)
     sys.stdout.write((bundle / SUMMARY).read_text())
-    print(f"\n[demo] query it: duckdb -c \"SELECT kind, count(*) FROM '{bundle}/timeline.parquet' GROUP BY kind\"")
+    query = f"SELECT kind, count(*) AS n FROM '{bundle}/timeline.parquet' GROUP BY kind ORDER BY n DESC"
+    print(f'\n[demo] query it with DuckDB: python -c "import duckdb; duckdb.sql(\\"{query}\\").show()"')
     return 0
 
 
