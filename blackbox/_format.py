@@ -130,15 +130,15 @@ def scan_strings(region: bytes | memoryview) -> StringScan:
     """Read every intact entry of a string region, resynchronising past damage."""
     buf = bytes(region)
     size = len(buf)
+    tail = len(buf.rstrip(b"\0"))  # from here on every byte is zero: nothing was ever written
     out: dict[int, str] = {}
     damaged = 0
     pos = 0
     while pos + STRING_ENTRY.size <= size:
         sid, n, crc, _ = STRING_ENTRY.unpack_from(buf, pos)
         if sid == 0 and n == 0 and crc == 0:
-            rest = buf[pos:]
-            if not rest.strip(b"\0"):
-                break  # the zero tail: nothing was ever written past here
+            if pos >= tail:
+                break
             pos += 8
             continue
         end = pos + STRING_ENTRY.size + n
@@ -150,16 +150,16 @@ def scan_strings(region: bytes | memoryview) -> StringScan:
                 continue
         damaged += 1
         pos += 8  # resynchronise on the next 8-byte boundary
-        while pos + STRING_ENTRY.size <= size and not _plausible_entry(buf, pos):
+        while pos + STRING_ENTRY.size <= size and not _plausible_entry(buf, pos, tail):
             pos += 8
     return StringScan(out, len(out), damaged)
 
 
-def _plausible_entry(buf: bytes, pos: int) -> bool:
+def _plausible_entry(buf: bytes, pos: int, tail: int) -> bool:
     sid, n, crc, _ = STRING_ENTRY.unpack_from(buf, pos)
     end = pos + STRING_ENTRY.size + n
     if sid == 0 or n > MAX_STRING_BYTES or end > len(buf):
-        return bool(sid == 0 and n == 0 and crc == 0 and not buf[pos:].strip(b"\0"))
+        return bool(sid == 0 and n == 0 and crc == 0 and pos >= tail)
     data = buf[pos + STRING_ENTRY.size : end]
     return bool(zlib.crc32(data, zlib.crc32(STRING_ID_STRUCT.pack(sid, n))) == crc)
 

@@ -154,3 +154,16 @@ def test_cli_prints_one_line_and_exits_nonzero(tmp_path: Path, capsys: pytest.Ca
         assert main(argv) == 1
         err = capsys.readouterr().err
         assert err.startswith("blackbox: error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_zeroed_hole_in_string_region_keeps_the_entries_after_it(ring: Path) -> None:
+    good = read_ring(ring)
+    bad = _copy(ring, "hole.ring")
+    data = bytearray(bad.read_bytes())
+    first = fmt.string_entry(1, fmt.STRING_FULL_TEXT)  # the entry every ring starts with
+    hole = slice(good.header.strings_offset, good.header.strings_offset + len(first))
+    data[hole] = bytes(len(first))
+    bad.write_bytes(bytes(data))
+    holed = read_ring(bad)
+    assert holed.strings == {k: v for k, v in good.strings.items() if k != fmt.STRING_FULL_ID}
+    assert holed.recovery.valid == good.recovery.valid
