@@ -106,7 +106,9 @@ def recover(ring_or_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
     """
     from ._bundle import write_bundle
 
-    return write_bundle([Path(ring_or_dir)], Path(out_dir))
+    out = Path(out_dir)
+    write_bundle([Path(ring_or_dir)], out)
+    return out
 
 
 def _disarm_at_exit() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -37,17 +38,20 @@ def write_timeline(table: pa.Table, path: Path) -> None:
     )
 
 
-def write_bundle(inputs: list[Path], out_dir: Path) -> Path:
-    """Recover every ring named (files, or folders of ``*.ring``) into ``out_dir``."""
+def write_bundle(inputs: list[Path], out_dir: Path) -> dict[str, Any]:
+    """Recover every ring named (files, or folders of ``*.ring``) into ``out_dir``.
+
+    Returns the metadata written to metadata.json.
+    """
     rings = [read_ring(p) for p in find_rings(inputs)]
     tables = [ring_table(r) for r in rings]
-    metas = [ring_metadata(r, t) for r, t in zip(rings, tables, strict=False)]
+    metas = [ring_metadata(r, t) for r, t in zip(rings, tables, strict=True)]
     meta = bundle_metadata(metas)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_timeline(merge_tables(tables), out_dir / TIMELINE)
     _atomic_text(out_dir / METADATA, json.dumps(meta, indent=2, sort_keys=False) + "\n")
     _atomic_text(out_dir / SUMMARY, bundle_summary(meta))
-    return out_dir
+    return meta
 
 
 def _atomic_text(path: Path, text: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,11 @@ class Ring:
     strings: dict[int, str]
     recovery: Recovery
     file_size: int
-    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The header's metadata JSON (identity, clock, versions)."""
+        return self.header.meta
 
     @property
     def clean(self) -> bool:
@@ -124,7 +128,7 @@ def read_ring(path: str | os.PathLike[str]) -> Ring:
         strings=scan.entries,
         strings_damaged=scan.damaged,
     )
-    return Ring(p, header, records, scan.strings, recovery, size, header.meta)
+    return Ring(p, header, records, scan.strings, recovery, size)
 
 
 def seq_order(seq: np.ndarray, idx: np.ndarray) -> np.ndarray:

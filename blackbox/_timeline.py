@@ -57,7 +57,7 @@ def record_columns(records: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
-def ring_times(ring: Ring, mono: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+def ring_times(ring: Ring, mono: np.ndarray) -> tuple[np.ndarray, int]:
     """UTC nanoseconds of each record, made non-decreasing; also how many were raised.
 
     The header's clock pair maps the monotonic stamps onto the wall clock.
@@ -66,8 +66,7 @@ def ring_times(ring: Ring, mono: np.ndarray | None = None) -> tuple[np.ndarray, 
     """
     clock = ring.meta.get("clock") or {}
     wall0, mono0 = int(clock.get("wall_ns", 0)), int(clock.get("monotonic_ns", 0))
-    stamps = ring.records["time"] if mono is None else mono
-    t = np.asarray(stamps, dtype=np.int64) + np.int64(wall0 - mono0)
+    t = np.asarray(mono, dtype=np.int64) + np.int64(wall0 - mono0)
     fixed = np.maximum.accumulate(t) if len(t) else t
     return fixed, int((fixed != t).sum())
 

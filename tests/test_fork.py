@@ -48,7 +48,7 @@ def test_forked_child_rearms_its_own_ring_when_asked(tmp_path: Path) -> None:
     assert parent_path != child_path and child_path.parent == tmp_path
     parent, child = read_ring(parent_path), read_ring(child_path)
     assert "child" not in labels_of(parent)
-    child_values = [int(v) for v, lab in zip(child.records["value"], labels_of(child), strict=False) if lab == "child"]
+    child_values = [int(v) for v, lab in zip(child.records["value"], labels_of(child), strict=True) if lab == "child"]
     assert child_values == list(range(50))
     assert child.meta["identity"]["pid"] != parent.meta["identity"]["pid"]
     assert child.meta["identity"]["ppid"] == parent.meta["identity"]["pid"]

@@ -85,7 +85,7 @@ def test_sigkill_loses_no_acknowledged_event(tmp_path: Path, capacity: int, seco
         labels = labels_of(ring)
         wrapped = rec.overwritten > 0
         for k, last_acked in acked.items():
-            values = [int(v) for v, lab in zip(r["value"], labels, strict=False) if lab == f"t{k}"]
+            values = [int(v) for v, lab in zip(r["value"], labels, strict=True) if lab == f"t{k}"]
             assert values == list(range(values[0], values[0] + len(values))), "no gap, no duplicate"
             assert values[-1] >= last_acked
             if not wrapped:

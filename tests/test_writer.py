@@ -43,7 +43,7 @@ def test_step_sets_the_step_in_force_for_later_events(recorder: blackbox.Recorde
     recorder.mark("in step 7")
     recorder.step()
     ring = reread(recorder)
-    by_label = dict(zip(labels_of(ring), ring.records["step"].tolist(), strict=False))
+    by_label = dict(zip(labels_of(ring), ring.records["step"].tolist(), strict=True))
     assert by_label["before"] == -1 and by_label["in step 0"] == 0 and by_label["in step 7"] == 7
     steps = ring.records[ring.records["kind"] == fmt.KIND_CODES["step"]]
     assert steps["value"].tolist() == [0, 7, 8]
@@ -84,7 +84,7 @@ def test_seq_and_time_agree_across_threads(recorder: blackbox.Recorder) -> None:
     assert np.all(np.diff(r["time"]) >= 0)  # time never goes backwards in seq order
     labels = labels_of(ring)
     for k in range(threads):
-        values = [int(v) for v, lab in zip(r["value"], labels, strict=False) if lab == f"t{k}"]
+        values = [int(v) for v, lab in zip(r["value"], labels, strict=True) if lab == f"t{k}"]
         assert values == list(range(n))
     assert len({int(t) for t in r["thread"][r["kind"] == fmt.KIND_CODES["mark"]]}) == threads
 

@@ -15,6 +15,7 @@ from types import ModuleType
 from .._errors import BlackboxError
 from .._version import __version__
 from . import demo, info, recover
+from ._common import one_line
 
 COMMANDS: dict[str, ModuleType] = {"recover": recover, "info": info, "demo": demo}
 
@@ -24,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"blackbox {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module in COMMANDS.items():
-        doc = (module.__doc__ or "").strip().splitlines()[0]
+        doc = one_line(module)
         module.add_arguments(sub.add_parser(name, help=doc, description=doc))
     return parser
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,10 +17,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._bundle import METADATA, SUMMARY, write_bundle
+    from .._bundle import SUMMARY, write_bundle
 
-    out = write_bundle([Path(p) for p in args.rings], Path(args.out))
-    meta = json.loads((out / METADATA).read_text())
+    out = Path(args.out)
+    meta = write_bundle([Path(p) for p in args.rings], out)
     rec = meta["recovery"]
     state = "clean end" if meta.get("clean") else "no clean end"
     print(f"wrote {out}/ ({meta['events']} events, {rec.get('torn', 0)} torn slots dropped, {state})")
