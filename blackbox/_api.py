@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -66,14 +67,17 @@ def arm(
             strings_size=strings_size,
             on_fork=on_fork,
         )
-        if _active.armed and not _atexit_registered:
-            atexit.register(_disarm_at_exit)
-            _atexit_registered = True
+        if _active.armed:
+            _bind(_active.mark, _active.step)
+            if not _atexit_registered:
+                atexit.register(_disarm_at_exit)
+                _atexit_registered = True
         return _active
 
 
 def disarm() -> None:
     """Record a clean end and close the ring (also run at interpreter exit)."""
+    _bind(_forward_mark, _forward_step)
     _active.disarm()
 
 
@@ -90,6 +94,20 @@ def mark(label: str, value: int | None = None) -> None:
 def step(n: int | None = None) -> None:
     """Start step ``n`` (the next step when None); later events carry it."""
     _active.step(n)
+
+
+_forward_mark, _forward_step = mark, step
+
+
+def _bind(mark_fn: Any, step_fn: Any) -> None:
+    """Point ``blackbox.mark`` / ``blackbox.step`` (and this module's) at these functions."""
+    targets = [sys.modules[__name__]]
+    package = sys.modules.get(__package__ or "blackbox")
+    if package is not None:
+        targets.append(package)
+    for module in targets:
+        module.__dict__["mark"] = mark_fn
+        module.__dict__["step"] = step_fn
 
 
 def phase(name: str) -> Phase:
@@ -125,6 +143,7 @@ def _after_fork_in_child() -> None:
     if not parent.armed:
         return
     parent.abandon_after_fork()
+    _bind(_forward_mark, _forward_step)
     _active = Recorder()
     if parent.on_fork == "rearm":
         settings = dict(_settings)

@@ -68,6 +68,16 @@ SAMPLE_FORMAT = "<QqQqqIBBh9qQ"
 EVENT_STRUCT = struct.Struct(EVENT_FORMAT)
 SAMPLE_STRUCT = struct.Struct(SAMPLE_FORMAT)
 assert RECORD_DTYPE.itemsize == EVENT_STRUCT.size == SAMPLE_STRUCT.size == RECORD_SIZE
+# The writer's view of the same bytes: label, kind, flags and device (offset 40..48)
+# packed as one little-endian word, so the hot path passes four fewer arguments.
+TAGGED_EVENT_STRUCT = struct.Struct("<QqQqqQ72xQ")
+TAGGED_SAMPLE_STRUCT = struct.Struct("<QqQqqQ9qQ")
+
+
+def tag(label: int, kind: int, flags: int, device: int) -> int:
+    """The word at offset 40 of a slot: ``label | kind << 32 | flags << 40 | device << 48``."""
+    return label | kind << 32 | flags << 40 | (device & 0xFFFF) << 48
+
 
 KINDS: dict[int, str] = {
     1: "arm",

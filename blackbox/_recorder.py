@@ -22,7 +22,7 @@ from ._errors import BlackboxWarning
 from ._host import HostProbe
 from ._ringfile import boot_id, create_ring, default_dir, hostname, is_diskless, lock_pages, ring_name
 from ._version import __version__
-from ._writer import RingWriter
+from ._writer import RingWriter, c_writer_module
 
 DEFAULT_CAPACITY = 1 << 18  # 262,144 slots: 32 MiB of records
 DEFAULT_SAMPLE_INTERVAL = 0.1  # seconds
@@ -107,6 +107,7 @@ class Recorder:
         armed: True while events are being written.
         capacity: number of record slots in the ring.
         sample_interval: seconds between host-memory samples.
+        writer_backend: ``"c"`` (the compiled write path) or ``"python"``; None until armed.
     """
 
     mark: Callable[..., None]
@@ -119,6 +120,7 @@ class Recorder:
         self.sample_interval = 0.0
         self.on_fork = "disarm"
         self.pages_locked = False
+        self.writer_backend: str | None = None
         self.mark = _noop
         self.step = _noop
         self._event: Callable[..., int] = _null_event
@@ -175,9 +177,10 @@ class Recorder:
             )
         self._probe = HostProbe()
         cg = self._probe.cgroup
+        backend = "c" if c_writer_module() is not None else "python"
         meta = {
             "format_version": fmt.FORMAT_VERSION,
-            "writer": {"package": "blackbox", "version": __version__},
+            "writer": {"package": "blackbox", "version": __version__, "backend": backend},
             "identity": {
                 "host": host,
                 "pid": pid,
@@ -200,8 +203,15 @@ class Recorder:
         self._fd, self._map = create_ring(target, header, hdr.file_size)
         self.pages_locked = lock_pages(self._map)
         self._writer = RingWriter(
-            self._map, hdr.records_offset, capacity, hdr.strings_offset, hdr.strings_size, self._on_error
+            self._map,
+            hdr.records_offset,
+            capacity,
+            hdr.strings_offset,
+            hdr.strings_size,
+            self._on_error,
+            backend=backend,
         )
+        self.writer_backend = backend
         self.capacity, self.sample_interval, self.armed = capacity, interval, True
         w = self._writer
         self.mark, self.step, self._event = w.mark, w.step, w.event

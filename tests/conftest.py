@@ -11,6 +11,7 @@ import pytest
 
 import blackbox
 from blackbox._reader import Ring, read_ring
+from blackbox._writer import c_writer_module
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,11 +39,25 @@ def spawn_py(code: str, *args: str, env: dict[str, str] | None = None, **kw) -> 
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args], env=full_env, text=True, **kw)
 
 
+BACKENDS = ["c", "python"]
+
+
+@pytest.fixture(params=BACKENDS)
+def writer_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test once with the C write path and once with the pure-Python one."""
+    backend: str = request.param
+    if backend == "c" and c_writer_module() is None:
+        pytest.skip("the C write path blackbox._cwriter is not built (no C compiler at install)")
+    monkeypatch.setenv("BLACKBOX_WRITER", backend)
+    return backend
+
+
 @pytest.fixture
-def recorder(tmp_path: Path) -> Iterator[blackbox.Recorder]:
+def recorder(tmp_path: Path, writer_backend: str) -> Iterator[blackbox.Recorder]:
     """An armed Recorder on a small ring, not the process-wide one; disarmed after."""
     rec = blackbox.Recorder.arm(tmp_path / "t.ring", capacity=256, sample_interval=3600)
     assert rec.armed
+    assert rec.writer_backend == writer_backend
     yield rec
     rec.disarm()
 

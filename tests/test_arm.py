@@ -12,6 +12,7 @@ import pytest
 from conftest import run_py
 
 import blackbox
+from blackbox import _format as fmt
 from blackbox._reader import read_ring
 
 
@@ -172,3 +173,30 @@ def test_64_mib_ring_is_preallocated_not_sparse(tmp_path: Path) -> None:
         assert os.stat(rec.path).st_blocks * 512 >= (1 << 19) * 128  # blocks reserved, not sparse
     finally:
         rec.disarm()
+
+
+def test_module_functions_reach_each_arm_and_go_quiet_after_disarm(tmp_path: Path) -> None:
+    out = run_py(
+        """
+        import sys, blackbox
+        from blackbox import mark as early_mark           # taken before arm: always forwards
+        rec = blackbox.arm(sys.argv[1] + "/a.ring", capacity=64, sample_interval=3600)
+        assert blackbox.mark is rec.mark and blackbox.step is rec.step
+        early_mark("early", 1); blackbox.mark("direct", 2); blackbox.step(5)
+        blackbox.disarm()
+        assert blackbox.mark is not rec.mark
+        blackbox.mark("after", 3); early_mark("after", 4)  # no recorder: nothing, no error
+        rec2 = blackbox.arm(sys.argv[1] + "/b.ring", capacity=64, sample_interval=3600)
+        early_mark("second", 6)
+        blackbox.disarm()
+        print("ok")
+        """,
+        str(tmp_path),
+    )
+    assert out.stdout.strip() == "ok" and out.stderr == ""
+    first, second = read_ring(tmp_path / "a.ring"), read_ring(tmp_path / "b.ring")
+    marks = first.records[first.records["kind"] == fmt.KIND_CODES["mark"]]
+    assert [first.strings[int(i)] for i in marks["label"]] == ["early", "direct"]
+    assert first.records["step"][-1] == 5
+    marks2 = second.records[second.records["kind"] == fmt.KIND_CODES["mark"]]
+    assert [second.strings[int(i)] for i in marks2["label"]] == ["second"]

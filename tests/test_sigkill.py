@@ -36,7 +36,7 @@ for t in threads: t.join()
 
 
 def _kill_after(ring: Path, capacity: int, seconds: float) -> dict[int, int]:
-    child = spawn_py(WRITER, str(ring), str(capacity), stdout=subprocess.PIPE)
+    child = spawn_py(WRITER, str(ring), str(capacity), stdout=subprocess.PIPE)  # BLACKBOX_WRITER is inherited
     assert child.stdout is not None
     fd = child.stdout.fileno()
     os.set_blocking(fd, False)
@@ -72,7 +72,9 @@ def _kill_after(ring: Path, capacity: int, seconds: float) -> dict[int, int]:
 
 
 @pytest.mark.parametrize("capacity,seconds", [(1 << 20, 0.2), (4096, 0.2)], ids=["no-wrap", "wrapped"])
-def test_sigkill_loses_no_acknowledged_event(tmp_path: Path, capacity: int, seconds: float) -> None:
+def test_sigkill_loses_no_acknowledged_event(
+    tmp_path: Path, capacity: int, seconds: float, writer_backend: str
+) -> None:
     for trial in range(3):
         ring_path = tmp_path / f"k{trial}.ring"
         acked = _kill_after(ring_path, capacity, seconds + random.uniform(0, 0.3))
@@ -80,6 +82,7 @@ def test_sigkill_loses_no_acknowledged_event(tmp_path: Path, capacity: int, seco
         ring = read_ring(ring_path)
         r, rec = ring.records, ring.recovery
         assert not ring.clean
+        assert ring.meta["writer"]["backend"] == writer_backend
         assert rec.torn <= 4  # at most one in-flight record per writing thread
         assert np.all(np.diff(r["seq"].astype(np.int64)) > 0) and np.all(np.diff(r["time"]) >= 0)
         labels = labels_of(ring)

@@ -89,7 +89,7 @@ def test_seq_and_time_agree_across_threads(recorder: blackbox.Recorder) -> None:
     assert len({int(t) for t in r["thread"][r["kind"] == fmt.KIND_CODES["mark"]]}) == threads
 
 
-def test_wrap_around_keeps_newest_capacity_events(tmp_path: Path) -> None:
+def test_wrap_around_keeps_newest_capacity_events(tmp_path: Path, writer_backend: str) -> None:
     rec = blackbox.Recorder.arm(tmp_path / "w.ring", capacity=64, sample_interval=3600)
     for i in range(1000):
         rec.mark("m", i)
@@ -101,7 +101,7 @@ def test_wrap_around_keeps_newest_capacity_events(tmp_path: Path) -> None:
     assert ring.records["value"].tolist() == list(range(1000 - 64, 1000))
 
 
-def test_string_region_full_gives_placeholder_label(tmp_path: Path) -> None:
+def test_string_region_full_gives_placeholder_label(tmp_path: Path, writer_backend: str) -> None:
     rec = blackbox.Recorder.arm(tmp_path / "s.ring", capacity=4096, sample_interval=3600, strings_size=4096)
     for i in range(400):
         rec.mark(f"label number {i}")
@@ -136,7 +136,7 @@ def test_bad_arguments_warn_once_and_never_raise(recorder: blackbox.Recorder) ->
     assert labels_of(reread(recorder))[-1] == "still works"
 
 
-def test_writes_after_disarm_are_ignored(tmp_path: Path) -> None:
+def test_writes_after_disarm_are_ignored(tmp_path: Path, writer_backend: str) -> None:
     rec = blackbox.Recorder.arm(tmp_path / "d.ring", capacity=64, sample_interval=3600)
     mark = rec.mark
     rec.disarm()

@@ -1,6 +1,8 @@
 """Benchmarks for the ring: mark() cost, recover throughput and size, arm latency.
 
-    .venv/bin/python tools/bench_ring.py [--quick]
+    .venv/bin/python tools/bench_ring.py [--quick] [--mark]
+
+``--mark`` measures only the write path.
 
 Everything is measured side by side in one run; each figure is the median of
 several runs. Prints a Markdown table at the end (the one in README).
@@ -31,16 +33,23 @@ def per_call_ns(fn, n: int) -> float:
 
 def bench_mark(tmp: Path, n: int, runs: int) -> dict[str, float]:
     rec = blackbox.arm(tmp / "mark.ring", capacity=1 << 18, sample_interval=3600)
+    os.environ["BLACKBOX_WRITER"] = "python"
+    py_rec = blackbox.Recorder.arm(tmp / "mark-py.ring", capacity=1 << 18, sample_interval=3600)
+    del os.environ["BLACKBOX_WRITER"]
     deque_ = collections.deque(maxlen=1 << 18)
     monotonic_ns = time.monotonic_ns
 
     def module_mark(k: int) -> None:
-        mark = blackbox.mark
         for i in range(k):
-            mark("loss", i)
+            blackbox.mark("loss", i)
 
     def recorder_mark(k: int) -> None:
         mark = rec.mark
+        for i in range(k):
+            mark("loss", i)
+
+    def python_mark(k: int) -> None:
+        mark = py_rec.mark
         for i in range(k):
             mark("loss", i)
 
@@ -55,7 +64,8 @@ def bench_mark(tmp: Path, n: int, runs: int) -> dict[str, float]:
 
     cases = {
         "blackbox.mark(label, value)": module_mark,
-        "Recorder.mark(label, value)": recorder_mark,
+        f"Recorder.mark(label, value), {rec.writer_backend} path": recorder_mark,
+        "Recorder.mark(label, value), pure-Python path": python_mark,
         "deque.append(dict) (in memory, not crash-safe)": deque_dict,
         "empty loop": empty,
     }
@@ -66,6 +76,7 @@ def bench_mark(tmp: Path, n: int, runs: int) -> dict[str, float]:
         for name, fn in cases.items():
             results[name].append(per_call_ns(fn, n))
     blackbox.disarm()
+    py_rec.disarm()
     return {name: statistics.median(v) for name, v in results.items()}
 
 
@@ -115,12 +126,14 @@ def bench_arm(tmp: Path, runs: int) -> float:
 
 def main() -> int:
     quick = "--quick" in sys.argv
+    only_mark = "--mark" in sys.argv
     n, runs = (50_000, 3) if quick else (300_000, 9)
     with tempfile.TemporaryDirectory(dir=os.environ.get("BLACKBOX_DIR") or "/var/tmp") as d:
         tmp = Path(d)
         marks = bench_mark(tmp, n, runs)
-        rec = bench_recover(tmp, 3 if quick else 5, 100_000 if quick else 1_000_000)
-        arm_s = bench_arm(tmp, 3 if quick else 7)
+        if not only_mark:
+            rec = bench_recover(tmp, 3 if quick else 5, 100_000 if quick else 1_000_000)
+            arm_s = bench_arm(tmp, 3 if quick else 7)
     base = marks["deque.append(dict) (in memory, not crash-safe)"]
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
@@ -130,6 +143,8 @@ def main() -> int:
     for name, v in marks.items():
         note = f"{v / base:.2f}x deque" if "deque" not in name else "reference"
         print(f"| {name} | {v:.0f} ns/call | {note} |")
+    if only_mark:
+        return 0
     print(
         f"| recover {rec['events']:,.0f} events (ring to bundle) | {rec['seconds']:.2f} s | "
         f"{rec['events_per_s'] / 1e6:.2f} M events/s |"

@@ -1,0 +1,18 @@
+"""Build hook for the optional C write path; all other metadata is in pyproject.toml.
+
+``optional=True``: without a C compiler the install still succeeds and blackbox
+uses its pure-Python write path (same bytes, slower ``mark()``).
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "blackbox._cwriter",
+            sources=["blackbox/_cwriter.c"],
+            optional=True,
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
+        )
+    ]
+)
