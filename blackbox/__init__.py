@@ -10,7 +10,7 @@
 After a death: ``blackbox recover RING -o bundle/`` (or :func:`recover`).
 """
 
-from ._api import active, arm, disarm, mark, phase, recover, step
+from ._api import active, arm, capture_oom, disarm, mark, phase, recover, step
 from ._errors import (
     BlackboxError,
     BlackboxWarning,
@@ -33,6 +33,7 @@ __all__ = [
     "__version__",
     "active",
     "arm",
+    "capture_oom",
     "disarm",
     "mark",
     "phase",

@@ -14,9 +14,11 @@ import atexit
 import os
 import sys
 import threading
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from ._exceptions import capture
 from ._recorder import DEFAULT_CAPACITY, DEFAULT_SAMPLE_INTERVAL, DEFAULT_STRINGS_SIZE, Phase, Recorder
 
 _lock = threading.Lock()
@@ -32,6 +34,8 @@ def arm(
     sample_interval: float = DEFAULT_SAMPLE_INTERVAL,
     strings_size: int = DEFAULT_STRINGS_SIZE,
     on_fork: str = "disarm",
+    allocator_history: bool | int = False,
+    modules: bool = False,
 ) -> Recorder:
     """Arm the flight recorder and return it; a second call returns the armed one.
 
@@ -45,6 +49,12 @@ def arm(
         strings_size: bytes reserved for interned label strings.
         on_fork: ``"disarm"`` (a forked child writes nothing) or ``"rearm"``
             (a forked child arms its own ring).
+        allocator_history: record PyTorch's CUDA allocator history into the
+            ring (alloc / free / segment events) once the job uses CUDA; True
+            keeps 10,000 entries in PyTorch's buffer, an int sets the number.
+            On the first CUDA OOM its snapshot pickle is written beside the ring.
+        modules: record ``module_begin`` / ``module_end`` events with memory
+            at every module's forward, and ``forward`` phases.
 
     Never raises: if the ring cannot be made, a BlackboxWarning is issued and
     the returned Recorder is disarmed (``recorder.armed`` is False).
@@ -59,14 +69,10 @@ def arm(
             sample_interval=sample_interval,
             strings_size=strings_size,
             on_fork=on_fork,
+            allocator_history=allocator_history,
+            modules=modules,
         )
-        _active = Recorder.arm(
-            path,
-            capacity=capacity,
-            sample_interval=sample_interval,
-            strings_size=strings_size,
-            on_fork=on_fork,
-        )
+        _active = Recorder.arm(path, **{k: v for k, v in _settings.items() if k != "path"})
         if _active.armed:
             _bind(_active.mark, _active.step)
             if not _atexit_registered:
@@ -113,6 +119,16 @@ def _bind(mark_fn: Any, step_fn: Any) -> None:
 def phase(name: str) -> Phase:
     """``with blackbox.phase("forward"):`` records phase_begin and phase_end."""
     return _active.phase(name)
+
+
+def capture_oom(context: str = "", **metadata: Any) -> AbstractContextManager[None]:
+    """``with blackbox.capture_oom("eval", batch=64):`` records an exception raised inside
+    (kind ``oom`` for any framework's out-of-memory, else ``exception``) and re-raises it.
+
+    For code that catches its own exceptions, where ``sys.excepthook`` never sees them.
+    The context and metadata go in the event's ``detail``.
+    """
+    return capture(lambda: _active.exception_recorder, context, metadata)
 
 
 def recover(ring_or_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> Path:

@@ -115,7 +115,30 @@ static int int_value(PyObject *obj, int64_t *out) {
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 
-/* Positional-or-keyword parsing for up to 4 parameters, no allocations. */
+/* Up to 9 payload words from a sequence; words it does not give are -1 (not measured). */
+static int payload_words(PyObject *obj, int64_t *payload, int exact) {
+    PyObject *seq = PySequence_Fast(obj, "payload must be a sequence of ints");
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > PAYLOAD_WORDS || (exact && n != PAYLOAD_WORDS)) {
+        PyErr_Format(PyExc_ValueError, "payload must hold %s%d ints, got %zd", exact ? "" : "at most ",
+                     PAYLOAD_WORDS, n);
+        Py_DECREF(seq);
+        return -1;
+    }
+    for (int i = 0; i < PAYLOAD_WORDS; i++) {
+        payload[i] = -1;
+        if (i < n && int_value(PySequence_Fast_GET_ITEM(seq, i), &payload[i]) < 0) {
+            Py_DECREF(seq);
+            return -1;
+        }
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+/* Positional-or-keyword parsing, no allocations. */
 static int parse(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const char *const *names, int nparams,
                  int required, PyObject **out) {
     if (nargs > nparams) {
@@ -157,7 +180,7 @@ static int parse(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, con
 
 static const char *const MARK_NAMES[] = {"label", "value"};
 static const char *const STEP_NAMES[] = {"n"};
-static const char *const EVENT_NAMES[] = {"kind", "label", "value", "device"};
+static const char *const EVENT_NAMES[] = {"kind", "label", "value", "device", "payload"};
 static const char *const SAMPLE_NAMES[] = {"payload", "device"};
 
 static PyObject *Writer_mark(Writer *w, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
@@ -208,10 +231,12 @@ static PyObject *Writer_step(Writer *w, PyObject *const *args, Py_ssize_t nargs,
 static PyObject *Writer_event(Writer *w, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     if (w->dead)
         return PyLong_FromLong(0);
-    PyObject *a[4] = {NULL, NULL, NULL, NULL};
-    int64_t kind, value = 0, device = -1, lid = 0;
+    PyObject *a[5] = {NULL, NULL, NULL, NULL, NULL};
+    int64_t kind, value = 0, device = -1, lid = 0, payload[PAYLOAD_WORDS];
     uint64_t flags = 0;
-    if (parse(args, nargs, kwnames, EVENT_NAMES, 4, 1, a) < 0 || int_value(a[0], &kind) < 0)
+    if (parse(args, nargs, kwnames, EVENT_NAMES, 5, 1, a) < 0 || int_value(a[0], &kind) < 0)
+        goto fail;
+    if (a[4] != NULL && a[4] != Py_None && payload_words(a[4], payload, 0) < 0)
         goto fail;
     if (a[3] != NULL && int_value(a[3], &device) < 0)
         goto fail;
@@ -230,7 +255,7 @@ static PyObject *Writer_event(Writer *w, PyObject *const *args, Py_ssize_t nargs
         return PyLong_FromLong(0);
     int64_t t = now_ns();
     uint64_t tag = (uint64_t)lid | (uint64_t)kind << 32 | flags << 40 | ((uint64_t)device & 0xFFFF) << 48;
-    put(w, ++w->seq, t, w->step, value, tag, NULL);
+    put(w, ++w->seq, t, w->step, value, tag, (a[4] != NULL && a[4] != Py_None) ? payload : NULL);
     return PyLong_FromLongLong(t);
 fail:
     Py_DECREF(report(w));
@@ -246,22 +271,8 @@ static PyObject *Writer_sample(Writer *w, PyObject *const *args, Py_ssize_t narg
         return report(w);
     if (a[1] != NULL && int_value(a[1], &device) < 0)
         return report(w);
-    PyObject *seq = PySequence_Fast(a[0], "payload must be a sequence of 9 ints");
-    if (seq == NULL)
+    if (payload_words(a[0], payload, 1) < 0)
         return report(w);
-    if (PySequence_Fast_GET_SIZE(seq) != PAYLOAD_WORDS) {
-        PyErr_Format(PyExc_ValueError, "payload must hold %d ints, got %zd", PAYLOAD_WORDS,
-                     PySequence_Fast_GET_SIZE(seq));
-        Py_DECREF(seq);
-        return report(w);
-    }
-    for (int i = 0; i < PAYLOAD_WORDS; i++) {
-        if (int_value(PySequence_Fast_GET_ITEM(seq, i), &payload[i]) < 0) {
-            Py_DECREF(seq);
-            return report(w);
-        }
-    }
-    Py_DECREF(seq);
     put(w, ++w->seq, now_ns(), w->step, 0, w->sample_tag | ((uint64_t)device & 0xFFFF) << 48, payload);
     Py_RETURN_NONE;
 }
@@ -352,7 +363,7 @@ static PyMethodDef Writer_methods[] = {
     {"step", (PyCFunction)(void (*)(void))Writer_step, METH_FASTCALL | METH_KEYWORDS,
      "step(n=None): start step n (the next step when None)."},
     {"event", (PyCFunction)(void (*)(void))Writer_event, METH_FASTCALL | METH_KEYWORDS,
-     "event(kind, label=None, value=None, device=-1) -> monotonic ns (0 if dropped)."},
+     "event(kind, label=None, value=None, device=-1, payload=None) -> monotonic ns (0 if dropped)."},
     {"sample", (PyCFunction)(void (*)(void))Writer_sample, METH_FASTCALL | METH_KEYWORDS,
      "sample(payload, device=-1): record a sample; payload is 9 int64 gauges."},
     {"current_step", (PyCFunction)Writer_current_step, METH_NOARGS, "The step in force (-1 before the first)."},

@@ -24,8 +24,8 @@ import numpy as np
 from ._errors import CorruptHeaderError, NotARingError, UnsupportedVersionError
 
 MAGIC = b"\x89BLKBOX\n"
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+FORMAT_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
 PAGE = 4096
 
 # ---------------------------------------------------------------- header prefix
@@ -87,18 +87,104 @@ KINDS: dict[int, str] = {
     5: "mark",
     6: "phase_begin",
     7: "phase_end",
+    8: "gpu_sample",
+    9: "oom",
+    10: "exception",
+    11: "signal",
+    12: "alloc",
+    13: "free_requested",
+    14: "free",
+    15: "segment_alloc",
+    16: "segment_free",
+    17: "segment_map",
+    18: "segment_unmap",
+    19: "module_begin",
+    20: "module_end",
 }
 KIND_CODES = {name: code for code, name in KINDS.items()}
-# Payload words p0..p6 of a ``sample`` record; p7, p8 are reserved (-1).
-SAMPLE_FIELDS = (
+ALLOCATOR_KINDS = ("alloc", "free_requested", "free", "segment_alloc", "segment_free", "segment_map", "segment_unmap")
+
+# Payload words p0..p8: which timeline column each word of a kind fills, per format
+# version (None or absent = unused). Integer words use -1 for "not measured"; a
+# word whose column is a string (STRING_COLUMNS) holds a string id, 0 = none.
+_ALLOC_WORDS = ("address", "stream", "allocator_time_us")
+_MODULE_WORDS = ("gpu_allocated", "host_rss")
+PAYLOAD_COLUMNS: dict[int, dict[str, tuple[str | None, ...]]] = {
+    1: {
+        "sample": (
+            "host_rss",
+            "cgroup_usage",
+            "cgroup_limit",
+            "gpu_allocated",
+            "gpu_reserved",
+            "device_free",
+            "device_total",
+        ),
+    },
+    2: {
+        "sample": (
+            "host_rss",
+            "cgroup_usage",
+            "cgroup_limit",
+            "children_rss",
+            "mem_available",
+            "cgroup_oom_kills",
+            "psi_some_us",
+            "psi_full_us",
+        ),
+        "gpu_sample": (
+            "gpu_allocated",
+            "gpu_reserved",
+            "gpu_active",
+            "gpu_inactive_split",
+            "device_free",
+            "device_total",
+            "gpu_alloc_retries",
+            "gpu_ooms",
+            "gpu_peak_allocated",
+        ),
+        "oom": ("detail", "device_total", "device_free"),
+        "exception": ("detail",),
+        "signal": ("detail",),
+        "module_begin": _MODULE_WORDS,
+        "module_end": _MODULE_WORDS,
+        **dict.fromkeys(ALLOCATOR_KINDS, _ALLOC_WORDS),
+    },
+}
+STRING_COLUMNS = frozenset({"detail"})
+# Every payload column, in timeline order.
+PAYLOAD_COLUMN_ORDER = (
     "host_rss",
     "cgroup_usage",
     "cgroup_limit",
+    "children_rss",
+    "mem_available",
+    "cgroup_oom_kills",
+    "psi_some_us",
+    "psi_full_us",
     "gpu_allocated",
     "gpu_reserved",
+    "gpu_active",
+    "gpu_inactive_split",
+    "gpu_peak_allocated",
+    "gpu_alloc_retries",
+    "gpu_ooms",
     "device_free",
     "device_total",
+    "address",
+    "stream",
+    "allocator_time_us",
+    "detail",
 )
+SAMPLE_FIELDS = PAYLOAD_COLUMNS[FORMAT_VERSION]["sample"]
+GPU_SAMPLE_FIELDS = PAYLOAD_COLUMNS[FORMAT_VERSION]["gpu_sample"]
+assert all(len(words) <= PAYLOAD_WORDS for layout in PAYLOAD_COLUMNS.values() for words in layout.values())
+assert {c for layout in PAYLOAD_COLUMNS.values() for w in layout.values() for c in w if c} == set(PAYLOAD_COLUMN_ORDER)
+
+
+def payload_columns(version: int) -> dict[int, tuple[str | None, ...]]:
+    """Kind code -> the column of each payload word, for a ring of this version."""
+    return {KIND_CODES[k]: words for k, words in PAYLOAD_COLUMNS.get(version, {}).items()}
 
 
 def kind_name(code: int) -> str:
@@ -199,8 +285,11 @@ def layout(capacity: int, strings_size: int, meta_len: int) -> tuple[int, int, i
     return header_size, header_size, header_size + strings_size
 
 
-def encode_header(capacity: int, strings_size: int, meta: dict[str, Any]) -> bytes:
-    """The header region's bytes (prefix, metadata JSON, zero padding), state ``armed``."""
+def encode_header(capacity: int, strings_size: int, meta: dict[str, Any], version: int = FORMAT_VERSION) -> bytes:
+    """The header region's bytes (prefix, metadata JSON, zero padding), state ``armed``.
+
+    ``version`` other than the current one is for the golden-file tool only.
+    """
     meta = dict(meta, record_dtype=[[n, RECORD_DTYPE[n].str] for n in RECORD_DTYPE.names or ()])
     blob = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
     header_size, strings_offset, records_offset = layout(capacity, strings_size, len(blob))
@@ -208,9 +297,9 @@ def encode_header(capacity: int, strings_size: int, meta: dict[str, Any]) -> byt
         raise ValueError(f"ring metadata is {len(blob)} bytes; at most {MAX_HEADER_SIZE - 64} fit")
     strings_size = records_offset - strings_offset
     fields = (header_size, RECORD_SIZE, capacity, records_offset, strings_offset, strings_size)
-    tail = PREFIX.pack(MAGIC, FORMAT_VERSION, STATE_ARMED, 0, *fields, len(blob))[CRC_START:] + blob
+    tail = PREFIX.pack(MAGIC, version, STATE_ARMED, 0, *fields, len(blob))[CRC_START:] + blob
     crc = zlib.crc32(tail)
-    raw = PREFIX.pack(MAGIC, FORMAT_VERSION, STATE_ARMED, crc, *fields, len(blob)) + blob
+    raw = PREFIX.pack(MAGIC, version, STATE_ARMED, crc, *fields, len(blob)) + blob
     return raw + bytes(header_size - len(raw))
 
 
@@ -257,7 +346,7 @@ def decode_header(raw: bytes, file_size: int, name: str = "ring") -> Header:
         meta = {}
     expected_dtype = [[n, RECORD_DTYPE[n].str] for n in RECORD_DTYPE.names or ()]
     if meta and meta.get("record_dtype") != expected_dtype:
-        problems.append("a record dtype that differs from format version 1")
+        problems.append(f"a record dtype that differs from format version {version}")
     if problems:
         raise CorruptHeaderError(f"{name}: expected a consistent version-{version} header, found {'; '.join(problems)}")
     return Header(version, state, hsize, rsize, cap, roff, soff, ssize, meta)

@@ -1,4 +1,5 @@
-"""Host memory probes: process RSS and the memory cgroup's usage and limit.
+"""Host memory probes: process and children RSS, the memory cgroup's usage, limit
+and oom_kill counter, MemAvailable, and memory pressure (PSI).
 
 Files are opened once and re-read with ``pread`` at offset 0 (the kernel
 regenerates them on every read), which is about 8x cheaper than reopening.
@@ -111,15 +112,76 @@ def parse_limit(text: str) -> int | None:
     return None if value >= _UNLIMITED else value
 
 
-class HostProbe:
-    """Reads RSS, cgroup usage and cgroup limit through descriptors kept open."""
+def oom_kill_count(text: str) -> int | None:
+    """The ``oom_kill`` line of cgroup v2 ``memory.events`` or v1 ``memory.oom_control``."""
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
 
-    def __init__(self) -> None:
+
+def psi_totals(text: str) -> tuple[int, int]:
+    """(some total, full total) stall microseconds from a PSI file; -1 where missing."""
+    some = full = -1
+    for line in text.splitlines():
+        kind, _, rest = line.partition(" ")
+        for field in rest.split():
+            if field.startswith("total="):
+                try:
+                    value = int(field[6:])
+                except ValueError:
+                    continue
+                if kind == "some":
+                    some = value
+                elif kind == "full":
+                    full = value
+    return some, full
+
+
+def meminfo_available(text: str) -> int | None:
+    """MemAvailable from /proc/meminfo, in bytes."""
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            parts = line.split()
+            try:
+                return int(parts[1]) * 1024
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+class HostProbe:
+    """Reads the host figures of a ``sample`` through descriptors kept open.
+
+    ``read()`` returns the version-2 ``sample`` payload: host_rss,
+    cgroup_usage, cgroup_limit, children_rss, mem_available, cgroup_oom_kills,
+    psi_some_us, psi_full_us (-1 where unknown).
+    """
+
+    def __init__(self, proc: str = "/proc") -> None:
+        self.proc = proc
         self.cgroup = find_memory_cgroup()
-        self._statm = self._open("/proc/self/statm")
+        self._statm = self._open(f"{proc}/self/statm")
         self._usage = self._open(self.cgroup.usage) if self.cgroup else -1
         limit_file = effective_limit_file(self.cgroup) if self.cgroup else None
         self._limit = self._open(limit_file) if limit_file else -1
+        self._meminfo = self._open(f"{proc}/meminfo")
+        self._events = -1
+        self._psi = -1
+        if self.cgroup:
+            # the OOM is counted where the limit is: the cgroup that owns the effective limit
+            owner = limit_file.parent if limit_file else self.cgroup.directory
+            self._events = self._open(owner / ("memory.events" if self.cgroup.version == 2 else "memory.oom_control"))
+            if self.cgroup.version == 2:
+                self._psi = self._open(self.cgroup.directory / "memory.pressure")
+        if self._psi < 0:
+            self._psi = self._open(f"{proc}/pressure/memory")
+        self._children: dict[int, int] = {}  # child pid -> its statm fd
+        self._closed = False
 
     @staticmethod
     def _open(path: str | Path) -> int:
@@ -128,32 +190,84 @@ class HostProbe:
         except OSError:
             return -1
 
-    def read(self) -> tuple[int, int, int]:
-        """(host_rss, cgroup_usage, cgroup_limit) in bytes, -1 where unknown."""
-        rss = usage = limit = -1
-        if self._statm >= 0:
+    @staticmethod
+    def _pread(fd: int, size: int = 4096) -> str | None:
+        if fd < 0:
+            return None
+        try:
+            return os.pread(fd, size, 0).decode("ascii", "replace")
+        except OSError:
+            return None
+
+    def rss(self) -> int:
+        """This process's resident set size in bytes (-1 if unknown); one pread."""
+        try:
+            return int(os.pread(self._statm, 128, 0).split()[1]) * _PAGE
+        except (OSError, ValueError, IndexError):
+            return -1
+
+    def read(self) -> tuple[int, int, int, int, int, int, int, int]:
+        usage = limit = mem_available = oom_kills = -1
+        rss = self.rss()
+        if (text := self._pread(self._usage, 64)) is not None:
             try:
-                rss = int(os.pread(self._statm, 128, 0).split()[1]) * _PAGE
-            except (OSError, ValueError, IndexError):
-                rss = -1
-        if self._usage >= 0:
-            try:
-                usage = int(os.pread(self._usage, 64, 0))
-            except (OSError, ValueError):
+                usage = int(text)
+            except ValueError:
                 usage = -1
-        if self._limit >= 0:
+        if (text := self._pread(self._limit, 64)) is not None:
+            parsed = parse_limit(text)
+            limit = -1 if parsed is None else parsed
+        if (text := self._pread(self._meminfo)) is not None:
+            mem_available = meminfo_available(text) or -1
+        if (text := self._pread(self._events, 1024)) is not None:
+            n = oom_kill_count(text)
+            oom_kills = -1 if n is None else n
+        some, full = psi_totals(self._pread(self._psi, 512) or "")
+        return rss, usage, limit, self.children_rss(), mem_available, oom_kills, some, full
+
+    def children_rss(self) -> int:
+        """Summed RSS of this process's children (e.g. DataLoader workers); -1 if unknowable."""
+        if self._closed:
+            return -1
+        pids: set[int] = set()
+        try:
+            tasks = os.listdir(f"{self.proc}/self/task")
+        except OSError:
+            return -1
+        readable = False
+        for tid in tasks:
             try:
-                parsed = parse_limit(os.pread(self._limit, 64, 0).decode())
-                limit = -1 if parsed is None else parsed
+                with open(f"{self.proc}/self/task/{tid}/children", "rb") as f:
+                    pids.update(int(p) for p in f.read().split())
+                readable = True
             except (OSError, ValueError):
-                limit = -1
-        return rss, usage, limit
+                continue
+        if not readable:
+            return -1
+        for gone in set(self._children) - pids:
+            os.close(self._children.pop(gone))
+        total = 0
+        for pid in pids:
+            fd = self._children.get(pid)
+            if fd is None:
+                fd = self._open(f"{self.proc}/{pid}/statm")
+                if fd < 0:
+                    continue
+                self._children[pid] = fd
+            try:
+                total += int(os.pread(fd, 128, 0).split()[1]) * _PAGE
+            except (OSError, ValueError, IndexError):
+                os.close(self._children.pop(pid))
+        return total
 
     def close(self) -> None:
-        for fd in (self._statm, self._usage, self._limit):
+        fds = [self._statm, self._usage, self._limit, self._meminfo, self._events, self._psi, *self._children.values()]
+        for fd in fds:
             if fd >= 0:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
-        self._statm = self._usage = self._limit = -1
+        self._statm = self._usage = self._limit = self._meminfo = self._events = self._psi = -1
+        self._children.clear()
+        self._closed = True

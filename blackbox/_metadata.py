@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from . import _format as fmt
 from ._reader import Ring
 from ._ringfile import boot_id
-from ._timeline import GAUGES
+from ._timeline import BYTE_GAUGES, GAUGES
 from ._version import __version__
 
 
@@ -51,12 +51,21 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _last_row(table: pa.Table, kind: str) -> dict[str, Any] | None:
+    rows = table.filter(pc.equal(table["kind"].cast(pa.string()), kind))
+    return rows.slice(rows.num_rows - 1).to_pylist()[0] if rows.num_rows else None
+
+
 def _last_sample(table: pa.Table) -> dict[str, Any] | None:
-    samples = table.filter(pc.equal(table["kind"].cast(pa.string()), "sample"))
-    if samples.num_rows == 0:
+    """The last host sample's gauges, with the last GPU sample's (any device) merged in."""
+    row = _last_row(table, "sample")
+    if row is None:
         return None
-    row = samples.slice(samples.num_rows - 1).to_pylist()[0]
     out = {g: row[g] for g in GAUGES}
+    gpu = _last_row(table, "gpu_sample")
+    if gpu is not None:
+        out.update({g: gpu[g] for g in GAUGES if gpu[g] is not None})
+        out["gpu_device"] = gpu["device"]
     out["time"] = row["time"].isoformat().replace("+00:00", "Z") if row["time"] else None
     out["step"] = row["step"]
     return out
@@ -65,7 +74,7 @@ def _last_sample(table: pa.Table) -> dict[str, Any] | None:
 def _peaks(table: pa.Table) -> dict[str, Any]:
     out: dict[str, Any] = {}
     times = table["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
-    for g in GAUGES:
+    for g in BYTE_GAUGES:
         col = table[g]
         if col.null_count == len(col):
             continue

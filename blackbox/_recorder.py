@@ -19,8 +19,12 @@ from typing import Any
 
 from . import _format as fmt
 from ._errors import BlackboxWarning
+from ._exceptions import ExceptionRecorder
+from ._gpu import GpuProbe
 from ._host import HostProbe
 from ._ringfile import boot_id, create_ring, default_dir, hostname, is_diskless, lock_pages, ring_name
+from ._signals import CrashFile, SignalRecorder
+from ._torch_hooks import DEFAULT_HISTORY_ENTRIES, TorchHooks
 from ._version import __version__
 from ._writer import RingWriter, c_writer_module
 
@@ -31,7 +35,9 @@ MIN_CAPACITY = 16
 MAX_ARGV_CHARS = 16384
 _KIND_PHASE_BEGIN = fmt.KIND_CODES["phase_begin"]
 _KIND_PHASE_END = fmt.KIND_CODES["phase_end"]
-_NULL_PAYLOAD = (-1,) * fmt.PAYLOAD_WORDS
+_KIND_GPU_SAMPLE = fmt.KIND_CODES["gpu_sample"]
+_KIND_MARK = fmt.KIND_CODES["mark"]
+NOTE_PREFIX = "blackbox: "
 
 
 def warn(message: str) -> None:
@@ -128,6 +134,12 @@ class Recorder:
         self._map: Any = None
         self._fd = -1
         self._probe: HostProbe | None = None
+        self._gpu: GpuProbe | None = None
+        self._torch: TorchHooks | None = None
+        self._exceptions: ExceptionRecorder | None = None
+        self._signals: SignalRecorder | None = None
+        self._crash: CrashFile | None = None
+        self.notes: list[str] = []
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
         self._warned = False
@@ -143,11 +155,14 @@ class Recorder:
         sample_interval: float = DEFAULT_SAMPLE_INTERVAL,
         strings_size: int = DEFAULT_STRINGS_SIZE,
         on_fork: str = "disarm",
+        allocator_history: bool | int = False,
+        modules: bool = False,
     ) -> Recorder:
         rec = cls()
         rec.on_fork = on_fork
         try:
-            rec._arm(path, int(capacity), float(sample_interval), int(strings_size), on_fork)
+            history = DEFAULT_HISTORY_ENTRIES if allocator_history is True else int(allocator_history)
+            rec._arm(path, int(capacity), float(sample_interval), int(strings_size), on_fork, history, bool(modules))
         except Exception as exc:
             rec._teardown(flush=False)  # create_ring removed any partial file
             where = f" at {rec.path}" if rec.path else ""
@@ -155,7 +170,14 @@ class Recorder:
         return rec
 
     def _arm(
-        self, path: str | os.PathLike[str] | None, capacity: int, interval: float, strings: int, on_fork: str
+        self,
+        path: str | os.PathLike[str] | None,
+        capacity: int,
+        interval: float,
+        strings: int,
+        on_fork: str,
+        history: int,
+        modules: bool,
     ) -> None:
         if capacity < MIN_CAPACITY:
             raise ValueError(f"capacity must be at least {MIN_CAPACITY} slots, got {capacity}")
@@ -163,6 +185,8 @@ class Recorder:
             raise ValueError(f"sample_interval must be > 0 seconds, got {interval}")
         if on_fork not in ("disarm", "rearm"):
             raise ValueError(f"on_fork must be 'disarm' or 'rearm', got {on_fork!r}")
+        if history < 0:
+            raise ValueError(f"allocator_history must be True, False or a number of entries, got {history}")
         wall, mono = _clock_pair()
         host, pid, rank = hostname(), os.getpid(), _env_int("RANK")
         target = Path(path) if path is not None else default_dir()
@@ -196,6 +220,7 @@ class Recorder:
             + f".{(wall // 1000) % 1_000_000:06d}Z",
             "versions": _versions(),
             "sample_interval_s": interval,
+            "options": {"allocator_history": history, "modules": modules, "on_fork": on_fork},
             "cgroup": {"version": cg.version, "path": str(cg.directory)} if cg else None,
         }
         header = fmt.encode_header(capacity, strings, meta)
@@ -216,9 +241,48 @@ class Recorder:
         w = self._writer
         self.mark, self.step, self._event = w.mark, w.step, w.event
         w.event(fmt.KIND_CODES["arm"], None, capacity)
+        self._install_collectors(target, history, modules)
         self.sample_now()
         self._sampler = threading.Thread(target=self._sample_loop, name="blackbox-sampler", daemon=True)
         self._sampler.start()
+
+    def _install_collectors(self, ring: Path, history: int, modules: bool) -> None:
+        """Exceptions, signals, crash file, GPU and torch hooks: each one that fails is noted, not fatal."""
+        w = self._writer
+        assert w is not None and self._probe is not None
+        self._exceptions = ExceptionRecorder(w.event, w.intern)
+        self._signals = SignalRecorder(w.event, w.intern)
+        self._crash = CrashFile(ring)
+        self._gpu = GpuProbe()
+        self._torch = TorchHooks(
+            w,
+            modules=modules,
+            allocator_history=history,
+            snapshot_path=Path(str(ring) + ".oom-snapshot.pickle"),
+            rss=self._probe.rss,
+            note=self.note,
+        )
+        for what, install in (
+            ("exception hooks", self._exceptions.install),
+            ("signal handlers", self._signals.install),
+            ("crash file", self._crash.enable),
+            ("torch hooks", self._torch.poll),
+        ):
+            try:
+                why = install()
+                if why:
+                    self.note(f"{what} not installed: {why}")
+            except Exception as exc:
+                self.note(f"{what} not installed: {type(exc).__name__}: {exc}")
+        if self._crash.note:
+            self.notes.append(self._crash.note)  # the job's own choice, not a failure: no event
+
+    def note(self, text: str) -> None:
+        """Something a collector could not do: kept in ``notes`` and written as a ``blackbox: ...`` mark."""
+        self.notes.append(text)
+        w = self._writer
+        if w is not None:
+            w.event(_KIND_MARK, NOTE_PREFIX + text)
 
     # ------------------------------------------------------------ the API
     def phase(self, name: str) -> Phase:
@@ -226,12 +290,23 @@ class Recorder:
         return Phase(self._event, name)
 
     def sample_now(self) -> None:
-        """Write one ``sample`` record with the current host memory figures."""
-        w, probe = self._writer, self._probe
+        """Write one ``sample`` record (host memory) and a ``gpu_sample`` per device in use."""
+        w, probe, gpu = self._writer, self._probe, self._gpu
         if w is None or probe is None:
             return
-        rss, usage, limit = probe.read()
-        w.sample((rss, usage, limit) + _NULL_PAYLOAD[3:])
+        w.sample(probe.read() + (fmt.NULL,))
+        if gpu is not None:
+            for device, payload in gpu.poll():
+                w.event(_KIND_GPU_SAMPLE, None, None, device, payload)
+
+    def capture(self, exc: BaseException, detail: str) -> str:
+        """Record an exception (kind ``oom`` or ``exception``); returns the kind, "" if not written."""
+        rec = self._exceptions
+        return rec.record(exc, detail) if rec is not None and self.armed else ""
+
+    @property
+    def exception_recorder(self) -> ExceptionRecorder | None:
+        return self._exceptions if self.armed else None
 
     def current_step(self) -> int | None:
         """The step in force (None before the first ``step()``)."""
@@ -243,6 +318,9 @@ class Recorder:
         try:
             while not stop.wait(interval):
                 self.sample_now()
+                hooks = self._torch
+                if hooks is not None:
+                    hooks.poll()
         except Exception as exc:  # a probe that breaks stops sampling, never the job
             self._on_error(exc)
 
@@ -262,6 +340,7 @@ class Recorder:
             sampler = self._sampler
             if sampler is not None and sampler is not threading.current_thread():
                 sampler.join(timeout=max(1.0, 2 * self.sample_interval))
+            self._uninstall_collectors(in_child=False)
             try:
                 self.sample_now()
                 if self._writer is not None:
@@ -277,7 +356,26 @@ class Recorder:
         self.armed = False
         self._stop.set()
         self._sampler = None
+        self._uninstall_collectors(in_child=True)
         self._teardown(flush=False)
+
+    def _uninstall_collectors(self, *, in_child: bool) -> None:
+        """Put back every hook this recorder installed (in a forked child: no torch/CUDA calls)."""
+        torch, exceptions, signals, crash = self._torch, self._exceptions, self._signals, self._crash
+        steps: list[Callable[[], None]] = []
+        if torch is not None:
+            steps.append(lambda: torch.detach(final_drain=not in_child, in_child=in_child))
+        if exceptions is not None:
+            steps.append(exceptions.uninstall)
+        if signals is not None:
+            steps.append(signals.uninstall)
+        if crash is not None:
+            steps.append(lambda: crash.disable(keep_if_empty=in_child))
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:
+                self._on_error(exc)
 
     def _teardown(self, *, flush: bool) -> None:
         self.mark, self.step, self._event = _noop, _noop, _null_event

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._timeline import GAUGES
+from ._timeline import COUNTERS, GAUGES
 
 
 def human_bytes(n: int | None) -> str:
@@ -48,10 +48,11 @@ def ring_summary(m: dict[str, Any]) -> str:
     ]
     last = m.get("last_sample")
     if last:
-        lines += ["| gauge | bytes | human |", "|---|---:|---:|"]
+        lines += ["| gauge | value | human |", "|---|---:|---:|"]
         for g in GAUGES:
             if last.get(g) is not None:
-                lines.append(f"| {g} | {last[g]} | {human_bytes(last[g])} |")
+                human = str(last[g]) if g in COUNTERS else human_bytes(last[g])
+                lines.append(f"| {g} | {last[g]} | {human} |")
         lines += ["", f"Sampled at {last.get('time')}, step {_dash(last.get('step'))}."]
         usage, limit = last.get("cgroup_usage"), last.get("cgroup_limit")
         if usage is not None and limit:

@@ -12,10 +12,22 @@ import numpy as np
 import pyarrow as pa
 
 from . import _format as fmt
+from ._oom import parse_oom
 from ._reader import Ring
 
-GAUGES = fmt.SAMPLE_FIELDS
+GAUGES = tuple(c for c in fmt.SAMPLE_FIELDS + fmt.GPU_SAMPLE_FIELDS if c)
+COUNTERS = frozenset({"cgroup_oom_kills", "psi_some_us", "psi_full_us", "gpu_alloc_retries", "gpu_ooms"})
+BYTE_GAUGES = tuple(g for g in GAUGES if g not in COUNTERS)
 _DICT_STR = pa.dictionary(pa.int32(), pa.string())
+# Figures parsed from the message of an ``oom`` event (see _oom.parse_oom), bytes.
+OOM_COLUMNS = (
+    "oom_requested",
+    "oom_capacity",
+    "oom_free",
+    "oom_allocated",
+    "oom_reserved_unallocated",
+    "oom_private_pools",
+)
 
 TIMELINE_SCHEMA = pa.schema(
     [
@@ -31,7 +43,8 @@ TIMELINE_SCHEMA = pa.schema(
         ("host", _DICT_STR),
         ("device", pa.int16()),
     ]
-    + [(g, pa.int64()) for g in GAUGES]
+    + [(c, _DICT_STR if c in fmt.STRING_COLUMNS else pa.int64()) for c in fmt.PAYLOAD_COLUMN_ORDER]
+    + [(c, pa.int64()) for c in OOM_COLUMNS]
 )
 
 
@@ -142,7 +155,6 @@ def ring_table(ring: Ring) -> pa.Table:
     has_value = (r["flags"] & fmt.FLAG_VALUE) != 0
     step = r["step"]
     device = r["device"]
-    is_sample = r["kind"] == fmt.KIND_CODES["sample"]
     cols: dict[str, pa.Array] = {
         "seq": pa.array(r["seq"], pa.uint64()),
         "time": pa.array(times, pa.timestamp("ns", tz="UTC")),
@@ -156,10 +168,71 @@ def ring_table(ring: Ring) -> pa.Table:
         "host": _const_str(_str_or_none(ident.get("host")), n),
         "device": pa.array(device, pa.int16(), mask=device < 0),
     }
-    for i, name in enumerate(GAUGES):
-        words = r[f"p{i}"]
-        cols[name] = pa.array(words, pa.int64(), mask=~is_sample | (words < 0))
+    cols.update(_payload(r, ring.header.version, ring.strings))
+    cols.update(_oom_figures(r["kind"], labels))
     return pa.Table.from_pydict(cols, schema=TIMELINE_SCHEMA)
+
+
+def _payload(r: dict[str, np.ndarray], version: int, strings: dict[int, str]) -> dict[str, pa.Array]:
+    """Payload words to columns: each kind fills the columns its layout names, others are null."""
+    n = len(r["kind"])
+    values: dict[str, np.ndarray] = {}
+    present: dict[str, np.ndarray] = {}
+    for code, words in fmt.payload_columns(version).items():
+        rows = r["kind"] == code
+        if not rows.any():
+            continue
+        for i, name in enumerate(words):
+            if name is None:
+                continue
+            if name not in values:
+                values[name] = np.zeros(n, np.int64)
+                present[name] = np.zeros(n, bool)
+            w = r[f"p{i}"].view(np.int64)
+            values[name][rows] = w[rows]
+            present[name] |= rows & ((w > 0) if name in fmt.STRING_COLUMNS else (w >= 0))
+    out: dict[str, pa.Array] = {}
+    for name in fmt.PAYLOAD_COLUMN_ORDER:
+        if name not in values:
+            out[name] = pa.nulls(n, _DICT_STR if name in fmt.STRING_COLUMNS else pa.int64())
+        elif name in fmt.STRING_COLUMNS:
+            out[name] = _strings_column(values[name], present[name], strings)
+        else:
+            out[name] = pa.array(values[name], pa.int64(), mask=~present[name])
+    return out
+
+
+def _strings_column(ids: np.ndarray, present: np.ndarray, strings: dict[int, str]) -> pa.Array:
+    ids = np.where(present, ids, 0).astype(np.uint32)
+    arr, _ = _labels(ids, strings)
+    return arr
+
+
+def _oom_figures(kinds: np.ndarray, labels: pa.Array) -> dict[str, pa.Array]:
+    """OOM_COLUMNS from the messages of ``oom`` events (parsed once per distinct message)."""
+    n = len(kinds)
+    out = {c: np.zeros(n, np.int64) for c in OOM_COLUMNS}
+    valid = {c: np.zeros(n, bool) for c in OOM_COLUMNS}
+    rows = np.flatnonzero(kinds == fmt.KIND_CODES["oom"])
+    if len(rows):
+        indices = labels.indices.to_numpy(zero_copy_only=False)
+        mask = labels.is_null().to_numpy(zero_copy_only=False)
+        dictionary = labels.dictionary.to_pylist()
+        parsed: dict[int, dict[str, Any] | None] = {}
+        for row in rows.tolist():
+            if mask[row]:
+                continue
+            idx = int(indices[row])
+            if idx not in parsed:
+                parsed[idx] = parse_oom(dictionary[idx])
+            figures = parsed[idx]
+            if not figures:
+                continue
+            for c in OOM_COLUMNS:
+                v = figures.get(c.removeprefix("oom_"))
+                if v is not None:
+                    out[c][row], valid[c][row] = v, True
+    return {c: pa.array(out[c], pa.int64(), mask=~valid[c]) for c in OOM_COLUMNS}
 
 
 def merge_tables(tables: list[pa.Table]) -> pa.Table:

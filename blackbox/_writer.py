@@ -35,6 +35,8 @@ from typing import Any
 from ._format import (
     FLAG_VALUE,
     KIND_CODES,
+    NULL,
+    PAYLOAD_WORDS,
     RECORD_SIZE,
     STRING_FULL_ID,
     STRING_FULL_TEXT,
@@ -48,6 +50,7 @@ from ._format import (
 MARK_TAG = tag(0, KIND_CODES["mark"], 0, -1)
 MARK_VALUE_TAG = tag(0, KIND_CODES["mark"], FLAG_VALUE, -1)
 STEP_TAG = tag(0, KIND_CODES["step"], FLAG_VALUE, -1)
+NULL_WORDS = (NULL,) * PAYLOAD_WORDS
 SAMPLE_TAG = tag(0, KIND_CODES["sample"], 0, 0)  # the device bits are added per sample
 assert RECORD_SIZE == 1 << 7
 
@@ -76,6 +79,7 @@ class RingWriter:
     event: Callable[..., int]
     sample: Callable[..., None]
     current_step: Callable[[], int]
+    intern: Callable[[Any], int]
     kill: Callable[[], None]
     backend: str
 
@@ -134,6 +138,14 @@ class RingWriter:
         if intern(STRING_FULL_TEXT) != STRING_FULL_ID:
             raise ValueError(f"string region of {strings_size} bytes cannot hold its first entry")
 
+        def safe_intern(label: Any) -> int:
+            """A string id for a payload word (0 if the writer is dead)."""
+            try:
+                return lookup(label) or intern(label)
+            except Exception:
+                return 0
+
+        self.intern = safe_intern
         if cmod is not None:
             w = cmod.Writer(
                 buffer, records_offset, capacity, ids, intern, on_error, MARK_TAG, MARK_VALUE_TAG, STEP_TAG, SAMPLE_TAG
@@ -184,15 +196,27 @@ class RingWriter:
                 if not dead:
                     on_error(exc)
 
-        def event(kind: int, label: Any = None, value: int | None = None, device: int = -1) -> int:
-            """Write any event; returns its monotonic timestamp (0 if it was dropped)."""
+        def event(kind: int, label: Any = None, value: int | None = None, device: int = -1, payload: Any = None) -> int:
+            """Write any event; returns its monotonic timestamp (0 if it was dropped).
+
+            ``payload``: up to 9 ints for p0..p8, the missing ones -1 (not measured).
+            """
             try:
                 if not (0 <= kind <= 255 and -32768 <= device <= 32767):
                     raise ValueError(f"kind {kind} or device {device} out of range")
+                if payload is not None:
+                    words = tuple(payload)
+                    if len(words) > PAYLOAD_WORDS:
+                        raise ValueError(f"payload must hold at most {PAYLOAD_WORDS} ints, got {len(words)}")
+                    words += NULL_WORDS[len(words) :]
                 seq, t, th = tick()
                 lid = (lookup(label) or intern(label)) if label is not None else 0
                 flags, v = (0, 0) if value is None else (FLAG_VALUE, value)
-                pack_event(records, (seq % cap) << 7, seq, t, th, step_now, v, tag(lid, kind, flags, device), seq)
+                word = tag(lid, kind, flags, device)
+                if payload is None:
+                    pack_event(records, (seq % cap) << 7, seq, t, th, step_now, v, word, seq)
+                else:
+                    pack_sample(records, (seq % cap) << 7, seq, t, th, step_now, v, word, *words, seq)
                 return t
             except Exception as exc:
                 if not dead:

@@ -55,10 +55,16 @@ def test_kind_table_matches_codes() -> None:
     assert {int(r[0]): r[1] for r in rows} == fmt.KINDS
 
 
-def test_sample_payload_table_matches_fields() -> None:
-    rows = table_after("### Sample payload")
-    assert [r[0] for r in rows] == [f"p{i}" for i in range(len(fmt.SAMPLE_FIELDS))]
-    assert tuple(r[1] for r in rows) == fmt.SAMPLE_FIELDS
+def test_payload_layout_table_matches_code() -> None:
+    rows = table_after("### Payload layouts")
+    spec: dict[int, dict[str, tuple[str | None, ...]]] = {}
+    for version, kind, *words in rows:
+        names = [None if w == "-" else w for w in words]
+        while names and names[-1] is None:
+            names.pop()
+        spec.setdefault(int(version), {})[kind] = tuple(names)
+    assert spec == fmt.PAYLOAD_COLUMNS
+    assert all(len(r) == 2 + fmt.PAYLOAD_WORDS for r in rows)
 
 
 def test_string_entry_table_matches_struct() -> None:

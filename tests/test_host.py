@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from blackbox._host import HostProbe, effective_limit_file, find_memory_cgroup, parse_limit
+from blackbox._host import (
+    HostProbe,
+    effective_limit_file,
+    find_memory_cgroup,
+    meminfo_available,
+    oom_kill_count,
+    parse_limit,
+    psi_totals,
+)
 
 
 def _fake(tmp_path: Path, cgroup: str, mountinfo: str) -> tuple[str, str]:
@@ -53,12 +64,32 @@ def test_parse_limit() -> None:
 
 def test_probe_reads_this_process() -> None:
     probe = HostProbe()
+    child = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(64 << 20); time.sleep(30)"])
     try:
-        rss, usage, limit = probe.read()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and probe.read()[3] < 64 << 20:
+            time.sleep(0.05)
+        rss, usage, limit, children, available, oom_kills, psi_some, psi_full = probe.read()
         assert rss > 1 << 20
+        assert children >= 64 << 20, "the child's 64 MiB buffer counts in children_rss"
+        assert 0 < available
         if probe.cgroup is not None:
-            assert usage > 0
+            assert usage > 0 and oom_kills >= 0
         assert limit == -1 or limit > 0
+        if Path("/proc/pressure/memory").exists():
+            assert psi_some >= 0 and psi_full >= 0
     finally:
+        child.kill()
+        child.wait()
         probe.close()
-    assert probe.read() == (-1, -1, -1)
+    assert probe.read() == (-1,) * 8
+
+
+def test_oom_kill_psi_and_meminfo_parsers() -> None:
+    assert oom_kill_count("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n") == 3  # cgroup v1 memory.oom_control
+    assert oom_kill_count("low 0\nhigh 0\nmax 7\noom 2\noom_kill 1\n") == 1  # cgroup v2 memory.events
+    assert oom_kill_count("oom 2\n") is None
+    psi = "some avg10=0.00 avg60=0.00 avg300=0.00 total=1234\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=56\n"
+    assert psi_totals(psi) == (1234, 56) and psi_totals("") == (-1, -1)
+    assert meminfo_available("MemTotal: 100 kB\nMemAvailable:   2048 kB\n") == 2 << 20
+    assert meminfo_available("MemTotal: 100 kB\n") is None

@@ -13,6 +13,7 @@ import pytest
 from conftest import run_py
 
 import blackbox
+from blackbox import _format as fmt
 from blackbox._timeline import TIMELINE_SCHEMA
 
 JOB = """
@@ -75,7 +76,7 @@ def test_metadata_says_who_and_how_it_ended(killed_bundle: Path) -> None:
     m = json.loads((killed_bundle / "metadata.json").read_text())
     for key in ("format_version", "pid", "host", "rank", "world_size", "argv", "versions", "started_at", "clean"):
         assert key in m, key
-    assert m["format_version"] == 1 and m["rank"] == 2 and m["world_size"] == 4
+    assert m["format_version"] == fmt.FORMAT_VERSION and m["rank"] == 2 and m["world_size"] == 4
     assert m["clean"] is False and m["writer_state"] == "ended without a clean end"
     assert m["versions"]["python"] and m["versions"]["numpy"] and m["versions"]["torch"] is None
     r = m["recovery"]

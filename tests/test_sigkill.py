@@ -18,6 +18,7 @@ from blackbox._reader import read_ring
 
 WRITER = """
 import sys, threading, blackbox
+sys.setswitchinterval(1e-4)  # interleave the writers finely (the C path writes ~30k events per default slice)
 rec = blackbox.arm(sys.argv[1], capacity=int(sys.argv[2]), sample_interval=0.002)
 out, lock = sys.stdout, threading.Lock()
 def work(k):
@@ -89,6 +90,9 @@ def test_sigkill_loses_no_acknowledged_event(
         wrapped = rec.overwritten > 0
         for k, last_acked in acked.items():
             values = [int(v) for v, lab in zip(r["value"], labels, strict=True) if lab == f"t{k}"]
+            if not values:  # all of this thread's events are older than the window
+                assert wrapped
+                continue
             assert values == list(range(values[0], values[0] + len(values))), "no gap, no duplicate"
             assert values[-1] >= last_acked
             if not wrapped:

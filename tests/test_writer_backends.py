@@ -31,6 +31,8 @@ def _write_script(backend: str) -> tuple[np.ndarray, bytes, list[str]]:
     w.event(6, "forward")
     w.event(7, "forward", 1234, device=3)
     w.event(kind=5, label=None, value=None, device=-2)
+    w.event(9, "oom text", 1 << 30, 0, payload=(0, 80 << 30, 5 << 20))
+    w.event(12, None, 512, 1, [0x7F00, 7, 123456789])
     w.sample((1, 2, 3, -1, -1, -1, -1, -1, -1), device=1)
     w.sample([9] * 9)
     w.mark(42, 2**63 - 1)  # a non-str label is interned by its str()
@@ -39,6 +41,7 @@ def _write_script(backend: str) -> tuple[np.ndarray, bytes, list[str]]:
     w.step(-5)  # invalid: reported, not written
     w.mark("float", 1.5)  # not an int: reported, not written
     w.sample((1, 2))  # wrong payload length: reported, not written
+    w.event(9, None, None, 0, payload=range(10))  # too long: reported, not written
     assert w.current_step() == 11
     recs = np.frombuffer(buf, dtype=fmt.RECORD_DTYPE, count=CAP, offset=STRINGS).copy()
     strings = bytes(buf[:STRINGS])
@@ -53,10 +56,10 @@ def test_c_and_python_paths_write_identical_records() -> None:
     c_recs, c_strings, c_errors = _write_script("c")
     py_recs, py_strings, py_errors = _write_script("python")
     assert c_strings == py_strings
-    assert len(c_errors) == len(py_errors) == 4
+    assert len(c_errors) == len(py_errors) == 5
     written = c_recs["seq"] != 0
-    assert written.sum() == 12
-    assert sorted(c_recs["seq"][written]) == list(range(1, 13))
+    assert written.sum() == 14
+    assert sorted(c_recs["seq"][written]) == list(range(1, 15))
     assert (py_recs["seq"][written] == c_recs["seq"][written]).all()
     c_recs, py_recs = c_recs[written], py_recs[written]
     for name in fmt.RECORD_DTYPE.names or ():
@@ -66,6 +69,17 @@ def test_c_and_python_paths_write_identical_records() -> None:
     order = np.argsort(c_recs["seq"])
     assert (np.diff(c_recs["time"][order].astype(np.int64)) >= 0).all()
     assert (c_recs["commit"] == c_recs["seq"]).all()
+    oom = c_recs[c_recs["kind"] == 9][0]
+    assert (oom["value"], oom["device"], oom["p1"], oom["p2"], oom["p3"], oom["p8"]) == (
+        1 << 30,
+        0,
+        80 << 30,
+        5 << 20,
+        -1,
+        -1,
+    )
+    plain = c_recs[c_recs["kind"] == 6][0]
+    assert [int(plain[f"p{i}"]) for i in range(fmt.PAYLOAD_WORDS)] == [0] * fmt.PAYLOAD_WORDS
 
 
 def test_c_write_path_is_built_where_a_compiler_exists() -> None:

@@ -1,6 +1,7 @@
 """Regenerate the golden ring files under tests/data/ (one per format version).
 
-    python tools/make_golden.py            # writes tests/data/ring-v1.ring and ring-v1.expected.json
+    python tools/make_golden.py [VERSION]   # writes tests/data/ring-vN.ring and ring-vN.expected.json
+                                            # (N = the current format version unless given)
 
 The ring is built byte by byte from blackbox._format with fixed clocks and
 identity, so it is the same on every machine. It exercises wrap-around, a torn
@@ -26,7 +27,7 @@ CAPACITY = 32
 STRINGS = 4096
 WALL, MONO = 1_767_225_600_000_000_000, 5_000_000_000  # 2026-01-01T00:00:00Z
 META = {
-    "format_version": 1,
+    "format_version": 0,  # set per version
     "writer": {"package": "blackbox", "version": "golden"},
     "identity": {
         "host": "golden-host",
@@ -46,8 +47,8 @@ META = {
 }
 
 
-def build() -> bytes:
-    header = fmt.encode_header(CAPACITY, STRINGS, META)
+def build(version: int) -> bytes:
+    header = fmt.encode_header(CAPACITY, STRINGS, dict(META, format_version=version), version=version)
     h = fmt.decode_header(header, len(header))
     buf = bytearray(h.file_size)
     buf[: len(header)] = header
@@ -58,6 +59,16 @@ def build() -> bytes:
         fmt.string_entry(4, "damaged soon"),
         fmt.string_entry(5, "ünïcödé"),
     ]
+    if version >= 2:
+        entries += [
+            fmt.string_entry(6, "uncaught"),
+            fmt.string_entry(7, OOM_MESSAGE),
+            fmt.string_entry(8, "observer"),
+            fmt.string_entry(9, "builtins.ValueError: failed to allocate seat in queue"),
+            fmt.string_entry(10, "SIGTERM"),
+            fmt.string_entry(11, "Net.fc1"),
+            fmt.string_entry(12, "default action"),
+        ]
     pos = h.strings_offset
     for e in entries:
         buf[pos : pos + len(e)] = e
@@ -67,18 +78,20 @@ def build() -> bytes:
     seq = 0
     thread = 0x7F00_0000_1000
 
-    def put(kind: str, *, label: int = 0, value: int | None = None, step: int = -1, payload=None) -> None:
+    def put(
+        kind: str, *, label: int = 0, value: int | None = None, step: int = -1, device: int = -1, payload=None
+    ) -> None:
         nonlocal seq
         seq += 1
         t = MONO + seq * 1_000_000
         off = h.records_offset + (seq % CAPACITY) * fmt.RECORD_SIZE
         flags, v = (0, 0) if value is None else (fmt.FLAG_VALUE, value)
+        code = fmt.KIND_CODES[kind]
         if payload is None:
-            fmt.EVENT_STRUCT.pack_into(buf, off, seq, t, thread, step, v, label, fmt.KIND_CODES[kind], flags, -1, seq)
+            fmt.EVENT_STRUCT.pack_into(buf, off, seq, t, thread, step, v, label, code, flags, device, seq)
         else:
-            fmt.SAMPLE_STRUCT.pack_into(
-                buf, off, seq, t, thread, step, v, label, fmt.KIND_CODES[kind], flags, -1, *payload, seq
-            )
+            words = tuple(payload) + (-1,) * (fmt.PAYLOAD_WORDS - len(payload))
+            fmt.SAMPLE_STRUCT.pack_into(buf, off, seq, t, thread, step, v, label, code, flags, device, *words, seq)
 
     put("arm", value=CAPACITY)
     put("sample", payload=(100 << 20, 200 << 20, 1 << 30, -1, -1, -1, -1, -1, -1))
@@ -92,6 +105,8 @@ def build() -> bytes:
             step=step,
             payload=((100 + 10 * step) << 20, (200 + 10 * step) << 20, 1 << 30, -1, -1, -1, -1, -1, -1),
         )
+    if version >= 2:
+        v2_events(put)
     put("mark", label=4, value=None, step=7)  # its string is damaged
     put("mark", label=1, value=-5, step=7)  # the region-full placeholder
     put("mark", label=5, value=-(1 << 63), step=7)
@@ -102,6 +117,26 @@ def build() -> bytes:
     buf[off : off + fmt.RECORD_SIZE] = bytes(fmt.RECORD_SIZE)
     buf[off : off + 8] = torn_seq.to_bytes(8, "little")
     return bytes(buf)
+
+
+OOM_MESSAGE = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+    "79.11 GiB of which 1.50 GiB is free. Including non-PyTorch memory, this process has 77.60 GiB memory in use. "
+    "Of the allocated memory 70.00 GiB is allocated by PyTorch, with 1.00 GiB allocated in private pools "
+    "(e.g., CUDA Graphs), and 6.50 GiB is reserved by PyTorch but unallocated."
+)
+
+
+def v2_events(put) -> None:  # type: ignore[no-untyped-def]
+    """One of each kind version 2 added, late enough in the ring to survive its wrap-around."""
+    gib = 1 << 30
+    put("gpu_sample", device=0, payload=(60 * gib, 70 * gib, 61 * gib, 2 * gib, 9 * gib, 80 * gib, 3, 0, 65 * gib))
+    put("module_begin", label=11, payload=(60 * gib, 100 << 20))
+    put("alloc", value=2 * gib, device=0, payload=(0x7F00_0000, 0, 1_767_225_600_000_000))
+    put("oom", value=2 * gib, device=0, payload=(8, 80 * gib, gib))
+    put("oom", label=7, payload=(6, -1, -1))
+    put("exception", label=9, payload=(6,))
+    put("signal", label=10, value=15, payload=(12,))
 
 
 def expected(path: Path) -> dict[str, object]:
@@ -117,9 +152,13 @@ def expected(path: Path) -> dict[str, object]:
 def main() -> int:
     data_dir = ROOT / "tests" / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
-    ring = data_dir / f"ring-v{fmt.FORMAT_VERSION}.ring"
-    ring.write_bytes(build())
-    (data_dir / f"ring-v{fmt.FORMAT_VERSION}.expected.json").write_text(
+    version = int(sys.argv[1]) if len(sys.argv) > 1 else fmt.FORMAT_VERSION
+    if version not in fmt.SUPPORTED_VERSIONS:
+        print(f"make_golden: expected a version in {fmt.SUPPORTED_VERSIONS}, found {version}", file=sys.stderr)
+        return 2
+    ring = data_dir / f"ring-v{version}.ring"
+    ring.write_bytes(build(version))
+    (data_dir / f"ring-v{version}.expected.json").write_text(
         json.dumps(expected(ring), indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
     )
     print(f"wrote {ring} ({ring.stat().st_size} bytes) and its expected timeline")
