@@ -1,4 +1,5 @@
-"""``recover``: rings in, a bundle folder out (timeline.parquet, metadata.json, summary.md).
+"""``recover``: rings in, a bundle folder out (timeline.parquet, metadata.json, summary.md,
+and ``crash-<pid>.txt`` where faulthandler left a native crash's tracebacks beside a ring).
 
 The only module of the recovery path that writes files.
 """
@@ -15,6 +16,7 @@ import pyarrow.parquet as pq
 
 from ._metadata import bundle_metadata, ring_metadata
 from ._reader import find_rings, read_ring
+from ._signals import read_crash_file
 from ._summary import bundle_summary
 from ._timeline import merge_tables, ring_table
 
@@ -45,9 +47,13 @@ def write_bundle(inputs: list[Path], out_dir: Path) -> dict[str, Any]:
     """
     rings = [read_ring(p) for p in find_rings(inputs)]
     tables = [ring_table(r) for r in rings]
-    metas = [ring_metadata(r, t) for r, t in zip(rings, tables, strict=True)]
+    crashes = [read_crash_file(r.path) for r in rings]
+    metas = [ring_metadata(r, t, crash) for r, t, crash in zip(rings, tables, crashes, strict=True)]
     meta = bundle_metadata(metas)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for m, crash in zip(metas, crashes, strict=True):
+        if crash is not None:
+            _atomic_text(out_dir / m["native_crash"]["file"], crash)
     write_timeline(merge_tables(tables), out_dir / TIMELINE)
     _atomic_text(out_dir / METADATA, json.dumps(meta, indent=2, sort_keys=False) + "\n")
     _atomic_text(out_dir / SUMMARY, bundle_summary(meta))

@@ -102,6 +102,7 @@ KINDS: dict[int, str] = {
     20: "module_end",
 }
 KIND_CODES = {name: code for code, name in KINDS.items()}
+NOTE_PREFIX = "blackbox: "  # a ``mark`` with this label prefix is the recorder's own note (a collector failed)
 ALLOCATOR_KINDS = ("alloc", "free_requested", "free", "segment_alloc", "segment_free", "segment_map", "segment_unmap")
 
 # Payload words p0..p8: which timeline column each word of a kind fills, per format

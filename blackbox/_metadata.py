@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from . import _format as fmt
 from ._reader import Ring
 from ._ringfile import boot_id
-from ._timeline import BYTE_GAUGES, GAUGES
+from ._timeline import BYTE_GAUGES, GAUGES, OOM_COLUMNS
 from ._version import __version__
 
 
@@ -84,8 +84,29 @@ def _peaks(table: pa.Table) -> dict[str, Any]:
     return out
 
 
-def ring_metadata(ring: Ring, table: pa.Table) -> dict[str, Any]:
-    """The metadata of one recovered ring (see FORMAT.md, "metadata.json")."""
+def _events(table: pa.Table, kinds: tuple[str, ...], columns: tuple[str, ...], last: int) -> list[dict[str, Any]]:
+    """The last ``last`` events of these kinds, as plain dicts (time in ISO UTC)."""
+    kind = table["kind"].cast(pa.string())
+    mask = pc.is_in(kind, value_set=pa.array(kinds))
+    picked = table.filter(mask)
+    rows: list[dict[str, Any]] = picked.slice(max(0, picked.num_rows - last)).select(
+        ["time", "kind", "step", *columns]
+    ).to_pylist()
+    for r in rows:
+        r["time"] = r["time"].isoformat().replace("+00:00", "Z") if r["time"] else None
+        for c in [c for c in r if c.startswith("oom_") and r[c] is None]:
+            del r[c]
+    return rows
+
+
+_EXC_COLUMNS = ("label", "detail", "device", "value", "device_total", "device_free", *OOM_COLUMNS)
+
+
+def ring_metadata(ring: Ring, table: pa.Table, crash: str | None = None) -> dict[str, Any]:
+    """The metadata of one recovered ring (see FORMAT.md, "metadata.json").
+
+    ``crash``: the faulthandler output found beside the ring, if any.
+    """
     ident = ring.meta.get("identity") or {}
     times = table["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
     steps = table["step"].drop_null()
@@ -115,9 +136,27 @@ def ring_metadata(ring: Ring, table: pa.Table) -> dict[str, Any]:
         "cgroup": ring.meta.get("cgroup"),
         "last_sample": _last_sample(table),
         "peaks": _peaks(table),
+        "exceptions": _events(table, ("oom", "exception"), _EXC_COLUMNS, 10),
+        "signals": _events(table, ("signal",), ("label", "value", "detail"), 10),
+        "native_crash": _crash(ident.get("pid"), crash),
+        "notes": _notes(table),
         "recovery": ring.recovery.as_dict(),
         "recovered_by": {"blackbox": __version__},
     }
+
+
+def _notes(table: pa.Table) -> list[str]:
+    """The recorder's own notes (marks labelled ``blackbox: ...``): collectors that could not attach."""
+    label = table["label"].cast(pa.string())
+    mask = pc.fill_null(pc.starts_with(label, fmt.NOTE_PREFIX), False)
+    return [text[len(fmt.NOTE_PREFIX) :] for text in pc.filter(label, mask).to_pylist()]
+
+
+def _crash(pid: Any, text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return {"file": f"crash-{pid}.txt", "first_line": lines[0] if lines else ""}
 
 
 def bundle_metadata(rings: list[dict[str, Any]]) -> dict[str, Any]:

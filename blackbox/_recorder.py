@@ -37,7 +37,6 @@ _KIND_PHASE_BEGIN = fmt.KIND_CODES["phase_begin"]
 _KIND_PHASE_END = fmt.KIND_CODES["phase_end"]
 _KIND_GPU_SAMPLE = fmt.KIND_CODES["gpu_sample"]
 _KIND_MARK = fmt.KIND_CODES["mark"]
-NOTE_PREFIX = "blackbox: "
 
 
 def warn(message: str) -> None:
@@ -282,7 +281,7 @@ class Recorder:
         self.notes.append(text)
         w = self._writer
         if w is not None:
-            w.event(_KIND_MARK, NOTE_PREFIX + text)
+            w.event(_KIND_MARK, fmt.NOTE_PREFIX + text)
 
     # ------------------------------------------------------------ the API
     def phase(self, name: str) -> Phase:

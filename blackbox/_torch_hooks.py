@@ -26,6 +26,7 @@ Every hook swallows its own errors: the job's call always proceeds.
 from __future__ import annotations
 
 import functools
+import importlib
 import threading
 import time
 import weakref
@@ -123,12 +124,12 @@ class TorchHooks:
             self._note(f"{what} not attached: {type(exc).__name__}: {exc}")
 
     def _attach_optimizer(self, torch: Any) -> None:
-        opt = torch.optim.optimizer
+        opt = importlib.import_module("torch.optim.optimizer")  # torch is loaded: this only binds it
         self._handles.append(opt.register_optimizer_step_pre_hook(self._optimizer_pre))
         self._handles.append(opt.register_optimizer_step_post_hook(self._optimizer_post))
-        if self._w.current_step() < 0:  # the job drives no steps itself: count optimizer steps
-            self._from_optimizer = True
-            self._w.step(0)
+        # The job drives no steps itself: count optimizer steps (step k = k steps completed;
+        # events before the first optimizer step carry no step).
+        self._from_optimizer = self._w.current_step() < 0
 
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
@@ -146,7 +147,7 @@ class TorchHooks:
             t0 = self._opt_t0
             self._w.event(PHASE_END, "optimizer", time.monotonic_ns() - t0 if t0 else None)
             if self._from_optimizer:
-                if self._w.current_step() != self._count:
+                if self._w.current_step() != (self._count if self._count else -1):
                     self._from_optimizer = False  # blackbox.step() was called: the job counts now
                     return
                 self._count += 1
@@ -171,7 +172,7 @@ class TorchHooks:
         self._orig_backward, self._our_backward = original, backward
 
     def _attach_modules(self, torch: Any) -> None:
-        hooks = torch.nn.modules.module
+        hooks = importlib.import_module("torch.nn.modules.module")
         self._handles.append(hooks.register_module_forward_pre_hook(self._module_pre))
         try:
             handle = hooks.register_module_forward_hook(self._module_post, always_call=True)

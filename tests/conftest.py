@@ -4,7 +4,8 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,59 @@ def reread(rec: blackbox.Recorder) -> Ring:
 
 def labels_of(ring: Ring) -> list[str | None]:
     return [ring.strings.get(int(i)) if i else None for i in ring.records["label"]]
+
+
+class MemoryCgroup:
+    """A child memory cgroup under this process's own, with a limit; children join it at exec."""
+
+    def __init__(self, directory: Path, version: int) -> None:
+        self.directory = directory
+        self.version = version
+
+    def join(self) -> None:  # runs in the child between fork and exec
+        (self.directory / "cgroup.procs").write_text(str(os.getpid()))
+
+    def oom_kills(self) -> int:
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        for line in (self.directory / name).read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        raise AssertionError(f"no oom_kill counter in {self.directory / name}")
+
+
+@pytest.fixture
+def memory_cgroup(tmp_path: Path) -> Iterator[Callable[[int], MemoryCgroup]]:
+    """Make a memory cgroup with a limit (v1 or v2); skip only where the kernel refuses."""
+    from blackbox._host import find_memory_cgroup
+
+    made: list[Path] = []
+
+    def make(limit: int) -> MemoryCgroup:
+        own = find_memory_cgroup()
+        if own is None:
+            pytest.skip("this process is in no memory cgroup (no cgroup v1 memory controller or v2 memory.current)")
+        child = own.directory / f"blackbox-test-{os.getpid()}-{len(made)}"
+        try:
+            child.mkdir()
+            made.append(child)
+            if own.version == 1:
+                (child / "memory.limit_in_bytes").write_text(str(limit))
+                if (child / "memory.swappiness").exists():
+                    (child / "memory.swappiness").write_text("0")
+            else:
+                (child / "memory.max").write_text(str(limit))
+                if (child / "memory.swap.max").exists():
+                    (child / "memory.swap.max").write_text("0")
+        except OSError as exc:
+            pytest.skip(f"the kernel refused a child memory cgroup under {own.directory}: {exc}")
+        return MemoryCgroup(child, own.version)
+
+    yield make
+    for d in reversed(made):
+        for _ in range(50):
+            try:
+                d.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)

@@ -1,0 +1,137 @@
+"""Uncaught exceptions, capture_oom, signals and native crashes, each in a real child process."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from conftest import run_py
+
+import blackbox
+from blackbox._reader import find_rings, read_ring
+from blackbox._timeline import ring_table
+
+ARM = "import sys, blackbox\nblackbox.arm(sys.argv[1], capacity=4096, sample_interval=3600)\n"
+
+
+def _events(ring_dir: Path, *kinds: str) -> list[dict]:
+    (path,) = find_rings([ring_dir])
+    table = ring_table(read_ring(path))
+    table = table.filter(pc.is_in(table["kind"].cast("string"), value_set=pa.array(kinds)))
+    return table.to_pylist()
+
+
+def test_uncaught_cpu_allocator_oom_is_an_oom_event_and_exit_status_is_kept(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    proc = run_py(ARM + "import torch\ntorch.empty(1 << 62, dtype=torch.uint8)\n", str(tmp_path), check=False)
+    assert proc.returncode == 1
+    assert "Traceback" in proc.stderr and "DefaultCPUAllocator" in proc.stderr, "the user's traceback still prints"
+    (oom,) = _events(tmp_path, "oom")
+    assert "DefaultCPUAllocator: can't allocate memory" in oom["label"] and oom["detail"] == "uncaught"
+    assert oom["oom_requested"] == 1 << 62
+    assert _events(tmp_path, "exception") == []
+
+
+def test_look_alike_value_error_is_an_exception_event(tmp_path: Path) -> None:
+    code = ARM + "raise ValueError('failed to allocate seat in queue')\n"
+    proc = run_py(code, str(tmp_path), check=False)
+    assert proc.returncode == 1 and "ValueError: failed to allocate seat in queue" in proc.stderr
+    (exc,) = _events(tmp_path, "exception")
+    assert exc["label"] == "ValueError: failed to allocate seat in queue" and exc["oom_requested"] is None
+    assert _events(tmp_path, "oom") == []
+
+
+def test_thread_exception_is_recorded_and_still_printed(tmp_path: Path) -> None:
+    code = ARM + (
+        "import threading\n"
+        "def boom(): raise MemoryError('worker ran out')\n"
+        "t = threading.Thread(target=boom, name='loader'); t.start(); t.join()\n"
+        "print('main carried on')\n"
+    )
+    proc = run_py(code, str(tmp_path))
+    assert "main carried on" in proc.stdout and "MemoryError: worker ran out" in proc.stderr
+    (oom,) = _events(tmp_path, "oom")
+    assert oom["label"] == "MemoryError: worker ran out" and oom["detail"] == "uncaught in thread loader"
+
+
+def test_capture_oom_records_once_with_context_and_reraises(tmp_path: Path) -> None:
+    code = ARM + (
+        "import errno\n"
+        "try:\n"
+        "    with blackbox.capture_oom('eval', batch=64, split='val'):\n"
+        "        raise RuntimeError('retrying smaller') from OSError(errno.ENOMEM, 'Cannot allocate memory')\n"
+        "except RuntimeError as e:\n"
+        "    print('caught', e)\n"
+        "with blackbox.capture_oom('train'):\n"
+        "    raise KeyError('plain')\n"
+    )
+    proc = run_py(code, str(tmp_path), check=False)
+    assert "caught retrying smaller" in proc.stdout and proc.returncode == 1 and "KeyError: 'plain'" in proc.stderr
+    (oom,) = _events(tmp_path, "oom")
+    assert oom["label"] == "OSError: [Errno 12] Cannot allocate memory"
+    assert oom["detail"] == "capture_oom: eval batch=64 split='val'; raised as RuntimeError: retrying smaller"
+    (exc,) = _events(tmp_path, "exception")  # recorded by capture_oom, not again by sys.excepthook
+    assert exc["label"] == "KeyError: 'plain'" and exc["detail"] == "capture_oom: train"
+
+
+def test_sigterm_is_recorded_and_still_kills(tmp_path: Path) -> None:
+    code = ARM + "import os, signal, time\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(5)\nprint('survived')\n"
+    proc = run_py(code, str(tmp_path), check=False)
+    assert proc.returncode == -signal.SIGTERM and "survived" not in proc.stdout
+    (sig,) = _events(tmp_path, "signal")
+    assert (sig["label"], sig["value"], sig["detail"]) == ("SIGTERM", signal.SIGTERM, "default action")
+
+
+def test_job_signal_handler_is_chained_and_ignored_stays_ignored(tmp_path: Path) -> None:
+    code = (
+        "import os, signal, sys\n"
+        "signal.signal(signal.SIGUSR1, lambda s, f: print('job handler ran', flush=True))\n"
+        "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n" + ARM + "os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "os.kill(os.getpid(), signal.SIGHUP)\n"
+        "print('alive')\n"
+    )
+    proc = run_py(code, str(tmp_path))
+    assert "job handler ran" in proc.stdout and "alive" in proc.stdout
+    sigs = [(s["label"], s["detail"]) for s in _events(tmp_path, "signal")]
+    assert sigs == [("SIGUSR1", "chained to the job's handler"), ("SIGHUP", "ignored, as before")]
+
+
+def test_sigint_still_raises_keyboard_interrupt(tmp_path: Path) -> None:
+    code = ARM + "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(5)\n"
+    proc = run_py(code, str(tmp_path), check=False)
+    assert "KeyboardInterrupt" in proc.stderr and proc.returncode != 0
+    (sig,) = _events(tmp_path, "signal")
+    assert sig["label"] == "SIGINT" and sig["detail"] == "chained to the job's handler"
+    assert _events(tmp_path, "exception") == []  # a Ctrl-C is not an error of the job
+
+
+def test_native_crash_tracebacks_are_folded_into_the_bundle(tmp_path: Path) -> None:
+    code = ARM + "import faulthandler\ndef deep(): faulthandler._sigsegv()\ndeep()\n"
+    proc = run_py(code, str(tmp_path / "rings"), check=False)
+    assert proc.returncode == -signal.SIGSEGV
+    (ring,) = find_rings([tmp_path / "rings"])
+    out = tmp_path / "bundle"
+    blackbox.recover(ring, out)
+    meta = json.loads((out / "metadata.json").read_text())
+    crash = meta["native_crash"]
+    assert crash["first_line"] == "Fatal Python error: Segmentation fault"
+    text = (out / crash["file"]).read_text()
+    assert "in deep" in text and crash["file"] == f"crash-{meta['pid']}.txt"
+
+
+def test_clean_run_leaves_no_crash_file_and_restores_hooks(tmp_path: Path) -> None:
+    code = (
+        "import sys, signal, threading, blackbox\n"
+        "before = (sys.excepthook, threading.excepthook, signal.getsignal(signal.SIGTERM))\n"
+        "blackbox.arm(sys.argv[1], capacity=64, sample_interval=3600)\n"
+        "assert sys.excepthook is not before[0]\n"
+        "blackbox.disarm()\n"
+        "assert (sys.excepthook, threading.excepthook, signal.getsignal(signal.SIGTERM)) == before\n"
+        "print('ok')\n"
+    )
+    assert run_py(code, str(tmp_path)).stdout.strip() == "ok"
+    assert [p.name for p in tmp_path.iterdir() if p.suffix == ".crash"] == []
