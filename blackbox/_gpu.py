@@ -14,12 +14,14 @@ turns that backend off for this probe (never into the job).
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 NULL = -1
 GpuReading = tuple[int, tuple[int, ...]]  # (device index, the 9 gpu_sample payload words)
 MAX_DEVICES = 64
+MAX_DUTY = 0.005  # polling takes at most 0.5% of the time: a slow backend is polled less often
 
 
 def loaded_torch() -> Any:
@@ -83,8 +85,20 @@ class GpuProbe:
         self.backend: str | None = None  # "cuda", "hip", "xpu", "mps" or "accelerator" once seen
         self._off: set[str] = set()  # backends that failed: not asked again
         self.errors: list[str] = []
+        self._next = 0.0
+        self.last_cost_s = 0.0
 
     def poll(self) -> list[GpuReading]:
+        """Readings of every device in use; [] before the job has set one up, or while throttled."""
+        now = time.monotonic()
+        if now < self._next:
+            return []
+        readings = self._poll()
+        self.last_cost_s = time.monotonic() - now
+        self._next = now + self.last_cost_s / MAX_DUTY
+        return readings
+
+    def _poll(self) -> list[GpuReading]:
         torch = loaded_torch()
         if torch is None:
             return []

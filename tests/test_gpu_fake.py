@@ -70,3 +70,22 @@ def test_fake_cuda_backend_samples_observer_and_history(tmp_path: Path) -> None:
     assert rows[3]["value"] == 512 << 3 and rows[3]["allocator_time_us"] == 1003 and rows[3]["device"] == 0
     snapshot = Path(str(ring_path) + ".oom-snapshot.pickle")
     assert snapshot.exists() and snapshot.stat().st_size > 0, "PyTorch's snapshot for its memory viewer"
+
+
+def test_slow_backend_is_polled_less_often(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    from blackbox import _gpu
+
+    probe = _gpu.GpuProbe()
+    calls = []
+
+    def slow() -> list[tuple[int, tuple[int, ...]]]:
+        calls.append(1)
+        time.sleep(0.01)  # 10 ms a poll: at 0.5% duty, the next one waits about 2 s
+        return [(0, (1,) * 9)]
+
+    monkeypatch.setattr(probe, "_poll", slow)
+    assert probe.poll() == [(0, (1,) * 9)]
+    assert probe.poll() == [] and probe.poll() == []
+    assert len(calls) == 1 and probe.last_cost_s >= 0.01
