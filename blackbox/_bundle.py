@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ._evidence import gather
 from ._metadata import bundle_metadata, ring_metadata
 from ._reader import find_rings, read_ring
 from ._signals import read_crash_file
@@ -40,15 +41,19 @@ def write_timeline(table: pa.Table, path: Path) -> None:
     )
 
 
-def write_bundle(inputs: list[Path], out_dir: Path) -> dict[str, Any]:
+def write_bundle(inputs: list[Path], out_dir: Path, exit_status: int | None = None) -> dict[str, Any]:
     """Recover every ring named (files, or folders of ``*.ring``) into ``out_dir``.
 
+    ``exit_status``: how the job ended, where the caller saw it (``blackbox run``).
     Returns the metadata written to metadata.json.
     """
     rings = [read_ring(p) for p in find_rings(inputs)]
     tables = [ring_table(r) for r in rings]
     crashes = [read_crash_file(r.path) for r in rings]
-    metas = [ring_metadata(r, t, crash) for r, t, crash in zip(rings, tables, crashes, strict=True)]
+    metas = [
+        ring_metadata(r, t, crash, gather(r.meta, exit_status if len(rings) == 1 else None))
+        for r, t, crash in zip(rings, tables, crashes, strict=True)
+    ]
     meta = bundle_metadata(metas)
     out_dir.mkdir(parents=True, exist_ok=True)
     for m, crash in zip(metas, crashes, strict=True):

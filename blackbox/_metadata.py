@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
 from datetime import datetime, timezone
 from typing import Any
 
@@ -12,8 +10,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import _format as fmt
+from ._diagnosis import diagnose
+from ._evidence import Evidence, writer_running
 from ._reader import Ring
-from ._ringfile import boot_id
 from ._timeline import BYTE_GAUGES, GAUGES, OOM_COLUMNS
 from ._version import __version__
 
@@ -30,25 +29,7 @@ def writer_state(ring: Ring) -> str:
     """``clean``, ``running`` (writer alive on this host) or ``ended without a clean end``."""
     if ring.clean or ring.header.state == fmt.STATE_CLEAN:
         return "clean"
-    ident = ring.meta.get("identity") or {}
-    pid, boot = ident.get("pid"), ident.get("boot_id")
-    if isinstance(pid, int) and pid > 0 and ident.get("host") == socket.gethostname():
-        same_boot = boot is None or boot == boot_id()
-        if same_boot and _alive(pid):
-            return "running"
-    return "ended without a clean end"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
+    return "running" if writer_running(ring.meta) else "ended without a clean end"
 
 
 def _last_row(table: pa.Table, kind: str) -> dict[str, Any] | None:
@@ -89,9 +70,9 @@ def _events(table: pa.Table, kinds: tuple[str, ...], columns: tuple[str, ...], l
     kind = table["kind"].cast(pa.string())
     mask = pc.is_in(kind, value_set=pa.array(kinds))
     picked = table.filter(mask)
-    rows: list[dict[str, Any]] = picked.slice(max(0, picked.num_rows - last)).select(
-        ["time", "kind", "step", *columns]
-    ).to_pylist()
+    rows: list[dict[str, Any]] = (
+        picked.slice(max(0, picked.num_rows - last)).select(["time", "kind", "step", *columns]).to_pylist()
+    )
     for r in rows:
         r["time"] = r["time"].isoformat().replace("+00:00", "Z") if r["time"] else None
         for c in [c for c in r if c.startswith("oom_") and r[c] is None]:
@@ -102,11 +83,15 @@ def _events(table: pa.Table, kinds: tuple[str, ...], columns: tuple[str, ...], l
 _EXC_COLUMNS = ("label", "detail", "device", "value", "device_total", "device_free", *OOM_COLUMNS)
 
 
-def ring_metadata(ring: Ring, table: pa.Table, crash: str | None = None) -> dict[str, Any]:
-    """The metadata of one recovered ring (see FORMAT.md, "metadata.json").
+def ring_metadata(
+    ring: Ring, table: pa.Table, crash: str | None = None, evidence: Evidence | None = None
+) -> dict[str, Any]:
+    """The metadata of one recovered ring, with its diagnosis (``death``).
 
-    ``crash``: the faulthandler output found beside the ring, if any.
+    ``crash``: the faulthandler output found beside the ring, if any;
+    ``evidence``: what recovery learned outside the ring (``_evidence.gather``).
     """
+    native = _crash(ring.meta.get("identity", {}).get("pid"), crash)
     ident = ring.meta.get("identity") or {}
     times = table["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
     steps = table["step"].drop_null()
@@ -138,7 +123,8 @@ def ring_metadata(ring: Ring, table: pa.Table, crash: str | None = None) -> dict
         "peaks": _peaks(table),
         "exceptions": _events(table, ("oom", "exception"), _EXC_COLUMNS, 10),
         "signals": _events(table, ("signal",), ("label", "value", "detail"), 10),
-        "native_crash": _crash(ident.get("pid"), crash),
+        "native_crash": native,
+        "death": diagnose(table, ring.clean, evidence or Evidence(), native["first_line"] if native else None),
         "notes": _notes(table),
         "recovery": ring.recovery.as_dict(),
         "recovered_by": {"blackbox": __version__},
@@ -168,8 +154,19 @@ def bundle_metadata(rings: list[dict[str, Any]]) -> dict[str, Any]:
         for k, v in m["recovery"].items():
             if isinstance(v, int) and k not in ("first_seq", "last_seq"):
                 totals[k] = totals.get(k, 0) + v
+    deaths = [m for m in rings if m["death"]["cause"] != "clean_exit" and m["death"]["time"]]
+    first = min(deaths, key=lambda m: m["death"]["time"]) if deaths else None
     return {
         "format_version": max(m["format_version"] for m in rings),
+        "first_death": {
+            "rank": first["rank"],
+            "host": first["host"],
+            "pid": first["pid"],
+            "cause": first["death"]["cause"],
+            "time": first["death"]["time"],
+        }
+        if first
+        else None,
         "clean": all(m["clean"] for m in rings),
         "events": sum(m["events"] for m in rings),
         "recovery": totals,

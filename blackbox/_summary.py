@@ -30,6 +30,44 @@ def _ending(m: dict[str, Any]) -> str:
     )
 
 
+CAUSE_TEXT = {
+    "clean_exit": "clean exit",
+    "exception": "an uncaught exception",
+    "oom_exception": "an out-of-memory exception",
+    "host_oom_kill": "the kernel's OOM killer (host memory)",
+    "killed": "killed (SIGKILL, no handler ran)",
+    "signal": "a signal",
+    "unknown": "unknown",
+}
+
+
+def _death(d: dict[str, Any] | None) -> list[str]:
+    if not d:
+        return []
+    lines = [
+        "## Cause of death",
+        "",
+        f"**{CAUSE_TEXT.get(d['cause'], d['cause'])}** (`{d['cause']}`) at {d.get('time') or 'n/a'}, "
+        f"step {_dash(d.get('step'))}.",
+        "",
+        "Evidence:",
+        "",
+        *[f"- {e}" for e in d.get("evidence", [])],
+    ]
+    gpu = d.get("gpu_oom")
+    if gpu:
+        lines += ["", f"GPU OOM: **{gpu['kind']}**: {gpu['why']}."]
+    growth = d.get("host_growth") or {}
+    if growth.get("rss_per_step") is not None:
+        lines += [
+            "",
+            f"Host memory grew {human_bytes(int(growth['rss_per_step']))} per step (least squares over samples).",
+        ]
+    if d.get("levers"):
+        lines += ["", "What to change:", "", *[f"- {lever}" for lever in d["levers"]]]
+    return [*lines, ""]
+
+
 def ring_summary(m: dict[str, Any]) -> str:
     """Markdown for one ring's metadata (as built by ``ring_metadata``)."""
     rec = m["recovery"]
@@ -43,6 +81,7 @@ def ring_summary(m: dict[str, Any]) -> str:
         f"- Steps: {'none recorded' if m.get('last_step') is None else 'last step ' + str(m['last_step'])}",
         f"- Ending: {_ending(m)}",
         "",
+        *_death(m.get("death")),
         "## Last memory figures",
         "",
     ]

@@ -79,7 +79,8 @@ def test_capture_oom_records_once_with_context_and_reraises(tmp_path: Path) -> N
 
 
 def test_sigterm_is_recorded_and_still_kills(tmp_path: Path) -> None:
-    code = ARM + "import os, signal, time\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(5)\nprint('survived')\n"
+    code = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_DFL)\n" + ARM
+    code += "import os, time\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(5)\nprint('survived')\n"
     proc = run_py(code, str(tmp_path), check=False)
     assert proc.returncode == -signal.SIGTERM and "survived" not in proc.stdout
     (sig,) = _events(tmp_path, "signal")
@@ -101,7 +102,9 @@ def test_job_signal_handler_is_chained_and_ignored_stays_ignored(tmp_path: Path)
 
 
 def test_sigint_still_raises_keyboard_interrupt(tmp_path: Path) -> None:
-    code = ARM + "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(5)\n"
+    # Python's own SIGINT handler, as in an interactive run (a background job inherits SIGINT ignored)
+    code = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n" + ARM
+    code += "import os, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(5)\n"
     proc = run_py(code, str(tmp_path), check=False)
     assert "KeyboardInterrupt" in proc.stderr and proc.returncode != 0
     (sig,) = _events(tmp_path, "signal")

@@ -1,0 +1,120 @@
+"""Facts about a death that live outside the ring, gathered at recovery time.
+
+The diagnosis itself (``_diagnosis``) is a pure function; this module is the
+part that looks at the machine: is the writer still alive, did the kernel log
+an OOM kill of its pid, what does the job's memory cgroup's ``oom_kill``
+counter say now. Each fact is only used when it can belong to the ring: same
+host, same boot. Every read is bounded and failure-tolerant (None = unknown).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._host import CgroupPaths, effective_limit_file, oom_kill_count
+from ._ringfile import boot_id
+
+MAX_KMSG_BYTES = 8 << 20
+
+
+@dataclass
+class Evidence:
+    """What recovery could learn beyond the ring (None where it could not tell)."""
+
+    same_host: bool = False
+    same_boot: bool | None = None
+    writer_alive: bool | None = None
+    kernel_oom_line: str | None = None  # the kernel's "Killed process <pid>" line for this pid
+    cgroup_oom_kills_now: int | None = None
+    exit_status: int | None = None  # as a shell reports it (128 + signal), from `blackbox run`
+    notes: list[str] = field(default_factory=list)
+
+
+def gather(meta: dict[str, Any], exit_status: int | None = None) -> Evidence:
+    """Evidence for one ring, from its header metadata (identity, cgroup)."""
+    ident = meta.get("identity") or {}
+    ev = Evidence(exit_status=exit_status)
+    ev.same_host = ident.get("host") == socket.gethostname()
+    if not ev.same_host:
+        ev.notes.append("recovered on another host: no kernel log, cgroup or process evidence")
+        return ev
+    ring_boot, now_boot = ident.get("boot_id"), boot_id()
+    ev.same_boot = None if not ring_boot or not now_boot else ring_boot == now_boot
+    pid = ident.get("pid")
+    if ev.same_boot is False or not isinstance(pid, int):
+        return ev
+    ev.writer_alive = writer_running(meta)
+    ev.kernel_oom_line = kernel_oom_kill(pid)
+    cg = meta.get("cgroup") or {}
+    if isinstance(cg.get("path"), str) and cg.get("version") in (1, 2):
+        ev.cgroup_oom_kills_now = cgroup_oom_kills(Path(cg["path"]), int(cg["version"]))
+    return ev
+
+
+def writer_running(meta: dict[str, Any]) -> bool:
+    """The ring's writer is a live process on this host, this boot (its pid was not reused across a reboot)."""
+    ident = meta.get("identity") or {}
+    pid, boot = ident.get("pid"), ident.get("boot_id")
+    if not isinstance(pid, int) or pid <= 0 or ident.get("host") != socket.gethostname():
+        return False
+    return (boot is None or boot == boot_id()) and _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def kernel_oom_kill(pid: int, kmsg: str = "/dev/kmsg") -> str | None:
+    """The kernel log line reporting an OOM kill of ``pid``, where the log is readable."""
+    pattern = re.compile(rf"(?:Memory cgroup out of memory|Out of memory|oom-kill).*?Killed process {pid} \(")
+    try:
+        fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    found = None
+    read = 0
+    try:
+        while read < MAX_KMSG_BYTES:
+            try:
+                record = os.read(fd, 8192)
+            except BlockingIOError:
+                break  # the end of the buffer
+            except OSError:
+                continue  # EPIPE: records were overwritten while reading; go on
+            if not record:
+                break
+            read += len(record)
+            text = record.decode("utf-8", "replace")
+            if pattern.search(text):
+                found = text.split(";", 1)[-1].strip()
+    finally:
+        os.close(fd)
+    return found
+
+
+def cgroup_oom_kills(directory: Path, version: int) -> int | None:
+    """The ``oom_kill`` counter where the job's memory limit is (the cgroup or the ancestor that limits it)."""
+    limit_name = "memory.max" if version == 2 else "memory.limit_in_bytes"
+    usage_name = "memory.current" if version == 2 else "memory.usage_in_bytes"
+    if not directory.is_dir():
+        return None
+    limit_file = effective_limit_file(CgroupPaths(version, directory, directory / usage_name, directory / limit_name))
+    owner = limit_file.parent if limit_file else directory
+    try:
+        text = (owner / ("memory.events" if version == 2 else "memory.oom_control")).read_text()
+    except OSError:
+        return None
+    return oom_kill_count(text)
