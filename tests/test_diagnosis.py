@@ -1,0 +1,78 @@
+"""death.cause from a real run of each kind, and the GPU OOM verdicts."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import run_py, spawn_py
+
+import blackbox
+from blackbox._diagnosis import gpu_oom_kind
+
+ARM = "import sys, blackbox\nblackbox.arm(sys.argv[1], capacity=1 << 14, sample_interval=0.02)\n"
+
+
+def _death(ring_dir: Path, out: Path) -> dict:
+    blackbox.recover(ring_dir, out)
+    return json.loads((out / "metadata.json").read_text())["death"]
+
+
+@pytest.mark.parametrize(
+    "code,cause,status",
+    [
+        ("blackbox.step(3)\nprint('done')\n", "clean_exit", 0),
+        ("blackbox.step(2)\nraise ValueError('bad batch')\n", "exception", 1),
+        ("blackbox.step(4)\nbuf = bytearray(1 << 60)\n", "oom_exception", 1),
+        (
+            "import os, time\nblackbox.step(5)\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(5)\n",
+            "signal",
+            -signal.SIGTERM,
+        ),
+        ("import os, signal\nblackbox.step(6)\nos.kill(os.getpid(), signal.SIGKILL)\n", "killed", -signal.SIGKILL),
+    ],
+    ids=["clean_exit", "exception", "oom_exception", "signal", "killed"],
+)
+def test_cause_of_a_real_death(tmp_path: Path, code: str, cause: str, status: int) -> None:
+    # SIGTERM's default action, whatever the test runner's shell left (set before arm, which chains it)
+    preamble = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+    proc = run_py(preamble + ARM + code, str(tmp_path / "rings"), check=False)
+    assert proc.returncode == status
+    death = _death(tmp_path / "rings", tmp_path / "bundle")
+    assert death["cause"] == cause, death
+    assert death["evidence"] and death["time"]
+    if cause != "clean_exit":
+        assert death["step"] is not None
+    summary = (tmp_path / "bundle" / "summary.md").read_text()
+    assert f"(`{cause}`)" in summary
+
+
+@pytest.mark.slow
+def test_kernel_oom_kill_is_host_oom_kill_with_growth_per_step(tmp_path: Path, memory_cgroup) -> None:  # type: ignore[no-untyped-def]
+    cg = memory_cgroup(256 << 20)
+    code = ARM + (
+        "import time\nkept = []\n"
+        "for step in range(1, 100000):\n"
+        "    blackbox.step(step)\n"
+        "    kept.append(bytearray(4 << 20))  # the leak: 4 MiB a step, touched\n"
+        "    time.sleep(0.005)\n"
+    )
+    child = spawn_py(code, str(tmp_path / "rings"), preexec_fn=cg.join, stdout=subprocess.DEVNULL)
+    assert child.wait(timeout=120) == -signal.SIGKILL
+    death = _death(tmp_path / "rings", tmp_path / "bundle")
+    assert death["cause"] == "host_oom_kill", death
+    assert any("kernel log" in e or "oom_kill counter" in e for e in death["evidence"]), death["evidence"]
+    growth = death["host_growth"]["rss_per_step"]
+    assert 3 << 20 < growth < 5 << 20, f"about 4 MiB a step, measured {growth / (1 << 20):.2f} MiB"
+    assert any("per step" in lever for lever in death["levers"])
+
+
+def test_gpu_oom_fragmentation_or_exhaustion() -> None:
+    frag = gpu_oom_kind({"oom_requested": 2 << 30, "oom_reserved_unallocated": 6 << 30})
+    assert frag is not None and frag["kind"] == "fragmentation" and "expandable_segments" in frag["levers"][0]
+    full = gpu_oom_kind({"oom_requested": 2 << 30, "oom_reserved_unallocated": 100 << 20})
+    assert full is not None and full["kind"] == "exhaustion" and len(full["levers"]) == 3
+    assert gpu_oom_kind({"oom_requested": None, "oom_reserved_unallocated": None}) is None
