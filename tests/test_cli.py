@@ -66,3 +66,18 @@ def test_demo_arms_kills_recovers_and_summarises(tmp_path: Path, capsys: pytest.
     assert "sent SIGKILL" in out and "No clean end was recorded" in out
     meta = json.loads((tmp_path / "demo" / "bundle" / "metadata.json").read_text())
     assert meta["clean"] is False and meta["last_step"] >= 5
+
+
+def test_summary_of_a_ring_writes_nothing_and_of_a_bundle_prints_its_file(
+    ring: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = sorted(p.name for p in ring.parent.iterdir())
+    assert main(["summary", str(ring)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("# blackbox: ") and "## Cause of death" in text
+    assert sorted(p.name for p in ring.parent.iterdir()) == before
+    assert main(["recover", str(ring), "-o", str(tmp_path / "b")]) == 0
+    capsys.readouterr()
+    assert main(["summary", str(tmp_path / "b")]) == 0
+    assert capsys.readouterr().out == (tmp_path / "b" / "summary.md").read_text()
+    assert main(["summary", str(tmp_path / "nothing-here")]) == 1

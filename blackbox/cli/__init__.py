@@ -14,10 +14,16 @@ from types import ModuleType
 
 from .._errors import BlackboxError
 from .._version import __version__
-from . import demo, info, recover
+from . import demo, info, recover, run, summary
 from ._common import one_line
 
-COMMANDS: dict[str, ModuleType] = {"recover": recover, "info": info, "demo": demo}
+COMMANDS: dict[str, ModuleType] = {
+    "recover": recover,
+    "info": info,
+    "summary": summary,
+    "run": run,
+    "demo": demo,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
