@@ -120,8 +120,46 @@ def bundle_summary(meta: dict[str, Any]) -> str:
     rings = meta.get("rings")
     if not rings:
         return ring_summary(meta)
-    head = [f"# blackbox: {len(rings)} rings, {meta['events']} events", ""]
-    return "\n".join(head + [ring_summary(m).replace("\n# ", "\n## ", 1) for m in rings])
+    head = [f"# blackbox: {len(rings)} rings, {meta['events']} events", "", *_across_ranks(meta), ""]
+    parts = [_demote(ring_summary(m)) for m in rings]
+    return "\n".join(head + parts)
+
+
+def _demote(markdown: str) -> str:
+    """One ring's summary as a section of the multi-ring one: every heading one level down."""
+    return "\n".join("#" + line if line.startswith("#") else line for line in markdown.splitlines())
+
+
+def _peak(m: dict[str, Any], gauge: str) -> str:
+    p = (m.get("peaks") or {}).get(gauge)
+    return human_bytes(p["bytes"]) if p else "-"
+
+
+def _across_ranks(meta: dict[str, Any]) -> list[str]:
+    """Who died first, and how each ring ended and peaked, side by side."""
+    first = meta.get("first_death")
+    lines = ["## Across ranks", ""]
+    if first:
+        lines.append(
+            f"**First death: rank {_dash(first['rank'])}** (host {first['host']}, pid {first['pid']}), "
+            f"`{first['cause']}` at {first['time']}."
+        )
+    else:
+        lines.append("No ring records a death: every writer ended cleanly or is still running.")
+    lines += [
+        "",
+        "| rank | host | pid | cause | at | last step | peak host RSS | peak GPU allocated |",
+        "|---|---|---:|---|---|---:|---:|---:|",
+    ]
+    order = sorted(meta["rings"], key=lambda m: (m.get("rank") is None, m.get("rank") or 0, m.get("pid") or 0))
+    for m in order:
+        d = m.get("death") or {}
+        lines.append(
+            f"| {_dash(m.get('rank'))} | {m.get('host')} | {m.get('pid')} | {d.get('cause', '-')} | "
+            f"{_dash(d.get('time'))} | {_dash(m.get('last_step'))} | {_peak(m, 'host_rss')} | "
+            f"{_peak(m, 'gpu_allocated')} |"
+        )
+    return lines
 
 
 def _dash(v: Any) -> str:
