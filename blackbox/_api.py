@@ -135,14 +135,14 @@ def recover(ring_or_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
     """Turn a ring (or every ring in a folder) into a bundle folder; returns its path.
 
     The bundle holds ``timeline.parquet``, ``metadata.json`` and ``summary.md``.
+    ``out_dir`` may also be a pyarrow filesystem URI (``s3://bucket/run1``).
     Raises a BlackboxError subclass for input that is not a readable ring.
     pyarrow is imported here, not when the recorder is armed.
     """
     from ._bundle import write_bundle
 
-    out = Path(out_dir)
-    write_bundle([Path(ring_or_dir)], out)
-    return out
+    write_bundle([Path(ring_or_dir)], out_dir)
+    return Path(out_dir)
 
 
 def _disarm_at_exit() -> None:

@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from ._errors import BundleDestinationError
 from ._evidence import gather
 from ._metadata import bundle_metadata, ring_metadata
 from ._reader import find_rings, read_ring
@@ -29,10 +31,42 @@ _DELTA = ("seq", "time", "step")
 _DICTIONARY = ["kind", "label", "host", "thread", "pid", "rank", "device"]
 
 
-def write_timeline(table: pa.Table, path: Path) -> None:
+class Destination:
+    """Where a bundle goes: a local folder (files replaced atomically) or a pyarrow filesystem URI
+    (``s3://bucket/prefix``, ``gs://``, ``hdfs://``, ``file://``)."""
+
+    def __init__(self, out: str | os.PathLike[str]) -> None:
+        text = os.fspath(out)
+        self.uri = "://" in text
+        if self.uri:
+            try:
+                self.fs, self.root = pafs.FileSystem.from_uri(text)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+                raise BundleDestinationError(
+                    f"{text}: expected a local folder or a pyarrow filesystem URI, found: {exc}"
+                ) from None
+            self.fs.create_dir(self.root, recursive=True)
+        else:
+            self.fs, self.root = pafs.LocalFileSystem(), str(Path(text).resolve())
+            Path(self.root).mkdir(parents=True, exist_ok=True)
+        self.display = text.rstrip("/")
+
+    def path(self, name: str) -> str:
+        return f"{self.root.rstrip('/')}/{name}"
+
+    def write_text(self, name: str, text: str) -> None:
+        if not self.uri:
+            _atomic_text(Path(self.path(name)), text)
+            return
+        with self.fs.open_output_stream(self.path(name)) as f:
+            f.write(text.encode("utf-8"))
+
+
+def write_timeline(table: pa.Table, path: str | Path, filesystem: pafs.FileSystem | None = None) -> None:
     pq.write_table(
         table,
-        path,
+        str(path),
+        filesystem=filesystem,
         compression="zstd",
         compression_level=1,
         use_dictionary=_DICTIONARY,
@@ -41,8 +75,8 @@ def write_timeline(table: pa.Table, path: Path) -> None:
     )
 
 
-def write_bundle(inputs: list[Path], out_dir: Path, exit_status: int | None = None) -> dict[str, Any]:
-    """Recover every ring named (files, or folders of ``*.ring``) into ``out_dir``.
+def write_bundle(inputs: list[Path], out_dir: str | os.PathLike[str], exit_status: int | None = None) -> dict[str, Any]:
+    """Recover every ring named (files, or folders of ``*.ring``) into ``out_dir`` (a folder or a URI).
 
     ``exit_status``: how the job ended, where the caller saw it (``blackbox run``).
     Returns the metadata written to metadata.json.
@@ -55,14 +89,21 @@ def write_bundle(inputs: list[Path], out_dir: Path, exit_status: int | None = No
         for r, t, crash in zip(rings, tables, crashes, strict=True)
     ]
     meta = bundle_metadata(metas)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    dest = Destination(out_dir)
     for m, crash in zip(metas, crashes, strict=True):
         if crash is not None:
-            _atomic_text(out_dir / m["native_crash"]["file"], crash)
-    write_timeline(merge_tables(tables), out_dir / TIMELINE)
-    _atomic_text(out_dir / METADATA, json.dumps(meta, indent=2, sort_keys=False) + "\n")
-    _atomic_text(out_dir / SUMMARY, bundle_summary(meta))
+            dest.write_text(m["native_crash"]["file"], crash)
+    write_timeline(merge_tables(tables), dest.path(TIMELINE), dest.fs)
+    dest.write_text(METADATA, json.dumps(meta, indent=2, sort_keys=False) + "\n")
+    dest.write_text(SUMMARY, bundle_summary(meta))
     return meta
+
+
+def read_summary(out_dir: str | os.PathLike[str]) -> str:
+    """summary.md of a bundle written by write_bundle (local folder or URI)."""
+    dest = Destination(out_dir)
+    with dest.fs.open_input_stream(dest.path(SUMMARY)) as f:
+        return bytes(f.read()).decode("utf-8")
 
 
 def _atomic_text(path: Path, text: str) -> None:

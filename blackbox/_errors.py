@@ -29,5 +29,9 @@ class CorruptHeaderError(BlackboxError):
     """The header's magic is right but its fields or checksum are not."""
 
 
+class BundleDestinationError(BlackboxError):
+    """The bundle's destination (-o) is neither a usable folder nor a pyarrow filesystem URI."""
+
+
 class BlackboxWarning(RuntimeWarning):
     """Issued when the recorder cannot do its job; the training job carries on."""

@@ -81,3 +81,19 @@ def test_summary_of_a_ring_writes_nothing_and_of_a_bundle_prints_its_file(
     assert main(["summary", str(tmp_path / "b")]) == 0
     assert capsys.readouterr().out == (tmp_path / "b" / "summary.md").read_text()
     assert main(["summary", str(tmp_path / "nothing-here")]) == 1
+
+
+def test_recover_to_a_filesystem_uri_and_a_bad_one(
+    ring: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    uri = (tmp_path / "remote" / "bundle").as_uri()  # file:// goes through pyarrow's filesystem layer
+    assert main(["recover", str(ring), "-o", uri, "--summary"]) == 0
+    assert "# blackbox: " in capsys.readouterr().out
+    assert {p.name for p in (tmp_path / "remote" / "bundle").iterdir()} == {
+        "timeline.parquet",
+        "metadata.json",
+        "summary.md",
+    }
+    assert main(["recover", str(ring), "-o", "nosuchscheme://bucket/x"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "expected a local folder or a pyarrow filesystem URI" in err

@@ -12,20 +12,26 @@ from ._common import standalone
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("rings", nargs="+", metavar="RING|DIR", help="ring files, or folders holding *.ring files")
-    parser.add_argument("-o", "--out", required=True, metavar="OUT", help="bundle folder to write")
+    parser.add_argument(
+        "-o",
+        "--out",
+        required=True,
+        metavar="OUT",
+        help="bundle folder, or a pyarrow filesystem URI (s3://, gs://, hdfs://, file://)",
+    )
     parser.add_argument("--summary", action="store_true", help="print summary.md after writing")
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._bundle import SUMMARY, write_bundle
+    from .._bundle import read_summary, write_bundle
 
-    out = Path(args.out)
+    out = args.out
     meta = write_bundle([Path(p) for p in args.rings], out)
     rec = meta["recovery"]
     state = "clean end" if meta.get("clean") else "no clean end"
     print(f"wrote {out}/ ({meta['events']} events, {rec.get('torn', 0)} torn slots dropped, {state})")
     if args.summary:
-        sys.stdout.write((out / SUMMARY).read_text())
+        sys.stdout.write(read_summary(out))
     return 0
 
 
