@@ -6,6 +6,7 @@ The only module of the recovery path that writes files.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -26,6 +27,7 @@ from ._timeline import merge_tables, ring_table
 TIMELINE = "timeline.parquet"
 METADATA = "metadata.json"
 SUMMARY = "summary.md"
+PLOT = "memory.png"
 # Delta encoding turns seq and time into a few bits per row; dictionaries carry the strings.
 _DELTA = ("seq", "time", "step")
 _DICTIONARY = ["kind", "label", "host", "thread", "pid", "rank", "device"]
@@ -75,12 +77,10 @@ def write_timeline(table: pa.Table, path: str | Path, filesystem: pafs.FileSyste
     )
 
 
-def write_bundle(inputs: list[Path], out_dir: str | os.PathLike[str], exit_status: int | None = None) -> dict[str, Any]:
-    """Recover every ring named (files, or folders of ``*.ring``) into ``out_dir`` (a folder or a URI).
-
-    ``exit_status``: how the job ended, where the caller saw it (``blackbox run``).
-    Returns the metadata written to metadata.json.
-    """
+def recover_rings(
+    inputs: list[Path], exit_status: int | None = None
+) -> tuple[pa.Table, dict[str, Any], dict[str, str]]:
+    """Read and diagnose every ring named: (timeline, metadata, crash texts by file name). Writes nothing."""
     rings = [read_ring(p) for p in find_rings(inputs)]
     tables = [ring_table(r) for r in rings]
     crashes = [read_crash_file(r.path) for r in rings]
@@ -88,15 +88,46 @@ def write_bundle(inputs: list[Path], out_dir: str | os.PathLike[str], exit_statu
         ring_metadata(r, t, crash, gather(r.meta, exit_status if len(rings) == 1 else None))
         for r, t, crash in zip(rings, tables, crashes, strict=True)
     ]
-    meta = bundle_metadata(metas)
+    files = {m["native_crash"]["file"]: c for m, c in zip(metas, crashes, strict=True) if c is not None}
+    return merge_tables(tables), bundle_metadata(metas), files
+
+
+def write_bundle(
+    inputs: list[Path], out_dir: str | os.PathLike[str], exit_status: int | None = None, *, plot: bool = True
+) -> dict[str, Any]:
+    """Recover every ring named (files, or folders of ``*.ring``) into ``out_dir`` (a folder or a URI).
+
+    ``exit_status``: how the job ended, where the caller saw it (``blackbox run``).
+    ``plot``: also render memory.png when matplotlib is installed.
+    Returns the metadata written to metadata.json.
+    """
+    table, meta, crashes = recover_rings(inputs, exit_status)
     dest = Destination(out_dir)
-    for m, crash in zip(metas, crashes, strict=True):
-        if crash is not None:
-            dest.write_text(m["native_crash"]["file"], crash)
-    write_timeline(merge_tables(tables), dest.path(TIMELINE), dest.fs)
+    for name, text in crashes.items():
+        dest.write_text(name, text)
+    write_timeline(table, dest.path(TIMELINE), dest.fs)
     dest.write_text(METADATA, json.dumps(meta, indent=2, sort_keys=False) + "\n")
     dest.write_text(SUMMARY, bundle_summary(meta))
+    if plot and importlib.util.find_spec("matplotlib") is not None:
+        from ._plot import memory_figure
+
+        fig = memory_figure(table, meta)
+        with dest.fs.open_output_stream(dest.path(PLOT)) as f:
+            fig.savefig(f, format="png", dpi=110)
     return meta
+
+
+def read_bundle(bundle: str | os.PathLike[str]) -> tuple[pa.Table, dict[str, Any]]:
+    """(timeline, metadata) of a bundle folder or URI."""
+    dest = Destination(bundle)
+    table = pq.read_table(dest.path(TIMELINE), filesystem=dest.fs)
+    with dest.fs.open_input_stream(dest.path(METADATA)) as f:
+        meta = json.loads(bytes(f.read()))
+    return table, meta
+
+
+def is_bundle(path: str | os.PathLike[str]) -> bool:
+    return "://" in os.fspath(path) or (Path(path) / METADATA).is_file()
 
 
 def read_summary(out_dir: str | os.PathLike[str]) -> str:

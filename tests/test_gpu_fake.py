@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -68,6 +70,12 @@ def test_fake_cuda_backend_samples_observer_and_history(tmp_path: Path) -> None:
     assert addresses == [0x1000 + i for i in range(12)]
     assert [r["kind"] for r in rows[5:]] == ["free", "segment_alloc"] * 3 + ["free"]
     assert rows[3]["value"] == 512 << 3 and rows[3]["allocator_time_us"] == 1003 and rows[3]["device"] == 0
+    from blackbox.cli import main
+
+    assert main(["plot", str(ring_path), "-o", str(tmp_path / "gpu.png")]) == 0
+    assert (tmp_path / "gpu.png").read_bytes()[:4] == b"\x89PNG"
+    if os.environ.get("BLACKBOX_KEEP_PLOT"):
+        shutil.copyfile(tmp_path / "gpu.png", os.environ["BLACKBOX_KEEP_PLOT"])
     snapshot = Path(str(ring_path) + ".oom-snapshot.pickle")
     assert snapshot.exists() and snapshot.stat().st_size > 0, "PyTorch's snapshot for its memory viewer"
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +48,10 @@ def test_run_around_a_script_the_kernel_oom_kills(tmp_path: Path, memory_cgroup)
     assert meta["death"]["cause"] == "host_oom_kill", meta["death"]
     assert "host_oom_kill" in proc.stdout and "exit status 137" in proc.stderr
     assert (tmp_path / "run" / "bundle" / "timeline.parquet").exists()
+    png = tmp_path / "run" / "bundle" / "memory.png"
+    if os.environ.get("BLACKBOX_KEEP_PLOT"):  # to look at it: BLACKBOX_KEEP_PLOT=/some/file.png
+        shutil.copyfile(png, os.environ["BLACKBOX_KEEP_PLOT"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,165 @@
+"""The memory picture: host and GPU memory over time, limits, steps and the death marked.
+
+``memory_figure`` is a pure function of a timeline table and its metadata that
+returns a matplotlib Figure (matplotlib is an optional extra: ``pip install
+blackbox-recorder[plot]``); saving it is the caller's job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ._errors import BlackboxError
+
+MAX_POINTS = 5000
+GiB = float(1 << 30)
+
+
+class PlotUnavailableError(BlackboxError):
+    """matplotlib is not installed."""
+
+
+def _matplotlib() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PlotUnavailableError(
+            "expected matplotlib for plots (pip install 'blackbox-recorder[plot]'), found it is not installed"
+        ) from None
+    return plt
+
+
+def _series(rows: pa.Table, column: str, t0: float) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds since t0, GiB) of the non-null values, thinned to at most MAX_POINTS."""
+    values = rows[column]
+    keep = pc.is_valid(values)
+    t = rows["time"].filter(keep).cast(pa.int64()).to_numpy(zero_copy_only=False) / 1e9 - t0
+    v = values.filter(keep).to_numpy(zero_copy_only=False) / GiB
+    if len(t) > MAX_POINTS:
+        idx = np.linspace(0, len(t) - 1, MAX_POINTS).astype(int)
+        t, v = t[idx], v[idx]
+    return t, v
+
+
+def _kind(table: pa.Table, *kinds: str) -> pa.Table:
+    return table.filter(pc.is_in(table["kind"].cast(pa.string()), value_set=pa.array(kinds)))
+
+
+def memory_figure(table: pa.Table, meta: dict[str, Any]) -> Any:
+    """Two panels (host, GPU) of memory against time, for every process in the timeline."""
+    plt = _matplotlib()
+    fig, (host_ax, gpu_ax) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    times = table["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
+    t0 = float(times.min()) / 1e9 if len(times) else 0.0
+    pids = pc.unique(table["pid"]).to_pylist()
+    many = len(pids) > 1
+    cgroup_drawn = False
+    for pid in pids:
+        rows = table.filter(pc.equal(table["pid"], pid)) if pid is not None else table
+        rank = rows["rank"][0].as_py() if rows.num_rows else None
+        who = f" rank {rank}" if many and rank is not None else (f" pid {pid}" if many else "")
+        host = _kind(rows, "sample")
+        for column, style in (("host_rss", "-"), ("children_rss", ":"), ("cgroup_usage", "--")):
+            t, v = _series(host, column, t0)
+            if column == "cgroup_usage" and (cgroup_drawn or len(t) == 0):
+                continue  # processes of one job share a cgroup: draw its usage once
+            if len(t) and (column != "children_rss" or v.max() > 0):
+                host_ax.plot(t, v, style, label="cgroup_usage" if column == "cgroup_usage" else f"{column}{who}")
+                cgroup_drawn |= column == "cgroup_usage"
+        gpu = _kind(rows, "gpu_sample")
+        for device in pc.unique(gpu["device"]).to_pylist() if gpu.num_rows else []:
+            d = gpu.filter(pc.equal(gpu["device"], device))
+            for column, style in (("gpu_allocated", "-"), ("gpu_reserved", "--")):
+                t, v = _series(d, column, t0)
+                if len(t):
+                    gpu_ax.plot(t, v, style, label=f"{column} cuda:{device}{who}")
+    _limits(host_ax, _kind(table, "sample"), "cgroup_limit", "cgroup limit", t0)
+    _limits(gpu_ax, _kind(table, "gpu_sample"), "device_total", "device total", t0)
+    _steps(host_ax, table, t0)
+    _deaths(fig, (host_ax, gpu_ax), table, meta, t0)
+    host_ax.set_ylabel("host memory (GiB)")
+    gpu_ax.set_ylabel("GPU memory (GiB)")
+    gpu_ax.set_xlabel("seconds since the first event")
+    if not gpu_ax.get_legend_handles_labels()[1]:
+        gpu_ax.text(0.5, 0.5, "no GPU samples", ha="center", va="center", transform=gpu_ax.transAxes, color="grey")
+    for ax in (host_ax, gpu_ax):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[1]:
+            ax.legend(loc="upper left", fontsize=8)
+    fig.suptitle(_title(meta))
+    fig.tight_layout()
+    return fig
+
+
+def _limits(ax: Any, rows: pa.Table, column: str, label: str, t0: float) -> None:
+    if rows.num_rows == 0 or rows[column].null_count == rows.num_rows:
+        return
+    limit = pc.max(rows[column]).as_py() / GiB
+    ax.axhline(limit, color="red", linewidth=1, alpha=0.6, label=f"{label} {limit:.2f} GiB")
+    ax.set_ylim(0, max(ax.get_ylim()[1], limit * 1.08))
+
+
+def _steps(ax: Any, table: pa.Table, t0: float) -> None:
+    """Step numbers along the top of the host panel: one process's steps, labels at least 8% apart."""
+    steps = _kind(table, "step")
+    if steps.num_rows == 0:
+        return
+    steps = steps.filter(pc.equal(steps["pid"], steps["pid"][0]))
+    t = steps["time"].cast(pa.int64()).to_numpy(zero_copy_only=False) / 1e9 - t0
+    n = steps["value"].to_numpy(zero_copy_only=False)
+    lo, hi = ax.get_xlim()
+    gap = 0.08 * (hi - lo)
+    ticks: list[float] = []
+    labels: list[str] = []
+    for ti, k in zip(t, n, strict=True):
+        if not ticks or ti - ticks[-1] >= gap:
+            ticks.append(float(ti))
+            labels.append(str(int(k)))
+    top = ax.secondary_xaxis("top")
+    top.set_xticks(ticks, labels)
+    top.set_xlabel("step")
+
+
+def _deaths(fig: Any, axes: tuple[Any, ...], table: pa.Table, meta: dict[str, Any], t0: float) -> None:
+    rings = meta.get("rings", [meta])
+    first = meta.get("first_death") if meta.get("rings") else None
+    for m in rings:
+        d = m.get("death")
+        if not d or not d.get("time") or d.get("cause") == "clean_exit":
+            continue
+        at = np.datetime64(d["time"].rstrip("Z"), "ns").astype(np.int64) / 1e9 - t0
+        is_first = first is None or (m.get("pid") == first.get("pid") and m.get("host") == first.get("host"))
+        for ax in axes:
+            ax.axvline(at, color="black", linewidth=1.5 if is_first else 0.6, alpha=1.0 if is_first else 0.4)
+        if is_first:
+            who = f"rank {m.get('rank')} " if meta.get("rings") else ""
+            axes[0].annotate(
+                f"{who}{d['cause']}",
+                (at, 0.98),
+                xycoords=("data", "axes fraction"),
+                va="top",
+                ha="right",
+                fontsize=9,
+                bbox={"boxstyle": "round", "fc": "white", "alpha": 0.8},
+            )
+    for row in _kind(table, "oom").to_pylist():
+        at = row["time"].timestamp() - t0
+        for ax in axes:
+            ax.axvline(at, color="red", linestyle=":", linewidth=1)
+
+
+def _title(meta: dict[str, Any]) -> str:
+    if meta.get("rings"):
+        first = meta.get("first_death") or {}
+        tail = f"; first death rank {first.get('rank')} ({first.get('cause')})" if first else ""
+        return f"blackbox: {len(meta['rings'])} processes{tail}"
+    d = meta.get("death") or {}
+    rank = "-" if meta.get("rank") is None else meta["rank"]
+    return f"blackbox: {meta.get('host')} pid {meta.get('pid')} rank {rank}: {d.get('cause', '?')}"

@@ -1,0 +1,32 @@
+"""Plot host and GPU memory over time, with limits, steps and the death marked, to a PNG."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ._common import standalone
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", nargs="+", metavar="BUNDLE|RING|DIR", help="a bundle, ring files or folders")
+    parser.add_argument("-o", "--out", default="memory.png", help="PNG to write (default: memory.png)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .._bundle import is_bundle, read_bundle, recover_rings
+    from .._plot import memory_figure
+
+    if len(args.target) == 1 and is_bundle(args.target[0]):
+        table, meta = read_bundle(args.target[0])
+    else:
+        table, meta, _ = recover_rings([Path(t) for t in args.target])
+    memory_figure(table, meta).savefig(args.out, dpi=110)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return standalone(sys.modules[__name__], "blackbox plot", argv)
