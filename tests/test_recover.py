@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -36,8 +37,10 @@ def killed_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return blackbox.recover(d / "job.ring", d / "bundle")
 
 
-def test_bundle_holds_the_three_files(killed_bundle: Path) -> None:
-    assert sorted(p.name for p in killed_bundle.iterdir()) == ["metadata.json", "summary.md", "timeline.parquet"]
+def test_bundle_holds_the_three_files_and_the_picture(killed_bundle: Path) -> None:
+    names = sorted(p.name for p in killed_bundle.iterdir())
+    picture = ["memory.png"] if importlib.util.find_spec("matplotlib") else []
+    assert names == sorted(["metadata.json", "summary.md", "timeline.parquet", *picture])
 
 
 def test_timeline_schema_and_types(killed_bundle: Path) -> None:
