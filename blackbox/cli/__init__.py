@@ -14,7 +14,7 @@ from types import ModuleType
 
 from .._errors import BlackboxError
 from .._version import __version__
-from . import demo, info, plot, recover, run, summary
+from . import demo, export, info, plot, recover, run, summary
 from ._common import one_line
 
 COMMANDS: dict[str, ModuleType] = {
@@ -23,6 +23,7 @@ COMMANDS: dict[str, ModuleType] = {
     "summary": summary,
     "run": run,
     "plot": plot,
+    "export": export,
     "demo": demo,
 }
 
