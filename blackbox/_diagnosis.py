@@ -24,17 +24,21 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ._evidence import Evidence
 from ._summary import human_bytes
+from ._timeline import of_kind
 
 CAUSES = ("clean_exit", "exception", "oom_exception", "host_oom_kill", "killed", "signal", "unknown")
 NEAR_LIMIT = 0.95
 
 
+_SAMPLE_COLUMNS = ["time", "step", "host_rss", "children_rss", "cgroup_usage", "cgroup_limit", "cgroup_oom_kills"]
+
+
 def _rows(table: pa.Table, *kinds: str) -> pa.Table:
-    return table.filter(pc.is_in(table["kind"].cast(pa.string()), value_set=pa.array(kinds)))
+    columns = _SAMPLE_COLUMNS if kinds == ("sample",) else None
+    return of_kind(table, *kinds, columns=columns)
 
 
 def _last(table: pa.Table) -> dict[str, Any] | None:

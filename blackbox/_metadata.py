@@ -13,7 +13,7 @@ from . import _format as fmt
 from ._diagnosis import diagnose
 from ._evidence import Evidence, writer_running
 from ._reader import Ring
-from ._timeline import BYTE_GAUGES, GAUGES, OOM_COLUMNS
+from ._timeline import BYTE_GAUGES, GAUGES, OOM_COLUMNS, of_kind
 from ._version import __version__
 
 
@@ -33,7 +33,7 @@ def writer_state(ring: Ring) -> str:
 
 
 def _last_row(table: pa.Table, kind: str) -> dict[str, Any] | None:
-    rows = table.filter(pc.equal(table["kind"].cast(pa.string()), kind))
+    rows = of_kind(table, kind, columns=["time", "step", "device", *GAUGES])
     return rows.slice(rows.num_rows - 1).to_pylist()[0] if rows.num_rows else None
 
 
@@ -67,9 +67,7 @@ def _peaks(table: pa.Table) -> dict[str, Any]:
 
 def _events(table: pa.Table, kinds: tuple[str, ...], columns: tuple[str, ...], last: int) -> list[dict[str, Any]]:
     """The last ``last`` events of these kinds, as plain dicts (time in ISO UTC)."""
-    kind = table["kind"].cast(pa.string())
-    mask = pc.is_in(kind, value_set=pa.array(kinds))
-    picked = table.filter(mask)
+    picked = of_kind(table, *kinds, columns=["time", "kind", "step", *columns])
     rows: list[dict[str, Any]] = (
         picked.slice(max(0, picked.num_rows - last)).select(["time", "kind", "step", *columns]).to_pylist()
     )
@@ -133,9 +131,13 @@ def ring_metadata(
 
 def _notes(table: pa.Table) -> list[str]:
     """The recorder's own notes (marks labelled ``blackbox: ...``): collectors that could not attach."""
-    label = table["label"].cast(pa.string())
-    mask = pc.fill_null(pc.starts_with(label, fmt.NOTE_PREFIX), False)
-    return [text[len(fmt.NOTE_PREFIX) :] for text in pc.filter(label, mask).to_pylist()]
+    labels = of_kind(table, "mark", columns=["label"])["label"]
+    notes: list[str] = []
+    for chunk in labels.chunks:  # through the dictionary: the notes are few, the marks may be many
+        words = chunk.dictionary.to_pylist()
+        used = set(chunk.indices.drop_null().to_pylist()) if len(words) < len(chunk) else set(range(len(words)))
+        notes += [words[i][len(fmt.NOTE_PREFIX) :] for i in sorted(used) if words[i].startswith(fmt.NOTE_PREFIX)]
+    return notes
 
 
 def _crash(pid: Any, text: str | None) -> dict[str, Any] | None:

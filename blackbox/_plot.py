@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._errors import BlackboxError
+from ._timeline import of_kind
 
 MAX_POINTS = 5000
 GiB = float(1 << 30)
@@ -49,7 +50,7 @@ def _series(rows: pa.Table, column: str, t0: float) -> tuple[np.ndarray, np.ndar
 
 
 def _kind(table: pa.Table, *kinds: str) -> pa.Table:
-    return table.filter(pc.is_in(table["kind"].cast(pa.string()), value_set=pa.array(kinds)))
+    return of_kind(table, *kinds)
 
 
 def memory_figure(table: pa.Table, meta: dict[str, Any]) -> Any:

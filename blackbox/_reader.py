@@ -109,7 +109,7 @@ def read_ring(path: str | os.PathLike[str]) -> Ring:
     finally:
         os.close(fd)
     census = fmt.classify(slots, header.capacity)
-    records = slots[seq_order(slots["seq"], np.flatnonzero(census.valid))]
+    records = take(slots, seq_order(slots["seq"], np.flatnonzero(census.valid)))
     seqs = records["seq"]
     first = int(seqs[0]) if len(seqs) else None
     last = int(seqs[-1]) if len(seqs) else None
@@ -129,6 +129,22 @@ def read_ring(path: str | os.PathLike[str]) -> Ring:
         strings_damaged=scan.damaged,
     )
     return Ring(p, header, records, scan.strings, recovery, size)
+
+
+def take(slots: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``slots[order]``, as a view or two block copies when ``order`` is one or two contiguous runs
+    (the usual case: a ring that wrapped, or one not yet full), else a gather."""
+    n = len(order)
+    if n == 0:
+        return slots[:0]
+    breaks = np.flatnonzero(np.diff(order) != 1)
+    if len(breaks) == 0:
+        return slots[order[0] : order[0] + n]
+    if len(breaks) == 1:
+        k = int(breaks[0]) + 1
+        a, b = order[0], order[k]
+        return np.concatenate([slots[a : a + k], slots[b : b + n - k]])
+    return slots[order]
 
 
 def seq_order(seq: np.ndarray, idx: np.ndarray) -> np.ndarray:

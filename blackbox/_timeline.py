@@ -249,3 +249,20 @@ def _int_or_none(v: Any) -> int | None:
 
 def _str_or_none(v: Any) -> str | None:
     return v if isinstance(v, str) else None
+
+
+def kind_mask(table: pa.Table, *kinds: str) -> pa.ChunkedArray:
+    """Rows whose kind is one of ``kinds``, through the dictionary codes (no string decode)."""
+    chunks = []
+    for chunk in table["kind"].chunks:
+        words = chunk.dictionary.to_pylist()
+        codes = [i for i, w in enumerate(words) if w in kinds]
+        indices = chunk.indices.to_numpy(zero_copy_only=False)
+        chunks.append(pa.array(np.isin(indices, codes)))
+    return pa.chunked_array(chunks, pa.bool_())
+
+
+def of_kind(table: pa.Table, *kinds: str, columns: list[str] | None = None) -> pa.Table:
+    """The rows of these kinds (only ``columns``, when given: filtering fewer columns is faster)."""
+    mask = kind_mask(table, *kinds)
+    return (table.select(columns) if columns else table).filter(mask)

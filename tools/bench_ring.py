@@ -11,6 +11,7 @@ several runs. Prints a Markdown table at the end (the one in README).
 from __future__ import annotations
 
 import collections
+import importlib.util
 import os
 import platform
 import statistics
@@ -99,17 +100,28 @@ def typical_ring(path: Path, events: int) -> Path:
 
 def bench_recover(tmp: Path, runs: int, events: int) -> dict[str, float]:
     ring = typical_ring(tmp / "full.ring", events)
-    times, sizes, counts = [], [], []
-    for r in range(runs):
+    times, plotted, sizes, counts = [], [], [], []
+    for r in range(runs):  # interleaved: without and with the picture (matplotlib is an optional extra)
         out = tmp / f"bundle{r}"
         t0 = time.perf_counter()
-        meta = write_bundle([ring], out)
+        meta = write_bundle([ring], out, plot=False)
         times.append(time.perf_counter() - t0)
         counts.append(meta["events"])
         sizes.append((out / TIMELINE).stat().st_size)
+        if importlib.util.find_spec("matplotlib") is not None:
+            t0 = time.perf_counter()
+            write_bundle([ring], tmp / f"plotted{r}", plot=True)
+            plotted.append(time.perf_counter() - t0)
     n = counts[0]
     t = statistics.median(times)
-    return {"events": n, "seconds": t, "events_per_s": n / t, "parquet_bytes_per_event": statistics.median(sizes) / n}
+    tp = statistics.median(plotted) if plotted else float("nan")
+    return {
+        "events": n,
+        "seconds": t,
+        "events_per_s": n / t,
+        "seconds_with_png": tp,
+        "parquet_bytes_per_event": statistics.median(sizes) / n,
+    }
 
 
 def bench_arm(tmp: Path, runs: int) -> float:
@@ -146,8 +158,12 @@ def main() -> int:
     if only_mark:
         return 0
     print(
-        f"| recover {rec['events']:,.0f} events (ring to bundle) | {rec['seconds']:.2f} s | "
+        f"| recover {rec['events']:,.0f} events (ring to bundle, no picture) | {rec['seconds']:.2f} s | "
         f"{rec['events_per_s'] / 1e6:.2f} M events/s |"
+    )
+    print(
+        f"| recover with memory.png (matplotlib installed) | {rec['seconds_with_png']:.2f} s | "
+        f"{rec['events'] / rec['seconds_with_png'] / 1e6:.2f} M events/s |"
     )
     print(f"| timeline.parquet size | {rec['parquet_bytes_per_event']:.1f} B/event | typical training timeline |")
     print(f"| arm() of a 64 MiB ring | {arm_s * 1e3:.1f} ms | fallocate + pre-fault + header |")
