@@ -148,27 +148,28 @@ def _crash(pid: Any, text: str | None) -> dict[str, Any] | None:
 
 
 def bundle_metadata(rings: list[dict[str, Any]]) -> dict[str, Any]:
-    """One ring's metadata as-is; several rings' under ``rings`` with summed counts."""
+    """One ring's metadata as-is; several rings' under ``rings`` with summed counts.
+
+    Both carry ``first_death`` (rank, host, pid, cause, time of the earliest death that
+    is not a clean exit; null when there is none), so queries over many bundles can rely on it.
+    """
+    deaths = [m for m in rings if m["death"]["cause"] != "clean_exit" and m["death"]["time"]]
+    first = min(deaths, key=lambda m: m["death"]["time"]) if deaths else None
+    first_death = (
+        {k: first[k] for k in ("rank", "host", "pid")} | {k: first["death"][k] for k in ("cause", "time")}
+        if first
+        else None
+    )
     if len(rings) == 1:
-        return rings[0]
+        return {**rings[0], "first_death": first_death}
     totals: dict[str, int] = {}
     for m in rings:
         for k, v in m["recovery"].items():
             if isinstance(v, int) and k not in ("first_seq", "last_seq"):
                 totals[k] = totals.get(k, 0) + v
-    deaths = [m for m in rings if m["death"]["cause"] != "clean_exit" and m["death"]["time"]]
-    first = min(deaths, key=lambda m: m["death"]["time"]) if deaths else None
     return {
         "format_version": max(m["format_version"] for m in rings),
-        "first_death": {
-            "rank": first["rank"],
-            "host": first["host"],
-            "pid": first["pid"],
-            "cause": first["death"]["cause"],
-            "time": first["death"]["time"],
-        }
-        if first
-        else None,
+        "first_death": first_death,
         "clean": all(m["clean"] for m in rings),
         "events": sum(m["events"] for m in rings),
         "recovery": totals,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import duckdb
@@ -121,3 +122,20 @@ def test_recover_of_a_live_ring_reports_running(tmp_path: Path) -> None:
         assert m["writer_state"] == "running" and m["clean"] is False
     finally:
         rec.disarm()
+
+
+def test_readme_fleet_queries_run_over_many_bundles(killed_bundle: Path, tmp_path: Path) -> None:
+    """The DuckDB queries README shows over a fleet's bundles run as written (paths made local)."""
+    import re
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    block = re.search(r"```sql\n-- DuckDB, over every bundle of a fleet.*?```", readme, re.S)
+    assert block is not None
+    fleet = tmp_path / "fleet"
+    for i in range(2):
+        shutil.copytree(killed_bundle, fleet / f"job{i}" / "node")
+    sql = block.group(0).strip("`").removeprefix("sql\n").replace("s3://ml-postmortems", str(fleet))
+    first, second = [q for q in sql.split(";") if q.strip()]
+    rows = duckdb.sql(first).fetchall()
+    assert rows and rows[0][2] > 0
+    assert duckdb.sql(second).fetchall() == [("killed", 2)]
