@@ -142,9 +142,10 @@ def take(slots: np.ndarray, order: np.ndarray) -> np.ndarray:
         return slots[order[0] : order[0] + n]
     if len(breaks) == 1:
         k = int(breaks[0]) + 1
-        a, b = order[0], order[k]
+        a, b = int(order[0]), int(order[k])
         return np.concatenate([slots[a : a + k], slots[b : b + n - k]])
-    return slots[order]
+    gathered: np.ndarray = slots[order]
+    return gathered
 
 
 def seq_order(seq: np.ndarray, idx: np.ndarray) -> np.ndarray:
