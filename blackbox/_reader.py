@@ -68,6 +68,25 @@ class Ring:
         return bool(len(kinds)) and int(kinds[-1]) == fmt.KIND_CODES["disarm"]
 
 
+def read_header(path: str | os.PathLike[str]) -> fmt.Header:
+    """Only the header of a ring (two bounded reads): cheap enough to scan a folder of big rings."""
+    name = str(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            prefix = f.read(fmt.PREFIX_SIZE)
+            if len(prefix) < fmt.PREFIX_SIZE or prefix[:8] != fmt.MAGIC:
+                return fmt.decode_header(prefix, size, name)  # raises, naming what it found
+            meta_len = int.from_bytes(prefix[56:64], "little")
+            f.seek(0)
+            head = f.read(fmt.PREFIX_SIZE + min(meta_len, fmt.MAX_HEADER_SIZE))
+    except FileNotFoundError:
+        raise RingNotFoundError(f"{name}: expected a ring file, found nothing at that path") from None
+    except OSError as exc:
+        raise RingNotFoundError(f"{name}: expected a readable ring file, found {exc.strerror}") from None
+    return fmt.decode_header(head, size, name)
+
+
 def read_ring(path: str | os.PathLike[str]) -> Ring:
     """Read and validate one ring file."""
     p = Path(path)

@@ -14,7 +14,7 @@ from types import ModuleType
 
 from .._errors import BlackboxError
 from .._version import __version__
-from . import demo, export, info, plot, recover, run, summary
+from . import demo, export, info, plot, prune, recover, run, summary, watch
 from ._common import one_line
 
 COMMANDS: dict[str, ModuleType] = {
@@ -24,6 +24,8 @@ COMMANDS: dict[str, ModuleType] = {
     "run": run,
     "plot": plot,
     "export": export,
+    "watch": watch,
+    "prune": prune,
     "demo": demo,
 }
 

@@ -1,0 +1,102 @@
+"""The live view of a running job's ring, as a pure function of what was read.
+
+``blackbox watch`` re-reads the ring read-only (the ring is the interface: no
+IPC, no signal to the job) and prints this frame: current memory, headroom to
+each limit, growth rate and time to the limit at that rate, the step and its
+pace, and the latest exception or signal. A slot being written while it is read
+fails the commit rule and is left out of that frame.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ._reader import Ring
+from ._summary import human_bytes
+from ._timeline import of_kind, ring_table
+
+WINDOW_S = 30.0
+
+
+def _rate(t: np.ndarray, v: np.ndarray) -> float | None:
+    """Least-squares slope (units per second) over the last WINDOW_S seconds."""
+    ok = ~np.isnan(v)
+    t, v = t[ok], v[ok]
+    if len(t) < 3:
+        return None
+    keep = t >= t[-1] - WINDOW_S
+    t, v = t[keep], v[keep]
+    if len(t) < 3 or np.ptp(t) <= 0:
+        return None
+    return float(np.polyfit(t, v, 1)[0])
+
+
+def _series(rows: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
+    t = rows["time"].cast(pa.int64()).to_numpy(zero_copy_only=False) / 1e9
+    return t, rows[column].to_numpy(zero_copy_only=False).astype(float)
+
+
+def _headroom(name: str, used: Any, limit: Any, rate: float | None) -> str:
+    if used is None or not limit:
+        return f"{name}: {human_bytes(used)}" if used is not None else f"{name}: n/a"
+    room = limit - used
+    text = (
+        f"{name}: {human_bytes(used)} of {human_bytes(limit)} ({100 * used / limit:.1f}%), headroom {human_bytes(room)}"
+    )
+    if rate is not None:
+        text += f", {'+' if rate >= 0 else '-'}{human_bytes(int(abs(rate)))}/s"
+        if rate > 0 and room > 0:
+            text += f", limit in ~{room / rate:.0f} s at this rate"
+    return text
+
+
+def frame(ring: Ring, running: bool, now_ns: int | None = None) -> str:
+    """One screen of the live view."""
+    table = ring_table(ring)
+    ident = ring.meta.get("identity") or {}
+    now = now_ns if now_ns is not None else time.time_ns()
+    times = table["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
+    age = (now - int(times[-1])) / 1e9 if len(times) else None
+    state = "running" if running else ("ended cleanly" if ring.clean else "ENDED without a clean end")
+    lines = [
+        f"blackbox watch  {ident.get('host')} pid {ident.get('pid')} rank {ident.get('rank')}  [{state}]",
+        f"events {ring.recovery.valid:,} (seq {ring.recovery.last_seq}), last event "
+        + (f"{age:.1f} s ago" if age is not None else "none"),
+    ]
+    steps = of_kind(table, "step", columns=["time", "value"])
+    if steps.num_rows:
+        t, v = _series(steps, "value")
+        pace = _rate(t, v)
+        lines.append(f"step {int(v[-1])}" + (f", {pace:.2f} steps/s" if pace else ""))
+    samples = of_kind(table, "sample", columns=["time", "host_rss", "children_rss", "cgroup_usage", "cgroup_limit",
+                                                "mem_available"])  # fmt: skip
+    if samples.num_rows:
+        last = samples.slice(samples.num_rows - 1).to_pylist()[0]
+        rss_rate = _rate(*_series(samples, "host_rss"))
+        cg_rate = _rate(*_series(samples, "cgroup_usage"))
+        lines.append(
+            f"host RSS {human_bytes(last['host_rss'])}"
+            + (f" (+{human_bytes(int(rss_rate))}/s)" if rss_rate and rss_rate > 0 else "")
+            + f", workers {human_bytes(last['children_rss'])}, MemAvailable {human_bytes(last['mem_available'])}"
+        )
+        lines.append(_headroom("cgroup", last["cgroup_usage"], last["cgroup_limit"], cg_rate))
+    gpus = of_kind(table, "gpu_sample", columns=["time", "device", "gpu_allocated", "gpu_reserved", "device_total",
+                                                 "device_free"])  # fmt: skip
+    for device in sorted({d for d in gpus["device"].to_pylist() if d is not None}):
+        rows = gpus.filter(pc.equal(gpus["device"], device))
+        last = rows.slice(rows.num_rows - 1).to_pylist()[0]
+        rate = _rate(*_series(rows, "gpu_reserved"))
+        lines.append(
+            f"cuda:{device} allocated {human_bytes(last['gpu_allocated'])}; "
+            + _headroom("reserved", last["gpu_reserved"], last["device_total"], rate)
+        )
+    events = of_kind(table, "oom", "exception", "signal", columns=["time", "kind", "label"])
+    if events.num_rows:
+        e = events.slice(events.num_rows - 1).to_pylist()[0]
+        lines.append(f"last {e['kind']}: {(e['label'] or '')[:160]}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,46 @@
+"""Keep a folder of rings or of bundles within a count and a total size; the oldest go first."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ._common import standalone
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("folder", help="a ring folder (*.ring) or a folder of bundles")
+    parser.add_argument("--max-count", type=int, metavar="N", help="keep at most N rings or bundles")
+    parser.add_argument("--max-size", metavar="SIZE", help="keep at most SIZE in total (500M, 20G)")
+    parser.add_argument("--dry-run", action="store_true", help="print what would go, delete nothing")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .._errors import BlackboxError
+    from .._retention import bundle_entries, delete, parse_size, plan, ring_entries
+    from .._summary import human_bytes
+
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        raise BlackboxError(f"{folder}: expected a folder of rings or bundles, found none")
+    if args.max_count is None and args.max_size is None:
+        raise BlackboxError("expected --max-count and/or --max-size, found neither")
+    max_bytes = parse_size(args.max_size) if args.max_size else None
+    entries = ring_entries(folder) or bundle_entries(folder)
+    doomed = plan(entries, args.max_count, max_bytes)
+    for e in doomed:
+        print(f"{'would remove' if args.dry_run else 'removed'} {e.path} ({human_bytes(e.size)})")
+        if not args.dry_run:
+            delete(e)
+    in_use = sum(e.in_use for e in entries)
+    left = len(entries) - len(doomed)
+    total = sum(e.size for e in entries) - sum(e.size for e in doomed)
+    note = f", {in_use} in use (never removed)" if in_use else ""
+    print(f"{left} kept, {human_bytes(total)} in total{note}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return standalone(sys.modules[__name__], "blackbox prune", argv)
