@@ -119,6 +119,8 @@ def ring_metadata(
         "cgroup": ring.meta.get("cgroup"),
         "last_sample": _last_sample(table),
         "peaks": _peaks(table),
+        "last_samples": _tail(table, 10),
+        "module_growth": _module_growth(table, 5),
         "exceptions": _events(table, ("oom", "exception"), _EXC_COLUMNS, 10),
         "signals": _events(table, ("signal",), ("label", "value", "detail"), 10),
         "native_crash": native,
@@ -127,6 +129,59 @@ def ring_metadata(
         "recovery": ring.recovery.as_dict(),
         "recovered_by": {"blackbox": __version__},
     }
+
+
+def _tail(table: pa.Table, n: int) -> list[dict[str, Any]]:
+    """The last ``n`` host samples (with the GPU figures of the moment), for the "last seconds" table."""
+    columns = ["time", "kind", "step", "host_rss", "children_rss", "cgroup_usage", "gpu_allocated", "gpu_reserved"]
+    picked = of_kind(table, "sample", "gpu_sample", columns=columns)
+    rows = picked.slice(max(0, picked.num_rows - 4 * n)).to_pylist()
+    out: list[dict[str, Any]] = []
+    gpu: dict[str, Any] = {}
+    for r in rows:
+        if r["kind"] == "gpu_sample":
+            gpu = {"gpu_allocated": r["gpu_allocated"], "gpu_reserved": r["gpu_reserved"]}
+            continue
+        out.append({"time": iso_time(r["time"]), "step": r["step"], "host_rss": r["host_rss"],
+                    "children_rss": r["children_rss"], "cgroup_usage": r["cgroup_usage"], **gpu})  # fmt: skip
+    return out[-n:]
+
+
+def iso_time(t: Any) -> str | None:
+    return t.isoformat().replace("+00:00", "Z") if t is not None else None
+
+
+def _module_growth(table: pa.Table, top: int) -> list[dict[str, Any]]:
+    """Modules whose own forward grew memory most (modules=True): each call's growth (module_end
+    minus module_begin) less what its child modules grew, summed over calls. None: not measured."""
+    rows = of_kind(
+        table, "module_begin", "module_end", columns=["kind", "label", "thread", "gpu_allocated", "host_rss"]
+    )
+    stacks: dict[int, list[list[Any]]] = {}  # per thread: [label, gpu0, rss0, children's gpu, children's rss]
+    grew: dict[str, list[Any]] = {}  # label -> [calls, own GPU growth, own host growth]
+    for r in rows.to_pylist():
+        stack = stacks.setdefault(r["thread"], [])
+        if r["kind"] == "module_begin":
+            stack.append([r["label"], r["gpu_allocated"], r["host_rss"], 0, 0])
+            continue
+        while stack and stack[-1][0] != r["label"]:
+            stack.pop()  # a begin whose end was lost (wrap-around, or an exception in forward)
+        if not stack:
+            continue
+        label, gpu0, rss0, child_gpu, child_rss = stack.pop()
+        g = grew.setdefault(label, [0, None, None])
+        g[0] += 1
+        incl_gpu = r["gpu_allocated"] - gpu0 if gpu0 is not None and r["gpu_allocated"] is not None else None
+        incl_rss = r["host_rss"] - rss0 if rss0 is not None and r["host_rss"] is not None else None
+        if incl_gpu is not None:
+            g[1] = (g[1] or 0) + incl_gpu - child_gpu
+        if incl_rss is not None:
+            g[2] = (g[2] or 0) + incl_rss - child_rss
+        if stack:
+            stack[-1][3] += incl_gpu or 0
+            stack[-1][4] += incl_rss or 0
+    ranked = sorted(grew.items(), key=lambda kv: max(kv[1][1] or 0, kv[1][2] or 0), reverse=True)[:top]
+    return [{"module": k, "calls": v[0], "gpu_growth": v[1], "host_growth": v[2]} for k, v in ranked]
 
 
 def _notes(table: pa.Table) -> list[str]:

@@ -98,6 +98,24 @@ def ring_summary(m: dict[str, Any]) -> str:
             lines.append(f"Memory cgroup at {100 * usage / limit:.1f}% of its {human_bytes(limit)} limit.")
     else:
         lines.append("No memory sample survived.")
+    tail = m.get("last_samples") or []
+    if tail:
+        lines += ["", "## The last seconds", "", "| time | step | host RSS | workers | cgroup | GPU allocated |",
+                  "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for r in tail:
+            lines.append(
+                f"| {r['time']} | {_dash(r['step'])} | {human_bytes(r['host_rss'])} | "
+                f"{human_bytes(r['children_rss'])} | {human_bytes(r['cgroup_usage'])} | "
+                f"{human_bytes(r.get('gpu_allocated'))} |"
+            )
+    grew = m.get("module_growth") or []
+    if grew:
+        lines += ["", "## Modules whose own forward grew memory most", "", "| module | calls | GPU | host |",
+                  "|---|---:|---:|---:|"]  # fmt: skip
+        for g in grew:
+            lines.append(
+                f"| {g['module']} | {g['calls']} | {human_bytes(g['gpu_growth'])} | {human_bytes(g['host_growth'])} |"
+            )
     peaks = m.get("peaks") or {}
     if peaks:
         lines += ["", "## Peaks", "", "| gauge | peak | at |", "|---|---:|---|"]

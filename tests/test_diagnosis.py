@@ -76,3 +76,29 @@ def test_gpu_oom_fragmentation_or_exhaustion() -> None:
     full = gpu_oom_kind({"oom_requested": 2 << 30, "oom_reserved_unallocated": 100 << 20})
     assert full is not None and full["kind"] == "exhaustion" and len(full["levers"]) == 3
     assert gpu_oom_kind({"oom_requested": None, "oom_reserved_unallocated": None}) is None
+
+
+def test_summary_names_the_module_that_grew_and_shows_the_last_seconds(tmp_path: Path) -> None:
+    code = ARM.replace("sample_interval=0.02)", "sample_interval=0.01, modules=True)") + (
+        "import time, torch\n"
+        "class Leaky(torch.nn.Module):\n"
+        "    kept = []\n"
+        "    def forward(self, x):\n"
+        "        self.kept.append(torch.ones(4 << 20))  # 16 MiB kept every call\n"
+        "        return x\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(64, 64), Leaky(), torch.nn.Linear(64, 1))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(12):\n"
+        "    model(torch.randn(8, 64)).sum().backward(); opt.step(); time.sleep(0.02)\n"
+    )
+    pytest.importorskip("torch")
+    run_py(code, str(tmp_path / "rings"))
+    blackbox.recover(tmp_path / "rings", tmp_path / "bundle")
+    meta = json.loads((tmp_path / "bundle" / "metadata.json").read_text())
+    top = meta["module_growth"][0]
+    assert top["module"] == "Sequential.1" and top["calls"] == 12 and top["host_growth"] >= 12 * (15 << 20)
+    assert top["gpu_growth"] is None, "no GPU: not measured, not zero"
+    assert meta["last_step"] == 12 and len(meta["last_samples"]) == 10
+    summary = (tmp_path / "bundle" / "summary.md").read_text()
+    assert "## Modules whose own forward grew memory most" in summary and "| Sequential.1 | 12 |" in summary
+    assert "## The last seconds" in summary
