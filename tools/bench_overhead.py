@@ -103,7 +103,8 @@ print(json.dumps({k: statistics.median(v) for k, v in blocks.items()}))
 CONFIGS = ("not armed", "default", "modules")
 
 
-def run_once(config: str, steps: int, ring_dir: str) -> float:
+def run_job(config: str, steps: int, ring_dir: str) -> dict[str, Any]:
+    """Run JOB in a fresh process; its last stdout line is a JSON object."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run(
         [sys.executable, "-c", JOB, config.split()[0], str(steps), ring_dir],
@@ -112,7 +113,8 @@ def run_once(config: str, steps: int, ring_dir: str) -> float:
         env=env,
         check=True,
     )
-    return float(json.loads(out.stdout.strip().splitlines()[-1])["median_ns"])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
 
 
 def main() -> int:
@@ -125,32 +127,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=os.environ.get("BLACKBOX_DIR") or "/var/tmp") as d:
         for _ in range(0 if args.interleaved_only else args.rounds):
             for config in CONFIGS:
-                results[config].append(run_once(config, args.steps, d))
-        inter = [
-            json.loads(
-                subprocess.run(
-                    [sys.executable, "-c", JOB, "interleaved", str(args.steps), d],
-                    capture_output=True,
-                    text=True,
-                    env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                    check=True,
-                )
-                .stdout.strip()
-                .splitlines()[-1]
-            )
-            for _ in range(3)
-        ]
-        attributed = json.loads(
-            subprocess.run(
-                [sys.executable, "-c", JOB, "attributed", "0", d],
-                capture_output=True,
-                text=True,
-                env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                check=True,
-            )
-            .stdout.strip()
-            .splitlines()[-1]
-        )
+                results[config].append(float(run_job(config, args.steps, d)["median_ns"]))
+        inter = [run_job("interleaved", args.steps, d) for _ in range(3)]
+        attributed = run_job("attributed", 0, d)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     print(
         f"loop: 8x[Linear(256,256), ReLU] + head, batch 64, AdamW, 1 thread; {args.steps} steps x {args.rounds} rounds"
