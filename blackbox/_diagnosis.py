@@ -33,7 +33,16 @@ CAUSES = ("clean_exit", "exception", "oom_exception", "host_oom_kill", "killed",
 NEAR_LIMIT = 0.95
 
 
-_SAMPLE_COLUMNS = ["time", "step", "host_rss", "children_rss", "cgroup_usage", "cgroup_limit", "cgroup_oom_kills"]
+_SAMPLE_COLUMNS = [
+    "time",
+    "step",
+    "host_rss",
+    "children_rss",
+    "cgroup_usage",
+    "cgroup_limit",
+    "cgroup_oom_kills",
+    "mem_available",
+]
 
 
 def _rows(table: pa.Table, *kinds: str) -> pa.Table:
@@ -77,6 +86,8 @@ def diagnose(table: pa.Table, clean: bool, ev: Evidence, crash: str | None = Non
     near = _near_limit(last_sample)
     if near is not None:
         evidence.append(near[1])
+    if last_sample and last_sample.get("mem_available") is not None:
+        evidence.append(f"last sample: the host had {human_bytes(last_sample['mem_available'])} MemAvailable")
 
     cause = "unknown"
     if ev.writer_alive and not clean:

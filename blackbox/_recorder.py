@@ -22,6 +22,7 @@ from ._errors import BlackboxWarning
 from ._exceptions import ExceptionRecorder
 from ._gpu import GpuProbe
 from ._host import HostProbe
+from ._retention import KEEP_ENV, prune_ring_folder
 from ._ringfile import boot_id, create_ring, default_dir, hostname, is_diskless, lock_pages, ring_name
 from ._signals import CrashFile, SignalRecorder
 from ._torch_hooks import DEFAULT_HISTORY_ENTRIES, TorchHooks
@@ -191,6 +192,12 @@ class Recorder:
         target = Path(path) if path is not None else default_dir()
         if path is None or target.is_dir():
             target.mkdir(mode=0o700, parents=True, exist_ok=True)
+            keep = os.environ.get(KEEP_ENV)
+            if keep:  # the oldest rings go; never one still being written. A bad setting never stops arming.
+                try:
+                    prune_ring_folder(target, keep)
+                except Exception as exc:
+                    warn(f"{KEEP_ENV} not applied: {exc}")
             target = target / ring_name(host, pid, rank, wall)
         self.path = target
         if is_diskless(target.parent):

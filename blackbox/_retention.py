@@ -87,3 +87,31 @@ def delete(entry: Entry) -> None:
         return
     for f in (entry.path, *(Path(str(entry.path) + s) for s in SIDECARS)):
         f.unlink(missing_ok=True)
+
+
+KEEP_ENV = "BLACKBOX_KEEP"
+
+
+def parse_keep(text: str) -> tuple[int | None, int | None]:
+    """``BLACKBOX_KEEP="count=20,size=20G"`` -> (20, 20 GiB); either part may be left out."""
+    count = size = None
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, _, value = part.partition("=")
+        if key == "count" and value.isdigit():
+            count = int(value)
+        elif key == "size":
+            size = parse_size(value)
+        else:
+            raise BlackboxError(
+                f"{KEEP_ENV}: expected count=N and/or size=SIZE (e.g. count=20,size=20G), found {part!r}"
+            )
+    return count, size
+
+
+def prune_ring_folder(folder: Path, keep: str) -> list[Path]:
+    """At arm: make room in the ring folder by ``BLACKBOX_KEEP`` (the new ring counts as one more)."""
+    count, size = parse_keep(keep)
+    doomed = plan(ring_entries(folder), None if count is None else max(0, count - 1), size)
+    for e in doomed:
+        delete(e)
+    return [e.path for e in doomed]

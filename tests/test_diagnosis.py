@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import signal
 import subprocess
@@ -27,6 +28,12 @@ def _death(ring_dir: Path, out: Path) -> dict:
         ("blackbox.step(3)\nprint('done')\n", "clean_exit", 0),
         ("blackbox.step(2)\nraise ValueError('bad batch')\n", "exception", 1),
         ("blackbox.step(4)\nbuf = bytearray(1 << 60)\n", "oom_exception", 1),
+        pytest.param(
+            "import torch\nblackbox.step(4)\ntorch.empty(1 << 62, dtype=torch.uint8)\n",
+            "oom_exception",
+            1,
+            marks=pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch"),
+        ),
         (
             "import os, time\nblackbox.step(5)\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(5)\n",
             "signal",
@@ -34,7 +41,14 @@ def _death(ring_dir: Path, out: Path) -> dict:
         ),
         ("import os, signal\nblackbox.step(6)\nos.kill(os.getpid(), signal.SIGKILL)\n", "killed", -signal.SIGKILL),
     ],
-    ids=["clean_exit", "exception", "oom_exception", "signal", "killed"],
+    ids=[
+        "clean_exit",
+        "exception",
+        "oom_exception-MemoryError",
+        "oom_exception-torch-CPU-allocator",
+        "signal",
+        "killed",
+    ],
 )
 def test_cause_of_a_real_death(tmp_path: Path, code: str, cause: str, status: int) -> None:
     # SIGTERM's default action, whatever the test runner's shell left (set before arm, which chains it)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import spawn_py
+from conftest import run_py, spawn_py
 
 import blackbox
 from blackbox.cli import main
@@ -93,3 +93,25 @@ def test_prune_bundles_by_total_size(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["prune", str(tmp_path)]) == 1
     assert "expected --max-count and/or --max-size" in capsys.readouterr().err
     assert main(["prune", str(tmp_path), "--max-size", "lots"]) == 1
+
+
+def test_arm_keeps_the_ring_folder_within_blackbox_keep(tmp_path: Path) -> None:
+    for i in range(4):
+        _ring(tmp_path, f"old{i}.ring", 1000 - i)
+    out = run_py(
+        "import os, sys, blackbox\n"
+        "os.environ['BLACKBOX_KEEP'] = sys.argv[2]\n"
+        "rec = blackbox.arm(sys.argv[1], capacity=64, sample_interval=3600)\n"
+        "print(rec.armed)\n",
+        str(tmp_path),
+        "count=3",
+    )
+    assert out.stdout.strip() == "True"
+    names = sorted(p.name for p in tmp_path.glob("*.ring"))
+    assert len(names) == 3 and "old2.ring" in names and "old3.ring" in names and "old0.ring" not in names
+    bad = run_py(
+        "import os, sys, blackbox\nos.environ['BLACKBOX_KEEP'] = 'forever'\n"
+        "print(blackbox.arm(sys.argv[1], capacity=64, sample_interval=3600).armed)\n",
+        str(tmp_path),
+    )
+    assert bad.stdout.strip() == "True" and "BLACKBOX_KEEP not applied" in bad.stderr
