@@ -24,17 +24,15 @@ class PlotUnavailableError(BlackboxError):
     """matplotlib is not installed."""
 
 
-def _matplotlib() -> Any:
+def _figure_class() -> Any:
+    """matplotlib's Figure, used without pyplot: no global figure registry, no GUI backend."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure
     except ImportError:
         raise PlotUnavailableError(
             "expected matplotlib for plots (pip install 'blackbox-recorder[plot]'), found it is not installed"
         ) from None
-    return plt
+    return Figure
 
 
 def _series(rows: pa.Table, column: str, t0: float) -> tuple[np.ndarray, np.ndarray]:
@@ -55,8 +53,8 @@ def _kind(table: pa.Table, *kinds: str) -> pa.Table:
 
 def memory_figure(table: pa.Table, meta: dict[str, Any]) -> Any:
     """Two panels (host, GPU) of memory against time, for every process in the timeline."""
-    plt = _matplotlib()
-    fig, (host_ax, gpu_ax) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    fig = _figure_class()(figsize=(11, 7))
+    host_ax, gpu_ax = fig.subplots(2, 1, sharex=True)
     times = table["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
     t0 = float(times.min()) / 1e9 if len(times) else 0.0
     pids = pc.unique(table["pid"]).to_pylist()
