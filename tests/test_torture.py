@@ -1,0 +1,22 @@
+"""The quick version of tools/torture.py: randomised SIGKILLs of a multi-threaded writer with a forked child."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import torture  # noqa: E402
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capacity", [1 << 12, 1 << 20], ids=["wraps", "no-wrap"])
+def test_randomised_sigkill_loses_nothing_acknowledged(tmp_path: Path, capacity: int, writer_backend: str) -> None:
+    rng = random.Random(capacity)
+    for n in range(3):
+        res = torture.trial(tmp_path / f"t{n}.ring", capacity, 3, rng.uniform(0.05, 0.4), rng.choice([1e-5, 5e-3]))
+        assert res["lost"] == 0 and res["acked"] > 0, res
+        assert res["wrapped"] == (capacity == 1 << 12) or res["events"] < capacity, res

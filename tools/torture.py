@@ -1,0 +1,149 @@
+"""Randomised SIGKILL torture: nothing acknowledged is ever lost, no torn record is ever returned.
+
+    .venv/bin/python tools/torture.py [--trials 50] [--threads 4] [--capacity 65536] [--seed S]
+
+Each trial starts a writer process: several threads mark without pause, the
+sampler runs every 2 ms, and a forked child stays alive (the parent's ring must
+survive it). Each thread acknowledges on stdout every 128th value it has
+written. At a random instant the writer is SIGKILLed; the ring is then read
+and checked: for every thread, the values in the ring are consecutive (no gap,
+no duplicate), every value acknowledged before the kill is there unless
+wrap-around overwrote it, and at most one slot per thread is torn. Prints one
+line per trial and a total.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from blackbox import _format as fmt  # noqa: E402
+from blackbox._reader import read_ring  # noqa: E402
+
+WRITER = r"""
+import os, sys, threading, time, blackbox
+ring, capacity, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+sys.setswitchinterval(float(sys.argv[4]))
+rec = blackbox.arm(ring, capacity=capacity, sample_interval=0.002)
+child = os.fork()
+if child == 0:          # a forked child (a DataLoader worker, say) that lives on and marks too
+    while True:
+        blackbox.mark("child", 1)   # on_fork="disarm": this must never reach the parent's ring
+        time.sleep(0.001)
+out, lock = sys.stdout, threading.Lock()
+def work(k):
+    mark, label, i = rec.mark, f"t{k}", 0
+    while True:
+        mark(label, i)
+        if i % 128 == 0:
+            with lock:
+                out.write(f"{k} {i}\n"); out.flush()
+        i += 1
+out.write("go\n"); out.flush()
+for k in range(threads):
+    threading.Thread(target=work, args=(k,), daemon=True).start()
+time.sleep(3600)
+"""
+
+
+def trial(path: Path, capacity: int, threads: int, kill_after: float, switch: float) -> dict[str, int]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    args = [sys.executable, "-c", WRITER, str(path), str(capacity), str(threads), str(switch)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, env=env, start_new_session=True)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    if first.strip() != b"go":
+        raise RuntimeError(f"writer did not start: {first!r}")
+    time.sleep(kill_after)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the forked child, which holds the pipe open too
+    except ProcessLookupError:
+        pass
+    rest = proc.stdout.read()  # every acknowledgement written before the kill
+    proc.stdout.close()
+    acked: dict[int, int] = {}
+    for line in rest.split(b"\n"):
+        parts = line.split()
+        if len(parts) == 2:
+            k, i = int(parts[0]), int(parts[1])
+            acked[k] = max(acked.get(k, -1), i)
+    ring = read_ring(path)
+    r, rec = ring.records, ring.recovery
+    labels = [ring.strings.get(int(i)) for i in r["label"]]
+    lost = 0
+    problems: list[str] = []
+    if rec.torn > threads + 1:  # each writer thread and the sampler may leave one
+        problems.append(f"{rec.torn} torn slots for {threads} threads")
+    if "child" in labels:
+        problems.append("the forked child wrote into the parent's ring")
+    if len(r) and not ((r["commit"] == r["seq"]).all() and (r["seq"][1:] > r["seq"][:-1]).all()):
+        problems.append("a returned record fails the commit rule or seq order")
+    wrapped = rec.overwritten > 0
+    for k, last in acked.items():
+        values = [int(v) for v, lab in zip(r["value"], labels, strict=True) if lab == f"t{k}"]
+        if not values:
+            if not wrapped:
+                lost += last + 1
+            continue
+        if values != list(range(values[0], values[0] + len(values))):
+            problems.append(f"thread {k}: a gap or a duplicate")
+        if values[-1] < last:
+            lost += last - values[-1]
+        if not wrapped and values[0] != 0:
+            lost += values[0]
+    if problems:
+        raise AssertionError(f"{path.name}: " + "; ".join(problems))
+    samples = int((r["kind"] == fmt.KIND_CODES["sample"]).sum())
+    return {"events": len(r), "acked": sum(v + 1 for v in acked.values()), "lost": lost,
+            "torn": rec.torn, "samples": samples, "wrapped": int(wrapped)}  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--capacity", type=int, default=None, help="slots (default: 4096, 65536 or 1M at random)")
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    rng = random.Random(seed)
+    print(f"seed {seed}; {args.trials} trials, {args.threads} threads, capacity {args.capacity or 'random'}")
+    totals = {"events": 0, "acked": 0, "lost": 0, "torn": 0, "wrapped": 0}
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BLACKBOX_DIR") or "/var/tmp") as d:
+        for n in range(args.trials):
+            path = Path(d) / f"t{n}.ring"
+            kill_after = rng.uniform(0.05, 0.6)
+            switch = rng.choice([1e-5, 1e-4, 5e-3])
+            capacity = args.capacity or rng.choice([1 << 12, 1 << 16, 1 << 20])
+            res = trial(path, capacity, args.threads, kill_after, switch)
+            for key in totals:
+                totals[key] += res[key]
+            print(
+                f"trial {n:3d}: {capacity:7d} slots, killed after {kill_after:.3f} s, switch {switch:g} s: "
+                f"{res['events']:7d} events "
+                f"({res['samples']} samples), {res['acked']:7d} acknowledged, {res['lost']} lost, "
+                f"{res['torn']} torn{' (wrapped)' if res['wrapped'] else ''}"
+            )
+            path.unlink()
+    print(
+        f"\n{args.trials} trials: {totals['events']:,} events recovered, {totals['acked']:,} acknowledged, "
+        f"{totals['lost']} acknowledged events lost, {totals['torn']} torn slots (dropped, never returned), "
+        f"{totals['wrapped']} trials wrapped"
+    )
+    return 1 if totals["lost"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
