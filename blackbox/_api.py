@@ -36,6 +36,7 @@ def arm(
     on_fork: str = "disarm",
     allocator_history: bool | int = False,
     modules: bool = False,
+    sync_interval: float | None = None,
 ) -> Recorder:
     """Arm the flight recorder and return it; a second call returns the armed one.
 
@@ -55,6 +56,10 @@ def arm(
             On the first CUDA OOM its snapshot pickle is written beside the ring.
         modules: record ``module_begin`` / ``module_end`` events with memory
             at every module's forward, and ``forward`` phases.
+        sync_interval: seconds between msyncs of the ring (None: never). The
+            ring survives SIGKILL and the OOM killer without it (the page cache
+            outlives the process); with it, a kernel crash or power loss loses
+            at most the last ``sync_interval`` seconds of events.
 
     Never raises: if the ring cannot be made, a BlackboxWarning is issued and
     the returned Recorder is disarmed (``recorder.armed`` is False).
@@ -71,6 +76,7 @@ def arm(
             on_fork=on_fork,
             allocator_history=allocator_history,
             modules=modules,
+            sync_interval=sync_interval,
         )
         _active = Recorder.arm(path, **{k: v for k, v in _settings.items() if k != "path"})
         if _active.armed:

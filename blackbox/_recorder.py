@@ -127,6 +127,9 @@ class Recorder:
         self.on_fork = "disarm"
         self.pages_locked = False
         self.writer_backend: str | None = None
+        self.sync_interval: float | None = None
+        self.syncs = 0
+        self.sync_seconds = 0.0
         self.mark = _noop
         self.step = _noop
         self._event: Callable[..., int] = _null_event
@@ -157,11 +160,15 @@ class Recorder:
         on_fork: str = "disarm",
         allocator_history: bool | int = False,
         modules: bool = False,
+        sync_interval: float | None = None,
     ) -> Recorder:
         rec = cls()
         rec.on_fork = on_fork
         try:
             history = DEFAULT_HISTORY_ENTRIES if allocator_history is True else int(allocator_history)
+            if sync_interval is not None and not float(sync_interval) > 0:
+                raise ValueError(f"sync_interval must be > 0 seconds or None, got {sync_interval}")
+            rec.sync_interval = None if sync_interval is None else float(sync_interval)
             rec._arm(path, int(capacity), float(sample_interval), int(strings_size), on_fork, history, bool(modules))
         except Exception as exc:
             rec._teardown(flush=False)  # create_ring removed any partial file
@@ -226,7 +233,12 @@ class Recorder:
             + f".{(wall // 1000) % 1_000_000:06d}Z",
             "versions": _versions(),
             "sample_interval_s": interval,
-            "options": {"allocator_history": history, "modules": modules, "on_fork": on_fork},
+            "options": {
+                "allocator_history": history,
+                "modules": modules,
+                "on_fork": on_fork,
+                "sync_interval_s": self.sync_interval,
+            },
             "cgroup": {"version": cg.version, "path": str(cg.directory)} if cg else None,
         }
         header = fmt.encode_header(capacity, strings, meta)
@@ -320,15 +332,42 @@ class Recorder:
         return None if s < 0 else s
 
     def _sample_loop(self) -> None:
-        stop, interval = self._stop, self.sample_interval
+        stop, interval, sync = self._stop, self.sample_interval, self.sync_interval
+        tick = min(interval, sync) if sync is not None else interval
+        now = time.monotonic()
+        next_sample, next_sync = now + interval, now + sync if sync is not None else float("inf")
         try:
-            while not stop.wait(interval):
-                self.sample_now()
-                hooks = self._torch
-                if hooks is not None:
-                    hooks.poll()
+            while not stop.wait(tick):
+                now = time.monotonic()
+                if now >= next_sample - 1e-4:
+                    next_sample = now + interval
+                    self.sample_now()
+                    hooks = self._torch
+                    if hooks is not None:
+                        hooks.poll()
+                if now >= next_sync - 1e-4:
+                    next_sync = now + (sync or 0.0)
+                    self.sync()
         except Exception as exc:  # a probe that breaks stops sampling, never the job
             self._on_error(exc)
+
+    def sync(self) -> None:
+        """msync the ring: what is written so far survives a kernel crash or power loss too.
+
+        With ``sync_interval`` the sampler does this periodically, so such a crash
+        loses at most the last ``sync_interval`` seconds (plus one msync's duration).
+        """
+        m = self._map
+        if m is None or not self.armed:
+            return
+        t0 = time.perf_counter()
+        try:
+            m.flush()
+        except (OSError, ValueError) as exc:
+            self._on_error(exc)
+            return
+        self.syncs += 1
+        self.sync_seconds += time.perf_counter() - t0
 
     def _on_error(self, exc: BaseException) -> None:
         if not self._warned:

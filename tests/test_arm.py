@@ -6,6 +6,7 @@ import os
 import re
 import socket
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -200,3 +201,21 @@ def test_module_functions_reach_each_arm_and_go_quiet_after_disarm(tmp_path: Pat
     assert first.records["step"][-1] == 5
     marks2 = second.records[second.records["kind"] == fmt.KIND_CODES["mark"]]
     assert [second.strings[int(i)] for i in marks2["label"]] == ["second"]
+
+
+def test_sync_interval_msyncs_periodically_without_changing_the_sampling(tmp_path: Path) -> None:
+    rec = blackbox.Recorder.arm(tmp_path / "s.ring", capacity=1024, sample_interval=0.5, sync_interval=0.05)
+    try:
+        for i in range(1000):
+            rec.mark("m", i)
+        time.sleep(0.6)
+        assert rec.syncs >= 5 and rec.sync_seconds > 0
+    finally:
+        rec.disarm()
+    ring = read_ring(tmp_path / "s.ring")
+    samples = int((ring.records["kind"] == fmt.KIND_CODES["sample"]).sum())
+    assert samples <= 4, "arm, one or two ticks at 0.5 s, disarm: syncs do not add samples"
+    assert ring.meta["options"]["sync_interval_s"] == 0.05
+    with pytest.warns(blackbox.BlackboxWarning, match="sync_interval"):
+        bad = blackbox.Recorder.arm(tmp_path / "b.ring", sync_interval=0)
+    assert not bad.armed
