@@ -17,6 +17,7 @@ import torture  # noqa: E402
 def test_randomised_sigkill_loses_nothing_acknowledged(tmp_path: Path, capacity: int, writer_backend: str) -> None:
     rng = random.Random(capacity)
     for n in range(3):
-        res = torture.trial(tmp_path / f"t{n}.ring", capacity, 3, rng.uniform(0.05, 0.4), rng.choice([1e-5, 5e-3]))
+        kill_after, switch = rng.uniform(0.05, 0.4), rng.choice([1e-5, 5e-3])
+        res = torture.trial(tmp_path / f"t{n}.ring", capacity, 3, kill_after, switch, writer_backend)
         assert res["lost"] == 0 and res["acked"] > 0, res
         assert res["wrapped"] == (capacity == 1 << 12) or res["events"] < capacity, res

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -56,23 +57,40 @@ time.sleep(3600)
 """
 
 
-def trial(path: Path, capacity: int, threads: int, kill_after: float, switch: float) -> dict[str, int]:
+def trial(
+    path: Path, capacity: int, threads: int, kill_after: float, switch: float, backend: str = ""
+) -> dict[str, int]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    if backend:
+        env["BLACKBOX_WRITER"] = backend
     args = [sys.executable, "-c", WRITER, str(path), str(capacity), str(threads), str(switch)]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, env=env, start_new_session=True)
     assert proc.stdout is not None
     first = proc.stdout.readline()
     if first.strip() != b"go":
         raise RuntimeError(f"writer did not start: {first!r}")
-    time.sleep(kill_after)
+    fd = proc.stdout.fileno()
+    os.set_blocking(fd, False)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + kill_after
+    while time.monotonic() < deadline:  # drain the acknowledgements so the writers never block on the pipe
+        r, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if r:
+            try:
+                chunks.append(os.read(fd, 1 << 20))
+            except BlockingIOError:
+                pass
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # the forked child, which holds the pipe open too
     except ProcessLookupError:
         pass
-    rest = proc.stdout.read()  # every acknowledgement written before the kill
+    os.set_blocking(fd, True)
+    while chunk := os.read(fd, 1 << 20):  # acknowledgements already in the pipe when it died
+        chunks.append(chunk)
     proc.stdout.close()
+    rest = b"".join(chunks)
     acked: dict[int, int] = {}
     for line in rest.split(b"\n"):
         parts = line.split()
@@ -116,10 +134,14 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--capacity", type=int, default=None, help="slots (default: 4096, 65536 or 1M at random)")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--backend", choices=["c", "python"], default="", help="write path (default: the built one)")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
-    print(f"seed {seed}; {args.trials} trials, {args.threads} threads, capacity {args.capacity or 'random'}")
+    print(
+        f"seed {seed}; {args.trials} trials, {args.threads} threads, capacity {args.capacity or 'random'}, "
+        f"write path {args.backend or 'default'}"
+    )
     totals = {"events": 0, "acked": 0, "lost": 0, "torn": 0, "wrapped": 0}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BLACKBOX_DIR") or "/var/tmp") as d:
         for n in range(args.trials):
@@ -127,7 +149,7 @@ def main() -> int:
             kill_after = rng.uniform(0.05, 0.6)
             switch = rng.choice([1e-5, 1e-4, 5e-3])
             capacity = args.capacity or rng.choice([1 << 12, 1 << 16, 1 << 20])
-            res = trial(path, capacity, args.threads, kill_after, switch)
+            res = trial(path, capacity, args.threads, kill_after, switch, args.backend)
             for key in totals:
                 totals[key] += res[key]
             print(
