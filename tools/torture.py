@@ -128,6 +128,66 @@ def trial(
             "torn": rec.torn, "samples": samples, "wrapped": int(wrapped)}  # fmt: skip
 
 
+OOM_JOB = r"""
+import sys, time, blackbox
+blackbox.arm(sys.argv[1], capacity=1 << 16, sample_interval=0.01)
+kept = []
+for step in range(1, 10**6):
+    blackbox.step(step)
+    blackbox.mark("leak", step)
+    kept.append(bytearray(4 << 20))
+    print(step, flush=True)
+"""
+
+
+def oom_trial(work: Path, limit: int) -> dict[str, int] | str:
+    """One real kernel OOM kill in a fresh child memory cgroup; a string says why it was skipped."""
+    from blackbox._evidence import cgroup_oom_kills
+    from blackbox._host import find_memory_cgroup
+
+    own = find_memory_cgroup()
+    if own is None:
+        return "no memory cgroup (cgroup v1 memory controller or v2 memory.current)"
+    cg = own.directory / f"blackbox-torture-{os.getpid()}-{work.name}"
+    try:
+        cg.mkdir()
+        (cg / ("memory.max" if own.version == 2 else "memory.limit_in_bytes")).write_text(str(limit))
+    except OSError as exc:
+        return f"the kernel refused a child memory cgroup (cgroup v{own.version}): {exc}"
+    try:
+        before = cgroup_oom_kills(cg, own.version) or 0
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        work.mkdir()
+        proc = subprocess.run(
+            [sys.executable, "-c", OOM_JOB, str(work)], capture_output=True, text=True, env=env, timeout=120,
+            preexec_fn=lambda: (cg / "cgroup.procs").write_text(str(os.getpid())),
+        )  # fmt: skip
+        after = cgroup_oom_kills(cg, own.version) or 0
+    finally:
+        for _ in range(50):
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+    printed = [int(x) for x in proc.stdout.split()]
+    (ring_path,) = work.glob("*.ring")
+    ring = read_ring(ring_path)
+    steps = ring.records["step"][ring.records["step"] >= 0]
+    problems = []
+    if proc.returncode != -signal.SIGKILL or after != before + 1:
+        problems.append(f"not a kernel OOM kill (exit {proc.returncode}, oom_kill {before} -> {after})")
+    if ring.clean or ring.recovery.torn > 2:
+        problems.append(f"clean={ring.clean} torn={ring.recovery.torn}")
+    last = int(steps.max()) if len(steps) else -1
+    if printed and last < printed[-1]:
+        problems.append(f"the ring's last step {last} is before the printed {printed[-1]}")
+    if problems:
+        raise AssertionError(f"{work.name}: " + "; ".join(problems))
+    return {"events": len(ring.records), "printed": printed[-1] if printed else 0, "last_step": last,
+            "torn": ring.recovery.torn, "version": own.version}  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=50)
@@ -135,6 +195,7 @@ def main() -> int:
     ap.add_argument("--capacity", type=int, default=None, help="slots (default: 4096, 65536 or 1M at random)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--backend", choices=["c", "python"], default="", help="write path (default: the built one)")
+    ap.add_argument("--oom-trials", type=int, default=0, help="also this many real kernel OOM kills in a cgroup")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
@@ -164,6 +225,17 @@ def main() -> int:
         f"{totals['lost']} acknowledged events lost, {totals['torn']} torn slots (dropped, never returned), "
         f"{totals['wrapped']} trials wrapped"
     )
+    if args.oom_trials:
+        with tempfile.TemporaryDirectory(dir=os.environ.get("BLACKBOX_DIR") or "/var/tmp") as d:
+            for n in range(args.oom_trials):
+                res = oom_trial(Path(d) / f"oom{n}", rng.choice([256, 384, 512]) << 20)
+                if isinstance(res, str):
+                    print(f"kernel OOM kills skipped: {res}")
+                    break
+                print(
+                    f"oom trial {n}: cgroup v{res['version']} kernel OOM kill; {res['events']} events recovered, "
+                    f"last step {res['last_step']} (job printed {res['printed']}), {res['torn']} torn"
+                )
     return 1 if totals["lost"] else 0
 
 
