@@ -79,3 +79,16 @@ def test_disk_full_mid_run_changes_nothing_the_ring_is_reserved(small_fs: Path) 
     ]
     assert r.recovery.torn == 0 and marks[-1] == 299_999
     assert marks == list(range(marks[0], 300_000)), "the newest window, complete, on a full disk"
+
+
+def test_read_only_folder_is_one_warning_and_the_job_runs_on(small_fs: Path) -> None:
+    """Read-only for root too: the filesystem itself is remounted read-only."""
+    remount = subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], capture_output=True, text=True)
+    if remount.returncode != 0:
+        pytest.skip(f"cannot remount read-only here: {remount.stderr.strip()}")
+    proc = run_py(
+        "import sys, blackbox\nrec = blackbox.arm(sys.argv[1])\nblackbox.mark('x', 1)\nprint('armed', rec.armed)\n",
+        str(small_fs),
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "armed False"
+    assert proc.stderr.count("BlackboxWarning") == 1 and "Read-only file system" in proc.stderr
