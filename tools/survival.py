@@ -24,6 +24,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+from cgroup_util import CgroupRefused, child_memory_cgroup, join  # noqa: E402
 
 JOB = r"""
 import json, os, sys, time
@@ -65,12 +68,8 @@ for step in range(1, 1000000):
 def run(work: Path, kill: str, cgroup: Path | None) -> dict[str, object]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
 
-    def join() -> None:
-        if cgroup is not None:
-            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
-
     proc = subprocess.Popen([sys.executable, "-c", JOB, str(work)], stdout=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=join)  # fmt: skip
+                            preexec_fn=(lambda: join(cgroup)) if cgroup is not None else None)  # fmt: skip
     assert proc.stdout is not None
     notes = json.loads(proc.stdout.readline())
     if kill == "SIGKILL":
@@ -111,38 +110,15 @@ def run(work: Path, kill: str, cgroup: Path | None) -> dict[str, object]:
     return result
 
 
-def make_cgroup(limit: int) -> tuple[Path | None, str]:
-    from blackbox._host import find_memory_cgroup
-
-    own = find_memory_cgroup()
-    if own is None:
-        return None, "no memory cgroup"
-    child = own.directory / f"blackbox-survival-{os.getpid()}"
-    try:
-        child.mkdir()
-        (child / ("memory.max" if own.version == 2 else "memory.limit_in_bytes")).write_text(str(limit))
-    except OSError as exc:
-        return None, f"the kernel refused a child memory cgroup: {exc}"
-    return child, f"cgroup v{own.version}"
-
-
 def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("BLACKBOX_DIR") or "/var/tmp") as d:
         rows.append(("SIGKILL", run(Path(d) / "sigkill", "SIGKILL", None)))
-        cg, why = make_cgroup(400 << 20)
-        if cg is None:
-            print(f"kernel OOM kill skipped: {why}")
-        else:
-            try:
-                rows.append((f"kernel OOM kill ({why}, 400 MiB)", run(Path(d) / "oom", "oom", cg)))
-            finally:
-                for _ in range(50):
-                    try:
-                        cg.rmdir()
-                        break
-                    except OSError:
-                        time.sleep(0.1)
+        try:
+            with child_memory_cgroup(400 << 20, "blackbox-survival") as (cg, version):
+                rows.append((f"kernel OOM kill (cgroup v{version}, 400 MiB)", run(Path(d) / "oom", "oom", cg)))
+        except CgroupRefused as exc:
+            print(f"kernel OOM kill skipped: {exc}")
     print("| death | job's last printed step | blackbox recovers | stormlog flight recorder leaves | "
           "stormlog JSONL sink (opt-in) leaves | PyTorch memory history leaves |")  # fmt: skip
     print("|---|---:|---|---|---|---|")

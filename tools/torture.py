@@ -27,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
 
 from blackbox import _format as fmt  # noqa: E402
 from blackbox._reader import read_ring  # noqa: E402
@@ -142,34 +143,22 @@ for step in range(1, 10**6):
 
 def oom_trial(work: Path, limit: int) -> dict[str, int] | str:
     """One real kernel OOM kill in a fresh child memory cgroup; a string says why it was skipped."""
-    from blackbox._evidence import cgroup_oom_kills
-    from blackbox._host import find_memory_cgroup
+    from cgroup_util import CgroupRefused, child_memory_cgroup, join
 
-    own = find_memory_cgroup()
-    if own is None:
-        return "no memory cgroup (cgroup v1 memory controller or v2 memory.current)"
-    cg = own.directory / f"blackbox-torture-{os.getpid()}-{work.name}"
+    from blackbox._evidence import cgroup_oom_kills
+
     try:
-        cg.mkdir()
-        (cg / ("memory.max" if own.version == 2 else "memory.limit_in_bytes")).write_text(str(limit))
-    except OSError as exc:
-        return f"the kernel refused a child memory cgroup (cgroup v{own.version}): {exc}"
-    try:
-        before = cgroup_oom_kills(cg, own.version) or 0
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        work.mkdir()
-        proc = subprocess.run(
-            [sys.executable, "-c", OOM_JOB, str(work)], capture_output=True, text=True, env=env, timeout=120,
-            preexec_fn=lambda: (cg / "cgroup.procs").write_text(str(os.getpid())),
-        )  # fmt: skip
-        after = cgroup_oom_kills(cg, own.version) or 0
-    finally:
-        for _ in range(50):
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+        with child_memory_cgroup(limit, f"blackbox-torture-{work.name}") as (cg, version):
+            before = cgroup_oom_kills(cg, version) or 0
+            env = dict(os.environ, PYTHONPATH=str(ROOT))
+            work.mkdir()
+            proc = subprocess.run(
+                [sys.executable, "-c", OOM_JOB, str(work)], capture_output=True, text=True, env=env, timeout=120,
+                preexec_fn=lambda: join(cg),
+            )  # fmt: skip
+            after = cgroup_oom_kills(cg, version) or 0
+    except CgroupRefused as exc:
+        return str(exc)
     printed = [int(x) for x in proc.stdout.split()]
     (ring_path,) = work.glob("*.ring")
     ring = read_ring(ring_path)
@@ -185,7 +174,7 @@ def oom_trial(work: Path, limit: int) -> dict[str, int] | str:
     if problems:
         raise AssertionError(f"{work.name}: " + "; ".join(problems))
     return {"events": len(ring.records), "printed": printed[-1] if printed else 0, "last_step": last,
-            "torn": ring.recovery.torn, "version": own.version}  # fmt: skip
+            "torn": ring.recovery.torn, "version": version}  # fmt: skip
 
 
 def main() -> int:
