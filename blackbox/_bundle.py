@@ -39,7 +39,7 @@ class Destination:
     """Where a bundle goes: a local folder (files replaced atomically) or a pyarrow filesystem URI
     (``s3://bucket/prefix``, ``gs://``, ``hdfs://``, ``file://``)."""
 
-    def __init__(self, out: str | os.PathLike[str]) -> None:
+    def __init__(self, out: str | os.PathLike[str], *, create: bool = True) -> None:
         text = os.fspath(out)
         self.uri = "://" in text
         if self.uri:
@@ -49,11 +49,12 @@ class Destination:
                 raise BundleDestinationError(
                     f"{text}: expected a local folder or a pyarrow filesystem URI, found: {exc}"
                 ) from None
-            self.fs.create_dir(self.root, recursive=True)
+            if create:
+                self.fs.create_dir(self.root, recursive=True)
         else:
             self.fs, self.root = pafs.LocalFileSystem(), str(Path(text).resolve())
-            Path(self.root).mkdir(parents=True, exist_ok=True)
-        self.display = text.rstrip("/")
+            if create:
+                Path(self.root).mkdir(parents=True, exist_ok=True)
 
     def path(self, name: str) -> str:
         return f"{self.root.rstrip('/')}/{name}"
@@ -121,7 +122,7 @@ def write_bundle(
 
 def read_bundle(bundle: str | os.PathLike[str]) -> tuple[pa.Table, dict[str, Any]]:
     """(timeline, metadata) of a bundle folder or URI."""
-    dest = Destination(bundle)
+    dest = Destination(bundle, create=False)
     table = pq.read_table(dest.path(TIMELINE), filesystem=dest.fs)
     with dest.fs.open_input_stream(dest.path(METADATA)) as f:
         meta = json.loads(bytes(f.read()))
@@ -132,9 +133,17 @@ def is_bundle(path: str | os.PathLike[str]) -> bool:
     return "://" in os.fspath(path) or (Path(path) / METADATA).is_file()
 
 
+def load(targets: list[str]) -> tuple[pa.Table, dict[str, Any]]:
+    """(timeline, metadata) of one bundle, or of rings and ring folders recovered in memory."""
+    if len(targets) == 1 and is_bundle(targets[0]):
+        return read_bundle(targets[0])
+    table, meta, _ = recover_rings([Path(t) for t in targets])
+    return table, meta
+
+
 def read_summary(out_dir: str | os.PathLike[str]) -> str:
     """summary.md of a bundle written by write_bundle (local folder or URI)."""
-    dest = Destination(out_dir)
+    dest = Destination(out_dir, create=False)
     with dest.fs.open_input_stream(dest.path(SUMMARY)) as f:
         return bytes(f.read()).decode("utf-8")
 

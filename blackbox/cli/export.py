@@ -18,13 +18,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._bundle import is_bundle, read_bundle, recover_rings
+    from .._bundle import load
     from .._perfetto import trace_events
 
-    if len(args.target) == 1 and is_bundle(args.target[0]):
-        table, meta = read_bundle(args.target[0])
-    else:
-        table, meta, _ = recover_rings([Path(t) for t in args.target])
+    table, meta = load(args.target)
     trace = trace_events(table, meta)
     Path(args.out).write_text(json.dumps(trace, separators=(",", ":"), default=str))
     print(f"wrote {args.out} ({len(trace['traceEvents'])} trace events); open it in https://ui.perfetto.dev")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from ._common import standalone
 
@@ -16,13 +15,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._bundle import is_bundle, read_bundle, recover_rings
+    from .._bundle import load
     from .._plot import memory_figure
 
-    if len(args.target) == 1 and is_bundle(args.target[0]):
-        table, meta = read_bundle(args.target[0])
-    else:
-        table, meta, _ = recover_rings([Path(t) for t in args.target])
+    table, meta = load(args.target)
     memory_figure(table, meta).savefig(args.out, dpi=110)
     print(f"wrote {args.out}")
     return 0

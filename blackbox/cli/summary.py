@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,15 +15,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._bundle import SUMMARY, write_bundle
+    from .._bundle import SUMMARY, recover_rings
+    from .._summary import bundle_summary
 
     targets = [Path(t) for t in args.target]
     if len(targets) == 1 and (targets[0] / SUMMARY).is_file():
         sys.stdout.write((targets[0] / SUMMARY).read_text())
         return 0
-    with tempfile.TemporaryDirectory(prefix="blackbox-summary-") as tmp:
-        write_bundle(targets, Path(tmp))
-        sys.stdout.write((Path(tmp) / SUMMARY).read_text())
+    _, meta, _ = recover_rings(targets)  # in memory: no Parquet, no picture
+    sys.stdout.write(bundle_summary(meta))
     return 0
 
 
