@@ -17,7 +17,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ._errors import BundleDestinationError
-from ._evidence import gather
+from ._evidence import gather, kernel_oom_kills
 from ._metadata import bundle_metadata, ring_metadata
 from ._reader import find_rings, read_ring
 from ._signals import read_crash_file
@@ -87,8 +87,10 @@ def recover_rings(
     rings = [read_ring(p) for p in find_rings(inputs)]
     tables = [ring_table(r) for r in rings]
     crashes = [read_crash_file(r.path) for r in rings]
+    pids = {p for r in rings if isinstance(p := (r.meta.get("identity") or {}).get("pid"), int)}
+    kernel = kernel_oom_kills(pids)  # one pass over the kernel log for every ring
     metas = [
-        ring_metadata(r, t, crash, gather(r.meta, exit_status if len(rings) == 1 else None))
+        ring_metadata(r, t, crash, gather(r.meta, exit_status if len(rings) == 1 else None, kernel))
         for r, t, crash in zip(rings, tables, crashes, strict=True)
     ]
     files = {m["native_crash"]["file"]: c for m, c in zip(metas, crashes, strict=True) if c is not None}

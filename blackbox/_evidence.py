@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._host import CgroupPaths, effective_limit_file, oom_kill_count
+from ._host import CgroupPaths, effective_limit_file, oom_counter_file, oom_kill_count
 from ._ringfile import boot_id
 
 MAX_KMSG_BYTES = 8 << 20
@@ -35,8 +35,12 @@ class Evidence:
     notes: list[str] = field(default_factory=list)
 
 
-def gather(meta: dict[str, Any], exit_status: int | None = None) -> Evidence:
-    """Evidence for one ring, from its header metadata (identity, cgroup)."""
+def gather(meta: dict[str, Any], exit_status: int | None = None, kernel: dict[int, str] | None = None) -> Evidence:
+    """Evidence for one ring, from its header metadata (identity, cgroup).
+
+    ``kernel``: the kernel's OOM-kill lines by pid, when the caller scanned the log once for
+    several rings; None scans it for this ring's pid.
+    """
     ident = meta.get("identity") or {}
     ev = Evidence(exit_status=exit_status)
     ev.same_host = ident.get("host") == socket.gethostname()
@@ -49,7 +53,7 @@ def gather(meta: dict[str, Any], exit_status: int | None = None) -> Evidence:
     if ev.same_boot is False or not isinstance(pid, int):
         return ev
     ev.writer_alive = writer_running(meta)
-    ev.kernel_oom_line = kernel_oom_kill(pid)
+    ev.kernel_oom_line = (kernel if kernel is not None else kernel_oom_kills({pid})).get(pid)
     cg = meta.get("cgroup") or {}
     if isinstance(cg.get("path"), str) and cg.get("version") in (1, 2):
         ev.cgroup_oom_kills_now = cgroup_oom_kills(Path(cg["path"]), int(cg["version"]))
@@ -77,14 +81,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def kernel_oom_kill(pid: int, kmsg: str = "/dev/kmsg") -> str | None:
-    """The kernel log line reporting an OOM kill of ``pid``, where the log is readable."""
-    pattern = re.compile(rf"(?:Memory cgroup out of memory|Out of memory|oom-kill).*?Killed process {pid} \(")
+_KILLED = re.compile(r"(?:Memory cgroup out of memory|Out of memory|oom-kill).*?Killed process (\d+) \(")
+
+
+def kernel_oom_kills(pids: set[int], kmsg: str = "/dev/kmsg") -> dict[int, str]:
+    """The kernel log lines reporting OOM kills of these pids (one bounded pass over the log),
+    where the log is readable."""
+    found: dict[int, str] = {}
+    if not pids:
+        return found
     try:
         fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
-        return None
-    found = None
+        return found
     read = 0
     try:
         while read < MAX_KMSG_BYTES:
@@ -98,8 +107,9 @@ def kernel_oom_kill(pid: int, kmsg: str = "/dev/kmsg") -> str | None:
                 break
             read += len(record)
             text = record.decode("utf-8", "replace")
-            if pattern.search(text):
-                found = text.split(";", 1)[-1].strip()
+            m = _KILLED.search(text)
+            if m and int(m.group(1)) in pids:
+                found[int(m.group(1))] = text.split(";", 1)[-1].strip()
     finally:
         os.close(fd)
     return found
@@ -111,10 +121,9 @@ def cgroup_oom_kills(directory: Path, version: int) -> int | None:
     usage_name = "memory.current" if version == 2 else "memory.usage_in_bytes"
     if not directory.is_dir():
         return None
-    limit_file = effective_limit_file(CgroupPaths(version, directory, directory / usage_name, directory / limit_name))
-    owner = limit_file.parent if limit_file else directory
+    cg = CgroupPaths(version, directory, directory / usage_name, directory / limit_name)
     try:
-        text = (owner / ("memory.events" if version == 2 else "memory.oom_control")).read_text()
+        text = oom_counter_file(cg, effective_limit_file(cg)).read_text()
     except OSError:
         return None
     return oom_kill_count(text)

@@ -112,6 +112,12 @@ def parse_limit(text: str) -> int | None:
     return None if value >= _UNLIMITED else value
 
 
+def oom_counter_file(cg: CgroupPaths, limit_file: Path | None) -> Path:
+    """Where the kernel counts OOM kills for this job: in the cgroup that owns the effective limit."""
+    owner = limit_file.parent if limit_file else cg.directory
+    return owner / ("memory.events" if cg.version == 2 else "memory.oom_control")
+
+
 def oom_kill_count(text: str) -> int | None:
     """The ``oom_kill`` line of cgroup v2 ``memory.events`` or v1 ``memory.oom_control``."""
     for line in text.splitlines():
@@ -174,8 +180,7 @@ class HostProbe:
         self._psi = -1
         if self.cgroup:
             # the OOM is counted where the limit is: the cgroup that owns the effective limit
-            owner = limit_file.parent if limit_file else self.cgroup.directory
-            self._events = self._open(owner / ("memory.events" if self.cgroup.version == 2 else "memory.oom_control"))
+            self._events = self._open(oom_counter_file(self.cgroup, limit_file))
             if self.cgroup.version == 2:
                 self._psi = self._open(self.cgroup.directory / "memory.pressure")
         if self._psi < 0:
