@@ -82,9 +82,7 @@ class GpuProbe:
     """Polls the job's accelerators; ``poll()`` returns a reading per device in use."""
 
     def __init__(self) -> None:
-        self.backend: str | None = None  # "cuda", "hip", "xpu", "mps" or "accelerator" once seen
         self._off: set[str] = set()  # backends that failed: not asked again
-        self.errors: list[str] = []
         self._next = 0.0
         self.last_cost_s = 0.0
 
@@ -107,13 +105,10 @@ class GpuProbe:
                 continue
             try:
                 readings = reader(torch)
-            except Exception as exc:  # the CPU build's assorted errors: this backend is off
+            except Exception:  # the CPU build's assorted errors: this backend is off
                 self._off.add(name)
-                self.errors.append(f"{name}: {type(exc).__name__}: {exc}")
                 continue
             if readings is not None:
-                if self.backend is None:
-                    self.backend = "hip" if name == "cuda" and getattr(torch.version, "hip", None) else name
                 return readings
         return []
 

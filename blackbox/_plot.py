@@ -47,10 +47,6 @@ def _series(rows: pa.Table, column: str, t0: float) -> tuple[np.ndarray, np.ndar
     return t, v
 
 
-def _kind(table: pa.Table, *kinds: str) -> pa.Table:
-    return of_kind(table, *kinds)
-
-
 def memory_figure(table: pa.Table, meta: dict[str, Any]) -> Any:
     """Two panels (host, GPU) of memory against time, for every process in the timeline."""
     fig = _figure_class()(figsize=(11, 7))
@@ -64,7 +60,7 @@ def memory_figure(table: pa.Table, meta: dict[str, Any]) -> Any:
         rows = table.filter(pc.equal(table["pid"], pid)) if pid is not None else table
         rank = rows["rank"][0].as_py() if rows.num_rows else None
         who = f" rank {rank}" if many and rank is not None else (f" pid {pid}" if many else "")
-        host = _kind(rows, "sample")
+        host = of_kind(rows, "sample")
         for column, style in (("host_rss", "-"), ("children_rss", ":"), ("cgroup_usage", "--")):
             t, v = _series(host, column, t0)
             if column == "cgroup_usage" and (cgroup_drawn or len(t) == 0):
@@ -72,15 +68,15 @@ def memory_figure(table: pa.Table, meta: dict[str, Any]) -> Any:
             if len(t) and (column != "children_rss" or v.max() > 0):
                 host_ax.plot(t, v, style, label="cgroup_usage" if column == "cgroup_usage" else f"{column}{who}")
                 cgroup_drawn |= column == "cgroup_usage"
-        gpu = _kind(rows, "gpu_sample")
+        gpu = of_kind(rows, "gpu_sample")
         for device in pc.unique(gpu["device"]).to_pylist() if gpu.num_rows else []:
             d = gpu.filter(pc.equal(gpu["device"], device))
             for column, style in (("gpu_allocated", "-"), ("gpu_reserved", "--")):
                 t, v = _series(d, column, t0)
                 if len(t):
                     gpu_ax.plot(t, v, style, label=f"{column} cuda:{device}{who}")
-    _limits(host_ax, _kind(table, "sample"), "cgroup_limit", "cgroup limit", t0)
-    _limits(gpu_ax, _kind(table, "gpu_sample"), "device_total", "device total", t0)
+    _limits(host_ax, of_kind(table, "sample"), "cgroup_limit", "cgroup limit", t0)
+    _limits(gpu_ax, of_kind(table, "gpu_sample"), "device_total", "device total", t0)
     _steps(host_ax, table, t0)
     _deaths(fig, (host_ax, gpu_ax), table, meta, t0)
     host_ax.set_ylabel("host memory (GiB)")
@@ -107,7 +103,7 @@ def _limits(ax: Any, rows: pa.Table, column: str, label: str, t0: float) -> None
 
 def _steps(ax: Any, table: pa.Table, t0: float) -> None:
     """Step numbers along the top of the host panel: one process's steps, labels at least 8% apart."""
-    steps = _kind(table, "step")
+    steps = of_kind(table, "step")
     if steps.num_rows == 0:
         return
     steps = steps.filter(pc.equal(steps["pid"], steps["pid"][0]))
@@ -148,7 +144,7 @@ def _deaths(fig: Any, axes: tuple[Any, ...], table: pa.Table, meta: dict[str, An
                 fontsize=9,
                 bbox={"boxstyle": "round", "fc": "white", "alpha": 0.8},
             )
-    for row in _kind(table, "oom").to_pylist():
+    for row in of_kind(table, "oom").to_pylist():
         at = row["time"].timestamp() - t0
         for ax in axes:
             ax.axvline(at, color="red", linestyle=":", linewidth=1)

@@ -317,11 +317,6 @@ class Recorder:
             for device, payload in gpu.poll():
                 w.event(_KIND_GPU_SAMPLE, None, None, device, payload)
 
-    def capture(self, exc: BaseException, detail: str) -> str:
-        """Record an exception (kind ``oom`` or ``exception``); returns the kind, "" if not written."""
-        rec = self._exceptions
-        return rec.record(exc, detail) if rec is not None and self.armed else ""
-
     @property
     def exception_recorder(self) -> ExceptionRecorder | None:
         return self._exceptions if self.armed else None
