@@ -9,8 +9,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "blackbox._cwriter",
-            sources=["blackbox/_cwriter.c"],
+            "blackbox.ring._cwriter",
+            sources=["blackbox/ring/_cwriter.c"],
             optional=True,
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
         )

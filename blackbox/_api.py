@@ -18,8 +18,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from ._exceptions import capture
 from ._recorder import DEFAULT_CAPACITY, DEFAULT_SAMPLE_INTERVAL, DEFAULT_STRINGS_SIZE, Phase, Recorder
+from .collect.exceptions import capture
 
 _lock = threading.Lock()
 _active: Recorder = Recorder()  # inert until arm()
@@ -145,9 +145,9 @@ def recover(ring_or_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
     Raises a BlackboxError subclass for input that is not a readable ring.
     pyarrow is imported here, not when the recorder is armed.
     """
-    from ._bundle import write_bundle
+    from ._postmortem import write_postmortem
 
-    write_bundle([Path(ring_or_dir)], out_dir)
+    write_postmortem([Path(ring_or_dir)], out_dir)
     return Path(out_dir)
 
 

@@ -17,17 +17,27 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from . import _format as fmt
 from ._errors import BlackboxWarning
-from ._exceptions import ExceptionRecorder
-from ._gpu import GpuProbe
-from ._host import HostProbe
-from ._retention import KEEP_ENV, prune_ring_folder
-from ._ringfile import boot_id, create_ring, default_dir, hostname, is_diskless, lock_pages, ring_name
-from ._signals import CrashFile, SignalRecorder
-from ._torch_hooks import DEFAULT_HISTORY_ENTRIES, TorchHooks
 from ._version import __version__
-from ._writer import RingWriter, c_writer_module
+from .collect.exceptions import ExceptionRecorder
+from .collect.gpu import GpuProbe
+from .collect.host import HostProbe
+from .collect.signals import CrashFile, SignalRecorder
+from .collect.torch_hooks import DEFAULT_HISTORY_ENTRIES, TorchHooks
+from .ring import format as fmt
+from .ring.file import (
+    SNAPSHOT_SUFFIX,
+    boot_id,
+    create_ring,
+    default_dir,
+    hostname,
+    is_diskless,
+    lock_pages,
+    ring_name,
+    sidecar,
+)
+from .ring.retention import KEEP_ENV, prune_ring_folder
+from .ring.writer import RingWriter, c_writer_module
 
 DEFAULT_CAPACITY = 1 << 18  # 262,144 slots: 32 MiB of records
 DEFAULT_SAMPLE_INTERVAL = 0.1  # seconds
@@ -276,7 +286,7 @@ class Recorder:
             w,
             modules=modules,
             allocator_history=history,
-            snapshot_path=Path(str(ring) + ".oom-snapshot.pickle"),
+            snapshot_path=sidecar(ring, SNAPSHOT_SUFFIX),
             rss=self._probe.rss,
             note=self.note,
         )

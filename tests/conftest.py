@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import blackbox
-from blackbox._reader import Ring, read_ring
-from blackbox._writer import c_writer_module
+from blackbox.ring.reader import Ring, read_ring
+from blackbox.ring.writer import c_writer_module
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -48,7 +48,7 @@ def writer_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     """Run the test once with the C write path and once with the pure-Python one."""
     backend: str = request.param
     if backend == "c" and c_writer_module() is None:
-        pytest.skip("the C write path blackbox._cwriter is not built (no C compiler at install)")
+        pytest.skip("the C write path blackbox.ring._cwriter is not built (no C compiler at install)")
     monkeypatch.setenv("BLACKBOX_WRITER", backend)
     return backend
 
@@ -94,7 +94,7 @@ class MemoryCgroup:
 @pytest.fixture
 def memory_cgroup(tmp_path: Path) -> Iterator[Callable[[int], MemoryCgroup]]:
     """Make a memory cgroup with a limit (v1 or v2); skip only where the kernel refuses."""
-    from blackbox._host import find_memory_cgroup
+    from blackbox.collect.host import find_memory_cgroup
 
     made: list[Path] = []
 

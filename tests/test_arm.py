@@ -13,8 +13,8 @@ import pytest
 from conftest import run_py
 
 import blackbox
-from blackbox import _format as fmt
-from blackbox._reader import read_ring
+from blackbox.ring import format as fmt
+from blackbox.ring.reader import read_ring
 
 
 def test_arm_in_blackbox_dir_names_ring_after_host_pid_rank_and_start(tmp_path: Path) -> None:
@@ -39,7 +39,7 @@ def test_arm_in_blackbox_dir_names_ring_after_host_pid_rank_and_start(tmp_path: 
 
 
 def test_default_folder_is_var_tmp_per_user(tmp_path: Path) -> None:
-    out = run_py("import blackbox._ringfile as r; print(r.default_dir())", env={"BLACKBOX_DIR": ""})
+    out = run_py("import blackbox.ring.file as r; print(r.default_dir())", env={"BLACKBOX_DIR": ""})
     assert out.stdout.strip() == f"/var/tmp/blackbox-{os.getuid()}"
 
 
@@ -118,7 +118,7 @@ def test_tmpfs_folder_warns_but_arms() -> None:
     shm = Path("/dev/shm")
     if not shm.is_dir():
         pytest.skip("no /dev/shm on this machine")
-    from blackbox._ringfile import is_diskless
+    from blackbox.ring.file import is_diskless
 
     if not is_diskless(shm):
         pytest.skip("/dev/shm is not a tmpfs here")

@@ -9,9 +9,9 @@ import pytest
 from conftest import labels_of
 
 import blackbox
-from blackbox import _format as fmt
-from blackbox._reader import read_ring
 from blackbox.cli import main
+from blackbox.ring import format as fmt
+from blackbox.ring.reader import read_ring
 
 
 @pytest.fixture

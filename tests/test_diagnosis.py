@@ -12,7 +12,7 @@ import pytest
 from conftest import run_py, spawn_py
 
 import blackbox
-from blackbox._diagnosis import gpu_oom_kind
+from blackbox.recovery.diagnosis import gpu_oom_kind
 
 ARM = "import sys, blackbox\nblackbox.arm(sys.argv[1], capacity=1 << 14, sample_interval=0.02)\n"
 

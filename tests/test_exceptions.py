@@ -12,8 +12,8 @@ import pytest
 from conftest import run_py
 
 import blackbox
-from blackbox._reader import find_rings, read_ring
-from blackbox._timeline import ring_table
+from blackbox.recovery.timeline import ring_table
+from blackbox.ring.reader import find_rings, read_ring
 
 ARM = "import sys, blackbox\nblackbox.arm(sys.argv[1], capacity=4096, sample_interval=3600)\n"
 

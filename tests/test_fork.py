@@ -6,7 +6,7 @@ from pathlib import Path
 
 from conftest import labels_of, run_py
 
-from blackbox._reader import read_ring
+from blackbox.ring.reader import read_ring
 
 FORK_JOB = """
 import os, sys, blackbox

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from blackbox import _format as fmt
-from blackbox._timeline import TIMELINE_SCHEMA
+from blackbox.recovery.timeline import TIMELINE_SCHEMA
+from blackbox.ring import format as fmt
 
 SPEC = (Path(fmt.__file__).parent / "FORMAT.md").read_text(encoding="utf-8")
 

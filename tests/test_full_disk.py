@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import run_py
 
-from blackbox._reader import read_ring
+from blackbox.ring.reader import read_ring
 
 FILL = """
 def fill(folder, leave):

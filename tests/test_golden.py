@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from blackbox import _format as fmt
-from blackbox._reader import read_ring
-from blackbox._timeline import ring_table
+from blackbox.recovery.timeline import ring_table
+from blackbox.ring import format as fmt
+from blackbox.ring.reader import read_ring
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = sorted(DATA.glob("ring-v*.ring"))

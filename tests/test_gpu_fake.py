@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from conftest import REPO, run_py
 
-from blackbox._reader import find_rings, read_ring
-from blackbox._timeline import ring_table
+from blackbox.recovery.timeline import ring_table
+from blackbox.ring.reader import find_rings, read_ring
 
 GiB = 1 << 30
 JOB = """
@@ -83,7 +83,7 @@ def test_fake_cuda_backend_samples_observer_and_history(tmp_path: Path) -> None:
 def test_slow_backend_is_polled_less_often(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import time
 
-    from blackbox import _gpu
+    from blackbox.collect import gpu as _gpu
 
     probe = _gpu.GpuProbe()
     calls = []

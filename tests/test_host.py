@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from blackbox._host import (
+from blackbox.collect.host import (
     HostProbe,
     effective_limit_file,
     find_memory_cgroup,

@@ -16,8 +16,8 @@ import pytest
 from conftest import spawn_py
 
 import blackbox
-from blackbox._reader import find_rings, read_ring
-from blackbox._timeline import ring_table
+from blackbox.recovery.timeline import ring_table
+from blackbox.ring.reader import find_rings, read_ring
 
 torch = pytest.importorskip("torch", reason="the leaking training loop needs torch (tools/setup.sh installs it)")
 

@@ -6,7 +6,7 @@ import errno
 
 import pytest
 
-from blackbox._oom import classify, is_oom_exception, parse_oom, size_bytes
+from blackbox.collect.oom import classify, is_oom_exception, parse_oom, size_bytes
 
 GiB, MiB, KiB = 1 << 30, 1 << 20, 1 << 10
 G213 = (

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import blackbox
-from blackbox import _format as fmt
-from blackbox._reader import read_ring
-from blackbox._timeline import ring_table
+from blackbox.recovery.timeline import ring_table
+from blackbox.ring import format as fmt
+from blackbox.ring.reader import read_ring
 
 EVENT = st.one_of(
     st.tuples(

@@ -15,8 +15,8 @@ import pytest
 from conftest import run_py
 
 import blackbox
-from blackbox import _format as fmt
-from blackbox._timeline import TIMELINE_SCHEMA
+from blackbox.recovery.timeline import TIMELINE_SCHEMA
+from blackbox.ring import format as fmt
 
 JOB = """
 import blackbox, sys, time, os, signal

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from conftest import labels_of, spawn_py
 
-from blackbox import _format as fmt
-from blackbox._reader import read_ring
+from blackbox.ring import format as fmt
+from blackbox.ring.reader import read_ring
 
 WRITER = """
 import sys, threading, blackbox

@@ -10,8 +10,8 @@ import numpy as np
 from conftest import labels_of, reread
 
 import blackbox
-from blackbox import _format as fmt
-from blackbox._reader import read_ring
+from blackbox.ring import format as fmt
+from blackbox.ring.reader import read_ring
 
 
 def kinds(ring) -> list[str]:

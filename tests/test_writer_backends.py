@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 
-from blackbox import _format as fmt
-from blackbox._writer import RingWriter, c_writer_module
+from blackbox.ring import format as fmt
+from blackbox.ring.writer import RingWriter, c_writer_module
 
 CAP = 64
 STRINGS = 4096

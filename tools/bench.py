@@ -38,7 +38,9 @@ from bench_overhead import run_job  # noqa: E402
 from bench_ring import typical_ring  # noqa: E402
 
 import blackbox  # noqa: E402
-from blackbox._bundle import TIMELINE, recover_rings, write_bundle  # noqa: E402
+from blackbox._postmortem import write_postmortem  # noqa: E402
+from blackbox.recovery.bundle import TIMELINE  # noqa: E402
+from blackbox.recovery.pipeline import recover_rings  # noqa: E402
 
 
 def _per_call(fn: Any, n: int) -> float:
@@ -97,10 +99,10 @@ def write_path(tmp: Path, n: int, runs: int) -> dict[str, float | None]:
 def recover_vs_floor(tmp: Path, events: int, runs: int) -> dict[str, float]:
     ring = typical_ring(tmp / "full.ring", events)
     ours, floor, sizes, floor_sizes = [], [], [], []
-    table, _, _ = recover_rings([ring])
+    table = recover_rings([ring]).table
     for r in range(runs):
         t0 = time.perf_counter()
-        meta = write_bundle([ring], tmp / f"b{r}", plot=False)
+        meta = write_postmortem([ring], tmp / f"b{r}", plot=False)
         ours.append(time.perf_counter() - t0)
         sizes.append((tmp / f"b{r}" / TIMELINE).stat().st_size)
         t0 = time.perf_counter()

@@ -53,7 +53,7 @@ for _ in range(30):
 if config == "attributed":
     # What the recorder itself adds per step, measured directly (far less noisy than A/B on a shared VM):
     # events written per step x the cost of writing one such event, and the sampler's tick.
-    from blackbox._reader import read_ring
+    from blackbox.ring.reader import read_ring
     out = {}
     for modules in (False, True):
         rec = blackbox.arm(ring_dir, capacity=1 << 16, sample_interval=3600, modules=modules)

@@ -23,7 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import blackbox  # noqa: E402
-from blackbox._bundle import TIMELINE, write_bundle  # noqa: E402
+from blackbox._postmortem import write_postmortem  # noqa: E402
+from blackbox.recovery.bundle import TIMELINE  # noqa: E402
 
 
 def per_call_ns(fn, n: int) -> float:
@@ -104,13 +105,13 @@ def bench_recover(tmp: Path, runs: int, events: int) -> dict[str, float]:
     for r in range(runs):  # interleaved: without and with the picture (matplotlib is an optional extra)
         out = tmp / f"bundle{r}"
         t0 = time.perf_counter()
-        meta = write_bundle([ring], out, plot=False)
+        meta = write_postmortem([ring], out, plot=False)
         times.append(time.perf_counter() - t0)
         counts.append(meta["events"])
         sizes.append((out / TIMELINE).stat().st_size)
         if importlib.util.find_spec("matplotlib") is not None:
             t0 = time.perf_counter()
-            write_bundle([ring], tmp / f"plotted{r}", plot=True)
+            write_postmortem([ring], tmp / f"plotted{r}", plot=True)
             plotted.append(time.perf_counter() - t0)
     n = counts[0]
     t = statistics.median(times)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from blackbox._host import find_memory_cgroup  # noqa: E402
+from blackbox.collect.host import find_memory_cgroup  # noqa: E402
 
 
 class CgroupRefused(Exception):

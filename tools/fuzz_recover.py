@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import blackbox  # noqa: E402
-from blackbox import _format as fmt  # noqa: E402
 from blackbox._errors import BlackboxError  # noqa: E402
-from blackbox._reader import read_ring  # noqa: E402
-from blackbox._timeline import ring_table  # noqa: E402
+from blackbox.recovery.timeline import ring_table  # noqa: E402
+from blackbox.ring import format as fmt  # noqa: E402
+from blackbox.ring.reader import read_ring  # noqa: E402
 
 
 def fresh_ring(tmp: Path) -> bytes:

@@ -3,7 +3,7 @@
     python tools/make_golden.py [VERSION]   # writes tests/data/ring-vN.ring and ring-vN.expected.json
                                             # (N = the current format version unless given)
 
-The ring is built byte by byte from blackbox._format with fixed clocks and
+The ring is built byte by byte from blackbox.ring.format with fixed clocks and
 identity, so it is the same on every machine. It exercises wrap-around, a torn
 slot, a damaged string entry, the "region full" label, nulls and every kind.
 The expected JSON is what the reader must recover from it; tests/test_golden.py
@@ -19,9 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from blackbox import _format as fmt  # noqa: E402
-from blackbox._reader import read_ring  # noqa: E402
-from blackbox._timeline import ring_table  # noqa: E402
+from blackbox.recovery.timeline import ring_table  # noqa: E402
+from blackbox.ring import format as fmt  # noqa: E402
+from blackbox.ring.reader import read_ring  # noqa: E402
 
 CAPACITY = 32
 STRINGS = 4096

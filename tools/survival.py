@@ -78,9 +78,10 @@ def run(work: Path, kill: str, cgroup: Path | None) -> dict[str, object]:
     out = proc.stdout.read()
     proc.wait()
     printed = [int(x) for x in out.split()]
-    from blackbox._bundle import recover_rings
+    from blackbox.recovery.pipeline import recover_rings
 
-    table, meta, _ = recover_rings([work / "rings"])
+    recovered = recover_rings([work / "rings"])
+    table, meta = recovered.table, recovered.meta
     steps = table["step"].drop_null()
     result: dict[str, object] = {
         "exit": proc.returncode,

@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from blackbox import _format as fmt  # noqa: E402
-from blackbox._reader import read_ring  # noqa: E402
+from blackbox.ring import format as fmt  # noqa: E402
+from blackbox.ring.reader import read_ring  # noqa: E402
 
 WRITER = r"""
 import os, sys, threading, time, blackbox
@@ -145,7 +145,7 @@ def oom_trial(work: Path, limit: int) -> dict[str, int] | str:
     """One real kernel OOM kill in a fresh child memory cgroup; a string says why it was skipped."""
     from cgroup_util import CgroupRefused, child_memory_cgroup, join
 
-    from blackbox._evidence import cgroup_oom_kills
+    from blackbox.recovery.evidence import cgroup_oom_kills
 
     try:
         with child_memory_cgroup(limit, f"blackbox-torture-{work.name}") as (cg, version):

@@ -22,14 +22,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._bundle import SUMMARY, write_bundle
+    from .._postmortem import write_postmortem
+    from ..recovery.bundle import SUMMARY
 
     work = Path(args.dir)
     rings, bundle = work / "rings", work / "bundle"
     shutil.rmtree(rings, ignore_errors=True)
     rings.mkdir(parents=True, exist_ok=True)
     print(f"[demo] starting a CPU training job armed with blackbox (rings in {rings}/)", flush=True)
-    cmd = [sys.executable, "-m", "blackbox._demo_job", str(rings)]
+    cmd = [sys.executable, "-m", "blackbox.cli._demo_job", str(rings)]
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
     last = -1
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         f"[demo] sent SIGKILL after step {last}: the job died with status {child.returncode}, no handler ran",
         flush=True,
     )
-    write_bundle([rings], bundle)
+    write_postmortem([rings], bundle)
     print(f"[demo] recovered the ring into {bundle}/ (timeline.parquet, metadata.json, summary.md)\n", flush=True)
     sys.stdout.write((bundle / SUMMARY).read_text())
     query = f"SELECT kind, count(*) AS n FROM '{bundle}/timeline.parquet' GROUP BY kind ORDER BY n DESC"

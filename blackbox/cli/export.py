@@ -18,8 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._bundle import load
-    from .._perfetto import trace_events
+    from ..recovery.bundle import load
+    from ..views.perfetto import trace_events
 
     table, meta = load(args.target)
     trace = trace_events(table, meta)

@@ -17,8 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def ring_facts(path: str) -> dict[str, Any]:
-    from .._metadata import iso, writer_state
-    from .._reader import read_ring
+    from ..recovery.metadata import iso, writer_state
+    from ..ring.file import writer_running
+    from ..ring.reader import read_ring
 
     ring = read_ring(path)
     h, rec = ring.header, ring.recovery
@@ -47,7 +48,7 @@ def ring_facts(path: str) -> dict[str, Any]:
         "oldest_seq": rec.first_seq,
         "overwritten": rec.overwritten,
         "strings": rec.strings,
-        "writer": writer_state(ring),
+        "writer": writer_state(ring, writer_running(ring.meta)),
     }
 
 

@@ -15,8 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._bundle import load
-    from .._plot import memory_figure
+    from ..recovery.bundle import load
+    from ..views.plot import memory_figure
 
     table, meta = load(args.target)
     memory_figure(table, meta).savefig(args.out, dpi=110)

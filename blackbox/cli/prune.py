@@ -19,8 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .._errors import BlackboxError
-    from .._retention import bundle_entries, delete, parse_size, plan, ring_entries
-    from .._summary import human_bytes
+    from .._units import human_bytes
+    from ..ring.retention import bundle_entries, delete, parse_size, plan, ring_entries
 
     folder = Path(args.folder)
     if not folder.is_dir():

@@ -23,10 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._bundle import read_summary, write_bundle
+    from .._postmortem import write_postmortem
+    from ..recovery.bundle import read_summary
 
     out = args.out
-    meta = write_bundle([Path(p) for p in args.rings], out)
+    meta = write_postmortem([Path(p) for p in args.rings], out)
     rec = meta["recovery"]
     state = "clean end" if meta.get("clean") else "no clean end"
     print(f"wrote {out}/ ({meta['events']} events, {rec.get('torn', 0)} torn slots dropped, {state})")

@@ -15,15 +15,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._bundle import SUMMARY, recover_rings
-    from .._summary import bundle_summary
+    from ..recovery.bundle import SUMMARY
+    from ..recovery.pipeline import recover_rings
+    from ..views.summary import bundle_summary
 
     targets = [Path(t) for t in args.target]
     if len(targets) == 1 and (targets[0] / SUMMARY).is_file():
         sys.stdout.write((targets[0] / SUMMARY).read_text())
         return 0
-    _, meta, _ = recover_rings(targets)  # in memory: no Parquet, no picture
-    sys.stdout.write(bundle_summary(meta))
+    recovered = recover_rings(targets)  # in memory: no Parquet, no picture
+    sys.stdout.write(bundle_summary(recovered.meta))
     return 0
 
 

@@ -18,9 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._evidence import writer_running
-    from .._live import frame
-    from .._reader import read_ring
+    from ..ring.file import writer_running
+    from ..ring.reader import read_ring
+    from ..views.live import frame
 
     tty = sys.stdout.isatty()
     try:

@@ -11,8 +11,8 @@ import pyarrow.compute as pc
 import pytest
 from conftest import run_py
 
-from blackbox._reader import find_rings, read_ring
-from blackbox._timeline import ring_table
+from blackbox.recovery.timeline import ring_table
+from blackbox.ring.reader import find_rings, read_ring
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")

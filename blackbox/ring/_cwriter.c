@@ -1,4 +1,4 @@
-/* blackbox._cwriter: the write path in C (optional; _writer.py falls back to Python).
+/* blackbox.ring._cwriter: the write path in C (optional; writer.py falls back to Python).
  *
  * It writes exactly the bytes the Python path writes (FORMAT.md, "Record slots");
  * tests/test_writer_backends.py checks the two byte for byte. What it buys: a
@@ -372,10 +372,10 @@ static PyMethodDef Writer_methods[] = {
 };
 
 static PyTypeObject WriterType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "blackbox._cwriter.Writer",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "blackbox.ring._cwriter.Writer",
     .tp_basicsize = sizeof(Writer),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "Write path of one mapped ring (see blackbox/_writer.py).",
+    .tp_doc = "Write path of one mapped ring (see blackbox/ring/writer.py).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Writer_init,
     .tp_dealloc = (destructor)Writer_dealloc,
@@ -385,7 +385,7 @@ static PyTypeObject WriterType = {
 };
 
 static struct PyModuleDef cwriter_module = {
-    PyModuleDef_HEAD_INIT, "blackbox._cwriter", "The ring's write path in C.", -1, NULL,
+    PyModuleDef_HEAD_INIT, "blackbox.ring._cwriter", "The ring's write path in C.", -1, NULL,
 };
 
 PyMODINIT_FUNC PyInit__cwriter(void) {

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _format as fmt
-from ._errors import NotARingError, RingNotFoundError
+from .._errors import NotARingError, RingNotFoundError
+from . import format as fmt
 
 MAX_STRINGS_SIZE = 1 << 30
 

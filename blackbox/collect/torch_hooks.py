@@ -34,9 +34,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import _format as fmt
-from ._gpu import NULL, loaded_torch
-from ._writer import RingWriter
+from ..ring import format as fmt
+from ..ring.writer import RingWriter
+from .gpu import NULL, loaded_torch
 
 PHASE_BEGIN = fmt.KIND_CODES["phase_begin"]
 PHASE_END = fmt.KIND_CODES["phase_end"]

@@ -18,9 +18,13 @@ import re
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14+
 RING_SUFFIX = ".ring"
+CRASH_SUFFIX = ".crash"  # faulthandler's tracebacks of a native crash
+SNAPSHOT_SUFFIX = ".oom-snapshot.pickle"  # PyTorch's allocator snapshot at the first CUDA OOM
+SIDECAR_SUFFIXES = (CRASH_SUFFIX, SNAPSHOT_SUFFIX)
 _DISKLESS = {"tmpfs", "ramfs", "devtmpfs", "shm"}
 
 
@@ -45,6 +49,11 @@ def ring_name(host: str, pid: int, rank: int | None, started_ns: int) -> str:
     return f"blackbox-{safe_host}-rank{rank_s}-pid{pid}-{stamp}.{micros:06d}Z{RING_SUFFIX}"
 
 
+def sidecar(ring: Path, suffix: str) -> Path:
+    """A file kept beside a ring: ``<ring><suffix>`` (one of SIDECAR_SUFFIXES)."""
+    return Path(str(ring) + suffix)
+
+
 def hostname() -> str:
     return socket.gethostname()
 
@@ -56,6 +65,27 @@ def boot_id() -> str | None:
             return f.read().strip()
     except OSError:
         return None
+
+
+def writer_running(meta: dict[str, Any]) -> bool:
+    """The ring's writer is a live process on this host, this boot (its pid was not reused across a reboot)."""
+    ident = meta.get("identity") or {}
+    pid, boot = ident.get("pid"), ident.get("boot_id")
+    if not isinstance(pid, int) or pid <= 0 or ident.get("host") != socket.gethostname():
+        return False
+    return (boot is None or boot == boot_id()) and _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def filesystem_type(path: Path) -> str | None:

@@ -23,12 +23,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from . import _format as fmt
+from ..ring import format as fmt
+from ..ring.file import CRASH_SUFFIX, sidecar
 
 KIND_SIGNAL = fmt.KIND_CODES["signal"]
 RECORDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
-CRASH_SUFFIX = ".crash"
-MAX_CRASH_BYTES = 1 << 20
 
 
 class SignalRecorder:
@@ -97,7 +96,7 @@ class CrashFile:
     """faulthandler's output file beside the ring (only if the job did not enable faulthandler)."""
 
     def __init__(self, ring: Path) -> None:
-        self.path = Path(str(ring) + CRASH_SUFFIX)
+        self.path = sidecar(ring, CRASH_SUFFIX)
         self._file: TextIO | None = None
         self.note = ""
 
@@ -120,14 +119,3 @@ class CrashFile:
         except OSError:
             pass
         self._file = None
-
-
-def read_crash_file(ring: Path) -> str | None:
-    """The faulthandler output left beside a ring, bounded; None if there is none."""
-    path = Path(str(ring) + CRASH_SUFFIX)
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_CRASH_BYTES)
-    except OSError:
-        return None
-    return data.decode("utf-8", "replace") if data.strip() else None

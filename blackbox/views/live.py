@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._reader import Ring
-from ._summary import human_bytes
-from ._timeline import of_kind, ring_table
+from .._units import human_bytes
+from ..recovery.timeline import of_kind, ring_table
+from ..ring.reader import Ring
 
 WINDOW_S = 30.0
 

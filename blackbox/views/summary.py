@@ -4,18 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._timeline import COUNTERS, GAUGES
-
-
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "n/a"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
+from .._units import human_bytes
+from ..recovery.timeline import COUNTERS, GAUGES
 
 
 def _ending(m: dict[str, Any]) -> str:

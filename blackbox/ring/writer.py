@@ -13,7 +13,7 @@ two writers ever get the same seq (hence the same slot, within one lap).
 ``pack_into`` zeroes the slot and writes the fields in order, ``commit`` last,
 so a writer killed mid-record leaves ``commit != seq`` and the reader drops it.
 
-When the C extension ``blackbox._cwriter`` is built (it is optional), the same
+When the C extension ``blackbox.ring._cwriter`` is built (it is optional), the same
 functions come from it instead: same bytes, a third of the cost, and the whole
 record is written under the GIL. ``BLACKBOX_WRITER=python`` forces this module's
 path.
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from itertools import count, repeat, starmap
 from typing import Any
 
-from ._format import (
+from .format import (
     FLAG_VALUE,
     KIND_CODES,
     NULL,
@@ -98,7 +98,7 @@ class RingWriter:
             raise ValueError(f"backend must be 'c', 'python' or None, got {backend!r}")
         cmod = None if backend == "python" else c_writer_module()
         if backend == "c" and cmod is None:
-            raise ImportError("the C write path blackbox._cwriter is not built (or BLACKBOX_WRITER=python)")
+            raise ImportError("the C write path blackbox.ring._cwriter is not built (or BLACKBOX_WRITER=python)")
         whole = memoryview(buffer)
         strings: Any = whole[strings_offset : strings_offset + strings_size]
         records: Any = None if cmod else whole[records_offset : records_offset + capacity * RECORD_SIZE]

@@ -1,4 +1,8 @@
-"""metadata.json for a bundle, as pure functions over rings and their tables."""
+"""metadata.json for a bundle: pure assembly of what the recovery pass found.
+
+Nothing here looks at the machine or decides the cause: the evidence was
+gathered (``evidence``) and the death diagnosed (``diagnosis``) before.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import _format as fmt
-from ._diagnosis import diagnose
-from ._evidence import Evidence, writer_running
-from ._reader import Ring
-from ._timeline import BYTE_GAUGES, GAUGES, OOM_COLUMNS, of_kind
-from ._version import __version__
+from .._version import __version__
+from ..ring import format as fmt
+from ..ring.reader import Ring
+from .evidence import Evidence
+from .timeline import BYTE_GAUGES, GAUGES, OOM_COLUMNS, of_kind
 
 
 def iso(ns: int | None) -> str | None:
@@ -25,11 +28,11 @@ def iso(ns: int | None) -> str | None:
     return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def writer_state(ring: Ring) -> str:
-    """``clean``, ``running`` (writer alive on this host) or ``ended without a clean end``."""
+def writer_state(ring: Ring, alive: bool | None) -> str:
+    """``clean``, ``running`` (``alive``: the writer is a live process) or ``ended without a clean end``."""
     if ring.clean or ring.header.state == fmt.STATE_CLEAN:
         return "clean"
-    return "running" if writer_running(ring.meta) else "ended without a clean end"
+    return "running" if alive else "ended without a clean end"
 
 
 def _last_row(table: pa.Table, kind: str) -> dict[str, Any] | None:
@@ -81,15 +84,13 @@ def _events(table: pa.Table, kinds: tuple[str, ...], columns: tuple[str, ...], l
 _EXC_COLUMNS = ("label", "detail", "device", "value", "device_total", "device_free", *OOM_COLUMNS)
 
 
-def ring_metadata(
-    ring: Ring, table: pa.Table, crash: str | None = None, evidence: Evidence | None = None
-) -> dict[str, Any]:
-    """The metadata of one recovered ring, with its diagnosis (``death``).
+def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[str, Any]) -> dict[str, Any]:
+    """The metadata of one recovered ring.
 
-    ``crash``: the faulthandler output found beside the ring, if any;
-    ``evidence``: what recovery learned outside the ring (``_evidence.gather``).
+    ``evidence``: what recovery learned outside the ring (``evidence.gather``);
+    ``death``: its diagnosis (``diagnosis.diagnose``).
     """
-    native = _crash(ring.meta.get("identity", {}).get("pid"), crash)
+    native = native_crash(ring.meta.get("identity", {}).get("pid"), evidence.crash)
     ident = ring.meta.get("identity") or {}
     times = table["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
     steps = table["step"].drop_null()
@@ -112,7 +113,7 @@ def ring_metadata(
         "last_event_at": iso(end_ns),
         "duration_s": round((end_ns - start_ns) / 1e9, 6) if start_ns and end_ns else None,
         "clean": ring.clean,
-        "writer_state": writer_state(ring),
+        "writer_state": writer_state(ring, evidence.writer_alive),
         "events": table.num_rows,
         "last_step": int(pc.max(steps).as_py()) if len(steps) else None,
         "sample_interval_s": ring.meta.get("sample_interval_s"),
@@ -124,7 +125,7 @@ def ring_metadata(
         "exceptions": _events(table, ("oom", "exception"), _EXC_COLUMNS, 10),
         "signals": _events(table, ("signal",), ("label", "value", "detail"), 10),
         "native_crash": native,
-        "death": diagnose(table, ring.clean, evidence or Evidence(), native["first_line"] if native else None),
+        "death": death,
         "notes": _notes(table),
         "recovery": ring.recovery.as_dict(),
         "recovered_by": {"blackbox": __version__},
@@ -195,7 +196,8 @@ def _notes(table: pa.Table) -> list[str]:
     return notes
 
 
-def _crash(pid: Any, text: str | None) -> dict[str, Any] | None:
+def native_crash(pid: Any, text: str | None) -> dict[str, Any] | None:
+    """The bundle file that holds a native crash's tracebacks, and their first line."""
     if text is None:
         return None
     lines = [ln for ln in text.splitlines() if ln.strip()]

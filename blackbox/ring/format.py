@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import CorruptHeaderError, NotARingError, UnsupportedVersionError
+from .._errors import CorruptHeaderError, NotARingError, UnsupportedVersionError
 
 MAGIC = b"\x89BLKBOX\n"
 FORMAT_VERSION = 2

@@ -12,13 +12,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import _format as fmt
-from ._errors import BlackboxError
-from ._evidence import writer_running
-from ._reader import read_header
-from ._signals import CRASH_SUFFIX
+from .._errors import BlackboxError
+from . import format as fmt
+from .file import SIDECAR_SUFFIXES, sidecar, writer_running
+from .reader import read_header
 
-SIDECARS = (CRASH_SUFFIX, ".oom-snapshot.pickle")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -66,7 +64,7 @@ def ring_entries(folder: Path) -> list[Entry]:
             in_use = header.state != fmt.STATE_CLEAN and writer_running(header.meta)
         except BlackboxError:
             in_use = False  # not a ring we can read: old junk, removable
-        files = [ring, *(Path(str(ring) + s) for s in SIDECARS)]
+        files = [ring, *(sidecar(ring, s) for s in SIDECAR_SUFFIXES)]
         size = sum(f.stat().st_size for f in files if f.exists())
         out.append(Entry(ring, ring.stat().st_mtime, size, in_use))
     return out
@@ -85,7 +83,7 @@ def delete(entry: Entry) -> None:
     if entry.path.is_dir():
         shutil.rmtree(entry.path)
         return
-    for f in (entry.path, *(Path(str(entry.path) + s) for s in SIDECARS)):
+    for f in (entry.path, *(sidecar(entry.path, s) for s in SIDECAR_SUFFIXES)):
         f.unlink(missing_ok=True)
 
 

@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
-from . import _format as fmt
-from ._oom import classify
+from ..ring import format as fmt
+from .oom import classify
 
 KIND_OOM = fmt.KIND_CODES["oom"]
 KIND_EXCEPTION = fmt.KIND_CODES["exception"]

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from . import _format as fmt
-from ._oom import parse_oom
-from ._reader import Ring
+from ..collect.oom import parse_oom
+from ..ring import format as fmt
+from ..ring.reader import Ring
 
 GAUGES = tuple(c for c in fmt.SAMPLE_FIELDS + fmt.GPU_SAMPLE_FIELDS if c)
 COUNTERS = frozenset({"cgroup_oom_kills", "psi_some_us", "psi_full_us", "gpu_alloc_retries", "gpu_ooms"})

@@ -1,10 +1,11 @@
 """Facts about a death that live outside the ring, gathered at recovery time.
 
-The diagnosis itself (``_diagnosis``) is a pure function; this module is the
+The diagnosis itself (``diagnosis``) is a pure function; this module is the
 part that looks at the machine: is the writer still alive, did the kernel log
 an OOM kill of its pid, what does the job's memory cgroup's ``oom_kill``
-counter say now. Each fact is only used when it can belong to the ring: same
-host, same boot. Every read is bounded and failure-tolerant (None = unknown).
+counter say now, did faulthandler leave a native crash's tracebacks beside it.
+Each fact is only used when it can belong to the ring: same host, same boot.
+Every read is bounded and failure-tolerant (None = unknown).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._host import CgroupPaths, effective_limit_file, oom_counter_file, oom_kill_count
-from ._ringfile import boot_id
+from ..collect.host import CgroupPaths, effective_limit_file, oom_counter_file, oom_kill_count
+from ..ring.file import CRASH_SUFFIX, boot_id, sidecar, writer_running
 
 MAX_KMSG_BYTES = 8 << 20
+MAX_CRASH_BYTES = 1 << 20
 
 
 @dataclass
@@ -32,17 +34,21 @@ class Evidence:
     kernel_oom_line: str | None = None  # the kernel's "Killed process <pid>" line for this pid
     cgroup_oom_kills_now: int | None = None
     exit_status: int | None = None  # as a shell reports it (128 + signal), from `blackbox run`
+    crash: str | None = None  # faulthandler's tracebacks left beside the ring (a native crash)
     notes: list[str] = field(default_factory=list)
 
 
-def gather(meta: dict[str, Any], exit_status: int | None = None, kernel: dict[int, str] | None = None) -> Evidence:
-    """Evidence for one ring, from its header metadata (identity, cgroup).
+def gather(
+    ring: Path, meta: dict[str, Any], exit_status: int | None = None, kernel: dict[int, str] | None = None
+) -> Evidence:
+    """Evidence for one ring: its sidecar files, and what this machine says of its writer
+    (from the header metadata's identity and cgroup).
 
     ``kernel``: the kernel's OOM-kill lines by pid, when the caller scanned the log once for
     several rings; None scans it for this ring's pid.
     """
     ident = meta.get("identity") or {}
-    ev = Evidence(exit_status=exit_status)
+    ev = Evidence(exit_status=exit_status, crash=read_crash_file(ring))
     ev.same_host = ident.get("host") == socket.gethostname()
     if not ev.same_host:
         ev.notes.append("recovered on another host: no kernel log, cgroup or process evidence")
@@ -58,27 +64,6 @@ def gather(meta: dict[str, Any], exit_status: int | None = None, kernel: dict[in
     if isinstance(cg.get("path"), str) and cg.get("version") in (1, 2):
         ev.cgroup_oom_kills_now = cgroup_oom_kills(Path(cg["path"]), int(cg["version"]))
     return ev
-
-
-def writer_running(meta: dict[str, Any]) -> bool:
-    """The ring's writer is a live process on this host, this boot (its pid was not reused across a reboot)."""
-    ident = meta.get("identity") or {}
-    pid, boot = ident.get("pid"), ident.get("boot_id")
-    if not isinstance(pid, int) or pid <= 0 or ident.get("host") != socket.gethostname():
-        return False
-    return (boot is None or boot == boot_id()) and _alive(pid)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
 
 
 _KILLED = re.compile(r"(?:Memory cgroup out of memory|Out of memory|oom-kill).*?Killed process (\d+) \(")
@@ -127,3 +112,13 @@ def cgroup_oom_kills(directory: Path, version: int) -> int | None:
     except OSError:
         return None
     return oom_kill_count(text)
+
+
+def read_crash_file(ring: Path) -> str | None:
+    """The faulthandler output left beside a ring, bounded; None if there is none."""
+    try:
+        with open(sidecar(ring, CRASH_SUFFIX), "rb") as f:
+            data = f.read(MAX_CRASH_BYTES)
+    except OSError:
+        return None
+    return data.decode("utf-8", "replace") if data.strip() else None

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ._evidence import Evidence
-from ._summary import human_bytes
-from ._timeline import of_kind
+from .._units import human_bytes
+from .evidence import Evidence
+from .timeline import of_kind
 
 CAUSES = ("clean_exit", "exception", "oom_exception", "host_oom_kill", "killed", "signal", "unknown")
 NEAR_LIMIT = 0.95
@@ -58,8 +58,9 @@ def _iso(t: Any) -> str | None:
     return t.isoformat().replace("+00:00", "Z") if t is not None else None
 
 
-def diagnose(table: pa.Table, clean: bool, ev: Evidence, crash: str | None = None) -> dict[str, Any]:
+def diagnose(table: pa.Table, clean: bool, ev: Evidence) -> dict[str, Any]:
     """``death``: cause, evidence (facts that decided it), time, step, and analysis with levers."""
+    crash = first_line(ev.crash)
     evidence: list[str] = []
     last_event = _last(table.select(["time", "step"])) if table.num_rows else None
     when = last_event
@@ -142,6 +143,13 @@ def diagnose(table: pa.Table, clean: bool, ev: Evidence, crash: str | None = Non
     }
     death.update(_analysis(table, cause, main_uncaught, samples))
     return death
+
+
+def first_line(text: str | None) -> str | None:
+    """The first non-blank line of a text (a native crash's first traceback line)."""
+    if text is None:
+        return None
+    return next((ln for ln in text.splitlines() if ln.strip()), "")
 
 
 def _short(text: str | None, n: int = 300) -> str:

@@ -1,6 +1,6 @@
 """The demo's training job: a small MLP on CPU that leaks activations each step.
 
-Run as ``python -m blackbox._demo_job RING_DIR``. Uses torch when it is
+Run as ``python -m blackbox.cli._demo_job RING_DIR``. Uses torch when it is
 installed, numpy otherwise. Prints ``step N`` after each step so a parent can
 kill it mid-run.
 """

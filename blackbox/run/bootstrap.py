@@ -16,9 +16,9 @@ import sys
 BOOT_ENV = "BLACKBOX_RUN_BOOT"  # the folder holding our sitecustomize.py
 SITECUSTOMIZE = """\
 # Written by `blackbox run`: arm the flight recorder in this Python process.
-import blackbox._bootstrap
+import blackbox.run.bootstrap
 
-blackbox._bootstrap.start()
+blackbox.run.bootstrap.start()
 """
 
 

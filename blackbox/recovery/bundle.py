@@ -1,12 +1,12 @@
-"""``recover``: rings in, a bundle folder out (timeline.parquet, metadata.json, summary.md,
-and ``crash-<pid>.txt`` where faulthandler left a native crash's tracebacks beside a ring).
+"""The bundle: a folder (or URI prefix) holding timeline.parquet, metadata.json, summary.md,
+memory.png, and ``crash-<pid>.txt`` where faulthandler left a native crash's tracebacks.
 
-The only module of the recovery path that writes files.
+The only module that writes a bundle, and the one that reads it back. What the
+views render is handed in as bytes: this module imports no view.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -16,13 +16,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from ._errors import BundleDestinationError
-from ._evidence import gather, kernel_oom_kills
-from ._metadata import bundle_metadata, ring_metadata
-from ._reader import find_rings, read_ring
-from ._signals import read_crash_file
-from ._summary import bundle_summary
-from ._timeline import merge_tables, ring_table
+from .._errors import BundleDestinationError
+from .pipeline import Recovered, recover_rings
 
 TIMELINE = "timeline.parquet"
 METADATA = "metadata.json"
@@ -59,12 +54,12 @@ class Destination:
     def path(self, name: str) -> str:
         return f"{self.root.rstrip('/')}/{name}"
 
-    def write_text(self, name: str, text: str) -> None:
+    def write_bytes(self, name: str, data: bytes) -> None:
         if not self.uri:
-            _atomic_text(Path(self.path(name)), text)
+            _atomic_write(Path(self.path(name)), data)
             return
         with self.fs.open_output_stream(self.path(name)) as f:
-            f.write(text.encode("utf-8"))
+            f.write(data)
 
 
 def write_timeline(table: pa.Table, path: str | Path, filesystem: pafs.FileSystem | None = None) -> None:
@@ -80,46 +75,17 @@ def write_timeline(table: pa.Table, path: str | Path, filesystem: pafs.FileSyste
     )
 
 
-def recover_rings(
-    inputs: list[Path], exit_status: int | None = None
-) -> tuple[pa.Table, dict[str, Any], dict[str, str]]:
-    """Read and diagnose every ring named: (timeline, metadata, crash texts by file name). Writes nothing."""
-    rings = [read_ring(p) for p in find_rings(inputs)]
-    tables = [ring_table(r) for r in rings]
-    crashes = [read_crash_file(r.path) for r in rings]
-    pids = {p for r in rings if isinstance(p := (r.meta.get("identity") or {}).get("pid"), int)}
-    kernel = kernel_oom_kills(pids)  # one pass over the kernel log for every ring
-    metas = [
-        ring_metadata(r, t, crash, gather(r.meta, exit_status if len(rings) == 1 else None, kernel))
-        for r, t, crash in zip(rings, tables, crashes, strict=True)
-    ]
-    files = {m["native_crash"]["file"]: c for m, c in zip(metas, crashes, strict=True) if c is not None}
-    return merge_tables(tables), bundle_metadata(metas), files
-
-
-def write_bundle(
-    inputs: list[Path], out_dir: str | os.PathLike[str], exit_status: int | None = None, *, plot: bool = True
-) -> dict[str, Any]:
-    """Recover every ring named (files, or folders of ``*.ring``) into ``out_dir`` (a folder or a URI).
-
-    ``exit_status``: how the job ended, where the caller saw it (``blackbox run``).
-    ``plot``: also render memory.png when matplotlib is installed.
-    Returns the metadata written to metadata.json.
-    """
-    table, meta, crashes = recover_rings(inputs, exit_status)
+def write_bundle(recovered: Recovered, out_dir: str | os.PathLike[str], views: dict[str, bytes]) -> None:
+    """Write a recovery into ``out_dir`` (a folder or a URI): the timeline, metadata.json, the
+    recovered text files, and ``views`` (file name -> bytes: summary.md, memory.png), rendered
+    by the caller."""
     dest = Destination(out_dir)
-    for name, text in crashes.items():
-        dest.write_text(name, text)
-    write_timeline(table, dest.path(TIMELINE), dest.fs)
-    dest.write_text(METADATA, json.dumps(meta, indent=2, sort_keys=False) + "\n")
-    dest.write_text(SUMMARY, bundle_summary(meta))
-    if plot and importlib.util.find_spec("matplotlib") is not None:
-        from ._plot import memory_figure
-
-        fig = memory_figure(table, meta)
-        with dest.fs.open_output_stream(dest.path(PLOT)) as f:
-            fig.savefig(f, format="png", dpi=110)
-    return meta
+    for name, text in recovered.files.items():
+        dest.write_bytes(name, text.encode("utf-8"))
+    write_timeline(recovered.table, dest.path(TIMELINE), dest.fs)
+    for name, data in views.items():
+        dest.write_bytes(name, data)
+    dest.write_bytes(METADATA, (json.dumps(recovered.meta, indent=2, sort_keys=False) + "\n").encode("utf-8"))
 
 
 def read_bundle(bundle: str | os.PathLike[str]) -> tuple[pa.Table, dict[str, Any]]:
@@ -139,8 +105,8 @@ def load(targets: list[str]) -> tuple[pa.Table, dict[str, Any]]:
     """(timeline, metadata) of one bundle, or of rings and ring folders recovered in memory."""
     if len(targets) == 1 and is_bundle(targets[0]):
         return read_bundle(targets[0])
-    table, meta, _ = recover_rings([Path(t) for t in targets])
-    return table, meta
+    recovered = recover_rings([Path(t) for t in targets])
+    return recovered.table, recovered.meta
 
 
 def read_summary(out_dir: str | os.PathLike[str]) -> str:
@@ -150,7 +116,7 @@ def read_summary(out_dir: str | os.PathLike[str]) -> str:
         return bytes(f.read()).decode("utf-8")
 
 
-def _atomic_text(path: Path, text: str) -> None:
+def _atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
+    tmp.write_bytes(data)
     os.replace(tmp, path)

@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ._errors import BlackboxError
-from ._timeline import of_kind
+from .._errors import BlackboxError
+from ..recovery.timeline import of_kind
 
 MAX_POINTS = 5000
 GiB = float(1 << 30)

@@ -1,0 +1,15 @@
+"""Units for people: byte counts as KiB, MiB, GiB (shared by every stage that writes prose)."""
+
+from __future__ import annotations
+
+
+def human_bytes(n: int | None) -> str:
+    """``1536`` -> ``"1.5 KiB"``; None -> ``"n/a"``. Powers of 1024."""
+    if n is None:
+        return "n/a"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
