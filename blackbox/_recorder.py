@@ -1,8 +1,12 @@
-"""The Recorder: one armed ring, its sampler thread, and its clean end.
+"""The Recorder: one armed ring, its collectors, its sampler thread, and its clean end.
 
 A Recorder never raises into the job. Arming failures (a full disk, a
-read-only folder, a path that exists) become one :class:`BlackboxWarning` and a
-disarmed Recorder whose methods do nothing.
+read-only folder, a folder another user controls, bad settings) become one
+:class:`BlackboxWarning` and a disarmed Recorder whose methods do nothing.
+
+Ending never waits on itself: ``disarm()`` claims the end without blocking, so
+a signal handler of the job's that calls it (or exits, and so runs it at exit)
+while the same thread is already inside it returns at once.
 """
 
 from __future__ import annotations
@@ -18,32 +22,35 @@ from types import TracebackType
 from typing import Any
 
 from ._errors import BlackboxWarning
+from ._fds import OwnedFd
 from ._version import __version__
 from .collect.exceptions import ExceptionRecorder
 from .collect.gpu import GpuProbe
 from .collect.host import HostProbe
-from .collect.signals import CrashFile, SignalRecorder
+from .collect.identity import identity, versions
+from .collect.signals import CrashRegion, SignalRecorder
 from .collect.torch_hooks import DEFAULT_HISTORY_ENTRIES, TorchHooks
 from .ring import format as fmt
 from .ring.file import (
     SNAPSHOT_SUFFIX,
-    boot_id,
+    CreatedRing,
     create_ring,
     default_dir,
-    hostname,
     is_diskless,
     lock_pages,
     ring_name,
+    safe_folder,
     sidecar,
 )
+from .ring.liveness import LOCK_LIVENESS, lock_ring
 from .ring.retention import KEEP_ENV, prune_ring_folder
-from .ring.writer import RingWriter, c_writer_module
+from .ring.writer import RingWriter, built_module, c_writer_module
 
 DEFAULT_CAPACITY = 1 << 18  # 262,144 slots: 32 MiB of records
 DEFAULT_SAMPLE_INTERVAL = 0.1  # seconds
 DEFAULT_STRINGS_SIZE = 1 << 20  # 1 MiB of interned strings
+DEFAULT_STACKS_SIZE = 1 << 20  # 1 MiB of stack table, two halves
 MIN_CAPACITY = 16
-MAX_ARGV_CHARS = 16384
 _KIND_PHASE_BEGIN = fmt.KIND_CODES["phase_begin"]
 _KIND_PHASE_END = fmt.KIND_CODES["phase_end"]
 _KIND_GPU_SAMPLE = fmt.KIND_CODES["gpu_sample"]
@@ -61,24 +68,6 @@ def warn(message: str) -> None:
             pass
 
 
-def _env_int(name: str) -> int | None:
-    try:
-        return int(os.environ[name])
-    except (KeyError, ValueError):
-        return None
-
-
-def _argv() -> list[str]:
-    out, used = [], 0
-    for arg in sys.argv:
-        if used + len(arg) > MAX_ARGV_CHARS:
-            out.append("...")
-            break
-        out.append(arg)
-        used += len(arg)
-    return out
-
-
 def _clock_pair() -> tuple[int, int]:
     """(wall ns, monotonic ns) read as close together as Python allows."""
     m0 = time.monotonic_ns()
@@ -89,6 +78,20 @@ def _clock_pair() -> tuple[int, int]:
 
 def _noop(*_args: Any, **_kwargs: Any) -> None:
     return None
+
+
+def _null_event(*_args: Any, **_kwargs: Any) -> int:
+    return 0
+
+
+def resolve_target(path: str | os.PathLike[str] | None) -> tuple[Path, bool]:
+    """(where, is a folder): no path is the default folder; a path ending in ``/`` or naming an
+    existing folder is a folder (the ring is named inside it); anything else is the ring file."""
+    if path is None:
+        return default_dir(), True
+    text = os.fspath(path)
+    target = Path(text)
+    return target, text.endswith(os.sep) or target.is_dir()
 
 
 class Phase:
@@ -111,10 +114,6 @@ class Phase:
         self._event(_KIND_PHASE_END, self._name, time.monotonic_ns() - t0 if t0 else None)
 
 
-def _null_event(*_args: Any, **_kwargs: Any) -> int:
-    return 0
-
-
 class Recorder:
     """An armed (or, after a failure or ``disarm()``, inert) flight recorder.
 
@@ -124,6 +123,7 @@ class Recorder:
         capacity: number of record slots in the ring.
         sample_interval: seconds between host-memory samples.
         writer_backend: ``"c"`` (the compiled write path) or ``"python"``; None until armed.
+        notes: what a collector could not do, and what arming did at the requested path.
     """
 
     mark: Callable[..., None]
@@ -142,21 +142,21 @@ class Recorder:
         self.sync_seconds = 0.0
         self.mark = _noop
         self.step = _noop
+        self.notes: list[str] = []
         self._event: Callable[..., int] = _null_event
         self._writer: RingWriter | None = None
-        self._map: Any = None
-        self._fd = -1
+        self._ring: CreatedRing | None = None
+        self._header: fmt.Header | None = None
         self._probe: HostProbe | None = None
         self._gpu: GpuProbe | None = None
         self._torch: TorchHooks | None = None
         self._exceptions: ExceptionRecorder | None = None
         self._signals: SignalRecorder | None = None
-        self._crash: CrashFile | None = None
-        self.notes: list[str] = []
+        self._crash: CrashRegion | None = None
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
         self._warned = False
-        self._lock = threading.Lock()
+        self._ending = threading.Lock()  # claimed without waiting: never re-entered, never waited on
 
     # ------------------------------------------------------------ arming
     @classmethod
@@ -205,21 +205,25 @@ class Recorder:
         if history < 0:
             raise ValueError(f"allocator_history must be True, False or a number of entries, got {history}")
         wall, mono = _clock_pair()
-        host, pid, rank = hostname(), os.getpid(), _env_int("RANK")
-        target = Path(path) if path is not None else default_dir()
-        if path is None or target.is_dir():
-            target.mkdir(mode=0o700, parents=True, exist_ok=True)
-            keep = os.environ.get(KEEP_ENV)
-            if keep:  # the oldest rings go; never one still being written. A bad setting never stops arming.
-                try:
-                    prune_ring_folder(target, keep)
-                except Exception as exc:
-                    warn(f"{KEEP_ENV} not applied: {exc}")
-            target = target / ring_name(host, pid, rank, wall)
+        ident = identity()
+        target, is_folder = resolve_target(path)
+        folder = target if is_folder else target.parent
+        if path is None:
+            safe_folder(folder)  # the default folder: ours alone, or we do not arm
+        else:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        keep = os.environ.get(KEEP_ENV)
+        if keep:  # the oldest rings go; never one still being written. A bad setting never stops arming.
+            try:
+                prune_ring_folder(folder, keep)
+            except Exception as exc:
+                warn(f"{KEEP_ENV} not applied: {exc}")
+        if is_folder:
+            target = folder / ring_name(ident["host"], ident["pid"], ident["rank"], wall)
         self.path = target
-        if is_diskless(target.parent):
+        if is_diskless(folder):
             warn(
-                f"the ring folder {target.parent} is on a RAM filesystem (tmpfs): its pages count "
+                f"the ring folder {folder} is on a RAM filesystem (tmpfs): its pages count "
                 "against the memory limit that kills the job; set BLACKBOX_DIR to a disk-backed folder"
             )
         self._probe = HostProbe()
@@ -228,20 +232,11 @@ class Recorder:
         meta = {
             "format_version": fmt.FORMAT_VERSION,
             "writer": {"package": "blackbox", "version": __version__, "backend": backend},
-            "identity": {
-                "host": host,
-                "pid": pid,
-                "ppid": os.getppid(),
-                "rank": rank,
-                "local_rank": _env_int("LOCAL_RANK"),
-                "world_size": _env_int("WORLD_SIZE"),
-                "argv": _argv(),
-                "boot_id": boot_id(),
-            },
+            "identity": ident,
             "clock": {"wall_ns": wall, "monotonic_ns": mono},
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(wall / 1e9))
             + f".{(wall // 1000) % 1_000_000:06d}Z",
-            "versions": _versions(),
+            "versions": versions(__version__),
             "sample_interval_s": interval,
             "options": {
                 "allocator_history": history,
@@ -251,12 +246,22 @@ class Recorder:
             },
             "cgroup": {"version": cg.version, "path": str(cg.directory)} if cg else None,
         }
-        header = fmt.encode_header(capacity, strings, meta)
-        hdr = fmt.decode_header(header, len(header))
-        self._fd, self._map = create_ring(target, header, hdr.file_size)
-        self.pages_locked = lock_pages(self._map)
+
+        def header_for(locked: bool) -> bytes:
+            m = dict(meta, liveness=LOCK_LIVENESS if locked else "pid")
+            return fmt.encode_header(
+                capacity, strings, m, stacks_size=DEFAULT_STACKS_SIZE, crash_size=fmt.DEFAULT_CRASH_SIZE
+            )
+
+        ring = self._ring = create_ring(target, header_for)
+        self.path = ring.path
+        if ring.note:
+            self.notes.append(ring.note)
+            warn(ring.note)
+        hdr = self._header = ring.header
+        self.pages_locked = lock_pages(ring.map)
         self._writer = RingWriter(
-            self._map,
+            ring.map,
             hdr.records_offset,
             capacity,
             hdr.strings_offset,
@@ -269,18 +274,20 @@ class Recorder:
         w = self._writer
         self.mark, self.step, self._event = w.mark, w.step, w.event
         w.event(fmt.KIND_CODES["arm"], None, capacity)
-        self._install_collectors(target, history, modules)
+        for text in self.notes:
+            w.event(_KIND_MARK, fmt.NOTE_PREFIX + text)
+        self._install_collectors(ring.path, history, modules)
         self.sample_now()
         self._sampler = threading.Thread(target=self._sample_loop, name="blackbox-sampler", daemon=True)
         self._sampler.start()
 
     def _install_collectors(self, ring: Path, history: int, modules: bool) -> None:
-        """Exceptions, signals, crash file, GPU and torch hooks: each one that fails is noted, not fatal."""
-        w = self._writer
-        assert w is not None and self._probe is not None
+        """Exceptions, signals, crash region, GPU and torch hooks: each one that fails is noted, not fatal."""
+        w, hdr = self._writer, self._header
+        assert w is not None and self._probe is not None and hdr is not None and self._ring is not None
         self._exceptions = ExceptionRecorder(w.event, w.intern)
-        self._signals = SignalRecorder(w.event, w.intern)
-        self._crash = CrashFile(ring)
+        self._signals = SignalRecorder(built_module(), w.intern)
+        self._crash = CrashRegion(ring, hdr.crash_offset)
         self._gpu = GpuProbe()
         self._torch = TorchHooks(
             w,
@@ -290,10 +297,12 @@ class Recorder:
             rss=self._probe.rss,
             note=self.note,
         )
+        mapping, sequence = self._ring.map, w.sequence
+        signals = self._signals
         for what, install in (
             ("exception hooks", self._exceptions.install),
-            ("signal handlers", self._signals.install),
-            ("crash file", self._crash.enable),
+            ("signal recorder", lambda: signals.install(mapping, hdr.records_offset, hdr.capacity, sequence)),
+            ("crash region", self._crash.enable),
             ("torch hooks", self._torch.poll),
         ):
             try:
@@ -331,6 +340,11 @@ class Recorder:
     def exception_recorder(self) -> ExceptionRecorder | None:
         return self._exceptions if self.armed else None
 
+    @property
+    def signals_recorded(self) -> list[str]:
+        """The signals whose handler is in place now (empty where the C extension is not built)."""
+        return list(self._signals.installed) if self._signals is not None and self.armed else []
+
     def current_step(self) -> int | None:
         """The step in force (None before the first ``step()``)."""
         s = self._writer.current_step() if self._writer else -1
@@ -347,14 +361,33 @@ class Recorder:
                 if now >= next_sample - 1e-4:
                     next_sample = now + interval
                     self.sample_now()
-                    hooks = self._torch
-                    if hooks is not None:
-                        hooks.poll()
+                    self._upkeep()
                 if now >= next_sync - 1e-4:
                     next_sync = now + (sync or 0.0)
                     self.sync()
         except Exception as exc:  # a probe that breaks stops sampling, never the job
             self._on_error(exc)
+
+    def _upkeep(self) -> None:
+        """Once a sample: attach torch hooks as the job gets there, re-wrap signal handlers the job
+        replaced, and take back descriptors the job closed (the crash region's, the lock's)."""
+        for part in (self._torch.poll if self._torch else None, self._signals, self._crash):
+            if part is None:
+                continue
+            try:
+                if isinstance(part, SignalRecorder):
+                    part.watch()
+                elif isinstance(part, CrashRegion):
+                    part.check()
+                else:
+                    part()
+            except Exception as exc:
+                self._on_error(exc)
+        ring = self._ring
+        if ring is not None and ring.locked and not ring.fd.intact():
+            fd = OwnedFd.open(ring.path, os.O_RDWR | os.O_NOFOLLOW)  # the job closed ours: lock it again
+            if fd is not None and os.fstat(fd.fd).st_size == len(ring.map) and lock_ring(fd.fd):
+                ring.fd = fd
 
     def sync(self) -> None:
         """msync the ring: what is written so far survives a kernel crash or power loss too.
@@ -362,12 +395,12 @@ class Recorder:
         With ``sync_interval`` the sampler does this periodically, so such a crash
         loses at most the last ``sync_interval`` seconds (plus one msync's duration).
         """
-        m = self._map
-        if m is None or not self.armed:
+        ring = self._ring
+        if ring is None or not self.armed:
             return
         t0 = time.perf_counter()
         try:
-            m.flush()
+            ring.map.flush()
         except (OSError, ValueError) as exc:
             self._on_error(exc)
             return
@@ -381,8 +414,10 @@ class Recorder:
 
     # ------------------------------------------------------------ ending
     def disarm(self) -> None:
-        """Record a clean end and release the ring. Safe to call twice."""
-        with self._lock:
+        """Record a clean end and release the ring. Safe to call twice, from any thread or handler."""
+        if not self._ending.acquire(blocking=False):
+            return  # another caller is ending it (this very thread, from a signal handler, or another)
+        try:
             if not self.armed:
                 return
             self.armed = False
@@ -395,32 +430,38 @@ class Recorder:
                 self.sample_now()
                 if self._writer is not None:
                     self._writer.event(fmt.KIND_CODES["disarm"])
-                if self._map is not None:
-                    fmt.STATE_STRUCT.pack_into(self._map, fmt.STATE_OFFSET, fmt.STATE_CLEAN)
+                if self._ring is not None:
+                    fmt.STATE_STRUCT.pack_into(self._ring.map, fmt.STATE_OFFSET, fmt.STATE_CLEAN)
             except Exception as exc:
                 self._on_error(exc)
             self._teardown(flush=True)
+        finally:
+            self._ending.release()
 
     def abandon_after_fork(self) -> None:
         """In a forked child: stop writing into the parent's ring without touching it."""
         self.armed = False
         self._stop.set()
         self._sampler = None
+        self._ending = threading.Lock()  # the parent's may have been held by another thread at fork
         self._uninstall_collectors(in_child=True)
         self._teardown(flush=False)
 
     def _uninstall_collectors(self, *, in_child: bool) -> None:
-        """Put back every hook this recorder installed (in a forked child: no torch/CUDA calls)."""
+        """Put back every hook this recorder installed (in a forked child: no torch/CUDA calls).
+
+        Signals go first: releasing them waits for a handler in flight on another thread, so
+        nothing writes into the mapping once it is closed."""
         torch, exceptions, signals, crash = self._torch, self._exceptions, self._signals, self._crash
         steps: list[Callable[[], None]] = []
+        if signals is not None:
+            steps.append(signals.forget_after_fork if in_child else signals.uninstall)
+        if crash is not None:
+            steps.append(crash.disable)
         if torch is not None:
             steps.append(lambda: torch.detach(final_drain=not in_child, in_child=in_child))
         if exceptions is not None:
             steps.append(exceptions.uninstall)
-        if signals is not None:
-            steps.append(signals.uninstall)
-        if crash is not None:
-            steps.append(lambda: crash.disable(keep_if_empty=in_child))
         for step in steps:
             try:
                 step()
@@ -432,20 +473,15 @@ class Recorder:
         if self._writer is not None:
             self._writer.kill()
             self._writer = None
-        if self._map is not None:
+        ring, self._ring = self._ring, None
+        if ring is not None:
             try:
                 if flush:
-                    self._map.flush()
-                self._map.close()
+                    ring.map.flush()
+                ring.map.close()
             except (OSError, ValueError, BufferError):
                 pass
-            self._map = None
-        if self._fd >= 0:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
-            self._fd = -1
+            ring.fd.close()  # releases the writer's lock (only if the descriptor is still ours)
         if self._probe is not None:
             self._probe.close()
             self._probe = None
@@ -453,15 +489,3 @@ class Recorder:
     def __repr__(self) -> str:
         state = "armed" if self.armed else "disarmed"
         return f"<blackbox.Recorder {state} path={str(self.path)!r} capacity={self.capacity}>"
-
-
-def _versions() -> dict[str, str | None]:
-    import numpy
-
-    torch = sys.modules.get("torch")  # never import torch ourselves
-    return {
-        "python": sys.version.split()[0],
-        "numpy": numpy.__version__,
-        "torch": getattr(torch, "__version__", None) if torch is not None else None,
-        "blackbox": __version__,
-    }

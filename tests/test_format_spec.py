@@ -89,3 +89,14 @@ def test_timeline_column_table_matches_schema() -> None:
 
 def test_version_named_in_spec_is_the_current_one() -> None:
     assert SPEC.splitlines()[0] == f"# The blackbox ring format, version {fmt.FORMAT_VERSION}"
+
+
+def test_stack_entry_table_matches_struct() -> None:
+    rows = table_after("## Stack table (version 3)")
+    offsets, sizes = [int(r[0]) for r in rows[:-1]], [int(r[1]) for r in rows[:-1]]
+    codes = re.findall(r"[a-zA-Z]", fmt.STACK_ENTRY.format.lstrip("<"))
+    assert sizes == [{"H": 2, "I": 4}[c] for c in codes] and sum(sizes) == fmt.STACK_ENTRY.size == 24
+    assert offsets == [sum(sizes[:i]) for i in range(len(sizes))]
+    assert "1 = frame, 2 = stack" in rows[1][2] and (fmt.STACK_FRAME, fmt.STACK_STACK) == (1, 2)
+    assert f"at most {fmt.MAX_FRAME_BYTES} bytes" in SPEC and f"at most {fmt.MAX_STACK_DEPTH}" in SPEC
+    assert fmt.STACK_TRUNCATED_TEXT in SPEC and fmt.STRING_BUSY_TEXT in SPEC

@@ -65,3 +65,28 @@ def test_golden_v2_new_kinds_read_by_hand() -> None:
     assert (alloc["address"], alloc["stream"], alloc["value"]) == (0x7F00_0000, 0, 2 << 30)
     module = rows[("module_begin", "Net.fc1")]
     assert (module["gpu_allocated"], module["host_rss"]) == (60 << 30, 100 << 20)
+
+
+def test_golden_v3_signals_stacks_and_crash_region_read_by_hand() -> None:
+    ring = read_ring(DATA / "ring-v3.ring")
+    assert ring.crash is not None and ring.crash.startswith("Fatal Python error: Segmentation fault")
+    assert ring.stacks is not None and ring.stacks.damaged == 1  # the damaged frame entry, counted once
+    rows = ring_table(ring).to_pylist()
+    stacks = [r for r in rows if r["kind"] == "stack_sample"]
+    assert [r["detail"] for r in stacks] == [
+        "<module> (train.py:40);leak (train.py:12)",  # generation 1, in the first half
+        "<blackbox: outer frames cut>;idle (träin.py:20)",  # generation 2, deeper than the cap
+        "<blackbox: stack lost (its table entry was overwritten or damaged)>",
+    ]
+    assert {r["thread"] for r in stacks} == {0x7F00_0000_2000}  # the sampled thread, not the writer's
+    assert [r["stack_depth"] for r in stacks] == [2, 70, 3]
+    usr1, term = [r for r in rows if r["kind"] == "signal"][-2:]  # the two written as the C handler writes
+    assert (usr1["sender"], usr1["sender_pid"], usr1["signal_code"]) == ("slurmstepd", 4242, 0)
+    assert usr1["step"] == 7  # written by the handler with no step: the step in force fills it
+    assert (term["sender"], term["sender_pid"], term["signal_code"], term["detail"]) == (
+        None,
+        None,
+        128,
+        "default action",
+    )
+    assert ring.meta["identity"]["attempt"] == 1 and ring.meta["liveness"] == "ofd-lock"

@@ -29,7 +29,7 @@ STAGES = {
     "cli": 7,
     "entry": 8,
 }
-LEAVES = {"blackbox._errors", "blackbox._version", "blackbox._units"}
+LEAVES = {"blackbox._errors", "blackbox._version", "blackbox._units", "blackbox._fds"}
 RECOVERY_ORDER = {"timeline": 0, "evidence": 0, "diagnosis": 1, "metadata": 2, "pipeline": 3, "bundle": 4}
 
 

@@ -13,6 +13,7 @@ compares. Never regenerate an old version's file: it must stay readable as is.
 from __future__ import annotations
 
 import json
+import struct
 import sys
 from pathlib import Path
 
@@ -48,7 +49,11 @@ META = {
 
 
 def build(version: int) -> bytes:
-    header = fmt.encode_header(CAPACITY, STRINGS, dict(META, format_version=version), version=version)
+    meta = dict(META, format_version=version)
+    if version >= 3:
+        meta["identity"] = dict(META["identity"], role="main", attempt=1)  # type: ignore[arg-type]
+        meta["liveness"] = "ofd-lock"
+    header = fmt.encode_header(CAPACITY, STRINGS, meta, version=version, stacks_size=8192, crash_size=4096)
     h = fmt.decode_header(header, len(header))
     buf = bytearray(h.file_size)
     buf[: len(header)] = header
@@ -69,6 +74,8 @@ def build(version: int) -> bytes:
             fmt.string_entry(11, "Net.fc1"),
             fmt.string_entry(12, "default action"),
         ]
+    if version >= 3:
+        entries += [fmt.string_entry(13, "SIGUSR1"), fmt.string_entry(14, "handled by the job's handler")]
     pos = h.strings_offset
     for e in entries:
         buf[pos : pos + len(e)] = e
@@ -107,6 +114,8 @@ def build(version: int) -> bytes:
         )
     if version >= 2:
         v2_events(put)
+    if version >= 3:
+        v3_events(put, buf, h)
     put("mark", label=4, value=None, step=7)  # its string is damaged
     put("mark", label=1, value=-5, step=7)  # the region-full placeholder
     put("mark", label=5, value=-(1 << 63), step=7)
@@ -137,6 +146,37 @@ def v2_events(put) -> None:  # type: ignore[no-untyped-def]
     put("oom", label=7, payload=(6, -1, -1))
     put("exception", label=9, payload=(6,))
     put("signal", label=10, value=15, payload=(12,))
+
+
+def v3_events(put, buf: bytearray, h: fmt.Header) -> None:  # type: ignore[no-untyped-def]
+    """Version 3: signals as the C handler writes them (no step, the sender), stack samples resolved
+    through both halves of the stack table (one stack cut at the depth cap, one lost), the crash region."""
+    half = h.stacks_size // 2
+    gen1 = [
+        fmt.stack_entry(1, fmt.STACK_FRAME, 1, b"<module> (train.py:40)"),
+        fmt.stack_entry(1, fmt.STACK_FRAME, 2, b"leak (train.py:12)"),
+        fmt.stack_entry(1, fmt.STACK_STACK, 1, struct.pack("<2I", 1, 2)),
+        fmt.stack_entry(1, fmt.STACK_FRAME, 3, b"damaged (train.py:1)"),
+    ]
+    gen2 = [
+        fmt.stack_entry(2, fmt.STACK_FRAME, 1, "idle (träin.py:20)".encode()),
+        fmt.stack_entry(2, fmt.STACK_STACK, 1, struct.pack("<1I", 1)),
+    ]
+    for lo, entries in ((h.stacks_offset, gen1), (h.stacks_offset + half, gen2)):
+        pos = lo
+        for e in entries:
+            buf[pos : pos + len(e)] = e
+            pos += len(e)
+    buf[h.stacks_offset + sum(map(len, gen1[:3])) + 30] ^= 0xFF  # the damaged frame's CRC fails
+    thread = 0x7F00_0000_2000
+    put("stack_sample", step=7, payload=(thread, 1, 1, 2))
+    put("stack_sample", step=7, payload=(thread, 1, 2, 70))  # deeper than the cap: outer frames cut
+    put("stack_sample", step=7, payload=(thread, 9, 2, 3))  # no such stack: lost
+    comm = int.from_bytes(b"slurmstepd\0\0\0\0\0\0"[:8], "little"), int.from_bytes(b"pd\0\0\0\0\0\0", "little")
+    put("signal", label=13, value=10, payload=(14, 4242, 0, *comm))  # step -1: filled from the record before
+    put("signal", label=10, value=15, payload=(12, -1, 128, 0, 0))  # from the kernel (a terminal): no sender
+    crash = b"Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f00 (most recent call first):\n"
+    buf[h.crash_offset : h.crash_offset + len(crash)] = crash
 
 
 def expected(path: Path) -> dict[str, object]:

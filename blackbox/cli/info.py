@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def ring_facts(path: str) -> dict[str, Any]:
     from ..recovery.metadata import iso, writer_state
-    from ..ring.file import writer_running
+    from ..ring.liveness import writer_alive
     from ..ring.reader import read_ring
 
     ring = read_ring(path)
@@ -48,7 +48,7 @@ def ring_facts(path: str) -> dict[str, Any]:
         "oldest_seq": rec.first_seq,
         "overwritten": rec.overwritten,
         "strings": rec.strings,
-        "writer": writer_state(ring, writer_running(ring.meta)),
+        "writer": writer_state(ring, writer_alive(ring.path, ring.meta)),
     }
 
 

@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..ring.file import writer_running
+    from ..ring.liveness import writer_alive
     from ..ring.reader import read_ring
     from ..views.live import frame
 
@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         while True:
             ring = read_ring(Path(args.ring))
-            running = writer_running(ring.meta) and not ring.clean
+            running = writer_alive(ring.path, ring.meta) and not ring.clean
             text = frame(ring, running)
             sys.stdout.write(("\x1b[H\x1b[2J" if tty else "") + text + ("" if tty else "\n"))
             sys.stdout.flush()

@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._fds import OwnedFd
+
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _UNLIMITED = 1 << 60  # cgroup v1 reports "no limit" as a page-rounded 2**63 - 1
 
@@ -160,6 +162,40 @@ def meminfo_available(text: str) -> int | None:
     return None
 
 
+class Source:
+    """One /proc or cgroup file read again and again through a descriptor of ours (see ``_fds``)."""
+
+    __slots__ = ("fd", "path")
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = path
+        self.fd = OwnedFd.open(path) if path is not None else None
+
+    def read(self, size: int = 4096, *, check: bool = True) -> bytes | None:
+        """The file's current text (the kernel regenerates it on every read); None if unreadable.
+        ``check``: first make sure the number still refers to our file (reopen it if the job closed it)."""
+        fd = self.fd
+        if fd is None:
+            return None
+        if check and not fd.intact():
+            fd = self.fd = OwnedFd.open(self.path) if self.path is not None else None
+            if fd is None:
+                return None
+        try:
+            return os.pread(fd.fd, size, 0)
+        except OSError:
+            return None
+
+    def text(self, size: int = 4096) -> str | None:
+        data = self.read(size)
+        return None if data is None else data.decode("ascii", "replace")
+
+    def close(self) -> None:
+        if self.fd is not None:
+            self.fd.close()
+            self.fd = None
+
+
 class HostProbe:
     """Reads the host figures of a ``sample`` through descriptors kept open.
 
@@ -171,63 +207,47 @@ class HostProbe:
     def __init__(self, proc: str = "/proc") -> None:
         self.proc = proc
         self.cgroup = find_memory_cgroup()
-        self._statm = self._open(f"{proc}/self/statm")
-        self._usage = self._open(self.cgroup.usage) if self.cgroup else -1
         limit_file = effective_limit_file(self.cgroup) if self.cgroup else None
-        self._limit = self._open(limit_file) if limit_file else -1
-        self._meminfo = self._open(f"{proc}/meminfo")
-        self._events = -1
-        self._psi = -1
-        if self.cgroup:
-            # the OOM is counted where the limit is: the cgroup that owns the effective limit
-            self._events = self._open(oom_counter_file(self.cgroup, limit_file))
-            if self.cgroup.version == 2:
-                self._psi = self._open(self.cgroup.directory / "memory.pressure")
-        if self._psi < 0:
-            self._psi = self._open(f"{proc}/pressure/memory")
-        self._children: dict[int, int] = {}  # child pid -> its statm fd
+        self._statm = Source(f"{proc}/self/statm")
+        self._usage = Source(self.cgroup.usage if self.cgroup else None)
+        self._limit = Source(limit_file)
+        self._meminfo = Source(f"{proc}/meminfo")
+        # the OOM is counted where the limit is: the cgroup that owns the effective limit
+        self._events = Source(oom_counter_file(self.cgroup, limit_file) if self.cgroup else None)
+        psi = self.cgroup.directory / "memory.pressure" if self.cgroup and self.cgroup.version == 2 else None
+        self._psi = Source(psi)
+        if self._psi.fd is None:
+            self._psi = Source(f"{proc}/pressure/memory")
+        self._children: dict[int, Source] = {}  # child pid -> its statm
         self._closed = False
 
-    @staticmethod
-    def _open(path: str | Path) -> int:
-        try:
-            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return -1
-
-    @staticmethod
-    def _pread(fd: int, size: int = 4096) -> str | None:
-        if fd < 0:
-            return None
-        try:
-            return os.pread(fd, size, 0).decode("ascii", "replace")
-        except OSError:
-            return None
-
     def rss(self) -> int:
-        """This process's resident set size in bytes (-1 if unknown); one pread."""
+        """This process's resident set size in bytes (-1 if unknown); one pread, no identity check
+        (it runs at every module call with ``modules=True``; each sample checks the descriptor)."""
+        data = self._statm.read(128, check=False)
         try:
-            return int(os.pread(self._statm, 128, 0).split()[1]) * _PAGE
-        except (OSError, ValueError, IndexError):
+            return int(data.split()[1]) * _PAGE if data else -1
+        except (ValueError, IndexError):
             return -1
 
     def read(self) -> tuple[int, int, int, int, int, int, int, int]:
         usage = limit = mem_available = oom_kills = -1
+        self._statm.read(0)  # the identity check for rss()
         rss = self.rss()
-        if (text := self._pread(self._usage, 64)) is not None:
+        if (text := self._usage.text(64)) is not None:
             try:
                 usage = int(text)
             except ValueError:
                 usage = -1
-        if (text := self._pread(self._limit, 64)) is not None:
+        if (text := self._limit.text(64)) is not None:
             parsed = parse_limit(text)
             limit = -1 if parsed is None else parsed
-        if (text := self._pread(self._meminfo)) is not None:
+        if (text := self._meminfo.text()) is not None:
             mem_available = meminfo_available(text) or -1
-        if (text := self._pread(self._events, 1024)) is not None:
+        if (text := self._events.text(1024)) is not None:
             n = oom_kill_count(text)
             oom_kills = -1 if n is None else n
-        some, full = psi_totals(self._pread(self._psi, 512) or "")
+        some, full = psi_totals(self._psi.text(512) or "")
         return rss, usage, limit, self.children_rss(), mem_available, oom_kills, some, full
 
     def children_rss(self) -> int:
@@ -250,29 +270,23 @@ class HostProbe:
         if not readable:
             return -1
         for gone in set(self._children) - pids:
-            os.close(self._children.pop(gone))
+            self._children.pop(gone).close()
         total = 0
         for pid in pids:
-            fd = self._children.get(pid)
-            if fd is None:
-                fd = self._open(f"{self.proc}/{pid}/statm")
-                if fd < 0:
-                    continue
-                self._children[pid] = fd
+            src = self._children.get(pid)
+            if src is None:
+                src = self._children[pid] = Source(f"{self.proc}/{pid}/statm")
+            data = src.read(128)
             try:
-                total += int(os.pread(fd, 128, 0).split()[1]) * _PAGE
-            except (OSError, ValueError, IndexError):
-                os.close(self._children.pop(pid))
+                total += int(data.split()[1]) * _PAGE if data else 0
+            except (ValueError, IndexError):
+                continue
         return total
 
     def close(self) -> None:
-        fds = [self._statm, self._usage, self._limit, self._meminfo, self._events, self._psi, *self._children.values()]
-        for fd in fds:
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        self._statm = self._usage = self._limit = self._meminfo = self._events = self._psi = -1
+        for src in (self._statm, self._usage, self._limit, self._meminfo, self._events, self._psi):
+            src.close()
+        for src in self._children.values():
+            src.close()
         self._children.clear()
         self._closed = True

@@ -1,121 +1,149 @@
-"""Signals and native crashes.
+"""Signals and native crashes, recorded without changing how the job handles either.
 
-SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 become ``signal`` events. The
-handler that was installed before ours is chained: a Python handler is called,
-an ignored signal stays ignored, and a default one is restored and the signal
-raised again, so the process ends exactly as it would have (killed by that
-signal, with that exit status). Handlers can only be set from the main thread;
-a signal whose handler was set outside Python is left alone.
+Signals (SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2) are recorded by the C
+extension's async-signal-safe handler (``ring/_cwriter.c``), installed at the
+OS level over whatever disposition the process has, never over ``SIG_IGN``. It
+writes one ``signal`` record and hands the signal on: to the job's handler, or,
+for ``SIG_DFL``, by raising it again with the default action at once (also
+while the main thread is blocked in C). Python's handler table is not touched,
+so ``signal.getsignal()`` answers what it would without blackbox and a
+framework that installs its handler later, chaining "the previous one if
+callable", behaves as it would unarmed. When the job installs a handler after
+arm, Python replaces ours at the OS level; ``watch()`` (each sampler tick)
+wraps the new one again. Where the extension is not built, nothing is
+installed and signals are not recorded.
 
 Native crashes (SIGSEGV, SIGFPE, SIGABRT, SIGBUS, SIGILL): ``faulthandler``
-writes every thread's Python traceback to ``<ring>.crash``; ``recover`` folds
-that file into the bundle. A job that enabled faulthandler itself keeps its own.
+writes every thread's traceback into the ring's crash region (version 3), so a
+crash survives in the ring itself and a SIGKILL leaves no sidecar file behind.
+A job that enabled faulthandler itself, before or after arm, keeps its own.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import io
 import os
 import signal
-import threading
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
-from typing import Any, TextIO
+from typing import Any
 
+from .._fds import OwnedFd
 from ..ring import format as fmt
-from ..ring.file import CRASH_SUFFIX, sidecar
 
 KIND_SIGNAL = fmt.KIND_CODES["signal"]
 RECORDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
+DEFAULT_ACTION = "default action"  # detail of a signal that ended the process (the diagnosis keys on it)
+
+
+def _how(python_handler: Any) -> str:
+    """What the wrapped disposition does with the signal, in the words of the ``detail`` column."""
+    if python_handler is signal.default_int_handler:
+        return "raised KeyboardInterrupt"
+    if callable(python_handler):
+        return "handled by the job's handler"
+    return "handled by a native handler"  # set outside Python (None in Python's table)
 
 
 class SignalRecorder:
-    """Writes signal events for one Recorder and owns its handlers."""
+    """Records signals into one ring through the C handler, and puts the dispositions back at the end."""
 
-    def __init__(self, event: Callable[..., int], intern: Callable[[Any], int]) -> None:
-        self._event = event
+    def __init__(self, cmod: Any, intern: Callable[[Any], int]) -> None:
+        self._cmod = cmod
         self._intern = intern
-        self._previous: dict[int, Any] = {}
+        self._tags: dict[int, int] = {}
+        self._hows: dict[str, int] = {}
         self.installed: list[str] = []
+        self.active = False
 
-    def install(self) -> str:
-        """Install the handlers; returns why not, or "" when they are installed."""
-        if threading.current_thread() is not threading.main_thread():
-            return "arm() was not called from the main thread"
+    def install(self, buffer: Any, records_offset: int, capacity: int, sequence: Any) -> str:
+        """Start recording; returns why not, or "" when the handler is in place."""
+        if self._cmod is None or sequence is None:
+            return "the C extension blackbox.ring._cwriter is not built: signals are not recorded"
+        try:
+            self._cmod.signals_arm(buffer, records_offset, capacity, sequence, self._intern(DEFAULT_ACTION))
+        except RuntimeError as exc:  # one recorder per process owns the signals
+            return str(exc)
+        self.active = True
         for name in RECORDED:
             signum = getattr(signal, name, None)
-            if signum is None:
-                continue
-            try:
-                previous = signal.getsignal(signum)
-                if previous is None:
-                    continue  # a handler set outside Python: leave it alone
-                signal.signal(signum, self._handle)
-            except (OSError, ValueError, RuntimeError):
-                continue
-            self._previous[signum] = previous
-            self.installed.append(name)
+            if signum is not None:
+                self._tags[signum] = fmt.tag(self._intern(name), KIND_SIGNAL, fmt.FLAG_VALUE, -1)
+        self.watch()
         return ""
 
-    def _handle(self, signum: int, frame: FrameType | None) -> Any:
-        previous = self._previous.get(signum, signal.SIG_DFL)
-        if callable(previous):
-            how = "chained to the job's handler"
-        elif previous == signal.SIG_IGN:
-            how = "ignored, as before"
-        else:
-            how = "default action"
-        try:
-            name = signal.Signals(signum).name
-            self._event(KIND_SIGNAL, name, signum, -1, (self._intern(how),))
-        except Exception:
-            pass
-        if callable(previous):
-            return previous(signum, frame)
-        if previous == signal.SIG_IGN:
-            return None
-        signal.signal(signum, signal.SIG_DFL)  # end the process the way the signal would have
-        os.kill(os.getpid(), signum)
-        return None
+    def watch(self) -> None:
+        """(Re)wrap each recorded signal's disposition where the job has changed it (a cheap no-op otherwise)."""
+        if not self.active:
+            return
+        installed = []
+        for signum, word in self._tags.items():
+            how = _how(signal.getsignal(signum))
+            hid = self._hows.get(how) or self._intern(how)
+            self._hows[how] = hid
+            if self._cmod.signals_watch(signum, word, hid) in ("wrapped", "ours"):
+                installed.append(signal.Signals(signum).name)
+        self.installed = installed
 
     def uninstall(self) -> None:
-        """Restore the previous handlers where ours are still installed (main thread only)."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for signum, previous in self._previous.items():
-            try:
-                if signal.getsignal(signum) == self._handle:
-                    signal.signal(signum, previous)
-            except (OSError, ValueError, RuntimeError):
-                pass
-        self._previous.clear()
+        """Put back every disposition we wrapped (where ours is still the one in force); stop recording."""
+        if self.active:
+            self.active = False
+            self._cmod.signals_release()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: the parent's ring is not ours; the job's dispositions come back."""
+        if self.active:
+            self.active = False
+            self._cmod.signals_forget()
 
 
-class CrashFile:
-    """faulthandler's output file beside the ring (only if the job did not enable faulthandler)."""
+class CrashRegion:
+    """faulthandler's output into the ring's crash region (only where the job has not enabled faulthandler)."""
 
-    def __init__(self, ring: Path) -> None:
-        self.path = sidecar(ring, CRASH_SUFFIX)
-        self._file: TextIO | None = None
+    def __init__(self, ring: Path, offset: int) -> None:
+        self._ring, self._offset = ring, offset
+        self._fd: OwnedFd | None = None
+        self._file: io.FileIO | None = None
+        self._held = 0  # references to our file object while faulthandler holds one
         self.note = ""
 
     def enable(self) -> None:
         if faulthandler.is_enabled():
             self.note = "faulthandler was already enabled by the job; its output goes where the job sent it"
             return
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        self._file = os.fdopen(fd, "w")
-        faulthandler.enable(file=self._file, all_threads=True)
+        self._open()
 
-    def disable(self, *, keep_if_empty: bool = False) -> None:
+    def _open(self) -> None:
+        fd = os.open(self._ring, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        os.lseek(fd, self._offset, os.SEEK_SET)
+        self._fd = OwnedFd.adopt(fd)
+        self._file = io.FileIO(self._fd.fd, "w", closefd=False)
+        faulthandler.enable(file=self._file, all_threads=True)
+        self._held = sys.getrefcount(self._file)
+
+    def ours(self) -> bool:
+        """faulthandler still writes to our file: the job has neither disabled it nor enabled its own."""
+        return self._file is not None and faulthandler.is_enabled() and sys.getrefcount(self._file) >= self._held
+
+    def check(self) -> None:
+        """If the job closed our descriptor (closerange, daemonising), point faulthandler at a new one."""
+        fd = self._fd
+        if fd is None or fd.intact() or not self.ours():
+            return
+        faulthandler.disable()  # never let a crash write into whatever file now has that number
+        self._file, self._fd = None, None
+        self._open()
+
+    def disable(self) -> None:
+        """Stop, where faulthandler is still ours; the job's own faulthandler is left as it is."""
         if self._file is None:
             return
-        try:
+        if self.ours():
             faulthandler.disable()
-            self._file.close()
-            if not keep_if_empty and self.path.stat().st_size == 0:
-                self.path.unlink()
-        except OSError:
-            pass
         self._file = None
+        if self._fd is not None:
+            self._fd.close()
+            self._fd = None

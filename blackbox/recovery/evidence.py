@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ..collect.host import CgroupPaths, effective_limit_file, oom_counter_file, oom_kill_count
-from ..ring.file import CRASH_SUFFIX, boot_id, sidecar, writer_running
+from ..ring.file import CRASH_SUFFIX, sidecar
+from ..ring.liveness import boot_id, writer_alive
 
 MAX_KMSG_BYTES = 8 << 20
 MAX_CRASH_BYTES = 1 << 20
@@ -39,16 +40,21 @@ class Evidence:
 
 
 def gather(
-    ring: Path, meta: dict[str, Any], exit_status: int | None = None, kernel: dict[int, str] | None = None
+    ring: Path,
+    meta: dict[str, Any],
+    exit_status: int | None = None,
+    kernel: dict[int, str] | None = None,
+    crash: str | None = None,
 ) -> Evidence:
-    """Evidence for one ring: its sidecar files, and what this machine says of its writer
+    """Evidence for one ring: a native crash's tracebacks (``crash``, from the ring's crash region;
+    else the ``.crash`` sidecar older rings left), and what this machine says of its writer
     (from the header metadata's identity and cgroup).
 
     ``kernel``: the kernel's OOM-kill lines by pid, when the caller scanned the log once for
     several rings; None scans it for this ring's pid.
     """
     ident = meta.get("identity") or {}
-    ev = Evidence(exit_status=exit_status, crash=read_crash_file(ring))
+    ev = Evidence(exit_status=exit_status, crash=crash if crash is not None else read_crash_file(ring))
     ev.same_host = ident.get("host") == socket.gethostname()
     if not ev.same_host:
         ev.notes.append("recovered on another host: no kernel log, cgroup or process evidence")
@@ -58,7 +64,7 @@ def gather(
     pid = ident.get("pid")
     if ev.same_boot is False or not isinstance(pid, int):
         return ev
-    ev.writer_alive = writer_running(meta)
+    ev.writer_alive = writer_alive(ring, meta)
     ev.kernel_oom_line = (kernel if kernel is not None else kernel_oom_kills({pid})).get(pid)
     cg = meta.get("cgroup") or {}
     if isinstance(cg.get("path"), str) and cg.get("version") in (1, 2):

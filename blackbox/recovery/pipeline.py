@@ -42,7 +42,7 @@ def recover_rings(inputs: list[Path], exit_status: int | None = None) -> Recover
     tables, metas, files = [], [], {}
     for ring in rings:
         table = ring_table(ring)
-        evidence = gather(ring.path, ring.meta, status, kernel)
+        evidence = gather(ring.path, ring.meta, status, kernel, ring.crash)
         meta = ring_metadata(ring, table, evidence, diagnose(table, ring.clean, evidence))
         if evidence.crash is not None and meta["native_crash"]:
             files[meta["native_crash"]["file"]] = evidence.crash

@@ -19,6 +19,11 @@ GAUGES = tuple(c for c in fmt.SAMPLE_FIELDS + fmt.GPU_SAMPLE_FIELDS if c)
 COUNTERS = frozenset({"cgroup_oom_kills", "psi_some_us", "psi_full_us", "gpu_alloc_retries", "gpu_ooms"})
 BYTE_GAUGES = tuple(g for g in GAUGES if g not in COUNTERS)
 _DICT_STR = pa.dictionary(pa.int32(), pa.string())
+_KIND_SIGNAL = fmt.KIND_CODES["signal"]
+_KIND_STACK_SAMPLE = fmt.KIND_CODES["stack_sample"]
+_VIRTUAL_IDS = 1 << 33  # string ids above any u4 id: folded stacks joined into ``detail``
+STACK_LOST = "<blackbox: stack lost (its table entry was overwritten or damaged)>"
+FRAME_LOST = "<blackbox: frame lost>"
 # Figures parsed from the message of an ``oom`` event (see _oom.parse_oom), bytes.
 OOM_COLUMNS = (
     "oom_requested",
@@ -43,7 +48,7 @@ TIMELINE_SCHEMA = pa.schema(
         ("host", _DICT_STR),
         ("device", pa.int16()),
     ]
-    + [(c, _DICT_STR if c in fmt.STRING_COLUMNS else pa.int64()) for c in fmt.PAYLOAD_COLUMN_ORDER]
+    + [(c, _DICT_STR if c in fmt.STRING_COLUMNS | fmt.TEXT_COLUMNS else pa.int64()) for c in fmt.PAYLOAD_COLUMN_ORDER]
     + [(c, pa.int64()) for c in OOM_COLUMNS]
 )
 
@@ -106,10 +111,12 @@ def _labels(ids: np.ndarray, strings: dict[int, str]) -> tuple[pa.Array, int]:
         if sid == 0:
             words.append(None)
             continue
-        if sid == fmt.STRING_FULL_ID or sid not in strings:
+        if sid in (fmt.STRING_FULL_ID, fmt.STRING_BUSY_ID) or sid not in strings:
             lost += int(counts[i])
         if sid == fmt.STRING_FULL_ID:
             words.append(fmt.STRING_FULL_TEXT)
+        elif sid == fmt.STRING_BUSY_ID:
+            words.append(fmt.STRING_BUSY_TEXT)
         else:
             words.append(strings.get(sid, f"<blackbox: label #{sid} lost>"))
     mask = None
@@ -153,8 +160,13 @@ def ring_table(ring: Ring) -> pa.Table:
     ring.recovery.time_clamped = clamped
     ring.recovery.labels_lost = lost
     has_value = (r["flags"] & fmt.FLAG_VALUE) != 0
-    step = r["step"]
+    step = _step_in_force(r["kind"], r["step"]) if ring.header.version >= 3 else r["step"]
     device = r["device"]
+    thread = r["thread"]
+    stack_rows = np.flatnonzero(r["kind"] == _KIND_STACK_SAMPLE) if ring.header.version >= 3 else np.zeros(0, int)
+    if len(stack_rows):  # the sampled thread, not the sampler's
+        thread = thread.copy()
+        thread[stack_rows] = r["p0"][stack_rows]
     cols: dict[str, pa.Array] = {
         "seq": pa.array(r["seq"], pa.uint64()),
         "time": pa.array(times, pa.timestamp("ns", tz="UTC")),
@@ -162,28 +174,78 @@ def ring_table(ring: Ring) -> pa.Table:
         "label": labels,
         "value": pa.array(r["value"], pa.int64(), mask=~has_value),
         "step": pa.array(step, pa.int64(), mask=step < 0),
-        "thread": pa.array(r["thread"], pa.uint64()),
+        "thread": pa.array(thread, pa.uint64()),
         "pid": _constant(_int_or_none(ident.get("pid")), n, pa.int64()),
         "rank": _constant(_int_or_none(ident.get("rank")), n, pa.int32()),
         "host": _const_str(_str_or_none(ident.get("host")), n),
         "device": pa.array(device, pa.int16(), mask=device < 0),
     }
-    cols.update(_payload(r, ring.header.version, ring.strings))
+    cols.update(_payload(r, ring.header.version, ring.strings, _stacks(r, stack_rows, ring.stacks)))
     cols.update(_oom_figures(r["kind"], labels))
     return pa.Table.from_pydict(cols, schema=TIMELINE_SCHEMA)
 
 
-def _payload(r: dict[str, np.ndarray], version: int, strings: dict[int, str]) -> dict[str, pa.Array]:
-    """Payload words to columns: each kind fills the columns its layout names, others are null."""
+def _step_in_force(kinds: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """Steps, with a signal's filled in from the record before it: the handler cannot read the step."""
+    signals = kinds == _KIND_SIGNAL
+    if not (signals & (step < 0)).any():
+        return step
+    index = np.arange(len(step))
+    before = np.maximum.accumulate(np.where(signals, -1, index))
+    filled = step.copy()
+    fill = signals & (step < 0) & (before >= 0)
+    filled[fill] = step[before[fill]]
+    return filled
+
+
+def _stacks(r: dict[str, np.ndarray], rows: np.ndarray, table: fmt.StackScan | None) -> dict[int, str]:
+    """The folded stack (outermost frame first, ``;``-joined) of each stack_sample row."""
+    if not len(rows):
+        return {}
+    keys = (r["p2"][rows].astype(np.uint64) << np.uint64(32)) | (
+        r["p1"][rows].astype(np.uint64) & np.uint64(0xFFFFFFFF)
+    )
+    depth = r["p3"].view(np.int64)[rows]
+    texts: dict[tuple[int, int], str] = {}
+    out: dict[int, str] = {}
+    for row, key, d in zip(rows.tolist(), keys.tolist(), depth.tolist(), strict=True):
+        k = (key, d)
+        if k not in texts:
+            texts[k] = folded(table, key >> 32, key & 0xFFFFFFFF, d)
+        out[row] = texts[k]
+    return out
+
+
+def folded(table: fmt.StackScan | None, gen: int, sid: int, depth: int) -> str:
+    """One stack as ``outer (file:line);...;inner (file:line)``, from the ring's stack table."""
+    frames = table.stacks.get((gen, sid)) if table is not None else None
+    if frames is None:
+        return STACK_LOST
+    names = [table.frames.get((gen, f), FRAME_LOST) for f in frames] if table is not None else []
+    if depth > len(names):
+        names.insert(0, fmt.STACK_TRUNCATED_TEXT)
+    return ";".join(names)
+
+
+def _payload(
+    r: dict[str, np.ndarray], version: int, strings: dict[int, str], stacks: dict[int, str]
+) -> dict[str, pa.Array]:
+    """Payload words to columns: each kind fills the columns its layout names, others are null.
+    ``stacks``: the folded stack of each stack_sample row, which fills its ``detail``."""
     n = len(r["kind"])
     values: dict[str, np.ndarray] = {}
     present: dict[str, np.ndarray] = {}
+    texts: dict[str, list[tuple[np.ndarray, int]]] = {}  # text column -> (rows, first word) per kind
     for code, words in fmt.payload_columns(version).items():
         rows = r["kind"] == code
         if not rows.any():
             continue
         for i, name in enumerate(words):
-            if name is None:
+            if name is None or name in fmt.RESOLVED_WORDS:
+                continue
+            if name in fmt.TEXT_COLUMNS:
+                if i == 0 or words[i - 1] != name:
+                    texts.setdefault(name, []).append((rows, i))
                 continue
             if name not in values:
                 values[name] = np.zeros(n, np.int64)
@@ -191,9 +253,20 @@ def _payload(r: dict[str, np.ndarray], version: int, strings: dict[int, str]) ->
             w = r[f"p{i}"].view(np.int64)
             values[name][rows] = w[rows]
             present[name] |= rows & ((w > 0) if name in fmt.STRING_COLUMNS else (w >= 0))
+    if stacks:
+        strings = dict(strings)
+        values.setdefault("detail", np.zeros(n, np.int64))
+        present.setdefault("detail", np.zeros(n, bool))
+        virtual: dict[str, int] = {}
+        for row, text in stacks.items():
+            sid = virtual.setdefault(text, _VIRTUAL_IDS + len(virtual))
+            strings[sid] = text
+            values["detail"][row], present["detail"][row] = sid, True
     out: dict[str, pa.Array] = {}
     for name in fmt.PAYLOAD_COLUMN_ORDER:
-        if name not in values:
+        if name in fmt.TEXT_COLUMNS:
+            out[name] = _text_column(r, n, texts.get(name, []))
+        elif name not in values:
             out[name] = pa.nulls(n, _DICT_STR if name in fmt.STRING_COLUMNS else pa.int64())
         elif name in fmt.STRING_COLUMNS:
             out[name] = _strings_column(values[name], present[name], strings)
@@ -202,8 +275,20 @@ def _payload(r: dict[str, np.ndarray], version: int, strings: dict[int, str]) ->
     return out
 
 
+def _text_column(r: dict[str, np.ndarray], n: int, spans: list[tuple[np.ndarray, int]]) -> pa.Array:
+    """Text stored in two consecutive payload words (zero padded UTF-8); null where unset."""
+    values: list[str | None] = [None] * n
+    for rows, first in spans:
+        for row in np.flatnonzero(rows).tolist():
+            raw = r[f"p{first}"][row : row + 1].tobytes() + r[f"p{first + 1}"][row : row + 1].tobytes()
+            text = raw.rstrip(b"\0")
+            if text and text != b"\xff" * len(text):
+                values[row] = text.decode("utf-8", "replace")
+    return pa.array(values, pa.string()).dictionary_encode()
+
+
 def _strings_column(ids: np.ndarray, present: np.ndarray, strings: dict[int, str]) -> pa.Array:
-    ids = np.where(present, ids, 0).astype(np.uint32)
+    ids = np.where(present, ids, 0).astype(np.int64)
     arr, _ = _labels(ids, strings)
     return arr
 

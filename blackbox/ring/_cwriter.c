@@ -1,24 +1,45 @@
-/* blackbox.ring._cwriter: the write path in C (optional; writer.py falls back to Python).
+/* blackbox.ring._cwriter: the write path and the signal recorder in C (optional).
  *
- * It writes exactly the bytes the Python path writes (FORMAT.md, "Record slots");
- * tests/test_writer_backends.py checks the two byte for byte. What it buys: a
- * mark() is one C call with no Python frame, and the seq, the timestamp and the
- * whole record are written while the GIL is held, so no other thread can slip
- * between taking a seq and committing its slot.
+ * writer.py falls back to Python where this is not built; then events are still
+ * recorded, signals are not (nothing is installed over the job's signals).
  *
- * Commit rule, as in the Python path: the seq word is stored first, then the
- * other fields, then the commit word (a release store). A process killed at any
- * instruction leaves commit != seq in a slot it was writing.
+ * 1. Sequence: the ring's one seq counter, an atomic fetch-add. Both write paths
+ *    take every seq from it, and so does the signal handler below, which can run
+ *    on any thread at any instruction: two writers never get the same slot.
  *
- * Label strings are interned by a Python callable (the slow path owns the
- * string region and its lock); this module only looks ids up in the shared dict.
+ * 2. Writer: the same bytes as the Python path (FORMAT.md, "Record slots";
+ *    tests/test_writer_backends.py compares them byte for byte). Every argument
+ *    is converted first (that can run Python code: __index__, __hash__, the
+ *    intern callable, and so let another thread disarm); only then is the writer
+ *    checked alive, and the seq, the clock read and the slot written with no
+ *    Python call in between, under the GIL.
+ *
+ *    Commit rule: the seq word is stored first, then the other fields, then the
+ *    commit word (a release store). A process killed at any instruction leaves
+ *    commit != seq in a slot it was writing.
+ *
+ * 3. The signal recorder: an async-signal-safe sigaction handler over the job's
+ *    own disposition (never over SIG_IGN). It writes one `signal` record with ids
+ *    interned at arm (no interning, no lock, no Python, no allocation), then
+ *    hands the signal on: to the disposition it wrapped (the job's C or Python
+ *    handler, with the same siginfo), or, for SIG_DFL, it restores SIG_DFL and
+ *    raises the signal again so the process ends at once, exactly as it would
+ *    have. Python's own handler table is never touched: signal.getsignal()
+ *    answers what it would without blackbox. A second signal re-enters it
+ *    safely: every step is a syscall or an atomic.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <pythread.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the C write path assumes a little-endian host; the Python path is used elsewhere"
@@ -27,35 +48,22 @@
 #define RECORD_SIZE 128
 #define PAYLOAD_WORDS 9
 #define FLAG_VALUE 1
-
-typedef struct {
-    PyObject_HEAD
-    Py_buffer view;
-    int have_view;
-    char *records;
-    uint64_t cap;
-    uint64_t seq; /* the last seq handed out */
-    int64_t step; /* the step in force, -1 before the first */
-    PyObject *ids;      /* dict: label -> int id, shared with the Python intern */
-    PyObject *intern;   /* callable(label) -> int id */
-    PyObject *on_error; /* callable(exception) */
-    uint64_t mark_tag, mark_value_tag, step_tag, sample_tag;
-    int dead;
-} Writer;
+#define MAX_SIGNAL 65
 
 static inline int64_t now_ns(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts); /* what time.monotonic_ns() reads on Linux */
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* what time.monotonic_ns() reads on Linux; async-signal-safe */
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static inline void put(Writer *w, uint64_t seq, int64_t t, int64_t step, int64_t value, uint64_t tag,
-                       const int64_t *payload) {
-    uint64_t *q = (uint64_t *)(w->records + (seq % w->cap) * RECORD_SIZE);
+/* One record into slot seq % cap: seq first, commit last (FORMAT.md, "The commit rule"). */
+static inline void put_record(char *records, uint64_t cap, uint64_t seq, int64_t t, uint64_t thread, int64_t step,
+                              int64_t value, uint64_t tag, const int64_t *payload) {
+    uint64_t *q = (uint64_t *)(records + (seq % cap) * RECORD_SIZE);
     __atomic_store_n(&q[0], seq, __ATOMIC_RELAXED);
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     q[1] = (uint64_t)t;
-    q[2] = (uint64_t)PyThread_get_thread_ident();
+    q[2] = thread;
     q[3] = (uint64_t)step;
     q[4] = (uint64_t)value;
     q[5] = tag;
@@ -64,6 +72,61 @@ static inline void put(Writer *w, uint64_t seq, int64_t t, int64_t step, int64_t
     else
         memset(&q[6], 0, PAYLOAD_WORDS * 8);
     __atomic_store_n(&q[15], seq, __ATOMIC_RELEASE);
+}
+
+/* ------------------------------------------------------------------ Sequence */
+typedef struct {
+    PyObject_HEAD
+    uint64_t value; /* the last seq handed out */
+} Sequence;
+
+static PyObject *Sequence_next(Sequence *s) {
+    return PyLong_FromUnsignedLongLong(__atomic_add_fetch(&s->value, 1, __ATOMIC_RELAXED));
+}
+
+static PyObject *Sequence_get_value(Sequence *s, void *Py_UNUSED(closure)) {
+    return PyLong_FromUnsignedLongLong(__atomic_load_n(&s->value, __ATOMIC_RELAXED));
+}
+
+static PyGetSetDef Sequence_getset[] = {
+    {"value", (getter)Sequence_get_value, NULL, "The last seq handed out (0: none yet).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject SequenceType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "blackbox.ring._cwriter.Sequence",
+    .tp_basicsize = sizeof(Sequence),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The ring's seq counter: next() is one atomic fetch-add (safe from signal handlers).",
+    .tp_new = PyType_GenericNew,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)Sequence_next,
+    .tp_getset = Sequence_getset,
+};
+
+/* ------------------------------------------------------------------ Writer */
+typedef struct {
+    PyObject_HEAD
+    Py_buffer view;
+    int have_view;
+    char *records;
+    uint64_t cap;
+    Sequence *seq;
+    int64_t step; /* the step in force, -1 before the first */
+    PyObject *ids;      /* dict: label -> int id, shared with the Python intern */
+    PyObject *intern;   /* callable(label) -> int id */
+    PyObject *on_error; /* callable(exception) */
+    uint64_t mark_tag, mark_value_tag, step_tag, sample_tag;
+    int dead;
+} Writer;
+
+static inline void write_now(Writer *w, int64_t step, int64_t value, uint64_t tag, const int64_t *payload,
+                             int64_t *t_out) {
+    uint64_t seq = __atomic_add_fetch(&w->seq->value, 1, __ATOMIC_RELAXED);
+    int64_t t = now_ns();
+    put_record(w->records, w->cap, seq, t, (uint64_t)PyThread_get_thread_ident(), step, value, tag, payload);
+    if (t_out)
+        *t_out = t;
 }
 
 /* Report the pending exception through on_error (once the writer is dead, drop it). */
@@ -100,7 +163,7 @@ static int64_t label_id(Writer *w, PyObject *label) {
     return v;
 }
 
-/* value -> (int64, flags); returns -1 on error. */
+/* value -> int64; returns -1 on error. */
 static int int_value(PyObject *obj, int64_t *out) {
     PyObject *index = PyNumber_Index(obj);
     if (index == NULL)
@@ -194,9 +257,6 @@ static PyObject *Writer_mark(Writer *w, PyObject *const *args, Py_ssize_t nargs,
     } else if (parse(args, nargs, kwnames, MARK_NAMES, 2, 1, a) < 0) {
         return report(w);
     }
-    int64_t lid = label_id(w, a[0]);
-    if (lid < 0 || w->dead) /* interning runs Python code: the writer may have been killed meanwhile */
-        return PyErr_Occurred() ? report(w) : Py_NewRef(Py_None);
     int64_t value = 0;
     uint64_t tag = w->mark_tag;
     if (a[1] != NULL && a[1] != Py_None) {
@@ -204,7 +264,12 @@ static PyObject *Writer_mark(Writer *w, PyObject *const *args, Py_ssize_t nargs,
             return report(w);
         tag = w->mark_value_tag;
     }
-    put(w, ++w->seq, now_ns(), w->step, value, (uint64_t)lid | tag, NULL);
+    int64_t lid = label_id(w, a[0]);
+    if (lid < 0)
+        return report(w);
+    if (w->dead) /* the conversions ran Python code: another thread may have disarmed meanwhile */
+        Py_RETURN_NONE;
+    write_now(w, w->step, value, (uint64_t)lid | tag, NULL, NULL);
     Py_RETURN_NONE;
 }
 
@@ -214,7 +279,8 @@ static PyObject *Writer_step(Writer *w, PyObject *const *args, Py_ssize_t nargs,
     PyObject *a[1] = {NULL};
     if (parse(args, nargs, kwnames, STEP_NAMES, 1, 0, a) < 0)
         return report(w);
-    int64_t n = w->step + 1;
+    int have = 0;
+    int64_t n = 0;
     if (a[0] != NULL && a[0] != Py_None) {
         if (int_value(a[0], &n) < 0)
             return report(w);
@@ -222,9 +288,14 @@ static PyObject *Writer_step(Writer *w, PyObject *const *args, Py_ssize_t nargs,
             PyErr_Format(PyExc_ValueError, "step must be >= 0, got %lld", (long long)n);
             return report(w);
         }
+        have = 1;
     }
+    if (w->dead)
+        Py_RETURN_NONE;
+    if (!have)
+        n = w->step + 1;
     w->step = n;
-    put(w, ++w->seq, now_ns(), n, n, w->step_tag, NULL);
+    write_now(w, n, n, w->step_tag, NULL, NULL);
     Py_RETURN_NONE;
 }
 
@@ -232,12 +303,16 @@ static PyObject *Writer_event(Writer *w, PyObject *const *args, Py_ssize_t nargs
     if (w->dead)
         return PyLong_FromLong(0);
     PyObject *a[5] = {NULL, NULL, NULL, NULL, NULL};
-    int64_t kind, value = 0, device = -1, lid = 0, payload[PAYLOAD_WORDS];
+    int64_t kind, value = 0, device = -1, lid = 0, payload[PAYLOAD_WORDS], t = 0;
     uint64_t flags = 0;
+    int have_payload = 0;
     if (parse(args, nargs, kwnames, EVENT_NAMES, 5, 1, a) < 0 || int_value(a[0], &kind) < 0)
         goto fail;
-    if (a[4] != NULL && a[4] != Py_None && payload_words(a[4], payload, 0) < 0)
-        goto fail;
+    if (a[4] != NULL && a[4] != Py_None) {
+        if (payload_words(a[4], payload, 0) < 0)
+            goto fail;
+        have_payload = 1;
+    }
     if (a[3] != NULL && int_value(a[3], &device) < 0)
         goto fail;
     if (kind < 0 || kind > 255 || device < -32768 || device > 32767) {
@@ -253,9 +328,8 @@ static PyObject *Writer_event(Writer *w, PyObject *const *args, Py_ssize_t nargs
         goto fail;
     if (w->dead)
         return PyLong_FromLong(0);
-    int64_t t = now_ns();
     uint64_t tag = (uint64_t)lid | (uint64_t)kind << 32 | flags << 40 | ((uint64_t)device & 0xFFFF) << 48;
-    put(w, ++w->seq, t, w->step, value, tag, (a[4] != NULL && a[4] != Py_None) ? payload : NULL);
+    write_now(w, w->step, value, tag, have_payload ? payload : NULL, &t);
     return PyLong_FromLongLong(t);
 fail:
     Py_DECREF(report(w));
@@ -273,7 +347,9 @@ static PyObject *Writer_sample(Writer *w, PyObject *const *args, Py_ssize_t narg
         return report(w);
     if (payload_words(a[0], payload, 1) < 0)
         return report(w);
-    put(w, ++w->seq, now_ns(), w->step, 0, w->sample_tag | ((uint64_t)device & 0xFFFF) << 48, payload);
+    if (w->dead)
+        Py_RETURN_NONE;
+    write_now(w, w->step, 0, w->sample_tag | ((uint64_t)device & 0xFFFF) << 48, payload, NULL);
     Py_RETURN_NONE;
 }
 
@@ -296,13 +372,14 @@ static PyObject *Writer_kill(Writer *w, PyObject *Py_UNUSED(ignored)) {
 }
 
 static int Writer_init(Writer *w, PyObject *args, PyObject *kwds) {
-    PyObject *buffer, *ids, *intern, *on_error;
+    PyObject *buffer, *ids, *intern, *on_error, *seq;
     Py_ssize_t offset;
     unsigned long long cap, mark_tag, mark_value_tag, step_tag, sample_tag;
-    static char *kwlist[] = {"buffer", "records_offset", "capacity", "ids", "intern", "on_error",
-                             "mark_tag", "mark_value_tag", "step_tag", "sample_tag", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OnKO!OOKKKK", kwlist, &buffer, &offset, &cap, &PyDict_Type, &ids,
-                                     &intern, &on_error, &mark_tag, &mark_value_tag, &step_tag, &sample_tag))
+    static char *kwlist[] = {"buffer",   "records_offset", "capacity",       "sequence", "ids",        "intern",
+                             "on_error", "mark_tag",       "mark_value_tag", "step_tag", "sample_tag", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OnKO!O!OOKKKK", kwlist, &buffer, &offset, &cap, &SequenceType,
+                                     &seq, &PyDict_Type, &ids, &intern, &on_error, &mark_tag, &mark_value_tag,
+                                     &step_tag, &sample_tag))
         return -1;
     if (w->have_view) {
         PyErr_SetString(PyExc_RuntimeError, "Writer already initialised");
@@ -315,7 +392,7 @@ static int Writer_init(Writer *w, PyObject *args, PyObject *kwds) {
     if (PyObject_GetBuffer(buffer, &w->view, PyBUF_WRITABLE) < 0)
         return -1;
     w->have_view = 1;
-    if ((unsigned long long)(w->view.len - offset) / RECORD_SIZE < cap || w->view.len < offset ||
+    if (w->view.len < offset || (unsigned long long)(w->view.len - offset) / RECORD_SIZE < cap ||
         ((uintptr_t)((char *)w->view.buf + offset) & 7) != 0) {
         release(w);
         PyErr_SetString(PyExc_ValueError, "buffer too small or record region not 8-byte aligned");
@@ -324,8 +401,8 @@ static int Writer_init(Writer *w, PyObject *args, PyObject *kwds) {
     w->dead = 0;
     w->records = (char *)w->view.buf + offset;
     w->cap = cap;
-    w->seq = 0;
     w->step = -1;
+    Py_XSETREF(w->seq, (Sequence *)Py_NewRef(seq));
     Py_XSETREF(w->ids, Py_NewRef(ids));
     Py_XSETREF(w->intern, Py_NewRef(intern));
     Py_XSETREF(w->on_error, Py_NewRef(on_error));
@@ -337,6 +414,7 @@ static int Writer_init(Writer *w, PyObject *args, PyObject *kwds) {
 }
 
 static int Writer_traverse(Writer *w, visitproc visit, void *arg) {
+    Py_VISIT(w->seq);
     Py_VISIT(w->ids);
     Py_VISIT(w->intern);
     Py_VISIT(w->on_error);
@@ -344,6 +422,7 @@ static int Writer_traverse(Writer *w, visitproc visit, void *arg) {
 }
 
 static int Writer_clear(Writer *w) {
+    Py_CLEAR(w->seq);
     Py_CLEAR(w->ids);
     Py_CLEAR(w->intern);
     Py_CLEAR(w->on_error);
@@ -384,19 +463,276 @@ static PyTypeObject WriterType = {
     .tp_methods = Writer_methods,
 };
 
+/* ------------------------------------------------------------------ signals
+ *
+ * State shared with the handler is plain memory read with atomics. The target
+ * (where records go) is switched off before its buffer is released, and
+ * release waits until no handler is inside it. Each signal's wrapped
+ * disposition is double-buffered: an update fills the idle copy, then flips. */
+typedef struct {
+    char *records;
+    uint64_t cap;
+    uint64_t *seq;
+    pid_t pid;       /* the armed process: a forked child never writes */
+    uint64_t tag[MAX_SIGNAL];     /* label id | kind | flags | device, per signal */
+    int64_t detail_default;       /* string id of "default action" */
+    int64_t detail[MAX_SIGNAL];   /* string id of how the wrapped handler handles it */
+} SigTarget;
+
+typedef struct {
+    struct sigaction prev[2];
+    int cur;       /* which prev is in force */
+    int installed; /* our handler was put over prev[cur] */
+} SigChain;
+
+static SigTarget g_target;
+static int g_target_on;  /* atomic */
+static int g_inflight;   /* atomic: handlers inside g_target */
+static SigChain g_chain[MAX_SIGNAL];
+static Py_buffer g_view;
+static int g_have_view;
+static PyObject *g_seq_ref;
+
+static size_t put_decimal(char *out, long v) {
+    char tmp[24];
+    size_t n = 0, i = 0;
+    if (v <= 0) {
+        out[0] = '0';
+        return 1;
+    }
+    while (v > 0 && n < sizeof tmp) {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    }
+    while (n > 0)
+        out[i++] = tmp[--n];
+    return i;
+}
+
+/* The sender's command name into 16 bytes (zero padded): open/read/close only. */
+static void sender_comm(pid_t pid, char comm[16]) {
+    char path[48] = "/proc/";
+    size_t n = 6 + put_decimal(path + 6, (long)pid);
+    memcpy(path + n, "/comm", 6);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    ssize_t got = read(fd, comm, 15);
+    close(fd);
+    for (ssize_t i = 0; i < got; i++)
+        if (comm[i] == '\n')
+            comm[i] = 0;
+}
+
+static void on_signal(int sig, siginfo_t *info, void *context) {
+    int saved_errno = errno;
+    SigChain *chain = &g_chain[sig];
+    struct sigaction prev = chain->prev[__atomic_load_n(&chain->cur, __ATOMIC_ACQUIRE)];
+    int to_default = !(prev.sa_flags & SA_SIGINFO) && prev.sa_handler == SIG_DFL;
+    __atomic_add_fetch(&g_inflight, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&g_target_on, __ATOMIC_ACQUIRE) && g_target.pid == getpid()) {
+        int64_t payload[PAYLOAD_WORDS];
+        char comm[16] = {0};
+        for (int i = 0; i < PAYLOAD_WORDS; i++)
+            payload[i] = -1;
+        payload[0] = to_default ? g_target.detail_default : g_target.detail[sig];
+        if (info != NULL) {
+            payload[2] = info->si_code;
+            if (info->si_code <= 0 && info->si_pid > 0) { /* sent by a process (kill, tgkill, sigqueue) */
+                payload[1] = info->si_pid;
+                sender_comm(info->si_pid, comm);
+                memcpy(&payload[3], comm, 16);
+            }
+        }
+        uint64_t seq = __atomic_add_fetch(g_target.seq, 1, __ATOMIC_RELAXED);
+        put_record(g_target.records, g_target.cap, seq, now_ns(), (uint64_t)pthread_self(), -1, sig, g_target.tag[sig],
+                   payload);
+    }
+    __atomic_sub_fetch(&g_inflight, 1, __ATOMIC_SEQ_CST);
+    if (to_default) {
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        sigemptyset(&dfl.sa_mask);
+        sigaction(sig, &dfl, NULL);
+        raise(sig); /* pending until this handler returns: then the default action, at once */
+    } else if (prev.sa_flags & SA_SIGINFO) {
+        if (prev.sa_sigaction != NULL)
+            prev.sa_sigaction(sig, info, context);
+    } else if (prev.sa_handler != SIG_IGN && prev.sa_handler != NULL) {
+        prev.sa_handler(sig);
+    }
+    errno = saved_errno;
+}
+
+static int is_ours(const struct sigaction *sa) {
+    return (sa->sa_flags & SA_SIGINFO) && sa->sa_sigaction == on_signal;
+}
+
+/* signals_arm(buffer, records_offset, capacity, sequence, detail_default): record signals into this ring. */
+static PyObject *signals_arm(PyObject *Py_UNUSED(m), PyObject *args) {
+    PyObject *buffer, *seq;
+    Py_ssize_t offset;
+    unsigned long long cap;
+    long long detail_default;
+    if (!PyArg_ParseTuple(args, "OnKO!L", &buffer, &offset, &cap, &SequenceType, &seq, &detail_default))
+        return NULL;
+    if (__atomic_load_n(&g_target_on, __ATOMIC_ACQUIRE)) {
+        PyErr_SetString(PyExc_RuntimeError, "another armed recorder of this process records its signals");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (cap == 0 || offset < 0 || view.len < offset || (unsigned long long)(view.len - offset) / RECORD_SIZE < cap) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "buffer too small for the record region");
+        return NULL;
+    }
+    if (g_have_view) /* left by a forked parent's arm: this process's copy of that export */
+        PyBuffer_Release(&g_view);
+    g_view = view;
+    g_have_view = 1;
+    Py_XSETREF(g_seq_ref, Py_NewRef(seq));
+    g_target.records = (char *)view.buf + offset;
+    g_target.cap = cap;
+    g_target.seq = &((Sequence *)seq)->value;
+    g_target.pid = getpid();
+    g_target.detail_default = detail_default;
+    for (int s = 0; s < MAX_SIGNAL; s++) {
+        g_target.tag[s] = 0;
+        g_target.detail[s] = 0;
+    }
+    __atomic_store_n(&g_target_on, 1, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+/* signals_watch(signum, tag, detail) -> "wrapped" | "ours" | "ignored":
+ * put the handler over the signal's current disposition unless it is SIG_IGN. */
+static PyObject *signals_watch(PyObject *Py_UNUSED(m), PyObject *args) {
+    int sig;
+    unsigned long long tag;
+    long long detail;
+    if (!PyArg_ParseTuple(args, "iKL", &sig, &tag, &detail))
+        return NULL;
+    if (sig <= 0 || sig >= MAX_SIGNAL) {
+        PyErr_Format(PyExc_ValueError, "signal number %d out of range", sig);
+        return NULL;
+    }
+    g_target.tag[sig] = tag;
+    g_target.detail[sig] = detail;
+    struct sigaction cur;
+    if (sigaction(sig, NULL, &cur) != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    if (is_ours(&cur))
+        return PyUnicode_FromString("ours");
+    if (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_IGN)
+        return PyUnicode_FromString("ignored"); /* stays ignored, also for the job's exec'd children */
+    SigChain *chain = &g_chain[sig];
+    int idle = 1 - __atomic_load_n(&chain->cur, __ATOMIC_ACQUIRE);
+    chain->prev[idle] = cur;
+    __atomic_store_n(&chain->cur, idle, __ATOMIC_RELEASE);
+    struct sigaction ours, old;
+    memset(&ours, 0, sizeof ours);
+    ours.sa_sigaction = on_signal;
+    ours.sa_mask = cur.sa_mask;
+    /* the wrapped handler's flags (SA_RESTART or not decides whether a blocked call returns to run it) */
+    ours.sa_flags = (cur.sa_flags & ~(SA_RESETHAND | SA_NODEFER)) | SA_SIGINFO | SA_ONSTACK;
+    if (sigaction(sig, &ours, &old) != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    if (memcmp(&old, &cur, sizeof old) != 0 && !is_ours(&old)) { /* changed between the read and the swap */
+        int other = 1 - idle;
+        chain->prev[other] = old;
+        __atomic_store_n(&chain->cur, other, __ATOMIC_RELEASE);
+    }
+    chain->installed = 1;
+    return PyUnicode_FromString("wrapped");
+}
+
+/* Put back the disposition we wrapped, where ours is still the one installed. */
+static void restore_all(void) {
+    for (int s = 1; s < MAX_SIGNAL; s++) {
+        SigChain *chain = &g_chain[s];
+        if (!chain->installed)
+            continue;
+        struct sigaction cur;
+        if (sigaction(s, NULL, &cur) == 0 && is_ours(&cur))
+            sigaction(s, &chain->prev[__atomic_load_n(&chain->cur, __ATOMIC_ACQUIRE)], NULL);
+        chain->installed = 0;
+    }
+}
+
+static void drop_target(void) {
+    Py_CLEAR(g_seq_ref);
+    if (g_have_view) {
+        g_have_view = 0;
+        PyBuffer_Release(&g_view);
+    }
+}
+
+/* signals_release(): stop recording, restore the dispositions, wait for handlers in flight. */
+static PyObject *signals_release(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
+    restore_all();
+    __atomic_store_n(&g_target_on, 0, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&g_inflight, __ATOMIC_SEQ_CST) != 0) /* another thread's handler: a few syscalls */
+        sched_yield();
+    drop_target();
+    Py_RETURN_NONE;
+}
+
+/* signals_forget(): in a forked child, let go of the parent's ring without waiting on its threads. */
+static PyObject *signals_forget(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
+    __atomic_store_n(&g_target_on, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&g_inflight, 0, __ATOMIC_SEQ_CST); /* a parent thread's count, copied by fork */
+    restore_all();
+    drop_target();
+    Py_RETURN_NONE;
+}
+
+/* signals_installed() -> list of signal numbers our handler is installed over. */
+static PyObject *signals_installed(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (int s = 1; s < MAX_SIGNAL; s++) {
+        struct sigaction cur;
+        if (g_chain[s].installed && sigaction(s, NULL, &cur) == 0 && is_ours(&cur)) {
+            PyObject *n = PyLong_FromLong(s);
+            if (n == NULL || PyList_Append(out, n) < 0) {
+                Py_XDECREF(n);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(n);
+        }
+    }
+    return out;
+}
+
+static PyMethodDef module_methods[] = {
+    {"signals_arm", signals_arm, METH_VARARGS,
+     "signals_arm(buffer, records_offset, capacity, sequence, detail_default): record signals into this ring."},
+    {"signals_watch", signals_watch, METH_VARARGS,
+     "signals_watch(signum, tag, detail) -> 'wrapped' | 'ours' | 'ignored'."},
+    {"signals_release", signals_release, METH_NOARGS, "Restore the dispositions and stop recording."},
+    {"signals_forget", signals_forget, METH_NOARGS, "In a forked child: drop the parent's ring."},
+    {"signals_installed", signals_installed, METH_NOARGS, "Signal numbers the handler is installed over."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef cwriter_module = {
-    PyModuleDef_HEAD_INIT, "blackbox.ring._cwriter", "The ring's write path in C.", -1, NULL,
+    PyModuleDef_HEAD_INIT, "blackbox.ring._cwriter", "The ring's write path and signal recorder in C.", -1,
+    module_methods,
 };
 
 PyMODINIT_FUNC PyInit__cwriter(void) {
-    if (PyType_Ready(&WriterType) < 0)
+    if (PyType_Ready(&SequenceType) < 0 || PyType_Ready(&WriterType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&cwriter_module);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&WriterType);
-    if (PyModule_AddObject(m, "Writer", (PyObject *)&WriterType) < 0) {
-        Py_DECREF(&WriterType);
+    if (PyModule_AddObjectRef(m, "Sequence", (PyObject *)&SequenceType) < 0 ||
+        PyModule_AddObjectRef(m, "Writer", (PyObject *)&WriterType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

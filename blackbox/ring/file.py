@@ -1,24 +1,36 @@
-"""Where a ring lives and how its file is made: naming, the default folder, creation.
+"""Where a ring lives and how its file is made: naming, the default folder, sidecars, creation.
 
-Creation is all-or-nothing: the file is made with ``O_EXCL|O_NOFOLLOW`` and mode
-0600, its blocks are reserved with ``posix_fallocate`` (so a full disk fails
-here, not as a SIGBUS mid-run), it is mapped ``MAP_SHARED`` and every page is
-faulted in (so the recorder's own writes never allocate memory later). On any
-failure the partial file is removed and the ``OSError`` propagates to the
-recorder, which turns it into one warning.
+Creation is all-or-nothing: the file is made under a hidden temporary name with
+``O_EXCL|O_NOFOLLOW`` and mode 0600, locked (``liveness``), its blocks reserved
+with ``posix_fallocate`` (so a full disk fails here, not as a SIGBUS mid-run),
+mapped ``MAP_SHARED`` with every page faulted in (so the recorder's own writes
+never allocate memory later), its header written, and only then linked under
+its name. On any failure the temporary file is removed and the ``OSError``
+propagates to the recorder, which turns it into one warning.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import errno
 import mmap
 import os
 import re
+import secrets
 import socket
+import stat
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from .._errors import BlackboxError
+from .._fds import OwnedFd
+from .format import MAGIC, Header, decode_header
+from .liveness import LOCK_LIVENESS, lock_held, lock_ring, pid_alive_here
+from .reader import read_header
 
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14+
 RING_SUFFIX = ".ring"
@@ -40,6 +52,27 @@ def default_dir() -> Path:
     return Path("/var/tmp") / f"blackbox-{os.getuid()}"
 
 
+def safe_folder(folder: Path) -> None:
+    """Make (mode 0700) or accept a default ring folder only if it is this user's alone: owned by
+    this user, not a symbolic link, not writable by group or others. Raises PermissionError
+    naming what was found (another user could otherwise delete or read the rings, or plant files)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(folder)
+    what = f"expected a folder of this user's alone (uid {os.geteuid()}, not writable by others)"
+    if stat.S_ISLNK(st.st_mode):
+        raise PermissionError(f"{folder}: {what}, found a symbolic link")
+    if not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(f"{folder}: {what}, found something that is not a folder")
+    if st.st_uid != os.geteuid():
+        raise PermissionError(f"{folder}: {what}, found one owned by uid {st.st_uid}")
+    if st.st_mode & 0o022:
+        raise PermissionError(f"{folder}: {what}, found mode {stat.S_IMODE(st.st_mode):o}")
+
+
 def ring_name(host: str, pid: int, rank: int | None, started_ns: int) -> str:
     """``blackbox-<host>-rank<R>-pid<P>-<UTC start>.ring``; rank ``x`` when unknown."""
     safe_host = re.sub(r"[^A-Za-z0-9.-]", "_", host)[:64] or "host"
@@ -56,36 +89,6 @@ def sidecar(ring: Path, suffix: str) -> Path:
 
 def hostname() -> str:
     return socket.gethostname()
-
-
-def boot_id() -> str | None:
-    """This boot's id: tells whether a ring's writer pid can still be the same process."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-def writer_running(meta: dict[str, Any]) -> bool:
-    """The ring's writer is a live process on this host, this boot (its pid was not reused across a reboot)."""
-    ident = meta.get("identity") or {}
-    pid, boot = ident.get("pid"), ident.get("boot_id")
-    if not isinstance(pid, int) or pid <= 0 or ident.get("host") != socket.gethostname():
-        return False
-    return (boot is None or boot == boot_id()) and _alive(pid)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
 
 
 def filesystem_type(path: Path) -> str | None:
@@ -112,27 +115,140 @@ def is_diskless(path: Path) -> bool:
     return filesystem_type(path) in _DISKLESS
 
 
-def create_ring(path: Path, header: bytes, total_size: int) -> tuple[int, mmap.mmap]:
-    """Create, reserve, map and pre-fault a ring file; write its header. Returns (fd, map)."""
+@dataclass
+class CreatedRing:
+    """A ring made and placed: where it is, the descriptor that holds its lock, its mapping."""
+
+    path: Path
+    fd: OwnedFd
+    map: mmap.mmap
+    header: Header
+    locked: bool  # the writer's lock is held (liveness by lock; else by pid)
+    note: str  # what happened at the requested path, when it was taken ("" otherwise)
+
+
+def create_ring(requested: Path, header_for: Callable[[bool], bytes]) -> CreatedRing:
+    """Make a ring under a hidden temporary name, lock it, reserve and map it, write the header
+    (``header_for(locked)``), then link it into place whole: a ring visible under a ``.ring``
+    name is complete and, while its writer lives, locked.
+
+    Where ``requested`` is already a ring: a dead writer's is kept, moved aside to a numbered
+    name (``train.1.ring``); a live writer's is left alone and this ring gets a fresh name
+    beside it (``train.pid<pid>.ring``). Anything else there (not a ring, a link, another
+    user's file) is refused, untouched.
+    """
+    temp = requested.with_name(f".{requested.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(path, flags, 0o600)
+    fd = OwnedFd.adopt(os.open(temp, flags, 0o600))
+    mm = None
     try:
-        os.posix_fallocate(fd, 0, total_size)
-        mm = mmap.mmap(fd, total_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        try:
-            _prefault(mm)
-            mm[: len(header)] = header
-        except BaseException:
-            mm.close()
-            raise
+        locked = lock_ring(fd.fd)
+        header = header_for(locked)
+        decoded = decode_header(header, len(header))
+        size = decoded.file_size
+        os.posix_fallocate(fd.fd, 0, size)
+        mm = mmap.mmap(fd.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        _prefault(mm)
+        mm[: len(header)] = header
+        path, note = _place(temp, requested)
     except BaseException:
-        os.close(fd)
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+        if mm is not None:
+            mm.close()
+        fd.close()
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
         raise
-    return fd, mm
+    return CreatedRing(path, fd, mm, decoded, locked, note)
+
+
+def _place(temp: Path, requested: Path) -> tuple[Path, str]:
+    notes: list[str] = []
+    for _ in range(16):
+        try:
+            os.link(temp, requested)
+        except FileExistsError:
+            pass
+        else:
+            os.unlink(temp)
+            return requested, "; ".join(notes)
+        ino, live = _existing_ring(requested)
+        if live:
+            fresh = _link_fresh(temp, requested)
+            os.unlink(temp)
+            return fresh, f"{requested} is held by a live writer: recording to {fresh.name} beside it"
+        aside = _move_aside(requested, ino)
+        if aside is not None:
+            notes.append(f"the earlier ring at {requested.name} was kept as {aside.name}")
+    raise FileExistsError(f"{requested}: could not place the ring (the path kept changing)")
+
+
+def _existing_ring(path: Path) -> tuple[int, bool]:
+    """(inode, writer alive) of the ring already at ``path``; raises for anything that is not our ring."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise FileExistsError(f"{path} is a symbolic link: not following it") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise FileExistsError(f"{path} exists and is not a ring of this user's: left untouched")
+        if os.pread(fd, 8, 0) != MAGIC:
+            raise FileExistsError(f"{path} exists and is not a blackbox ring: left untouched")
+        held = lock_held(fd)
+        if held is None:
+            return st.st_ino, True  # cannot tell: never move it
+        if held:
+            return st.st_ino, True
+        try:
+            meta = read_header(f"/proc/self/fd/{fd}").meta
+        except BlackboxError:
+            return st.st_ino, False  # a ring whose header is unreadable: nobody writes it
+        return st.st_ino, meta.get("liveness") != LOCK_LIVENESS and pid_alive_here(meta)
+    finally:
+        os.close(fd)
+
+
+def _stem(path: Path) -> str:
+    return path.name[: -len(RING_SUFFIX)] if path.name.endswith(RING_SUFFIX) else path.name
+
+
+def _link_fresh(temp: Path, requested: Path) -> Path:
+    base = f"{_stem(requested)}.pid{os.getpid()}"
+    for k in range(1, 1000):
+        fresh = requested.with_name(f"{base}{'' if k == 1 else f'-{k}'}{RING_SUFFIX}")
+        try:
+            os.link(temp, fresh)
+            return fresh
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{requested}: no free name beside it")
+
+
+def _move_aside(path: Path, ino: int) -> Path | None:
+    """Link the dead ring (inode ``ino``) to the first free ``<stem>.<n>.ring`` and drop its old name;
+    None if it vanished or changed meanwhile (another process arming there)."""
+    for n in range(1, 100_000):
+        aside = path.with_name(f"{_stem(path)}.{n}{RING_SUFFIX}")
+        try:
+            os.link(path, aside, follow_symlinks=False)
+        except FileExistsError:
+            continue
+        except FileNotFoundError:
+            return None
+        if os.lstat(aside).st_ino != ino:
+            os.unlink(aside)  # not the ring we looked at: another process placed a new one meanwhile
+            return None
+        with contextlib.suppress(OSError):
+            if os.lstat(path).st_ino == ino:
+                os.unlink(path)
+        for suffix in SIDECAR_SUFFIXES:
+            with contextlib.suppress(OSError):
+                os.link(sidecar(path, suffix), sidecar(aside, suffix), follow_symlinks=False)
+                os.unlink(sidecar(path, suffix))
+        return aside
+    return None
 
 
 def _prefault(mm: mmap.mmap) -> None:

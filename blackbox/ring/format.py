@@ -1,11 +1,14 @@
 """The ring file format: the one module that knows byte offsets.
 
 ``FORMAT.md`` beside this file is the normative description; ``tests/test_format_spec.py``
-keeps the two in step. A ring file is three regions::
+keeps the two in step. A version-3 ring file is five regions (versions 1 and 2
+have no stack table and no crash region)::
 
     [ header (header_size bytes, a multiple of 4096) ]
     [ string region (strings_size bytes)              ]
+    [ stack table (stacks_size bytes, two halves)     ]
     [ record slots (capacity x 128 bytes)             ]
+    [ crash region (crash_size bytes, then the end)   ]
 
 Nothing here does I/O: functions take bytes or buffers and return values, so
 the writer, the reader and the golden-file tool share one definition.
@@ -24,8 +27,8 @@ import numpy as np
 from .._errors import CorruptHeaderError, NotARingError, UnsupportedVersionError
 
 MAGIC = b"\x89BLKBOX\n"
-FORMAT_VERSION = 2
-SUPPORTED_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+SUPPORTED_VERSIONS = (1, 2, 3)
 PAGE = 4096
 
 # ---------------------------------------------------------------- header prefix
@@ -100,6 +103,7 @@ KINDS: dict[int, str] = {
     18: "segment_unmap",
     19: "module_begin",
     20: "module_end",
+    21: "stack_sample",
 }
 KIND_CODES = {name: code for code, name in KINDS.items()}
 NOTE_PREFIX = "blackbox: "  # a ``mark`` with this label prefix is the recorder's own note (a collector failed)
@@ -152,7 +156,17 @@ PAYLOAD_COLUMNS: dict[int, dict[str, tuple[str | None, ...]]] = {
         **dict.fromkeys(ALLOCATOR_KINDS, _ALLOC_WORDS),
     },
 }
-STRING_COLUMNS = frozenset({"detail"})
+PAYLOAD_COLUMNS[3] = {
+    **PAYLOAD_COLUMNS[2],
+    # p3..p4: the sender's command name, 16 bytes of text (read by the handler from /proc/<pid>/comm)
+    "signal": ("detail", "sender_pid", "signal_code", "sender", "sender"),
+    # p0: the sampled thread (it fills the ``thread`` column); p1, p2: the stack's id and generation
+    # in the stack table (resolved into ``detail``, the folded stack); p3: its depth before the cap
+    "stack_sample": ("thread", "stack_id", "stack_generation", "stack_depth"),
+}
+STRING_COLUMNS = frozenset({"detail"})  # the word holds a string id (0 = none)
+TEXT_COLUMNS = frozenset({"sender"})  # consecutive words hold UTF-8 text, zero padded
+RESOLVED_WORDS = frozenset({"thread", "stack_id", "stack_generation"})  # read by the reader, not columns themselves
 # Every payload column, in timeline order.
 PAYLOAD_COLUMN_ORDER = (
     "host_rss",
@@ -175,12 +189,18 @@ PAYLOAD_COLUMN_ORDER = (
     "address",
     "stream",
     "allocator_time_us",
+    "sender_pid",
+    "signal_code",
+    "sender",
+    "stack_depth",
     "detail",
 )
 SAMPLE_FIELDS = PAYLOAD_COLUMNS[FORMAT_VERSION]["sample"]
 GPU_SAMPLE_FIELDS = PAYLOAD_COLUMNS[FORMAT_VERSION]["gpu_sample"]
 assert all(len(words) <= PAYLOAD_WORDS for layout in PAYLOAD_COLUMNS.values() for words in layout.values())
-assert {c for layout in PAYLOAD_COLUMNS.values() for w in layout.values() for c in w if c} == set(PAYLOAD_COLUMN_ORDER)
+assert {c for layout in PAYLOAD_COLUMNS.values() for w in layout.values() for c in w if c} == set(
+    PAYLOAD_COLUMN_ORDER
+) | RESOLVED_WORDS
 
 
 def payload_columns(version: int) -> dict[int, tuple[str | None, ...]]:
@@ -200,6 +220,8 @@ STRING_ID_STRUCT = struct.Struct("<II")
 MAX_STRING_BYTES = 4096
 STRING_FULL_ID = 1
 STRING_FULL_TEXT = "<blackbox: string region full, label lost>"
+STRING_BUSY_ID = 0xFFFF_FFFF  # never written: a label first seen inside a signal handler that interrupted interning
+STRING_BUSY_TEXT = "<blackbox: label lost (first used inside a signal handler during interning)>"
 
 
 def _pad8(n: int) -> int:
@@ -261,7 +283,73 @@ def _plausible_entry(buf: bytes, pos: int, tail: int) -> bool:
     return bool(zlib.crc32(data, zlib.crc32(STRING_ID_STRUCT.pack(sid, n))) == crc)
 
 
+# ---------------------------------------------------------------- stack table (version 3)
+#   two halves; generation g fills half (g - 1) % 2, and when it is full generation g + 1 zeroes and fills
+#   the other one. entry: generation u4, kind u2, flags u2, id u4, length u4, crc32 u4, reserved u4, then
+#   `length` payload bytes, zero padded to 8. kind 1: a frame, UTF-8 "function (file:line)"; kind 2: a
+#   stack, u4 frame ids of the same generation, outermost first.
+STACK_ENTRY = struct.Struct("<IHHIIII")
+STACK_FRAME = 1
+STACK_STACK = 2
+MAX_FRAME_BYTES = 1024
+MAX_STACK_DEPTH = 64
+STACK_TRUNCATED_TEXT = "<blackbox: outer frames cut>"
+
+
+def _stack_crc(gen: int, kind: int, sid: int, payload: bytes) -> int:
+    return zlib.crc32(payload, zlib.crc32(struct.pack("<IHII", gen, kind, sid, len(payload))))
+
+
+def stack_entry(gen: int, kind: int, sid: int, payload: bytes) -> bytes:
+    """Encode one stack-table entry (a frame's text or a stack's frame ids)."""
+    body = STACK_ENTRY.pack(gen, kind, 0, sid, len(payload), _stack_crc(gen, kind, sid, payload), 0) + payload
+    return body + bytes(_pad8(len(body)) - len(body))
+
+
+@dataclass
+class StackScan:
+    frames: dict[tuple[int, int], str]  # (generation, id) -> "function (file:line)"
+    stacks: dict[tuple[int, int], tuple[int, ...]]  # (generation, id) -> frame ids, outermost first
+    damaged: int
+
+
+def scan_stacks(region: bytes | memoryview) -> StackScan:
+    """Every intact entry of a stack table (both halves), resynchronising past damage."""
+    buf = bytes(region)
+    half = len(buf) // 2
+    out = StackScan({}, {}, 0)
+    for lo in (0, half):
+        part = buf[lo : lo + half]
+        tail = len(part.rstrip(b"\0"))
+        pos, damaged = 0, False
+        while pos + STACK_ENTRY.size <= len(part):
+            gen, kind, _, sid, n, crc, _ = STACK_ENTRY.unpack_from(part, pos)
+            if gen == 0 and n == 0 and crc == 0:
+                if pos >= tail:
+                    break
+                pos += 8
+                continue
+            end = pos + STACK_ENTRY.size + n
+            limit = MAX_FRAME_BYTES if kind == STACK_FRAME else 4 * MAX_STACK_DEPTH
+            if gen and kind in (STACK_FRAME, STACK_STACK) and n <= limit and end <= len(part):
+                payload = part[pos + STACK_ENTRY.size : end]
+                if _stack_crc(gen, kind, sid, payload) == crc and (kind == STACK_FRAME or n % 4 == 0):
+                    if kind == STACK_FRAME:
+                        out.frames.setdefault((gen, sid), payload.decode("utf-8", "replace"))
+                    else:
+                        out.stacks.setdefault((gen, sid), struct.unpack(f"<{n // 4}I", payload))
+                    pos, damaged = _pad8(end), False
+                    continue
+            out.damaged += not damaged  # one damaged run counts once, however far the resync walks
+            damaged = True
+            pos += 8
+    return out
+
+
 # ---------------------------------------------------------------- header
+DEFAULT_CRASH_SIZE = 64 << 10
+
+
 @dataclass
 class Header:
     version: int
@@ -273,35 +361,74 @@ class Header:
     strings_offset: int
     strings_size: int
     meta: dict[str, Any]
+    stacks_size: int = 0  # version 3: the stack table, between the strings and the records
+    crash_size: int = 0  # version 3: faulthandler's output, after the records
+
+    @property
+    def stacks_offset(self) -> int:
+        return self.strings_offset + self.strings_size
+
+    @property
+    def crash_offset(self) -> int:
+        return self.records_offset + self.capacity * self.record_size
 
     @property
     def file_size(self) -> int:
-        return self.records_offset + self.capacity * self.record_size
+        return self.crash_offset + self.crash_size
 
 
-def layout(capacity: int, strings_size: int, meta_len: int) -> tuple[int, int, int]:
-    """(header_size, strings_offset, records_offset) for a new ring."""
-    header_size = -(-(PREFIX_SIZE + meta_len) // PAGE) * PAGE
-    strings_size = -(-strings_size // PAGE) * PAGE
-    return header_size, header_size, header_size + strings_size
+def _page(n: int) -> int:
+    return -(-n // PAGE) * PAGE
 
 
-def encode_header(capacity: int, strings_size: int, meta: dict[str, Any], version: int = FORMAT_VERSION) -> bytes:
+def encode_header(
+    capacity: int,
+    strings_size: int,
+    meta: dict[str, Any],
+    version: int = FORMAT_VERSION,
+    *,
+    stacks_size: int = 0,
+    crash_size: int = 0,
+) -> bytes:
     """The header region's bytes (prefix, metadata JSON, zero padding), state ``armed``.
 
-    ``version`` other than the current one is for the golden-file tool only.
+    ``version`` other than the current one is for the golden-file tool only. Version 3
+    sizes (rounded up to pages; the stack table to two pages at least) go in the metadata.
     """
     meta = dict(meta, record_dtype=[[n, RECORD_DTYPE[n].str] for n in RECORD_DTYPE.names or ()])
+    if version >= 3:
+        stacks_size = max(2 * PAGE, -(-stacks_size // (2 * PAGE)) * 2 * PAGE)
+        meta["regions"] = {"stacks_size": stacks_size, "crash_size": _page(crash_size)}
+    else:
+        stacks_size = 0
     blob = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
-    header_size, strings_offset, records_offset = layout(capacity, strings_size, len(blob))
+    header_size, strings_size = _page(PREFIX_SIZE + len(blob)), _page(strings_size)
     if header_size > MAX_HEADER_SIZE:
         raise ValueError(f"ring metadata is {len(blob)} bytes; at most {MAX_HEADER_SIZE - 64} fit")
-    strings_size = records_offset - strings_offset
-    fields = (header_size, RECORD_SIZE, capacity, records_offset, strings_offset, strings_size)
+    records_offset = header_size + strings_size + stacks_size
+    fields = (header_size, RECORD_SIZE, capacity, records_offset, header_size, strings_size)
     tail = PREFIX.pack(MAGIC, version, STATE_ARMED, 0, *fields, len(blob))[CRC_START:] + blob
     crc = zlib.crc32(tail)
     raw = PREFIX.pack(MAGIC, version, STATE_ARMED, crc, *fields, len(blob)) + blob
     return raw + bytes(header_size - len(raw))
+
+
+MAX_REGION = 1 << 40
+
+
+def _regions(meta: dict[str, Any], problems: list[str]) -> tuple[int, int]:
+    """(stacks_size, crash_size) of a version-3 header's metadata, checked."""
+    regions = meta.get("regions")
+    sizes = []
+    for key in ("stacks_size", "crash_size"):
+        v = regions.get(key) if isinstance(regions, dict) else None
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_REGION or v % PAGE:
+            problems.append(f"regions.{key} {v!r} (expected a multiple of {PAGE})")
+            v = 0
+        sizes.append(v)
+    if sizes[0] % (2 * PAGE):
+        problems.append(f"a stack table of {sizes[0]} bytes (expected two whole halves)")
+    return sizes[0], sizes[1]
 
 
 def decode_header(raw: bytes, file_size: int, name: str = "ring") -> Header:
@@ -329,28 +456,29 @@ def decode_header(raw: bytes, file_size: int, name: str = "ring") -> Header:
     if actual != crc:
         raise CorruptHeaderError(f"{name}: expected header checksum {crc:#010x}, found {actual:#010x} (header damaged)")
     problems = []
-    if rsize != RECORD_SIZE:
-        problems.append(f"record size {rsize} (expected {RECORD_SIZE})")
-    if hsize % PAGE or hsize < PREFIX_SIZE + mlen or hsize > MAX_HEADER_SIZE:
-        problems.append(f"header size {hsize}")
-    if soff != hsize or roff != soff + ssize or roff % 64:
-        problems.append(f"region offsets strings={soff}+{ssize} records={roff}")
-    if cap < 1:
-        problems.append(f"capacity {cap}")
     try:
         meta = json.loads(blob)
-    except ValueError as exc:
-        problems.append(f"metadata JSON ({exc})")
+    except (ValueError, RecursionError) as exc:
+        problems.append(f"metadata JSON ({type(exc).__name__})")
         meta = {}
     if not isinstance(meta, dict):
         problems.append("metadata that is not a JSON object")
         meta = {}
+    stacks, crash = _regions(meta, problems) if version >= 3 else (0, 0)
+    if rsize != RECORD_SIZE:
+        problems.append(f"record size {rsize} (expected {RECORD_SIZE})")
+    if hsize % PAGE or hsize < PREFIX_SIZE + mlen or hsize > MAX_HEADER_SIZE:
+        problems.append(f"header size {hsize}")
+    if soff != hsize or roff != soff + ssize + stacks or roff % 64:
+        problems.append(f"region offsets strings={soff}+{ssize} stacks={stacks} records={roff}")
+    if not 1 <= cap <= MAX_REGION // RECORD_SIZE or ssize > MAX_REGION:
+        problems.append(f"capacity {cap}, strings size {ssize}")
     expected_dtype = [[n, RECORD_DTYPE[n].str] for n in RECORD_DTYPE.names or ()]
     if meta and meta.get("record_dtype") != expected_dtype:
         problems.append(f"a record dtype that differs from format version {version}")
     if problems:
         raise CorruptHeaderError(f"{name}: expected a consistent version-{version} header, found {'; '.join(problems)}")
-    return Header(version, state, hsize, rsize, cap, roff, soff, ssize, meta)
+    return Header(version, state, hsize, rsize, cap, roff, soff, ssize, meta, stacks, crash)
 
 
 # ---------------------------------------------------------------- the commit rule

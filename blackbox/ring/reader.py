@@ -20,6 +20,8 @@ from .._errors import NotARingError, RingNotFoundError
 from . import format as fmt
 
 MAX_STRINGS_SIZE = 1 << 30
+MAX_STACKS_SIZE = 1 << 30
+MAX_CRASH_BYTES = 1 << 20  # faulthandler's output for up to 100 threads fits easily
 
 
 @dataclass
@@ -55,6 +57,8 @@ class Ring:
     strings: dict[int, str]
     recovery: Recovery
     file_size: int
+    stacks: fmt.StackScan | None = None  # version 3: the stack table
+    crash: str | None = None  # version 3: faulthandler's output in the crash region, if a native crash wrote any
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -115,6 +119,13 @@ def read_ring(path: str | os.PathLike[str]) -> Ring:
         strings_size = max(0, min(header.strings_size, size - header.strings_offset, MAX_STRINGS_SIZE))
         region = os.pread(fd, strings_size, header.strings_offset) if strings_size else b""
         scan = fmt.scan_strings(region)
+        stacks = crash = None
+        if header.version >= 3:
+            n = max(0, min(header.stacks_size, size - header.stacks_offset, MAX_STACKS_SIZE))
+            stacks = fmt.scan_stacks(os.pread(fd, n, header.stacks_offset) if n else b"")
+            n = max(0, min(size - header.crash_offset, MAX_CRASH_BYTES))
+            text = os.pread(fd, n, header.crash_offset).rstrip(b"\0") if n else b""
+            crash = text.decode("utf-8", "replace") if text.strip() else None
         avail = max(0, size - header.records_offset) // fmt.RECORD_SIZE
         n_slots = min(header.capacity, avail)
         slots = np.empty(n_slots, dtype=fmt.RECORD_DTYPE)
@@ -147,7 +158,7 @@ def read_ring(path: str | os.PathLike[str]) -> Ring:
         strings=scan.entries,
         strings_damaged=scan.damaged,
     )
-    return Ring(p, header, records, scan.strings, recovery, size)
+    return Ring(p, header, records, scan.strings, recovery, size, stacks, crash)
 
 
 def take(slots: np.ndarray, order: np.ndarray) -> np.ndarray:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from .._errors import BlackboxError
 from . import format as fmt
-from .file import SIDECAR_SUFFIXES, sidecar, writer_running
+from .file import SIDECAR_SUFFIXES, sidecar
+from .liveness import writer_alive
 from .reader import read_header
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -61,7 +62,7 @@ def ring_entries(folder: Path) -> list[Entry]:
     for ring in sorted(folder.glob("*.ring")):
         try:
             header = read_header(ring)
-            in_use = header.state != fmt.STATE_CLEAN and writer_running(header.meta)
+            in_use = header.state != fmt.STATE_CLEAN and writer_alive(ring, header.meta)
         except BlackboxError:
             in_use = False  # not a ring we can read: old junk, removable
         files = [ring, *(sidecar(ring, s) for s in SIDECAR_SUFFIXES)]

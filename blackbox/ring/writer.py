@@ -5,30 +5,37 @@ Closure cells are the cheapest state CPython can read, so every write function
 below reads its buffer, capacity and current step from cells and does exactly
 one ``struct.pack_into`` into the mapping.
 
-Thread safety without a lock: ``tick()`` is one C-level call (``zip`` over
-``itertools.count``, ``time.monotonic_ns`` and ``threading.get_ident``) that
-returns the sequence number, the timestamp and the thread together. Under the
-GIL no other thread runs inside it, so seq order and time order agree, and no
-two writers ever get the same seq (hence the same slot, within one lap).
-``pack_into`` zeroes the slot and writes the fields in order, ``commit`` last,
-so a writer killed mid-record leaves ``commit != seq`` and the reader drops it.
+Thread safety without a lock: ``tick()`` is one C-level call (``zip`` over the
+seq counter, ``time.monotonic_ns`` and ``threading.get_ident``) that returns the
+sequence number, the timestamp and the thread together. Under the GIL no other
+thread runs inside it, so seq order and time order agree, and no two writers
+ever get the same seq (hence the same slot, within one lap). ``pack_into``
+zeroes the slot and writes the fields in order, ``commit`` last, so a writer
+killed mid-record leaves ``commit != seq`` and the reader drops it. Every value
+is converted to an int before the tick, so ``pack_into`` runs no Python code
+(a tensor's ``__index__`` could otherwise let another thread disarm mid-write).
 
-When the C extension ``blackbox.ring._cwriter`` is built (it is optional), the same
-functions come from it instead: same bytes, a third of the cost, and the whole
-record is written under the GIL. ``BLACKBOX_WRITER=python`` forces this module's
-path.
+When the C extension ``blackbox.ring._cwriter`` is built (it is optional), the
+seq counter is its ``Sequence``, an atomic fetch-add shared with the signal
+handler, and the write functions come from it too: same bytes, a third of the
+cost. ``BLACKBOX_WRITER=python`` forces this module's write functions (the
+counter stays the C one where it is built, so signals are still recorded).
 
 Interning a new label string is the slow path: it takes a lock, appends a
 CRC-checked entry to the string region, and only then publishes the id, so a
-record never refers to a string that is not yet on disk.
+record never refers to a string that is not yet on disk. It never waits on
+itself: a signal handler of the job's that interrupts this thread while it
+interns, and marks a label never seen before, gets the "label lost" id instead
+of a deadlock (the event is kept).
 """
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from itertools import count, repeat, starmap
 from typing import Any
 
@@ -38,6 +45,7 @@ from .format import (
     NULL,
     PAYLOAD_WORDS,
     RECORD_SIZE,
+    STRING_BUSY_ID,
     STRING_FULL_ID,
     STRING_FULL_TEXT,
     TAGGED_EVENT_STRUCT,
@@ -66,12 +74,39 @@ def c_writer_module() -> Any:
     return _cwriter
 
 
+def built_module() -> Any:
+    """The C extension where it is built, whatever BLACKBOX_WRITER says (its seq counter serves both paths)."""
+    try:
+        from . import _cwriter  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _cwriter
+
+
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def int64(value: Any) -> int:
+    """``operator.index(value)``, checked to fit the int64 field (as the C path checks it)."""
+    v = operator.index(value)
+    if not _I64_MIN <= v <= _I64_MAX:
+        raise OverflowError("value does not fit in int64")
+    return v
+
+
+def new_sequence(cmod: Any) -> Iterator[int]:
+    """The ring's seq counter: the C extension's atomic one where it is built, else ``count(1)``."""
+    return cmod.Sequence() if cmod is not None else count(1)
+
+
 class RingWriter:
     """Write functions bound to one mapped ring. ``kill()`` turns them all into no-ops.
 
     ``mark``, ``step``, ``event`` and ``sample`` are plain callables stored on
     the instance (no method binding on the hot path). Errors inside them are
-    passed to ``on_error`` and never raised. ``backend`` is ``"c"`` or ``"python"``.
+    passed to ``on_error`` and never raised. ``backend`` is ``"c"`` or ``"python"``;
+    ``sequence`` is the seq counter (the C ``Sequence`` that the signal handler
+    shares, or None where the extension is not built).
     """
 
     mark: Callable[..., None]
@@ -82,6 +117,7 @@ class RingWriter:
     intern: Callable[[Any], int]
     kill: Callable[[], None]
     backend: str
+    sequence: Any
 
     def __init__(
         self,
@@ -96,9 +132,12 @@ class RingWriter:
     ) -> None:
         if backend not in (None, "c", "python"):
             raise ValueError(f"backend must be 'c', 'python' or None, got {backend!r}")
+        built = built_module()
         cmod = None if backend == "python" else c_writer_module()
         if backend == "c" and cmod is None:
             raise ImportError("the C write path blackbox.ring._cwriter is not built (or BLACKBOX_WRITER=python)")
+        sequence = new_sequence(built)
+        self.sequence = sequence if built is not None else None
         whole = memoryview(buffer)
         strings: Any = whole[strings_offset : strings_offset + strings_size]
         records: Any = None if cmod else whole[records_offset : records_offset + capacity * RECORD_SIZE]
@@ -106,6 +145,8 @@ class RingWriter:
         ids: dict[Any, int] = {}
         lookup = ids.get
         lock = threading.Lock()
+        interning: dict[int, bool] = {}  # threads inside intern(), set before the lock is taken
+        get_ident = threading.get_ident
         next_id = STRING_FULL_ID
         string_pos = 0
         full = False
@@ -115,24 +156,34 @@ class RingWriter:
             nonlocal next_id, string_pos, full
             if label is None:
                 return 0
+            sid = lookup(label)
+            if sid:
+                return sid
             if full:
                 return STRING_FULL_ID
-            with lock:
-                sid = lookup(label)
-                if sid:
+            text = label if isinstance(label, str) else str(label)  # may run the job's code: not under the lock
+            me = get_ident()
+            if me in interning:
+                return STRING_BUSY_ID  # re-entered from a signal handler while this thread interns: never wait
+            interning[me] = True
+            try:
+                with lock:
+                    sid = lookup(label)
+                    if sid:
+                        return sid
+                    entry = string_entry(next_id, text)
+                    end = string_pos + len(entry)
+                    if end > len(strings):
+                        full = True
+                        return STRING_FULL_ID
+                    strings[string_pos:end] = entry
+                    string_pos = end
+                    sid = next_id
+                    next_id += 1
+                    ids[label] = sid
                     return sid
-                text = label if isinstance(label, str) else str(label)
-                entry = string_entry(next_id, text)
-                end = string_pos + len(entry)
-                if end > len(strings):
-                    full = True
-                    return STRING_FULL_ID
-                strings[string_pos:end] = entry
-                string_pos = end
-                sid = next_id
-                next_id += 1
-                ids[label] = sid
-                return sid
+            finally:
+                interning.pop(me, None)
 
         # The reserved "region full" entry goes first, so id 1 always resolves.
         if intern(STRING_FULL_TEXT) != STRING_FULL_ID:
@@ -148,7 +199,17 @@ class RingWriter:
         self.intern = safe_intern
         if cmod is not None:
             w = cmod.Writer(
-                buffer, records_offset, capacity, ids, intern, on_error, MARK_TAG, MARK_VALUE_TAG, STEP_TAG, SAMPLE_TAG
+                buffer,
+                records_offset,
+                capacity,
+                sequence,
+                ids,
+                intern,
+                on_error,
+                MARK_TAG,
+                MARK_VALUE_TAG,
+                STEP_TAG,
+                SAMPLE_TAG,
             )
 
             def kill_c() -> None:
@@ -166,18 +227,23 @@ class RingWriter:
         cap = capacity
         pack_event = TAGGED_EVENT_STRUCT.pack_into
         pack_sample = TAGGED_SAMPLE_STRUCT.pack_into
-        tick = zip(count(1), starmap(time.monotonic_ns, repeat(())), starmap(threading.get_ident, repeat(()))).__next__
+        clock, ident = starmap(time.monotonic_ns, repeat(())), starmap(get_ident, repeat(()))
+        tick = zip(sequence, clock, ident).__next__  # noqa: B905 (three endless iterators)
+        index = operator.index
         step_now = -1
 
         def mark(label: str, value: int | None = None) -> None:
             """Record a ``mark`` event with a label and an optional int64 value."""
             try:
-                seq, t, th = tick()
-                lid = lookup(label) or intern(label)
                 if value is None:
+                    lid = lookup(label) or intern(label)
+                    seq, t, th = tick()
                     pack_event(records, (seq % cap) << 7, seq, t, th, step_now, 0, lid | MARK_TAG, seq)
                 else:
-                    pack_event(records, (seq % cap) << 7, seq, t, th, step_now, value, lid | MARK_VALUE_TAG, seq)
+                    v = int64(value)
+                    lid = lookup(label) or intern(label)
+                    seq, t, th = tick()
+                    pack_event(records, (seq % cap) << 7, seq, t, th, step_now, v, lid | MARK_VALUE_TAG, seq)
             except Exception as exc:
                 if not dead:
                     on_error(exc)
@@ -186,7 +252,7 @@ class RingWriter:
             """Start step ``n`` (the next step when None); later events carry it."""
             nonlocal step_now
             try:
-                new = step_now + 1 if n is None else n.__index__()
+                new = step_now + 1 if n is None else int64(n)
                 if new < 0:
                     raise ValueError(f"step must be >= 0, got {new}")
                 step_now = new
@@ -202,17 +268,18 @@ class RingWriter:
             ``payload``: up to 9 ints for p0..p8, the missing ones -1 (not measured).
             """
             try:
+                kind, device = index(kind), index(device)
                 if not (0 <= kind <= 255 and -32768 <= device <= 32767):
                     raise ValueError(f"kind {kind} or device {device} out of range")
                 if payload is not None:
-                    words = tuple(payload)
+                    words = tuple(map(int64, payload))
                     if len(words) > PAYLOAD_WORDS:
                         raise ValueError(f"payload must hold at most {PAYLOAD_WORDS} ints, got {len(words)}")
                     words += NULL_WORDS[len(words) :]
-                seq, t, th = tick()
+                flags, v = (0, 0) if value is None else (FLAG_VALUE, int64(value))
                 lid = (lookup(label) or intern(label)) if label is not None else 0
-                flags, v = (0, 0) if value is None else (FLAG_VALUE, value)
                 word = tag(lid, kind, flags, device)
+                seq, t, th = tick()
                 if payload is None:
                     pack_event(records, (seq % cap) << 7, seq, t, th, step_now, v, word, seq)
                 else:
@@ -226,6 +293,10 @@ class RingWriter:
         def sample(payload: tuple[int, ...], device: int = -1) -> None:
             """Write a ``sample`` record; ``payload`` is the 9 gauge words (-1 = null)."""
             try:
+                if len(payload) != PAYLOAD_WORDS:
+                    raise ValueError(f"payload must hold {PAYLOAD_WORDS} ints, got {len(payload)}")
+                device = index(device)
+                payload = tuple(map(int64, payload))
                 seq, t, th = tick()
                 pack_sample(
                     records,

@@ -1,0 +1,145 @@
+"""Who is writing a ring: host, process, rank, role, attempt, command line (secrets redacted), versions.
+
+Read once at arm and stored in the ring's header metadata (``identity``).
+
+Role: ``main`` for the job's own process; ``worker`` for a multiprocessing
+child (spawn or forkserver DataLoader workers, which import the job's main
+module again); ``compile_worker`` for torch.compile's helper processes;
+``child`` for any other Python process started by an armed job under
+``blackbox run``. Attempt: the launcher's restart count (torchrun's
+``TORCHELASTIC_RESTART_COUNT``, Slurm's ``SLURM_RESTART_COUNT``), None
+where there is no launcher that counts.
+
+The command line is redacted before it reaches the disk: the value of any
+option whose name says it is a secret (``--password``, ``--api-key``,
+``--token``, ``--secret``, ``--credentials``...), values that look like a
+known kind of key (``sk-...``, ``ghp_...``, ``hf_...``, ``AKIA...``, JSON web
+tokens), and the password of a URL (``scheme://user:***@host``) become ``***``.
+Environment variables are never recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+from typing import Any
+
+from ..ring.liveness import boot_id
+
+MAX_ARGV_CHARS = 16384
+REDACTED = "***"
+RUN_PID_ENV = "BLACKBOX_RUN_PID"  # set by `blackbox run`: its own pid, the job's parent
+ATTEMPT_ENVS = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
+
+_SECRET_OPTION = re.compile(
+    r"^--?[\w.-]*(pass(word|wd|phrase)?|secret|token|api[-_.]?key|access[-_.]?key|private[-_.]?key|"
+    r"credentials?|auth|session[-_.]?key|signature)$",
+    re.IGNORECASE,
+)
+_SECRET_VALUE = re.compile(
+    r"(sk-[A-Za-z0-9_-]{16,}|ghp_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|hf_[A-Za-z0-9]{20,}|"
+    r"AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,}|eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*)"
+)
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^/\s@]*@")
+
+
+def redact_value(text: str) -> str:
+    """One argument with secret-looking parts replaced (keys by their shape, URL passwords)."""
+    text = _URL_PASSWORD.sub(lambda m: f"{m.group('head')}{REDACTED}@", text)
+    return _SECRET_VALUE.sub(REDACTED, text)
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """The command line with secrets replaced by ``***`` (see the module docstring)."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next and not arg.startswith("-"):
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        hide_next = False
+        name, eq, value = arg.partition("=")
+        if _SECRET_OPTION.match(name):
+            if eq:
+                out.append(f"{name}={REDACTED}")
+            else:
+                out.append(arg)
+                hide_next = True
+            continue
+        out.append(redact_value(arg))
+    return out
+
+
+def bounded_argv(argv: list[str]) -> list[str]:
+    out, used = [], 0
+    for arg in argv:
+        if used + len(arg) > MAX_ARGV_CHARS:
+            out.append("...")
+            break
+        out.append(arg)
+        used += len(arg)
+    return out
+
+
+def env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def attempt() -> int | None:
+    """The launcher's restart count (0 for the first attempt), where a launcher counts them."""
+    for name in ATTEMPT_ENVS:
+        value = env_int(name)
+        if value is not None:
+            return value
+    return None
+
+
+def role() -> str:
+    """``main``, ``worker``, ``compile_worker`` or ``child`` (see the module docstring)."""
+    argv = " ".join(sys.argv[:3])
+    if "compile_worker" in argv:
+        return "compile_worker"
+    mp = sys.modules.get("multiprocessing")
+    try:
+        if mp is not None and mp.parent_process() is not None:
+            return "worker"
+    except Exception:  # an odd multiprocessing state: not a reason to fail arming
+        pass
+    launcher = env_int(RUN_PID_ENV)
+    if launcher is not None and os.getppid() != launcher:
+        return "child"
+    return "main"
+
+
+def identity() -> dict[str, Any]:
+    """The ``identity`` object of a ring's header metadata."""
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "rank": env_int("RANK"),
+        "local_rank": env_int("LOCAL_RANK"),
+        "world_size": env_int("WORLD_SIZE"),
+        "role": role(),
+        "attempt": attempt(),
+        "argv": bounded_argv(redact_argv([str(a) for a in sys.argv])),
+        "boot_id": boot_id(),
+    }
+
+
+def versions(blackbox_version: str) -> dict[str, str | None]:
+    import numpy
+
+    torch = sys.modules.get("torch")  # never import torch ourselves
+    return {
+        "python": sys.version.split()[0],
+        "numpy": numpy.__version__,
+        "torch": getattr(torch, "__version__", None) if torch is not None else None,
+        "blackbox": blackbox_version,
+    }
