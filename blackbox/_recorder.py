@@ -37,7 +37,6 @@ from .ring.file import (
     create_ring,
     default_dir,
     is_diskless,
-    lock_pages,
     ring_name,
     safe_folder,
     sidecar,
@@ -259,9 +258,9 @@ class Recorder:
             self.notes.append(ring.note)
             warn(ring.note)
         hdr = self._header = ring.header
-        self.pages_locked = lock_pages(ring.map)
+        self.pages_locked = ring.map.lock()
         self._writer = RingWriter(
-            ring.map,
+            ring.map.buffer,
             hdr.records_offset,
             capacity,
             hdr.strings_offset,
@@ -297,7 +296,7 @@ class Recorder:
             rss=self._probe.rss,
             note=self.note,
         )
-        mapping, sequence = self._ring.map, w.sequence
+        mapping, sequence = self._ring.map.buffer, w.sequence
         signals = self._signals
         for what, install in (
             ("exception hooks", self._exceptions.install),
@@ -425,15 +424,17 @@ class Recorder:
             sampler = self._sampler
             if sampler is not None and sampler is not threading.current_thread():
                 sampler.join(timeout=max(1.0, 2 * self.sample_interval))
-            self._uninstall_collectors(in_child=False)
+            self._uninstall_collectors(in_child=False, signals=False)
             try:
                 self.sample_now()
                 if self._writer is not None:
                     self._writer.event(fmt.KIND_CODES["disarm"])
                 if self._ring is not None:
-                    fmt.STATE_STRUCT.pack_into(self._ring.map, fmt.STATE_OFFSET, fmt.STATE_CLEAN)
+                    fmt.STATE_STRUCT.pack_into(self._ring.map.buffer, fmt.STATE_OFFSET, fmt.STATE_CLEAN)
             except Exception as exc:
                 self._on_error(exc)
+            # Signals last: one that lands while the job shuts down is still recorded (after the clean end).
+            self._uninstall_collectors(in_child=False, signals=True)
             self._teardown(flush=True)
         finally:
             self._ending.release()
@@ -444,18 +445,23 @@ class Recorder:
         self._stop.set()
         self._sampler = None
         self._ending = threading.Lock()  # the parent's may have been held by another thread at fork
-        self._uninstall_collectors(in_child=True)
+        self._uninstall_collectors(in_child=True, signals=True)
+        self._uninstall_collectors(in_child=True, signals=False)
         self._teardown(flush=False)
 
-    def _uninstall_collectors(self, *, in_child: bool) -> None:
-        """Put back every hook this recorder installed (in a forked child: no torch/CUDA calls).
-
-        Signals go first: releasing them waits for a handler in flight on another thread, so
-        nothing writes into the mapping once it is closed."""
-        torch, exceptions, signals, crash = self._torch, self._exceptions, self._signals, self._crash
+    def _uninstall_collectors(self, *, in_child: bool, signals: bool) -> None:
+        """Put back the hooks this recorder installed (in a forked child: no torch/CUDA calls): the
+        signal recorder alone (``signals``), or all the others. Releasing signals waits for a
+        handler in flight on another thread, so nothing writes into the mapping once it is closed."""
+        if signals:
+            if self._signals is not None:
+                try:
+                    (self._signals.forget_after_fork if in_child else self._signals.uninstall)()
+                except Exception as exc:
+                    self._on_error(exc)
+            return
+        torch, exceptions, crash = self._torch, self._exceptions, self._crash
         steps: list[Callable[[], None]] = []
-        if signals is not None:
-            steps.append(signals.forget_after_fork if in_child else signals.uninstall)
         if crash is not None:
             steps.append(crash.disable)
         if torch is not None:

@@ -9,8 +9,10 @@ while the main thread is blocked in C). Python's handler table is not touched,
 so ``signal.getsignal()`` answers what it would without blackbox and a
 framework that installs its handler later, chaining "the previous one if
 callable", behaves as it would unarmed. When the job installs a handler after
-arm, Python replaces ours at the OS level; ``watch()`` (each sampler tick)
-wraps the new one again. Where the extension is not built, nothing is
+arm, Python replaces ours at the OS level: ``signal.signal`` is wrapped (it
+returns and raises exactly what it would) so the new handler is wrapped again at
+once, and ``watch()`` (each sampler tick) catches code that bound the original
+``signal.signal`` before arm. Where the extension is not built, nothing is
 installed and signals are not recorded.
 
 Native crashes (SIGSEGV, SIGFPE, SIGABRT, SIGBUS, SIGILL): ``faulthandler``
@@ -22,6 +24,7 @@ A job that enabled faulthandler itself, before or after arm, keeps its own.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import io
 import os
 import signal
@@ -57,6 +60,8 @@ class SignalRecorder:
         self._hows: dict[str, int] = {}
         self.installed: list[str] = []
         self.active = False
+        self._original_signal: Any = None
+        self._our_signal: Any = None
 
     def install(self, buffer: Any, records_offset: int, capacity: int, sequence: Any) -> str:
         """Start recording; returns why not, or "" when the handler is in place."""
@@ -72,31 +77,54 @@ class SignalRecorder:
             if signum is not None:
                 self._tags[signum] = fmt.tag(self._intern(name), KIND_SIGNAL, fmt.FLAG_VALUE, -1)
         self.watch()
+        self._wrap_signal_function()
         return ""
+
+    def _wrap_signal_function(self) -> None:
+        original = signal.signal
+
+        @functools.wraps(original)
+        def signal_function(signalnum: Any, handler: Any) -> Any:
+            previous = original(signalnum, handler)
+            if self.active and signalnum in self._tags:
+                try:
+                    self._watch_one(signalnum)
+                except Exception:
+                    pass
+            return previous
+
+        self._original_signal, self._our_signal = original, signal_function
+        signal.signal = signal_function
 
     def watch(self) -> None:
         """(Re)wrap each recorded signal's disposition where the job has changed it (a cheap no-op otherwise)."""
         if not self.active:
             return
-        installed = []
-        for signum, word in self._tags.items():
-            how = _how(signal.getsignal(signum))
-            hid = self._hows.get(how) or self._intern(how)
-            self._hows[how] = hid
-            if self._cmod.signals_watch(signum, word, hid) in ("wrapped", "ours"):
-                installed.append(signal.Signals(signum).name)
-        self.installed = installed
+        self.installed = [signal.Signals(s).name for s in self._tags if self._watch_one(s)]
+
+    def _watch_one(self, signum: int) -> bool:
+        how = _how(signal.getsignal(signum))
+        hid = self._hows.get(how) or self._intern(how)
+        self._hows[how] = hid
+        return bool(self._cmod.signals_watch(signum, self._tags[signum], hid) in ("wrapped", "ours"))
 
     def uninstall(self) -> None:
         """Put back every disposition we wrapped (where ours is still the one in force); stop recording."""
         if self.active:
             self.active = False
+            self._unwrap_signal_function()
             self._cmod.signals_release()
+
+    def _unwrap_signal_function(self) -> None:
+        if self._our_signal is not None and signal.signal is self._our_signal:
+            signal.signal = self._original_signal
+        self._our_signal = None
 
     def forget_after_fork(self) -> None:
         """In a forked child: the parent's ring is not ours; the job's dispositions come back."""
         if self.active:
             self.active = False
+            self._unwrap_signal_function()
             self._cmod.signals_forget()
 
 

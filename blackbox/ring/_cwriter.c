@@ -129,8 +129,12 @@ static inline void write_now(Writer *w, int64_t step, int64_t value, uint64_t ta
         *t_out = t;
 }
 
-/* Report the pending exception through on_error (once the writer is dead, drop it). */
+/* Report the pending exception through on_error (once the writer is dead, drop it). Only an
+ * Exception: a KeyboardInterrupt or SystemExit raised by the job's signal handler while we ran
+ * Python code (the intern callable, __index__) propagates to the job, as it would without us. */
 static PyObject *report(Writer *w) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        return NULL;
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     if (!w->dead && w->on_error != NULL) {
@@ -331,9 +335,13 @@ static PyObject *Writer_event(Writer *w, PyObject *const *args, Py_ssize_t nargs
     uint64_t tag = (uint64_t)lid | (uint64_t)kind << 32 | flags << 40 | ((uint64_t)device & 0xFFFF) << 48;
     write_now(w, w->step, value, tag, have_payload ? payload : NULL, &t);
     return PyLong_FromLongLong(t);
-fail:
-    Py_DECREF(report(w));
+fail: {
+    PyObject *r = report(w);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
     return PyLong_FromLong(0);
+}
 }
 
 static PyObject *Writer_sample(Writer *w, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {

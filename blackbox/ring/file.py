@@ -12,10 +12,7 @@ propagates to the recorder, which turns it into one warning.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import errno
-import mmap
 import os
 import re
 import secrets
@@ -30,9 +27,9 @@ from .._errors import BlackboxError
 from .._fds import OwnedFd
 from .format import MAGIC, Header, decode_header
 from .liveness import LOCK_LIVENESS, lock_held, lock_ring, pid_alive_here
+from .mapping import RingMap
 from .reader import read_header
 
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14+
 RING_SUFFIX = ".ring"
 CRASH_SUFFIX = ".crash"  # faulthandler's tracebacks of a native crash
 SNAPSHOT_SUFFIX = ".oom-snapshot.pickle"  # PyTorch's allocator snapshot at the first CUDA OOM
@@ -121,7 +118,7 @@ class CreatedRing:
 
     path: Path
     fd: OwnedFd
-    map: mmap.mmap
+    map: RingMap
     header: Header
     locked: bool  # the writer's lock is held (liveness by lock; else by pid)
     note: str  # what happened at the requested path, when it was taken ("" otherwise)
@@ -147,9 +144,9 @@ def create_ring(requested: Path, header_for: Callable[[bool], bytes]) -> Created
         decoded = decode_header(header, len(header))
         size = decoded.file_size
         os.posix_fallocate(fd.fd, 0, size)
-        mm = mmap.mmap(fd.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        _prefault(mm)
-        mm[: len(header)] = header
+        mm = RingMap(fd.fd, size)
+        mm.prefault()
+        mm.write(0, header)
         path, note = _place(temp, requested)
     except BaseException:
         if mm is not None:
@@ -249,31 +246,3 @@ def _move_aside(path: Path, ino: int) -> Path | None:
                 os.unlink(sidecar(path, suffix))
         return aside
     return None
-
-
-def _prefault(mm: mmap.mmap) -> None:
-    try:
-        mm.madvise(MADV_POPULATE_WRITE)
-        return
-    except (OSError, ValueError):
-        pass  # older kernel: touch one byte per page instead
-    view = memoryview(mm)
-    try:
-        for off in range(0, len(mm), mmap.PAGESIZE):
-            view[off] = 0
-    finally:
-        view.release()
-
-
-def lock_pages(mm: mmap.mmap) -> bool:
-    """mlock the mapping so reclaim never evicts it; best effort (needs RLIMIT_MEMLOCK)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        anchor = ctypes.c_char.from_buffer(mm)
-        try:
-            addr = ctypes.addressof(anchor)
-        finally:
-            del anchor
-        return bool(libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(len(mm))) == 0)
-    except (OSError, AttributeError, TypeError, ValueError):
-        return False

@@ -67,9 +67,10 @@ class Ring:
 
     @property
     def clean(self) -> bool:
-        """True when the writer recorded a clean end (disarm)."""
+        """True when the writer recorded a clean end (disarm); a signal that landed while the job shut
+        down may be recorded after it."""
         kinds = self.records["kind"]
-        return bool(len(kinds)) and int(kinds[-1]) == fmt.KIND_CODES["disarm"]
+        return bool((kinds[-8:] == fmt.KIND_CODES["disarm"]).any()) or self.header.state == fmt.STATE_CLEAN
 
 
 def read_header(path: str | os.PathLike[str]) -> fmt.Header:

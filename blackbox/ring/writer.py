@@ -5,15 +5,15 @@ Closure cells are the cheapest state CPython can read, so every write function
 below reads its buffer, capacity and current step from cells and does exactly
 one ``struct.pack_into`` into the mapping.
 
-Thread safety without a lock: ``tick()`` is one C-level call (``zip`` over the
-seq counter, ``time.monotonic_ns`` and ``threading.get_ident``) that returns the
-sequence number, the timestamp and the thread together. Under the GIL no other
-thread runs inside it, so seq order and time order agree, and no two writers
-ever get the same seq (hence the same slot, within one lap). ``pack_into``
+Thread safety without a lock: a record is written by one C-level call (see
+``_pipeline``) that takes the seq, reads the clock and packs the slot without
+running a bytecode, so under the GIL no other thread runs in between: seq order
+and time order agree, no two writers get the same seq, and no writer can be
+held back between its seq and its write while others lap the ring. ``pack_into``
 zeroes the slot and writes the fields in order, ``commit`` last, so a writer
 killed mid-record leaves ``commit != seq`` and the reader drops it. Every value
-is converted to an int before the tick, so ``pack_into`` runs no Python code
-(a tensor's ``__index__`` could otherwise let another thread disarm mid-write).
+is converted to an int first, so ``pack_into`` runs no Python code (a tensor's
+``__index__`` could otherwise let another thread disarm mid-write).
 
 When the C extension ``blackbox.ring._cwriter`` is built (it is optional), the
 seq counter is its ``Sequence``, an atomic fetch-add shared with the signal
@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import operator
 import os
+import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
-from itertools import count, repeat, starmap
+from itertools import count, repeat, starmap, tee
 from typing import Any
 
 from .format import (
@@ -92,6 +94,26 @@ def int64(value: Any) -> int:
     if not _I64_MIN <= v <= _I64_MAX:
         raise OverflowError("value does not fit in int64")
     return v
+
+
+def _pipeline(
+    record: struct.Struct, records: Any, capacity: int, sequence: Iterator[int]
+) -> tuple[Callable[[tuple[int, ...]], None], Callable[[], None]]:
+    """(push, write) for the Python write path: ``push`` queues a record's own fields (thread, step,
+    value, tag word, payload); ``write`` writes the oldest queued one into its slot in one C-level
+    call: the iterators below take the seq (``tee``: the same one for the offset, the seq word and
+    the commit word), read the clock, pop the fields and end in ``struct.pack_into``, all without
+    running a bytecode, so no other thread can run between taking a seq and writing its slot (else
+    a thread held back for a whole lap of the ring would overwrite a newer record with its stale one).
+    Each ``write`` writes one queued record, whoever pushed it."""
+    queue: deque[tuple[int, ...]] = deque()
+    for_offset, for_seq, for_commit = tee(sequence, 3)
+    offsets = map(operator.lshift, map(operator.mod, for_offset, repeat(capacity)), repeat(7))
+    clock = starmap(time.monotonic_ns, repeat(()))
+    head = zip(repeat(records), offsets, for_seq, clock)  # noqa: B905 (endless iterators)
+    tail = map(operator.add, iter(queue.popleft, None), zip(for_commit))
+    writes = starmap(record.pack_into, map(operator.add, head, tail))
+    return queue.append, writes.__next__
 
 
 def new_sequence(cmod: Any) -> Iterator[int]:
@@ -224,11 +246,9 @@ class RingWriter:
             self.current_step, self.kill, self.backend = w.current_step, kill_c, "c"
             return
 
-        cap = capacity
-        pack_event = TAGGED_EVENT_STRUCT.pack_into
-        pack_sample = TAGGED_SAMPLE_STRUCT.pack_into
-        clock, ident = starmap(time.monotonic_ns, repeat(())), starmap(get_ident, repeat(()))
-        tick = zip(sequence, clock, ident).__next__  # noqa: B905 (three endless iterators)
+        push_event, write_event = _pipeline(TAGGED_EVENT_STRUCT, records, capacity, sequence)
+        push_sample, write_sample = _pipeline(TAGGED_SAMPLE_STRUCT, records, capacity, sequence)
+        monotonic_ns = time.monotonic_ns
         index = operator.index
         step_now = -1
 
@@ -237,13 +257,12 @@ class RingWriter:
             try:
                 if value is None:
                     lid = lookup(label) or intern(label)
-                    seq, t, th = tick()
-                    pack_event(records, (seq % cap) << 7, seq, t, th, step_now, 0, lid | MARK_TAG, seq)
+                    push_event((get_ident(), step_now, 0, lid | MARK_TAG))
                 else:
                     v = int64(value)
                     lid = lookup(label) or intern(label)
-                    seq, t, th = tick()
-                    pack_event(records, (seq % cap) << 7, seq, t, th, step_now, v, lid | MARK_VALUE_TAG, seq)
+                    push_event((get_ident(), step_now, v, lid | MARK_VALUE_TAG))
+                write_event()
             except Exception as exc:
                 if not dead:
                     on_error(exc)
@@ -256,14 +275,14 @@ class RingWriter:
                 if new < 0:
                     raise ValueError(f"step must be >= 0, got {new}")
                 step_now = new
-                seq, t, th = tick()
-                pack_event(records, (seq % cap) << 7, seq, t, th, new, new, STEP_TAG, seq)
+                push_event((get_ident(), new, new, STEP_TAG))
+                write_event()
             except Exception as exc:
                 if not dead:
                     on_error(exc)
 
         def event(kind: int, label: Any = None, value: int | None = None, device: int = -1, payload: Any = None) -> int:
-            """Write any event; returns its monotonic timestamp (0 if it was dropped).
+            """Write any event; returns a monotonic timestamp read just after it (0 if it was dropped).
 
             ``payload``: up to 9 ints for p0..p8, the missing ones -1 (not measured).
             """
@@ -279,12 +298,13 @@ class RingWriter:
                 flags, v = (0, 0) if value is None else (FLAG_VALUE, int64(value))
                 lid = (lookup(label) or intern(label)) if label is not None else 0
                 word = tag(lid, kind, flags, device)
-                seq, t, th = tick()
                 if payload is None:
-                    pack_event(records, (seq % cap) << 7, seq, t, th, step_now, v, word, seq)
+                    push_event((get_ident(), step_now, v, word))
+                    write_event()
                 else:
-                    pack_sample(records, (seq % cap) << 7, seq, t, th, step_now, v, word, *words, seq)
-                return t
+                    push_sample((get_ident(), step_now, v, word, *words))
+                    write_sample()
+                return monotonic_ns()  # at or after the record's own stamp: durations from it never exceed the gap
             except Exception as exc:
                 if not dead:
                     on_error(exc)
@@ -297,19 +317,8 @@ class RingWriter:
                     raise ValueError(f"payload must hold {PAYLOAD_WORDS} ints, got {len(payload)}")
                 device = index(device)
                 payload = tuple(map(int64, payload))
-                seq, t, th = tick()
-                pack_sample(
-                    records,
-                    (seq % cap) << 7,
-                    seq,
-                    t,
-                    th,
-                    step_now,
-                    0,
-                    SAMPLE_TAG | (device & 0xFFFF) << 48,
-                    *payload,
-                    seq,
-                )
+                push_sample((get_ident(), step_now, 0, SAMPLE_TAG | (device & 0xFFFF) << 48, *payload))
+                write_sample()
             except Exception as exc:
                 if not dead:
                     on_error(exc)

@@ -1,0 +1,88 @@
+"""The ring's shared mapping, made with libc's ``mmap`` so that it holds no descriptor.
+
+Python's ``mmap.mmap`` keeps a ``dup()`` of the file descriptor (at the lowest
+free number) and closes that number when the map is closed. A job that closed
+every descriptor and opened its own files would then have one of them closed
+by our disarm. This mapping keeps none: the kernel's mapping keeps the file
+alive by itself. ``buffer`` is a writable buffer over the mapped bytes
+(unsigned bytes, as ``bytearray``); every view of it must be released before
+``close()`` unmaps it, which the recorder's teardown order guarantees (writer,
+signal recorder, stack table, then the mapping).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+from typing import Any
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_MS_SYNC = 4
+_MAP_FIXED, _MAP_ANONYMOUS, _MAP_NORESERVE = 0x10, 0x20, 0x4000
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14+
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+class RingMap:
+    """``size`` bytes of the file ``fd`` mapped shared, read-write. ``len()`` is its size."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+        if addr is None or addr == _MAP_FAILED:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap: {os.strerror(err)}")
+        self.addr: int | None = addr
+        self.size = size
+        self.buffer: Any = memoryview((ctypes.c_ubyte * size).from_address(addr)).cast("B")
+
+    def __len__(self) -> int:
+        return self.size
+
+    def write(self, offset: int, data: bytes) -> None:
+        self.buffer[offset : offset + len(data)] = data
+
+    def prefault(self) -> None:
+        """Fault every page in now, so the recorder's own writes never allocate memory later."""
+        if _libc.madvise(self.addr, self.size, MADV_POPULATE_WRITE) == 0:
+            return
+        view = self.buffer  # an older kernel: touch one byte per page instead
+        for off in range(0, self.size, mmap.PAGESIZE):
+            view[off] = view[off]
+
+    def lock(self) -> bool:
+        """mlock the pages so reclaim never evicts them; best effort (needs RLIMIT_MEMLOCK)."""
+        return bool(_libc.mlock(self.addr, self.size) == 0)
+
+    def flush(self) -> None:
+        """msync: what is written so far reaches the disk (survives a kernel crash or power loss)."""
+        if self.addr is not None:
+            _check(_libc.msync(self.addr, self.size, _MS_SYNC), "msync")
+
+    def close(self) -> None:
+        """Unmap. Safe to call twice. Every view must have been released first; where a C-level
+        export still holds the buffer, the file mapping is replaced in place by an anonymous one
+        instead (address space only): nothing can then write to the file or fault."""
+        addr, self.addr = self.addr, None
+        if addr is None:
+            return
+        try:
+            self.buffer.release()
+        except BufferError:
+            flags = mmap.MAP_PRIVATE | _MAP_FIXED | _MAP_ANONYMOUS | _MAP_NORESERVE
+            _libc.mmap(addr, self.size, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
+            return
+        _check(_libc.munmap(addr, self.size), "munmap")
