@@ -20,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from .._errors import BlackboxError
     from .._units import human_bytes
-    from ..ring.retention import bundle_entries, delete, parse_size, plan, ring_entries
+    from ..recovery.bundle import METADATA
+    from ..ring.retention import bundle_entries, check_count, delete, parse_size, plan, ring_entries, sweep
 
     folder = Path(args.folder)
     if not folder.is_dir():
@@ -28,16 +29,19 @@ def run(args: argparse.Namespace) -> int:
     if args.max_count is None and args.max_size is None:
         raise BlackboxError("expected --max-count and/or --max-size, found neither")
     max_bytes = parse_size(args.max_size) if args.max_size else None
-    entries = ring_entries(folder) or bundle_entries(folder)
-    doomed = plan(entries, args.max_count, max_bytes)
+    entries = ring_entries(folder) or bundle_entries(folder, METADATA)
+    doomed = plan(entries, check_count(args.max_count), max_bytes)
     for e in doomed:
         print(f"{'would remove' if args.dry_run else 'removed'} {e.path} ({human_bytes(e.size)})")
         if not args.dry_run:
             delete(e)
+    if not args.dry_run:
+        for f in sweep(folder):
+            print(f"removed {f} (left behind by no ring or by a dead writer)")
     in_use = sum(e.in_use for e in entries)
     left = len(entries) - len(doomed)
     total = sum(e.size for e in entries) - sum(e.size for e in doomed)
-    note = f", {in_use} in use (never removed)" if in_use else ""
+    note = f", {in_use} in use or too recent (never removed)" if in_use else ""
     print(f"{left} kept, {human_bytes(total)} in total{note}")
     return 0
 

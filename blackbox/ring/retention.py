@@ -2,23 +2,39 @@
 
 ``plan`` is pure: given the entries (their age, size and whether they are in
 use), it names the oldest to delete until both the count and the total size are
-within bounds. An entry in use (a ring whose writer is still running) is never
-chosen, and it still counts towards the limits.
+within bounds. An entry in use is never chosen, and it still counts towards the
+limits. A ring is in use while its writer holds its lock (or, for a ring
+without one, while its pid lives), while it is young (another rank may have
+just made it), and while its header cannot be read and it is not old (an older
+writer may still be writing it).
+
+Every pass tolerates other passes and users working in the same folder at the
+same time: an entry that vanishes between listing and deleting is skipped,
+links are never followed, and the pass never gives up because one entry is odd.
+Sidecars left without their ring, empty ones, and temporary files of a writer
+that died while making its ring go too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .._errors import BlackboxError
 from . import format as fmt
-from .file import SIDECAR_SUFFIXES, sidecar
+from .file import RING_SUFFIX, SIDECAR_SUFFIXES, sidecar
 from .liveness import writer_alive
 from .reader import read_header
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+YOUNG_S = 300.0  # a ring this recent is never removed: a rank may be arming it
+STALE_S = 3600.0  # a header-less ring, or a temporary file, this old belongs to nobody
+KEEP_ENV = "BLACKBOX_KEEP"
 
 
 @dataclass(frozen=True)
@@ -53,42 +69,101 @@ def parse_size(text: str) -> int:
         value = float(t[: len(t) - len(unit)])
     except ValueError:
         raise BlackboxError(f"expected a size such as 500M or 20G, found {text!r}") from None
+    if not value >= 0:
+        raise BlackboxError(f"expected a size of zero or more, such as 500M or 20G, found {text!r}")
     return int(value * _UNITS[unit])
 
 
-def ring_entries(folder: Path) -> list[Entry]:
-    """Every ``*.ring`` (with its sidecar files) in a folder; a ring still armed by a live writer is in use."""
+def check_count(value: int | None) -> int | None:
+    if value is not None and value < 0:
+        raise BlackboxError(f"expected a count of zero or more, found {value}")
+    return value
+
+
+def _regular(path: Path) -> os.stat_result | None:
+    """lstat of a regular file (never through a link); None if it is something else or has vanished."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st if stat.S_ISREG(st.st_mode) else None
+
+
+def ring_entries(folder: Path, now: float | None = None) -> list[Entry]:
+    """Every ``*.ring`` (with its sidecar files) in a folder, with whether it is in use."""
+    now = time.time() if now is None else now
     out = []
-    for ring in sorted(folder.glob("*.ring")):
+    for ring in sorted(folder.glob(f"*{RING_SUFFIX}")):
+        st = _regular(ring)
+        if st is None:
+            continue  # a link, a folder, a FIFO, or gone since the listing
         try:
             header = read_header(ring)
             in_use = header.state != fmt.STATE_CLEAN and writer_alive(ring, header.meta)
         except BlackboxError:
-            in_use = False  # not a ring we can read: old junk, removable
-        files = [ring, *(sidecar(ring, s) for s in SIDECAR_SUFFIXES)]
-        size = sum(f.stat().st_size for f in files if f.exists())
-        out.append(Entry(ring, ring.stat().st_mtime, size, in_use))
+            in_use = now - st.st_mtime < STALE_S  # header-less: perhaps still being made by an older writer
+        in_use = in_use or now - st.st_mtime < YOUNG_S
+        size = st.st_size + sum(s.st_size for f in _sidecars(ring) if (s := _regular(f)) is not None)
+        out.append(Entry(ring, st.st_mtime, size, in_use))
     return out
 
 
-def bundle_entries(folder: Path) -> list[Entry]:
-    """Every bundle (a sub-folder holding metadata.json) in a folder."""
+def _sidecars(ring: Path) -> list[Path]:
+    return [sidecar(ring, s) for s in SIDECAR_SUFFIXES]
+
+
+def bundle_entries(folder: Path, marker: str = "metadata.json") -> list[Entry]:
+    """Every bundle (a sub-folder holding ``marker``) in a folder."""
     out = []
-    for d in sorted(p for p in folder.iterdir() if (p / "metadata.json").is_file()):
-        size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
-        out.append(Entry(d, (d / "metadata.json").stat().st_mtime, size, False))
+    for d in sorted(folder.iterdir()):
+        try:
+            if not stat.S_ISDIR(os.lstat(d).st_mode) or not (d / marker).is_file():
+                continue
+            size = sum(s.st_size for f in d.rglob("*") if (s := _regular(f)) is not None)
+            out.append(Entry(d, (d / marker).stat().st_mtime, size, False))
+        except OSError:
+            continue
     return out
 
 
 def delete(entry: Entry) -> None:
-    if entry.path.is_dir():
-        shutil.rmtree(entry.path)
+    """Remove an entry (a ring and its sidecars, or a bundle folder); what is already gone is fine."""
+    if entry.path.is_dir() and not entry.path.is_symlink():
+        shutil.rmtree(entry.path, ignore_errors=True)
         return
-    for f in (entry.path, *(sidecar(entry.path, s) for s in SIDECAR_SUFFIXES)):
-        f.unlink(missing_ok=True)
+    for f in (entry.path, *_sidecars(entry.path)):
+        with contextlib.suppress(FileNotFoundError):
+            f.unlink()
 
 
-KEEP_ENV = "BLACKBOX_KEEP"
+def sweep(folder: Path, now: float | None = None) -> list[Path]:
+    """Remove what belongs to no ring: sidecars whose ring is gone, empty sidecars of a ring that is
+    not in use, and temporary files of a writer that died while making its ring. Returns them."""
+    now = time.time() if now is None else now
+    gone: list[Path] = []
+    for f in sorted(folder.iterdir()):
+        st = _regular(f)
+        if st is None:
+            continue
+        name = f.name
+        suffix = next((s for s in SIDECAR_SUFFIXES if name.endswith(RING_SUFFIX + s)), None)
+        if suffix is not None:
+            ring = Path(str(f)[: -len(suffix)])
+            orphan = _regular(ring) is None
+            empty_and_idle = st.st_size == 0 and not _in_use(ring, now)
+            if orphan or empty_and_idle:
+                gone.append(f)
+        elif name.startswith(".") and name.endswith(".tmp") and RING_SUFFIX in name and now - st.st_mtime > STALE_S:
+            gone.append(f)
+    for f in gone:
+        with contextlib.suppress(FileNotFoundError):
+            f.unlink()
+    return gone
+
+
+def _in_use(ring: Path, now: float) -> bool:
+    entries = [e for e in ring_entries(ring.parent, now) if e.path == ring] if _regular(ring) else []
+    return bool(entries and entries[0].in_use)
 
 
 def parse_keep(text: str) -> tuple[int | None, int | None]:
@@ -96,7 +171,7 @@ def parse_keep(text: str) -> tuple[int | None, int | None]:
     count = size = None
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, _, value = part.partition("=")
-        if key == "count" and value.isdigit():
+        if key == "count" and value.strip().isdigit():
             count = int(value)
         elif key == "size":
             size = parse_size(value)
@@ -113,4 +188,5 @@ def prune_ring_folder(folder: Path, keep: str) -> list[Path]:
     doomed = plan(ring_entries(folder), None if count is None else max(0, count - 1), size)
     for e in doomed:
         delete(e)
+    sweep(folder)
     return [e.path for e in doomed]
