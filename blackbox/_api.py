@@ -18,10 +18,11 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from ._recorder import DEFAULT_CAPACITY, DEFAULT_SAMPLE_INTERVAL, DEFAULT_STRINGS_SIZE, Phase, Recorder
+from ._recorder import DEFAULT_SAMPLE_INTERVAL, DEFAULT_STRINGS_SIZE, Phase, Recorder
 from .collect.exceptions import capture
 
 _lock = threading.Lock()
+_arming: set[int] = set()  # threads inside arm(): a signal handler re-entering it never waits on itself
 _active: Recorder = Recorder()  # inert until arm()
 _settings: dict[str, Any] = {}
 _atexit_registered = False
@@ -30,7 +31,7 @@ _atexit_registered = False
 def arm(
     path: str | os.PathLike[str] | None = None,
     *,
-    capacity: int = DEFAULT_CAPACITY,
+    capacity: int | None = None,
     sample_interval: float = DEFAULT_SAMPLE_INTERVAL,
     strings_size: int = DEFAULT_STRINGS_SIZE,
     on_fork: str = "disarm",
@@ -65,26 +66,77 @@ def arm(
     the returned Recorder is disarmed (``recorder.armed`` is False).
     """
     global _active, _atexit_registered
-    with _lock:
-        if _active.armed:
-            return _active
-        _settings.update(
-            path=path,
-            capacity=capacity,
-            sample_interval=sample_interval,
-            strings_size=strings_size,
-            on_fork=on_fork,
-            allocator_history=allocator_history,
-            modules=modules,
-            sync_interval=sync_interval,
-        )
-        _active = Recorder.arm(path, **{k: v for k, v in _settings.items() if k != "path"})
-        if _active.armed:
-            _bind(_active.mark, _active.step)
-            if not _atexit_registered:
-                atexit.register(_disarm_at_exit)
-                _atexit_registered = True
+    me = threading.get_ident()
+    if me in _arming:
         return _active
+    _arming.add(me)
+    try:
+        with _lock:
+            return _arm_locked(path, capacity, sample_interval, strings_size, on_fork, allocator_history, modules,
+                               sync_interval)  # fmt: skip
+    finally:
+        _arming.discard(me)
+
+
+def _arm_locked(
+    path: str | os.PathLike[str] | None,
+    capacity: int | None,
+    sample_interval: float,
+    strings_size: int,
+    on_fork: str,
+    allocator_history: bool | int,
+    modules: bool,
+    sync_interval: float | None,
+) -> Recorder:
+    global _active, _atexit_registered
+    if _active.armed:
+        return _active
+    _settings.update(
+        path=path,
+        capacity=capacity,
+        sample_interval=sample_interval,
+        strings_size=strings_size,
+        on_fork=on_fork,
+        allocator_history=allocator_history,
+        modules=modules,
+        sync_interval=sync_interval,
+    )
+    _active = Recorder.arm(path, **{k: v for k, v in _settings.items() if k != "path"})
+    if _active.armed:
+        _bind(_active.mark, _active.step)
+        if not _atexit_registered:
+            atexit.register(_disarm_at_exit)
+            _atexit_registered = True
+        _at_worker_exit()
+    return _active
+
+
+class _Anchor:
+    """A weakly referable object for multiprocessing's after-fork registry."""
+
+
+_worker_exit_anchor = _Anchor()
+
+
+def _at_worker_exit() -> None:
+    """A multiprocessing worker ends with ``os._exit`` after its finalizers, skipping atexit: have
+    those finalizers record the clean end (a worker that exits normally is not a death). A worker
+    that armed while its main module was imported again (spawn, forkserver) has its finalizers
+    cleared when it starts running; multiprocessing's after-fork hook, run just after, registers
+    ours again."""
+    mp = sys.modules.get("multiprocessing")
+    if mp is None:
+        return
+    try:
+        import multiprocessing.util as util
+
+        def register(_anchor: object = None) -> None:
+            util.Finalize(None, _disarm_at_exit, exitpriority=10)
+
+        register()
+        util.register_after_fork(_worker_exit_anchor, register)
+    except Exception:
+        pass
 
 
 def disarm() -> None:

@@ -27,7 +27,7 @@ from ._version import __version__
 from .collect.exceptions import ExceptionRecorder
 from .collect.gpu import GpuProbe
 from .collect.host import HostProbe
-from .collect.identity import identity, versions
+from .collect.identity import identity, role, versions
 from .collect.signals import CrashRegion, SignalRecorder
 from .collect.torch_hooks import DEFAULT_HISTORY_ENTRIES, TorchHooks
 from .ring import format as fmt
@@ -41,11 +41,13 @@ from .ring.file import (
     safe_folder,
     sidecar,
 )
+from .ring.folded import FOLDED, fold_line
 from .ring.liveness import LOCK_LIVENESS, lock_ring
 from .ring.retention import KEEP_ENV, prune_ring_folder
 from .ring.writer import RingWriter, built_module, c_writer_module
 
 DEFAULT_CAPACITY = 1 << 18  # 262,144 slots: 32 MiB of records
+HELPER_CAPACITY = 1 << 13  # 8,192 slots (1 MiB): the default for a helper process (a multiprocessing worker)
 DEFAULT_SAMPLE_INTERVAL = 0.1  # seconds
 DEFAULT_STRINGS_SIZE = 1 << 20  # 1 MiB of interned strings
 DEFAULT_STACKS_SIZE = 1 << 20  # 1 MiB of stack table, two halves
@@ -156,6 +158,11 @@ class Recorder:
         self._sampler: threading.Thread | None = None
         self._warned = False
         self._ending = threading.Lock()  # claimed without waiting: never re-entered, never waited on
+        self._fold_clean = False  # under `blackbox run`, a helper's ring that ends cleanly is folded away
+        self.peak_rss = -1
+        self.role = "main"
+        self._identity: dict[str, Any] = {}
+        self._started_ns = 0
 
     # ------------------------------------------------------------ arming
     @classmethod
@@ -163,7 +170,7 @@ class Recorder:
         cls,
         path: str | os.PathLike[str] | None = None,
         *,
-        capacity: int = DEFAULT_CAPACITY,
+        capacity: int | None = None,
         sample_interval: float = DEFAULT_SAMPLE_INTERVAL,
         strings_size: int = DEFAULT_STRINGS_SIZE,
         on_fork: str = "disarm",
@@ -174,6 +181,8 @@ class Recorder:
         rec = cls()
         rec.on_fork = on_fork
         try:
+            if capacity is None:
+                capacity = DEFAULT_CAPACITY if role() == "main" else HELPER_CAPACITY
             history = DEFAULT_HISTORY_ENTRIES if allocator_history is True else int(allocator_history)
             if sync_interval is not None and not float(sync_interval) > 0:
                 raise ValueError(f"sync_interval must be > 0 seconds or None, got {sync_interval}")
@@ -205,6 +214,7 @@ class Recorder:
             raise ValueError(f"allocator_history must be True, False or a number of entries, got {history}")
         wall, mono = _clock_pair()
         ident = identity()
+        self.role, self._identity, self._started_ns = ident["role"], ident, wall
         target, is_folder = resolve_target(path)
         folder = target if is_folder else target.parent
         if path is None:
@@ -330,7 +340,9 @@ class Recorder:
         w, probe, gpu = self._writer, self._probe, self._gpu
         if w is None or probe is None:
             return
-        w.sample(probe.read() + (fmt.NULL,))
+        figures = probe.read()
+        self.peak_rss = max(self.peak_rss, figures[0])
+        w.sample(figures + (fmt.NULL,))
         if gpu is not None:
             for device, payload in gpu.poll():
                 w.event(_KIND_GPU_SAMPLE, None, None, device, payload)
@@ -436,8 +448,26 @@ class Recorder:
             # Signals last: one that lands while the job shuts down is still recorded (after the clean end).
             self._uninstall_collectors(in_child=False, signals=True)
             self._teardown(flush=True)
+            if self._fold_clean:
+                self._fold()
         finally:
             self._ending.release()
+
+    def _fold(self) -> None:
+        """A helper's clean end under `blackbox run`: one line in ``folded.jsonl``, and its ring removed."""
+        path = self.path
+        if path is None:
+            return
+        try:
+            line = fold_line(self._identity, self._started_ns, self.peak_rss)
+            fd = os.open(path.parent / FOLDED, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            try:
+                os.write(fd, line)  # one write with O_APPEND: lines of helpers ending together never mix
+            finally:
+                os.close(fd)
+            path.unlink()
+        except Exception as exc:
+            self._on_error(exc)
 
     def abandon_after_fork(self) -> None:
         """In a forked child: stop writing into the parent's ring without touching it."""

@@ -54,19 +54,20 @@ def test_torchrun_rank_killed_first_is_named_in_merged_bundle(tmp_path: Path) ->
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
     assert proc.returncode != 0, proc.stderr[-2000:]
-    meta = json.loads((tmp_path / "run" / "bundle" / "metadata.json").read_text())
+    (run,) = (tmp_path / "run").glob("run-*")
+    meta = json.loads((run / "bundle" / "metadata.json").read_text())
     by_rank = {m["rank"]: m for m in meta["rings"]}
     assert {0, 1, 2} <= set(by_rank), sorted(by_rank, key=str)  # the launcher's ring has rank None
     assert by_rank[1]["death"]["cause"] == "killed"
     assert meta["first_death"]["rank"] == 1 and meta["first_death"]["cause"] == "killed"
     for r in (0, 2):
         assert by_rank[r]["death"]["time"] >= meta["first_death"]["time"]
-    table = pq.read_table(tmp_path / "run" / "bundle" / "timeline.parquet")
+    table = pq.read_table(run / "bundle" / "timeline.parquet")
     assert set(pc.unique(table["rank"]).drop_null().to_pylist()) >= {0, 1, 2}
     assert len(pc.unique(table["pid"])) == len(meta["rings"])
     times = table["time"].cast("int64").to_numpy()
     assert (times[1:] >= times[:-1]).all(), "one timeline, in time order"
     steps = table.filter(pc.equal(table["rank"], 1))["step"].drop_null()
     assert pc.max(steps).as_py() in (19, 20)
-    summary = (tmp_path / "run" / "bundle" / "summary.md").read_text()
+    summary = (run / "bundle" / "summary.md").read_text()
     assert "**First death: rank 1**" in summary and "## Across ranks" in summary

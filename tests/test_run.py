@@ -1,12 +1,17 @@
-"""`blackbox run`: any Python job armed with no code change, recovered and diagnosed after it dies."""
+"""`blackbox run`: any Python job armed with no code change, recovered and diagnosed after it dies, and
+run exactly as it would run without us (status, stdout, signals, its own environment)."""
 
 from __future__ import annotations
 
 import json
 import os
+import pty
 import shutil
+import signal
+import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,22 +24,35 @@ for step in range(100000):
     kept.append(bytearray(4 << 20))   # an unmodified script that leaks 4 MiB a step
     time.sleep(0.005)
 """
+BLACKBOX = [sys.executable, "-m", "blackbox", "run"]
+ENV = dict(os.environ, PYTHONPATH=str(REPO))
 
 
-def blackbox_run(work: Path, *cmd: str, preexec_fn=None, env=None) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
+def blackbox_run(work: Path, *cmd: str, preexec_fn=None, env=None, stdin=None) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
+    """Run through a shell, which prints the status as a shell reports it (128 + n for signal n)."""
     return subprocess.run(
-        [sys.executable, "-m", "blackbox", "run", "--dir", str(work), "--", *cmd],
+        ["sh", "-c", '"$@"; echo "shell-status=$?" >&2', "sh", *BLACKBOX, "--dir", str(work), "--", *cmd],
         capture_output=True,
         text=True,
         timeout=180,
         cwd=REPO,
         preexec_fn=preexec_fn,
-        env=env,
+        env=env or ENV,
+        stdin=stdin,
     )
 
 
-def _meta(work: Path) -> dict:
-    return json.loads((work / "bundle" / "metadata.json").read_text())
+def shell_status(proc: subprocess.CompletedProcess[str]) -> int:
+    return int(proc.stderr.rsplit("shell-status=", 1)[1].split()[0])
+
+
+def run_folder(work: Path) -> Path:
+    (folder,) = work.glob("run-*")
+    return folder
+
+
+def _meta(work: Path) -> dict:  # type: ignore[type-arg]
+    return json.loads((run_folder(work) / "bundle" / "metadata.json").read_text())
 
 
 @pytest.mark.slow
@@ -43,36 +61,61 @@ def test_run_around_a_script_the_kernel_oom_kills(tmp_path: Path, memory_cgroup)
     script = tmp_path / "train.py"
     script.write_text(LEAKY_SCRIPT)
     proc = blackbox_run(tmp_path / "run", sys.executable, str(script), preexec_fn=cg.join)
-    assert proc.returncode == 137, proc.stderr  # 128 + SIGKILL, as a shell reports it
+    assert shell_status(proc) == 137, proc.stderr  # 128 + SIGKILL, as a shell reports it
     meta = _meta(tmp_path / "run")
     assert meta["death"]["cause"] == "host_oom_kill", meta["death"]
-    assert "host_oom_kill" in proc.stdout and "exit status 137" in proc.stderr
-    assert (tmp_path / "run" / "bundle" / "timeline.parquet").exists()
-    png = tmp_path / "run" / "bundle" / "memory.png"
+    assert "host_oom_kill" in proc.stderr and "exit status 137" in proc.stderr and proc.stdout == ""
+    bundle = run_folder(tmp_path / "run") / "bundle"
+    assert (bundle / "timeline.parquet").exists()
+    png = bundle / "memory.png"
     if os.environ.get("BLACKBOX_KEEP_PLOT"):  # to look at it: BLACKBOX_KEEP_PLOT=/some/file.png
         shutil.copyfile(png, os.environ["BLACKBOX_KEEP_PLOT"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 
 
 @pytest.mark.parametrize(
-    "code,status,cause",
+    "code,status",
     [
-        ("raise SystemExit(3)", 3, "clean_exit"),
-        (
-            "import os, signal; signal.signal(signal.SIGTERM, signal.SIG_DFL); os.kill(os.getpid(), signal.SIGTERM)",
-            143,
-            "signal",
-        ),
-        ("raise RuntimeError('boom')", 1, "exception"),
+        ("raise SystemExit(3)", 3),
+        ("import os, signal; signal.signal(signal.SIGTERM, signal.SIG_DFL); os.kill(os.getpid(), signal.SIGTERM)", 143),
+        ("raise RuntimeError('boom')", 1),
+        ("import os; os.kill(os.getpid(), 9)", 137),
     ],
-    ids=["exit-3", "sigterm", "exception"],
+    ids=["exit-3", "sigterm", "exception", "sigkill"],
 )
-def test_run_passes_the_exit_status_through_and_names_the_cause(
-    tmp_path: Path, code: str, status: int, cause: str
-) -> None:
+def test_run_ends_as_the_job_ended(tmp_path: Path, code: str, status: int) -> None:
+    unarmed = subprocess.run(["sh", "-c", '"$@"; echo "shell-status=$?" >&2', "sh", sys.executable, "-c", code],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    armed = blackbox_run(tmp_path / "run", sys.executable, "-c", code)
+    assert shell_status(armed) == shell_status(unarmed) == status, armed.stderr
+    direct = subprocess.run([*BLACKBOX, "--dir", str(tmp_path / "d"), "--", sys.executable, "-c", code],
+                            capture_output=True, timeout=60, env=ENV)  # fmt: skip
+    assert direct.returncode == (status if status < 128 else -(status - 128))  # killed by the job's signal
+
+
+def test_stdout_is_the_jobs_alone(tmp_path: Path) -> None:
+    code = "import json; print(json.dumps({'loss': [1.5, 0.75]}))"
     proc = blackbox_run(tmp_path / "run", sys.executable, "-c", code)
-    assert proc.returncode == status, proc.stderr
-    assert _meta(tmp_path / "run")["death"]["cause"] == cause
+    assert shell_status(proc) == 0 and json.loads(proc.stdout) == {"loss": [1.5, 0.75]}
+    assert "# blackbox:" in proc.stderr  # the summary went to stderr
+
+
+def test_reusing_dir_never_merges_an_earlier_runs_rings(tmp_path: Path) -> None:
+    for k in range(2):
+        blackbox_run(tmp_path / "d", sys.executable, "-c", f"print({k})")
+    metas = [json.loads((f / "bundle" / "metadata.json").read_text()) for f in sorted((tmp_path / "d").glob("run-*"))]
+    assert len(metas) == 2 and all("rings" not in m for m in metas)  # one ring each
+    assert {stat.S_IMODE((f).stat().st_mode) for f in (tmp_path / "d").glob("run-*")} == {0o700}
+
+
+def test_exit_status_survives_a_recovery_that_fails(tmp_path: Path) -> None:
+    # the job leaves a file where the bundle folder must go: recovery cannot write it
+    code = (
+        "import os, pathlib; p = pathlib.Path(os.environ['BLACKBOX_DIR']).parent / 'bundle'; p.write_text('x')\n"
+        "raise SystemExit(5)"
+    )
+    proc = blackbox_run(tmp_path / "run", sys.executable, "-c", code)
+    assert shell_status(proc) == 5 and "recovery failed" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_run_chains_the_jobs_own_sitecustomize(tmp_path: Path) -> None:
@@ -81,16 +124,137 @@ def test_run_chains_the_jobs_own_sitecustomize(tmp_path: Path) -> None:
     (own / "sitecustomize.py").write_text("import builtins\nbuiltins.JOB_SITE = 'ran'\n")
     env = {"PYTHONPATH": str(own), "PATH": "/usr/bin:/bin"}
     code = "import builtins, blackbox; print(builtins.JOB_SITE, blackbox.active().armed)"
-    proc = blackbox_run(tmp_path / "run", sys.executable, "-c", code, env=env)
-    assert proc.returncode == 0, proc.stderr
+    proc = blackbox_run(tmp_path / "run", sys.executable, "-c", code, env=dict(env, PYTHONPATH=f"{own}:{REPO}"))
+    assert shell_status(proc) == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "ran True"
+
+
+def test_only_blackbox_is_put_on_the_jobs_path(tmp_path: Path) -> None:
+    # GIVEN a job in its own environment, without numpy or torch (blackbox's venv has both)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    code = (
+        "import importlib.util as u, sys\n"
+        "print('numpy', u.find_spec('numpy') is not None, 'torch', u.find_spec('torch') is not None)\n"
+        "raise SystemExit(4)\n"
+    )
+    unarmed = subprocess.run([str(venv / "bin/python"), "-c", code], capture_output=True, text=True, timeout=60)
+    proc = blackbox_run(tmp_path / "run", str(venv / "bin/python"), "-c", code)
+    # THEN it sees its own environment, runs unarmed after one line saying why, and its status is reported
+    assert proc.stdout == unarmed.stdout == "numpy False torch False\n"
+    assert shell_status(proc) == 4 and proc.stderr.count("blackbox: not armed") == 1
+    assert "left no ring" in proc.stderr
 
 
 def test_run_of_a_non_python_command_says_so_and_keeps_its_status(tmp_path: Path) -> None:
     proc = blackbox_run(tmp_path / "run", "sh", "-c", "exit 7")
-    assert proc.returncode == 7 and "left no ring" in proc.stderr
+    assert shell_status(proc) == 7 and "left no ring" in proc.stderr
+
+
+def test_run_of_a_missing_command_is_127_as_in_a_shell(tmp_path: Path) -> None:
+    proc = blackbox_run(tmp_path / "run", "no-such-command-anywhere")
+    assert shell_status(proc) == 127 and "cannot start" in proc.stderr
 
 
 def test_run_without_a_command_is_one_line_error(tmp_path: Path) -> None:
     proc = blackbox_run(tmp_path / "run")
-    assert proc.returncode == 1 and proc.stderr.count("\n") <= 2 and "expected a command" in proc.stderr
+    assert shell_status(proc) == 1 and "expected a command" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------ signals reach the job exactly once
+COUNTER = """
+import os, signal, sys, time
+got = []
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+    signal.signal(s, lambda n, f: got.append(n))
+open(sys.argv[1], "w").write(str(os.getpid()))
+t = time.time()
+while time.time() - t < 20 and not got:
+    time.sleep(0.01)
+time.sleep(0.5)  # a duplicate would arrive now
+print("got", sorted(got), flush=True)
+"""
+
+
+def _start(tmp_path: Path, *cmd: str, **kw) -> tuple[subprocess.Popen[str], int]:  # type: ignore[no-untyped-def]
+    ready = tmp_path / "pid"
+    proc = subprocess.Popen(
+        [*BLACKBOX, "--dir", str(tmp_path / "run"), "--quiet", "--", *cmd, str(ready)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, **kw)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not (ready.exists() and ready.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    return proc, int(ready.read_text())
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["pid", "group", "pid-sigint"],
+    ids=["SIGTERM to blackbox run's pid", "SIGTERM to its process group", "SIGINT to its pid"],
+)
+def test_a_signal_reaches_the_job_exactly_once(tmp_path: Path, how: str) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(COUNTER)
+    proc, _ = _start(tmp_path, sys.executable, str(script), start_new_session=True)
+    sig = signal.SIGINT if how == "pid-sigint" else signal.SIGTERM
+    if how == "group":
+        os.killpg(proc.pid, sig)  # Slurm, `timeout`: the whole group blackbox run was started in
+    else:
+        os.kill(proc.pid, sig)
+    out, err = proc.communicate(timeout=30)
+    assert out.strip() == f"got [{int(sig)}]", err
+    assert proc.returncode == 0
+
+
+def test_a_shell_wrapped_job_is_reached_and_not_orphaned(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(COUNTER)
+    proc, job_pid = _start(tmp_path, "sh", "-c", f'{sys.executable} {script} "$0"')
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert "got [15]" in out, err  # the python under the shell got it, once
+    assert not Path(f"/proc/{job_pid}").exists()
+
+
+def test_slurmstepd_signalling_every_process_is_not_relayed_again(tmp_path: Path) -> None:
+    # A sender named slurmstepd signals each process of the step itself: blackbox run must not add one.
+    script = tmp_path / "job.py"
+    script.write_text(COUNTER)
+    proc, job_pid = _start(tmp_path, sys.executable, str(script))
+    fake = tmp_path / "slurmstepd"
+    shutil.copy(sys.executable, fake)
+    kill_both = f"import os; os.kill({proc.pid}, 15); os.kill({job_pid}, 15)"
+    subprocess.run([str(fake), "-c", kill_both], check=True, timeout=30, env={"PYTHONHOME": sys.base_prefix})
+    out, err = proc.communicate(timeout=30)
+    assert out.strip() == "got [15]", err
+
+
+def test_ctrl_c_in_a_terminal_reaches_the_job_exactly_once(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(COUNTER.replace("time.sleep(0.5)", "time.sleep(0.5); print(input('say: '), flush=True)"))
+    ready = tmp_path / "pid"
+    pid, master = pty.fork()
+    if pid == 0:  # a session whose controlling terminal is the pty: blackbox run in its foreground
+        os.execve(sys.executable, [*BLACKBOX, "--dir", str(tmp_path / "run"), "--quiet", "--", sys.executable,
+                                   str(script), str(ready)], ENV)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not (ready.exists() and ready.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    os.write(master, b"\x03")  # Ctrl-C: the terminal signals its foreground process group
+    time.sleep(0.3)
+    os.write(master, b"typed\n")  # and the job, in the foreground, can still read the terminal
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    _, status = os.waitpid(pid, 0)
+    text = out.decode(errors="replace")
+    assert "got [2]" in text and "typed" in text.split("say:")[-1], text
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from ._common import standalone
 
@@ -13,8 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dir",
         metavar="D",
-        help="folder for this run's rings and bundle (default: $BLACKBOX_DIR or /var/tmp/blackbox-<uid>, "
-        "then run-<UTC time>-<pid>)",
+        help="folder for the run folders (default: $BLACKBOX_DIR or /var/tmp/blackbox-<uid>); each run gets "
+        "a fresh run-<UTC time>-XXXX inside it, with rings/ and bundle/",
     )
     parser.add_argument("--quiet", action="store_true", help="do not print the summary")
     parser.add_argument("job", nargs=argparse.REMAINDER, metavar="-- CMD...", help="the job to run")
@@ -22,23 +24,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .._errors import BlackboxError
-    from ..run.launcher import run as run_job
-    from ..run.launcher import summary_text, work_folder
+    from ..run.launcher import end_like, launch, prepare, work_folder
 
     command = args.job[1:] if args.job[:1] == ["--"] else args.job
     if not command:
         raise BlackboxError("expected a command after `--` (blackbox run -- python train.py ...), found none")
-    result = run_job(command, work_folder(args.dir))
-    if result.meta is not None:
-        death = result.meta.get("death") or (result.meta.get("first_death") or {})
-        print(
-            f"blackbox run: exit status {result.status}; cause: {death.get('cause', 'n/a')}; "
-            f"bundle in {result.bundle}/",
-            file=sys.stderr,
-        )
-        if not args.quiet:
-            sys.stdout.write(summary_text(result))
-    return result.status
+    work = work_folder(args.dir)
+    rings, boot = prepare(work)
+    say(f"rings in {rings}/")
+    ended = launch(command, rings, boot)
+    recover(rings, work / "bundle", ended.status, args.quiet)  # never raises: the job's status is what we return
+    return end_like(ended)
+
+
+def say(text: str) -> None:
+    """One line on stderr: stdout is the job's."""
+    print(f"blackbox run: {text}", file=sys.stderr, flush=True)
+
+
+def recover(rings: Path, bundle: Path, status: int, quiet: bool) -> dict[str, Any] | None:
+    """Recover every ring the job left into ``bundle`` and say what killed it (on stderr)."""
+    try:
+        from .._postmortem import write_postmortem
+        from ..recovery.bundle import SUMMARY
+
+        if not any(rings.glob("*.ring")):
+            why = "not a Python job, run with -S or -I, or not armed: see above"
+            say(f"exit status {status}; the job left no ring in {rings}/ ({why})")
+            return None
+        meta = write_postmortem([rings], bundle, exit_status=status)
+        death = meta.get("death") or meta.get("first_death") or {}
+        say(f"exit status {status}; cause: {death.get('cause', 'clean_exit')}; bundle in {bundle}/")
+        if not quiet:
+            sys.stderr.write((bundle / SUMMARY).read_text())
+        return meta
+    except Exception as exc:  # recovery must never change how the job ended
+        say(f"exit status {status}; recovery failed ({type(exc).__name__}: {exc}); the rings are in {rings}/")
+        return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

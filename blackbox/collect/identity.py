@@ -2,13 +2,15 @@
 
 Read once at arm and stored in the ring's header metadata (``identity``).
 
-Role: ``main`` for the job's own process; ``worker`` for a multiprocessing
-child (spawn or forkserver DataLoader workers, which import the job's main
-module again); ``compile_worker`` for torch.compile's helper processes;
-``child`` for any other Python process started by an armed job under
-``blackbox run``. Attempt: the launcher's restart count (torchrun's
-``TORCHELASTIC_RESTART_COUNT``, Slurm's ``SLURM_RESTART_COUNT``), None
-where there is no launcher that counts.
+Role: ``main`` for the job's own process (and for a rank its launcher started,
+with ``RANK`` set); ``worker`` for a multiprocessing child (spawn or forkserver
+DataLoader workers, which import the job's main module again); ``mp_service``
+for multiprocessing's own helpers (the forkserver, the resource tracker);
+``compile_worker`` for torch.compile's helper processes; ``child`` for any
+other Python process started by an armed job under ``blackbox run``.
+Attempt: the launcher's restart count (torchrun's
+``TORCHELASTIC_RESTART_COUNT``, Slurm's ``SLURM_RESTART_COUNT``), None where
+there is no launcher that counts.
 
 The command line is redacted before it reaches the disk: the value of any
 option whose name says it is a secret (``--password``, ``--api-key``,
@@ -101,16 +103,23 @@ def attempt() -> int | None:
 
 
 def role() -> str:
-    """``main``, ``worker``, ``compile_worker`` or ``child`` (see the module docstring)."""
-    argv = " ".join(sys.argv[:3])
-    if "compile_worker" in argv:
+    """``main``, ``worker``, ``compile_worker`` or ``child`` (see the module docstring). Works at
+    ``sitecustomize`` time too, before multiprocessing is imported: it reads the whole command line."""
+    command = " ".join(getattr(sys, "orig_argv", sys.argv))
+    if "compile_worker" in command:
         return "compile_worker"
+    if any(m in command for m in ("multiprocessing.forkserver", "multiprocessing.resource_tracker")):
+        return "mp_service"
+    if "--multiprocessing-fork" in command:
+        return "worker"
     mp = sys.modules.get("multiprocessing")
     try:
         if mp is not None and mp.parent_process() is not None:
             return "worker"
     except Exception:  # an odd multiprocessing state: not a reason to fail arming
         pass
+    if env_int("RANK") is not None:
+        return "main"  # a rank its launcher started (torchrun): a job's main process of its own
     launcher = env_int(RUN_PID_ENV)
     if launcher is not None and os.getppid() != launcher:
         return "child"

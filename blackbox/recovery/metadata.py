@@ -204,6 +204,23 @@ def native_crash(pid: Any, text: str | None) -> dict[str, Any] | None:
     return {"file": f"crash-{pid}.txt", "first_line": lines[0] if lines else ""}
 
 
+def helper_groups(folded: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Helper processes that ended cleanly (``folded.jsonl``), grouped by parent and role: how many,
+    when the first started and the last ended, and the highest peak RSS among them."""
+    groups: dict[tuple[int, str], dict[str, Any]] = {}
+    for h in folded:
+        g = groups.setdefault(
+            (h["ppid"], h["role"]),
+            {"ppid": h["ppid"], "role": h["role"], "count": 0, "first_started_at": h["started_at"],
+             "last_ended_at": h["ended_at"], "peak_rss": -1, "argv": h["argv"]},
+        )  # fmt: skip
+        g["count"] += 1
+        g["first_started_at"] = min(g["first_started_at"], h["started_at"])
+        g["last_ended_at"] = max(g["last_ended_at"], h["ended_at"])
+        g["peak_rss"] = max(g["peak_rss"], h["peak_rss"])
+    return sorted(groups.values(), key=lambda g: (-g["count"], g["ppid"], g["role"]))
+
+
 def bundle_metadata(rings: list[dict[str, Any]]) -> dict[str, Any]:
     """One ring's metadata as-is; several rings' under ``rings`` with summed counts.
 

@@ -13,10 +13,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..ring.folded import read_folded
 from ..ring.reader import find_rings, read_ring
 from .diagnosis import diagnose
 from .evidence import gather, kernel_oom_kills
-from .metadata import bundle_metadata, ring_metadata
+from .metadata import bundle_metadata, helper_groups, ring_metadata
 from .timeline import merge_tables, ring_table
 
 
@@ -36,6 +37,7 @@ def recover_rings(inputs: list[Path], exit_status: int | None = None) -> Recover
     belongs to a single ring only, so with several rings it is not used per ring.
     """
     rings = [read_ring(p) for p in find_rings(inputs)]
+    folded = [entry for p in inputs if p.is_dir() for entry in read_folded(p)]
     pids = {p for r in rings if isinstance(p := (r.meta.get("identity") or {}).get("pid"), int)}
     kernel = kernel_oom_kills(pids)  # one pass over the kernel log for every ring
     status = exit_status if len(rings) == 1 else None
@@ -48,4 +50,7 @@ def recover_rings(inputs: list[Path], exit_status: int | None = None) -> Recover
             files[meta["native_crash"]["file"]] = evidence.crash
         tables.append(table)
         metas.append(meta)
-    return Recovered(merge_tables(tables), bundle_metadata(metas), files)
+    meta = bundle_metadata(metas)
+    if folded:
+        meta["helpers"] = helper_groups(folded)
+    return Recovered(merge_tables(tables), meta, files)

@@ -1,104 +1,229 @@
 """``blackbox run``: start a job with every Python process armed, then recover what it left.
 
-The job gets a folder holding a ``sitecustomize.py`` (see ``bootstrap``) first on
-``PYTHONPATH`` and ``$BLACKBOX_DIR`` pointing at this run's ring folder. When it
-ends, by any death, every ring it left is recovered into one bundle and the
-job's exit status is returned as a shell reports it.
+The job runs as it would without us:
+
+- Its environment gains two entries on ``PYTHONPATH``, a run folder holding our
+  ``sitecustomize.py`` and a link to the blackbox package alone (never the
+  site-packages it is installed in, whose numpy or torch would shadow the job's).
+- It gets its own process group, so a shell wrapper and everything it starts
+  are signalled as one, and dies with us if we are SIGKILLed (as it would have
+  been, had it been started directly). Where we own the terminal, it gets the
+  terminal (Ctrl-C, Ctrl-Z and reading stdin behave as for a foreground job).
+- Every signal sent to us is passed to it exactly once (read with
+  ``sigtimedwait``, so we run no handler): a signal sent to our pid or our
+  process group reaches the job once; a terminal's Ctrl-C reaches the job
+  alone; a sender that signals every process of the job itself (Slurm's
+  ``slurmstepd``, ``systemd``) is not relayed again.
+- We are its processes' subreaper: what it starts and leaves behind (a shell
+  wrapper's python, once the shell has died) is ours to wait for, and we
+  recover only once its process group has ended (or after ``GRACE_S``).
+- We end as it ended: with its exit status, or killed by the signal that killed
+  it, whatever recovery does.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import os
+import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._errors import BlackboxError
-from .._postmortem import write_postmortem
-from ..recovery.bundle import SUMMARY
-from ..ring.file import default_dir
-from ..ring.reader import find_rings
+from ..collect.identity import RUN_PID_ENV
+from ..ring.file import default_dir, safe_folder
 from .bootstrap import BOOT_ENV, SITECUSTOMIZE
 
-FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+FORWARDED = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGWINCH,
+)
+SIGNALS_EVERY_PROCESS = ("slurmstepd", "systemd")  # they signal each process of the job themselves
+GRACE_S = 10.0  # after the job's process ends, how long its process group may take to follow
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_SI_KERNEL = 0x80
 
 
 @dataclass
-class RunResult:
-    """How a job run under blackbox ended, and where its bundle is (None when it left no ring)."""
+class Ended:
+    """How the job ended: ``status`` as a shell reports it (128 + n when signal n killed it)."""
 
     status: int
-    bundle: Path | None
-    meta: dict[str, Any] | None
-
-
-def exit_status(returncode: int) -> int:
-    """As a shell reports it: 128 + the signal number when a signal ended the job."""
-    return 128 - returncode if returncode < 0 else returncode
+    signal: int | None  # the signal that killed it, or None when it exited
 
 
 def work_folder(requested: str | None) -> Path:
-    """``--dir``, else a fresh ``run-<UTC time>-<pid>`` in the default ring folder."""
+    """A fresh run folder (mode 0700), ``run-<UTC time>-XXXX``, inside ``--dir`` or the default ring folder.
+    Each run gets its own: rings of an earlier run in the same ``--dir`` never join this run's bundle."""
+    parent = Path(requested) if requested else default_dir()
     if requested:
-        return Path(requested)
+        parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    else:
+        safe_folder(parent)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    return default_dir() / f"run-{stamp}-{os.getpid()}"
+    return Path(tempfile.mkdtemp(prefix=f"run-{stamp}-", dir=parent))
+
+
+def prepare(work: Path) -> tuple[Path, Path]:
+    """(rings folder, boot folder): our sitecustomize and a link to this blackbox package, nothing else."""
+    rings, boot = work / "rings", work / ".boot"
+    for d in (rings, boot):
+        d.mkdir(mode=0o700)
+    fd = os.open(boot / "sitecustomize.py", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(SITECUSTOMIZE)
+    os.symlink(Path(__file__).resolve().parents[1], boot / "blackbox")
+    return rings, boot
 
 
 def job_environment(rings: Path, boot: Path) -> dict[str, str]:
-    """The job's environment: our sitecustomize and the package first on PYTHONPATH, rings in ``rings``."""
-    package_parent = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(boot), package_parent, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(boot), env.get("PYTHONPATH", "")) if p)
     env["BLACKBOX_DIR"] = str(rings)
     env[BOOT_ENV] = str(boot)
+    env[RUN_PID_ENV] = str(os.getpid())
     return env
 
 
-def launch(command: list[str], work: Path) -> int:
-    """Run ``command`` armed; returns its exit status (as a shell reports it)."""
-    rings, boot = work / "rings", work / ".boot"
-    for d in (rings, boot):
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    (boot / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    child = subprocess.Popen(command, env=job_environment(rings, boot))
-    previous = {s: signal.signal(s, lambda signum, _f: child.send_signal(signum)) for s in FORWARDED}
+def _terminal() -> int | None:
+    """stdin's terminal, if we are its foreground process group (we may hand it to the job)."""
     try:
-        while True:
-            try:
-                returncode = child.wait()
-                break
-            except KeyboardInterrupt:  # the job got the same Ctrl-C from the terminal: wait for it
-                continue
+        fd = sys.stdin.fileno()
+        return fd if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp() else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _hand_terminal(tty: int | None, pgrp: int) -> None:
+    if tty is None:
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})  # a background group may set it then
+    try:
+        with contextlib.suppress(OSError):
+            os.tcsetpgrp(tty, pgrp)
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-    return exit_status(returncode)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def run(command: list[str], work: Path) -> RunResult:
-    """Launch the job, then recover every ring it left into ``work/bundle``."""
-    rings, bundle = work / "rings", work / "bundle"
-    print(f"blackbox run: rings in {rings}/", file=sys.stderr, flush=True)
-    status = launch(command, work)
+def _prctl(option: int, value: int) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(option, value, 0, 0, 0)
+
+
+def _child_setup(mask: set[int], tty: int | None, parent: int) -> None:
+    """In the job's process, before exec: its own group, the terminal, dying with us, our mask undone."""
+    os.setpgid(0, 0)
+    _hand_terminal(tty, os.getpid())
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # we died before prctl took effect
+        os._exit(128 + signal.SIGKILL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _sender(info: Any) -> str:
     try:
-        found = find_rings([rings])
-    except BlackboxError:
-        found = []
-    if not found:
-        print(
-            f"blackbox run: the job left no ring in {rings}/ (not a Python job, or run with -S / -I)",
-            file=sys.stderr,
-        )
-        return RunResult(status, None, None)
-    meta = write_postmortem([rings], bundle, exit_status=status)
-    return RunResult(status, bundle, meta)
+        if info.si_code <= 0 and info.si_pid > 0:
+            return Path(f"/proc/{info.si_pid}/comm").read_text().strip()
+    except OSError:
+        pass
+    return ""
 
 
-def summary_text(result: RunResult) -> str:
-    """summary.md of the run's bundle ("" when there is none)."""
-    return (result.bundle / SUMMARY).read_text() if result.bundle else ""
+def _relay(info: Any, pgrp: int) -> None:
+    if _sender(info) in SIGNALS_EVERY_PROCESS:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgrp, info.si_signo)
+
+
+def launch(command: list[str], rings: Path, boot: Path) -> Ended:
+    """Run ``command`` armed until it ends; returns how it ended."""
+    watched: set[int] = {int(s) for s in (*FORWARDED, signal.SIGCHLD)}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    tty = _terminal()
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    try:
+        try:
+            child = subprocess.Popen(
+                command,
+                env=job_environment(rings, boot),
+                preexec_fn=lambda: _child_setup(before, tty, os.getppid()),
+            )
+        except OSError as exc:
+            print(f"blackbox run: cannot start {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
+            return Ended(127 if isinstance(exc, FileNotFoundError) else 126, None)
+        _hand_terminal(tty, child.pid)
+        ended = _wait(child.pid, watched, tty)
+        _wait_for_the_group(child.pid, watched)
+        return ended
+    finally:
+        _hand_terminal(tty, os.getpgrp())
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _wait(pid: int, watched: set[int], tty: int | None) -> Ended:
+    while True:
+        info = signal.sigtimedwait(watched, 0.5)
+        if info is not None and info.si_signo != signal.SIGCHLD:
+            _relay(info, pid)
+            continue
+        done, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
+        if done == 0:
+            continue
+        if os.WIFSTOPPED(status):  # Ctrl-Z: stop too, so the shell sees its job stopped; go on at `fg`
+            _hand_terminal(tty, os.getpgrp())
+            os.kill(os.getpid(), signal.SIGSTOP)
+            _hand_terminal(tty, pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGCONT)
+            continue
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            return Ended(128 + sig, sig)
+        return Ended(os.WEXITSTATUS(status), None)
+
+
+def _wait_for_the_group(pgrp: int, watched: set[int]) -> None:
+    """Reap the job's leftovers (reparented to us) until its process group is empty, or GRACE_S passed;
+    signals sent meanwhile are still relayed to the group."""
+    deadline = time.monotonic() + GRACE_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        try:
+            os.killpg(pgrp, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        info = signal.sigtimedwait(watched, 0.05)
+        if info is not None and info.si_signo != signal.SIGCHLD:
+            _relay(info, pgrp)
+
+
+def end_like(ended: Ended) -> int:
+    """End this process the way the job ended: killed by its signal (a shell or a scheduler then sees
+    exactly that), else its exit status. Returns the status for callers that cannot die here."""
+    if ended.signal is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the job's core dump, if any, is the job's
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP need (and allow) no reset
+            signal.signal(ended.signal, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {ended.signal})
+        os.kill(os.getpid(), ended.signal)
+    return ended.status

@@ -124,11 +124,37 @@ def ring_summary(m: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+ROLE_TEXT = {
+    "worker": "multiprocessing workers (DataLoader workers, spawn or forkserver)",
+    "mp_service": "multiprocessing service processes (forkserver, resource tracker)",
+    "compile_worker": "torch.compile workers",
+    "child": "other Python processes of the job",
+    "main": "processes",
+}
+
+
+def helpers_section(meta: dict[str, Any]) -> list[str]:
+    """Helper processes that ended cleanly under `blackbox run`, one line per parent and role."""
+    groups = meta.get("helpers") or []
+    if not groups:
+        return []
+    lines = ["## Helper processes that ended cleanly", ""]
+    for g in groups:
+        argv = " ".join(g.get("argv") or [])[:80]
+        lines.append(
+            f"- {g['count']} {ROLE_TEXT.get(g['role'], g['role'])} of pid {g['ppid']}, "
+            f"{g['first_started_at']} to {g['last_ended_at']}, peak RSS up to {human_bytes(g['peak_rss'])}"
+            + (f" (`{argv}`)" if argv else "")
+        )
+    return [*lines, ""]
+
+
 def bundle_summary(meta: dict[str, Any]) -> str:
     rings = meta.get("rings")
+    helpers = helpers_section(meta)
     if not rings:
-        return ring_summary(meta)
-    head = [f"# blackbox: {len(rings)} rings, {meta['events']} events", "", *_across_ranks(meta), ""]
+        return ring_summary(meta) + ("\n" + "\n".join(helpers) if helpers else "")
+    head = [f"# blackbox: {len(rings)} rings, {meta['events']} events", "", *_across_ranks(meta), "", *helpers]
     parts = [_demote(ring_summary(m)) for m in rings]
     return "\n".join(head + parts)
 

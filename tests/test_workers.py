@@ -1,0 +1,81 @@
+"""Helper processes (spawn and forkserver DataLoader workers): a bounded footprint, grouped in the summary,
+and a worker that exits normally is never a death."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_py
+
+from blackbox.recovery.pipeline import recover_rings
+
+pytest.importorskip("torch")
+
+JOB = """
+import sys
+from pathlib import Path
+if sys.argv[3] == "arm":
+    import blackbox
+    blackbox.arm(sys.argv[4] + "/")  # at the top of the script: spawn/forkserver workers run this again
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Squares(Dataset):
+    def __len__(self): return 32
+    def __getitem__(self, i): return torch.tensor([float(i * i)])
+
+if __name__ == "__main__":
+    loader = DataLoader(Squares(), batch_size=8, num_workers=2, multiprocessing_context=sys.argv[1])
+    print("total", sum(float(b.sum()) for _ in range(int(sys.argv[2])) for b in loader), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_spawn_workers_under_run_are_small_folded_and_grouped(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    unarmed = subprocess.run([sys.executable, str(script), "spawn", "3", "no"], capture_output=True, text=True,
+                             timeout=300, env=env)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path / "d"), "--", sys.executable, str(script),
+         "spawn", "3", "no"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert proc.returncode == unarmed.returncode == 0 and proc.stdout == unarmed.stdout, proc.stderr
+    (run,) = (tmp_path / "d").glob("run-*")
+    rings = sorted((run / "rings").glob("*.ring"))
+    assert len(rings) == 1  # the job's own; six workers (3 epochs x 2) folded away at their clean end
+    lines = (run / "rings" / "folded.jsonl").read_text().splitlines()
+    workers = [json.loads(line) for line in lines if json.loads(line)["argv"][-1:] == ["--multiprocessing-fork"]]
+    assert len(workers) == 6 and {w["role"] for w in workers} == {"worker"}
+    assert sum(p.stat().st_size for p in (run / "rings").iterdir()) < 40 << 20  # the main ring and a few lines
+    meta = json.loads((run / "bundle" / "metadata.json").read_text())
+    assert meta["death"]["cause"] == "clean_exit" and meta["first_death"] is None
+    (group,) = [g for g in meta["helpers"] if g["argv"][-1:] == ["--multiprocessing-fork"]]
+    assert group["count"] == 6 and group["ppid"] == meta["pid"] and group["role"] == "worker"
+    summary = (run / "bundle" / "summary.md").read_text()
+    assert f"6 multiprocessing workers (DataLoader workers, spawn or forkserver) of pid {meta['pid']}" in summary
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", ["forkserver", "spawn"])
+def test_arm_at_the_top_of_a_script_workers_that_exit_normally_are_not_deaths(tmp_path: Path, context: str) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    out = run_py(f"import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path({str(script)!r}, run_name='__main__')",
+                 str(script), context, "2", "arm", str(tmp_path / "rings"), timeout=300)  # fmt: skip
+    assert out.stdout.startswith("total")
+    recovered = recover_rings([tmp_path / "rings"])
+    rings = recovered.meta.get("rings") or [recovered.meta]
+    assert len(rings) >= 2  # the job and at least one helper armed too
+    assert {m["death"]["cause"] for m in rings} == {"clean_exit"}, [
+        (m["role"] if "role" in m else m["pid"], m["death"]) for m in rings
+    ]
+    assert recovered.meta["first_death"] is None
+    helpers = [m for m in rings if m["pid"] != rings[0]["pid"]]
+    assert all(read["capacity"] <= 8192 for read in [{"capacity": m["recovery"]["slots"]} for m in helpers])
