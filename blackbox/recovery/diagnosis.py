@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from .._units import human_bytes
 from .evidence import Evidence
-from .timeline import of_kind
+from .timeline import of_kind, py_rows
 
 CAUSES = ("clean_exit", "exception", "oom_exception", "host_oom_kill", "killed", "signal", "unknown")
 NEAR_LIMIT = 0.95
@@ -51,11 +51,11 @@ def _rows(table: pa.Table, *kinds: str) -> pa.Table:
 
 
 def _last(table: pa.Table) -> dict[str, Any] | None:
-    return table.slice(table.num_rows - 1).to_pylist()[0] if table.num_rows else None
+    return py_rows(table.slice(table.num_rows - 1))[0] if table.num_rows else None
 
 
 def _iso(t: Any) -> str | None:
-    return t.isoformat().replace("+00:00", "Z") if t is not None else None
+    return t if isinstance(t, str) else None
 
 
 def diagnose(table: pa.Table, clean: bool, ev: Evidence) -> dict[str, Any]:
@@ -66,7 +66,7 @@ def diagnose(table: pa.Table, clean: bool, ev: Evidence) -> dict[str, Any]:
     when = last_event
     samples = _rows(table, "sample")
     last_sample = _last(samples)
-    first_sample = samples.slice(0, 1).to_pylist()[0] if samples.num_rows else None
+    first_sample = py_rows(samples.slice(0, 1))[0] if samples.num_rows else None
     errors = _rows(table, "oom", "exception").select(
         [
             "time",
@@ -81,9 +81,9 @@ def diagnose(table: pa.Table, clean: bool, ev: Evidence) -> dict[str, Any]:
         ]
     )
     main_uncaught = [
-        r for r in errors.to_pylist() if r["detail"] == "uncaught" or (r["detail"] or "").startswith("uncaught;")
+        r for r in py_rows(errors) if r["detail"] == "uncaught" or (r["detail"] or "").startswith("uncaught;")
     ]
-    fatal_signals = [r for r in _rows(table, "signal").to_pylist() if r["detail"] == "default action"]
+    fatal_signals = [r for r in py_rows(_rows(table, "signal")) if r["detail"] == "default action"]
     near = _near_limit(last_sample)
     if near is not None:
         evidence.append(near[1])

@@ -17,7 +17,7 @@ from .._version import __version__
 from ..ring import format as fmt
 from ..ring.reader import Ring
 from .evidence import Evidence
-from .timeline import BYTE_GAUGES, GAUGES, OOM_COLUMNS, of_kind
+from .timeline import BYTE_GAUGES, GAUGES, OOM_COLUMNS, of_kind, py_rows
 
 
 def iso(ns: int | None) -> str | None:
@@ -37,7 +37,7 @@ def writer_state(ring: Ring, alive: bool | None) -> str:
 
 def _last_row(table: pa.Table, kind: str) -> dict[str, Any] | None:
     rows = of_kind(table, kind, columns=["time", "step", "device", *GAUGES])
-    return rows.slice(rows.num_rows - 1).to_pylist()[0] if rows.num_rows else None
+    return py_rows(rows.slice(rows.num_rows - 1))[0] if rows.num_rows else None
 
 
 def _last_sample(table: pa.Table) -> dict[str, Any] | None:
@@ -50,7 +50,7 @@ def _last_sample(table: pa.Table) -> dict[str, Any] | None:
     if gpu is not None:
         out.update({g: gpu[g] for g in GAUGES if gpu[g] is not None})
         out["gpu_device"] = gpu["device"]
-    out["time"] = row["time"].isoformat().replace("+00:00", "Z") if row["time"] else None
+    out["time"] = row["time"]
     out["step"] = row["step"]
     return out
 
@@ -71,11 +71,8 @@ def _peaks(table: pa.Table) -> dict[str, Any]:
 def _events(table: pa.Table, kinds: tuple[str, ...], columns: tuple[str, ...], last: int) -> list[dict[str, Any]]:
     """The last ``last`` events of these kinds, as plain dicts (time in ISO UTC)."""
     picked = of_kind(table, *kinds, columns=["time", "kind", "step", *columns])
-    rows: list[dict[str, Any]] = (
-        picked.slice(max(0, picked.num_rows - last)).select(["time", "kind", "step", *columns]).to_pylist()
-    )
+    rows = py_rows(picked.slice(max(0, picked.num_rows - last)).select(["time", "kind", "step", *columns]))
     for r in rows:
-        r["time"] = r["time"].isoformat().replace("+00:00", "Z") if r["time"] else None
         for c in [c for c in r if c.startswith("oom_") and r[c] is None]:
             del r[c]
     return rows
@@ -136,20 +133,16 @@ def _tail(table: pa.Table, n: int) -> list[dict[str, Any]]:
     """The last ``n`` host samples (with the GPU figures of the moment), for the "last seconds" table."""
     columns = ["time", "kind", "step", "host_rss", "children_rss", "cgroup_usage", "gpu_allocated", "gpu_reserved"]
     picked = of_kind(table, "sample", "gpu_sample", columns=columns)
-    rows = picked.slice(max(0, picked.num_rows - 4 * n)).to_pylist()
+    rows = py_rows(picked.slice(max(0, picked.num_rows - 4 * n)))
     out: list[dict[str, Any]] = []
     gpu: dict[str, Any] = {}
     for r in rows:
         if r["kind"] == "gpu_sample":
             gpu = {"gpu_allocated": r["gpu_allocated"], "gpu_reserved": r["gpu_reserved"]}
             continue
-        out.append({"time": iso_time(r["time"]), "step": r["step"], "host_rss": r["host_rss"],
+        out.append({"time": r["time"], "step": r["step"], "host_rss": r["host_rss"],
                     "children_rss": r["children_rss"], "cgroup_usage": r["cgroup_usage"], **gpu})  # fmt: skip
     return out[-n:]
-
-
-def iso_time(t: Any) -> str | None:
-    return t.isoformat().replace("+00:00", "Z") if t is not None else None
 
 
 def _module_growth(table: pa.Table, top: int) -> list[dict[str, Any]]:

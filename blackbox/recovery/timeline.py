@@ -6,6 +6,7 @@ The column set and types are specified in FORMAT.md ("Timeline columns");
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -334,6 +335,25 @@ def _int_or_none(v: Any) -> int | None:
 
 def _str_or_none(v: Any) -> str | None:
     return v if isinstance(v, str) else None
+
+
+def iso_ns(ns: int | None) -> str | None:
+    """UTC ISO-8601 with nanoseconds (``2026-01-01T00:00:00.016000000Z``), or None."""
+    if ns is None:
+        return None
+    seconds, frac = divmod(int(ns), 1_000_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{frac:09d}Z"
+
+
+def py_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """The rows as dicts, timestamps as ISO-8601 strings. pyarrow turns a nanosecond timestamp into a
+    Python value only through pandas, which a plain install does not have."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_timestamp(field.type):
+            texts = [iso_ns(s) for s in table.column(i).cast(pa.int64()).to_pylist()]
+            table = table.set_column(i, field.name, pa.array(texts, pa.string()))
+    rows: list[dict[str, Any]] = table.to_pylist()
+    return rows
 
 
 def kind_mask(table: pa.Table, *kinds: str) -> pa.ChunkedArray:

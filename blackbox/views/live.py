@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._units import human_bytes
-from ..recovery.timeline import of_kind, ring_table
+from ..recovery.timeline import of_kind, py_rows, ring_table
 from ..ring.reader import Ring
 
 WINDOW_S = 30.0
@@ -76,7 +76,7 @@ def frame(ring: Ring, running: bool, now_ns: int | None = None) -> str:
     samples = of_kind(table, "sample", columns=["time", "host_rss", "children_rss", "cgroup_usage", "cgroup_limit",
                                                 "mem_available"])  # fmt: skip
     if samples.num_rows:
-        last = samples.slice(samples.num_rows - 1).to_pylist()[0]
+        last = py_rows(samples.slice(samples.num_rows - 1))[0]
         rss_rate = _rate(*_series(samples, "host_rss"))
         cg_rate = _rate(*_series(samples, "cgroup_usage"))
         lines.append(
@@ -89,7 +89,7 @@ def frame(ring: Ring, running: bool, now_ns: int | None = None) -> str:
                                                  "device_free"])  # fmt: skip
     for device in sorted({d for d in gpus["device"].to_pylist() if d is not None}):
         rows = gpus.filter(pc.equal(gpus["device"], device))
-        last = rows.slice(rows.num_rows - 1).to_pylist()[0]
+        last = py_rows(rows.slice(rows.num_rows - 1))[0]
         rate = _rate(*_series(rows, "gpu_reserved"))
         lines.append(
             f"cuda:{device} allocated {human_bytes(last['gpu_allocated'])}; "
@@ -97,6 +97,6 @@ def frame(ring: Ring, running: bool, now_ns: int | None = None) -> str:
         )
     events = of_kind(table, "oom", "exception", "signal", columns=["time", "kind", "label"])
     if events.num_rows:
-        e = events.slice(events.num_rows - 1).to_pylist()[0]
+        e = py_rows(events.slice(events.num_rows - 1))[0]
         lines.append(f"last {e['kind']}: {(e['label'] or '')[:160]}")
     return "\n".join(lines) + "\n"

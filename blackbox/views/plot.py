@@ -144,8 +144,9 @@ def _deaths(fig: Any, axes: tuple[Any, ...], table: pa.Table, meta: dict[str, An
                 fontsize=9,
                 bbox={"boxstyle": "round", "fc": "white", "alpha": 0.8},
             )
-    for row in of_kind(table, "oom").to_pylist():
-        at = row["time"].timestamp() - t0
+    ooms = of_kind(table, "oom", columns=["time"])["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
+    for ns in ooms.tolist():
+        at = ns / 1e9 - t0
         for ax in axes:
             ax.axvline(at, color="red", linestyle=":", linewidth=1)
 

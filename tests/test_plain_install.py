@@ -1,0 +1,85 @@
+"""The plain install is the product: a fresh virtual environment with the package and its declared
+dependencies only (numpy, pyarrow, zstandard: no pandas, no torch, no matplotlib), every command end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+JOB = """
+import os, sys, time, blackbox
+blackbox.arm(sys.argv[1] + "/", capacity=4096, sample_interval=0.02)
+for i in range(50):
+    blackbox.step(i)
+    blackbox.mark("loss", i)
+try:
+    raise MemoryError("out of host memory")
+except MemoryError:
+    pass
+time.sleep(0.2)
+os.kill(os.getpid(), 9)
+"""
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    venv = tmp_path_factory.mktemp("plain") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    pip = subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q", str(REPO)],
+                         capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    return venv
+
+
+def blackbox(venv: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{venv / 'bin'}:/usr/bin:/bin"
+    return subprocess.run([str(venv / "bin/blackbox"), *args], capture_output=True, text=True, timeout=300,
+                          cwd=cwd, env=env)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_every_command_works_with_only_the_declared_dependencies(plain: Path, tmp_path: Path) -> None:
+    python = str(plain / "bin/python")
+    have = subprocess.run([python, "-c", "import importlib.util as u; print([m for m in ('pandas', 'torch', "
+                           "'matplotlib', 'duckdb') if u.find_spec(m)])"], capture_output=True, text=True)  # fmt: skip
+    assert have.stdout.strip() == "[]"  # the lane really is plain
+    subprocess.run([python, "-c", JOB, str(tmp_path / "rings")], timeout=120)
+    (ring,) = (tmp_path / "rings").glob("*.ring")
+
+    out = blackbox(plain, "recover", "rings", "-o", "bundle", "--summary", cwd=tmp_path)
+    assert out.returncode == 0 and "Cause of death" in out.stdout, out.stderr
+    meta = json.loads((tmp_path / "bundle" / "metadata.json").read_text())
+    assert meta["death"]["cause"] == "killed" and meta["last_step"] == 49
+    assert meta["exceptions"] == [] or all(e["time"].endswith("Z") for e in meta["exceptions"])
+
+    for args in (
+        ["summary", "rings"],
+        ["summary", "bundle"],
+        ["info", str(ring)],
+        ["info", str(ring), "--json"],
+        ["export", "--perfetto", "rings", "-o", "trace.json"],
+        ["export", "--perfetto", "bundle", "-o", "trace2.json"],
+        ["watch", "--once", str(ring)],
+        ["prune", "rings", "--max-count", "5", "--dry-run"],
+        ["demo", "--dir", "demo", "--kill-after", "5"],
+    ):
+        out = blackbox(plain, *args, cwd=tmp_path)
+        assert out.returncode == 0 and "Traceback" not in out.stderr, (args, out.stderr[-2000:])
+    assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+
+    plot = blackbox(plain, "plot", "rings", "-o", "m.png", cwd=tmp_path)
+    assert plot.returncode == 1 and plot.stderr.count("\n") == 1 and "blackbox-recorder[plot]" in plot.stderr
+
+    run = blackbox(
+        plain, "run", "--dir", "r", "--", python, "-c", "import sys; print('job'); sys.exit(3)", cwd=tmp_path
+    )
+    assert run.returncode == 3 and run.stdout == "job\n" and "cause:" in run.stderr, run.stderr
+    (folder,) = (tmp_path / "r").glob("run-*")
+    assert (folder / "bundle" / "metadata.json").is_file() and (folder / "bundle" / "summary.md").is_file()
