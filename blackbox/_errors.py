@@ -9,6 +9,12 @@ as-is and exit non-zero without a traceback.
 from __future__ import annotations
 
 
+def one_line(text: str) -> str:
+    """``text`` with control characters escaped: file names in a message may hold newlines or
+    terminal escapes, and a message is one line."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 class BlackboxError(Exception):
     """Base class of every error blackbox raises for bad input."""
 
@@ -27,6 +33,11 @@ class UnsupportedVersionError(BlackboxError):
 
 class CorruptHeaderError(BlackboxError):
     """The header's magic is right but its fields or checksum are not."""
+
+
+class UnsafeInputError(BlackboxError):
+    """An input is a symbolic link, a special file (FIFO, device, socket) or a file of the wrong owner:
+    refused unread (recovery may run as root over folders other users wrote)."""
 
 
 class BundleDestinationError(BlackboxError):

@@ -14,32 +14,44 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .recovery.bundle import PLOT, SUMMARY, write_bundle
-from .recovery.pipeline import Recovered, recover_rings
+from .recovery.bundle import PLOT, SUMMARY, Reader, stream_bundle
+from .recovery.pipeline import RecoveryPass
 from .views.summary import bundle_summary
 
+PLOT_ALL_UP_TO = 32  # rings drawn together in memory.png; beyond, the first death's ring alone
 
-def render(recovered: Recovered, *, plot: bool = True) -> dict[str, bytes]:
-    """The views a bundle carries, by file name: summary.md, and memory.png where matplotlib is installed."""
-    files = {SUMMARY: bundle_summary(recovered.meta).encode("utf-8")}
+
+def _views(meta: dict[str, Any], read: Reader, *, plot: bool) -> dict[str, bytes]:
+    files = {SUMMARY: bundle_summary(meta).encode("utf-8")}
     if plot and importlib.util.find_spec("matplotlib") is not None:
-        from .views.plot import memory_figure
+        from .views.plot import MAX_SAMPLE_ROWS, PLOT_COLUMNS, PLOT_KINDS, memory_figure
 
+        rings = meta.get("rings") or []
+        first = meta.get("first_death")
+        pick: list[tuple[str, str, Any]] = [("kind", "in", PLOT_KINDS)]
+        if len(rings) > PLOT_ALL_UP_TO:
+            who = first or min(rings, key=lambda m: (m.get("rank") is None, m.get("rank") or 0))
+            pick += [("pid", "=", who.get("pid")), ("host", "=", who.get("host"))]
         buf = io.BytesIO()
-        memory_figure(recovered.table, recovered.meta).savefig(buf, format="png", dpi=110)
+        memory_figure(read(pick, PLOT_COLUMNS, MAX_SAMPLE_ROWS), meta).savefig(buf, format="png", dpi=110)
         files[PLOT] = buf.getvalue()
     return files
 
 
 def write_postmortem(
-    inputs: list[Path], out: str | os.PathLike[str], exit_status: int | None = None, *, plot: bool = True
+    inputs: list[Path],
+    out: str | os.PathLike[str],
+    exit_status: int | None = None,
+    *,
+    plot: bool = True,
+    launcher_pid: int | None = None,
 ) -> dict[str, Any]:
     """Recover every ring named (files, or folders of ``*.ring``) into the bundle ``out`` (a folder
-    or a pyarrow filesystem URI); returns the metadata written.
+    or a pyarrow filesystem URI), a ring at a time; returns the metadata written.
 
-    ``exit_status``: how the job ended, where the caller saw it (``blackbox run``).
+    ``exit_status``: how the job ended, where the caller saw it (``blackbox run``, whose pid is
+    ``launcher_pid``).
     ``plot``: also render memory.png when matplotlib is installed.
     """
-    recovered = recover_rings(inputs, exit_status)
-    write_bundle(recovered, out, render(recovered, plot=plot))
-    return recovered.meta
+    recovery = RecoveryPass(inputs, exit_status, launcher_pid)
+    return stream_bundle(recovery, out, lambda meta, read: _views(meta, read, plot=plot))

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -24,11 +24,13 @@ from typing import Any
 from ._errors import BlackboxWarning
 from ._fds import OwnedFd
 from ._version import __version__
+from .collect.clock import clock_error_s
 from .collect.exceptions import ExceptionRecorder
 from .collect.gpu import GpuProbe
 from .collect.host import HostProbe
 from .collect.identity import identity, role, versions
 from .collect.signals import CrashRegion, SignalRecorder
+from .collect.stacks import StackSampler
 from .collect.torch_hooks import DEFAULT_HISTORY_ENTRIES, TorchHooks
 from .ring import format as fmt
 from .ring.file import (
@@ -56,6 +58,8 @@ _KIND_PHASE_BEGIN = fmt.KIND_CODES["phase_begin"]
 _KIND_PHASE_END = fmt.KIND_CODES["phase_end"]
 _KIND_GPU_SAMPLE = fmt.KIND_CODES["gpu_sample"]
 _KIND_MARK = fmt.KIND_CODES["mark"]
+_KIND_CGROUP_SAMPLE = fmt.KIND_CODES["cgroup_sample"]
+_KIND_CHILD_SAMPLE = fmt.KIND_CODES["child_sample"]
 
 
 def warn(message: str) -> None:
@@ -83,6 +87,14 @@ def _noop(*_args: Any, **_kwargs: Any) -> None:
 
 def _null_event(*_args: Any, **_kwargs: Any) -> int:
     return 0
+
+
+def _thread_tuple(threads: Any) -> tuple[Any, ...]:
+    """``stack_threads`` as a tuple: one name or thread on its own, or an iterable of them (what is
+    not a name or a thread is refused by the stack sampler, with a warning, not here)."""
+    if isinstance(threads, (str, threading.Thread)) or not hasattr(threads, "__iter__"):
+        return (threads,)
+    return tuple(threads)
 
 
 def resolve_target(path: str | os.PathLike[str] | None) -> tuple[Path, bool]:
@@ -154,6 +166,8 @@ class Recorder:
         self._exceptions: ExceptionRecorder | None = None
         self._signals: SignalRecorder | None = None
         self._crash: CrashRegion | None = None
+        self._stacks: StackSampler | None = None
+        self._stack_threads: tuple[str | threading.Thread, ...] | None = ()  # None: stacks off
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
         self._warned = False
@@ -177,10 +191,13 @@ class Recorder:
         allocator_history: bool | int = False,
         modules: bool = False,
         sync_interval: float | None = None,
+        stacks: bool = True,
+        stack_threads: Iterable[str | threading.Thread] = (),
     ) -> Recorder:
         rec = cls()
         rec.on_fork = on_fork
         try:
+            rec._stack_threads = _thread_tuple(stack_threads) if stacks else None
             if capacity is None:
                 capacity = DEFAULT_CAPACITY if role() == "main" else HELPER_CAPACITY
             history = DEFAULT_HISTORY_ENTRIES if allocator_history is True else int(allocator_history)
@@ -242,7 +259,7 @@ class Recorder:
             "format_version": fmt.FORMAT_VERSION,
             "writer": {"package": "blackbox", "version": __version__, "backend": backend},
             "identity": ident,
-            "clock": {"wall_ns": wall, "monotonic_ns": mono},
+            "clock": {"wall_ns": wall, "monotonic_ns": mono, "error_s": clock_error_s()},
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(wall / 1e9))
             + f".{(wall // 1000) % 1_000_000:06d}Z",
             "versions": versions(__version__),
@@ -252,6 +269,9 @@ class Recorder:
                 "modules": modules,
                 "on_fork": on_fork,
                 "sync_interval_s": self.sync_interval,
+                "stack_threads": None
+                if self._stack_threads is None
+                else [str(getattr(t, "name", t)) for t in self._stack_threads],
             },
             "cgroup": {"version": cg.version, "path": str(cg.directory)} if cg else None,
         }
@@ -298,6 +318,13 @@ class Recorder:
         self._signals = SignalRecorder(built_module(), w.intern)
         self._crash = CrashRegion(ring, hdr.crash_offset)
         self._gpu = GpuProbe()
+        if self._stack_threads is not None:
+            try:
+                region = self._ring.map.buffer[hdr.stacks_offset : hdr.stacks_offset + hdr.stacks_size]
+                self._stacks = StackSampler(region, w.event, self._stack_threads, c_writer_module())
+            except Exception as exc:
+                self.note(f"stacks not sampled: {type(exc).__name__}: {exc}")
+                warn(self.notes[-1])
         self._torch = TorchHooks(
             w,
             modules=modules,
@@ -340,12 +367,31 @@ class Recorder:
         w, probe, gpu = self._writer, self._probe, self._gpu
         if w is None or probe is None:
             return
+        if self._stacks is not None:  # before the memory sample: a tick's stacks precede its figures
+            self._sample_stacks()
         figures = probe.read()
         self.peak_rss = max(self.peak_rss, figures[0])
         w.sample(figures + (fmt.NULL,))
+        stat = probe.memory_stat()
+        if stat is not None:
+            w.event(_KIND_CGROUP_SAMPLE, None, None, -1, stat)
+        for pid, rss, comm in probe.last_children:
+            w.event(_KIND_CHILD_SAMPLE, comm or None, None, -1, (pid, rss))
         if gpu is not None:
             for device, payload in gpu.poll():
                 w.event(_KIND_GPU_SAMPLE, None, None, device, payload)
+
+    def _sample_stacks(self) -> None:
+        """The tick's stack samples; a failure turns stacks off with one warning, never the recorder."""
+        sampler = self._stacks
+        try:
+            if sampler is not None:
+                sampler.sample()
+        except Exception as exc:
+            if sampler is not None and not sampler.closed:
+                self._stacks = None
+                sampler.close()
+                warn(f"blackbox stopped sampling stacks: {type(exc).__name__}: {exc}")
 
     @property
     def exception_recorder(self) -> ExceptionRecorder | None:
@@ -477,6 +523,9 @@ class Recorder:
         self._ending = threading.Lock()  # the parent's may have been held by another thread at fork
         self._uninstall_collectors(in_child=True, signals=True)
         self._uninstall_collectors(in_child=True, signals=False)
+        stacks, self._stacks = self._stacks, None
+        if stacks is not None:
+            stacks.close(wait=False)
         self._teardown(flush=False)
 
     def _uninstall_collectors(self, *, in_child: bool, signals: bool) -> None:
@@ -506,6 +555,9 @@ class Recorder:
 
     def _teardown(self, *, flush: bool) -> None:
         self.mark, self.step, self._event = _noop, _noop, _null_event
+        stacks, self._stacks = self._stacks, None
+        if stacks is not None:
+            stacks.close()
         if self._writer is not None:
             self._writer.kill()
             self._writer = None

@@ -17,6 +17,14 @@ from blackbox.ring.writer import c_writer_module
 REPO = Path(__file__).resolve().parent.parent
 
 
+def tick_kinds() -> list[str]:
+    """The records one sample tick writes here: the main thread's stack, a host sample, and the cgroup's
+    memory.stat where there is one."""
+    from blackbox.collect.host import find_memory_cgroup
+
+    return ["stack_sample", "sample"] + (["cgroup_sample"] if find_memory_cgroup() is not None else [])
+
+
 def run_py(
     code: str, *args: str, env: dict[str, str] | None = None, timeout: float = 120, check: bool = True, preexec_fn=None
 ) -> subprocess.CompletedProcess[str]:

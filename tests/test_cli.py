@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, tick_kinds
 
 import blackbox
 from blackbox.cli import info, main, recover
@@ -30,7 +30,7 @@ def test_info_reports_counts_and_live_writer(ring: Path, capsys: pytest.CaptureF
     assert info.main([str(ring), "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
     assert facts["capacity"] == 64 and facts["valid"] == 64 and facts["empty"] == 0 and facts["torn"] == 0
-    newest = 102  # arm, a sample, 100 marks
+    newest = 101 + len(tick_kinds())  # arm, the first tick, 100 marks
     assert facts["newest_seq"] == newest and facts["overwritten"] == newest - 64
     assert facts["writer"] == "running"
     assert main(["info", str(ring)]) == 0
@@ -87,12 +87,13 @@ def test_summary_of_a_ring_writes_nothing_and_of_a_bundle_prints_its_file(
 def test_recover_to_a_filesystem_uri_and_a_bad_one(
     ring: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    uri = (tmp_path / "remote" / "bundle").as_uri()  # file:// goes through pyarrow's filesystem layer
+    uri = (tmp_path / "remote" / "bundle").as_uri()  # file:// is a local folder, written whole like one
     assert main(["recover", str(ring), "-o", uri, "--summary"]) == 0
     assert "# blackbox: " in capsys.readouterr().out
     names = {p.name for p in (tmp_path / "remote" / "bundle").iterdir()}
     plotted = importlib.util.find_spec("matplotlib") is not None
-    assert names == {"timeline.parquet", "metadata.json", "summary.md"} | ({"memory.png"} if plotted else set())
+    files = {"timeline.parquet", "ranks.parquet", "metadata.json", "summary.md"}
+    assert names == files | ({"memory.png"} if plotted else set())
     assert main(["recover", str(ring), "-o", "nosuchscheme://bucket/x"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "expected a local folder or a pyarrow filesystem URI" in err

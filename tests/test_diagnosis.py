@@ -61,7 +61,7 @@ def test_cause_of_a_real_death(tmp_path: Path, code: str, cause: str, status: in
     if cause != "clean_exit":
         assert death["step"] is not None
     summary = (tmp_path / "bundle" / "summary.md").read_text()
-    assert f"(`{cause}`)" in summary
+    assert f"Cause `{cause}`" in summary
 
 
 @pytest.mark.slow

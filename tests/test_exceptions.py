@@ -12,6 +12,7 @@ import pytest
 from conftest import run_py
 
 import blackbox
+from blackbox.recovery.pipeline import recover_rings
 from blackbox.recovery.timeline import ring_table
 from blackbox.ring.reader import find_rings, read_ring
 
@@ -110,7 +111,9 @@ def test_sigint_still_raises_keyboard_interrupt(tmp_path: Path) -> None:
     assert "KeyboardInterrupt" in proc.stderr and proc.returncode != 0
     (sig,) = _events(tmp_path, "signal")
     assert sig["label"] == "SIGINT" and sig["detail"] == "raised KeyboardInterrupt"
-    assert _events(tmp_path, "exception") == []  # a Ctrl-C is not an error of the job
+    (exc,) = _events(tmp_path, "exception")  # recorded: it tells an interrupt from a clean exit
+    assert (exc["label"], exc["detail"]) == ("KeyboardInterrupt", "uncaught")
+    assert recover_rings([tmp_path]).meta["death"]["cause"] == "interrupted"
 
 
 def test_native_crash_tracebacks_are_folded_into_the_bundle(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ blackbox.step(6)
 blackbox.active()._event(6, "backward")  # a phase the kill leaves open
 os.kill(os.getpid(), signal.SIGKILL)
 """
-PHASES = {"B", "E", "X", "i", "I", "C", "M"}
+PHASES = {"B", "E", "X", "i", "I", "C", "M", "P"}
 METADATA = {"process_name", "process_sort_index", "thread_name", "thread_sort_index"}
 
 
@@ -40,6 +40,15 @@ def validate_trace(trace: dict) -> list[str]:
     if trace.get("displayTimeUnit") not in (None, "ms", "ns"):
         problems.append(f"displayTimeUnit {trace.get('displayTimeUnit')!r}")
     stacks: dict[tuple[int, int], list[float]] = {}
+    frames = trace.get("stackFrames", {})
+    if not isinstance(frames, dict):
+        return ["stackFrames is not an object"]
+    for fid, frame in frames.items():
+        if not isinstance(frame.get("name"), str) or frame.get("parent") == fid:
+            problems.append(f"stack frame {fid}: needs a name, and a parent other than itself")
+        elif "parent" in frame and frame["parent"] not in frames:
+            problems.append(f"stack frame {fid}: parent {frame['parent']} is not a stack frame")
+    slices: dict[tuple[int, int], list[tuple[float, float]]] = {}
     for i, e in enumerate(trace["traceEvents"]):
         ph = e.get("ph")
         where = f"event {i} ({ph})"
@@ -58,6 +67,10 @@ def validate_trace(trace: dict) -> list[str]:
             problems.append(f"{where}: name must be a string")
         if ph == "X" and not (isinstance(e.get("dur"), numbers.Real) and e["dur"] >= 0):
             problems.append(f"{where}: X needs dur >= 0")
+        elif ph == "X":
+            slices.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+        if ph == "P" and str(e.get("sf")) not in frames:
+            problems.append(f"{where}: P needs sf naming a stack frame")
         if ph in ("i", "I") and e.get("s", "t") not in ("g", "p", "t"):
             problems.append(f"{where}: instant scope must be g, p or t")
         if ph == "C" and not (
@@ -73,6 +86,14 @@ def validate_trace(trace: dict) -> list[str]:
             elif e["ts"] < stacks[key].pop():
                 problems.append(f"{where}: E before its B")
     problems += [f"{k}: {len(v)} slices never closed" for k, v in stacks.items() if v]
+    for key, spans in slices.items():  # complete events on one track must nest: none overlaps another partly
+        open_: list[float] = []
+        for start, end in sorted(spans, key=lambda s: (s[0], -s[1])):
+            while open_ and open_[-1] <= start + 1e-6:
+                open_.pop()
+            if open_ and end > open_[-1] + 1e-6:
+                problems.append(f"{key}: X slice {start}..{end} overlaps its parent's end {open_[-1]}")
+            open_.append(end)
     return problems
 
 
@@ -84,7 +105,7 @@ def test_perfetto_trace_of_a_killed_job_is_valid_and_complete(tmp_path: Path) ->
     trace = json.loads(out.read_text())
     assert validate_trace(trace) == []
     events = trace["traceEvents"]
-    steps = [e["name"] for e in events if e["ph"] == "X"]
+    steps = [e["name"] for e in events if e["ph"] == "X" and e["cat"] == "step"]
     assert steps == [f"step {k}" for k in range(1, 7)]
     slices = [e["name"] for e in events if e["ph"] == "B"]
     assert slices.count("forward") == 5 and slices.count("attention") == 5 and "prefetch" in slices
@@ -105,6 +126,10 @@ def test_validator_catches_broken_traces() -> None:
             {"ph": "X", "name": "x", "pid": 1, "tid": 1, "ts": 1},
             {"ph": "C", "name": "c", "pid": 1, "tid": 1, "ts": 1, "args": {"v": "high"}},
             {"ph": "Q", "pid": 1, "tid": 1, "ts": 1},
-        ]
+            {"ph": "P", "name": "s", "pid": 1, "tid": 1, "ts": 1, "sf": "9"},
+            {"ph": "X", "name": "a", "pid": 1, "tid": 3, "ts": 1, "dur": 5},
+            {"ph": "X", "name": "b", "pid": 1, "tid": 3, "ts": 2, "dur": 5},
+        ],
+        "stackFrames": {"1": {"name": "f", "parent": "7"}},
     }
-    assert len(validate_trace(bad)) == 5
+    assert len(validate_trace(bad)) == 8

@@ -90,3 +90,12 @@ def test_golden_v3_signals_stacks_and_crash_region_read_by_hand() -> None:
         "default action",
     )
     assert ring.meta["identity"]["attempt"] == 1 and ring.meta["liveness"] == "ofd-lock"
+
+
+def test_golden_v3_exit_child_and_cgroup_samples_read_by_hand() -> None:
+    rows = {r["kind"]: r for r in ring_table(read_ring(DATA / "ring-v3.ring")).to_pylist()}
+    stat, child, exit_ = rows["cgroup_sample"], rows["child_sample"], rows["exit"]
+    assert (stat["cgroup_anon"], stat["cgroup_file"], stat["cgroup_shmem"]) == (900 << 20, 80 << 20, 16 << 20)
+    assert stat["cgroup_pgmajfault"] == 12 and stat["host_rss"] is None
+    assert (child["label"], child["child_pid"], child["child_rss"]) == ("pt_data_worker", 4343, 700 << 20)
+    assert exit_["value"] == 2

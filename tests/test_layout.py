@@ -30,7 +30,18 @@ STAGES = {
     "entry": 8,
 }
 LEAVES = {"blackbox._errors", "blackbox._version", "blackbox._units", "blackbox._fds"}
-RECOVERY_ORDER = {"timeline": 0, "evidence": 0, "diagnosis": 1, "metadata": 2, "pipeline": 3, "bundle": 4}
+RECOVERY_ORDER = {
+    "timeline": 0,
+    "evidence": 0,
+    "ranks": 0,
+    "stacks": 1,
+    "facts": 1,
+    "levers": 2,
+    "diagnosis": 3,
+    "metadata": 4,
+    "pipeline": 5,
+    "bundle": 6,
+}
 
 
 def module_name(path: Path) -> str:

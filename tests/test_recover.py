@@ -38,10 +38,10 @@ def killed_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return blackbox.recover(d / "job.ring", d / "bundle")
 
 
-def test_bundle_holds_the_three_files_and_the_picture(killed_bundle: Path) -> None:
+def test_bundle_holds_its_files_and_the_picture(killed_bundle: Path) -> None:
     names = sorted(p.name for p in killed_bundle.iterdir())
     picture = ["memory.png"] if importlib.util.find_spec("matplotlib") else []
-    assert names == sorted(["metadata.json", "summary.md", "timeline.parquet", *picture])
+    assert names == sorted(["metadata.json", "summary.md", "timeline.parquet", "ranks.parquet", *picture])
 
 
 def test_timeline_schema_and_types(killed_bundle: Path) -> None:
@@ -64,7 +64,7 @@ def test_timeline_reads_in_pandas_with_expected_rows(killed_bundle: Path) -> Non
     samples = df[kinds == "sample"]
     assert len(samples) >= 5 and (samples["host_rss"] > 1 << 20).all()
     assert df.loc[kinds != "sample", "host_rss"].isna().all()
-    assert df["label"].isna().sum() == (kinds.isin(["sample", "arm", "step"])).sum()
+    assert df["label"].isna().sum() == (kinds.isin(["sample", "cgroup_sample", "arm", "step"])).sum()
 
 
 def test_timeline_queries_in_duckdb(killed_bundle: Path) -> None:

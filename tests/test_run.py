@@ -3,6 +3,7 @@ run exactly as it would run without us (status, stdout, signals, its own environ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
@@ -258,3 +259,22 @@ def test_ctrl_c_in_a_terminal_reaches_the_job_exactly_once(tmp_path: Path) -> No
     text = out.decode(errors="replace")
     assert "got [2]" in text and "typed" in text.split("say:")[-1], text
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def test_a_signal_after_the_job_ended_changes_neither_status_nor_bundle(tmp_path: Path) -> None:
+    # GIVEN a job that exits 3 by itself
+    script = tmp_path / "job.py"
+    script.write_text("import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\n"
+                      "time.sleep(0.3)\nsys.exit(3)\n")  # fmt: skip
+    proc, job_pid = _start(tmp_path, sys.executable, str(script))
+    while Path(f"/proc/{job_pid}").exists() and proc.poll() is None:
+        time.sleep(0.002)
+    # WHEN SIGTERMs keep arriving while blackbox run recovers its ring (a scheduler cleaning up)
+    while proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
+        time.sleep(0.01)
+    # THEN blackbox run still ends as the job did, with its bundle whole
+    proc.communicate(timeout=30)
+    assert proc.returncode == 3
+    assert (run_folder(tmp_path / "run") / "bundle" / "metadata.json").is_file()

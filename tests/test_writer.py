@@ -7,7 +7,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-from conftest import labels_of, reread
+from conftest import labels_of, reread, tick_kinds
 
 import blackbox
 from blackbox.ring import format as fmt
@@ -30,8 +30,8 @@ def test_mark_records_label_value_and_null_value(recorder: blackbox.Recorder) ->
 
 def test_arm_writes_arm_event_and_first_sample(recorder: blackbox.Recorder) -> None:
     ring = reread(recorder)
-    assert kinds(ring)[:2] == ["arm", "sample"]
-    sample = ring.records[1]
+    assert kinds(ring)[:3] == ["arm", "stack_sample", "sample"]
+    sample = ring.records[2]
     assert int(sample["p0"]) > 1 << 20  # host RSS of a Python process is over 1 MiB
 
 
@@ -97,8 +97,9 @@ def test_wrap_around_keeps_newest_capacity_events(tmp_path: Path, writer_backend
     ring = read_ring(rec.path)  # read while armed: a live snapshot
     rec.disarm()
     assert ring.recovery.valid == 64 and ring.recovery.empty == 0
-    assert ring.recovery.last_seq == 1002 and ring.recovery.first_seq == 1002 - 63
-    assert ring.recovery.overwritten == 1002 - 64
+    head = 1 + len(tick_kinds()) + 1000  # arm, the first sample tick, the marks
+    assert ring.recovery.last_seq == head and ring.recovery.first_seq == head - 63
+    assert ring.recovery.overwritten == head - 64
     assert ring.records["value"].tolist() == list(range(1000 - 64, 1000))
 
 

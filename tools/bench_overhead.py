@@ -69,14 +69,19 @@ if config == "attributed":
         out["modules" if modules else "default"] = {"events": per_step, "ns": (time.perf_counter_ns() - t0) / 20000}
         blackbox.disarm()
     rec = blackbox.arm(ring_dir, capacity=1 << 14, sample_interval=3600)
-    ticks = []
+    ticks, bare = [], []  # alternating: with the stack sample, and without it
+    sampler = rec._stacks
     for _ in range(300):
-        t0 = time.perf_counter_ns()
-        rec.sample_now()
-        rec._torch.poll()
-        ticks.append(time.perf_counter_ns() - t0)
+        for kept, into in ((sampler, ticks), (None, bare)):
+            rec._stacks = kept
+            t0 = time.perf_counter_ns()
+            rec.sample_now()
+            rec._torch.poll()
+            into.append(time.perf_counter_ns() - t0)
+    rec._stacks = sampler
     blackbox.disarm()
     out["tick_ns"] = statistics.median(ticks)
+    out["tick_no_stacks_ns"] = statistics.median(bare)
     out["step_ns"] = statistics.median(step() for _ in range(100))
     print(json.dumps(out))
     sys.exit(0)
@@ -159,6 +164,7 @@ def _attributed_table(a: dict[str, Any]) -> None:
             f"| {name} | {e['events']:.0f} | {e['ns']:.0f} | {us:.1f} | {100 * us / step_us:.3f}% | "
             f"{sampler_pct:.3f}% ({tick_us:.0f} us per tick) |"
         )
+    print(f"\n(the sampler tick without its stack sample: {a['tick_no_stacks_ns'] / 1e3:.0f} us)")
     print(
         f"\n(step: {step_us:.0f} us; modules=True also pays torch's global-hook dispatch, about 1.3 us per hook "
         "call, which only the A/B tables include)"

@@ -1,33 +1,59 @@
 """A longer fuzzing harness for recover than the hypothesis tests: mutate real rings, read them back.
 
-    .venv/bin/python tools/fuzz_recover.py [--iterations 20000] [--seed S]
+    .venv/bin/python tools/fuzz_recover.py [--mode bytes|header|folder] [--iterations 20000] [--seed S]
 
 Inputs are the golden rings of every format version plus a freshly recorded ring.
-Each iteration applies 1 to 4 random mutations (bit flips, byte runs of zero or
-garbage, truncation, a header field rewritten, slots swapped or duplicated) and
-then reads the result as recover does. A read must either raise a BlackboxError
-with a one-line message or return records that pass the commit rule, in seq
-order, from which a timeline table builds; anything else (another exception, a
-hang) is a failure, saved under fuzz-failures/ for replay.
+
+- ``bytes`` (the default): 1 to 4 random mutations per ring (bit flips, byte runs
+  of zero or garbage, truncation, a header field rewritten, slots swapped or
+  duplicated), then read as recover does. A read must either raise a
+  BlackboxError with a one-line message or return records that pass the commit
+  rule, in seq order, from which a timeline table builds.
+- ``header``: structured mutations of the metadata JSON with the CRC recomputed
+  (a valid header holding hostile JSON: wrong types, huge ints, NaN, deep
+  nesting, lone surrogates, a field removed or replaced), then ``info``,
+  ``summary`` and ``recover`` through the CLI: exit 0, or 1 with one line.
+- ``folder``: a folder of rings and traps (links to rings and files elsewhere,
+  FIFOs and device nodes named ``*.ring``, ``.crash`` and ``folded.jsonl``, a
+  folder named ``x.ring``, empty and truncated rings), recovered as root would:
+  it must end, recover the good rings, list the others in one line each, and
+  never put the bytes of a file it was not meant to read into the bundle.
+
+Anything else (another exception, a hang past ``--timeout`` seconds) is a
+failure, saved under fuzz-failures/ for replay (``folder``: the seed and
+iteration, to rebuild it).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import os
 import random
+import shutil
+import signal
+import stat
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "tools"))
+
+from craft_ring import meta_with, with_meta  # noqa: E402
+
 import blackbox  # noqa: E402
 from blackbox._errors import BlackboxError  # noqa: E402
+from blackbox._postmortem import write_postmortem  # noqa: E402
+from blackbox.cli import main as cli  # noqa: E402
 from blackbox.recovery.timeline import ring_table  # noqa: E402
 from blackbox.ring import format as fmt  # noqa: E402
-from blackbox.ring.reader import read_ring  # noqa: E402
+from blackbox.ring.reader import read_header, read_ring  # noqa: E402
 
 
 def fresh_ring(tmp: Path) -> bytes:
@@ -88,39 +114,177 @@ def check(path: Path) -> str:
     return "ok"
 
 
+# ---------------------------------------------------------------- header: hostile JSON under a valid CRC
+HOSTILE = [
+    "null", "true", "-1", "0", "1.5", '""', '"x"', "[]", "{}", "[1, 2]", '{"a": 1}', "NaN", "Infinity", "-Infinity",
+    "1e999", "9" * 30, "-" + "9" * 30, "9" * 5000, '"\\ud800"', '"' + "a" * 100_000 + '"', "[" * 5000 + "]" * 5000,
+    '{"k":' * 200 + "0" + "}" * 200, "[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]",
+]  # fmt: skip
+
+
+def _paths(meta: dict[str, object], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out = [prefix]
+    for k, v in meta.items():
+        out += _paths(v, (*prefix, k)) if isinstance(v, dict) else [(*prefix, k)]
+    return [*out, (*prefix, "unknown")]
+
+
+def header_case(seed: bytes, rng: random.Random) -> bytes:
+    meta = read_header_bytes(seed)
+    paths = _paths(meta)
+    changes = [(rng.choice(paths), rng.choice(HOSTILE)) for _ in range(rng.randint(1, 3))]
+    return with_meta(seed, meta_with(meta, *changes))
+
+
+def read_header_bytes(data: bytes) -> dict[str, object]:
+    with tempfile.NamedTemporaryFile(suffix=".ring") as f:
+        f.write(data)
+        f.flush()
+        return read_header(f.name).meta
+
+
+def check_header(path: Path, out: Path) -> str:
+    """Each command ends 0, or 1 with one line on stderr; returns the outcomes, e.g. "0011"."""
+    codes = ""
+    for command in (["info", str(path)], ["summary", str(path)], ["recover", str(path), "-o", str(out)]):
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = cli(command)
+        assert code in (0, 1), f"{command[0]} exited {code}"
+        assert code == 0 or err.getvalue().count("\n") == 1, f"{command[0]}: {err.getvalue()!r}"
+        codes += str(code)
+    return codes
+
+
+# ---------------------------------------------------------------- folder: links, FIFOs, devices
+SECRET = "FUZZ-SECRET-a1b2c3"
+
+
+def folder_case(folder: Path, outside: Path, seeds: list[bytes], rng: random.Random) -> tuple[int, int]:
+    """Fill ``folder`` with good rings and traps; returns how many rings it holds that must be recovered,
+    and how many more may be (damaged ones that still hold records)."""
+    folder.mkdir()
+    good = maybe = 0
+    for i in range(rng.randint(0, 3)):
+        (folder / f"good{i}.ring").write_bytes(seeds[-1])
+        good += 1
+    foreign = os.stat(outside / "secret.ring").st_uid != os.geteuid()  # else a hard link is the user's own file
+    traps: list[tuple[bool, Callable[[str], object]]] = (
+        [
+            (False, lambda n: os.symlink(outside / "secret.ring", folder / n)),
+            (False, lambda n: os.symlink(outside / "ring.ring", folder / n)),
+            (False, lambda n: os.mkfifo(folder / n)),
+            (False, lambda n: os.mknod(folder / n, 0o600 | stat.S_IFCHR, os.makedev(1, 5))),  # /dev/zero's numbers
+            (False, lambda n: (folder / n).mkdir()),
+            (False, lambda n: (folder / n).write_bytes(b"")),
+            (True, lambda n: (folder / n).write_bytes(seeds[-1][: rng.randrange(len(seeds[-1]))])),
+            (True, lambda n: (folder / n).write_bytes(mutate(bytearray(rng.choice(seeds)), rng))),
+        ]
+        + ([(False, lambda n: os.link(outside / "secret.ring", folder / n))] if foreign else [])
+    )
+    for i in range(rng.randint(1, 6)):
+        readable, make = rng.choice(traps)
+        with contextlib.suppress(PermissionError):  # mknod where the kernel refuses it
+            make(f"trap{i}.ring")
+            maybe += readable
+    for name in [f"good{i}.ring" for i in range(good)] + ["folded.jsonl"]:
+        side = name + ".crash" if name.endswith(".ring") else name
+        choice = rng.randrange(5)
+        with contextlib.suppress(PermissionError, FileExistsError):
+            if choice == 0:
+                os.symlink(outside / "secret.ring", folder / side)
+            elif choice == 1:
+                os.mkfifo(folder / side)
+            elif choice == 2 and foreign:
+                os.link(outside / "secret.ring", folder / side)
+            elif choice == 3:
+                os.mknod(folder / side, 0o600 | stat.S_IFCHR, os.makedev(1, 5))
+    return good, maybe
+
+
+def check_folder(folder: Path, out: Path, good: int, maybe: int) -> str:
+    try:
+        meta = write_postmortem([folder], out, plot=False)
+    except BlackboxError as exc:
+        assert good == 0, f"{good} good rings, yet: {exc}"  # (a damaged one may be unreadable)
+        assert "\n" not in str(exc)
+        return "error:nothing readable"
+    rings = meta.get("rings", [meta])
+    assert good <= len(rings) <= good + maybe, f"{len(rings)} rings recovered of {good} good, {maybe} damaged"
+    assert all("\n" not in u["reason"] for u in meta.get("unread_rings", []))
+    text = b"".join(p.read_bytes() for p in out.iterdir())
+    assert SECRET.encode() not in text, "a file outside the folder reached the bundle"
+    return f"ok:{len(meta.get('unread_rings', []))} unread"
+
+
+class Hang(Exception):
+    pass
+
+
+def _alarm(_signum: int, _frame: object) -> None:
+    raise Hang("no result within the time limit (a hang)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", choices=["bytes", "header", "folder"], default="bytes")
     ap.add_argument("--iterations", type=int, default=20_000)
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--timeout", type=int, default=60, help="seconds one case may take before it counts as a hang")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
     failures_dir = ROOT / "fuzz-failures"
+    signal.signal(signal.SIGALRM, _alarm)
+    os.environ.setdefault("MPLBACKEND", "Agg")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         seeds = [p.read_bytes() for p in sorted((ROOT / "tests" / "data").glob("ring-v*.ring"))] + [fresh_ring(tmp)]
+        outside = tmp / "outside"
+        outside.mkdir()
+        (outside / "secret.ring").write_text(SECRET + "\n")
+        with contextlib.suppress(PermissionError):  # as root: another user's file, as it would be for real
+            os.chown(outside / "secret.ring", 65534, 65534)
+        (outside / "ring.ring").write_bytes(seeds[-1])
         outcomes: dict[str, int] = {}
         failures = 0
         slowest = 0.0
         path = tmp / "case.ring"
         t_start = time.perf_counter()
         for i in range(args.iterations):
-            data = mutate(bytearray(rng.choice(seeds)), rng)
-            path.write_bytes(data)
+            data = b""
             t0 = time.perf_counter()
+            signal.alarm(args.timeout)
             try:
-                outcome = check(path)
+                if args.mode == "bytes":
+                    data = bytes(mutate(bytearray(rng.choice(seeds)), rng))
+                    path.write_bytes(data)
+                    outcome = check(path)
+                elif args.mode == "header":
+                    data = header_case(rng.choice(seeds), rng)
+                    path.write_bytes(data)
+                    outcome = "exit " + check_header(path, tmp / "bundle")
+                else:
+                    case = tmp / f"case{i}"
+                    outcome = check_folder(case, tmp / "bundle", *folder_case(case, outside, seeds, rng))
+                    shutil.rmtree(case)
             except Exception as exc:  # a real failure: keep the input
                 failures += 1
                 failures_dir.mkdir(exist_ok=True)
-                (failures_dir / f"case-{seed}-{i}.ring").write_bytes(data)
+                (failures_dir / f"case-{args.mode}-{seed}-{i}.ring").write_bytes(data)
                 outcome = f"FAILURE:{type(exc).__name__}: {exc}"
                 print(f"iteration {i}: {outcome}")
-            slowest = max(slowest, time.perf_counter() - t0)
-            key = outcome.split(":")[0] + (":" + outcome.split(":")[1] if outcome.startswith("error") else "")
+            finally:
+                signal.alarm(0)
+            took = time.perf_counter() - t0
+            if took > 5:
+                print(f"iteration {i}: slow, {took:.1f} s ({outcome})")
+            slowest = max(slowest, took)
+            head, _, rest = outcome.partition(":")
+            key = head + (":" + rest.split(":")[0] if rest and head in ("error", "ok") else "")
             outcomes[key] = outcomes.get(key, 0) + 1
     total = time.perf_counter() - t_start
-    print(f"seed {seed}: {args.iterations} mutated rings in {total:.1f} s (slowest read {slowest * 1e3:.1f} ms)")
+    print(f"mode {args.mode}, seed {seed}: {args.iterations} cases in {total:.1f} s (slowest {slowest * 1e3:.1f} ms)")
     for k, v in sorted(outcomes.items(), key=lambda kv: -kv[1]):
         print(f"  {k}: {v}")
     print(f"failures: {failures}")

@@ -76,6 +76,7 @@ def build(version: int) -> bytes:
         ]
     if version >= 3:
         entries += [fmt.string_entry(13, "SIGUSR1"), fmt.string_entry(14, "handled by the job's handler")]
+        entries += [fmt.string_entry(15, "pt_data_worker")]
     pos = h.strings_offset
     for e in entries:
         buf[pos : pos + len(e)] = e
@@ -175,6 +176,10 @@ def v3_events(put, buf: bytearray, h: fmt.Header) -> None:  # type: ignore[no-un
     comm = int.from_bytes(b"slurmstepd\0\0\0\0\0\0"[:8], "little"), int.from_bytes(b"pd\0\0\0\0\0\0", "little")
     put("signal", label=13, value=10, payload=(14, 4242, 0, *comm))  # step -1: filled from the record before
     put("signal", label=10, value=15, payload=(12, -1, 128, 0, 0))  # from the kernel (a terminal): no sender
+    mib = 1 << 20
+    put("cgroup_sample", step=7, payload=(900 * mib, 80 * mib, 16 * mib, 4 * mib, 0, 12))
+    put("child_sample", label=15, step=7, payload=(4343, 700 * mib))
+    put("exit", value=2, step=7)
     crash = b"Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f00 (most recent call first):\n"
     buf[h.crash_offset : h.crash_offset + len(crash)] = crash
 

@@ -12,10 +12,10 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from .._errors import BlackboxError
+from .._errors import BlackboxError, one_line
 from .._version import __version__
 from . import demo, export, info, plot, prune, recover, run, summary, watch
-from ._common import one_line
+from ._common import one_line as help_line
 
 COMMANDS: dict[str, ModuleType] = {
     "recover": recover,
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"blackbox {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module in COMMANDS.items():
-        doc = one_line(module)
+        doc = help_line(module)
         module.add_arguments(sub.add_parser(name, help=doc, description=doc))
     return parser
 
@@ -45,7 +45,7 @@ def run_command(module: ModuleType, args: argparse.Namespace) -> int:
     try:
         return int(module.run(args))
     except BlackboxError as exc:
-        print(f"blackbox: error: {exc}", file=sys.stderr)
+        print(f"blackbox: error: {one_line(str(exc))}", file=sys.stderr)
         return 1
     except OSError as exc:
         where = f" {exc.filename}" if exc.filename else ""

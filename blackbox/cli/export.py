@@ -1,4 +1,5 @@
-"""Export a timeline to another tool's format: a Chrome / Perfetto trace (--perfetto)."""
+"""Export a timeline to another tool's format: a Chrome / Perfetto trace (--perfetto), or the
+Python stack samples as folded stacks for flamegraph.pl and speedscope (--folded)."""
 
 from __future__ import annotations
 
@@ -13,18 +14,32 @@ from ._common import standalone
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", nargs="+", metavar="BUNDLE|RING|DIR", help="a bundle, ring files or folders")
-    parser.add_argument("--perfetto", action="store_true", required=True, help="trace-event JSON for ui.perfetto.dev")
-    parser.add_argument("-o", "--out", default="trace.json", help="file to write (default: trace.json)")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--perfetto", action="store_true", help="trace-event JSON for ui.perfetto.dev")
+    what.add_argument("--folded", action="store_true", help="folded stacks for flamegraph.pl and speedscope")
+    parser.add_argument("-o", "--out", help="file to write (default: trace.json, or stacks.folded with --folded)")
 
 
 def run(args: argparse.Namespace) -> int:
     from ..recovery.bundle import load
-    from ..views.perfetto import trace_events
 
     table, meta = load(args.target)
+    if args.folded:
+        from ..views.stacks import folded_stacks
+
+        out = Path(args.out or "stacks.folded")
+        text = folded_stacks(table)
+        out.write_text(text, encoding="utf-8")
+        samples = sum(int(line.rsplit(" ", 1)[1]) for line in text.splitlines())
+        print(f"wrote {out} ({len(text.splitlines())} distinct stacks, {samples} samples); "
+              "flamegraph.pl or https://www.speedscope.app read it as is")  # fmt: skip
+        return 0
+    from ..views.perfetto import trace_events
+
+    out = Path(args.out or "trace.json")
     trace = trace_events(table, meta)
-    Path(args.out).write_text(json.dumps(trace, separators=(",", ":"), default=str))
-    print(f"wrote {args.out} ({len(trace['traceEvents'])} trace events); open it in https://ui.perfetto.dev")
+    out.write_text(json.dumps(trace, separators=(",", ":"), default=str))
+    print(f"wrote {out} ({len(trace['traceEvents'])} trace events); open it in https://ui.perfetto.dev")
     return 0
 
 

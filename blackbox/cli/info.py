@@ -48,8 +48,18 @@ def ring_facts(path: str) -> dict[str, Any]:
         "oldest_seq": rec.first_seq,
         "overwritten": rec.overwritten,
         "strings": rec.strings,
+        "stack_table": _stack_table(ring.stacks, h.stacks_size),
         "writer": writer_state(ring, writer_alive(ring.path, ring.meta)),
     }
+
+
+def _stack_table(scan: Any, size: int) -> dict[str, Any] | None:
+    """Version 3: what the stack table holds (its two newest generations, one per half)."""
+    if scan is None:
+        return None
+    generations = sorted({g for g, _ in scan.frames} | {g for g, _ in scan.stacks})
+    return {"bytes": size, "generations": generations, "frames": len(scan.frames), "stacks": len(scan.stacks),
+            "damaged_entries": scan.damaged}  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
         f"seq:        newest {f['newest_seq']}, oldest {f['oldest_seq']}, {f['overwritten']} overwritten by wrap-around"
     )
     print(f"strings:    {f['strings']} interned")
+    st = f["stack_table"]
+    if st is not None:
+        print(f"stacks:     {st['stacks']} stacks, {st['frames']} frames in generations {st['generations'] or '-'} "
+              f"({st['bytes'] // 1024} KiB table, {st['damaged_entries']} damaged entries)")  # fmt: skip
     print(f"writer:     {f['writer']}")
     return 0
 

@@ -31,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
     rec = meta["recovery"]
     state = "clean end" if meta.get("clean") else "no clean end"
     print(f"wrote {out}/ ({meta['events']} events, {rec.get('torn', 0)} torn slots dropped, {state})")
+    for unread in meta.get("unread_rings", []):  # recovered without them: say which and why, one line each
+        print(f"blackbox: not recovered: {unread['reason']}", file=sys.stderr)
     if args.summary:
         sys.stdout.write(read_summary(out))
     return 0

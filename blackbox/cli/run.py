@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,14 +48,17 @@ def recover(rings: Path, bundle: Path, status: int, quiet: bool) -> dict[str, An
     try:
         from .._postmortem import write_postmortem
         from ..recovery.bundle import SUMMARY
+        from ..run.torchelastic import write_error_file
 
         if not any(rings.glob("*.ring")):
             why = "not a Python job, run with -S or -I, or not armed: see above"
             say(f"exit status {status}; the job left no ring in {rings}/ ({why})")
             return None
-        meta = write_postmortem([rings], bundle, exit_status=status)
-        death = meta.get("death") or meta.get("first_death") or {}
-        say(f"exit status {status}; cause: {death.get('cause', 'clean_exit')}; bundle in {bundle}/")
+        meta = write_postmortem([rings], bundle, exit_status=status, launcher_pid=os.getpid())
+        death = meta.get("first_death") or meta.get("death") or {}
+        say(f"exit status {status}; cause: {meta['cause']}; {death.get('headline', '')} bundle in {bundle}/")
+        if write_error_file(meta, status, bundle):
+            say("the verdict is in torchrun's error file (its Root Cause table)")
         if not quiet:
             sys.stderr.write((bundle / SUMMARY).read_text())
         return meta

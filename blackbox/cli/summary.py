@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,16 +16,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..recovery.bundle import SUMMARY
-    from ..recovery.pipeline import recover_rings
+    from ..recovery.bundle import SUMMARY, read_summary
+    from ..recovery.pipeline import RecoveryPass
     from ..views.summary import bundle_summary
 
     targets = [Path(t) for t in args.target]
-    if len(targets) == 1 and (targets[0] / SUMMARY).is_file():
-        sys.stdout.write((targets[0] / SUMMARY).read_text())
+    if len(targets) == 1 and os.path.lexists(targets[0] / SUMMARY):
+        sys.stdout.write(read_summary(targets[0]))  # as untrusted input: never through a link
         return 0
-    recovered = recover_rings(targets)  # in memory: no Parquet, no picture
-    sys.stdout.write(bundle_summary(recovered.meta))
+    recovery = RecoveryPass(targets)  # nothing written; each ring's timeline dropped once diagnosed
+    for _ in recovery.tables():
+        pass
+    sys.stdout.write(bundle_summary(recovery.finish()))
     return 0
 
 

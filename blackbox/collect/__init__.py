@@ -9,5 +9,6 @@ torch in ``sys.modules``.
 - ``torch_hooks``: optimizer steps and phases, module events, the OOM observer, allocator history;
 - ``exceptions``: chained excepthooks and ``capture_oom``;
 - ``oom``: which exceptions are out-of-memory errors and the figures in their messages (pure);
-- ``signals``: signal events and the faulthandler crash file.
+- ``signals``: signal events and the faulthandler crash file;
+- ``stacks``: Python stacks of the main thread (and named threads) at each tick, into the stack table.
 """

@@ -150,6 +150,24 @@ def psi_totals(text: str) -> tuple[int, int]:
     return some, full
 
 
+MEMORY_STAT_KEYS = {  # the cgroup_sample words, by cgroup version (v1: the hierarchical totals)
+    2: ("anon", "file", "shmem", "file_dirty", "file_writeback", "pgmajfault"),
+    1: ("total_rss", "total_cache", "total_shmem", "total_dirty", "total_writeback", "total_pgmajfault"),
+}
+MAX_CHILDREN = 64  # child_sample records per tick at most
+
+
+def parse_memory_stat(text: str, version: int) -> tuple[int, ...]:
+    """The cgroup_sample payload from memory.stat: anon, file (page cache), shmem, file_dirty,
+    file_writeback (bytes), pgmajfault (count); -1 where a line is missing."""
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if value.strip().isdigit():
+            values[key] = int(value)
+    return tuple(values.get(k, -1) for k in MEMORY_STAT_KEYS.get(version, ()))
+
+
 def meminfo_available(text: str) -> int | None:
     """MemAvailable from /proc/meminfo, in bytes."""
     for line in text.splitlines():
@@ -218,7 +236,11 @@ class HostProbe:
         self._psi = Source(psi)
         if self._psi.fd is None:
             self._psi = Source(f"{proc}/pressure/memory")
+        owner = limit_file.parent if limit_file else (self.cgroup.directory if self.cgroup else None)
+        self._stat = Source(owner / "memory.stat" if owner else None)
         self._children: dict[int, Source] = {}  # child pid -> its statm
+        self._comms: dict[int, str] = {}
+        self.last_children: list[tuple[int, int, str]] = []  # (pid, rss, command name) at the last read()
         self._closed = False
 
     def rss(self) -> int:
@@ -248,17 +270,32 @@ class HostProbe:
             n = oom_kill_count(text)
             oom_kills = -1 if n is None else n
         some, full = psi_totals(self._psi.text(512) or "")
-        return rss, usage, limit, self.children_rss(), mem_available, oom_kills, some, full
+        children = self.children()
+        self.last_children = children or []
+        children_rss = -1 if children is None else sum(rss for _, rss, _ in children)
+        return rss, usage, limit, children_rss, mem_available, oom_kills, some, full
+
+    def memory_stat(self) -> tuple[int, ...] | None:
+        """The cgroup_sample payload (see ``parse_memory_stat``), or None without a memory cgroup."""
+        text = self._stat.text(8192)
+        if text is None or self.cgroup is None:
+            return None
+        return parse_memory_stat(text, self.cgroup.version)
 
     def children_rss(self) -> int:
         """Summed RSS of this process's children (e.g. DataLoader workers); -1 if unknowable."""
+        children = self.children()
+        return -1 if children is None else sum(rss for _, rss, _ in children)
+
+    def children(self) -> list[tuple[int, int, str]] | None:
+        """(pid, RSS, command name) of this process's children (e.g. DataLoader workers); None if unknowable."""
         if self._closed:
-            return -1
+            return None
         pids: set[int] = set()
         try:
             tasks = os.listdir(f"{self.proc}/self/task")
         except OSError:
-            return -1
+            return None
         readable = False
         for tid in tasks:
             try:
@@ -268,23 +305,29 @@ class HostProbe:
             except (OSError, ValueError):
                 continue
         if not readable:
-            return -1
+            return None
         for gone in set(self._children) - pids:
             self._children.pop(gone).close()
-        total = 0
-        for pid in pids:
+            self._comms.pop(gone, None)
+        out = []
+        for pid in sorted(pids)[:MAX_CHILDREN]:
             src = self._children.get(pid)
             if src is None:
                 src = self._children[pid] = Source(f"{self.proc}/{pid}/statm")
+                try:
+                    with open(f"{self.proc}/{pid}/comm", encoding="utf-8", errors="replace") as f:
+                        self._comms[pid] = f.read(64).strip()
+                except OSError:
+                    self._comms[pid] = ""
             data = src.read(128)
             try:
-                total += int(data.split()[1]) * _PAGE if data else 0
+                out.append((pid, int(data.split()[1]) * _PAGE if data else 0, self._comms.get(pid, "")))
             except (ValueError, IndexError):
                 continue
-        return total
+        return out
 
     def close(self) -> None:
-        for src in (self._statm, self._usage, self._limit, self._meminfo, self._events, self._psi):
+        for src in (self._statm, self._usage, self._limit, self._meminfo, self._events, self._psi, self._stat):
             src.close()
         for src in self._children.values():
             src.close()

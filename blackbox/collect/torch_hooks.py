@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import pickle
 import threading
 import time
 import weakref
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..ring import format as fmt
+from ..ring.file import write_new_file
 from ..ring.writer import RingWriter
 from .gpu import NULL, loaded_torch
 
@@ -306,7 +308,9 @@ class TorchHooks:
         if self._snapshot_written or self._snapshot_path is None or self._torch is None:
             return
         self._snapshot_written = True
-        self._torch.cuda.memory._dump_snapshot(str(self._snapshot_path))
+        # What torch.cuda.memory._dump_snapshot writes, but never through a link planted at the path
+        # (it opens the path with open(..., "wb")): a new file, or none.
+        write_new_file(self._snapshot_path, pickle.dumps(self._torch.cuda.memory._snapshot()))
 
     # ------------------------------------------------------------ detaching
     def detach(self, *, final_drain: bool, in_child: bool = False) -> None:

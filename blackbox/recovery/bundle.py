@@ -1,5 +1,5 @@
-"""The bundle: a folder (or URI prefix) holding timeline.parquet, metadata.json, summary.md,
-memory.png, and ``crash-<pid>.txt`` where faulthandler left a native crash's tracebacks.
+"""The bundle: a folder (or URI prefix) holding timeline.parquet, ranks.parquet, metadata.json,
+summary.md, memory.png, and ``crash-<pid>.txt`` where faulthandler left a native crash's tracebacks.
 
 The only module that writes a bundle, and the one that reads it back. What the
 views render is handed in as bytes: this module imports no view.
@@ -7,98 +7,309 @@ views render is handed in as bytes: this module imports no view.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import json
 import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from .._errors import BundleDestinationError
-from .pipeline import Recovered, recover_rings
+from .._errors import BundleDestinationError, one_line
+from ..ring.inputs import open_folder, open_input, what_is
+from .pipeline import OOM_REPORT, RecoveryPass, recover_rings
+from .ranks import rank_rows, ranks_table
+from .timeline import TIMELINE_SCHEMA
 
 TIMELINE = "timeline.parquet"
 METADATA = "metadata.json"
 SUMMARY = "summary.md"
 PLOT = "memory.png"
+RANKS = "ranks.parquet"
+BUNDLE_FILES = frozenset({TIMELINE, RANKS, METADATA, SUMMARY, PLOT, OOM_REPORT})  # and crash-<pid>.txt
+MAX_METADATA_BYTES = 256 << 20
 # Delta encoding turns seq and time into a few bits per row; dictionaries carry the strings.
 _DELTA = ("seq", "time", "step")
 _DICTIONARY = ["kind", "label", "host", "thread", "pid", "rank", "device"]
 # Min/max statistics where queries filter (DuckDB skips row groups with them); the rest skip the cost.
 _STATISTICS = ["seq", "time", "kind", "step", "pid", "rank", "host", "device", "value"]
+ROW_GROUP = 1 << 17  # rows per row group: the writer holds one row group at a time
 
 
 class Destination:
-    """Where a bundle goes: a local folder (files replaced atomically) or a pyarrow filesystem URI
-    (``s3://bucket/prefix``, ``gs://``, ``hdfs://``, ``file://``)."""
+    """Where a bundle goes: a local folder (made whole in a private folder beside it, then put in place
+    at once) or a pyarrow filesystem URI (``s3://bucket/prefix``, ``gs://``, ``hdfs://``; ``file://`` is
+    a local folder)."""
 
-    def __init__(self, out: str | os.PathLike[str], *, create: bool = True) -> None:
+    def __init__(self, out: str | os.PathLike[str]) -> None:
         text = os.fspath(out)
-        self.uri = "://" in text
-        if self.uri:
+        self.fs: pafs.FileSystem = pafs.LocalFileSystem()
+        self.root = text
+        self.local: Path | None = Path(text)
+        if "://" in text:
             try:
                 self.fs, self.root = pafs.FileSystem.from_uri(text)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
                 raise BundleDestinationError(
                     f"{text}: expected a local folder or a pyarrow filesystem URI, found: {exc}"
                 ) from None
-            if create:
-                self.fs.create_dir(self.root, recursive=True)
-        else:
-            self.fs, self.root = pafs.LocalFileSystem(), str(Path(text).resolve())
-            if create:
-                Path(self.root).mkdir(parents=True, exist_ok=True)
+            self.local = Path(self.root) if isinstance(self.fs, pafs.LocalFileSystem) else None
 
     def path(self, name: str) -> str:
         return f"{self.root.rstrip('/')}/{name}"
 
-    def write_bytes(self, name: str, data: bytes) -> None:
-        if not self.uri:
-            _atomic_write(Path(self.path(name)), data)
-            return
-        with self.fs.open_output_stream(self.path(name)) as f:
-            f.write(data)
+
+_PARQUET: dict[str, Any] = {
+    "compression": "zstd",
+    "compression_level": 1,
+    "use_dictionary": _DICTIONARY,
+    "column_encoding": dict.fromkeys(_DELTA, "DELTA_BINARY_PACKED"),
+    "write_statistics": _STATISTICS,
+}
 
 
-def write_timeline(table: pa.Table, path: str | Path, filesystem: pafs.FileSystem | None = None) -> None:
+def write_timeline(table: pa.Table, path: str | Path | BinaryIO, filesystem: pafs.FileSystem | None = None) -> None:
     pq.write_table(
         table,
-        str(path),
+        path if not isinstance(path, (str, Path)) else str(path),
         filesystem=filesystem,
-        compression="zstd",
-        compression_level=1,
-        use_dictionary=_DICTIONARY,
-        column_encoding=dict.fromkeys(_DELTA, "DELTA_BINARY_PACKED"),
-        write_statistics=_STATISTICS,
+        row_group_size=ROW_GROUP,
+        **_PARQUET,
     )
 
 
-def write_bundle(recovered: Recovered, out_dir: str | os.PathLike[str], views: dict[str, bytes]) -> None:
-    """Write a recovery into ``out_dir`` (a folder or a URI): the timeline, metadata.json, the
-    recovered text files, and ``views`` (file name -> bytes: summary.md, memory.png), rendered
-    by the caller."""
+Reader = Callable[[list[tuple[str, str, Any]] | None, list[str] | None, int], pa.Table]
+Views = Callable[[dict[str, Any], Reader], dict[str, bytes]]
+
+
+def stream_bundle(recovery: RecoveryPass, out_dir: str | os.PathLike[str], views: Views) -> dict[str, Any]:
+    """Write a recovery into ``out_dir`` (a folder or a URI) a ring at a time (each ring's timeline its
+    own row groups, so memory is bounded by the rings in flight), then ranks.parquet, the recovered
+    text files, the views and, last, metadata.json; returns the metadata.
+
+    ``views(meta, read)``: renders the views (file name -> bytes: summary.md, memory.png);
+    ``read(filters, columns, max_rows)`` reads the written timeline back (pyarrow filters, e.g. one
+    pid's rows), thinned to at most about ``max_rows`` rows.
+
+    A local bundle is made in a fresh folder (mode 0700, files 0600) beside ``out_dir`` and put in
+    its place whole, replacing an earlier bundle there at once: no existing path is ever opened for
+    writing (a link planted in ``out_dir`` redirects nothing), concurrent recoveries into one folder
+    leave one of their bundles, never a mix, and no file of an earlier bundle survives.
+    """
     dest = Destination(out_dir)
-    for name, text in recovered.files.items():
-        dest.write_bytes(name, text.encode("utf-8"))
-    write_timeline(recovered.table, dest.path(TIMELINE), dest.fs)
-    for name, data in views.items():
-        dest.write_bytes(name, data)
-    dest.write_bytes(METADATA, (json.dumps(recovered.meta, indent=2, sort_keys=False) + "\n").encode("utf-8"))
+    if dest.local is None:
+        dest.fs.create_dir(dest.root, recursive=True)
+        remote = dest.fs
+        return _fill(recovery, views, lambda name: remote.open_output_stream(dest.path(name)),
+                     lambda: remote.open_input_file(dest.path(TIMELINE)))  # fmt: skip
+    done: dict[str, Any] = {}
+
+    def fill(folder: Path) -> None:
+        done.update(_fill(recovery, views, lambda name: os.fdopen(_create(folder / name), "wb"),
+                          lambda: open(folder / TIMELINE, "rb")))  # fmt: skip
+
+    publish(dest.local, fill)
+    return done
+
+
+def read_thinned(
+    source: Any, filters: list[tuple[str, str, Any]] | None, columns: list[str] | None, max_rows: int
+) -> pa.Table:
+    """The rows of a timeline file that pass ``filters``, read a batch at a time and thinned evenly to
+    between ``max_rows`` and twice that (every 2nd, 4th, ... row kept): memory bounded by ``max_rows``
+    whatever the file's size."""
+    where = pq.filters_to_expression(filters) if filters else None
+    kept: list[pa.Table] = []
+    held, stride, seen = 0, 1, 0
+    file = pq.ParquetFile(source)
+    for batch in file.iter_batches(batch_size=65536, columns=columns):
+        part = pa.Table.from_batches([batch])
+        if where is not None:
+            part = part.filter(where)
+        first = (-seen) % stride
+        seen += part.num_rows
+        part = part.take(pa.array(range(first, part.num_rows, stride), type=pa.int64()))
+        kept.append(part)
+        held += part.num_rows
+        while held > 2 * max_rows:  # halve what is held, and keep half as many from now on
+            table = pa.concat_tables(kept)
+            kept, stride = [table.take(pa.array(range(0, table.num_rows, 2), type=pa.int64()))], stride * 2
+            held = kept[0].num_rows
+    if not kept:
+        empty = file.schema_arrow.empty_table()
+        return empty.select(columns) if columns else empty
+    return pa.concat_tables(kept)
+
+
+def _fill(
+    recovery: RecoveryPass, views: Views, create: Callable[[str], Any], open_back: Callable[[], Any]
+) -> dict[str, Any]:
+    with create(TIMELINE) as sink, pq.ParquetWriter(sink, TIMELINE_SCHEMA, **_PARQUET) as writer:
+        for table in recovery.tables():
+            writer.write_table(table.cast(TIMELINE_SCHEMA), row_group_size=ROW_GROUP)
+            del table  # not held while the next ring is decoded, nor while the views are drawn
+    meta = recovery.finish()
+    with create(RANKS) as sink:
+        pq.write_table(ranks_table(rank_rows(meta)), sink, compression="zstd")
+
+    def read(filters: list[tuple[str, str, Any]] | None, columns: list[str] | None, max_rows: int) -> pa.Table:
+        with open_back() as source:
+            table = read_thinned(source, filters, columns, max_rows)
+        return table if len(meta.get("rings") or []) < 2 else table.sort_by("time")  # rings' rows interleave
+
+    texts = {name: text.encode("utf-8") for name, text in recovery.files.items()}
+    encoded = (json.dumps(meta, indent=2, sort_keys=False) + "\n").encode("utf-8")
+    for name, data in {**texts, **views(meta, read), METADATA: encoded}.items():  # metadata.json last
+        with create(name) as f:
+            f.write(data)
+    return meta
+
+
+def _create(path: Path) -> int:
+    """A new file, mode 0600: never an existing one, never through a link."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def publish(out: Path, fill: Callable[[Path], None]) -> None:
+    """Make a folder's content with ``fill`` in a fresh private folder beside ``out``, then put it at
+    ``out`` whole: atomically (``renameat2``) where nothing or an earlier bundle is there. Anything
+    else at ``out`` (a link, a file, a folder holding other files) is refused, untouched."""
+    out = Path(os.path.abspath(out))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _replaceable(out)
+    fresh = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        fill(fresh)
+        earlier = _put_in_place(fresh, out)
+    except BaseException:
+        _remove(fresh)
+        raise
+    if earlier:
+        _remove(fresh)  # the exchange left the earlier bundle under the temporary name
+
+
+def _replaceable(out: Path) -> None:
+    try:
+        st = os.lstat(out)
+    except FileNotFoundError:
+        return
+    what = f"{out}: expected a new folder or an earlier bundle to replace"
+    if not stat.S_ISDIR(st.st_mode):
+        raise BundleDestinationError(
+            f"{what}, found {what_is(st.st_mode) if not stat.S_ISREG(st.st_mode) else 'a file'}"
+        )
+    try:
+        others = sorted(n for n in os.listdir(out) if not _bundle_file(n))
+    except OSError as exc:
+        raise BundleDestinationError(f"{what}, found a folder that cannot be listed ({exc.strerror})") from None
+    if others:
+        raise BundleDestinationError(f"{what}, found a folder holding other files ({one_line(others[0])!s}, ...)")
+
+
+def _bundle_file(name: str) -> bool:
+    return name in BUNDLE_FILES or (name.startswith("crash-") and name.endswith(".txt"))
+
+
+_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
+
+
+def _renameat2(src: Path, dst: Path, flags: int) -> int:
+    """renameat2(2): 0, or the errno (ENOSYS/EINVAL where the libc or the filesystem lacks it)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        call = libc.renameat2
+    except (OSError, AttributeError):
+        return errno.ENOSYS
+    at_fdcwd = -100
+    if call(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), ctypes.c_uint(flags)) == 0:
+        return 0
+    return ctypes.get_errno()
+
+
+def _put_in_place(fresh: Path, out: Path) -> bool:
+    """Rename ``fresh`` to ``out``; True when an earlier bundle was there and now is at ``fresh``."""
+    for _ in range(8):
+        err = _renameat2(fresh, out, _RENAME_NOREPLACE)
+        if err == 0:
+            return False
+        if err == errno.EEXIST:
+            _replaceable(out)
+            err = _renameat2(fresh, out, _RENAME_EXCHANGE)
+            if err == 0:
+                return True
+            if err == errno.ENOENT:
+                continue  # removed meanwhile: place it again
+        if err in (errno.ENOSYS, errno.EINVAL):
+            _put_in_place_renaming(fresh, out)
+            return False
+        raise OSError(err, os.strerror(err), str(out))
+    raise BundleDestinationError(f"{out}: could not put the bundle in place (the path kept changing)")
+
+
+def _put_in_place_renaming(fresh: Path, out: Path) -> None:
+    """Without renameat2: move the earlier bundle aside, then rename (``out`` is briefly missing)."""
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(out, aside)  # onto the empty folder just made
+        os.rename(fresh, out)
+    finally:
+        _remove(aside)
+
+
+def _remove(path: Path) -> None:
+    """Remove a folder tree without following links (``shutil.rmtree`` works through descriptors)."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def read_bundle(bundle: str | os.PathLike[str]) -> tuple[pa.Table, dict[str, Any]]:
     """(timeline, metadata) of a bundle folder or URI."""
-    dest = Destination(bundle, create=False)
-    table = pq.read_table(dest.path(TIMELINE), filesystem=dest.fs)
-    with dest.fs.open_input_stream(dest.path(METADATA)) as f:
-        meta = json.loads(bytes(f.read()))
+    dest = Destination(bundle)
+    with _open(dest, TIMELINE) as f:
+        table = pq.read_table(f)
+    with _open(dest, METADATA) as f:
+        raw = f.read(MAX_METADATA_BYTES)
+    try:
+        meta = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise BundleDestinationError(f"{dest.path(METADATA)}: expected JSON, found {type(exc).__name__}") from None
+    if not isinstance(meta, dict):
+        raise BundleDestinationError(f"{dest.path(METADATA)}: expected a JSON object, found {type(meta).__name__}")
     return table, meta
 
 
+def _open(dest: Destination, name: str) -> BinaryIO:
+    """A bundle file, opened for reading; a local one as untrusted input (``ring.inputs``: a regular
+    file of the folder's owner or the invoking user, never through a link)."""
+    if dest.local is None:
+        return cast(BinaryIO, dest.fs.open_input_file(dest.path(name)))
+    with open_folder(dest.local) as folder:
+        fd, _ = open_input(folder, name, {folder.uid}, f"a bundle's {name}")
+    return os.fdopen(fd, "rb")
+
+
 def is_bundle(path: str | os.PathLike[str]) -> bool:
-    return "://" in os.fspath(path) or (Path(path) / METADATA).is_file()
+    text = os.fspath(path)
+    if "://" in text:
+        return True
+    try:
+        return stat.S_ISREG(os.lstat(Path(text) / METADATA).st_mode)
+    except OSError:
+        return False
 
 
 def load(targets: list[str]) -> tuple[pa.Table, dict[str, Any]]:
@@ -110,13 +321,6 @@ def load(targets: list[str]) -> tuple[pa.Table, dict[str, Any]]:
 
 
 def read_summary(out_dir: str | os.PathLike[str]) -> str:
-    """summary.md of a bundle written by write_bundle (local folder or URI)."""
-    dest = Destination(out_dir, create=False)
-    with dest.fs.open_input_stream(dest.path(SUMMARY)) as f:
-        return bytes(f.read()).decode("utf-8")
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    """summary.md of a bundle written by stream_bundle (local folder or URI)."""
+    with _open(Destination(out_dir), SUMMARY) as f:
+        return bytes(f.read(MAX_METADATA_BYTES)).decode("utf-8", "replace")

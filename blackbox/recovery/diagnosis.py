@@ -1,155 +1,275 @@
-"""What killed the job, with the evidence, and what to change: a pure function of the
-recovered timeline, the ring's clean-end record and the evidence gathered at recovery.
+"""What killed the job, which process died, how sure we are, and what to change: a pure function of
+the recovered timeline, the ring's header metadata and the evidence gathered outside it.
 
-``death.cause`` is one of CAUSES. The rules, in order:
+``death`` fields: ``cause`` (one of CAUSES), ``confidence`` (CONFIDENCE), ``headline`` (one sentence),
+``evidence`` (the facts that decided it), ``time``, ``step``, ``victim`` (the process that died: pid,
+role, name, memory at the end), ``exit_status`` (as a shell reports it, where known), ``killed_by`` (the
+last signal's sender, where one was recorded), and the analysis (``host_growth``, ``memory_at_end``,
+``gpu_oom``, ``levers``). The rules, in order:
 
-1. the writer is still alive: ``unknown`` (no death yet);
-2. a clean end was recorded: ``oom_exception`` / ``exception`` if an uncaught
-   exception of the main thread came first, else ``clean_exit``;
-3. no clean end (nothing ran at exit):
-   the kernel logged an OOM kill of this pid, or the memory cgroup's
-   ``oom_kill`` counter rose after the last sample: ``host_oom_kill``;
-   faulthandler left a native crash: ``signal``;
-   the recorder saw a fatal signal (default action): ``signal``;
-   ``blackbox run`` saw a signal exit: ``killed`` for SIGKILL (``host_oom_kill``
-   when the last sample was within 5% of the cgroup limit), else ``signal``;
-   otherwise ``killed`` on the same boot (no handler ran: SIGKILL or
-   ``os._exit``), ``unknown`` when the host rebooted or cannot be told.
+1. the writer is still alive: ``unknown`` (a snapshot, not a death);
+2. the kernel logged an OOM kill, inside this ring's life, of one of its children (a DataLoader
+   worker), and the job then ended abnormally: ``host_oom_kill`` with that child as the victim;
+3. a clean end was recorded (the job's own exit path ran):
+   an uncaught ``KeyboardInterrupt``: ``interrupted``; PyTorch's "DataLoader worker (pid N) is killed by
+   signal" with OOM evidence (the cgroup's oom_kill counter rose, memory at the limit): ``host_oom_kill``
+   (the worker the victim), else ``killed`` or ``signal``; an out-of-memory exception: ``oom_exception``;
+   another uncaught exception: ``exception``; else by the exit status (``sys.exit``, or what
+   ``blackbox run`` saw): 0 ``clean_exit``, 130 ``interrupted``, others ``nonzero_exit``;
+4. no clean end: the kernel logged this pid's OOM kill after its last event: ``host_oom_kill``
+   (certain); the cgroup's oom_kill counter rose after the last sample: ``host_oom_kill`` (strong); a
+   native crash: ``signal``; a fatal signal recorded: ``signal`` (``interrupted`` for SIGINT,
+   ``userspace_oom_kill`` from earlyoom or systemd-oomd); SIGKILL (seen by ``blackbox run``, or no
+   handler ran on this boot): ``userspace_oom_kill`` after such a daemon's SIGTERM, ``host_oom_kill``
+   (probable) with memory at 95% of the limit or more at the last sample, else ``killed``; ``unknown``
+   when the host rebooted or cannot be told. Exit status 137 alone is never called an OOM.
 """
 
 from __future__ import annotations
 
-import signal
+import signal as signals
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from .._units import human_bytes
-from .evidence import Evidence
-from .timeline import of_kind, py_rows
+from .evidence import Evidence, KernelKill
+from .facts import Facts, facts
+from .levers import analysis
+from .timeline import iso_ns
 
-CAUSES = ("clean_exit", "exception", "oom_exception", "host_oom_kill", "killed", "signal", "unknown")
+CAUSES = ("clean_exit", "nonzero_exit", "interrupted", "exception", "oom_exception", "host_oom_kill",
+          "userspace_oom_kill", "killed", "signal", "unknown")  # fmt: skip
+CONFIDENCE = ("certain", "strong", "probable", "unknown")
 NEAR_LIMIT = 0.95
+OOM_DAEMONS = ("earlyoom", "systemd-oomd", "oomd", "nohang", "low-memory-mon")
+SCHEDULERS = ("slurmstepd", "slurmd", "srun", "scancel", "kubelet", "containerd-shim", "timeout", "systemd", "torchrun")
+ROLE = {"main": "main process", "worker": "DataLoader worker", "mp_service": "multiprocessing service process",
+        "compile_worker": "torch.compile worker", "child": "child process"}  # fmt: skip
 
 
-_SAMPLE_COLUMNS = [
-    "time",
-    "step",
-    "host_rss",
-    "children_rss",
-    "cgroup_usage",
-    "cgroup_limit",
-    "cgroup_oom_kills",
-    "mem_available",
-]
+def diagnose(table: pa.Table, clean: bool, ev: Evidence, meta: dict[str, Any]) -> dict[str, Any]:
+    """``death`` for one ring (see the module docstring)."""
+    f = facts(table, meta.get("clock") or {})
+    ident = meta.get("identity") or {}
+    d = _Death(f, ev, ident)
+    d.decide(clean)
+    return d.result()
 
 
-def _rows(table: pa.Table, *kinds: str) -> pa.Table:
-    columns = _SAMPLE_COLUMNS if kinds == ("sample",) else None
-    return of_kind(table, *kinds, columns=columns)
+class _Death:
+    def __init__(self, f: Facts, ev: Evidence, ident: dict[str, Any]) -> None:
+        self.f, self.ev, self.ident = f, ev, ident
+        self.pid = ident.get("pid")
+        self.cause, self.confidence = "unknown", "unknown"
+        self.evidence: list[str] = []
+        self.when: dict[str, Any] | None = f.last_event
+        self.victim: dict[str, Any] = {"pid": self.pid, "role": ROLE.get(str(ident.get("role")), "main process")}
+        self.killed_by: dict[str, Any] | None = None
+        self.stat_at_end = f.stats[-1] if f.stats else None
+        self.death_ns: int | None = None  # the monotonic time of the death, where the kernel stamped it
+        self.status = ev.exit_status
+        if self.status is None and f.exits:
+            self.status = f.exits[-1]["value"]
 
-
-def _last(table: pa.Table) -> dict[str, Any] | None:
-    return py_rows(table.slice(table.num_rows - 1))[0] if table.num_rows else None
-
-
-def _iso(t: Any) -> str | None:
-    return t if isinstance(t, str) else None
-
-
-def diagnose(table: pa.Table, clean: bool, ev: Evidence) -> dict[str, Any]:
-    """``death``: cause, evidence (facts that decided it), time, step, and analysis with levers."""
-    crash = first_line(ev.crash)
-    evidence: list[str] = []
-    last_event = _last(table.select(["time", "step"])) if table.num_rows else None
-    when = last_event
-    samples = _rows(table, "sample")
-    last_sample = _last(samples)
-    first_sample = py_rows(samples.slice(0, 1))[0] if samples.num_rows else None
-    errors = _rows(table, "oom", "exception").select(
-        [
-            "time",
-            "kind",
-            "step",
-            "label",
-            "detail",
-            "oom_requested",
-            "oom_reserved_unallocated",
-            "oom_capacity",
-            "oom_free",
-        ]
-    )
-    main_uncaught = [
-        r for r in py_rows(errors) if r["detail"] == "uncaught" or (r["detail"] or "").startswith("uncaught;")
-    ]
-    fatal_signals = [r for r in py_rows(_rows(table, "signal")) if r["detail"] == "default action"]
-    near = _near_limit(last_sample)
-    if near is not None:
-        evidence.append(near[1])
-    if last_sample and last_sample.get("mem_available") is not None:
-        evidence.append(f"last sample: the host had {human_bytes(last_sample['mem_available'])} MemAvailable")
-
-    cause = "unknown"
-    if ev.writer_alive and not clean:
-        cause = "unknown"
-        evidence.insert(0, "the writer process is still alive: this is a snapshot, not a death")
-    elif clean:
-        evidence.insert(0, "a clean end was recorded (the recorder was disarmed at exit)")
-        if main_uncaught:
-            exc = main_uncaught[-1]
-            cause = "oom_exception" if exc["kind"] == "oom" else "exception"
-            evidence.append(f"uncaught {exc['kind']} at step {exc['step']}: {_short(exc['label'])}")
-            when = exc
+    # ---------------------------------------------------------------- the rules
+    def decide(self, clean: bool) -> None:
+        f, ev = self.f, self.ev
+        near = _near_limit(f.samples[-1] if f.samples else None)
+        if ev.writer_alive and not clean:
+            self._set("unknown", "certain", "the writer process is still alive: this is a snapshot, not a death")
+            return
+        child_kill = next((k for k in reversed(ev.kernel_kills) if k.pid != self.pid), None)
+        if clean:
+            self.evidence.insert(0, "a clean end was recorded (the process ran its exit handlers)")
+            self._clean(child_kill)
         else:
-            cause = "clean_exit"
-        if ev.exit_status is not None:
-            evidence.append(f"exit status {ev.exit_status}")
-    else:
-        evidence.insert(0, "no clean end: the process ended without running its exit handlers")
-        sig = _signal_of(ev.exit_status)
-        rose = _oom_kills_rose(first_sample, last_sample, ev)
-        if ev.kernel_oom_line:
-            cause = "host_oom_kill"
-            evidence.append(f"kernel log: {ev.kernel_oom_line}")
+            self.evidence.insert(0, "no clean end: the process ended without running its exit handlers")
+            self._not_clean(near)
+        if self.status is not None and not any("exit status" in e for e in self.evidence):
+            self.evidence.append(f"exit status {self.status}")
+        at = self.death_ns if self.death_ns is not None else f.last_ns
+        memory = _near_limit(f.sample_before(at))
+        if memory is not None:
+            self.evidence.insert(1, memory[1].replace("last sample", "the last sample before the death"))
+
+    def _clean(self, child_kill: KernelKill | None) -> None:
+        f = self.f
+        uncaught = f.main_uncaught
+        if uncaught and uncaught[-1]["label"] and uncaught[-1]["label"].startswith("KeyboardInterrupt"):
+            self._set("interrupted", "certain", "an uncaught KeyboardInterrupt (Ctrl-C or SIGINT)")
+            self.when = uncaught[-1]
+            return
+        worker = f.worker_killed()
+        if child_kill is not None and (uncaught or (self.status or 0) != 0):
+            self._child_oom(child_kill)
+            return
+        if worker is not None:
+            self._worker_death(worker, uncaught[-1])
+            return
+        if uncaught:
+            exc = uncaught[-1]
+            self.cause = "oom_exception" if exc["kind"] == "oom" else "exception"
+            self.confidence = "certain"
+            self.evidence.append(f"uncaught {exc['kind']} at step {exc['step']}: {_short(exc['label'])}")
+            self.when = exc
+            return
+        if self.status not in (None, 0):
+            interrupted = self.status == 130
+            self.cause, self.confidence = ("interrupted" if interrupted else "nonzero_exit"), "certain"
+            self.evidence.append(f"the process exited with status {self.status}"
+                                 + (" (130: an interrupt)" if interrupted else ""))  # fmt: skip
+            return
+        self.cause, self.confidence = "clean_exit", "certain" if self.status == 0 else "strong"
+        if child_kill is not None:
+            self.evidence.append(f"a child process, pid {child_kill.pid}, was OOM-killed meanwhile: {child_kill.line}")
+
+    def _child_oom(self, kill: KernelKill) -> None:
+        f = self.f
+        worker = f.worker_killed()
+        series = f.children.get(kill.pid)
+        named = worker is not None and kill.pid in worker[0]
+        role = "DataLoader worker" if named or kill.name.startswith("pt_data") else self._child_role(kill.pid)
+        self.victim = {"pid": kill.pid, "role": role, "name": kill.name,
+                       "rss": series.at(kill.time_ns) if series else None, **kill.rss}  # fmt: skip
+        self._set("host_oom_kill", "certain", f"kernel log: {kill.line}")
+        self._at(kill.time_ns)
+        self.stat_at_end = f.stat_before(kill.time_ns) or self.stat_at_end
+        if f.main_uncaught:
+            self.evidence.append(f"then, in the job: {_short(f.main_uncaught[-1]['label'])}")
+
+    def _child_role(self, pid: int) -> str:
+        series = self.f.children.get(pid)
+        return "DataLoader worker" if series is not None and "pt_data" in series.name else "child process"
+
+    def _worker_death(self, worker: tuple[list[int], str], exc: dict[str, Any]) -> None:
+        f = self.f
+        pids, how = worker
+        pid = pids[0]
+        series = f.children.get(pid)
+        last_seen = int(series.times[-1]) if series is not None and len(series.times) else f.last_ns
+        self.victim = {"pid": pid, "role": "DataLoader worker", "rss": series.at(last_seen) if series else None}
+        self.when = exc
+        self.death_ns = last_seen
+        self.evidence.append(f"in the job: {_short(exc['label'])}")
+        before, after = f.sample_before(last_seen), f.sample_before(f.last_ns)
+        rose = _counter_rose(before, after)
+        near = _near_limit(before)
+        killed = how.lower() == "killed"
+        if killed and rose:
+            self._set("host_oom_kill", "strong", rose)
+        elif killed and near is not None and near[0] >= NEAR_LIMIT:
+            self._set("host_oom_kill", "probable", f"when the worker was last seen, {near[1][len('last sample: ') :]}")
+        else:
+            self.cause, self.confidence = ("killed" if killed else "signal"), "certain"
+        self.stat_at_end = f.stat_before(last_seen) or self.stat_at_end
+
+    def _not_clean(self, near: tuple[float, str] | None) -> None:
+        f, ev = self.f, self.ev
+        own = next((k for k in reversed(ev.kernel_kills) if k.pid == self.pid), None)
+        sig = _signal_of(self.status)
+        last_signal = f.signals[-1] if f.signals else None
+        fatal = f.signals.where("detail", "default action")
+        rose = _counter_rose(f.samples[0] if f.samples else None, f.samples[-1] if f.samples else None, ev)
+        if own is not None:
+            self.victim.update(name=own.name, **own.rss)
+            self._set("host_oom_kill", "certain", f"kernel log: {own.line}")
+            self._at(own.time_ns)
         elif rose:
-            cause = "host_oom_kill"
-            evidence.append(rose)
-        elif crash:
-            cause = "signal"
-            evidence.append(f"native crash (faulthandler): {crash}")
-        elif fatal_signals:
-            cause = "signal"
-            s = fatal_signals[-1]
-            evidence.append(f"{s['label']} received with its default action at {_iso(s['time'])}")
-            when = s
-        elif sig is not None:
-            if sig == signal.SIGKILL and near is not None and near[0] >= NEAR_LIMIT:
-                cause = "host_oom_kill"
-                evidence.append("SIGKILL with memory at the cgroup limit (no kernel log to confirm)")
+            self._set("host_oom_kill", "strong", rose)
+        elif ev.crash:
+            self._set("signal", "certain", f"native crash (faulthandler): {_first_line(ev.crash)}")
+        elif fatal:
+            s = fatal[-1]
+            self.killed_by = _sender(s)
+            who = f" from {s['sender']} (pid {s['sender_pid']})" if s["sender"] else ""
+            if (s["sender"] or "") in OOM_DAEMONS:
+                self._set("userspace_oom_kill", "certain", f"{s['label']}{who}, a userspace OOM killer")
             else:
-                cause = "killed" if sig == signal.SIGKILL else "signal"
-                evidence.append(f"`blackbox run` saw the job end by {signal.Signals(sig).name}")
-        elif ev.same_boot:
-            cause = "killed"
-            evidence.append("same boot, no exception, no signal handler ran: SIGKILL (or os._exit)")
+                cause = "interrupted" if s["label"] == "SIGINT" else "signal"
+                self._set(cause, "certain", f"{s['label']}{who} with its default action at {s['time']}")
+            self.when = s
+        elif sig is not None and sig != signals.SIGKILL:
+            self._set("signal", "certain", f"`blackbox run` saw the job end by {signals.Signals(sig).name}")
+        elif sig == signals.SIGKILL or ev.same_boot:
+            self._sigkill(near, last_signal, seen=sig is not None)
         else:
-            evidence.append("the host rebooted or could not be checked: SIGKILL, power loss or kernel crash")
-    death: dict[str, Any] = {
-        "cause": cause,
-        "evidence": evidence,
-        "time": _iso(when["time"]) if when else None,
-        "step": when["step"] if when else None,
-    }
-    death.update(_analysis(table, cause, main_uncaught, samples))
-    return death
+            self.evidence.append("the host rebooted or could not be checked: SIGKILL, power loss or kernel crash")
+
+    def _sigkill(self, near: tuple[float, str] | None, last_signal: dict[str, Any] | None, *, seen: bool) -> None:
+        how = "`blackbox run` saw the job end by SIGKILL" if seen else (
+            "same boot, no exception, no handler ran: SIGKILL (or os._exit)")  # fmt: skip
+        recent = last_signal if last_signal and self.f.last_ns - self._signal_ns(last_signal) < 120 * 10**9 else None
+        if recent and (recent["sender"] or "") in OOM_DAEMONS:
+            self.killed_by = _sender(recent)
+            self._set("userspace_oom_kill", "strong", f"{recent['label']} from {recent['sender']}, then {how}")
+        elif near is not None and near[0] >= NEAR_LIMIT:
+            self._set(
+                "host_oom_kill", "probable", f"{how}, with memory at the cgroup's limit (no kernel log to confirm)"
+            )
+        else:
+            self._set("killed", "certain" if seen else "strong", how)
+            if recent:
+                self.killed_by = _sender(recent)
+                who = f" from {recent['sender']} (pid {recent['sender_pid']})" if recent["sender"] else ""
+                role = " (a scheduler: time limit or preemption)" if (recent["sender"] or "") in SCHEDULERS else ""
+                self.evidence.append(f"{recent['label']}{who}{role} came first, at {recent['time']}")
+
+    # ---------------------------------------------------------------- helpers
+    def _signal_ns(self, row: dict[str, Any]) -> int:
+        i = self.f.signals.index(row)
+        return int(self.f.signal_ns[i])
+
+    def _set(self, cause: str, confidence: str, why: str) -> None:
+        self.cause, self.confidence = cause, confidence
+        self.evidence.append(why)
+
+    def _at(self, mono_ns: int) -> None:
+        self.death_ns = mono_ns
+        step = (self.f.sample_before(mono_ns) or self.f.last_event or {}).get("step")
+        self.when = {"time": iso_ns(mono_ns + self.f.to_wall), "step": step}
+
+    def result(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "cause": self.cause,
+            "confidence": self.confidence,
+            "headline": headline(self.cause, self.victim, self.killed_by, self.status),
+            "evidence": self.evidence,
+            "time": self.when["time"] if self.when else None,
+            "step": self.when["step"] if self.when else None,
+            "victim": {k: v for k, v in self.victim.items() if v is not None},
+            "exit_status": self.status,
+            "killed_by": self.killed_by,
+        }
+        d.update(analysis(self.f, self.cause, self.victim.get("role"), self.stat_at_end))
+        uncaught = self.f.main_uncaught
+        if self.cause == "oom_exception" and uncaught:
+            gpu = gpu_oom_kind(uncaught[-1])
+            if gpu:
+                d["gpu_oom"] = gpu
+                d["levers"] = gpu["levers"] + d.get("levers", [])
+        return d
 
 
-def first_line(text: str | None) -> str | None:
-    """The first non-blank line of a text (a native crash's first traceback line)."""
-    if text is None:
-        return None
-    return next((ln for ln in text.splitlines() if ln.strip()), "")
+def headline(cause: str, victim: dict[str, Any], killed_by: dict[str, Any] | None, status: int | None) -> str:
+    """One plain sentence: who died of what."""
+    who = f"The {victim.get('role', 'process')} (pid {victim.get('pid')})"
+    by = f" {killed_by['signal']} from {killed_by['sender']}" if killed_by and killed_by.get("sender") else ""
+    return {
+        "clean_exit": "The job exited cleanly.",
+        "nonzero_exit": f"The job exited with status {status}.",
+        "interrupted": "The job was interrupted (Ctrl-C or SIGINT).",
+        "exception": "The job died of an uncaught exception.",
+        "oom_exception": "The job died of an out-of-memory exception.",
+        "host_oom_kill": f"{who} was killed by the kernel OOM killer.",
+        "userspace_oom_kill": f"{who} was killed by a userspace OOM killer ({(killed_by or {}).get('sender')}).",
+        "killed": f"{who} was killed with SIGKILL{' after' + by if by else ''}; no handler ran.",
+        "signal": f"{who} was ended by a signal{' (' + by.strip() + ')' if by else ''}.",
+    }.get(cause, "The cause of death is unknown.")
+
+
+def _sender(row: dict[str, Any]) -> dict[str, Any]:
+    return {"signal": row["label"], "sender": row["sender"], "sender_pid": row["sender_pid"], "time": row["time"]}
 
 
 def _short(text: str | None, n: int = 300) -> str:
@@ -157,12 +277,16 @@ def _short(text: str | None, n: int = 300) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+def _first_line(text: str | None) -> str:
+    return next((ln for ln in (text or "").splitlines() if ln.strip()), "")
+
+
 def _signal_of(status: int | None) -> int | None:
     if status is None:
         return None
     if status < 0:
         return -status
-    if status > 128 and status - 128 < 65:
+    if 128 < status < 128 + 65:
         return status - 128
     return None
 
@@ -177,40 +301,21 @@ def _near_limit(sample: dict[str, Any] | None) -> tuple[float, str] | None:
     )
 
 
-def _oom_kills_rose(first: dict[str, Any] | None, last: dict[str, Any] | None, ev: Evidence) -> str | None:
-    if not last or last.get("cgroup_oom_kills") is None or ev.cgroup_oom_kills_now is None or not ev.same_boot:
+def _counter_rose(first: dict[str, Any] | None, last: dict[str, Any] | None, ev: Evidence | None = None) -> str | None:
+    """The cgroup's oom_kill counter rose: between two samples, or (``ev``) after the last one."""
+    if not last or last.get("cgroup_oom_kills") is None:
         return None
-    before = last["cgroup_oom_kills"]
-    if ev.cgroup_oom_kills_now > before:
-        return f"the memory cgroup's oom_kill counter rose from {before} (last sample) to {ev.cgroup_oom_kills_now}"
+    if ev is None:
+        before = (first or {}).get("cgroup_oom_kills")
+        if before is not None and last["cgroup_oom_kills"] > before:
+            return f"the memory cgroup's oom_kill counter rose from {before} to {last['cgroup_oom_kills']} meanwhile"
+        return None
+    if ev.cgroup_oom_kills_now is None or not ev.same_boot:
+        return None
+    if ev.cgroup_oom_kills_now > last["cgroup_oom_kills"]:
+        return (f"the memory cgroup's oom_kill counter rose from {last['cgroup_oom_kills']} (last sample) "
+                f"to {ev.cgroup_oom_kills_now}")  # fmt: skip
     return None
-
-
-# ---------------------------------------------------------------- analysis and levers
-def _analysis(table: pa.Table, cause: str, uncaught: list[dict[str, Any]], samples: pa.Table) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    levers: list[str] = []
-    if cause == "oom_exception" and uncaught:
-        gpu = gpu_oom_kind(uncaught[-1])
-        if gpu:
-            out["gpu_oom"] = gpu
-            levers += gpu["levers"]
-    growth = host_growth(samples)
-    if growth:
-        out["host_growth"] = growth
-    if cause == "host_oom_kill":
-        if growth and growth.get("rss_per_step", 0) > 0:
-            who = "DataLoader workers" if growth.get("grew") == "children" else "the job's own process"
-            levers.append(
-                f"memory grew {human_bytes(int(growth['rss_per_step']))} per step in {who}: look for tensors "
-                "kept across steps (e.g. `losses.append(loss)` instead of `loss.item()`), caches that never evict"
-            )
-            if growth.get("grew") == "children":
-                levers.append("fewer DataLoader workers, or datasets whose workers do not copy-on-read Python objects")
-        levers.append("raise the memory limit only once the growth is explained")
-    if levers:
-        out["levers"] = levers
-    return out
 
 
 def gpu_oom_kind(oom: dict[str, Any]) -> dict[str, Any] | None:
@@ -235,28 +340,3 @@ def gpu_oom_kind(oom: dict[str, Any]) -> dict[str, Any] | None:
             "shard more (FSDP / ZeRO stage up, tensor or pipeline parallel)",
         ],
     }
-
-
-def host_growth(samples: pa.Table) -> dict[str, Any] | None:
-    """Least-squares growth of RSS (job and children) per step and per second over the samples."""
-    if samples.num_rows < 3:
-        return None
-    cols = {c: samples[c].to_numpy(zero_copy_only=False) for c in ("host_rss", "children_rss", "step")}
-    t = samples["time"].cast(pa.int64()).to_numpy(zero_copy_only=False) / 1e9
-    rss = np.nan_to_num(cols["host_rss"].astype(float), nan=np.nan)
-    out: dict[str, Any] = {}
-    ok = ~np.isnan(rss)
-    if ok.sum() >= 3 and np.ptp(t[ok]) > 0:
-        out["rss_per_second"] = float(np.polyfit(t[ok], rss[ok], 1)[0])
-    steps = cols["step"].astype(float)
-    oks = ok & ~np.isnan(steps)
-    if oks.sum() >= 3 and np.ptp(steps[oks]) > 0:
-        out["rss_per_step"] = float(np.polyfit(steps[oks], rss[oks], 1)[0])
-    children = cols["children_rss"].astype(float)
-    okc = ~np.isnan(children)
-    if okc.sum() >= 3:
-        grew_job = rss[ok][-1] - rss[ok][0] if ok.any() else 0.0
-        grew_children = children[okc][-1] - children[okc][0]
-        out["children_rss_growth"] = float(grew_children)
-        out["grew"] = "children" if grew_children > grew_job else "job"
-    return out or None

@@ -1,11 +1,14 @@
-"""Facts about a death that live outside the ring, gathered at recovery time.
+"""Facts about a death that live outside the ring, gathered once at recovery time.
 
-The diagnosis itself (``diagnosis``) is a pure function; this module is the
-part that looks at the machine: is the writer still alive, did the kernel log
-an OOM kill of its pid, what does the job's memory cgroup's ``oom_kill``
-counter say now, did faulthandler leave a native crash's tracebacks beside it.
-Each fact is only used when it can belong to the ring: same host, same boot.
-Every read is bounded and failure-tolerant (None = unknown).
+The diagnosis itself (``diagnosis``) is a pure function; this module is the part
+that looks at the machine: is the writer still alive (by its lock, see
+``ring.liveness``), which OOM kills did the kernel log (read once for every
+ring: ``kernel_oom_kills``), what does the job's memory cgroup's ``oom_kill``
+counter say now, did faulthandler leave a native crash's tracebacks. Each fact
+is only used when it can belong to the ring: same host, same boot, and for a
+kernel kill, a time inside the ring's life (the kernel stamps its log with the
+monotonic clock the ring uses), so a pid reused by a later job is never
+blamed for an earlier kill. Every read is bounded and failure-tolerant.
 """
 
 from __future__ import annotations
@@ -18,11 +21,32 @@ from pathlib import Path
 from typing import Any
 
 from ..collect.host import CgroupPaths, effective_limit_file, oom_counter_file, oom_kill_count
-from ..ring.file import CRASH_SUFFIX, sidecar
-from ..ring.liveness import boot_id, writer_alive
+from ..ring.file import filesystem_type
+from ..ring.liveness import boot_id, same_machine, writer_alive
 
 MAX_KMSG_BYTES = 8 << 20
-MAX_CRASH_BYTES = 1 << 20
+MAX_REPORT_LINES = 400
+# The kernel stamps a kill just after sending SIGKILL; the victim's other threads may write for a moment
+# more. Measured here: the kernel log's stamps and CLOCK_MONOTONIC agree to well under a millisecond.
+SLACK_NS = 100_000_000
+CGROUP_FS = ("cgroup", "cgroup2")
+
+
+@dataclass
+class KernelKill:
+    """One OOM kill in the kernel log: when (monotonic ns, the ring's clock), whom, and the report."""
+
+    time_ns: int
+    pid: int
+    name: str
+    line: str  # "Memory cgroup out of memory: Killed process <pid> (<name>) total-vm:... anon-rss:..."
+    report: list[str] = field(default_factory=list)  # from "invoked oom-killer" to the kill line
+    tasks: list[dict[str, Any]] = field(default_factory=list)  # the report's task table
+
+    @property
+    def rss(self) -> dict[str, int]:
+        """anon-rss, file-rss, shmem-rss of the victim at the kill, bytes."""
+        return {k.replace("-", "_"): int(v) << 10 for k, v in re.findall(r"(\w+-rss):(\d+)kB", self.line)}
 
 
 @dataclass
@@ -32,59 +56,92 @@ class Evidence:
     same_host: bool = False
     same_boot: bool | None = None
     writer_alive: bool | None = None
-    kernel_oom_line: str | None = None  # the kernel's "Killed process <pid>" line for this pid
+    kernel_kills: list[KernelKill] = field(default_factory=list)  # in the ring's life, of its pid or children
     cgroup_oom_kills_now: int | None = None
     exit_status: int | None = None  # as a shell reports it (128 + signal), from `blackbox run`
     crash: str | None = None  # faulthandler's tracebacks left beside the ring (a native crash)
+    now_ns: int | None = None  # the monotonic clock at recovery
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def kernel_oom_line(self) -> str | None:
+        return self.kernel_kills[-1].line if self.kernel_kills else None
 
 
 def gather(
     ring: Path,
     meta: dict[str, Any],
     exit_status: int | None = None,
-    kernel: dict[int, str] | None = None,
+    kills: list[KernelKill] | None = None,
     crash: str | None = None,
+    window: tuple[int, int] | None = None,
+    pids: set[int] | None = None,
 ) -> Evidence:
-    """Evidence for one ring: a native crash's tracebacks (``crash``, from the ring's crash region;
-    else the ``.crash`` sidecar older rings left), and what this machine says of its writer
-    (from the header metadata's identity and cgroup).
+    """Evidence for one ring: a native crash's tracebacks (``crash``: the ring's crash region, or the
+    ``.crash`` sidecar older rings left, as the reader found them), and what this machine says of its writer.
 
-    ``kernel``: the kernel's OOM-kill lines by pid, when the caller scanned the log once for
-    several rings; None scans it for this ring's pid.
+    ``kills``: the kernel log's OOM kills (``kernel_oom_kills``, read once for all rings; None reads it
+    here). ``window``: (first, last) monotonic ns of the ring's events; ``pids``: the ring's own pid and
+    the children it sampled. A kill counts when its victim is one of ``pids`` and it happened after the
+    ring started and, for the ring's own pid, not before its last event (less SLACK_NS).
     """
     ident = meta.get("identity") or {}
-    ev = Evidence(exit_status=exit_status, crash=crash if crash is not None else read_crash_file(ring))
-    ev.same_host = ident.get("host") == socket.gethostname()
+    ev = Evidence(exit_status=exit_status, crash=crash)
+    ring_boot, now_boot = ident.get("boot_id"), boot_id()
+    ev.same_host = same_machine(ident) or ident.get("host") == socket.gethostname()
     if not ev.same_host:
         ev.notes.append("recovered on another host: no kernel log, cgroup or process evidence")
         return ev
-    ring_boot, now_boot = ident.get("boot_id"), boot_id()
     ev.same_boot = None if not ring_boot or not now_boot else ring_boot == now_boot
     pid = ident.get("pid")
     if ev.same_boot is False or not isinstance(pid, int):
         return ev
     ev.writer_alive = writer_alive(ring, meta)
-    ev.kernel_oom_line = (kernel if kernel is not None else kernel_oom_kills({pid})).get(pid)
+    ev.now_ns = _monotonic_ns()
+    kills = kernel_oom_kills() if kills is None else kills
+    if window is not None:
+        first, last = window
+        targets = (pids or set()) | {pid}
+        ev.kernel_kills = [
+            k
+            for k in kills
+            if k.pid in targets
+            and first - SLACK_NS <= k.time_ns <= ev.now_ns
+            and (k.pid != pid or k.time_ns >= last - SLACK_NS)
+        ]
     cg = meta.get("cgroup") or {}
-    if isinstance(cg.get("path"), str) and cg.get("version") in (1, 2):
+    if isinstance(cg.get("path"), str) and cg.get("version") in (1, 2) and on_cgroupfs(cg["path"]):
         ev.cgroup_oom_kills_now = cgroup_oom_kills(Path(cg["path"]), int(cg["version"]))
     return ev
 
 
-_KILLED = re.compile(r"(?:Memory cgroup out of memory|Out of memory|oom-kill).*?Killed process (\d+) \(")
+def on_cgroupfs(path: str) -> bool:
+    """A ring names its cgroup's path; recovery reads it only where that is really a cgroup filesystem,
+    reached without links: a hostile ring could name a folder holding a FIFO or a link to any file."""
+    return os.path.isabs(path) and os.path.realpath(path) == path and filesystem_type(Path(path)) in CGROUP_FS
 
 
-def kernel_oom_kills(pids: set[int], kmsg: str = "/dev/kmsg") -> dict[int, str]:
-    """The kernel log lines reporting OOM kills of these pids (one bounded pass over the log),
-    where the log is readable."""
-    found: dict[int, str] = {}
-    if not pids:
-        return found
+def _monotonic_ns() -> int:
+    import time
+
+    return time.monotonic_ns()
+
+
+_RECORD = re.compile(rb"^(\d+),(\d+),(\d+),[^;]*;(.*)$", re.DOTALL)
+_KILLED = re.compile(r"(?:Memory cgroup out of memory|Out of memory|oom-kill).*?Killed process (\d+) \(([^)]*)\)")
+_TASK = re.compile(
+    r"^\[\s*(\d+)\]\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(-?\d+)\s+(.+)$"
+)
+
+
+def kernel_oom_kills(kmsg: str = "/dev/kmsg") -> list[KernelKill]:
+    """Every OOM kill the kernel log still holds (one bounded pass), with its report, oldest first;
+    [] where the log cannot be read (not root, ``dmesg_restrict``, a container)."""
     try:
-        fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        return found
+        return []
+    lines: list[tuple[int, str]] = []  # (monotonic ns, text)
     read = 0
     try:
         while read < MAX_KMSG_BYTES:
@@ -97,13 +154,41 @@ def kernel_oom_kills(pids: set[int], kmsg: str = "/dev/kmsg") -> dict[int, str]:
             if not record:
                 break
             read += len(record)
-            text = record.decode("utf-8", "replace")
-            m = _KILLED.search(text)
-            if m and int(m.group(1)) in pids:
-                found[int(m.group(1))] = text.split(";", 1)[-1].strip()
+            m = _RECORD.match(record)
+            if m:
+                text = m.group(4).split(b"\n", 1)[0].decode("utf-8", "replace")
+                lines.append((int(m.group(3)) * 1000, text))
     finally:
         os.close(fd)
-    return found
+    return _kills(lines)
+
+
+def _kills(lines: list[tuple[int, str]]) -> list[KernelKill]:
+    out: list[KernelKill] = []
+    start = 0
+    for i, (t, text) in enumerate(lines):
+        if "invoked oom-killer" in text:
+            start = i
+        m = _KILLED.search(text)
+        if m:
+            report = [s for _, s in lines[start : i + 1]][-MAX_REPORT_LINES:]
+            out.append(KernelKill(t, int(m.group(1)), m.group(2), text.strip(), report, _tasks(report)))
+            start = i + 1
+    return out
+
+
+def _tasks(report: list[str]) -> list[dict[str, Any]]:
+    """The report's task table: pid, name, and memory in bytes (rss split into anon, file, shmem)."""
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+    out = []
+    for line in report:
+        m = _TASK.match(line.strip())
+        if m:
+            pid, _uid, _tgid, total_vm, rss, anon, file, shmem, _pt, _swap, score, name = m.groups()
+            out.append({"pid": int(pid), "name": name.strip(), "rss": int(rss) * page, "rss_anon": int(anon) * page,
+                        "rss_file": int(file) * page, "rss_shmem": int(shmem) * page,
+                        "total_vm": int(total_vm) * page, "oom_score_adj": int(score)})  # fmt: skip
+    return out
 
 
 def cgroup_oom_kills(directory: Path, version: int) -> int | None:
@@ -118,13 +203,3 @@ def cgroup_oom_kills(directory: Path, version: int) -> int | None:
     except OSError:
         return None
     return oom_kill_count(text)
-
-
-def read_crash_file(ring: Path) -> str | None:
-    """The faulthandler output left beside a ring, bounded; None if there is none."""
-    try:
-        with open(sidecar(ring, CRASH_SUFFIX), "rb") as f:
-            data = f.read(MAX_CRASH_BYTES)
-    except OSError:
-        return None
-    return data.decode("utf-8", "replace") if data.strip() else None

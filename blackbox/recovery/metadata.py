@@ -17,7 +17,8 @@ from .._version import __version__
 from ..ring import format as fmt
 from ..ring.reader import Ring
 from .evidence import Evidence
-from .timeline import BYTE_GAUGES, GAUGES, OOM_COLUMNS, of_kind, py_rows
+from .stacks import stack_report
+from .timeline import BYTE_GAUGES, GAUGES, OOM_COLUMNS, last_of_kind, of_kind, py_rows
 
 
 def iso(ns: int | None) -> str | None:
@@ -36,8 +37,8 @@ def writer_state(ring: Ring, alive: bool | None) -> str:
 
 
 def _last_row(table: pa.Table, kind: str) -> dict[str, Any] | None:
-    rows = of_kind(table, kind, columns=["time", "step", "device", *GAUGES])
-    return py_rows(rows.slice(rows.num_rows - 1))[0] if rows.num_rows else None
+    rows = last_of_kind(table, kind, columns=["time", "step", "device", *GAUGES], n=1)
+    return py_rows(rows)[0] if rows.num_rows else None
 
 
 def _last_sample(table: pa.Table) -> dict[str, Any] | None:
@@ -70,14 +71,14 @@ def _peaks(table: pa.Table) -> dict[str, Any]:
 
 def _events(table: pa.Table, kinds: tuple[str, ...], columns: tuple[str, ...], last: int) -> list[dict[str, Any]]:
     """The last ``last`` events of these kinds, as plain dicts (time in ISO UTC)."""
-    picked = of_kind(table, *kinds, columns=["time", "kind", "step", *columns])
-    rows = py_rows(picked.slice(max(0, picked.num_rows - last)).select(["time", "kind", "step", *columns]))
+    rows = py_rows(last_of_kind(table, *kinds, columns=["time", "kind", "step", *columns], n=last))
     for r in rows:
         for c in [c for c in r if c.startswith("oom_") and r[c] is None]:
             del r[c]
     return rows
 
 
+MAX_MODULE_DEPTH = 256
 _EXC_COLUMNS = ("label", "detail", "device", "value", "device_total", "device_free", *OOM_COLUMNS)
 
 
@@ -103,6 +104,8 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
         "rank": ident.get("rank"),
         "local_rank": ident.get("local_rank"),
         "world_size": ident.get("world_size"),
+        "role": ident.get("role"),
+        "attempt": ident.get("attempt"),
         "argv": ident.get("argv"),
         "boot_id": ident.get("boot_id"),
         "versions": ring.meta.get("versions"),
@@ -113,12 +116,15 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
         "writer_state": writer_state(ring, evidence.writer_alive),
         "events": table.num_rows,
         "last_step": int(pc.max(steps).as_py()) if len(steps) else None,
+        "last_step_s": _last_step_s(table),
+        "clock_error_s": clock.get("error_s") if isinstance(clock.get("error_s"), (int, float)) else None,
         "sample_interval_s": ring.meta.get("sample_interval_s"),
         "cgroup": ring.meta.get("cgroup"),
         "last_sample": _last_sample(table),
         "peaks": _peaks(table),
         "last_samples": _tail(table, 10),
         "module_growth": _module_growth(table, 5),
+        "stacks": stack_report(table),
         "exceptions": _events(table, ("oom", "exception"), _EXC_COLUMNS, 10),
         "signals": _events(table, ("signal",), ("label", "value", "detail"), 10),
         "native_crash": native,
@@ -129,11 +135,19 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
     }
 
 
+def _last_step_s(table: pa.Table) -> float | None:
+    """Seconds between the last two step records: how long the last finished step took."""
+    times = of_kind(table, "step", columns=["time"])["time"]
+    if len(times) < 2:
+        return None
+    last = times.slice(len(times) - 2).cast(pa.int64()).to_pylist()
+    return round(float(last[1] - last[0]) / 1e9, 6)
+
+
 def _tail(table: pa.Table, n: int) -> list[dict[str, Any]]:
     """The last ``n`` host samples (with the GPU figures of the moment), for the "last seconds" table."""
     columns = ["time", "kind", "step", "host_rss", "children_rss", "cgroup_usage", "gpu_allocated", "gpu_reserved"]
-    picked = of_kind(table, "sample", "gpu_sample", columns=columns)
-    rows = py_rows(picked.slice(max(0, picked.num_rows - 4 * n)))
+    rows = py_rows(last_of_kind(table, "sample", "gpu_sample", columns=columns, n=4 * n))
     out: list[dict[str, Any]] = []
     gpu: dict[str, Any] = {}
     for r in rows:
@@ -153,10 +167,11 @@ def _module_growth(table: pa.Table, top: int) -> list[dict[str, Any]]:
     )
     stacks: dict[int, list[list[Any]]] = {}  # per thread: [label, gpu0, rss0, children's gpu, children's rss]
     grew: dict[str, list[Any]] = {}  # label -> [calls, own GPU growth, own host growth]
-    for r in rows.to_pylist():
+    for r in (row for batch in rows.to_batches(max_chunksize=4096) for row in batch.to_pylist()):
         stack = stacks.setdefault(r["thread"], [])
         if r["kind"] == "module_begin":
             stack.append([r["label"], r["gpu_allocated"], r["host_rss"], 0, 0])
+            del stack[:-MAX_MODULE_DEPTH]  # begins whose ends were lost: never a million deep
             continue
         while stack and stack[-1][0] != r["label"]:
             stack.pop()  # a begin whose end was lost (wrap-around, or an exception in forward)
@@ -214,21 +229,80 @@ def helper_groups(folded: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(groups.values(), key=lambda g: (-g["count"], g["ppid"], g["role"]))
 
 
+def _first_death(rings: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The earliest end among these rings that is not a clean exit, or None."""
+    deaths = [m for m in rings if m["death"]["cause"] != "clean_exit" and m["death"]["time"]]
+    if not deaths:
+        return None
+    first = min(deaths, key=lambda m: m["death"]["time"])
+    return {k: first[k] for k in ("rank", "host", "pid")} | {
+        k: first["death"].get(k) for k in ("cause", "confidence", "headline", "victim", "time", "step")
+    }
+
+
+def _span(m: dict[str, Any]) -> tuple[str, str]:
+    """(start, end) of a ring as ISO strings, which sort as times do."""
+    start = m.get("started_at") or m.get("last_event_at") or ""
+    return start, max(start, m.get("last_event_at") or "")
+
+
+def group_attempts(rings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The rings of each attempt of the job, oldest attempt first.
+
+    Where every ring records its launcher's attempt (torchrun, Slurm), by that number; otherwise
+    rings whose lifetimes overlap are one attempt (the ranks and workers of one run), and a run
+    that starts after every earlier ring has ended is the next (a rerun, a requeue).
+    """
+    if rings and all(isinstance(m.get("attempt"), int) for m in rings):
+        by: dict[int, list[dict[str, Any]]] = {}
+        for m in rings:
+            by.setdefault(m["attempt"], []).append(m)
+        return [by[k] for k in sorted(by)]
+    groups: list[list[dict[str, Any]]] = []
+    end = ""
+    for m in sorted(rings, key=_span):
+        start, stop = _span(m)
+        if not groups or start > end:
+            groups.append([])
+        groups[-1].append(m)
+        end = max(end, stop)
+    return groups
+
+
+def attempt_metadata(groups: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One entry per attempt: its number (1-based, oldest first), the launcher's own count, its rings,
+    span, last step, first death and cause."""
+    out = []
+    for n, group in enumerate(groups, 1):
+        first = _first_death(group)
+        steps = [m["last_step"] for m in group if m.get("last_step") is not None]
+        spans = [_span(m) for m in group]
+        out.append({
+            "attempt": n,
+            "launcher_attempt": group[0].get("attempt"),
+            "rings": len(group),
+            "started_at": min(s for s, _ in spans) or None,
+            "ended_at": max(e for _, e in spans) or None,
+            "last_step": max(steps) if steps else None,
+            "cause": first["cause"] if first else "clean_exit",
+            "first_death": first,
+        })  # fmt: skip
+    return out
+
+
 def bundle_metadata(rings: list[dict[str, Any]]) -> dict[str, Any]:
     """One ring's metadata as-is; several rings' under ``rings`` with summed counts.
 
-    Both carry ``first_death`` (rank, host, pid, cause, time of the earliest death that
-    is not a clean exit; null when there is none), so queries over many bundles can rely on it.
+    Both carry ``attempts`` (each attempt of the job with its own first death, oldest first),
+    ``first_death`` (rank, host, pid, cause, confidence, headline, victim, time and step of the
+    earliest end that is not a clean exit in the last attempt; null when there is none) and
+    ``cause`` (that death's cause, else ``clean_exit``), so queries over many bundles can rely on them.
     """
-    deaths = [m for m in rings if m["death"]["cause"] != "clean_exit" and m["death"]["time"]]
-    first = min(deaths, key=lambda m: m["death"]["time"]) if deaths else None
-    first_death = (
-        {k: first[k] for k in ("rank", "host", "pid")} | {k: first["death"][k] for k in ("cause", "time")}
-        if first
-        else None
-    )
+    attempts = attempt_metadata(group_attempts(rings))
+    first_death = attempts[-1]["first_death"] if attempts else None
+    cause = first_death["cause"] if first_death else "clean_exit"
     if len(rings) == 1:
-        return {**rings[0], "first_death": first_death}
+        return {**rings[0], "first_death": first_death, "cause": cause, "attempts": attempts}
     totals: dict[str, int] = {}
     for m in rings:
         for k, v in m["recovery"].items():
@@ -236,7 +310,9 @@ def bundle_metadata(rings: list[dict[str, Any]]) -> dict[str, Any]:
                 totals[k] = totals.get(k, 0) + v
     return {
         "format_version": max(m["format_version"] for m in rings),
+        "cause": cause,
         "first_death": first_death,
+        "attempts": attempts,
         "clean": all(m["clean"] for m in rings),
         "events": sum(m["events"] for m in rings),
         "recovery": totals,

@@ -1,24 +1,34 @@
-"""The recovery pass: rings in, one timeline and one metadata document out. Writes nothing.
+"""The recovery pass: rings in, timelines and one metadata document out. Writes nothing.
 
-One direction, each step once: read every ring, build its timeline, gather the
-evidence outside it (the kernel log is scanned once for all rings), diagnose
-the death, assemble the metadata; then merge the rings.
+One direction, each step once: read a ring, build its timeline, gather the
+evidence outside it (the kernel log is read once for all rings), diagnose the
+death, keep its metadata; a few rings at a time, so a writer can stream the
+timelines out. Then assemble the metadata of them all.
 """
 
 from __future__ import annotations
 
+import os
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
+from .._errors import BlackboxError
+from ..ring import format as fmt
 from ..ring.folded import read_folded
-from ..ring.reader import find_rings, read_ring
+from ..ring.reader import Ring, Unread, list_rings, nothing_read, read_header, read_ring
 from .diagnosis import diagnose
-from .evidence import gather, kernel_oom_kills
+from .evidence import KernelKill, gather, kernel_oom_kills
 from .metadata import bundle_metadata, helper_groups, ring_metadata
 from .timeline import merge_tables, ring_table
+
+OOM_REPORT = "oom-report.txt"
 
 
 @dataclass
@@ -27,30 +37,127 @@ class Recovered:
 
     table: pa.Table
     meta: dict[str, Any]
-    files: dict[str, str]  # bundle file name -> text (a native crash's tracebacks, per ring)
+    files: dict[str, str]  # bundle file name -> text (a native crash's tracebacks, a kernel OOM report)
 
 
-def recover_rings(inputs: list[Path], exit_status: int | None = None) -> Recovered:
-    """Read and diagnose every ring named (ring files, or folders of ``*.ring``).
+def _window_and_children(ring: Ring) -> tuple[tuple[int, int], set[int]]:
+    """(first, last) monotonic ns of the ring's events, and the pids of the children it sampled."""
+    r = ring.records
+    if not len(r):
+        return (0, 0), set()
+    children = r["p0"][r["kind"] == fmt.KIND_CODES["child_sample"]] if ring.header.version >= 3 else np.zeros(0)
+    return (int(r["time"].min()), int(r["time"].max())), {int(p) for p in np.unique(children)}
 
-    ``exit_status``: how the job ended, where the caller saw it (``blackbox run``); it
-    belongs to a single ring only, so with several rings it is not used per ring.
+
+def _status_owner(paths: list[Path], launcher_pid: int | None) -> Path | None:
+    """The ring of the process whose exit status the launcher saw: its direct child (else the only ring).
+    Decided from the headers alone, before any ring is decoded."""
+    if len(paths) == 1:
+        return paths[0]
+    if launcher_pid is None:
+        return None
+    direct = []
+    for p in paths:
+        try:
+            if (read_header(p).meta.get("identity") or {}).get("ppid") == launcher_pid:
+                direct.append(p)
+        except BlackboxError:
+            continue
+    return direct[0] if len(direct) == 1 else None
+
+
+def _workers() -> int:
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
+class RecoveryPass:
+    """One recovery, a ring at a time: ``tables()`` decodes and diagnoses the rings (a few at once,
+    spread over the cores, in order) and yields each ring's timeline; ``finish()`` then assembles the
+    metadata. Memory is bounded by the rings in flight, not by how many there are.
+
+    Rings that cannot be read are listed with their reason (``unread_rings``); only when none can be
+    read does ``finish()`` raise."""
+
+    def __init__(self, inputs: list[Path], exit_status: int | None = None, launcher_pid: int | None = None) -> None:
+        self.inputs = inputs
+        self.paths, self.unread = list_rings(inputs)
+        self.kills = kernel_oom_kills()  # one pass over the kernel log for every ring
+        self.exit_status = exit_status
+        self.owner = _status_owner(self.paths, launcher_pid) if exit_status is not None else None
+        self.metas: list[dict[str, Any]] = []
+        self.files: dict[str, str] = {}  # bundle file name -> text (native crash tracebacks, kernel OOM reports)
+        self._owners: set[int] = set()
+        self._reports: list[tuple[int, str]] = []
+
+    def _one(self, path: Path) -> tuple[pa.Table, dict[str, Any], KernelKill | None, str | None, int]:
+        ring = read_ring(path)
+        window, children = _window_and_children(ring)
+        table = ring_table(ring, release=True)  # the ring's slots are freed once their columns are taken
+        status = self.exit_status if path == self.owner else None
+        evidence = gather(ring.path, ring.meta, status, self.kills, ring.crash, window, children)
+        death = diagnose(table, ring.clean, evidence, ring.meta)
+        kill = evidence.kernel_kills[-1] if evidence.kernel_kills else None
+        if kill is not None:
+            death["kernel_report"] = {"file": OOM_REPORT, "tasks": kill.tasks}
+        meta = ring_metadata(ring, table, evidence, death)
+        return table, meta, kill, evidence.crash, ring.owner
+
+    def tables(self) -> Iterator[pa.Table]:
+        """Each readable ring's timeline, in the order the rings were found."""
+        workers = _workers()
+        Result = tuple[pa.Table, dict[str, Any], KernelKill | None, str | None, int]
+        with ThreadPoolExecutor(workers) as pool:
+            pending: deque[tuple[Path, Future[Result]]] = deque()
+            paths = iter(self.paths)
+            for path in paths:
+                pending.append((path, pool.submit(self._one, path)))
+                if len(pending) >= workers:
+                    break
+            while pending:
+                path, future = pending.popleft()
+                nxt = next(paths, None)
+                if nxt is not None:
+                    pending.append((nxt, pool.submit(self._one, nxt)))
+                try:
+                    table, meta, kill, crash, owner = future.result()
+                except BlackboxError as exc:
+                    self.unread.append(Unread(path, exc))
+                    continue
+                if kill is not None:
+                    head = f"# pid {meta.get('pid')} ({kill.name})\n"
+                    self._reports.append((kill.time_ns, head + "\n".join(kill.report) + "\n"))
+                if crash is not None and meta["native_crash"]:
+                    self.files[meta["native_crash"]["file"]] = crash
+                self._owners.add(owner)
+                self.metas.append(meta)
+                yield table
+
+    def finish(self) -> dict[str, Any]:
+        """The bundle's metadata, once ``tables()`` has been consumed."""
+        if not self.metas:
+            raise nothing_read(self.unread)
+        if self._reports:  # one file, the kills in the order the kernel made them
+            self.files[OOM_REPORT] = "\n".join(text for _, text in sorted(self._reports))
+        meta = bundle_metadata(self.metas)
+        if self.exit_status is not None:
+            meta["exit_status"] = self.exit_status
+        folded = [entry for p in self.inputs if p.is_dir() for entry in read_folded(p, self._owners)]
+        if folded:
+            meta["helpers"] = helper_groups(folded)
+        if self.unread:
+            meta["unread_rings"] = [{"ring": str(u.path), "reason": u.reason} for u in self.unread]
+        return meta
+
+
+def recover_rings(inputs: list[Path], exit_status: int | None = None, launcher_pid: int | None = None) -> Recovered:
+    """Read and diagnose every ring named (ring files, or folders of ``*.ring``), all in memory.
+    Rings that cannot be read are listed with their reason (``unread_rings``); only when none can be
+    read does this raise.
+
+    ``exit_status``: how the job ended, where the caller saw it (``blackbox run``, whose pid is
+    ``launcher_pid``): it belongs to the job's own process, the ring whose writer the launcher started.
     """
-    rings = [read_ring(p) for p in find_rings(inputs)]
-    folded = [entry for p in inputs if p.is_dir() for entry in read_folded(p)]
-    pids = {p for r in rings if isinstance(p := (r.meta.get("identity") or {}).get("pid"), int)}
-    kernel = kernel_oom_kills(pids)  # one pass over the kernel log for every ring
-    status = exit_status if len(rings) == 1 else None
-    tables, metas, files = [], [], {}
-    for ring in rings:
-        table = ring_table(ring)
-        evidence = gather(ring.path, ring.meta, status, kernel, ring.crash)
-        meta = ring_metadata(ring, table, evidence, diagnose(table, ring.clean, evidence))
-        if evidence.crash is not None and meta["native_crash"]:
-            files[meta["native_crash"]["file"]] = evidence.crash
-        tables.append(table)
-        metas.append(meta)
-    meta = bundle_metadata(metas)
-    if folded:
-        meta["helpers"] = helper_groups(folded)
-    return Recovered(merge_tables(tables), meta, files)
+    recovery = RecoveryPass(inputs, exit_status, launcher_pid)
+    tables = list(recovery.tables())
+    meta = recovery.finish()
+    return Recovered(merge_tables(tables), meta, recovery.files)

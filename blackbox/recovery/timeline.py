@@ -15,6 +15,7 @@ import pyarrow as pa
 from ..collect.oom import parse_oom
 from ..ring import format as fmt
 from ..ring.reader import Ring
+from ..ring.scan import StackScan
 
 GAUGES = tuple(c for c in fmt.SAMPLE_FIELDS + fmt.GPU_SAMPLE_FIELDS if c)
 COUNTERS = frozenset({"cgroup_oom_kills", "psi_some_us", "psi_full_us", "gpu_alloc_retries", "gpu_ooms"})
@@ -22,6 +23,9 @@ BYTE_GAUGES = tuple(g for g in GAUGES if g not in COUNTERS)
 _DICT_STR = pa.dictionary(pa.int32(), pa.string())
 _KIND_SIGNAL = fmt.KIND_CODES["signal"]
 _KIND_STACK_SAMPLE = fmt.KIND_CODES["stack_sample"]
+_KIND_SAMPLE = fmt.KIND_CODES["sample"]
+# The kinds a sampler tick writes after its stack samples: they get the tick's stack in ``stack``.
+_MEMORY_KINDS = np.array([fmt.KIND_CODES[k] for k in ("sample", "gpu_sample", "cgroup_sample", "child_sample")])
 _VIRTUAL_IDS = 1 << 33  # string ids above any u4 id: folded stacks joined into ``detail``
 STACK_LOST = "<blackbox: stack lost (its table entry was overwritten or damaged)>"
 FRAME_LOST = "<blackbox: frame lost>"
@@ -51,6 +55,7 @@ TIMELINE_SCHEMA = pa.schema(
     ]
     + [(c, _DICT_STR if c in fmt.STRING_COLUMNS | fmt.TEXT_COLUMNS else pa.int64()) for c in fmt.PAYLOAD_COLUMN_ORDER]
     + [(c, pa.int64()) for c in OOM_COLUMNS]
+    + [("stack", _DICT_STR)]
 )
 
 
@@ -60,13 +65,14 @@ def record_columns(records: np.ndarray) -> dict[str, np.ndarray]:
     One cache-blocked transpose of the 8-byte words replaces a strided pass per field.
     """
     n = len(records)
-    width = fmt.RECORD_SIZE // 8
-    words = np.ascontiguousarray(records).view("<u8").reshape(n, width)
+    width = fmt.RECORD_SIZE // 8 - 1  # every word but the last, the commit word (the reader checked it)
+    words = np.ascontiguousarray(records).view("<u8").reshape(n, width + 1)
     rows = np.empty((width, n), np.uint64)
     for lo in range(0, n, 8192):
-        rows[:, lo : lo + 8192] = words[lo : lo + 8192].T
+        rows[:, lo : lo + 8192] = words[lo : lo + 8192, :width].T
     out: dict[str, np.ndarray] = {}
     fields: dict[str, Any] = dict(fmt.RECORD_DTYPE.fields or {})
+    fields.pop("commit")
     for name, (dt, offset, *_) in fields.items():
         if dt.itemsize == 8:
             out[name] = rows[offset // 8].view(dt)
@@ -84,7 +90,7 @@ def ring_times(ring: Ring, mono: np.ndarray) -> tuple[np.ndarray, int]:
     happens with a damaged record or a writer without a GIL.
     """
     clock = ring.meta.get("clock") or {}
-    wall0, mono0 = int(clock.get("wall_ns", 0)), int(clock.get("monotonic_ns", 0))
+    wall0, mono0 = int(clock.get("wall_ns") or 0), int(clock.get("monotonic_ns") or 0)
     t = np.asarray(mono, dtype=np.int64) + np.int64(wall0 - mono0)
     fixed = np.maximum.accumulate(t) if len(t) else t
     return fixed, int((fixed != t).sum())
@@ -146,15 +152,16 @@ def _const_str(value: str | None, n: int) -> pa.Array:
     return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([value]))
 
 
-def ring_table(ring: Ring) -> pa.Table:
+def ring_table(ring: Ring, *, release: bool = False) -> pa.Table:
     """The timeline of one ring, one row per valid record, in seq order.
 
-    Updates ``ring.recovery.labels_lost`` and ``time_clamped`` as it goes.
+    Updates ``ring.recovery.labels_lost`` and ``time_clamped`` as it goes. ``release``: drop the ring's
+    records (``Ring.release``) as soon as their columns are taken, so a big ring is not held twice.
     """
-    records = ring.records
-    n = len(records)
-
-    r = record_columns(records)
+    n = len(ring.records)
+    r = record_columns(ring.records)
+    if release:
+        ring.release()
     ident = ring.meta.get("identity") or {}
     times, clamped = ring_times(ring, r["time"])
     labels, lost = _labels(r["label"], ring.strings)
@@ -181,8 +188,10 @@ def ring_table(ring: Ring) -> pa.Table:
         "host": _const_str(_str_or_none(ident.get("host")), n),
         "device": pa.array(device, pa.int16(), mask=device < 0),
     }
-    cols.update(_payload(r, ring.header.version, ring.strings, _stacks(r, stack_rows, ring.stacks)))
+    folded_stacks = _stacks(r, stack_rows, ring.stacks)
+    cols.update(_payload(r, ring.header.version, ring.strings, folded_stacks))
     cols.update(_oom_figures(r["kind"], labels))
+    cols["stack"] = stack_in_force(r["kind"], folded_stacks)
     return pa.Table.from_pydict(cols, schema=TIMELINE_SCHEMA)
 
 
@@ -199,25 +208,56 @@ def _step_in_force(kinds: np.ndarray, step: np.ndarray) -> np.ndarray:
     return filled
 
 
-def _stacks(r: dict[str, np.ndarray], rows: np.ndarray, table: fmt.StackScan | None) -> dict[int, str]:
-    """The folded stack (outermost frame first, ``;``-joined) of each stack_sample row."""
+def _stacks(
+    r: dict[str, np.ndarray], rows: np.ndarray, table: StackScan | None
+) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
+    """(rows, a string id per row, id -> text): the folded stack (outermost frame first, ``;``-joined)
+    of each stack_sample row, each distinct one resolved once; the ids lie above any u4 string id."""
     if not len(rows):
-        return {}
+        return rows, np.zeros(0, np.int64), {}
     keys = (r["p2"][rows].astype(np.uint64) << np.uint64(32)) | (
         r["p1"][rows].astype(np.uint64) & np.uint64(0xFFFFFFFF)
     )
-    depth = r["p3"].view(np.int64)[rows]
-    texts: dict[tuple[int, int], str] = {}
-    out: dict[int, str] = {}
-    for row, key, d in zip(rows.tolist(), keys.tolist(), depth.tolist(), strict=True):
-        k = (key, d)
-        if k not in texts:
-            texts[k] = folded(table, key >> 32, key & 0xFFFFFFFF, d)
-        out[row] = texts[k]
-    return out
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    # a depth past the cap reads like the cap plus one (the "outer frames cut" marker), one below 0 like 0
+    depth = np.clip(r["p3"].view(np.int64)[rows], 0, fmt.MAX_STACK_DEPTH + 1)
+    pairs, inverse = np.unique(
+        inverse.ravel().astype(np.int64) * (fmt.MAX_STACK_DEPTH + 2) + depth, return_inverse=True
+    )
+    ids: dict[str, int] = {}
+    per_pair = []
+    for pair in pairs.tolist():
+        key, d = int(uniq[pair // (fmt.MAX_STACK_DEPTH + 2)]), pair % (fmt.MAX_STACK_DEPTH + 2)
+        per_pair.append(ids.setdefault(folded(table, key >> 32, key & 0xFFFFFFFF, d), _VIRTUAL_IDS + len(ids)))
+    return rows, np.asarray(per_pair, np.int64)[inverse.ravel()], {v: k for k, v in ids.items()}
 
 
-def folded(table: fmt.StackScan | None, gen: int, sid: int, depth: int) -> str:
+def stack_in_force(kinds: np.ndarray, stacks: tuple[np.ndarray, np.ndarray, dict[int, str]]) -> pa.Array:
+    """The ``stack`` column: on each memory sample (``sample``, ``gpu_sample``, ``cgroup_sample``,
+    ``child_sample``), the folded stack of the first thread sampled in the same sampler tick (the
+    main thread while it runs). A tick writes its stack samples just before its ``sample`` and its
+    other memory records just after, so a tick is the run of rows up to and including one ``sample``
+    (its stacks) and the rows after it (its other figures). ``stacks``: ``_stacks``'s rows, string
+    ids and texts."""
+    rows, ids, texts = stacks
+    n = len(kinds)
+    if not len(rows):
+        return pa.nulls(n, _DICT_STR)
+    tick = np.cumsum(kinds == _KIND_SAMPLE)  # at or after the k-th sample: k
+    ticks, first = np.unique(tick[rows] + 1, return_index=True)  # a stack sample precedes its tick's sample
+    memory = np.flatnonzero(np.isin(kinds, _MEMORY_KINDS))
+    pos = np.minimum(np.searchsorted(ticks, tick[memory]), len(ticks) - 1)
+    found = ticks[pos] == tick[memory]
+    uniq, local = np.unique(ids[first[pos[found]]], return_inverse=True)
+    index = np.zeros(n, np.int32)
+    valid = np.zeros(n, bool)
+    index[memory[found]] = local.ravel()
+    valid[memory[found]] = True
+    words = pa.array([texts[int(u)] for u in uniq.tolist()], pa.string())
+    return pa.DictionaryArray.from_arrays(pa.array(index, pa.int32(), mask=~valid), words)
+
+
+def folded(table: StackScan | None, gen: int, sid: int, depth: int) -> str:
     """One stack as ``outer (file:line);...;inner (file:line)``, from the ring's stack table."""
     frames = table.stacks.get((gen, sid)) if table is not None else None
     if frames is None:
@@ -229,13 +269,18 @@ def folded(table: fmt.StackScan | None, gen: int, sid: int, depth: int) -> str:
 
 
 def _payload(
-    r: dict[str, np.ndarray], version: int, strings: dict[int, str], stacks: dict[int, str]
+    r: dict[str, np.ndarray],
+    version: int,
+    strings: dict[int, str],
+    stacks: tuple[np.ndarray, np.ndarray, dict[int, str]],
 ) -> dict[str, pa.Array]:
     """Payload words to columns: each kind fills the columns its layout names, others are null.
-    ``stacks``: the folded stack of each stack_sample row, which fills its ``detail``."""
+    ``stacks``: the folded stack of each stack_sample row, which fills its ``detail``.
+
+    Memory: a column fed by one word of every kind that has it shares that word's array (its other
+    rows are masked as null, not copied); the columns no kind fills share one all-null array."""
     n = len(r["kind"])
-    values: dict[str, np.ndarray] = {}
-    present: dict[str, np.ndarray] = {}
+    sources: dict[str, list[tuple[np.ndarray, int]]] = {}  # column -> (rows of a kind, its word) per kind
     texts: dict[str, list[tuple[np.ndarray, int]]] = {}  # text column -> (rows, first word) per kind
     for code, words in fmt.payload_columns(version).items():
         rows = r["kind"] == code
@@ -248,44 +293,63 @@ def _payload(
                 if i == 0 or words[i - 1] != name:
                     texts.setdefault(name, []).append((rows, i))
                 continue
-            if name not in values:
-                values[name] = np.zeros(n, np.int64)
-                present[name] = np.zeros(n, bool)
-            w = r[f"p{i}"].view(np.int64)
-            values[name][rows] = w[rows]
-            present[name] |= rows & ((w > 0) if name in fmt.STRING_COLUMNS else (w >= 0))
-    if stacks:
-        strings = dict(strings)
-        values.setdefault("detail", np.zeros(n, np.int64))
-        present.setdefault("detail", np.zeros(n, bool))
-        virtual: dict[str, int] = {}
-        for row, text in stacks.items():
-            sid = virtual.setdefault(text, _VIRTUAL_IDS + len(virtual))
-            strings[sid] = text
-            values["detail"][row], present["detail"][row] = sid, True
+            sources.setdefault(name, []).append((rows, i))
+    detail = _word_column(r, n, sources.get("detail", []), string=True)
+    stack_rows, stack_ids, stack_texts = stacks
+    if len(stack_rows):
+        strings = {**strings, **stack_texts}
+        values, present = detail if detail is not None else (np.zeros(n, np.int64), np.zeros(n, bool))
+        values, present = values.copy(), present.copy()
+        values[stack_rows], present[stack_rows] = stack_ids, True
+        detail = values, present
+    null_ints, null_strings = pa.nulls(n, pa.int64()), pa.nulls(n, _DICT_STR)  # shared by every empty column
     out: dict[str, pa.Array] = {}
     for name in fmt.PAYLOAD_COLUMN_ORDER:
         if name in fmt.TEXT_COLUMNS:
-            out[name] = _text_column(r, n, texts.get(name, []))
-        elif name not in values:
-            out[name] = pa.nulls(n, _DICT_STR if name in fmt.STRING_COLUMNS else pa.int64())
+            out[name] = _text_column(r, n, texts[name]) if name in texts else null_strings
         elif name in fmt.STRING_COLUMNS:
-            out[name] = _strings_column(values[name], present[name], strings)
+            out[name] = _strings_column(*detail, strings) if detail is not None else null_strings
         else:
-            out[name] = pa.array(values[name], pa.int64(), mask=~present[name])
+            column = _word_column(r, n, sources.get(name, []))
+            out[name] = pa.array(column[0], pa.int64(), mask=~column[1]) if column is not None else null_ints
     return out
 
 
+def _word_column(
+    r: dict[str, np.ndarray], n: int, sources: list[tuple[np.ndarray, int]], string: bool = False
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(values, present) of a payload column fed by (rows, word) per kind; None if no row has it. The
+    values are the word's own array where one word feeds every kind (Arrow then shares it)."""
+    if not sources:
+        return None
+    words = {i for _, i in sources}
+    values = r[f"p{sources[0][1]}"].view(np.int64)
+    if len(words) > 1:
+        values = np.zeros(n, np.int64)
+        for rows, i in sources:
+            np.copyto(values, r[f"p{i}"].view(np.int64), where=rows)
+    present = np.zeros(n, bool)
+    for rows, i in sources:
+        w = r[f"p{i}"].view(np.int64)
+        present |= rows & ((w > 0) if string else (w >= 0))
+    return values, present
+
+
 def _text_column(r: dict[str, np.ndarray], n: int, spans: list[tuple[np.ndarray, int]]) -> pa.Array:
-    """Text stored in two consecutive payload words (zero padded UTF-8); null where unset."""
-    values: list[str | None] = [None] * n
+    """Text stored in two consecutive payload words (zero padded UTF-8); null where unset (zero, or
+    the -1 of "not measured"). Each distinct text is decoded once."""
+    indices, valid = np.zeros(n, np.int32), np.zeros(n, bool)
+    words: dict[str, int] = {}
     for rows, first in spans:
-        for row in np.flatnonzero(rows).tolist():
-            raw = r[f"p{first}"][row : row + 1].tobytes() + r[f"p{first + 1}"][row : row + 1].tobytes()
-            text = raw.rstrip(b"\0")
-            if text and text != b"\xff" * len(text):
-                values[row] = text.decode("utf-8", "replace")
-    return pa.array(values, pa.string()).dictionary_encode()
+        at = np.flatnonzero(rows)
+        pair = np.stack([r[f"p{first}"][at], r[f"p{first + 1}"][at]], axis=1).astype(np.int64)
+        uniq, inverse = np.unique(pair.view("S16").ravel(), return_inverse=True)  # S16 drops the zero padding
+        codes = np.asarray(
+            [-1 if not t or t == b"\xff" * len(t) else words.setdefault(t.decode("utf-8", "replace"), len(words))
+             for t in uniq.tolist()], np.int64)[inverse.ravel()]  # fmt: skip
+        indices[at], valid[at] = np.maximum(codes, 0), codes >= 0
+    dictionary = pa.array(list(words), pa.string())
+    return pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32(), mask=~valid), dictionary)
 
 
 def _strings_column(ids: np.ndarray, present: np.ndarray, strings: dict[int, str]) -> pa.Array:
@@ -297,9 +361,12 @@ def _strings_column(ids: np.ndarray, present: np.ndarray, strings: dict[int, str
 def _oom_figures(kinds: np.ndarray, labels: pa.Array) -> dict[str, pa.Array]:
     """OOM_COLUMNS from the messages of ``oom`` events (parsed once per distinct message)."""
     n = len(kinds)
+    rows = np.flatnonzero(kinds == fmt.KIND_CODES["oom"])
+    if not len(rows):
+        nulls = pa.nulls(n, pa.int64())  # one array for the six columns
+        return dict.fromkeys(OOM_COLUMNS, nulls)
     out = {c: np.zeros(n, np.int64) for c in OOM_COLUMNS}
     valid = {c: np.zeros(n, bool) for c in OOM_COLUMNS}
-    rows = np.flatnonzero(kinds == fmt.KIND_CODES["oom"])
     if len(rows):
         indices = labels.indices.to_numpy(zero_copy_only=False)
         mask = labels.is_null().to_numpy(zero_copy_only=False)
@@ -371,3 +438,15 @@ def of_kind(table: pa.Table, *kinds: str, columns: list[str] | None = None) -> p
     """The rows of these kinds (only ``columns``, when given: filtering fewer columns is faster)."""
     mask = kind_mask(table, *kinds)
     return (table.select(columns) if columns else table).filter(mask)
+
+
+def rows_of_kind(table: pa.Table, *kinds: str) -> np.ndarray:
+    """The row numbers of these kinds (int64), found through the dictionary codes."""
+    return np.flatnonzero(kind_mask(table, *kinds).to_numpy(zero_copy_only=False))
+
+
+def last_of_kind(table: pa.Table, *kinds: str, columns: list[str], n: int) -> pa.Table:
+    """The last ``n`` rows of these kinds (only ``columns``): taken by row number, never through a filtered
+    copy of every row of the kind (a ring may hold a million samples)."""
+    rows = rows_of_kind(table, *kinds)
+    return table.select(columns).take(rows[len(rows) - n :] if n > 0 else rows[:0])

@@ -717,6 +717,172 @@ static PyObject *signals_installed(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(a
     return out;
 }
 
+/* ------------------------------------------------------------------ stack walking (Python 3.11+)
+ * stack_walks(idents, max_depth, skip_ident, skip_prefix, frame_ids) -> [None | (ids, keys, frames, depth)]:
+ * the innermost max_depth frames of each thread's stack, for collect/stacks.py's stack table.
+ *
+ * Why in C, and why with the collector off: walking another thread's stack materialises frame
+ * objects (PyFrame_GetBack), and that allocation can start a garbage collection whose finalizers
+ * (a tensor's deallocation, say) release the GIL. The thread whose stack is being walked then runs
+ * on, pops the frame whose raw pointer PyFrame_GetBack is holding, and the frame object is bound to
+ * freed memory: a crash, reproduced with a sampler walking a training loop (and the same with
+ * frame.f_back in Python). With the collector disabled, nothing during the walk can run Python code
+ * or release the GIL; it is enabled again before any reference is dropped (dropping a frame can run
+ * code), so the job never runs with its collector off on our account.
+ *
+ * For each thread: first the innermost frames whose file starts with skip_prefix are skipped (only
+ * for skip_ident: blackbox's own frames on a synchronous sample). Each frame gets a key naming its
+ * code object and instruction (unique while the caller keeps the code object alive, which it does
+ * for every key it stores); ids is the tuple of frame_ids[key], innermost first, or None when one is
+ * missing, and then frames holds the frame objects (for the caller to intern them: text and keys
+ * come from the same walk); depth counts every frame, beyond the cap too. None: no such thread. */
+#if PY_VERSION_HEX >= 0x030B0000
+#define MAX_WALK 64
+
+static PyObject *frame_key(PyFrameObject *f) {
+    PyCodeObject *code = PyFrame_GetCode(f);
+    uintptr_t p = (uintptr_t)code;
+    int lasti = PyFrame_GetLasti(f);
+    Py_DECREF(code); /* the frame keeps it alive; only its address is used */
+    if ((p & 15) == 0 && (uint64_t)p >> 4 < ((uint64_t)1 << 43) && lasti >= 0 && lasti < (1 << 20))
+        return PyLong_FromUnsignedLongLong(((uint64_t)p >> 4) << 20 | (uint64_t)lasti);
+    return Py_BuildValue("(Ki)", (unsigned long long)p, lasti); /* never equal to an int key */
+}
+
+/* One thread's walk from its innermost frame: None or (ids or None, keys, frames, depth), the frames
+ * tuple holding a reference to each frame walked (the caller drops it where ids is not None). */
+static PyObject *walk_one(PyObject *start, int max_depth, PyObject *skip, PyObject *frame_ids) {
+    PyFrameObject *f = (PyFrameObject *)Py_NewRef(start);
+    while (f != NULL && skip != Py_None) {
+        PyCodeObject *code = PyFrame_GetCode(f);
+        Py_ssize_t own = PyUnicode_Tailmatch(code->co_filename, skip, 0, PY_SSIZE_T_MAX, -1);
+        Py_DECREF(code);
+        if (own < 0) {
+            Py_DECREF(f);
+            return NULL;
+        }
+        if (!own)
+            break;
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f); /* still referenced by its thread's stack (or by the frame it called): no code runs */
+        f = back;
+    }
+    if (f == NULL)
+        Py_RETURN_NONE;
+    PyObject *held = PyTuple_New(max_depth);
+    if (held == NULL) {
+        Py_DECREF(f);
+        return NULL;
+    }
+    int n = 0;
+    Py_ssize_t depth = 0;
+    while (f != NULL) {
+        PyFrameObject *back = PyFrame_GetBack(f);
+        if (n < max_depth)
+            PyTuple_SET_ITEM(held, n++, (PyObject *)f); /* the tuple takes the reference */
+        else
+            Py_DECREF(f); /* referenced by the frame it called, which we hold: no code runs */
+        depth++;
+        f = back;
+    }
+    if (n < max_depth && _PyTuple_Resize(&held, n) < 0)
+        return NULL;
+    PyObject *keys = PyTuple_New(n), *ids = PyTuple_New(n);
+    int hit = 1;
+    if (keys == NULL || ids == NULL)
+        goto error;
+    for (int i = 0; i < n; i++) {
+        PyObject *key = frame_key((PyFrameObject *)PyTuple_GET_ITEM(held, i));
+        if (key == NULL)
+            goto error;
+        PyTuple_SET_ITEM(keys, i, key);
+        if (hit) {
+            PyObject *id = PyDict_GetItemWithError(frame_ids, key); /* int or tuple keys: no code runs */
+            if (id == NULL) {
+                if (PyErr_Occurred())
+                    goto error;
+                hit = 0;
+            } else {
+                PyTuple_SET_ITEM(ids, i, Py_NewRef(id));
+            }
+        }
+    }
+    if (!hit) {
+        Py_DECREF(ids);
+        ids = Py_NewRef(Py_None);
+    }
+    return Py_BuildValue("(NNNn)", ids, keys, held, depth);
+error:
+    Py_XDECREF(keys);
+    Py_XDECREF(ids);
+    Py_DECREF(held);
+    return NULL;
+}
+
+static PyObject *stack_walks(PyObject *Py_UNUSED(m), PyObject *args) {
+    PyObject *idents, *skip, *frame_ids;
+    int max_depth;
+    unsigned long long skip_ident;
+    if (!PyArg_ParseTuple(args, "O!iKOO!", &PyTuple_Type, &idents, &max_depth, &skip_ident, &skip, &PyDict_Type,
+                          &frame_ids))
+        return NULL;
+    if (max_depth < 1 || max_depth > MAX_WALK || (skip != Py_None && !PyUnicode_Check(skip))) {
+        PyErr_SetString(PyExc_ValueError, "stack_walks(idents, 1..64, skip_ident, str or None, dict)");
+        return NULL;
+    }
+    PyObject *current_frames = PySys_GetObject("_current_frames"); /* borrowed */
+    if (current_frames == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "sys._current_frames is missing");
+        return NULL;
+    }
+    Py_ssize_t count = PyTuple_GET_SIZE(idents);
+    PyObject *out = PyList_New(count), *current = NULL;
+    if (out == NULL)
+        return NULL;
+    int collecting = PyGC_Disable(); /* see above: no collection, so no code, while frames are walked */
+    current = PyObject_CallNoArgs(current_frames);
+    int failed = current == NULL || !PyDict_Check(current);
+    for (Py_ssize_t i = 0; i < count && !failed; i++) {
+        PyObject *ident = PyTuple_GET_ITEM(idents, i);
+        PyObject *start = PyDict_GetItemWithError(current, ident);
+        PyObject *walked;
+        if (start == NULL) {
+            failed = PyErr_Occurred() != NULL;
+            walked = Py_NewRef(Py_None);
+        } else {
+            unsigned long long id = PyLong_AsUnsignedLongLong(ident);
+            if (id == (unsigned long long)-1 && PyErr_Occurred()) {
+                failed = 1;
+                break;
+            }
+            walked = walk_one(start, max_depth, id == skip_ident ? skip : Py_None, frame_ids);
+            failed = walked == NULL;
+        }
+        if (walked != NULL)
+            PyList_SET_ITEM(out, i, walked);
+    }
+    if (collecting)
+        PyGC_Enable();
+    /* Only now drop what we hold: a frame whose function has returned since may free its locals. */
+    Py_XDECREF(current);
+    if (failed) {
+        if (current != NULL && !PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "sys._current_frames() did not return a dict");
+        Py_DECREF(out);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *walked = PyList_GET_ITEM(out, i);
+        if (walked != Py_None && PyTuple_GET_ITEM(walked, 0) != Py_None) { /* known frames: no need of them */
+            PyObject *frames = PyTuple_GET_ITEM(walked, 2);
+            PyTuple_SET_ITEM(walked, 2, Py_NewRef(Py_None));
+            Py_DECREF(frames);
+        }
+    }
+    return out;
+}
+#endif
+
 static PyMethodDef module_methods[] = {
     {"signals_arm", signals_arm, METH_VARARGS,
      "signals_arm(buffer, records_offset, capacity, sequence, detail_default): record signals into this ring."},
@@ -725,6 +891,10 @@ static PyMethodDef module_methods[] = {
     {"signals_release", signals_release, METH_NOARGS, "Restore the dispositions and stop recording."},
     {"signals_forget", signals_forget, METH_NOARGS, "In a forked child: drop the parent's ring."},
     {"signals_installed", signals_installed, METH_NOARGS, "Signal numbers the handler is installed over."},
+#if PY_VERSION_HEX >= 0x030B0000
+    {"stack_walks", stack_walks, METH_VARARGS,
+     "stack_walks(idents, max_depth, skip_ident, skip_prefix, frame_ids) -> [None | (ids, keys, frames, depth)]."},
+#endif
     {NULL, NULL, 0, NULL},
 };
 

@@ -28,10 +28,10 @@ from .._fds import OwnedFd
 from .format import MAGIC, Header, decode_header
 from .liveness import LOCK_LIVENESS, lock_held, lock_ring, pid_alive_here
 from .mapping import RingMap
-from .reader import read_header
+from .reader import CRASH_SUFFIX as CRASH_SUFFIX
+from .reader import RING_SUFFIX as RING_SUFFIX
+from .reader import header_of
 
-RING_SUFFIX = ".ring"
-CRASH_SUFFIX = ".crash"  # faulthandler's tracebacks of a native crash
 SNAPSHOT_SUFFIX = ".oom-snapshot.pickle"  # PyTorch's allocator snapshot at the first CUDA OOM
 SIDECAR_SUFFIXES = (CRASH_SUFFIX, SNAPSHOT_SUFFIX)
 _DISKLESS = {"tmpfs", "ramfs", "devtmpfs", "shm"}
@@ -110,6 +110,24 @@ def filesystem_type(path: Path) -> str | None:
 
 def is_diskless(path: Path) -> bool:
     return filesystem_type(path) in _DISKLESS
+
+
+def write_new_file(path: Path, data: bytes) -> bool:
+    """Write ``data`` to a new file at ``path``, mode 0600: made under a hidden temporary name with
+    ``O_EXCL|O_NOFOLLOW``, then linked to ``path``, so whatever is there already (a file, a link another
+    user planted) is never written through nor replaced. False when ``path`` was taken."""
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.link(temp, path, follow_symlinks=False)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
 
 
 @dataclass
@@ -199,7 +217,7 @@ def _existing_ring(path: Path) -> tuple[int, bool]:
         if held:
             return st.st_ino, True
         try:
-            meta = read_header(f"/proc/self/fd/{fd}").meta
+            meta = header_of(fd, st.st_size, str(path)).meta
         except BlackboxError:
             return st.st_ino, False  # a ring whose header is unreadable: nobody writes it
         return st.st_ino, meta.get("liveness") != LOCK_LIVENESS and pid_alive_here(meta)

@@ -14,8 +14,12 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
+
+from .._errors import BlackboxError
+from .inputs import open_folder, open_input, read_at
 
 FOLDED = "folded.jsonl"
 MAX_FOLDED_BYTES = 16 << 20
@@ -54,16 +58,17 @@ _FIELDS: dict[str, tuple[type, ...]] = {
 }
 
 
-def read_folded(folder: Path) -> list[dict[str, Any]]:
-    """The folded helpers of a ring folder; lines that are not such an object are skipped."""
+def read_folded(folder: Path, owners: Collection[int] = ()) -> list[dict[str, Any]]:
+    """The folded helpers of a ring folder; lines that are not such an object are skipped. The file is
+    read as untrusted input (``inputs``): a regular file of the folder's owner or of ``owners`` (the
+    owners of the rings recovered from it), never through a link; anything else counts as no file."""
     try:
-        fd = os.open(folder / FOLDED, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        with open_folder(folder) as where:
+            fd, _ = open_input(where, FOLDED, {where.uid, *owners}, "a folded.jsonl of the rings' owner")
+    except BlackboxError:
         return []
     try:
-        if not os.path.isfile(f"/proc/self/fd/{fd}"):
-            return []
-        data = os.read(fd, MAX_FOLDED_BYTES)
+        data = read_at(fd, MAX_FOLDED_BYTES, 0)
     finally:
         os.close(fd)
     out = []

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import CorruptHeaderError, NotARingError, UnsupportedVersionError
+from .schema import parse_meta
 
 MAGIC = b"\x89BLKBOX\n"
 FORMAT_VERSION = 3
@@ -104,6 +105,9 @@ KINDS: dict[int, str] = {
     19: "module_begin",
     20: "module_end",
     21: "stack_sample",
+    22: "exit",
+    23: "child_sample",
+    24: "cgroup_sample",
 }
 KIND_CODES = {name: code for code, name in KINDS.items()}
 NOTE_PREFIX = "blackbox: "  # a ``mark`` with this label prefix is the recorder's own note (a collector failed)
@@ -163,6 +167,17 @@ PAYLOAD_COLUMNS[3] = {
     # p0: the sampled thread (it fills the ``thread`` column); p1, p2: the stack's id and generation
     # in the stack table (resolved into ``detail``, the folded stack); p3: its depth before the cap
     "stack_sample": ("thread", "stack_id", "stack_generation", "stack_depth"),
+    # one per child process (a DataLoader worker) at each sample: its pid and resident memory
+    "child_sample": ("child_pid", "child_rss"),
+    # the memory cgroup's memory.stat (where the limit is), at each sample
+    "cgroup_sample": (
+        "cgroup_anon",
+        "cgroup_file",
+        "cgroup_shmem",
+        "cgroup_file_dirty",
+        "cgroup_file_writeback",
+        "cgroup_pgmajfault",
+    ),
 }
 STRING_COLUMNS = frozenset({"detail"})  # the word holds a string id (0 = none)
 TEXT_COLUMNS = frozenset({"sender"})  # consecutive words hold UTF-8 text, zero padded
@@ -193,6 +208,14 @@ PAYLOAD_COLUMN_ORDER = (
     "signal_code",
     "sender",
     "stack_depth",
+    "child_pid",
+    "child_rss",
+    "cgroup_anon",
+    "cgroup_file",
+    "cgroup_shmem",
+    "cgroup_file_dirty",
+    "cgroup_file_writeback",
+    "cgroup_pgmajfault",
     "detail",
 )
 SAMPLE_FIELDS = PAYLOAD_COLUMNS[FORMAT_VERSION]["sample"]
@@ -224,7 +247,7 @@ STRING_BUSY_ID = 0xFFFF_FFFF  # never written: a label first seen inside a signa
 STRING_BUSY_TEXT = "<blackbox: label lost (first used inside a signal handler during interning)>"
 
 
-def _pad8(n: int) -> int:
+def pad8(n: int) -> int:
     return (n + 7) & ~7
 
 
@@ -235,52 +258,7 @@ def string_entry(string_id: int, text: str) -> bytes:
         data = data[: MAX_STRING_BYTES - 3].decode("utf-8", "ignore").encode() + "\u2026".encode()
     crc = zlib.crc32(data, zlib.crc32(STRING_ID_STRUCT.pack(string_id, len(data))))
     body = STRING_ENTRY.pack(string_id, len(data), crc, 0) + data
-    return body + bytes(_pad8(len(body)) - len(body))
-
-
-@dataclass
-class StringScan:
-    strings: dict[int, str]
-    entries: int
-    damaged: int  # entries skipped because their CRC or bounds did not hold
-
-
-def scan_strings(region: bytes | memoryview) -> StringScan:
-    """Read every intact entry of a string region, resynchronising past damage."""
-    buf = bytes(region)
-    size = len(buf)
-    tail = len(buf.rstrip(b"\0"))  # from here on every byte is zero: nothing was ever written
-    out: dict[int, str] = {}
-    damaged = 0
-    pos = 0
-    while pos + STRING_ENTRY.size <= size:
-        sid, n, crc, _ = STRING_ENTRY.unpack_from(buf, pos)
-        if sid == 0 and n == 0 and crc == 0:
-            if pos >= tail:
-                break
-            pos += 8
-            continue
-        end = pos + STRING_ENTRY.size + n
-        if 0 < sid and n <= MAX_STRING_BYTES and end <= size:
-            data = buf[pos + STRING_ENTRY.size : end]
-            if zlib.crc32(data, zlib.crc32(STRING_ID_STRUCT.pack(sid, n))) == crc:
-                out.setdefault(sid, data.decode("utf-8", "replace"))
-                pos = _pad8(end)
-                continue
-        damaged += 1
-        pos += 8  # resynchronise on the next 8-byte boundary
-        while pos + STRING_ENTRY.size <= size and not _plausible_entry(buf, pos, tail):
-            pos += 8
-    return StringScan(out, len(out), damaged)
-
-
-def _plausible_entry(buf: bytes, pos: int, tail: int) -> bool:
-    sid, n, crc, _ = STRING_ENTRY.unpack_from(buf, pos)
-    end = pos + STRING_ENTRY.size + n
-    if sid == 0 or n > MAX_STRING_BYTES or end > len(buf):
-        return bool(sid == 0 and n == 0 and crc == 0 and pos >= tail)
-    data = buf[pos + STRING_ENTRY.size : end]
-    return bool(zlib.crc32(data, zlib.crc32(STRING_ID_STRUCT.pack(sid, n))) == crc)
+    return body + bytes(pad8(len(body)) - len(body))
 
 
 # ---------------------------------------------------------------- stack table (version 3)
@@ -296,54 +274,14 @@ MAX_STACK_DEPTH = 64
 STACK_TRUNCATED_TEXT = "<blackbox: outer frames cut>"
 
 
-def _stack_crc(gen: int, kind: int, sid: int, payload: bytes) -> int:
+def stack_crc(gen: int, kind: int, sid: int, payload: bytes) -> int:
     return zlib.crc32(payload, zlib.crc32(struct.pack("<IHII", gen, kind, sid, len(payload))))
 
 
 def stack_entry(gen: int, kind: int, sid: int, payload: bytes) -> bytes:
     """Encode one stack-table entry (a frame's text or a stack's frame ids)."""
-    body = STACK_ENTRY.pack(gen, kind, 0, sid, len(payload), _stack_crc(gen, kind, sid, payload), 0) + payload
-    return body + bytes(_pad8(len(body)) - len(body))
-
-
-@dataclass
-class StackScan:
-    frames: dict[tuple[int, int], str]  # (generation, id) -> "function (file:line)"
-    stacks: dict[tuple[int, int], tuple[int, ...]]  # (generation, id) -> frame ids, outermost first
-    damaged: int
-
-
-def scan_stacks(region: bytes | memoryview) -> StackScan:
-    """Every intact entry of a stack table (both halves), resynchronising past damage."""
-    buf = bytes(region)
-    half = len(buf) // 2
-    out = StackScan({}, {}, 0)
-    for lo in (0, half):
-        part = buf[lo : lo + half]
-        tail = len(part.rstrip(b"\0"))
-        pos, damaged = 0, False
-        while pos + STACK_ENTRY.size <= len(part):
-            gen, kind, _, sid, n, crc, _ = STACK_ENTRY.unpack_from(part, pos)
-            if gen == 0 and n == 0 and crc == 0:
-                if pos >= tail:
-                    break
-                pos += 8
-                continue
-            end = pos + STACK_ENTRY.size + n
-            limit = MAX_FRAME_BYTES if kind == STACK_FRAME else 4 * MAX_STACK_DEPTH
-            if gen and kind in (STACK_FRAME, STACK_STACK) and n <= limit and end <= len(part):
-                payload = part[pos + STACK_ENTRY.size : end]
-                if _stack_crc(gen, kind, sid, payload) == crc and (kind == STACK_FRAME or n % 4 == 0):
-                    if kind == STACK_FRAME:
-                        out.frames.setdefault((gen, sid), payload.decode("utf-8", "replace"))
-                    else:
-                        out.stacks.setdefault((gen, sid), struct.unpack(f"<{n // 4}I", payload))
-                    pos, damaged = _pad8(end), False
-                    continue
-            out.damaged += not damaged  # one damaged run counts once, however far the resync walks
-            damaged = True
-            pos += 8
-    return out
+    body = STACK_ENTRY.pack(gen, kind, 0, sid, len(payload), stack_crc(gen, kind, sid, payload), 0) + payload
+    return body + bytes(pad8(len(body)) - len(body))
 
 
 # ---------------------------------------------------------------- header
@@ -438,7 +376,8 @@ def decode_header(raw: bytes, file_size: int, name: str = "ring") -> Header:
     caller reads ``PREFIX_SIZE`` bytes first, then ``64 + meta_len``).
     """
     if len(raw) < PREFIX_SIZE or raw[:8] != MAGIC:
-        found = "an empty file" if file_size == 0 else f"{raw[:8]!r}"
+        # never the file's bytes: recovery may run as root, and the message may land in a shared bundle
+        found = "an empty file" if file_size == 0 else f"a {file_size}-byte file that does not start with it"
         raise NotARingError(f"{name}: expected a blackbox ring (magic {MAGIC!r}), found {found}")
     magic, version, state, crc, hsize, rsize, cap, roff, soff, ssize, mlen = PREFIX.unpack_from(raw)
     if version not in SUPPORTED_VERSIONS:
@@ -455,15 +394,7 @@ def decode_header(raw: bytes, file_size: int, name: str = "ring") -> Header:
     actual = zlib.crc32(raw[CRC_START:PREFIX_SIZE] + blob)
     if actual != crc:
         raise CorruptHeaderError(f"{name}: expected header checksum {crc:#010x}, found {actual:#010x} (header damaged)")
-    problems = []
-    try:
-        meta = json.loads(blob)
-    except (ValueError, RecursionError) as exc:
-        problems.append(f"metadata JSON ({type(exc).__name__})")
-        meta = {}
-    if not isinstance(meta, dict):
-        problems.append("metadata that is not a JSON object")
-        meta = {}
+    meta, problems = parse_meta(blob)  # types, ranges, depth: see ``schema``
     stacks, crash = _regions(meta, problems) if version >= 3 else (0, 0)
     if rsize != RECORD_SIZE:
         problems.append(f"record size {rsize} (expected {RECORD_SIZE})")

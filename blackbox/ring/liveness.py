@@ -31,6 +31,15 @@ def boot_id() -> str | None:
         return None
 
 
+def same_machine(ident: dict[str, Any]) -> bool:
+    """The ring was written on this machine: the same kernel boot where the ring names one (a
+    container's host name may differ from its host's), else the same host name."""
+    ring_boot, now = ident.get("boot_id"), boot_id()
+    if isinstance(ring_boot, str) and ring_boot and now:
+        return ring_boot == now
+    return ident.get("host") == socket.gethostname()
+
+
 def lock_ring(fd: int) -> bool:
     """Take the writer's lock on the whole ring (non-blocking); False where it cannot be had."""
     try:
@@ -74,7 +83,7 @@ def pid_alive_here(meta: dict[str, Any]) -> bool:
     """The pid in the ring's identity is a live process on this host, this boot (not a zombie)."""
     ident = meta.get("identity") or {}
     pid, boot = ident.get("pid"), ident.get("boot_id")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or ident.get("host") != socket.gethostname():
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or not same_machine(ident):
         return False
     return (boot is None or boot == boot_id()) and process_running(pid)
 

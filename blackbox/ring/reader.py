@@ -8,20 +8,27 @@ unknown version, a header whose checksum fails).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .._errors import NotARingError, RingNotFoundError
+from .._errors import BlackboxError, NotARingError, RingNotFoundError, UnsafeInputError, one_line
 from . import format as fmt
+from .inputs import Folder, data_ranges, nonzero_spans, open_folder, open_input, read_at, what_is
+from .scan import StackScan, scan_stack_spans, scan_string_spans
 
 MAX_STRINGS_SIZE = 1 << 30
 MAX_STACKS_SIZE = 1 << 30
 MAX_CRASH_BYTES = 1 << 20  # faulthandler's output for up to 100 threads fits easily
+CHUNK_SLOTS = 1 << 16  # slots read at a time (8 MiB)
+RING_SUFFIX = ".ring"
+CRASH_SUFFIX = ".crash"  # faulthandler's tracebacks of a native crash, beside a version-1/2 ring
 
 
 @dataclass
@@ -40,6 +47,7 @@ class Recovery:
     holes: int  # seqs inside the window with no valid record (torn, or a ticket never written)
     strings: int
     strings_damaged: int
+    sidecars_refused: int = 0  # files beside the ring not read: a link, a special file, another owner's
     labels_lost: int = 0  # events whose label string was lost (region full or entry damaged)
     time_clamped: int = 0  # events whose stamp was raised to keep time non-decreasing
 
@@ -57,13 +65,19 @@ class Ring:
     strings: dict[int, str]
     recovery: Recovery
     file_size: int
-    stacks: fmt.StackScan | None = None  # version 3: the stack table
-    crash: str | None = None  # version 3: faulthandler's output in the crash region, if a native crash wrote any
+    stacks: StackScan | None = None  # version 3: the stack table
+    crash: str | None = None  # faulthandler's output: the crash region (version 3) or the ``.crash`` sidecar
+    owner: int = -1  # uid of the ring file's owner
 
     @property
     def meta(self) -> dict[str, Any]:
         """The header's metadata JSON (identity, clock, versions)."""
         return self.header.meta
+
+    def release(self) -> None:
+        """Drop the records but the last few once a timeline holds them (a big ring's slots are most of
+        the memory recovery uses); ``clean`` still answers."""
+        self.records = self.records[-8:].copy()
 
     @property
     def clean(self) -> bool:
@@ -73,137 +87,281 @@ class Ring:
         return bool((kinds[-8:] == fmt.KIND_CODES["disarm"]).any()) or self.header.state == fmt.STATE_CLEAN
 
 
-def read_header(path: str | os.PathLike[str]) -> fmt.Header:
-    """Only the header of a ring (two bounded reads): cheap enough to scan a folder of big rings."""
-    name = str(path)
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            prefix = f.read(fmt.PREFIX_SIZE)
-            if len(prefix) < fmt.PREFIX_SIZE or prefix[:8] != fmt.MAGIC:
-                return fmt.decode_header(prefix, size, name)  # raises, naming what it found
-            meta_len = int.from_bytes(prefix[56:64], "little")
-            f.seek(0)
-            head = f.read(fmt.PREFIX_SIZE + min(meta_len, fmt.MAX_HEADER_SIZE))
-    except FileNotFoundError:
-        raise RingNotFoundError(f"{name}: expected a ring file, found nothing at that path") from None
-    except OSError as exc:
-        raise RingNotFoundError(f"{name}: expected a readable ring file, found {exc.strerror}") from None
+def read_header(path: str | os.PathLike[str], folder: Folder | None = None) -> fmt.Header:
+    """Only the header of a ring (two bounded reads): cheap enough to scan a folder of big rings.
+    Opened as untrusted input (never through a link, never blocking: see ``inputs``)."""
+    p = Path(path)
+    with _parent(p, folder) as where:
+        fd, st = open_input(where, p.name, None, "a ring file")
+        try:
+            return header_of(fd, st.st_size, str(p))
+        finally:
+            os.close(fd)
+
+
+def header_of(fd: int, size: int, name: str) -> fmt.Header:
+    """The header of the ring open at ``fd`` (``size`` bytes), read with two bounded reads."""
+    prefix = os.pread(fd, fmt.PREFIX_SIZE, 0)
+    if prefix[:8] != fmt.MAGIC:
+        return fmt.decode_header(prefix, size, name)  # raises, naming what it found
+    if len(prefix) < fmt.PREFIX_SIZE:
+        raise NotARingError(f"{name}: expected a ring header of {fmt.PREFIX_SIZE} bytes, found a {size}-byte file")
+    meta_len = int.from_bytes(prefix[56:64], "little")
+    head = read_at(fd, fmt.PREFIX_SIZE + min(meta_len, fmt.MAX_HEADER_SIZE), 0)
     return fmt.decode_header(head, size, name)
 
 
-def read_ring(path: str | os.PathLike[str]) -> Ring:
-    """Read and validate one ring file."""
+class _Borrowed(contextlib.AbstractContextManager[Folder]):
+    def __init__(self, folder: Folder) -> None:
+        self.folder = folder
+
+    def __enter__(self) -> Folder:
+        return self.folder
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def _parent(path: Path, folder: Folder | None) -> contextlib.AbstractContextManager[Folder]:
+    """``folder`` (left open), or the folder holding ``path``, opened here and closed after."""
+    if folder is not None:
+        return _Borrowed(folder)
+    try:
+        return open_folder(path.parent)
+    except RingNotFoundError:
+        raise RingNotFoundError(f"{path}: expected a ring file, found nothing at that path") from None
+
+
+def read_ring(path: str | os.PathLike[str], folder: Folder | None = None) -> Ring:
+    """Read and validate one ring file, as untrusted input (see ``inputs``): never through a link,
+    never blocking on a FIFO, memory and time bounded by the bytes the file really holds.
+
+    ``folder``: the folder holding it, already open (``path``'s name is looked up in it).
+    """
     p = Path(path)
     name = str(p)
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise RingNotFoundError(f"{name}: expected a ring file, found nothing at that path") from None
-    except IsADirectoryError:
-        raise RingNotFoundError(f"{name}: expected a ring file, found a directory") from None
-    except OSError as exc:
-        raise RingNotFoundError(f"{name}: expected a readable ring file, found {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotARingError(f"{name}: expected a regular ring file, found a special file")
-        size = st.st_size
-        prefix = os.pread(fd, fmt.PREFIX_SIZE, 0)
-        if prefix[:8] != fmt.MAGIC:
-            fmt.decode_header(prefix, size, name)  # raises NotARingError naming what it found
-        if len(prefix) < fmt.PREFIX_SIZE:
-            raise NotARingError(f"{name}: expected a ring header of {fmt.PREFIX_SIZE} bytes, found a {size}-byte file")
-        meta_len = int.from_bytes(prefix[56:64], "little")
-        head = os.pread(fd, fmt.PREFIX_SIZE + min(meta_len, fmt.MAX_HEADER_SIZE), 0)
-        header = fmt.decode_header(head, size, name)
-        strings_size = max(0, min(header.strings_size, size - header.strings_offset, MAX_STRINGS_SIZE))
-        region = os.pread(fd, strings_size, header.strings_offset) if strings_size else b""
-        scan = fmt.scan_strings(region)
-        stacks = crash = None
-        if header.version >= 3:
-            n = max(0, min(header.stacks_size, size - header.stacks_offset, MAX_STACKS_SIZE))
-            stacks = fmt.scan_stacks(os.pread(fd, n, header.stacks_offset) if n else b"")
-            n = max(0, min(size - header.crash_offset, MAX_CRASH_BYTES))
-            text = os.pread(fd, n, header.crash_offset).rstrip(b"\0") if n else b""
-            crash = text.decode("utf-8", "replace") if text.strip() else None
-        avail = max(0, size - header.records_offset) // fmt.RECORD_SIZE
-        n_slots = min(header.capacity, avail)
-        slots = np.empty(n_slots, dtype=fmt.RECORD_DTYPE)
-        if n_slots:
-            with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
-                f.seek(header.records_offset)
-                target: Any = slots.view(np.uint8)  # numpy arrays are buffers; stubs disagree
-                got = f.readinto(target)
-            n_slots = (got or 0) // fmt.RECORD_SIZE
-            slots = slots[:n_slots]
-    finally:
-        os.close(fd)
-    census = fmt.classify(slots, header.capacity)
-    records = take(slots, seq_order(slots["seq"], np.flatnonzero(census.valid)))
+    with _parent(p, folder) as where:
+        fd, st = open_input(where, p.name, None, "a ring file")
+        try:
+            size = st.st_size
+            header = header_of(fd, size, name)
+            region = max(0, min(header.strings_size, size - header.strings_offset, MAX_STRINGS_SIZE))
+            scan = scan_string_spans(nonzero_spans(fd, header.strings_offset, region))
+            stacks = crash = None
+            if header.version >= 3:
+                n = max(0, min(header.stacks_size, size - header.stacks_offset, MAX_STACKS_SIZE))
+                stacks = scan_stack_spans(nonzero_spans(fd, header.stacks_offset, n), header.stacks_size)
+                n = max(0, min(size - header.crash_offset, MAX_CRASH_BYTES))
+                crash = _text(read_at(fd, n, header.crash_offset) if n else b"")
+            slots = read_slots(fd, header, size)
+        finally:
+            os.close(fd)
+        refused = 0
+        if crash is None:
+            crash, refused = _sidecar_crash(where, p.name, st.st_uid)
+    records = slots.records
     seqs = records["seq"]
     first = int(seqs[0]) if len(seqs) else None
     last = int(seqs[-1]) if len(seqs) else None
     holes = (last - first + 1 - len(seqs)) if first is not None and last is not None else 0
     recovery = Recovery(
         slots=header.capacity,
-        slots_read=n_slots,
+        slots_read=slots.read,
         valid=len(records),
-        empty=census.empty,
-        torn=census.torn,
-        stale=census.stale,
+        empty=slots.empty,
+        torn=slots.torn,
+        stale=slots.stale,
         first_seq=first,
         last_seq=last,
         overwritten=(first - 1) if first is not None else 0,
         holes=holes,
         strings=scan.entries,
         strings_damaged=scan.damaged,
+        sidecars_refused=refused,
     )
-    return Ring(p, header, records, scan.strings, recovery, size, stacks, crash)
+    return Ring(p, header, records, scan.strings, recovery, size, stacks, crash, st.st_uid)
 
 
-def take(slots: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """``slots[order]``, as a view or two block copies when ``order`` is one or two contiguous runs
-    (the usual case: a ring that wrapped, or one not yet full), else a gather."""
-    n = len(order)
-    if n == 0:
-        return slots[:0]
-    breaks = np.flatnonzero(np.diff(order) != 1)
-    if len(breaks) == 0:
-        return slots[order[0] : order[0] + n]
-    if len(breaks) == 1:
-        k = int(breaks[0]) + 1
-        a, b = int(order[0]), int(order[k])
-        return np.concatenate([slots[a : a + k], slots[b : b + n - k]])
-    gathered: np.ndarray = slots[order]
-    return gathered
+def _text(data: bytes) -> str | None:
+    text = data.rstrip(b"\0")
+    return text.decode("utf-8", "replace") if text.strip() else None
 
 
-def seq_order(seq: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """Slot indices ``idx`` reordered by seq. Valid slots hold seq % capacity, so in slot
+def _sidecar_crash(folder: Folder, ring_name: str, owner: int) -> tuple[str | None, int]:
+    """(faulthandler's output that a version-1/2 writer left in ``<ring>.crash``, 1 if that file was
+    refused: a link, a FIFO, a file of another owner)."""
+    try:
+        fd, _ = open_input(folder, ring_name + CRASH_SUFFIX, {owner}, "a crash report of the ring's owner")
+    except RingNotFoundError:
+        return None, 0
+    except UnsafeInputError:
+        return None, 1
+    try:
+        return _text(read_at(fd, MAX_CRASH_BYTES, 0)), 0
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Slots:
+    """The valid records of a ring in seq order, and the census of every slot."""
+
+    records: np.ndarray
+    read: int  # slots present in the file (fewer than the capacity if it was truncated)
+    empty: int
+    torn: int
+    stale: int
+
+
+def read_slots(fd: int, header: fmt.Header, size: int) -> Slots:
+    """Apply the commit rule (see ``format.classify``) to every slot, CHUNK_SLOTS at a time, skipping holes.
+
+    Two passes over the file: the first classifies every slot and keeps only the seq of the intact
+    ones (8 bytes each); the second copies the valid slots straight to their place in seq order. So
+    memory is the valid records plus a chunk, whatever the capacity a header declares. A slot that
+    changed between the passes (a live writer) is dropped and counted as torn.
+    """
+    cap, base = header.capacity, header.records_offset
+    slots = _SlotFile(fd, base, min(cap, max(0, size - base) // fmt.RECORD_SIZE))
+    indices, seqs = [], []
+    empty = torn = 0
+    for at, chunk in slots.chunks():
+        seq = chunk["seq"]
+        index = np.arange(at, at + len(chunk), dtype=np.uint64)
+        intact = (seq != 0) & (chunk["commit"] == seq) & (seq % np.uint64(cap) == index)
+        indices.append(index[intact])
+        seqs.append(seq[intact])
+        rest = chunk[~intact].view("<u8").reshape(-1, fmt.RECORD_SIZE // 8)
+        blank = int((~rest.any(axis=1)).sum())
+        empty, torn = empty + blank, torn + len(rest) - blank
+    empty += slots.present - slots.scanned  # holes: never written
+    index = np.concatenate(indices) if indices else np.zeros(0, np.uint64)
+    seq = np.concatenate(seqs) if seqs else np.zeros(0, np.uint64)
+    head = int(seq.max()) if len(seq) else 0
+    inside = seq > np.uint64(head - min(head, cap))
+    stale = int((~inside).sum())
+    index, seq = index[inside], seq[inside]
+    dest = _seq_positions(seq)
+    records = np.empty(len(seq), fmt.RECORD_DTYPE)
+    copied = np.zeros(len(seq), bool)
+    for at, chunk in slots.chunks(index):
+        lo, hi = np.searchsorted(index, [at, at + len(chunk)])
+        rows = chunk[(index[lo:hi] - np.uint64(at)).astype(np.intp)]
+        same = (rows["seq"] == seq[lo:hi]) & (rows["commit"] == rows["seq"])
+        records[dest[lo:hi][same]] = rows[same]
+        copied[lo:hi] = same
+    if not copied.all():  # changed since the first pass: drop them
+        torn += int((~copied).sum())
+        records = records[np.sort(dest[copied])]
+    return Slots(records, slots.present, empty, torn, stale)
+
+
+def _seq_positions(seq: np.ndarray) -> np.ndarray:
+    """Where each slot (in slot order) goes in seq order. Valid slots hold seq % capacity, so in slot
     order their seqs form at most two ascending runs: a rotation, found in linear time."""
-    s = seq[idx]
-    drops = np.flatnonzero(s[1:] < s[:-1])
+    n = len(seq)
+    drops = np.flatnonzero(seq[1:] < seq[:-1])
     if len(drops) == 0:
-        return idx
-    if len(drops) == 1:
-        k = int(drops[0]) + 1
-        rotated = np.concatenate([idx[k:], idx[:k]])
-        if s[-1] < s[0]:
-            return rotated
-    return idx[np.argsort(s, kind="stable")]
+        return np.arange(n)
+    if len(drops) == 1 and seq[-1] < seq[0]:
+        return (np.arange(n) - (int(drops[0]) + 1)) % n
+    dest = np.empty(n, np.intp)
+    dest[np.argsort(seq, kind="stable")] = np.arange(n)
+    return dest
+
+
+class _SlotFile:
+    """The slots of a ring file, read CHUNK_SLOTS at a time into one buffer, holes skipped."""
+
+    def __init__(self, fd: int, base: int, present: int) -> None:
+        self.fd, self.base, self.present = fd, base, present
+        self.scanned = 0
+        self.buf = np.empty(min(CHUNK_SLOTS, present), fmt.RECORD_DTYPE)
+
+    def chunks(self, wanted: np.ndarray | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """(first slot, the slots read) for every chunk holding data; with ``wanted`` (sorted slot
+        indices), only the chunks holding one of them. The buffer is reused: copy what you keep."""
+        self.scanned, done = 0, 0
+        size = fmt.RECORD_SIZE
+        for lo, hi in data_ranges(self.fd, self.base, self.base + self.present * size):
+            first, end = max(done, (lo - self.base) // size), min(self.present, -(-(hi - self.base) // size))
+            for at in range(first, end, CHUNK_SLOTS):
+                count = min(CHUNK_SLOTS, end - at)
+                if wanted is not None:
+                    lo_i, hi_i = np.searchsorted(wanted, [at, at + count])
+                    if lo_i == hi_i:
+                        continue
+                view: Any = self.buf[:count].view(np.uint8)  # numpy arrays are buffers; the stubs disagree
+                n = os.preadv(self.fd, [view], self.base + at * size) // size
+                self.scanned += n
+                if n < count:  # the file shrank while being read
+                    self.present = at + n
+                if n:
+                    yield at, self.buf[:n]
+                if n < count:
+                    return
+            done = max(done, end)
+
+
+@dataclass
+class Unread:
+    """A ring (or a path given as one) that could not be read, and why, in one line."""
+
+    path: Path
+    error: BlackboxError
+
+    @property
+    def reason(self) -> str:
+        return one_line(str(self.error))
+
+
+def nothing_read(unread: list[Unread]) -> BlackboxError:
+    """The error for a recovery that could read no ring at all: the first reason, and how many more."""
+    first = unread[0].error
+    if len(unread) == 1:
+        return first
+    return type(first)(f"{one_line(str(first))} (and {len(unread) - 1} more that could not be read)")
+
+
+def list_rings(paths: list[Path]) -> tuple[list[Path], list[Unread]]:
+    """The ring files named (ring files, or the ``*.ring`` entries of folders), read by nobody yet, and
+    those that cannot be read with their reason: a folder entry named ``*.ring`` that is a link or a
+    special file is reported, never opened through. Each ring is then read with ``read_ring``, which
+    opens it as untrusted input again."""
+    rings: list[Path] = []
+    unread: list[Unread] = []
+    for p in paths:
+        try:
+            if not p.is_dir():
+                rings.append(p)
+                continue
+            with open_folder(p) as folder:
+                names = [(n, st) for n, st in folder.entries() if n.endswith(RING_SUFFIX)]
+            if not names:
+                raise RingNotFoundError(f"{p}: expected a folder holding *.ring files, found none")
+            for n, st in sorted(names):
+                if stat.S_ISREG(st.st_mode):
+                    rings.append(p / n)
+                else:
+                    error = UnsafeInputError(f"{p / n}: expected a ring file, found {what_is(st.st_mode)}")
+                    unread.append(Unread(p / n, error))
+        except BlackboxError as exc:
+            unread.append(Unread(p, exc))
+    return rings, unread
 
 
 def find_rings(paths: list[Path]) -> list[Path]:
-    """Expand folders to the ``*.ring`` files inside them (sorted); keep files as given."""
+    """Expand folders to the regular ``*.ring`` files inside them (sorted; links and special files are
+    left out); keep files as given."""
     out: list[Path] = []
     for p in paths:
         if p.is_dir():
-            found = sorted(q for q in p.iterdir() if q.name.endswith(".ring") and q.is_file())
+            with open_folder(p) as folder:
+                found = [p / n for n, st in folder.entries() if n.endswith(RING_SUFFIX) and stat.S_ISREG(st.st_mode)]
             if not found:
                 raise RingNotFoundError(f"{p}: expected a folder holding *.ring files, found none")
             out.extend(found)
-        elif p.exists():
+        elif p.exists() or p.is_symlink():
             out.append(p)
         else:
             raise RingNotFoundError(f"{p}: expected a ring file or a folder of rings, found nothing")

@@ -172,7 +172,10 @@ def launch(command: list[str], rings: Path, boot: Path) -> Ended:
         return ended
     finally:
         _hand_terminal(tty, os.getpgrp())
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        # The forwarded signals stay blocked: once the job has ended, a signal has nobody to reach and
+        # must not end us with another status while we recover (unarmed, the process is already gone).
+        # end_like unblocks the job's own signal to die by it; others die pending with this process.
+        signal.pthread_sigmask(signal.SIG_SETMASK, set(before) | {int(s) for s in FORWARDED})
 
 
 def _wait(pid: int, watched: set[int], tty: int | None) -> Ended:

@@ -2,8 +2,10 @@
 
 Open the file in https://ui.perfetto.dev or chrome://tracing. Per process: counter
 tracks for host and GPU memory, a ``steps`` track of one slice per step, phase
-and module slices on the thread that recorded them, and instant events for
-OOMs, exceptions, signals, marks and the death.
+and module slices on the thread that recorded them, instant events for
+OOMs, exceptions, signals, marks and the death, and the Python stack samples (a
+flame chart track per sampled thread, and the format's ``P`` sample events with
+``stackFrames``; see ``views.stacks.trace_stacks``).
 Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU
 """
 
@@ -13,6 +15,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from .stacks import stack_frames, trace_stacks
 
 HOST_COUNTERS = ("host_rss", "children_rss", "cgroup_usage", "cgroup_limit")
 GPU_COUNTERS = ("gpu_allocated", "gpu_reserved", "gpu_active", "device_total")
@@ -25,12 +29,14 @@ def trace_events(table: pa.Table, meta: dict[str, Any]) -> dict[str, Any]:
     times = table["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
     t0 = int(times.min()) if len(times) else 0
     events: list[dict[str, Any]] = []
+    frames: dict[str, dict[str, Any]] = {}  # the stack samples' frames, shared by every process
     rings = meta.get("rings", [meta])
     for pid in pc.unique(table["pid"]).to_pylist():
         rows = table.filter(pc.equal(table["pid"], pid)) if pid is not None else table
-        events += _process(rows, pid if pid is not None else 0, t0, _ring_meta(rings, pid))
+        events += _process(rows, pid if pid is not None else 0, t0, _ring_meta(rings, pid), frames)
     return {
         "traceEvents": events,
+        "stackFrames": stack_frames(frames),
         "displayTimeUnit": "ms",
         "otherData": {"generator": "blackbox", "first_death": meta.get("first_death"), "t0_unix_ns": t0},
     }
@@ -44,7 +50,9 @@ def _us(ns: int, t0: int) -> float:
     return (ns - t0) / 1e3
 
 
-def _process(rows: pa.Table, pid: int, t0: int, meta: dict[str, Any]) -> list[dict[str, Any]]:
+def _process(
+    rows: pa.Table, pid: int, t0: int, meta: dict[str, Any], frames: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
     rank = meta.get("rank")
     name = f"rank {rank} pid {pid}" if rank is not None else f"pid {pid}"
     out: list[dict[str, Any]] = [
@@ -57,9 +65,13 @@ def _process(rows: pa.Table, pid: int, t0: int, meta: dict[str, Any]) -> list[di
     data = rows.drop_columns(["time"]).to_pylist()
     end = _us(stamps[-1], t0) if stamps else 0.0
     step_open: dict[str, Any] | None = None
+    samples: list[tuple[float, int, str | None, str | None]] = []
     for ns, r in zip(stamps, data, strict=True):
         ts = _us(ns, t0)
         kind = r["kind"]
+        if kind == "stack_sample":  # the sampled thread's stack, drawn on a track of its own below
+            samples.append((ts, int(r["thread"]), r["label"], r["detail"]))
+            continue
         tid = threads.setdefault(int(r["thread"]), len(threads) + 1)
         if kind == "sample":
             args = {c: r[c] for c in HOST_COUNTERS if r[c] is not None}
@@ -89,6 +101,8 @@ def _process(rows: pa.Table, pid: int, t0: int, meta: dict[str, Any]) -> list[di
     out += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": t, "args": {"name": f"thread {ident:#x}"}}
             for ident, t in threads.items()]  # fmt: skip
     out += _unclosed(out, pid, end)
+    interval = float(meta.get("sample_interval_s") or 0.1) * 1e6
+    out += trace_stacks(samples, pid, frames, len(threads) + 1, interval, end)
     death = meta.get("death") or {}
     if death.get("cause") and death.get("cause") != "clean_exit" and data:
         out.append({"ph": "i", "s": "p", "name": f"death: {death['cause']}", "cat": "death", "pid": pid,

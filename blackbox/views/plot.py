@@ -14,10 +14,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._errors import BlackboxError
-from ..recovery.timeline import of_kind
+from ..recovery.timeline import of_kind, rows_of_kind
 
 MAX_POINTS = 5000
+MAX_MARKS = 200
+MAX_SAMPLE_ROWS = 20 * MAX_POINTS
+SAMPLE_COLUMNS = ["time", "kind", "pid", "rank", "device", "host_rss", "children_rss", "cgroup_usage",
+                  "cgroup_limit", "gpu_allocated", "gpu_reserved", "device_total"]  # fmt: skip
 GiB = float(1 << 30)
+# What memory_figure reads of a timeline: a bundle writer reads back only these rows and columns.
+PLOT_KINDS = ["sample", "gpu_sample", "step", "oom"]
+PLOT_COLUMNS = [*SAMPLE_COLUMNS, "value", "step", "host"]
 
 
 class PlotUnavailableError(BlackboxError):
@@ -56,8 +63,12 @@ def memory_figure(table: pa.Table, meta: dict[str, Any]) -> Any:
     pids = pc.unique(table["pid"]).to_pylist()
     many = len(pids) > 1
     cgroup_drawn = False
+    rows = rows_of_kind(table, "sample", "gpu_sample")
+    if len(rows) > MAX_SAMPLE_ROWS:  # a ring of samples: thin them before taking (a few per pixel are left)
+        rows = rows[np.linspace(0, len(rows) - 1, MAX_SAMPLE_ROWS).astype(np.int64)]
+    samples = table.select(SAMPLE_COLUMNS).take(rows)
     for pid in pids:
-        rows = table.filter(pc.equal(table["pid"], pid)) if pid is not None else table
+        rows = samples.filter(pc.equal(samples["pid"], pid)) if pid is not None and many else samples
         rank = rows["rank"][0].as_py() if rows.num_rows else None
         who = f" rank {rank}" if many and rank is not None else (f" pid {pid}" if many else "")
         host = of_kind(rows, "sample")
@@ -75,8 +86,8 @@ def memory_figure(table: pa.Table, meta: dict[str, Any]) -> Any:
                 t, v = _series(d, column, t0)
                 if len(t):
                     gpu_ax.plot(t, v, style, label=f"{column} cuda:{device}{who}")
-    _limits(host_ax, of_kind(table, "sample"), "cgroup_limit", "cgroup limit", t0)
-    _limits(gpu_ax, of_kind(table, "gpu_sample"), "device_total", "device total", t0)
+    _limits(host_ax, table, "sample", "cgroup_limit", "cgroup limit")
+    _limits(gpu_ax, table, "gpu_sample", "device_total", "device total")
     _steps(host_ax, table, t0)
     _deaths(fig, (host_ax, gpu_ax), table, meta, t0)
     host_ax.set_ylabel("host memory (GiB)")
@@ -88,22 +99,24 @@ def memory_figure(table: pa.Table, meta: dict[str, Any]) -> Any:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[1]:
             ax.legend(loc="upper left", fontsize=8)
-    fig.suptitle(_title(meta))
+    fig.suptitle(_clip(_title(meta), 120))  # a ring names its host: matplotlib lays out every character
     fig.tight_layout()
     return fig
 
 
-def _limits(ax: Any, rows: pa.Table, column: str, label: str, t0: float) -> None:
-    if rows.num_rows == 0 or rows[column].null_count == rows.num_rows:
+def _limits(ax: Any, table: pa.Table, kind: str, column: str, label: str) -> None:
+    """The highest ``column`` of the ``kind`` rows (all of them, not the thinned ones), as a line."""
+    values = table[column].take(rows_of_kind(table, kind))
+    if len(values) == 0 or values.null_count == len(values):
         return
-    limit = pc.max(rows[column]).as_py() / GiB
+    limit = pc.max(values).as_py() / GiB
     ax.axhline(limit, color="red", linewidth=1, alpha=0.6, label=f"{label} {limit:.2f} GiB")
     ax.set_ylim(0, max(ax.get_ylim()[1], limit * 1.08))
 
 
 def _steps(ax: Any, table: pa.Table, t0: float) -> None:
     """Step numbers along the top of the host panel: one process's steps, labels at least 8% apart."""
-    steps = of_kind(table, "step")
+    steps = of_kind(table, "step", columns=["time", "value", "pid"])
     if steps.num_rows == 0:
         return
     steps = steps.filter(pc.equal(steps["pid"], steps["pid"][0]))
@@ -145,7 +158,7 @@ def _deaths(fig: Any, axes: tuple[Any, ...], table: pa.Table, meta: dict[str, An
                 bbox={"boxstyle": "round", "fc": "white", "alpha": 0.8},
             )
     ooms = of_kind(table, "oom", columns=["time"])["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
-    for ns in ooms.tolist():
+    for ns in ooms[-MAX_MARKS:].tolist():  # the last ones: a line per event, and a ring may hold a million
         at = ns / 1e9 - t0
         for ax in axes:
             ax.axvline(at, color="red", linestyle=":", linewidth=1)
@@ -159,3 +172,7 @@ def _title(meta: dict[str, Any]) -> str:
     d = meta.get("death") or {}
     rank = "-" if meta.get("rank") is None else meta["rank"]
     return f"blackbox: {meta.get('host')} pid {meta.get('pid')} rank {rank}: {d.get('cause', '?')}"
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "\u2026"

@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from .._units import human_bytes
+from ..recovery.ranks import rank_rows
 from ..recovery.timeline import COUNTERS, GAUGES
+from .across import across_lines
+from .stacks import stack_sections
 
 
 def _ending(m: dict[str, Any]) -> str:
@@ -22,37 +25,74 @@ def _ending(m: dict[str, Any]) -> str:
 
 CAUSE_TEXT = {
     "clean_exit": "clean exit",
+    "nonzero_exit": "a deliberate nonzero exit",
+    "interrupted": "interrupted (Ctrl-C, SIGINT)",
     "exception": "an uncaught exception",
     "oom_exception": "an out-of-memory exception",
     "host_oom_kill": "the kernel's OOM killer (host memory)",
+    "userspace_oom_kill": "a userspace OOM killer (earlyoom, systemd-oomd)",
     "killed": "killed (SIGKILL, no handler ran)",
     "signal": "a signal",
     "unknown": "unknown",
 }
 
 
+def _victim(v: dict[str, Any] | None) -> str:
+    if not v or v.get("pid") is None:
+        return ""
+    memory = [f"{k.replace('_', ' ')} {human_bytes(v[k])}" for k in ("rss", "anon_rss", "file_rss", "shmem_rss")
+              if v.get(k) is not None]  # fmt: skip
+    name = f" `{v['name']}`" if v.get("name") else ""
+    return f"Process that died: {v.get('role', 'process')} pid {v['pid']}{name}" + (
+        f"; its memory at the end: {', '.join(memory)}." if memory else "."
+    )
+
+
+def _composition(m: dict[str, Any] | None) -> str:
+    if not m:
+        return ""
+    parts = [f"{human_bytes(m.get(k))} {label}" for k, label in (("anon", "anonymous"), ("file", "page cache"),
+             ("shmem", "of it shared memory"), ("file_dirty", "dirty")) if m.get(k) is not None]  # fmt: skip
+    return "The cgroup's memory at the end: " + ", ".join(parts) + "."
+
+
 def _death(d: dict[str, Any] | None) -> list[str]:
     if not d:
         return []
-    lines = [
-        "## Cause of death",
-        "",
-        f"**{CAUSE_TEXT.get(d['cause'], d['cause'])}** (`{d['cause']}`) at {d.get('time') or 'n/a'}, "
-        f"step {_dash(d.get('step'))}.",
-        "",
-        "Evidence:",
-        "",
-        *[f"- {e}" for e in d.get("evidence", [])],
+    lines = ["## Cause of death", ""]
+    if d.get("headline"):
+        lines += [f"**{d['headline']}**", ""]
+    lines += [
+        f"Cause `{d['cause']}` ({CAUSE_TEXT.get(d['cause'], d['cause'])}), confidence {d.get('confidence', 'n/a')}, "
+        f"at {d.get('time') or 'n/a'}, step {_dash(d.get('step'))}"
+        + (f", exit status {d['exit_status']}" if d.get("exit_status") is not None else "")
+        + ".",
     ]
+    for extra in (_victim(d.get("victim")), _composition(d.get("memory_at_end"))):
+        if extra:
+            lines += ["", extra]
+    killer = d.get("killed_by")
+    if killer and killer.get("sender"):
+        lines += ["", f"Last signal: {killer['signal']} from {killer['sender']} (pid {killer['sender_pid']}) "
+                      f"at {killer['time']}."]  # fmt: skip
+    lines += ["", "Evidence:", "", *[f"- {e}" for e in d.get("evidence", [])]]
+    report = d.get("kernel_report")
+    if report and report.get("tasks"):
+        top = sorted(report["tasks"], key=lambda r: -r["rss"])[:5]
+        lines += ["", f"The kernel's OOM report is in `{report['file']}`; its largest tasks:", ""]
+        lines += [f"- pid {r['pid']} `{r['name']}`: RSS {human_bytes(r['rss'])} (anon {human_bytes(r['rss_anon'])}, "
+                  f"file {human_bytes(r['rss_file'])}, shmem {human_bytes(r['rss_shmem'])})" for r in top]  # fmt: skip
     gpu = d.get("gpu_oom")
     if gpu:
         lines += ["", f"GPU OOM: **{gpu['kind']}**: {gpu['why']}."]
     growth = d.get("host_growth") or {}
     if growth.get("rss_per_step") is not None:
-        lines += [
-            "",
-            f"Host memory grew {human_bytes(int(growth['rss_per_step']))} per step (least squares over samples).",
-        ]
+        lines += ["", f"The job's own memory grew {human_bytes(int(growth['rss_per_step']))} per step "
+                      "(least squares over samples)."]  # fmt: skip
+    for child in (growth.get("children") or [])[:3]:
+        if child["growth"] > 0:
+            lines += [f"Child pid {child['pid']} (`{child['name']}`) grew {human_bytes(child['growth'])}, "
+                      f"to {human_bytes(child['peak_rss'])}."]  # fmt: skip
     if d.get("levers"):
         lines += ["", "What to change:", "", *[f"- {lever}" for lever in d["levers"]]]
     return [*lines, ""]
@@ -72,6 +112,7 @@ def ring_summary(m: dict[str, Any]) -> str:
         f"- Ending: {_ending(m)}",
         "",
         *_death(m.get("death")),
+        *stack_sections(m.get("stacks")),
         "## Last memory figures",
         "",
     ]
@@ -149,51 +190,44 @@ def helpers_section(meta: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def unread_section(meta: dict[str, Any]) -> list[str]:
+    """Rings that could not be recovered, each with its one-line reason."""
+    unread = meta.get("unread_rings") or []
+    if not unread:
+        return []
+    lines = [f"## Rings that could not be recovered ({len(unread)})", ""]
+    return [*lines, *[f"- `{u['ring']}`: {u['reason']}" for u in unread], ""]
+
+
 def bundle_summary(meta: dict[str, Any]) -> str:
+    """summary.md: one ring's account; for several, the account across them (the same length at any
+    count: attempts, first death, how the others ended, outliers) and the detail of one ring, the
+    first death's (else the lowest rank of the last attempt)."""
     rings = meta.get("rings")
-    helpers = helpers_section(meta)
+    helpers = helpers_section(meta) + unread_section(meta)
     if not rings:
         return ring_summary(meta) + ("\n" + "\n".join(helpers) if helpers else "")
-    head = [f"# blackbox: {len(rings)} rings, {meta['events']} events", "", *_across_ranks(meta), "", *helpers]
-    parts = [_demote(ring_summary(m)) for m in rings]
-    return "\n".join(head + parts)
+    hosts = len({m.get("host") for m in rings})
+    head = [f"# blackbox: {len(rings)} rings on {hosts} host{'s' if hosts != 1 else ''}, {meta['events']} events", ""]
+    head += [*across_lines(meta, rank_rows(meta)), *helpers]
+    detail = _detail_ring(meta, rings)
+    title = "the first death" if meta.get("first_death") else "the lowest rank of the last attempt"
+    return "\n".join([*head, f"## Detail of {title}", "", _demote(_demote(ring_summary(detail)))])
+
+
+def _detail_ring(meta: dict[str, Any], rings: list[dict[str, Any]]) -> dict[str, Any]:
+    first = meta.get("first_death") or {}
+    for m in rings:
+        if first and m.get("pid") == first.get("pid") and m.get("host") == first.get("host"):
+            return m
+    last = (meta.get("attempts") or [{}])[-1].get("started_at") or ""
+    current = [m for m in rings if (m.get("started_at") or "") >= last] or rings
+    return min(current, key=lambda m: (m.get("rank") is None, m.get("rank") or 0, m.get("role") != "main"))
 
 
 def _demote(markdown: str) -> str:
     """One ring's summary as a section of the multi-ring one: every heading one level down."""
     return "\n".join("#" + line if line.startswith("#") else line for line in markdown.splitlines())
-
-
-def _peak(m: dict[str, Any], gauge: str) -> str:
-    p = (m.get("peaks") or {}).get(gauge)
-    return human_bytes(p["bytes"]) if p else "-"
-
-
-def _across_ranks(meta: dict[str, Any]) -> list[str]:
-    """Who died first, and how each ring ended and peaked, side by side."""
-    first = meta.get("first_death")
-    lines = ["## Across ranks", ""]
-    if first:
-        lines.append(
-            f"**First death: rank {_dash(first['rank'])}** (host {first['host']}, pid {first['pid']}), "
-            f"`{first['cause']}` at {first['time']}."
-        )
-    else:
-        lines.append("No ring records a death: every writer ended cleanly or is still running.")
-    lines += [
-        "",
-        "| rank | host | pid | cause | at | last step | peak host RSS | peak GPU allocated |",
-        "|---|---|---:|---|---|---:|---:|---:|",
-    ]
-    order = sorted(meta["rings"], key=lambda m: (m.get("rank") is None, m.get("rank") or 0, m.get("pid") or 0))
-    for m in order:
-        d = m.get("death") or {}
-        lines.append(
-            f"| {_dash(m.get('rank'))} | {m.get('host')} | {m.get('pid')} | {d.get('cause', '-')} | "
-            f"{_dash(d.get('time'))} | {_dash(m.get('last_step'))} | {_peak(m, 'host_rss')} | "
-            f"{_peak(m, 'gpu_allocated')} |"
-        )
-    return lines
 
 
 def _dash(v: Any) -> str:

@@ -1,0 +1,187 @@
+"""What a ring's timeline says about how its process ended: pure extraction, no verdict.
+
+``Facts`` collects, once, the rows the diagnosis and the levers read: host
+samples, each child process's memory over time, the cgroup's memory.stat, the
+uncaught exceptions and OOMs, the signals (with who sent them), the exit
+events. Times are kept as monotonic nanoseconds (the ring's clock, which the
+kernel log also uses) and as ISO-8601 strings for the report.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, overload
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .timeline import of_kind, py_rows, rows_of_kind
+
+SAMPLE_COLUMNS = ["time", "step", "host_rss", "children_rss", "cgroup_usage", "cgroup_limit", "cgroup_oom_kills",
+                  "mem_available"]  # fmt: skip
+STAT_COLUMNS = ["time", "cgroup_anon", "cgroup_file", "cgroup_shmem", "cgroup_file_dirty", "cgroup_file_writeback"]
+ERROR_COLUMNS = ["time", "kind", "step", "label", "detail", "oom_requested", "oom_reserved_unallocated",
+                 "oom_capacity", "oom_free"]  # fmt: skip
+SIGNAL_COLUMNS = ["time", "step", "label", "value", "detail", "sender", "sender_pid", "signal_code"]
+_WORKER_KILLED = re.compile(
+    r"DataLoader worker \(pids?\(?s?\)? ?([\d, ]+)\)? (?:is killed by signal|exited unexpectedly)(?:: ([\w ]+))?"
+)
+
+
+@dataclass
+class Series:
+    """One process's resident memory over time (monotonic ns, bytes)."""
+
+    pid: int
+    name: str
+    times: np.ndarray
+    rss: np.ndarray
+
+    @property
+    def growth(self) -> int:
+        return int(self.rss[-1] - self.rss[0]) if len(self.rss) else 0
+
+    def at(self, t_ns: int) -> int | None:
+        """Its RSS at the last sample at or before ``t_ns``."""
+        i = int(np.searchsorted(self.times, t_ns, side="right")) - 1
+        return int(self.rss[i]) if i >= 0 else None
+
+
+class Rows(Sequence[dict[str, Any]]):
+    """Some rows of a table (``rows``: their numbers, in order) as dicts, times as ISO strings, made one at
+    a time when asked: a ring may hold a million samples or signals, and neither a dict per row nor a
+    filtered copy of the table is made for them."""
+
+    def __init__(self, table: pa.Table, rows: np.ndarray) -> None:
+        self.table, self.rows = table, rows
+
+    @classmethod
+    def of_kind(cls, table: pa.Table, *kinds: str, columns: list[str]) -> Rows:
+        return cls(table.select(columns), rows_of_kind(table, *kinds))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @overload
+    def __getitem__(self, i: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Rows: ...
+
+    def __getitem__(self, i: int | slice) -> dict[str, Any] | Rows:
+        if isinstance(i, slice):
+            return Rows(self.table, self.rows[i])
+        return py_rows(self.table.slice(int(self.rows[i]), 1))[0]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for lo in range(0, len(self.rows), 4096):
+            yield from py_rows(self.table.take(self.rows[lo : lo + 4096]))
+
+    def index(self, row: Any, start: int = 0, stop: int | None = None) -> int:
+        """Searched from the end (the rows asked about are the last ones)."""
+        for i in reversed(range(start, len(self) if stop is None else stop)):
+            if self[i] == row:
+                return i
+        raise ValueError("row not found")
+
+    def column(self, name: str) -> pa.ChunkedArray:
+        return self.table[name].take(self.rows)
+
+    def keep(self, mask: pa.ChunkedArray) -> Rows:
+        """The rows where ``mask`` (over these rows) is true."""
+        return Rows(self.table, self.rows[pc.fill_null(mask, False).to_numpy(zero_copy_only=False)])
+
+    def where(self, column: str, value: Any) -> Rows:
+        """The rows whose ``column`` equals ``value``."""
+        return self.keep(pc.equal(self.column(column), value))
+
+    def floats(self, column: str) -> np.ndarray:
+        """A column as float64, NaN where null."""
+        values: np.ndarray = self.column(column).cast(pa.float64()).to_numpy(zero_copy_only=False)
+        return values
+
+    def ns(self) -> np.ndarray:
+        """The rows' times as int64 ns."""
+        stamps: np.ndarray = self.column("time").cast(pa.int64()).to_numpy(zero_copy_only=False).astype(np.int64)
+        return stamps
+
+
+@dataclass
+class Facts:
+    samples: Rows  # host samples
+    sample_ns: np.ndarray  # their monotonic times
+    stats: Rows  # cgroup memory.stat samples
+    stat_ns: np.ndarray
+    errors: Rows  # uncaught / captured exceptions and OOMs, in order
+    signals: Rows
+    signal_ns: np.ndarray
+    exits: Rows  # exit events: value = the status
+    children: dict[int, Series] = field(default_factory=dict)
+    last_event: dict[str, Any] | None = None
+    first_ns: int = 0
+    last_ns: int = 0
+    to_wall: int = 0  # add to a monotonic ns to get UTC ns
+
+    @property
+    def main_uncaught(self) -> Rows:
+        detail = self.errors.column("detail").cast(pa.string())
+        return self.errors.keep(pc.or_(pc.equal(detail, "uncaught"), pc.starts_with(detail, "uncaught;")))
+
+    def worker_killed(self) -> tuple[list[int], str] | None:
+        """(pids, how) from PyTorch's "DataLoader worker (pid N) is killed by signal: Killed" in an uncaught error."""
+        for r in reversed(self.main_uncaught):
+            m = _WORKER_KILLED.search(r["label"] or "")
+            if m:
+                return [int(p) for p in re.findall(r"\d+", m.group(1))], (m.group(2) or "exited unexpectedly").strip()
+        return None
+
+    def sample_before(self, t_ns: int) -> dict[str, Any] | None:
+        i = int(np.searchsorted(self.sample_ns, t_ns, side="right")) - 1
+        return self.samples[i] if i >= 0 else None
+
+    def stat_before(self, t_ns: int) -> dict[str, Any] | None:
+        i = int(np.searchsorted(self.stat_ns, t_ns, side="right")) - 1
+        return self.stats[i] if i >= 0 else None
+
+
+def _ns(table: pa.Table) -> np.ndarray:
+    stamps: np.ndarray = table["time"].cast(pa.int64()).to_numpy(zero_copy_only=False).astype(np.int64)
+    return stamps
+
+
+def facts(table: pa.Table, clock: dict[str, Any]) -> Facts:
+    """The end-of-life facts of one ring's timeline; ``clock`` is the ring's (wall_ns, monotonic_ns) pair."""
+    wall0, mono0 = int(clock.get("wall_ns") or 0), int(clock.get("monotonic_ns") or 0)
+    to_wall = wall0 - mono0
+    samples = Rows.of_kind(table, "sample", columns=SAMPLE_COLUMNS)
+    stats = Rows.of_kind(table, "cgroup_sample", columns=STAT_COLUMNS)
+    signals = Rows.of_kind(table, "signal", columns=SIGNAL_COLUMNS)
+    ends = Rows(table.select(["time", "step"]), np.array([0, table.num_rows - 1])) if table.num_rows else None
+    out = Facts(
+        samples=samples,
+        sample_ns=samples.ns() - to_wall,
+        stats=stats,
+        stat_ns=stats.ns() - to_wall,
+        errors=Rows.of_kind(table, "oom", "exception", columns=ERROR_COLUMNS),
+        signals=signals,
+        signal_ns=signals.ns() - to_wall,
+        exits=Rows.of_kind(table, "exit", columns=["time", "step", "value", "label"]),
+        last_event=ends[-1] if ends else None,
+        first_ns=int(ends.ns()[0]) - to_wall if ends else 0,
+        last_ns=int(ends.ns()[-1]) - to_wall if ends else 0,
+        to_wall=to_wall,
+    )
+    kids = of_kind(table, "child_sample", columns=["time", "label", "child_pid", "child_rss"])
+    if kids.num_rows:
+        pid = kids["child_pid"].to_numpy(zero_copy_only=False)
+        rss = kids["child_rss"].fill_null(0).to_numpy(zero_copy_only=False)
+        t = _ns(kids) - to_wall
+        order = np.argsort(pid, kind="stable")  # each child's rows together, in time order
+        pids, starts = np.unique(pid[order], return_index=True)
+        names = kids["label"].take(order[starts]).to_pylist()  # a child's name from its first row
+        for p, rows, name in zip(pids.tolist(), np.split(order, starts[1:]), names, strict=True):
+            out.children[int(p)] = Series(int(p), name or "", t[rows], rss[rows].astype(np.int64))
+    return out

@@ -1,0 +1,110 @@
+"""ranks.parquet: one row per recovered ring, the per-rank detail the summary leaves out.
+
+Pure functions: rows from a bundle's metadata, the Arrow table of those rows, and
+rows back from a table (a job-wide view reads only these tables, never timelines).
+Times are UTC timestamps in microseconds (the precision of metadata.json).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+import pyarrow as pa
+
+TIME_COLUMNS = ("started_at", "last_event_at", "death_time")
+SCHEMA = pa.schema(
+    [
+        ("host", pa.string()),
+        ("rank", pa.int64()),
+        ("local_rank", pa.int64()),
+        ("world_size", pa.int64()),
+        ("pid", pa.int64()),
+        ("role", pa.string()),
+        ("attempt", pa.int64()),
+        ("cause", pa.string()),
+        ("confidence", pa.string()),
+        ("started_at", pa.timestamp("us", tz="UTC")),
+        ("last_event_at", pa.timestamp("us", tz="UTC")),
+        ("death_time", pa.timestamp("us", tz="UTC")),
+        ("last_step", pa.int64()),
+        ("last_step_s", pa.float64()),
+        ("peak_host_rss", pa.int64()),
+        ("peak_cgroup_usage", pa.int64()),
+        ("peak_gpu_allocated", pa.int64()),
+        ("peak_gpu_reserved", pa.int64()),
+        ("clock_error_s", pa.float64()),
+        ("ring", pa.string()),
+    ]
+)
+COLUMNS = tuple(SCHEMA.names)
+
+
+def _peak(m: dict[str, Any], gauge: str) -> int | None:
+    p = (m.get("peaks") or {}).get(gauge)
+    return int(p["bytes"]) if p else None
+
+
+def rank_rows(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per ring of a bundle's metadata (times as ISO-8601 strings, like metadata.json)."""
+    rings = meta.get("rings") or [meta]
+    rows = []
+    for m in rings:
+        d = m.get("death") or {}
+        rows.append({
+            "host": m.get("host"), "rank": m.get("rank"), "local_rank": m.get("local_rank"),
+            "world_size": m.get("world_size"), "pid": m.get("pid"), "role": m.get("role"),
+            "attempt": m.get("attempt"), "cause": d.get("cause"), "confidence": d.get("confidence"),
+            "started_at": m.get("started_at"), "last_event_at": m.get("last_event_at"),
+            "death_time": d.get("time"), "last_step": m.get("last_step"),
+            "last_step_s": m.get("last_step_s"), "peak_host_rss": _peak(m, "host_rss"),
+            "peak_cgroup_usage": _peak(m, "cgroup_usage"), "peak_gpu_allocated": _peak(m, "gpu_allocated"),
+            "peak_gpu_reserved": _peak(m, "gpu_reserved"), "clock_error_s": m.get("clock_error_s"),
+            "ring": m.get("ring"),
+        })  # fmt: skip
+    return rows
+
+
+def _micros(iso: Any) -> int | None:
+    if not isinstance(iso, str) or not iso:
+        return None
+    dt = datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    return (dt - datetime(1970, 1, 1, tzinfo=timezone.utc)) // _US
+
+
+_US = datetime.resolution  # one microsecond
+
+
+def iso_micros(us: int | None) -> str | None:
+    if us is None:
+        return None
+    return datetime.fromtimestamp(us // 1_000_000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") + (
+        f".{us % 1_000_000:06d}Z"
+    )
+
+
+def ranks_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """The rows as a table with the ranks.parquet schema."""
+    columns = {c: [r.get(c) for r in rows] for c in COLUMNS}
+    for c in TIME_COLUMNS:
+        columns[c] = [_micros(v) for v in columns[c]]
+    arrays = [
+        pa.array(columns[f.name], type=pa.int64()).cast(f.type)
+        if f.name in TIME_COLUMNS
+        else pa.array(columns[f.name], type=f.type)
+        for f in SCHEMA
+    ]
+    return pa.Table.from_arrays(arrays, schema=SCHEMA)
+
+
+def table_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """Rows of a ranks table (any subset of its columns), times back as ISO strings; no pandas needed."""
+    columns: dict[str, list[Any]] = {}
+    for name in table.column_names:
+        col = table[name]
+        if pa.types.is_timestamp(col.type):
+            us = col.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_pylist()
+            columns[name] = [iso_micros(v) for v in us]
+        else:
+            columns[name] = col.to_pylist()
+    return [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]

@@ -1,0 +1,167 @@
+"""The header metadata's schema, checked before anything uses it.
+
+The header's CRC says the metadata JSON was not damaged, not that it is sane: a
+hostile writer computes a CRC too. So the document is held to a nesting depth,
+to finite numbers (no ``NaN``, no ``1e999``) and to text that UTF-8 can encode,
+and every field recovery uses is checked for its type and range. A field that
+fails makes the header corrupt, with a one-line reason naming the field. Fields
+may be missing or null (older versions lack some); fields this reader does not
+know are held only to the depth, number and text rules.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+MAX_DEPTH = 16  # the metadata written today nests 3 deep
+INT64 = 1 << 63
+INT32 = 1 << 31
+
+
+class Int:
+    """An integer (never a bool) in [lo, hi]."""
+
+    def __init__(self, lo: int, hi: int) -> None:
+        self.lo, self.hi = lo, hi
+
+    def check(self, v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and self.lo <= v <= self.hi
+
+
+class Number(Int):
+    """An int or a finite float in [lo, hi]."""
+
+    def check(self, v: Any) -> bool:
+        if isinstance(v, float):
+            return math.isfinite(v) and self.lo <= v <= self.hi
+        return super().check(v)
+
+
+class ListOf:
+    def __init__(self, item: type) -> None:
+        self.item = item
+
+
+class MapOf:
+    """An object whose keys are free and whose values are all of one type (or null)."""
+
+    def __init__(self, value: type) -> None:
+        self.value = value
+
+
+PID = Int(0, INT32 - 1)
+RANK = Int(-INT32, INT32 - 1)  # the timeline's rank column is int32
+CLOCK_NS = Int(0, INT64 - 1)
+# Each used field: a type (or null), an Int/Number range, a ListOf/MapOf, or a nested dict of fields.
+SCHEMA: dict[str, Any] = {
+    "format_version": Int(1, 0xFFFF),
+    "clock": {"wall_ns": CLOCK_NS, "monotonic_ns": CLOCK_NS, "error_s": Number(0, 10**9)},
+    "identity": {
+        "host": str,
+        "pid": PID,
+        "ppid": PID,
+        "rank": RANK,
+        "local_rank": RANK,
+        "world_size": RANK,
+        "role": str,
+        "attempt": Int(-INT64, INT64 - 1),
+        "argv": ListOf(str),
+        "boot_id": str,
+    },
+    "started_at": str,
+    "versions": MapOf(str),
+    "sample_interval_s": Number(0, 10**9),
+    "cgroup": {"version": Int(1, 2), "path": str},
+    "writer": {"package": str, "version": str, "backend": str},
+    "liveness": str,
+    "record_dtype": ListOf(list),
+    "regions": MapOf(int),
+}
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")
+
+
+def parse_meta(blob: bytes) -> tuple[dict[str, Any], list[str]]:
+    """The metadata JSON as a dict, and what is wrong with it (empty when it can be used)."""
+    try:
+        meta = json.loads(blob, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:  # bad JSON, NaN/Infinity, an int of over 4300 digits, depth
+        return {}, [f"metadata JSON ({type(exc).__name__})"]
+    if not isinstance(meta, dict):
+        return {}, ["metadata that is not a JSON object"]
+    problems = _document_problems(meta)
+    if not problems:
+        _check_fields(meta, SCHEMA, "", problems)
+    return (meta if not problems else {}), problems
+
+
+def _document_problems(meta: dict[str, Any]) -> list[str]:
+    """Depth, numbers and text of the whole document, walked without recursion."""
+    stack: list[tuple[Any, int]] = [(meta, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth > MAX_DEPTH:
+                return [f"metadata nested deeper than {MAX_DEPTH} levels"]
+            items = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+            stack.extend((item, depth + 1) for item in items)
+        elif isinstance(node, float) and not math.isfinite(node):
+            return ["a metadata number that is not finite"]
+        elif isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                return ["metadata text that is not valid Unicode (a lone surrogate)"]
+    return []
+
+
+NULLABLE_OBJECTS = frozenset({"cgroup"})  # other objects, where present, are objects: readers index into them
+
+
+def _check_fields(obj: dict[str, Any], spec: dict[str, Any], where: str, problems: list[str]) -> None:
+    for key, want in spec.items():
+        v = obj.get(key)
+        name = f"{where}{key}"
+        if v is None and not (isinstance(want, dict) and key in obj and key not in NULLABLE_OBJECTS):
+            continue
+        if isinstance(want, dict):
+            if not isinstance(v, dict):
+                problems.append(f"metadata {name} of type {type(v).__name__} (expected an object)")
+            else:
+                _check_fields(v, want, f"{name}.", problems)
+        elif not _fits(v, want):
+            problems.append(f"metadata {name} {_short(v)} (expected {_expected(want)})")
+
+
+def _fits(v: Any, want: Any) -> bool:
+    if isinstance(want, Int):
+        return want.check(v)
+    if isinstance(want, ListOf):
+        return isinstance(v, list) and all(isinstance(x, want.item) for x in v)
+    if isinstance(want, MapOf):
+        return isinstance(v, dict) and all(x is None or _fits(x, want.value) for x in v.values())
+    if want is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, want)
+
+
+def _expected(want: Any) -> str:
+    if isinstance(want, Int):
+        return f"{'a number' if isinstance(want, Number) else 'an integer'} from {want.lo} to {want.hi}"
+    if isinstance(want, ListOf):
+        return f"a list of {want.item.__name__}"
+    if isinstance(want, MapOf):
+        return f"an object of {want.value.__name__}"
+    return str(want.__name__)
+
+
+def _short(v: Any) -> str:
+    """A value for a message: its type, and a number's first digits (never much of the file's text)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        text = str(v) if not isinstance(v, int) or v.bit_length() < 64 else f"of {v.bit_length()} bits"
+        return text[:24]
+    return f"of type {type(v).__name__}"

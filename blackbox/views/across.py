@@ -1,0 +1,173 @@
+"""The account of many processes at once, the same length at 8 ranks and at 8,000.
+
+Pure functions over a bundle's (or a job's) metadata and its rank rows
+(``recovery.ranks.rank_rows``): the attempts, the first death, the other ranks
+grouped by how they ended, and the outliers. The per-rank detail stays in
+ranks.parquet.
+"""
+
+from __future__ import annotations
+
+import statistics
+from datetime import datetime
+from typing import Any
+
+from .._units import human_bytes
+
+DEFAULT_CLOCK_ERROR_S = 0.1  # assumed where a host's time service did not say how far off it may be
+MAX_GROUPS = 12
+MAX_MISSING = 20
+
+
+def _t(iso: str | None) -> float | None:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() if iso else None
+
+
+def _who(r: dict[str, Any]) -> str:
+    if r.get("rank") is not None:
+        return f"rank {r['rank']} (host {r.get('host')}, pid {r.get('pid')})"
+    return f"pid {r.get('pid')} on host {r.get('host')}"
+
+
+def _seconds(s: float) -> str:
+    return f"{s * 1e3:.0f} ms" if abs(s) < 1 else f"{s:.1f} s"
+
+
+def _step(v: Any) -> str:
+    return "-" if v is None else f"{v:,}"
+
+
+def attempt_lines(attempts: list[dict[str, Any]]) -> list[str]:
+    """The last attempt first, then one line for each earlier one."""
+    if len(attempts) < 2:
+        return []
+    n = len(attempts)
+    lines = ["## Attempts", "", f"This account is of attempt {n} of {n} (the last). Earlier attempts:", ""]
+    for a in attempts[:-1]:
+        d = a.get("first_death")
+        if d:
+            where = (
+                f"rank {d['rank']} on {d['host']}" if d.get("rank") is not None else f"pid {d['pid']} on {d['host']}"
+            )
+            lines.append(f"- attempt {a['attempt']} of {n}: {d['cause']} at step {_step(d.get('step'))} "
+                         f"({where}, {d['time']})")  # fmt: skip
+        else:
+            lines.append(f"- attempt {a['attempt']} of {n}: {a['cause']}, last step {_step(a.get('last_step'))}")
+    return [*lines, ""]
+
+
+def _error(r: dict[str, Any]) -> float:
+    e = r.get("clock_error_s")
+    return float(e) if isinstance(e, (int, float)) else DEFAULT_CLOCK_ERROR_S
+
+
+def first_death_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]]) -> list[str]:
+    """Who died first; and where a death on another host is closer than the two clocks can tell apart,
+    that the order between them is not known."""
+    if not first:
+        return ["No process records a death: every writer ended cleanly or is still running.", ""]
+    lines = [f"**First death: {_who(first)}**, `{first['cause']}` at {first['time']}, step {_step(first.get('step'))}."]
+    if first.get("headline"):
+        lines += ["", first["headline"]]
+    t0 = _t(first["time"])
+    me = next((r for r in rows if r.get("pid") == first.get("pid") and r.get("host") == first.get("host")), {})
+    close = []
+    for r in rows:
+        t = _t(r.get("death_time"))
+        if t is None or t0 is None or r.get("host") == first.get("host") or r.get("cause") == "clean_exit":
+            continue
+        margin = _error(me) + _error(r)
+        if abs(t - t0) <= margin:
+            close.append((abs(t - t0), margin, r))
+    if close:
+        gap, margin, r = min(close, key=lambda c: c[0])
+        lines += ["", f"Order not known: {_who(r)} died {gap * 1e3:.1f} ms from it, within the two hosts' clock "
+                      f"error (±{margin * 1e3:.0f} ms together; ±{DEFAULT_CLOCK_ERROR_S * 1e3:.0f} ms assumed per "
+                      "host whose time service did not report one). "
+                      f"{len(close)} death(s) on other hosts are that close."]  # fmt: skip
+    return [*lines, ""]
+
+
+def ended_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]]) -> list[str]:
+    """The processes grouped by how they ended: count and time spread after the first death."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(r.get("cause") or "unknown", []).append(r)
+    t0 = _t(first["time"]) if first else None
+    lines = ["## How they ended", ""]
+    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    for cause, members in ordered[:MAX_GROUPS]:
+        ranks = sum(1 for m in members if m.get("rank") is not None)
+        noun = ("rank" if ranks == len(members) else "process") + ("" if len(members) == 1 else
+                ("s" if ranks == len(members) else "es"))  # fmt: skip
+        times = [t for t in (_t(m.get("death_time")) for m in members) if t is not None]
+        text = f"- {len(members)} {noun} `{cause}`"
+        if times and t0 is not None and cause != "clean_exit":
+            lo, hi = min(times) - t0, max(times) - t0
+            if lo == hi == 0:
+                text += " (the first death)"
+            elif lo >= 0:
+                text += f" within {_seconds(hi)} after the first death"
+            else:
+                text += f", from {_seconds(lo)} to {_seconds(hi)} around the first death"
+        lines.append(text)
+    if len(ordered) > MAX_GROUPS:
+        lines.append(
+            f"- {sum(len(m) for _, m in ordered[MAX_GROUPS:])} more in {len(ordered) - MAX_GROUPS} other causes"
+        )
+    return [*lines, ""]
+
+
+HIGH = 1.2  # a peak or a step time this many times the median is an outlier
+LOW = 0.99  # a last step this far below the median is one
+
+
+def _outlier(rows: list[dict[str, Any]], column: str, what: str, fmt: Any, low: bool = False) -> str | None:
+    have = [r for r in rows if r.get(column) is not None]
+    if len(have) < 2:
+        return None
+    pick = (min if low else max)(have, key=lambda r: r[column])
+    median = statistics.median(r[column] for r in have)
+    if (pick[column] > LOW * median) if low else (pick[column] < HIGH * median):
+        return None
+    return f"- {what}: {_who(pick)} {fmt(pick[column])} (median {fmt(median)})"
+
+
+def outlier_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The highest peaks, the slowest last step, the earliest stop, and ranks that left no ring."""
+    found = [
+        _outlier(rows, "peak_host_rss", "highest peak host RSS", lambda v: human_bytes(int(v))),
+        _outlier(rows, "peak_gpu_allocated", "highest peak GPU allocated", lambda v: human_bytes(int(v))),
+        _outlier(rows, "last_step_s", "slowest last step", lambda v: f"{v:.3f} s"),
+        _outlier(rows, "last_step", "stopped earliest", lambda v: f"at step {_step(int(v))}", low=True),
+    ]
+    lines = [line for line in found if line]
+    sizes = {r["world_size"] for r in rows if isinstance(r.get("world_size"), int)}
+    if sizes:
+        world = max(sizes)
+        present = {r["rank"] for r in rows if isinstance(r.get("rank"), int)}
+        missing = sorted(set(range(world)) - present)
+        if missing:
+            shown = ", ".join(map(str, missing[:MAX_MISSING])) + (", ..." if len(missing) > MAX_MISSING else "")
+            lines.append(f"- {len(missing)} of {world} ranks left no ring: {shown}")
+    return ["## Outliers", "", *lines, ""] if lines else []
+
+
+def across_lines(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """Attempts, first death, how the last attempt's processes ended, outliers; at most ~60 lines."""
+    attempts = meta.get("attempts") or []
+    if len(attempts) > 1 and isinstance(attempts[-1].get("launcher_attempt"), int):
+        rows = [r for r in rows if r.get("attempt") == attempts[-1]["launcher_attempt"]]
+    elif len(attempts) > 1 and attempts[-1].get("started_at"):
+        rows = [r for r in rows if (r.get("started_at") or "") >= attempts[-1]["started_at"]]
+    first = meta.get("first_death")
+    return [
+        *attempt_lines(attempts),
+        "## First death",
+        "",
+        *first_death_lines(first, rows),
+        *ended_lines(first, rows),
+        *outlier_lines(rows),
+        "One row per process, with its peaks and last step: `ranks.parquet`.",
+        "",
+    ]

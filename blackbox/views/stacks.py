@@ -1,0 +1,164 @@
+"""Stack samples for people and other tools, as pure functions.
+
+- ``stack_sections``: summary.md's "What it was doing" and "Where memory grew";
+- ``folded_stacks``: the folded-stacks text that flamegraph.pl and speedscope read as is
+  (one line per distinct stack: frames outermost first joined by ``;``, a space, the count);
+- ``trace_stacks``: Perfetto / Chrome trace events for one process's stack samples.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Any
+
+import pyarrow as pa
+
+from .._units import human_bytes
+from ..recovery.timeline import of_kind
+
+SHOWN_FRAMES = 6  # innermost frames shown per stack in summary.md
+GAP_INTERVALS = 10  # trace: a sampled stack lasts until the next sample unless this many intervals apart
+
+
+def short_frame(frame: str) -> str:
+    """``fn (/a/b/train.py:12)`` -> ``fn (train.py:12)``: the file's base name."""
+    name, sep, where = frame.rpartition(" (")
+    if not sep:
+        return frame
+    return f"{name} ({os.path.basename(where)}"
+
+
+def innermost_first(folded: str | None, shown: int = SHOWN_FRAMES) -> str:
+    """A folded stack for a Markdown cell: innermost frame first, short file names, ``←`` between."""
+    if not folded:
+        return "-"
+    frames = [short_frame(f) for f in reversed(folded.split(";"))]
+    more = len(frames) - shown
+    text = " ← ".join(f"`{f.replace('`', chr(39))}`" for f in frames[:shown])
+    return (text + f" ← … ({more} more)" if more > 0 else text).replace("|", "\\|")
+
+
+def stack_sections(report: dict[str, Any] | None) -> list[str]:
+    """summary.md lines for a ring's ``stacks`` metadata (``recovery.stacks.stack_report``)."""
+    if not report:
+        return []
+    lines = [
+        "## What it was doing",
+        "",
+        f"Python stacks sampled in the last {report['window_s']:g} s before the last event, by share of "
+        "each thread's samples (innermost frame first):",
+        "",
+        "| share | samples | thread | stack |",
+        "|---:|---:|---|---|",
+    ]
+    lines += [f"| {100 * e['share']:.0f}% | {e['samples']} | {e['thread'] or '-'} | {innermost_first(e['stack'])} |"
+              for e in report.get("last") or []]  # fmt: skip
+    grew = report.get("memory_growth") or []
+    lines += ["", "## Where memory grew", ""]
+    if not grew:
+        return [*lines, "No stack was sampled while memory grew.", ""]
+    gpu = any(e.get("gpu_allocated_growth") is not None for e in grew)
+    lines += [
+        "Growth of host RSS" + (" and GPU allocated memory" if gpu else "") + " between consecutive samples, "
+        "charged to the stacks sampled in between (net, largest first):",
+        "",
+        "| host RSS | " + ("GPU allocated | " if gpu else "") + "samples | thread | stack |",
+        "|---:|" + ("---:|" if gpu else "") + "---:|---|---|",
+    ]
+    for e in grew:
+        cells = [human_bytes(e["host_rss_growth"])]
+        if gpu:
+            cells.append(human_bytes(e.get("gpu_allocated_growth")))
+        cells += [str(e["intervals"]), e["thread"] or "-", innermost_first(e["stack"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def folded_stacks(table: pa.Table) -> str:
+    """Every stack sample of a timeline as folded stacks: ``outer;...;inner count`` per distinct stack,
+    most sampled first. Samples whose stack was lost keep their placeholder frame."""
+    rows = of_kind(table, "stack_sample", columns=["detail"])
+    counts = Counter(s for s in rows["detail"].to_pylist() if s)
+    return "".join(f"{stack} {n}\n" for stack, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def trace_stacks(
+    samples: list[tuple[float, int, str | None, str | None]],
+    pid: int,
+    frames: dict[str, dict[str, Any]],
+    first_tid: int,
+    interval_us: float,
+    end_us: float,
+) -> list[dict[str, Any]]:
+    """Trace events for one process's stack samples ``(ts in us, thread, thread name, folded stack)``.
+
+    Two renderings: a flame chart track per sampled thread (nested ``X`` slices, one per frame, as
+    long as consecutive samples share it; what ui.perfetto.dev draws), and the trace-event format's
+    sample events (``P`` with ``sf``, naming entries that this adds to ``frames``, the trace's
+    ``stackFrames``). A sample lasts until the thread's next one; after a gap of more than
+    ``GAP_INTERVALS`` sample intervals (a slow tick, stacks turned off), one interval.
+    """
+    out: list[dict[str, Any]] = []
+    by_thread: dict[int, list[tuple[float, list[str]]]] = {}
+    names: dict[int, str | None] = {}
+    tids: dict[int, int] = {}
+    for ts, thread, name, folded in samples:
+        stack = folded.split(";") if folded else []
+        by_thread.setdefault(thread, []).append((ts, stack))
+        names.setdefault(thread, name)
+        tid = tids.setdefault(thread, first_tid + len(tids))
+        out.append({"ph": "P", "name": "stack sample", "cat": "stack", "pid": pid, "tid": tid, "ts": ts,
+                    "sf": _frame_id(frames, stack)})  # fmt: skip
+    for thread, series in by_thread.items():
+        out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tids[thread],
+                    "args": {"name": f"stacks: {names[thread] or 'thread'} {thread:#x}"}})  # fmt: skip
+        out += _flame(series, pid, tids[thread], interval_us, end_us)
+    return out
+
+
+def stack_frames(frames: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The trace's ``stackFrames`` object (id -> name, category, parent) from ``trace_stacks``'s entries."""
+    return {f["id"]: {k: f[k] for k in ("name", "category", "parent") if k in f} for f in frames.values()}
+
+
+def _frame_id(frames: dict[str, dict[str, Any]], stack: list[str]) -> str:
+    """The ``stackFrames`` id of the innermost frame of ``stack``, adding the entries it needs."""
+    parent: str | None = None
+    for name in stack or ["<no frames>"]:
+        key = f"{parent}\0{name}"
+        found = frames.get(key)
+        if found is None:
+            found = frames[key] = {"id": str(len(frames) + 1), "name": name, "category": "python"}
+            if parent is not None:
+                found["parent"] = parent
+        parent = found["id"]
+    assert parent is not None
+    return parent
+
+
+def _flame(series: list[tuple[float, list[str]]], pid: int, tid: int, interval_us: float, end_us: float
+           ) -> list[dict[str, Any]]:  # fmt: skip
+    """Nested X slices: a frame stays open while consecutive samples share the stack up to it."""
+    out: list[dict[str, Any]] = []
+    open_: list[tuple[str, float]] = []  # (frame, start), outermost first
+
+    def close(depth: int, at: float) -> None:
+        while len(open_) > depth:
+            name, start = open_.pop()
+            out.append({"ph": "X", "name": name, "cat": "stack", "pid": pid, "tid": tid, "ts": start,
+                        "dur": max(0.0, at - start)})  # fmt: skip
+
+    last = None
+    for ts, stack in series:
+        if last is not None and ts - last > GAP_INTERVALS * interval_us:
+            close(0, last + interval_us)  # a gap in the samples: the stack is unknown in between
+        same = 0
+        while same < min(len(open_), len(stack)) and open_[same][0] == stack[same]:
+            same += 1
+        close(same, ts)
+        open_ += [(name, ts) for name in stack[same:]]
+        last = ts
+    if last is not None:
+        close(0, min(end_us, last + interval_us) if end_us > last else last)
+    return out

@@ -1,0 +1,287 @@
+"""The right cause for every real death, naming the process that died: real kernel OOM kills in memory
+cgroups, real DataLoader workers, real signals from named senders, real exits, zombies and pid namespaces."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_py, spawn_py
+
+from blackbox.recovery import pipeline
+from blackbox.recovery.pipeline import recover_rings
+from blackbox.ring import format as fmt
+from blackbox.ring.reader import find_rings, read_ring
+
+ENV = dict(os.environ, PYTHONPATH=str(REPO))
+LEAKY_WORKERS = """
+import sys, time, blackbox, torch
+from torch.utils.data import DataLoader, Dataset
+
+class Leaky(Dataset):
+    def __init__(self): self.kept = []
+    def __len__(self): return 100000
+    def __getitem__(self, i):
+        self.kept.append(bytearray(8 << 20))   # the bug: each worker keeps 8 MiB per item
+        return torch.tensor([float(i)])
+
+if __name__ == "__main__":
+    blackbox.arm(sys.argv[1] + "/", sample_interval=0.05)
+    loader = DataLoader(Leaky(), batch_size=4, num_workers=2, multiprocessing_context=sys.argv[2])
+    for step, batch in enumerate(loader):
+        blackbox.step(step)
+        time.sleep(0.02)
+"""
+
+
+def death_of(folder: Path) -> dict:  # type: ignore[type-arg]
+    meta = recover_rings([folder]).meta
+    return meta["death"] if "death" in meta else meta  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_dataloader_worker_killed_by_the_oom_killer_is_named(tmp_path: Path, memory_cgroup, context: str) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    # GIVEN a job whose DataLoader workers leak, in a memory cgroup of 900 MB
+    cg = memory_cgroup(900_000_000)
+    script = tmp_path / "job.py"
+    script.write_text(LEAKY_WORKERS)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "rings"), context], capture_output=True,
+                          text=True, timeout=300, env=ENV, preexec_fn=cg.join)  # fmt: skip
+    assert proc.returncode == 1  # PyTorch's "DataLoader worker ... exited unexpectedly", or a broken pipe to it
+    assert cg.oom_kills() >= 1
+    # WHEN its ring is recovered
+    out = subprocess.run([sys.executable, "-m", "blackbox", "recover", str(tmp_path / "rings"), "-o",
+                          str(tmp_path / "bundle"), "--summary"], capture_output=True, text=True, env=ENV)  # fmt: skip
+    meta = json.loads((tmp_path / "bundle" / "metadata.json").read_text())
+    main = next(m for m in meta.get("rings", [meta]) if m["argv"][:1] == [str(script)])
+    death = main["death"]
+    # THEN the cause is the kernel's OOM kill of the worker, named, with its memory and the worker levers
+    assert death["cause"] == "host_oom_kill" and death["confidence"] == "certain"
+    victim = death["victim"]
+    assert victim["role"] == "DataLoader worker" and victim["pid"] != main["pid"]
+    assert victim.get("rss", victim.get("anon_rss", 0)) > 100 << 20
+    assert f"The DataLoader worker (pid {victim['pid']}) was killed by the kernel OOM killer." in out.stdout
+    assert any("copy-on-read" in lever for lever in death["levers"])
+    assert not any("`losses.append(loss)`" in lever for lever in death["levers"])
+    assert death["host_growth"]["grew"] == "children"
+    assert death["kernel_report"]["tasks"] and any(t["pid"] == victim["pid"] for t in death["kernel_report"]["tasks"])
+    assert death["kernel_report"]["file"] == "oom-report.txt"
+    assert (tmp_path / "bundle" / death["kernel_report"]["file"]).read_text().count("Killed process") == 1
+    assert "the last sample before the death" in " ".join(death["evidence"])  # memory at the kill, not after
+    # and per-process memory at each sample: the workers' RSS climbing
+    ring = read_ring(find_rings([tmp_path / "rings"])[0])
+    kids = ring.records[ring.records["kind"] == fmt.KIND_CODES["child_sample"]]
+    assert len({int(p) for p in kids["p0"]}) >= 2 and int(kids["p1"].max()) > 100 << 20
+
+
+EXIT_JOBS = {
+    "sys.exit(2)": ("import sys, blackbox; blackbox.arm(sys.argv[1] + '/'); sys.exit(2)", "nonzero_exit", 2),
+    "KeyboardInterrupt": (
+        "import sys, blackbox; blackbox.arm(sys.argv[1] + '/'); raise KeyboardInterrupt",
+        "interrupted",
+        None,
+    ),  # fmt: skip
+    "exit 0": ("import sys, blackbox; blackbox.arm(sys.argv[1] + '/')", "clean_exit", None),
+}
+
+
+@pytest.mark.parametrize("name", list(EXIT_JOBS))
+def test_exits_and_interrupts_are_told_from_a_clean_exit(tmp_path: Path, name: str) -> None:
+    code, cause, status = EXIT_JOBS[name]
+    run_py(code, str(tmp_path), check=False)
+    death = death_of(tmp_path)
+    assert death["cause"] == cause and death["exit_status"] == status, death
+
+
+def test_a_bundle_of_several_rings_keeps_the_exit_status_run_saw(tmp_path: Path) -> None:
+    code = (
+        "import subprocess, sys\n"
+        "child = subprocess.run([sys.executable, '-c', 'import os; os.kill(os.getpid(), 9)'])\n"  # armed too
+        "sys.exit(3)\n"
+    )
+    proc = subprocess.run([sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path), "--quiet", "--",
+                           sys.executable, "-c", code], capture_output=True, text=True, env=ENV)  # fmt: skip
+    assert proc.returncode == 3
+    (run,) = tmp_path.glob("run-*")
+    meta = json.loads((run / "bundle" / "metadata.json").read_text())
+    assert meta["exit_status"] == 3 and len(meta["rings"]) == 2
+    (job,) = [m for m in meta["rings"] if m["death"]["exit_status"] == 3]
+    assert job["death"]["cause"] == "nonzero_exit"
+    assert f"cause: {meta['cause']}" in proc.stderr and "cause: n/a" not in proc.stderr
+
+
+def test_an_all_clean_run_prints_its_cause(tmp_path: Path) -> None:
+    code = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'import blackbox'])"
+    proc = subprocess.run([sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path), "--quiet", "--",
+                           sys.executable, "-c", code], capture_output=True, text=True, env=ENV)  # fmt: skip
+    assert proc.returncode == 0 and "cause: clean_exit" in proc.stderr, proc.stderr
+
+
+def _oom_kill_a_process(memory_cgroup) -> int:  # type: ignore[no-untyped-def]
+    cg = memory_cgroup(64 << 20)
+    proc = subprocess.run([sys.executable, "-c", "x = [bytearray(1 << 20) for _ in range(1000)]"],
+                          preexec_fn=cg.join, capture_output=True)  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL
+    return cg.oom_kills()
+
+
+@pytest.mark.slow
+def test_a_reused_pid_never_borrows_an_earlier_oom_kill_from_the_kernel_log(tmp_path: Path, memory_cgroup) -> None:  # type: ignore[no-untyped-def]
+    _oom_kill_a_process(memory_cgroup)
+    old = pipeline.kernel_oom_kills()
+    if not old:
+        pytest.skip("the kernel log cannot be read here (dmesg_restrict or not root)")
+    victim = old[-1].pid
+    # GIVEN a later job that was SIGKILLed (no OOM) and whose pid is that victim's (as a reused pid would be)
+    proc = spawn_py("import sys, time, blackbox; blackbox.arm(sys.argv[1] + '/'); print('up', flush=True); "
+                    "time.sleep(60)", str(tmp_path), stdout=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+    proc.kill()
+    proc.wait()
+    (path,) = find_rings([tmp_path])
+    ring = read_ring(path)
+    meta = dict(ring.meta, identity=dict(ring.meta["identity"], pid=victim))
+    meta.pop("record_dtype")
+    header = fmt.encode_header(ring.header.capacity, ring.header.strings_size, meta,
+                               stacks_size=ring.header.stacks_size, crash_size=ring.header.crash_size)  # fmt: skip
+    assert len(header) == ring.header.header_size
+    with open(path, "r+b") as f:
+        f.write(header)
+    # THEN the old kernel line (written before this ring started) is not its cause
+    death = death_of(tmp_path)
+    assert death["cause"] == "killed" and not any("kernel log" in e for e in death["evidence"]), death
+
+
+def test_a_killed_process_not_yet_reaped_is_dead(tmp_path: Path) -> None:
+    proc = spawn_py("import sys, time, blackbox; blackbox.arm(sys.argv[1] + '/'); print('up', flush=True); "
+                    "time.sleep(60)", str(tmp_path), stdout=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+    os.kill(proc.pid, signal.SIGKILL)
+    time.sleep(0.3)
+    assert Path(f"/proc/{proc.pid}/stat").read_text().split(") ")[1][0] == "Z"  # a zombie: not reaped
+    try:
+        meta = recover_rings([tmp_path]).meta
+        assert meta["writer_state"] == "ended without a clean end" and meta["death"]["cause"] == "killed"
+    finally:
+        proc.wait()
+
+
+@pytest.mark.slow
+def test_liveness_holds_across_pid_namespaces(tmp_path: Path) -> None:
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    job = "import sys, time, blackbox; blackbox.arm(sys.argv[1] + '/'); print('up', flush=True); time.sleep(60)"
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", job, str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if line != "up":
+        pytest.skip(f"the kernel refused a pid namespace: {proc.stderr.read() if proc.stderr else ''}")
+    try:
+        meta = recover_rings([tmp_path]).meta
+        assert meta["pid"] in (1, 2)  # its pid inside the container; on the host that pid is someone else
+        assert meta["writer_state"] == "running" and meta["death"]["cause"] == "unknown"
+    finally:
+        inner = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        for pid in inner:  # the job, pid 1 of its namespace, child of unshare
+            os.kill(int(pid), signal.SIGKILL)
+        proc.wait()
+    meta = recover_rings([tmp_path]).meta
+    assert meta["writer_state"] == "ended without a clean end" and meta["death"]["cause"] == "killed"
+
+
+@pytest.mark.slow
+def test_an_oom_kill_without_kernel_log_or_cgroup_is_probable(tmp_path: Path, memory_cgroup, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    cg = memory_cgroup(300 << 20)
+    proc = subprocess.run([sys.executable, "-c", "import sys, time, blackbox; blackbox.arm(sys.argv[1] + '/', "
+                           "sample_interval=0.02)\nkept = []\nwhile True:\n    kept.append(bytearray(4 << 20))\n"
+                           "    time.sleep(0.01)", str(tmp_path)], env=ENV, preexec_fn=cg.join)  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL
+    cg.directory.rmdir()  # the cgroup is gone, as after a container's end
+    monkeypatch.setattr(pipeline, "kernel_oom_kills", lambda: [])  # as for a user who cannot read the log
+    death = death_of(tmp_path)
+    assert death["cause"] == "host_oom_kill" and death["confidence"] == "probable", death
+
+
+SENDER = "import os, signal, sys, time; os.kill({pid}, signal.SIGTERM); time.sleep(0.5); os.kill({pid}, signal.SIGKILL)"
+STUBBORN = ("import signal, sys, time, blackbox; blackbox.arm(sys.argv[1] + '/', sample_interval=0.02)\n"
+            "signal.signal(signal.SIGTERM, lambda s, f: None)\nprint('up', flush=True)\ntime.sleep(60)")  # fmt: skip
+
+
+@pytest.mark.parametrize("sender,cause", [("earlyoom", "userspace_oom_kill"), ("slurmstepd", "killed")])
+def test_who_sent_the_sigterm_before_the_sigkill_is_told(tmp_path: Path, sender: str, cause: str) -> None:
+    job = spawn_py(STUBBORN, str(tmp_path / "rings"), stdout=subprocess.PIPE)
+    assert job.stdout is not None and job.stdout.readline().strip() == "up"
+    time.sleep(0.3)  # the sampler re-wrapped the job's SIGTERM handler
+    fake = tmp_path / sender
+    shutil.copy(sys.executable, fake)
+    subprocess.run([str(fake), "-c", SENDER.format(pid=job.pid)], check=True, env={"PYTHONHOME": sys.base_prefix})
+    job.wait(timeout=30)
+    death = death_of(tmp_path / "rings")
+    assert death["cause"] == cause and death["killed_by"]["sender"] == sender, death
+    assert death["killed_by"]["signal"] == "SIGTERM"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["shmem", "anon"])
+def test_memory_at_the_end_tells_shared_memory_from_a_leak(tmp_path: Path, memory_cgroup, kind: str) -> None:  # type: ignore[no-untyped-def]
+    cg = memory_cgroup(300 << 20)
+    shm = Path(f"/dev/shm/blackbox-test-{os.getpid()}")
+    fill = f"f = open({str(shm)!r}, 'wb')\nwhile True:\n    f.write(bytes(4 << 20)); f.flush(); time.sleep(0.01)"
+    leak = "kept = []\nwhile True:\n    kept.append(bytearray(4 << 20)); time.sleep(0.01)"
+    grow = fill if kind == "shmem" else leak
+    try:
+        subprocess.run([sys.executable, "-c", "import sys, time, blackbox; blackbox.arm(sys.argv[1] + '/', "
+                        f"sample_interval=0.02)\n{grow}", str(tmp_path)], env=ENV, preexec_fn=cg.join)  # fmt: skip
+    finally:
+        shm.unlink(missing_ok=True)
+    death = death_of(tmp_path)
+    assert death["cause"] == "host_oom_kill", death
+    memory = death["memory_at_end"]
+    shmem_lever = any("/dev/shm" in lever for lever in death["levers"])
+    if kind == "shmem":
+        assert memory["shmem_share"] > 0.5 and shmem_lever
+    else:
+        assert memory["anon_share"] > 0.8 and not shmem_lever
+
+
+TORCHRUN_RANK = """
+import os, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+kept = []
+for step in range(100000):
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    if dist.get_rank() == 1:
+        kept.append(bytearray(8 << 20))  # rank 1 leaks
+    time.sleep(0.02)
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_names_the_real_cause_from_blackbox_s_verdict(tmp_path: Path, memory_cgroup) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch.distributed")
+    cg = memory_cgroup(800_000_000)
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_RANK)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--no-python", "--nproc-per-node=2", "--max-restarts=0",
+           f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-backend=c10d", sys.executable, "-m", "blackbox", "run",
+           "--dir", str(tmp_path / "runs"), "--quiet", "--", sys.executable, str(script)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(ENV, OMP_NUM_THREADS="1"),
+                          preexec_fn=cg.join)  # fmt: skip
+    assert proc.returncode != 0
+    root = proc.stderr[proc.stderr.index("Root Cause") :]
+    assert "blackbox: host_oom_kill" in root and "was killed by the kernel OOM killer" in root, proc.stderr[-3000:]

@@ -1,0 +1,100 @@
+"""Real local users for attack tests: made with ``useradd``, removed with ``userdel`` after.
+
+An attacker's steps run as that user in a forked child of the test process
+(``setresuid``), so the kernel checks them as it would a real user's: what the
+attacker cannot do (write into a root folder, read a root-only file) fails
+here too. Tests skip, saying why, only where users cannot be made (not root,
+no ``useradd``).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    uid: int
+    gid: int
+
+    def run(self, step: Callable[[], Any]) -> str:
+        """Run ``step`` as this user in a forked child; return what it returns, as text, or raise
+        AssertionError with the child's error."""
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: drop to the user, do the step, report, leave without cleanup
+            code = 1
+            try:
+                os.close(r)
+                os.setgroups([])
+                os.setresgid(self.gid, self.gid, self.gid)
+                os.setresuid(self.uid, self.uid, self.uid)
+                result = step()
+                os.write(w, ("" if result is None else str(result)).encode())
+                code = 0
+            except BaseException as exc:
+                os.write(w, f"{type(exc).__name__}: {exc}".encode())
+            finally:
+                os._exit(code)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            out = f.read().decode()
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise AssertionError(f"as {self.name}: {out}")
+        return out
+
+    def give(self, path: Path) -> Path:
+        """chown ``path`` (and what is inside it) to this user, as if they had made it."""
+        for p in [path, *(path.rglob("*") if path.is_dir() else [])]:
+            os.chown(p, self.uid, self.gid, follow_symlinks=False)
+        return path
+
+
+@contextmanager
+def local_users(*roles: str) -> Iterator[list[User]]:
+    """One new local user per role (``bb<role><n>``), removed afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("making local users needs root (useradd)")
+    if shutil.which("useradd") is None or shutil.which("userdel") is None:
+        pytest.skip("no useradd/userdel on this machine")
+    made: list[User] = []
+    try:
+        for role in roles:
+            name = f"bb{role[:10]}{os.getpid() % 100_000}"
+            proc = subprocess.run(
+                ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", name],
+                capture_output=True,
+                text=True,
+            )
+            if proc.returncode != 0:
+                pytest.skip(f"useradd refused to make a user: {proc.stderr.strip()}")
+            pw = pwd.getpwnam(name)
+            made.append(User(name, pw.pw_uid, pw.pw_gid))
+        yield made
+    finally:
+        for user in made:
+            subprocess.run(["userdel", user.name], capture_output=True)
+
+
+@contextmanager
+def shared_folder() -> Iterator[Path]:
+    """A world-writable sticky folder like ``/var/tmp`` (not under pytest's root-only tmp_path)."""
+    path = Path(tempfile.mkdtemp(prefix="bb-shared-"))
+    os.chmod(path, 0o1777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

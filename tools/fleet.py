@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Make a folder of rings from a large job, really: N ranks as N real processes under H host names
+(one UTS namespace per host, `unshare -u`), each armed with a small ring filled with steps, all
+SIGKILLed; one rank (the victim) first, the others a moment later.
+
+    python tools/fleet.py DIR [--ranks 1000] [--hosts 4] [--ring-mib 2] [--victim 613]
+
+Prints one line: how many rings, the victim's host and pid, and the time it took. Used by the
+scale test and by tools/bench_fleet.py. Needs root (or user namespaces) for `unshare -u`;
+with --no-unshare every rank has this host's name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SLOT = 128
+HERE = Path(__file__).resolve().parent.parent
+
+
+def _rank(folder: str, rank: int, local: int, world: int, capacity: int, ready: int) -> None:
+    """A rank: arm, fill the ring with steps and marks, say ready, wait to be killed."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(local), WORLD_SIZE=str(world))
+    import blackbox
+
+    blackbox.arm(folder + "/", capacity=capacity, sample_interval=0.5)
+    for step in range(capacity + capacity // 4):  # more than fits: the ring wraps, as a long job's does
+        blackbox.step(step)
+        if step % 64 == 0:
+            blackbox.mark("loss", step)
+    os.write(ready, b"r")
+    step = capacity + capacity // 4
+    while True:  # a training loop until the kill: its last event is its death, give or take a step
+        step += 1
+        blackbox.step(step)
+        time.sleep(0.05)
+
+
+def host(args: argparse.Namespace) -> int:
+    """One host: set its name (in its own UTS namespace), fork its ranks, report their pids."""
+    if args.hostname:
+        socket.sethostname(args.hostname)
+    import blackbox  # noqa: F401  (imported once here, inherited by every rank)
+
+    capacity = args.ring_mib * (1 << 20) // SLOT
+    r, w = os.pipe()
+    pids = []
+    for i in range(args.count):
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            try:
+                _rank(args.folder, args.first + i, i, args.world, capacity, w)
+            finally:
+                os._exit(0)
+        pids.append(pid)
+    os.close(w)
+    got = 0
+    while got < len(pids):
+        chunk = os.read(r, 4096)
+        if not chunk:
+            break
+        got += len(chunk)
+    print(" ".join(map(str, pids)), flush=True)
+    sys.stdin.read()  # until the maker has killed the ranks
+    for pid in pids:
+        os.waitpid(pid, 0)
+    return 0
+
+
+def make(args: argparse.Namespace) -> int:
+    folder = Path(args.folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    per = -(-args.ranks // args.hosts)
+    t0 = time.perf_counter()
+    hosts = []
+    env = dict(os.environ, PYTHONPATH=str(HERE), OMP_NUM_THREADS="1")
+    for h in range(args.hosts):
+        first, count = h * per, min(per, args.ranks - h * per)
+        name = f"node{h:03d}"
+        cmd = [sys.executable, __file__, "--host-part", str(folder), "--first", str(first), "--count", str(count),
+               "--world", str(args.ranks), "--ring-mib", str(args.ring_mib)]  # fmt: skip
+        if args.unshare and shutil.which("unshare"):
+            cmd = ["unshare", "-u", *cmd, "--hostname", name]
+        hosts.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env))
+    pids: list[int] = []
+    for p in hosts:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        if not line:
+            raise SystemExit(f"fleet: a host part failed (exit {p.wait()})")
+        pids += [int(x) for x in line.split()]
+    victim = pids[args.victim]
+    os.kill(victim, signal.SIGKILL)
+    time.sleep(args.gap)
+    for pid in pids:
+        if pid != victim:
+            os.kill(pid, signal.SIGKILL)
+    for p in hosts:
+        assert p.stdin is not None
+        p.stdin.close()
+        p.wait()
+    rings = len(list(folder.glob("*.ring")))
+    print(f"fleet: {rings} rings in {folder}; rank {args.victim} (pid {victim}) killed first; "
+          f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folder")
+    ap.add_argument("--ranks", type=int, default=1000)
+    ap.add_argument("--hosts", type=int, default=4)
+    ap.add_argument("--ring-mib", type=int, default=2)
+    ap.add_argument("--victim", type=int, default=613)
+    ap.add_argument("--gap", type=float, default=0.2, help="seconds between the victim's kill and the others'")
+    ap.add_argument("--no-unshare", dest="unshare", action="store_false")
+    ap.add_argument("--host-part", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--hostname", help=argparse.SUPPRESS)
+    ap.add_argument("--first", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--world", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.host_part:
+        return host(args)
+    return make(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
