@@ -14,9 +14,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .recovery.bundle import PLOT, SUMMARY, Reader, stream_bundle
+from .recovery.bundle import PLOT, SUMMARY, Reader, stream_bundle, write_job_bundle
+from .recovery.job import JobPass
 from .recovery.pipeline import RecoveryPass
-from .views.summary import bundle_summary
+from .views.summary import bundle_summary, job_summary
 
 PLOT_ALL_UP_TO = 32  # rings drawn together in memory.png; beyond, the first death's ring alone
 
@@ -55,3 +56,19 @@ def write_postmortem(
     """
     recovery = RecoveryPass(inputs, exit_status, launcher_pid)
     return stream_bundle(recovery, out, lambda meta, read: _views(meta, read, plot=plot))
+
+
+def job_account(targets: list[str]) -> tuple[JobPass, dict[str, Any], str]:
+    """Read the node bundles under ``targets`` (bundle folders, folders of bundles, URI prefixes):
+    (the pass, the job's metadata, its summary.md)."""
+    job = JobPass(targets)
+    meta = job.finish()
+    return job, meta, job_summary(meta, job.rows(), job.first_death_ring(meta))
+
+
+def write_job(targets: list[str], out: str | os.PathLike[str]) -> dict[str, Any]:
+    """The job-wide bundle of the node bundles under ``targets`` into ``out`` (a folder or a URI):
+    ranks.parquet (every host's rows), summary.md and metadata.json; returns the metadata."""
+    job, meta, summary = job_account(targets)
+    write_job_bundle(out, job.ranks(), meta, {SUMMARY: summary.encode("utf-8")})
+    return meta

@@ -41,6 +41,7 @@ RECOVERY_ORDER = {
     "metadata": 4,
     "pipeline": 5,
     "bundle": 6,
+    "job": 7,
 }
 
 

@@ -3,7 +3,9 @@
 (one UTS namespace per host, `unshare -u`), each armed with a small ring filled with steps, all
 SIGKILLed; one rank (the victim) first, the others a moment later.
 
-    python tools/fleet.py DIR [--ranks 1000] [--hosts 4] [--ring-mib 2] [--victim 613]
+    python tools/fleet.py DIR [--ranks 1000] [--hosts 4] [--ring-mib 2] [--victim 613] [--per-host]
+
+--per-host: each host's rings in its own folder, DIR/node000/ ..., as node-local disks keep them.
 
 Prints one line: how many rings, the victim's host and pid, and the time it took. Used by the
 scale test and by tools/bench_fleet.py. Needs root (or user namespaces) for `unshare -u`;
@@ -86,7 +88,9 @@ def make(args: argparse.Namespace) -> int:
     for h in range(args.hosts):
         first, count = h * per, min(per, args.ranks - h * per)
         name = f"node{h:03d}"
-        cmd = [sys.executable, __file__, "--host-part", str(folder), "--first", str(first), "--count", str(count),
+        where = folder / name if args.per_host else folder
+        where.mkdir(exist_ok=True)
+        cmd = [sys.executable, __file__, "--host-part", str(where), "--first", str(first), "--count", str(count),
                "--world", str(args.ranks), "--ring-mib", str(args.ring_mib)]  # fmt: skip
         if args.unshare and shutil.which("unshare"):
             cmd = ["unshare", "-u", *cmd, "--hostname", name]
@@ -108,7 +112,7 @@ def make(args: argparse.Namespace) -> int:
         assert p.stdin is not None
         p.stdin.close()
         p.wait()
-    rings = len(list(folder.glob("*.ring")))
+    rings = len(list(folder.glob("**/*.ring")))
     print(f"fleet: {rings} rings in {folder}; rank {args.victim} (pid {victim}) killed first; "
           f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
     return 0
@@ -123,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--victim", type=int, default=613)
     ap.add_argument("--gap", type=float, default=0.2, help="seconds between the victim's kill and the others'")
     ap.add_argument("--no-unshare", dest="unshare", action="store_false")
+    ap.add_argument("--per-host", action="store_true", help="each host's rings in DIR/<host>/")
     ap.add_argument("--host-part", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--hostname", help=argparse.SUPPRESS)
     ap.add_argument("--first", type=int, help=argparse.SUPPRESS)

@@ -1,4 +1,4 @@
-"""Recover rings (files or folders of rings) into a bundle: timeline.parquet, metadata.json, summary.md."""
+"""Recover rings (files or folders of rings) into a bundle, or node bundles into one job-wide bundle."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ from ._common import standalone
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("rings", nargs="+", metavar="RING|DIR", help="ring files, or folders holding *.ring files")
+    parser.add_argument(
+        "rings",
+        nargs="+",
+        metavar="RING|DIR|BUNDLE|URI",
+        help="ring files or folders holding *.ring files (a bundle: timeline.parquet, ranks.parquet, "
+        "metadata.json, summary.md); or node bundles, folders or URI prefixes of them (a job-wide bundle: "
+        "ranks.parquet of every host, metadata.json, summary.md)",
+    )
     parser.add_argument(
         "-o",
         "--out",
@@ -23,11 +30,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._postmortem import write_postmortem
+    from .._postmortem import write_job, write_postmortem
     from ..recovery.bundle import read_summary
+    from ..recovery.job import kind_of
 
     out = args.out
-    meta = write_postmortem([Path(p) for p in args.rings], out)
+    targets = [str(t) for t in args.rings]  # a URI never goes through Path
+    if kind_of(targets) != "rings":
+        meta = write_job(targets, out)
+        print(f"wrote {out}/ (job-wide: {meta['ring_count']} rings on {meta['hosts']} hosts "
+              f"from {len(meta['bundles'])} bundles)")  # fmt: skip
+        for unread in meta["unread_bundles"]:
+            print(f"blackbox: not read: {unread['reason']}", file=sys.stderr)
+        if args.summary:
+            sys.stdout.write(read_summary(out))
+        return 0
+    meta = write_postmortem([Path(p) for p in targets], out)
     rec = meta["recovery"]
     state = "clean end" if meta.get("clean") else "no clean end"
     print(f"wrote {out}/ ({meta['events']} events, {rec.get('torn', 0)} torn slots dropped, {state})")

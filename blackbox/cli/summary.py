@@ -1,9 +1,8 @@
-"""Print the human summary of a bundle, or of rings recovered on the fly (nothing is written)."""
+"""Print the human summary of a bundle, of a job's node bundles, or of rings recovered on the fly."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,19 +11,34 @@ from ._common import standalone
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", nargs="+", metavar="BUNDLE|RING|DIR", help="a bundle folder, ring files or folders")
+    parser.add_argument(
+        "target",
+        nargs="+",
+        metavar="BUNDLE|RING|DIR|URI",
+        help="a bundle; several bundles, a folder or a URI prefix of them (s3://, gs://, hdfs://, file://) "
+        "for the job-wide account; or ring files and folders of rings (recovered in memory, nothing written)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..recovery.bundle import SUMMARY, read_summary
+    from .._postmortem import job_account
+    from ..recovery.bundle import read_summary
+    from ..recovery.job import kind_of
     from ..recovery.pipeline import RecoveryPass
     from ..views.summary import bundle_summary
 
-    targets = [Path(t) for t in args.target]
-    if len(targets) == 1 and os.path.lexists(targets[0] / SUMMARY):
+    targets = [str(t) for t in args.target]  # a URI never goes through Path (s3:// would lose a slash)
+    kind = kind_of(targets)
+    if kind == "bundle":
         sys.stdout.write(read_summary(targets[0]))  # as untrusted input: never through a link
         return 0
-    recovery = RecoveryPass(targets)  # nothing written; each ring's timeline dropped once diagnosed
+    if kind == "bundles":
+        _, meta, text = job_account(targets)
+        sys.stdout.write(text)
+        for unread in meta["unread_bundles"]:
+            print(f"blackbox: not read: {unread['reason']}", file=sys.stderr)
+        return 0
+    recovery = RecoveryPass([Path(t) for t in targets])  # nothing written; each timeline dropped once diagnosed
     for _ in recovery.tables():
         pass
     sys.stdout.write(bundle_summary(recovery.finish()))

@@ -106,7 +106,7 @@ def stream_bundle(recovery: RecoveryPass, out_dir: str | os.PathLike[str], views
     """
     dest = Destination(out_dir)
     if dest.local is None:
-        dest.fs.create_dir(dest.root, recursive=True)
+        _retire_remote(dest)
         remote = dest.fs
         return _fill(recovery, views, lambda name: remote.open_output_stream(dest.path(name)),
                      lambda: remote.open_input_file(dest.path(TIMELINE)))  # fmt: skip
@@ -118,6 +118,40 @@ def stream_bundle(recovery: RecoveryPass, out_dir: str | os.PathLike[str], views
 
     publish(dest.local, fill)
     return done
+
+
+def _retire_remote(dest: Destination) -> None:
+    """Before writing a bundle to object storage, where objects appear one by one: remove an earlier
+    bundle's metadata.json first, then its other files, so a reader listing the prefix never takes
+    the earlier metadata for the new tables (a prefix is a bundle once its metadata.json is there)."""
+    dest.fs.create_dir(dest.root, recursive=True)
+    infos = dest.fs.get_file_info(pafs.FileSelector(dest.root, allow_not_found=True))
+    names = {i.base_name for i in infos if i.type == pafs.FileType.File and _bundle_file(i.base_name)}
+    for name in sorted(names, key=lambda n: n != METADATA):  # metadata.json first
+        with contextlib.suppress(FileNotFoundError):
+            dest.fs.delete_file(dest.path(name))
+
+
+def write_job_bundle(out_dir: str | os.PathLike[str], ranks: pa.Table, meta: dict[str, Any],
+                     views: dict[str, bytes]) -> None:  # fmt: skip
+    """Write a job-wide bundle (no timeline: each node bundle keeps its own): ranks.parquet, the views
+    (summary.md) and, last, metadata.json; made whole and put in place like a bundle of rings."""
+    encoded = (json.dumps(meta, indent=2) + "\n").encode("utf-8")
+
+    def fill(create: Callable[[str], Any]) -> None:
+        with create(RANKS) as sink:
+            pq.write_table(ranks, sink, compression="zstd")
+        for name, data in {**views, METADATA: encoded}.items():
+            with create(name) as f:
+                f.write(data)
+
+    dest = Destination(out_dir)
+    if dest.local is None:
+        _retire_remote(dest)
+        remote = dest.fs
+        fill(lambda name: remote.open_output_stream(dest.path(name)))
+        return
+    publish(dest.local, lambda folder: fill(lambda name: os.fdopen(_create(folder / name), "wb")))
 
 
 def read_thinned(

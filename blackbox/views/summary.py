@@ -215,6 +215,37 @@ def bundle_summary(meta: dict[str, Any]) -> str:
     return "\n".join([*head, f"## Detail of {title}", "", _demote(_demote(ring_summary(detail)))])
 
 
+MAX_LISTED = 20  # bundles listed by name where some could not be read
+
+
+def job_summary(meta: dict[str, Any], rows: list[dict[str, Any]], detail: dict[str, Any] | None) -> str:
+    """summary.md of a job read from its node bundles (``recovery.job``): the account across every
+    host, the bundles that could not be read, and the detail of the first death's ring."""
+    bundles = meta.get("bundles") or []
+    hosts = meta.get("hosts") or 0
+    lines = [
+        f"# blackbox: job of {meta.get('ring_count', 0)} rings on {hosts} host{'s' if hosts != 1 else ''}, "
+        f"from {len(bundles)} bundle{'s' if len(bundles) != 1 else ''}",
+        "",
+        *across_lines(meta, rows),
+    ]
+    unread = meta.get("unread_bundles") or []
+    if unread:
+        lines += [f"## Bundles that could not be read ({len(unread)})", ""]
+        lines += [f"- `{u['bundle']}`: {u['reason']}" for u in unread[:MAX_LISTED]]
+        lines += [f"- ... and {len(unread) - MAX_LISTED} more (metadata.json: unread_bundles)"] * (
+            len(unread) > MAX_LISTED
+        )
+        lines.append("")
+    first = meta.get("first_death")
+    if first and detail is not None:
+        lines += ["## Detail of the first death", "", f"Its timeline: `{first['bundle']}/timeline.parquet`.", ""]
+        lines.append(_demote(_demote(ring_summary(detail))))
+    elif first:
+        lines += [f"Its timeline: `{first['bundle']}/timeline.parquet`.", ""]
+    return "\n".join(lines)
+
+
 def _detail_ring(meta: dict[str, Any], rings: list[dict[str, Any]]) -> dict[str, Any]:
     first = meta.get("first_death") or {}
     for m in rings:

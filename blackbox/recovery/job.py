@@ -1,0 +1,377 @@
+"""The job-wide account over node bundles: read their metadata and rank tables, never their timelines.
+
+Rings stay on the node that wrote them, so a job on many hosts leaves one bundle
+per host (``blackbox recover`` on each, often straight to object storage). This
+module finds the bundles under what the user named (bundle folders, a folder of
+bundles, a URI prefix: ``s3://``, ``gs://``, ``hdfs://``, ``file://``), reads each
+one's ``metadata.json`` and ``ranks.parquet`` a bundle at a time, and assembles
+the job's metadata: its attempts and first death across every host, with the
+bundle that holds that death's timeline.
+
+Every bundle is untrusted input: local files are opened without following links
+(``ring.inputs``), every read is bounded, and a bundle that cannot be read is
+left out with its one-line reason (``unread_bundles``), never guessed at.
+Memory: one bundle's metadata at a time, plus a few fields and one rank row per
+ring of the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from .._errors import BlackboxError, BundleDestinationError, RingNotFoundError, one_line
+from .._version import __version__
+from ..ring.inputs import Folder, open_folder, open_input
+from .bundle import MAX_METADATA_BYTES, METADATA, RANKS
+from .metadata import attempt_metadata, group_attempts
+from .ranks import SCHEMA, rank_rows, ranks_table, table_rows
+
+MAX_RANKS_BYTES = 64 << 20  # a ranks.parquet of a million rings is far smaller
+MAX_BUNDLES = 100_000
+MAX_DEPTH = 3  # job/host/run-*/bundle: how deep below a named folder bundles are looked for
+RING_SUFFIX = ".ring"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a bundle is: a local folder (``root`` as the user named it, then ``parts`` below it, each
+    entered without following a link) or a path on a pyarrow filesystem (``scheme://`` + ``root``)."""
+
+    root: str
+    parts: tuple[str, ...] = ()
+    fs: pafs.FileSystem | None = None  # None: local
+    scheme: str = ""
+
+    def __str__(self) -> str:
+        path = "/".join([self.root.rstrip("/") or "/", *self.parts]) if self.parts else self.root
+        return f"{self.scheme}://{path}" if self.fs is not None else path
+
+    def read(self, name: str, limit: int) -> bytes:
+        """The bytes of one of its files, at most ``limit`` (more is refused, not cut)."""
+        if self.fs is not None:
+            path = f"{self.root.rstrip('/')}/{name}"
+            try:
+                with self.fs.open_input_file(path) as f:
+                    size = f.size()
+                    if size > limit:
+                        raise BundleDestinationError(f"{self}/{name}: expected at most {limit} bytes, found {size}")
+                    return bytes(f.read(limit))
+            except FileNotFoundError:
+                raise RingNotFoundError(f"{self}/{name}: expected a bundle's {name}, found nothing") from None
+            except OSError as exc:
+                raise RingNotFoundError(f"{self}/{name}: expected a readable {name}, found {one_line(str(exc))}") from None
+        with self._folder() as folder:
+            fd, st = open_input(folder, name, {folder.uid}, f"a bundle's {name}")
+        with os.fdopen(fd, "rb") as f:
+            if st.st_size > limit:
+                raise BundleDestinationError(f"{self}/{name}: expected at most {limit} bytes, found {st.st_size}")
+            return f.read(limit)
+
+    def _folder(self) -> Folder:
+        folder = open_folder(Path(self.root))
+        for part in self.parts:
+            try:
+                fd = os.open(part, _DIR_FLAGS, dir_fd=folder.fd)
+            except OSError as exc:
+                folder.close()
+                raise RingNotFoundError(f"{self}: expected a bundle folder, found {exc.strerror}") from None
+            folder.close()
+            folder = Folder(fd, folder.path / part, os.fstat(fd).st_uid)
+        return folder
+
+
+def is_uri(target: str) -> bool:
+    return "://" in target
+
+
+def find_bundles(target: str) -> list[Place]:
+    """The bundles at ``target``: itself where it holds a metadata.json, else every bundle below it
+    (local folders down to MAX_DEPTH, links never followed; a URI prefix listed recursively)."""
+    if is_uri(target):
+        try:
+            fs, root = pafs.FileSystem.from_uri(target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+            raise BundleDestinationError(f"{target}: expected a bundle URI, found: {one_line(str(exc))}") from None
+        if isinstance(fs, pafs.LocalFileSystem):
+            return find_bundles(root)
+        return _find_remote(target, fs, root)
+    return [Place(target, parts) for parts in _find_local(target)]
+
+
+def _find_remote(target: str, fs: pafs.FileSystem, root: str) -> list[Place]:
+    scheme = target.split("://", 1)[0]
+    try:
+        top = fs.get_file_info(f"{root.rstrip('/')}/{METADATA}")
+        if top.type == pafs.FileType.File:
+            return [Place(root, (), fs, scheme)]
+        infos = fs.get_file_info(pafs.FileSelector(root.rstrip("/"), allow_not_found=True, recursive=True))
+    except OSError as exc:
+        raise RingNotFoundError(f"{target}: expected a bundle or a prefix of bundles, found {one_line(str(exc))}") from None
+    metadata = [i.path for i in infos if i.type == pafs.FileType.File and i.base_name == METADATA]
+    folders = sorted({p.rsplit("/", 1)[0] for p in metadata})
+    if len(folders) > MAX_BUNDLES:
+        raise BundleDestinationError(f"{target}: expected at most {MAX_BUNDLES} bundles, found {len(folders)}")
+    return [Place(f, (), fs, scheme) for f in folders]
+
+
+def _find_local(target: str) -> list[tuple[str, ...]]:
+    found: list[tuple[str, ...]] = []
+
+    def walk(folder: Folder, parts: tuple[str, ...]) -> None:
+        entries = folder.entries()
+        if any(n == METADATA and stat.S_ISREG(st.st_mode) for n, st in entries):
+            found.append(parts)
+            return
+        if len(parts) >= MAX_DEPTH:
+            return
+        for name, st in entries:
+            if not stat.S_ISDIR(st.st_mode) or name.startswith("."):  # .tmp: a bundle being written
+                continue
+            try:
+                fd = os.open(name, _DIR_FLAGS, dir_fd=folder.fd)
+            except OSError:
+                continue  # vanished, or swapped for a link meanwhile
+            with Folder(fd, folder.path / name, os.fstat(fd).st_uid) as inner:
+                walk(inner, (*parts, name))
+            if len(found) > MAX_BUNDLES:
+                raise BundleDestinationError(f"{target}: expected at most {MAX_BUNDLES} bundles, found more")
+
+    with open_folder(Path(target)) as top:
+        walk(top, ())
+    return found
+
+
+def holds_rings(target: str) -> bool:
+    """A ring file, or a folder with ``*.ring`` entries (what ring recovery reads, not bundles)."""
+    if is_uri(target):
+        return False
+    try:
+        st = os.stat(target)
+        if stat.S_ISREG(st.st_mode):
+            return True
+        return stat.S_ISDIR(st.st_mode) and any(n.endswith(RING_SUFFIX) for n in os.listdir(target))
+    except OSError:
+        return False
+
+
+def is_one_bundle(target: str) -> bool:
+    """``target`` is itself a bundle with its summary (a node bundle, or a job-wide one)."""
+    if not is_uri(target):
+        return os.path.lexists(os.path.join(target, "summary.md"))
+    try:
+        fs, root = pafs.FileSystem.from_uri(target)
+        return bool(fs.get_file_info(f"{root.rstrip('/')}/summary.md").type == pafs.FileType.File)
+    except (pa.ArrowException, OSError):
+        return False
+
+
+def kind_of(targets: list[str]) -> str:
+    """What the user named: ``bundle`` (one bundle), ``rings`` (ring files and folders of rings) or
+    ``bundles`` (several bundles, folders or URI prefixes of them)."""
+    if len(targets) == 1 and is_one_bundle(targets[0]):
+        return "bundle"
+    rings = [holds_rings(t) for t in targets]
+    if all(rings):
+        return "rings"
+    if any(rings):
+        raise BundleDestinationError(
+            f"{targets[rings.index(True)]}, {targets[rings.index(False)]}: expected ring files or bundles, "
+            "found both (recover the rings first)"
+        )
+    return "bundles"
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def _text(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _time(v: Any) -> str | None:
+    if not isinstance(v, str):
+        return None
+    try:
+        datetime.fromisoformat(v.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return v
+
+
+_DEATH_TEXT = ("cause", "confidence", "headline")
+
+
+def _slim(m: dict[str, Any], at: tuple[int, int]) -> dict[str, Any]:
+    """What the job-wide account needs of one ring's metadata, each field checked for its type."""
+    raw = m.get("death")
+    d: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    death = {k: _text(d.get(k)) for k in _DEATH_TEXT} | {"time": _time(d.get("time")), "step": _int(d.get("step"))}
+    death["victim"] = d.get("victim") if isinstance(d.get("victim"), dict) else None
+    death["cause"] = death["cause"] or "unknown"
+    return {
+        "host": _text(m.get("host")),
+        "pid": _int(m.get("pid")),
+        "rank": _int(m.get("rank")),
+        "role": _text(m.get("role")),
+        "attempt": _int(m.get("attempt")),
+        "started_at": _time(m.get("started_at")),
+        "last_event_at": _time(m.get("last_event_at")),
+        "last_step": _int(m.get("last_step")),
+        "events": _int(m.get("events")) or 0,
+        "death": death,
+        "_at": at,
+    }
+
+
+def _rings_of(meta: dict[str, Any], where: Place) -> list[dict[str, Any]]:
+    rings = meta.get("rings") if "rings" in meta else [meta]
+    if not isinstance(rings, list) or not all(isinstance(m, dict) for m in rings):
+        raise BundleDestinationError(f"{where}/{METADATA}: expected blackbox bundle metadata, found other JSON")
+    return rings
+
+
+def _read_meta(where: Place) -> dict[str, Any]:
+    raw = where.read(METADATA, MAX_METADATA_BYTES)
+    try:
+        meta = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise BundleDestinationError(f"{where}/{METADATA}: expected JSON, found {type(exc).__name__}") from None
+    if not isinstance(meta, dict):
+        raise BundleDestinationError(f"{where}/{METADATA}: expected a JSON object, found {type(meta).__name__}")
+    if meta.get("scope") == "job":
+        raise BundleDestinationError(f"{where}: expected a bundle of rings, found a job-wide bundle (read it alone)")
+    return meta
+
+
+def _read_ranks(where: Place, meta: dict[str, Any]) -> pa.Table:
+    """The bundle's ranks.parquet in the ranks schema; where it is missing or unreadable (a bundle
+    from before ranks.parquet, a damaged file), the same rows from its metadata."""
+    try:
+        table = pq.read_table(pa.BufferReader(where.read(RANKS, MAX_RANKS_BYTES)))
+        columns = [
+            table[f.name].cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+            for f in SCHEMA
+        ]
+        return pa.Table.from_arrays(columns, schema=SCHEMA)
+    except (BlackboxError, pa.ArrowException, OSError, ValueError):
+        return ranks_table(rank_rows(meta))
+
+
+@dataclass
+class JobPass:
+    """Read node bundles one at a time; then ``finish()`` gives the job's metadata and rank rows."""
+
+    targets: list[str]
+    places: list[Place] = field(default_factory=list)
+    unread: list[dict[str, str]] = field(default_factory=list)
+    _rings: list[dict[str, Any]] = field(default_factory=list)
+    _bundles: list[dict[str, Any]] = field(default_factory=list)
+    _ranks: list[pa.Table] = field(default_factory=list)
+    _next: int = 0  # places read so far
+
+    def __post_init__(self) -> None:
+        for target in self.targets:
+            try:
+                found = find_bundles(target)
+            except BlackboxError as exc:
+                self.unread.append({"bundle": target, "reason": str(exc)})
+                continue
+            if not found:
+                self.unread.append({"bundle": target, "reason": f"{target}: expected bundles, found none"})
+            self.places += found
+        if not self.places:
+            raise RingNotFoundError(
+                f"{' '.join(self.targets)}: expected ring files, a bundle, or a folder or URI prefix of bundles, "
+                f"found none ({self.unread[-1]['reason'] if self.unread else 'nothing'})"
+            )
+
+    def read(self) -> Iterator[Place]:
+        """Read each bundle (yielding it once read, for progress); unreadable ones go to ``unread``."""
+        while self._next < len(self.places):
+            i, where = self._next, self.places[self._next]
+            self._next += 1
+            try:
+                meta = _read_meta(where)
+                rings = [_slim(m, (i, j)) for j, m in enumerate(_rings_of(meta, where))]
+                ranks = _read_ranks(where, meta)
+            except BlackboxError as exc:
+                self.unread.append({"bundle": str(where), "reason": str(exc)})
+                continue
+            self._rings += rings
+            self._ranks.append(ranks)
+            self._bundles.append({
+                "bundle": str(where),
+                "hosts": sorted({m["host"] for m in rings if m["host"]}),
+                "rings": len(rings),
+                "events": sum(m["events"] for m in rings),
+                "cause": _text(meta.get("cause")),
+                "recovered_by": meta.get("recovered_by") if isinstance(meta.get("recovered_by"), dict) else None,
+            })  # fmt: skip
+            del meta
+            yield where
+
+    def ranks(self) -> pa.Table:
+        return pa.concat_tables(self._ranks) if self._ranks else SCHEMA.empty_table()
+
+    def finish(self) -> dict[str, Any]:
+        """The job's metadata: its bundles, attempts and first death (with the bundle holding it)."""
+        for _ in self.read():
+            pass
+        attempts = attempt_metadata(group_attempts(self._rings))
+        first = attempts[-1]["first_death"] if attempts else None
+        if first is not None:
+            first["bundle"] = str(self.places[self._first_ring(first)["_at"][0]])
+        for a in attempts[:-1]:
+            if a["first_death"] is not None:
+                a["first_death"]["bundle"] = str(self.places[self._first_ring(a["first_death"])["_at"][0]])
+        return {
+            "scope": "job",
+            "cause": first["cause"] if first else "clean_exit",
+            "first_death": first,
+            "attempts": attempts,
+            "hosts": len({m["host"] for m in self._rings}),
+            "ring_count": len(self._rings),
+            "events": sum(m["events"] for m in self._rings),
+            "bundles": self._bundles,
+            "unread_bundles": self.unread,
+            "recovered_by": {"blackbox": __version__},
+        }
+
+    def _first_ring(self, first: dict[str, Any]) -> dict[str, Any]:
+        return next(
+            m for m in self._rings
+            if (m["host"], m["pid"], m["death"]["time"]) == (first["host"], first["pid"], first["time"])
+        )  # fmt: skip
+
+    def rows(self) -> list[dict[str, Any]]:
+        return table_rows(self.ranks())
+
+    def first_death_ring(self, meta: dict[str, Any]) -> dict[str, Any] | None:
+        """The full metadata of the first death's ring, read again from its bundle (None: no death,
+        or its bundle changed meanwhile)."""
+        first = meta.get("first_death")
+        if not first:
+            return None
+        i, j = self._first_ring(first)["_at"]
+        try:
+            rings = _rings_of(_read_meta(self.places[i]), self.places[i])
+        except BlackboxError:
+            return None
+        ring = rings[j] if j < len(rings) else None
+        return ring if ring is not None and ring.get("pid") == first["pid"] else None

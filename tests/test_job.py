@@ -1,0 +1,285 @@
+"""The job-wide view over node bundles: `blackbox summary` and `blackbox recover` given several bundles,
+a folder of them or a URI prefix (a local S3-compatible server), reading only metadata and rank tables."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+from conftest import REPO
+
+from blackbox._postmortem import job_account, write_postmortem
+from blackbox.recovery import bundle
+from blackbox.views.across import first_death_lines
+
+FLEET = REPO / "tools" / "fleet.py"
+BUCKET = "postmortems"
+
+
+def blackbox_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "blackbox", *args], capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, PYTHONPATH=str(REPO), **(env or {})),
+    )  # fmt: skip
+
+
+def fleet(folder: Path, ranks: int, hosts: int, victim: int, mib: int = 1) -> None:
+    """Real processes under their own host names, every one SIGKILLed, the victim first."""
+    subprocess.run(
+        [sys.executable, str(FLEET), str(folder), "--ranks", str(ranks), "--hosts", str(hosts),
+         "--ring-mib", str(mib), "--victim", str(victim), "--per-host"],
+        check=True, capture_output=True, text=True, timeout=1200, env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def node_bundles(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two hosts of four ranks each, rank 5 (on node001) killed first, each host recovered on its own."""
+    rings, out = tmp_path_factory.mktemp("rings"), tmp_path_factory.mktemp("bundles")
+    fleet(rings, 8, 2, victim=5)
+    for host in sorted(p.name for p in rings.iterdir()):
+        write_postmortem([rings / host], out / host, plot=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[dict[str, str]]:
+    """A local S3-compatible server (moto's server mode) with one bucket; the environment that
+    pyarrow's S3 filesystem needs to reach it."""
+    server_mod = pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install '.[dev]')")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    try:
+        server.start()
+    except OSError as exc:
+        pytest.skip(f"moto's server could not start: {exc}")
+    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}  # fmt: skip
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", allow_bucket_creation=True).create_dir(
+        BUCKET
+    )
+    try:
+        yield env
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def test_summary_over_a_folder_of_bundles_names_the_jobs_first_death(node_bundles: Path) -> None:
+    proc = blackbox_cli("summary", str(node_bundles))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("# blackbox: job of 8 rings on 2 hosts, from 2 bundles")
+    assert "**First death: rank 5 (host node001," in proc.stdout
+    assert "8 ranks `killed`" in proc.stdout
+    assert f"Its timeline: `{node_bundles}/node001/timeline.parquet`" in proc.stdout
+    assert "### blackbox: node001 pid" in proc.stdout  # the first death's own account, from its bundle
+
+
+def test_summary_takes_several_bundles_named_one_by_one(node_bundles: Path) -> None:
+    proc = blackbox_cli("summary", str(node_bundles / "node000"), str(node_bundles / "node001"))
+    assert proc.returncode == 0, proc.stderr
+    assert "from 2 bundles" in proc.stdout and "**First death: rank 5 (host node001," in proc.stdout
+
+
+def test_recover_of_bundles_writes_a_job_bundle_without_timelines(node_bundles: Path, tmp_path: Path) -> None:
+    out = tmp_path / "job"
+    proc = blackbox_cli("recover", str(node_bundles), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "job-wide: 8 rings on 2 hosts from 2 bundles" in proc.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["metadata.json", "ranks.parquet", "summary.md"]
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["scope"] == "job" and meta["ring_count"] == 8 and meta["hosts"] == 2
+    assert meta["first_death"]["rank"] == 5 and meta["first_death"]["host"] == "node001"
+    assert meta["first_death"]["bundle"] == str(node_bundles / "node001")
+    ranks = pq.read_table(out / "ranks.parquet")
+    assert sorted(ranks["rank"].to_pylist()) == list(range(8))
+    assert set(ranks["host"].to_pylist()) == {"node000", "node001"}
+    # AND the job bundle's summary is what `summary` prints of it, and of the node bundles
+    again = blackbox_cli("summary", str(out))
+    assert again.stdout == (out / "summary.md").read_text() == blackbox_cli("summary", str(node_bundles)).stdout
+
+
+def test_the_job_view_reads_no_timeline(node_bundles: Path, tmp_path: Path) -> None:
+    # GIVEN node bundles whose timelines are gone (only metadata and rank tables copied off the nodes)
+    slim = tmp_path / "slim"
+    for host in ("node000", "node001"):
+        (slim / host).mkdir(parents=True)
+        for name in ("metadata.json", "ranks.parquet"):
+            (slim / host / name).write_bytes((node_bundles / host / name).read_bytes())
+    # THEN the job's account is the same
+    _, meta, text = job_account([str(slim)])
+    assert meta["first_death"]["rank"] == 5 and meta["ring_count"] == 8
+    assert "**First death: rank 5 (host node001," in text
+
+
+def test_an_unreadable_bundle_is_named_and_the_others_still_read(node_bundles: Path, tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    for host in ("node000", "node001"):
+        (job / host).mkdir(parents=True)
+        for name in ("metadata.json", "ranks.parquet", "summary.md"):
+            (job / host / name).write_bytes((node_bundles / host / name).read_bytes())
+    (job / "node000" / "metadata.json").write_text('{"rings": "not a list"}')
+    proc = blackbox_cli("summary", str(job))
+    assert proc.returncode == 0, proc.stderr
+    assert "job of 4 rings on 1 host, from 1 bundle" in proc.stdout
+    assert "## Bundles that could not be read (1)" in proc.stdout
+    assert proc.stderr.strip().splitlines() == [
+        f"blackbox: not read: {job}/node000/metadata.json: expected blackbox bundle metadata, found other JSON"
+    ]
+
+
+def test_a_link_among_bundles_is_never_followed(node_bundles: Path, tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "node000").symlink_to(node_bundles / "node000")  # planted: would add another host's ranks
+    (job / "node001").mkdir()
+    for name in ("metadata.json", "ranks.parquet"):
+        (job / "node001" / name).write_bytes((node_bundles / "node001" / name).read_bytes())
+    _, meta, _ = job_account([str(job)])
+    assert [b["bundle"] for b in meta["bundles"]] == [str(job / "node001")]
+
+
+def test_names_that_are_neither_rings_nor_bundles_are_one_line_errors(tmp_path: Path, node_bundles: Path) -> None:
+    proc = blackbox_cli("summary", str(tmp_path))
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1
+    assert "expected ring files, a bundle, or a folder or URI prefix of bundles, found none" in proc.stderr
+    ring = next((node_bundles.parent).glob("rings*/node000/*.ring"))
+    mixed = blackbox_cli("summary", str(ring), str(node_bundles))
+    assert mixed.returncode == 1 and "expected ring files or bundles, found both" in mixed.stderr
+
+
+def test_node_bundles_on_object_storage_give_the_job_wide_account(
+    node_bundles: Path, s3: dict[str, str], tmp_path: Path
+) -> None:
+    # GIVEN each host's rings recovered straight to object storage
+    rings = next(node_bundles.parent.glob("rings*"))
+    for host in ("node000", "node001"):
+        proc = blackbox_cli("recover", str(rings / host), "-o", f"s3://{BUCKET}/job42/{host}", env=s3)
+        assert proc.returncode == 0, proc.stderr
+    # WHEN the job's account is asked of the prefix (the URI keeps both slashes on the way)
+    proc = blackbox_cli("summary", f"s3://{BUCKET}/job42/", env=s3)
+    assert proc.returncode == 0, proc.stderr
+    assert "from 2 bundles" in proc.stdout and "**First death: rank 5 (host node001," in proc.stdout
+    assert f"Its timeline: `s3://{BUCKET}/job42/node001/timeline.parquet`" in proc.stdout
+    # AND a job bundle can be written beside them, and one node bundle read alone
+    proc = blackbox_cli("recover", f"s3://{BUCKET}/job42/", "-o", f"s3://{BUCKET}/job42-all", env=s3)
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads(bundle.Destination(f"s3://{BUCKET}/job42-all").fs.open_input_file(
+        f"{BUCKET}/job42-all/metadata.json").read())  # fmt: skip
+    assert meta["first_death"]["bundle"] == f"s3://{BUCKET}/job42/node001"
+    one = blackbox_cli("summary", f"s3://{BUCKET}/job42/node000", env=s3)
+    assert one.returncode == 0 and one.stdout.startswith("# blackbox: 4 rings on 1 host")
+
+
+def test_a_bundle_rewritten_on_object_storage_never_shows_earlier_metadata(
+    node_bundles: Path, s3: dict[str, str]
+) -> None:
+    # GIVEN a bundle already at the prefix
+    rings = next(node_bundles.parent.glob("rings*"))
+    prefix = f"s3://{BUCKET}/again"
+    write_postmortem([rings / "node000"], prefix, plot=False)
+    dest = bundle.Destination(prefix)
+    seen: list[bool] = []
+
+    def views(meta: dict[str, Any], read: bundle.Reader) -> dict[str, bytes]:
+        # WHILE another recovery writes there (its tables written, its metadata not yet)
+        seen.append(dest.fs.get_file_info(dest.path("metadata.json")).type == pafs.FileType.File)
+        return {}
+
+    from blackbox.recovery.pipeline import RecoveryPass
+
+    bundle.stream_bundle(RecoveryPass([rings / "node001"]), prefix, views)
+    # THEN a reader listing the prefix saw no metadata.json then, and sees the new one now
+    assert seen == [False]
+    assert "node001" in json.loads(dest.fs.open_input_file(dest.path("metadata.json")).read())["rings"][0]["host"]
+
+
+# ------------------------------------------------------------------ clocks: an order the hosts cannot tell
+
+
+def _row(host: str, rank: int, at: str, error: float | None = None) -> dict[str, Any]:
+    return {"host": host, "rank": rank, "pid": 100 + rank, "cause": "killed", "death_time": at,
+            "clock_error_s": error}  # fmt: skip
+
+
+FIRST = {"host": "a", "rank": 0, "pid": 100, "cause": "killed", "time": "2026-01-01T00:00:00.000000Z"}
+
+
+@pytest.mark.parametrize(
+    ("other", "unknown"),
+    [
+        (_row("b", 1, "2026-01-01T00:00:00.150000Z"), True),  # 150 ms apart, ±100 ms assumed per host
+        (_row("b", 1, "2026-01-01T00:00:00.250000Z"), False),  # farther than both clocks' error
+        (_row("a", 1, "2026-01-01T00:00:00.010000Z"), False),  # the same host: one clock
+        (_row("b", 1, "2026-01-01T00:00:00.150000Z", error=0.001), False),  # a synced host says ±1 ms
+    ],
+    ids=["close, unsynced clocks", "far apart", "same host", "close, one clock reported tight"],
+)
+def test_first_death_says_when_the_hosts_clocks_cannot_order_two_deaths(other: dict[str, Any], unknown: bool) -> None:
+    me = _row("a", 0, FIRST["time"], error=0.001 if other["clock_error_s"] else None)
+    text = "\n".join(first_death_lines(FIRST, [me, other]))
+    assert ("Order not known: rank 1 (host b" in text) is unknown
+
+
+# ------------------------------------------------------------------ a thousand ranks on four hosts
+
+
+@pytest.mark.slow
+def test_a_thousand_ranks_on_four_hosts_read_back_over_object_storage(s3: dict[str, str], tmp_path: Path) -> None:
+    # GIVEN 1,000 real processes under four host names, rank 613 killed first, the others 0.2 s later
+    rings = tmp_path / "rings"
+    fleet(rings, 1000, 4, victim=613)
+    hosts = sorted(p.name for p in rings.iterdir())
+    assert hosts == ["node000", "node001", "node002", "node003"]
+    # WHEN each host recovers its own rings to object storage
+    for host in hosts:
+        proc = blackbox_cli("recover", str(rings / host), "-o", f"s3://{BUCKET}/job1000/{host}", env=s3)
+        assert proc.returncode == 0, proc.stderr
+    # THEN the job-wide account over the prefix names rank 613 on node002 and stays short
+    proc = blackbox_cli("summary", f"s3://{BUCKET}/job1000", env=s3)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert text.startswith("# blackbox: job of 1000 rings on 4 hosts, from 4 bundles")
+    assert "**First death: rank 613 (host node002," in text
+    assert "1000 ranks `killed`" in text
+    assert len(text.splitlines()) <= 200
+    # AND the job bundle's ranks.parquet holds one row per rank, for DuckDB and pandas
+    out = tmp_path / "job"
+    assert blackbox_cli("recover", f"s3://{BUCKET}/job1000", "-o", str(out), env=s3).returncode == 0
+    ranks = pq.read_table(out / "ranks.parquet")
+    assert sorted(ranks["rank"].to_pylist()) == list(range(1000))
+    assert {h: ranks["host"].to_pylist().count(h) for h in hosts} == dict.fromkeys(hosts, 250)
+    # AND README's fleet query runs as written (pyarrow lists and reads the bucket, DuckDB downloads nothing)
+    pytest.importorskip("duckdb")
+    code = readme_fleet_query().replace("s3://ml-postmortems/", f"s3://{BUCKET}/job1000/")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, "README.md", "exec"), {})
+    first_row = next(line for line in printed.getvalue().splitlines() if "node" in line)
+    assert "node002" in first_row and " 613 " in first_row, printed.getvalue()
+
+
+def readme_fleet_query() -> str:
+    """The Python block of README that follows the marker ``<!-- fleet query -->``."""
+    text = (REPO / "README.md").read_text()
+    block = text.split("<!-- fleet query -->", 1)[1].split("```python\n", 1)[1]
+    return block.split("```", 1)[0]
