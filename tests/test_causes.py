@@ -232,6 +232,32 @@ def test_who_sent_the_sigterm_before_the_sigkill_is_told(tmp_path: Path, sender:
     assert death["killed_by"]["signal"] == "SIGTERM"
 
 
+GRACEFUL = ("import signal, sys, time, blackbox; blackbox.arm(sys.argv[1] + '/', sample_interval=0.02)\n"
+            "stop = []\nsignal.signal(signal.SIGTERM, lambda s, f: stop.append(s))\nprint('up', flush=True)\n"
+            "while not stop: time.sleep(0.01)\n"
+            "print('checkpoint saved', flush=True)\nsys.exit(int(sys.argv[2]))")  # fmt: skip
+
+
+@pytest.mark.parametrize("status", [0, 3])
+def test_a_graceful_shutdown_on_sigterm_is_told_not_hidden_by_the_exit(tmp_path: Path, status: int) -> None:
+    # GIVEN a job whose own SIGTERM handler checkpoints and exits (Lightning, a requeue), sent SIGTERM by slurmstepd
+    job = spawn_py(GRACEFUL, str(tmp_path / "rings"), str(status), stdout=subprocess.PIPE)
+    assert job.stdout is not None and job.stdout.readline().strip() == "up"
+    time.sleep(0.3)
+    fake = tmp_path / "slurmstepd"
+    shutil.copy(sys.executable, fake)
+    kill = f"import os, signal; os.kill({job.pid}, signal.SIGTERM)"
+    subprocess.run([str(fake), "-c", kill], check=True, env={"PYTHONHOME": sys.base_prefix})
+    assert job.stdout.readline().strip() == "checkpoint saved" and job.wait(timeout=30) == status
+    # THEN the death says the job ended by itself after the scheduler's SIGTERM, which its handler took
+    death = death_of(tmp_path / "rings")
+    assert death["cause"] == ("clean_exit" if status == 0 else "nonzero_exit"), death
+    told = "after SIGTERM from slurmstepd, which its own handler took (a graceful shutdown)."
+    assert death["headline"].endswith(told)
+    assert any(e.startswith("SIGTERM from slurmstepd (pid ") and "(a scheduler: time limit or preemption)" in e
+               and "handled by the job's handler" in e for e in death["evidence"]), death["evidence"]  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["shmem", "anon"])
 def test_memory_at_the_end_tells_shared_memory_from_a_leak(tmp_path: Path, memory_cgroup, kind: str) -> None:  # type: ignore[no-untyped-def]

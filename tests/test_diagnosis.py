@@ -8,6 +8,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from conftest import run_py, spawn_py
 
@@ -116,3 +117,28 @@ def test_summary_names_the_module_that_grew_and_shows_the_last_seconds(tmp_path:
     summary = (tmp_path / "bundle" / "summary.md").read_text()
     assert "## Modules whose own forward grew memory most" in summary and "| Sequential.1 | 12 |" in summary
     assert "## The last seconds" in summary
+
+
+def test_a_child_read_after_its_death_keeps_its_last_living_rss() -> None:
+    # GIVEN a worker sampled at 300 MiB, then read once more as a zombie (0 pages) before it was reaped
+    from blackbox.recovery.facts import facts
+    from blackbox.recovery.timeline import TIMELINE_SCHEMA
+
+    rows = [{"seq": i, "time": t * 10**9, "kind": "child_sample", "label": "pt_data_worker", "child_pid": 77,
+             "child_rss": rss} for i, (t, rss) in enumerate([(1, 100 << 20), (2, 300 << 20), (3, 0)])]  # fmt: skip
+    table = pa.Table.from_pylist(
+        [{c: r.get(c) for c in TIMELINE_SCHEMA.names} for r in rows], schema=TIMELINE_SCHEMA
+    )  # fmt: skip
+    worker = facts(table, {"wall_ns": 0, "monotonic_ns": 0}).children[77]
+    # THEN its memory at the end is the last it had alive, and it grew (it did not lose 100 MiB)
+    assert worker.at(3 * 10**9) == 300 << 20 and worker.growth == 200 << 20
+
+
+def test_memory_that_fell_per_step_is_said_to_shrink() -> None:
+    from blackbox.views.summary import ring_summary
+
+    death = {"cause": "killed", "confidence": "strong", "evidence": [], "host_growth": {"rss_per_step": -261120.0}}
+    meta = {"recovery": {"valid": 1, "slots_read": 1, "slots": 1, "first_seq": 0, "last_seq": 0, "overwritten": 0,
+                         "torn": 0, "stale": 0, "holes": 0, "labels_lost": 0}, "death": death}  # fmt: skip
+    text = ring_summary(meta)
+    assert "The job's own memory shrank 255.0 KiB per step" in text and "grew -" not in text

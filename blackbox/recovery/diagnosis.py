@@ -43,6 +43,7 @@ CAUSES = ("clean_exit", "nonzero_exit", "interrupted", "exception", "oom_excepti
 CONFIDENCE = ("certain", "strong", "probable", "unknown")
 NEAR_LIMIT = 0.95
 OOM_DAEMONS = ("earlyoom", "systemd-oomd", "oomd", "nohang", "low-memory-mon")
+DEFAULT_ACTION = "default action"  # the detail collect.signals writes for a signal that ended the process
 SCHEDULERS = ("slurmstepd", "slurmd", "srun", "scancel", "kubelet", "containerd-shim", "timeout", "systemd", "torchrun")
 ROLE = {"main": "main process", "worker": "DataLoader worker", "mp_service": "multiprocessing service process",
         "compile_worker": "torch.compile worker", "child": "child process"}  # fmt: skip
@@ -66,6 +67,7 @@ class _Death:
         self.when: dict[str, Any] | None = f.last_event
         self.victim: dict[str, Any] = {"pid": self.pid, "role": ROLE.get(str(ident.get("role")), "main process")}
         self.killed_by: dict[str, Any] | None = None
+        self.handled: dict[str, Any] | None = None  # a signal the job's own handler took before its end
         self.stat_at_end = f.stats[-1] if f.stats else None
         self.death_ns: int | None = None  # the monotonic time of the death, where the kernel stamped it
         self.status = ev.exit_status
@@ -86,6 +88,8 @@ class _Death:
         else:
             self.evidence.insert(0, "no clean end: the process ended without running its exit handlers")
             self._not_clean(near)
+        if clean and self.cause in ("clean_exit", "nonzero_exit", "exception"):
+            self._handled_signal()
         if self.status is not None and not any("exit status" in e for e in self.evidence):
             self.evidence.append(f"exit status {self.status}")
         at = self.death_ns if self.death_ns is not None else f.last_ns
@@ -169,7 +173,7 @@ class _Death:
         own = next((k for k in reversed(ev.kernel_kills) if k.pid == self.pid), None)
         sig = _signal_of(self.status)
         last_signal = f.signals[-1] if f.signals else None
-        fatal = f.signals.where("detail", "default action")
+        fatal = f.signals.where("detail", DEFAULT_ACTION)
         rose = _counter_rose(f.samples[0] if f.samples else None, f.samples[-1] if f.samples else None, ev)
         if own is not None:
             self.victim.update(name=own.name, **own.rss)
@@ -215,6 +219,20 @@ class _Death:
                 role = " (a scheduler: time limit or preemption)" if (recent["sender"] or "") in SCHEDULERS else ""
                 self.evidence.append(f"{recent['label']}{who}{role} came first, at {recent['time']}")
 
+    def _handled_signal(self) -> None:
+        """A signal the job's own handler took before it ended by itself: a graceful shutdown (Lightning's
+        SIGTERM checkpoint-and-exit, a requeue on SIGUSR1), said where the job's end alone would hide it."""
+        handled = [s for s in (self.f.signals[i] for i in range(len(self.f.signals)))
+                   if s["detail"] not in (DEFAULT_ACTION, "raised KeyboardInterrupt")]  # fmt: skip
+        if not handled:
+            return
+        s = handled[-1]
+        who = f" from {s['sender']} (pid {s['sender_pid']})" if s["sender"] else ""
+        role = " (a scheduler: time limit or preemption)" if (s["sender"] or "") in SCHEDULERS else ""
+        self.evidence.append(f"{s['label']}{who}{role} at {s['time']} was {s['detail'] or 'handled'}, "
+                             "and the job then ended by itself (a graceful shutdown)")  # fmt: skip
+        self.handled = s
+
     # ---------------------------------------------------------------- helpers
     def _signal_ns(self, row: dict[str, Any]) -> int:
         i = self.f.signals.index(row)
@@ -233,7 +251,7 @@ class _Death:
         d: dict[str, Any] = {
             "cause": self.cause,
             "confidence": self.confidence,
-            "headline": headline(self.cause, self.victim, self.killed_by, self.status),
+            "headline": headline(self.cause, self.victim, self.killed_by, self.status, self.handled),
             "evidence": self.evidence,
             "time": self.when["time"] if self.when else None,
             "step": self.when["step"] if self.when else None,
@@ -251,10 +269,23 @@ class _Death:
         return d
 
 
-def headline(cause: str, victim: dict[str, Any], killed_by: dict[str, Any] | None, status: int | None) -> str:
+def headline(
+    cause: str,
+    victim: dict[str, Any],
+    killed_by: dict[str, Any] | None,
+    status: int | None,
+    handled: dict[str, Any] | None = None,
+) -> str:
     """One plain sentence: who died of what."""
     who = f"The {victim.get('role', 'process')} (pid {victim.get('pid')})"
     by = f" {killed_by['signal']} from {killed_by['sender']}" if killed_by and killed_by.get("sender") else ""
+    if handled is not None:
+        sent = f" from {handled['sender']}" if handled.get("sender") else ""
+        after = f" after {handled['label']}{sent}, which its own handler took (a graceful shutdown)."
+        if cause == "clean_exit":
+            return "The job exited cleanly" + after
+        if cause == "nonzero_exit":
+            return f"The job exited with status {status}" + after
     return {
         "clean_exit": "The job exited cleanly.",
         "nonzero_exit": f"The job exited with status {status}.",

@@ -183,5 +183,6 @@ def facts(table: pa.Table, clock: dict[str, Any]) -> Facts:
         pids, starts = np.unique(pid[order], return_index=True)
         names = kids["label"].take(order[starts]).to_pylist()  # a child's name from its first row
         for p, rows, name in zip(pids.tolist(), np.split(order, starts[1:]), names, strict=True):
-            out.children[int(p)] = Series(int(p), name or "", t[rows], rss[rows].astype(np.int64))
+            alive = rows[rss[rows] > 0]  # 0: read as a zombie, after it died (a live process has pages)
+            out.children[int(p)] = Series(int(p), name or "", t[alive], rss[alive].astype(np.int64))
     return out

@@ -71,7 +71,8 @@ class Place:
             except FileNotFoundError:
                 raise RingNotFoundError(f"{self}/{name}: expected a bundle's {name}, found nothing") from None
             except OSError as exc:
-                raise RingNotFoundError(f"{self}/{name}: expected a readable {name}, found {one_line(str(exc))}") from None
+                found = one_line(str(exc))
+                raise RingNotFoundError(f"{self}/{name}: expected a readable {name}, found {found}") from None
         with self._folder() as folder:
             fd, st = open_input(folder, name, {folder.uid}, f"a bundle's {name}")
         with os.fdopen(fd, "rb") as f:
@@ -118,7 +119,8 @@ def _find_remote(target: str, fs: pafs.FileSystem, root: str) -> list[Place]:
             return [Place(root, (), fs, scheme)]
         infos = fs.get_file_info(pafs.FileSelector(root.rstrip("/"), allow_not_found=True, recursive=True))
     except OSError as exc:
-        raise RingNotFoundError(f"{target}: expected a bundle or a prefix of bundles, found {one_line(str(exc))}") from None
+        found = one_line(str(exc))
+        raise RingNotFoundError(f"{target}: expected a bundle or a prefix of bundles, found {found}") from None
     metadata = [i.path for i in infos if i.type == pafs.FileType.File and i.base_name == METADATA]
     folders = sorted({p.rsplit("/", 1)[0] for p in metadata})
     if len(folders) > MAX_BUNDLES:

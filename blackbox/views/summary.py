@@ -86,9 +86,10 @@ def _death(d: dict[str, Any] | None) -> list[str]:
     if gpu:
         lines += ["", f"GPU OOM: **{gpu['kind']}**: {gpu['why']}."]
     growth = d.get("host_growth") or {}
-    if growth.get("rss_per_step") is not None:
-        lines += ["", f"The job's own memory grew {human_bytes(int(growth['rss_per_step']))} per step "
-                      "(least squares over samples)."]  # fmt: skip
+    per_step = growth.get("rss_per_step")
+    if per_step is not None:
+        trend = f"grew {human_bytes(int(per_step))}" if per_step > 0 else f"shrank {human_bytes(int(-per_step))}"
+        lines += ["", f"The job's own memory {trend} per step (least squares over samples)."]
     for child in (growth.get("children") or [])[:3]:
         if child["growth"] > 0:
             lines += [f"Child pid {child['pid']} (`{child['name']}`) grew {human_bytes(child['growth'])}, "
