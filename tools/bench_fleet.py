@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Recovery at fleet scale: wall time and peak RSS of `blackbox recover` over every ring of a large job
+at once, of each host's own recovery, and of the job-wide summary over the host bundles.
+
+    python tools/bench_fleet.py [--ranks 1000] [--hosts 4] [--ring-mib 2] [--runs 3] [--keep DIR]
+
+Makes the job once with tools/fleet.py (real processes, one UTS namespace per host, all SIGKILLed),
+then times each command --runs times, each in a fresh process whose own peak RSS is read with wait4.
+Prints medians (and the spread) per command, and the largest ring's size for the bound
+"peak RSS at most the largest ring + 300 MiB".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+
+
+def measure(cmd: list[str]) -> tuple[float, int]:
+    """(wall seconds, peak RSS bytes) of one command, run alone."""
+    env = dict(os.environ, PYTHONPATH=str(HERE))
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"bench_fleet: {' '.join(cmd)} failed: {proc.stderr.read().decode() if proc.stderr else ''}")
+    return wall, usage.ru_maxrss * 1024
+
+
+def report(name: str, runs: list[tuple[float, int]]) -> None:
+    walls, peaks = [w for w, _ in runs], [p for _, p in runs]
+    print(f"{name:<44} wall median {statistics.median(walls):7.2f} s (min {min(walls):.2f}, max {max(walls):.2f})"
+          f"   peak RSS median {statistics.median(peaks) / 2**20:7.0f} MiB (max {max(peaks) / 2**20:.0f})")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", type=int, default=1000)
+    ap.add_argument("--hosts", type=int, default=4)
+    ap.add_argument("--ring-mib", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--keep", help="make (or reuse) the job's rings here instead of a temporary folder")
+    args = ap.parse_args(argv)
+    work = Path(args.keep or tempfile.mkdtemp(prefix="bench-fleet-"))
+    rings = work / "rings"
+    try:
+        if not rings.exists():
+            subprocess.run([sys.executable, str(HERE / "tools" / "fleet.py"), str(rings), "--ranks", str(args.ranks),
+                            "--hosts", str(args.hosts), "--ring-mib", str(args.ring_mib), "--per-host"],
+                           check=True)  # fmt: skip
+        hosts = sorted(p for p in rings.iterdir() if p.is_dir())
+        files = list(rings.glob("*/*.ring"))
+        total = sum(f.stat().st_size for f in files)
+        print(f"{len(files)} rings on {len(hosts)} hosts, {total / 2**30:.2f} GiB, the largest "
+              f"{max(f.stat().st_size for f in files) / 2**20:.1f} MiB; {os.cpu_count()} cores")  # fmt: skip
+        bb = [sys.executable, "-m", "blackbox"]
+        every, per_host, job = [], [], []
+        for run in range(args.runs):
+            out = work / f"all-{run}"
+            every.append(measure([*bb, "recover", *map(str, hosts), "-o", str(out)]))
+            shutil.rmtree(out)
+            per_host += [measure([*bb, "recover", str(h), "-o", str(work / "bundles" / h.name)]) for h in hosts]
+            job.append(measure([*bb, "summary", str(work / "bundles")]))
+        report(f"recover all {len(files)} rings into one bundle", every)
+        report(f"recover one host's rings (x{len(hosts)})", per_host)
+        report(f"summary over {len(hosts)} host bundles (job-wide)", job)
+        summary = subprocess.run([*bb, "summary", str(work / "bundles")], capture_output=True, text=True,
+                                 env=dict(os.environ, PYTHONPATH=str(HERE)), check=True).stdout  # fmt: skip
+        print(f"job-wide summary.md: {len(summary.splitlines())} lines")
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
