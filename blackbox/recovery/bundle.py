@@ -136,14 +136,15 @@ def write_job_bundle(out_dir: str | os.PathLike[str], ranks: pa.Table, meta: dic
                      views: dict[str, bytes]) -> None:  # fmt: skip
     """Write a job-wide bundle (no timeline: each node bundle keeps its own): ranks.parquet, the views
     (summary.md) and, last, metadata.json; made whole and put in place like a bundle of rings."""
-    encoded = (json.dumps(meta, indent=2) + "\n").encode("utf-8")
 
     def fill(create: Callable[[str], Any]) -> None:
         with create(RANKS) as sink:
             pq.write_table(ranks, sink, compression="zstd")
-        for name, data in {**views, METADATA: encoded}.items():
+        for name, data in views.items():
             with create(name) as f:
                 f.write(data)
+        with create(METADATA) as f:
+            _dump(meta, f)
 
     dest = Destination(out_dir)
     if dest.local is None:
@@ -200,11 +201,25 @@ def _fill(
         return table if len(meta.get("rings") or []) < 2 else table.sort_by("time")  # rings' rows interleave
 
     texts = {name: text.encode("utf-8") for name, text in recovery.files.items()}
-    encoded = (json.dumps(meta, indent=2, sort_keys=False) + "\n").encode("utf-8")
-    for name, data in {**texts, **views(meta, read), METADATA: encoded}.items():  # metadata.json last
+    for name, data in {**texts, **views(meta, read)}.items():
         with create(name) as f:
             f.write(data)
+    with create(METADATA) as f:  # last
+        _dump(meta, f)
     return meta
+
+
+def _dump(meta: dict[str, Any], sink: Any) -> None:
+    """metadata.json, encoded a piece at a time into ``sink`` (any binary writer), a MiB per write."""
+    held: list[str] = []
+    size = 0
+    for chunk in json.JSONEncoder(indent=2).iterencode(meta):
+        held.append(chunk)
+        size += len(chunk)
+        if size >= 1 << 20:
+            sink.write("".join(held).encode("utf-8"))
+            held, size = [], 0
+    sink.write(("".join(held) + "\n").encode("utf-8"))
 
 
 def _create(path: Path) -> int:
@@ -317,13 +332,18 @@ def read_bundle(bundle: str | os.PathLike[str]) -> tuple[pa.Table, dict[str, Any
         table = pq.read_table(f)
     with _open(dest, METADATA) as f:
         raw = f.read(MAX_METADATA_BYTES)
+    return table, parse_metadata(raw, dest.path(METADATA))
+
+
+def parse_metadata(raw: bytes, where: str) -> dict[str, Any]:
+    """A bundle's metadata.json (untrusted: JSON only, an object, or one line saying what was found)."""
     try:
         meta = json.loads(raw)
     except (ValueError, RecursionError) as exc:
-        raise BundleDestinationError(f"{dest.path(METADATA)}: expected JSON, found {type(exc).__name__}") from None
+        raise BundleDestinationError(f"{where}: expected JSON, found {type(exc).__name__}") from None
     if not isinstance(meta, dict):
-        raise BundleDestinationError(f"{dest.path(METADATA)}: expected a JSON object, found {type(meta).__name__}")
-    return table, meta
+        raise BundleDestinationError(f"{where}: expected a JSON object, found {type(meta).__name__}")
+    return meta
 
 
 def _open(dest: Destination, name: str) -> BinaryIO:

@@ -17,7 +17,6 @@ ring of the job.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from collections.abc import Iterator
@@ -33,7 +32,7 @@ import pyarrow.parquet as pq
 from .._errors import BlackboxError, BundleDestinationError, RingNotFoundError, one_line
 from .._version import __version__
 from ..ring.inputs import Folder, open_folder, open_input
-from .bundle import MAX_METADATA_BYTES, METADATA, RANKS
+from .bundle import MAX_METADATA_BYTES, METADATA, RANKS, parse_metadata
 from .metadata import attempt_metadata, group_attempts
 from .ranks import SCHEMA, rank_rows, ranks_table, table_rows
 
@@ -249,13 +248,7 @@ def _rings_of(meta: dict[str, Any], where: Place) -> list[dict[str, Any]]:
 
 
 def _read_meta(where: Place) -> dict[str, Any]:
-    raw = where.read(METADATA, MAX_METADATA_BYTES)
-    try:
-        meta = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise BundleDestinationError(f"{where}/{METADATA}: expected JSON, found {type(exc).__name__}") from None
-    if not isinstance(meta, dict):
-        raise BundleDestinationError(f"{where}/{METADATA}: expected a JSON object, found {type(meta).__name__}")
+    meta = parse_metadata(where.read(METADATA, MAX_METADATA_BYTES), f"{where}/{METADATA}")
     if meta.get("scope") == "job":
         raise BundleDestinationError(f"{where}: expected a bundle of rings, found a job-wide bundle (read it alone)")
     return meta
