@@ -134,3 +134,10 @@ def memory_cgroup(tmp_path: Path) -> Iterator[Callable[[int], MemoryCgroup]]:
                 break
             except OSError:
                 time.sleep(0.1)
+
+
+def readme_fleet_query() -> str:
+    """README's fleet query: the Python block that follows the marker ``<!-- fleet query -->``."""
+    text = (REPO / "README.md").read_text()
+    block = text.split("<!-- fleet query -->", 1)[1].split("```python\n", 1)[1]
+    return block.split("```", 1)[0]

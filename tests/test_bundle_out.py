@@ -185,8 +185,8 @@ def test_a_filesystem_uri_still_works(ring: Path, monkeypatch: pytest.MonkeyPatc
     # GIVEN a pyarrow filesystem that is not local (one in-memory filesystem behind every mock:// URI)
     mock, _ = pafs.FileSystem.from_uri("mock:///")
     fake = SimpleNamespace(from_uri=lambda uri: (mock, uri.split("://", 1)[1]))
-    monkeypatch.setattr(bundle, "pafs", SimpleNamespace(FileSystem=fake, LocalFileSystem=pafs.LocalFileSystem,
-                                                        FileSelector=pafs.FileSelector, FileType=pafs.FileType))  # fmt: skip
+    local = {k: getattr(pafs, k) for k in ("LocalFileSystem", "FileSelector", "FileType")}
+    monkeypatch.setattr(bundle, "pafs", SimpleNamespace(FileSystem=fake, **local))
     # WHEN a bundle is written there; THEN it reads back
     meta = write_postmortem([ring], "mock:///bucket/run1", plot=False)
     table, back = read_bundle("mock:///bucket/run1")

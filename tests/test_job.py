@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-from conftest import REPO
+from conftest import REPO, readme_fleet_query
 
 from blackbox._postmortem import job_account, write_postmortem
 from blackbox.recovery import bundle
@@ -276,10 +276,3 @@ def test_a_thousand_ranks_on_four_hosts_read_back_over_object_storage(s3: dict[s
         exec(compile(code, "README.md", "exec"), {})
     first_row = next(line for line in printed.getvalue().splitlines() if "node" in line)
     assert "node002" in first_row and " 613 " in first_row, printed.getvalue()
-
-
-def readme_fleet_query() -> str:
-    """The Python block of README that follows the marker ``<!-- fleet query -->``."""
-    text = (REPO / "README.md").read_text()
-    block = text.split("<!-- fleet query -->", 1)[1].split("```python\n", 1)[1]
-    return block.split("```", 1)[0]
