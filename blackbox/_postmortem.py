@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ._errors import BundleDestinationError, one_line
 from .recovery.bundle import PLOT, SUMMARY, Reader, stream_bundle, write_job_bundle
 from .recovery.job import JobPass
 from .recovery.pipeline import RecoveryPass
@@ -58,17 +59,36 @@ def write_postmortem(
     return stream_bundle(recovery, out, lambda meta, read: _views(meta, read, plot=plot))
 
 
+def printable(text: str) -> str:
+    """Markdown with every control character but newlines escaped (names from other users' bundles
+    reach a terminal)."""
+    return "\n".join(one_line(line) for line in text.split("\n"))
+
+
 def job_account(targets: list[str]) -> tuple[JobPass, dict[str, Any], str]:
     """Read the node bundles under ``targets`` (bundle folders, folders of bundles, URI prefixes):
     (the pass, the job's metadata, its summary.md)."""
     job = JobPass(targets)
     meta = job.finish()
-    return job, meta, job_summary(meta, job.rows(), job.first_death_ring(meta))
+    rows = job.rows()
+    try:
+        text = job_summary(meta, rows, job.first_death_ring(meta))
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
+        # the first death's own account, read as its bundle wrote it, has fields of the wrong type
+        text = job_summary(meta, rows, None)
+    return job, meta, printable(text)
 
 
 def write_job(targets: list[str], out: str | os.PathLike[str]) -> dict[str, Any]:
     """The job-wide bundle of the node bundles under ``targets`` into ``out`` (a folder or a URI):
     ranks.parquet (every host's rows), summary.md and metadata.json; returns the metadata."""
     job, meta, summary = job_account(targets)
+    where = os.fspath(out)
+    key = where.rstrip("/") if "://" in where else os.path.realpath(where)
+    for place in job.places:
+        read = str(place).rstrip("/") if place.fs is not None else os.path.realpath(str(place))
+        if key == read or read.startswith(key.rstrip("/") + "/"):
+            raise BundleDestinationError(f"{where}: expected a new place for the job's bundle, found {read}, "
+                                         "a bundle it reads (it would be replaced)")  # fmt: skip
     write_job_bundle(out, job.ranks(), meta, {SUMMARY: summary.encode("utf-8")})
     return meta

@@ -276,3 +276,115 @@ def test_a_thousand_ranks_on_four_hosts_read_back_over_object_storage(s3: dict[s
         exec(compile(code, "README.md", "exec"), {})
     first_row = next(line for line in printed.getvalue().splitlines() if "node" in line)
     assert "node002" in first_row and " 613 " in first_row, printed.getvalue()
+
+
+# ------------------------------------------------------------------ hostile bundles (as root over users' files)
+
+
+def copy_bundles(node_bundles: Path, to: Path, files: tuple[str, ...] = ("metadata.json", "ranks.parquet")) -> Path:
+    for host in ("node000", "node001"):
+        (to / host).mkdir(parents=True)
+        for name in files:
+            (to / host / name).write_bytes((node_bundles / host / name).read_bytes())
+    return to
+
+
+def edit_rings(bundle: Path, change: Any, rank: int | None = None) -> None:
+    """Change the rings of a bundle's metadata (only rank ``rank``'s, if given)."""
+    meta = json.loads((bundle / "metadata.json").read_text())
+    for ring in meta["rings"]:
+        if rank is None or ring["rank"] == rank:
+            change(ring)
+    (bundle / "metadata.json").write_text(json.dumps(meta))
+
+
+def test_the_first_deaths_bundle_with_fields_of_the_wrong_type_still_gives_the_account(
+    node_bundles: Path, tmp_path: Path
+) -> None:
+    job = copy_bundles(node_bundles, tmp_path / "job")
+    edit_rings(job / "node001", lambda r: r.update(recovery=None, argv=5, peaks="x", last_sample="x"))
+    proc = blackbox_cli("summary", str(job))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "**First death: rank 5 (host node001," in proc.stdout and "8 ranks `killed`" in proc.stdout
+    assert "### blackbox: node001" not in proc.stdout  # its own account could not be drawn; the rest is there
+
+
+def test_without_ranks_parquet_fields_of_the_wrong_type_are_left_out_not_fatal(
+    node_bundles: Path, tmp_path: Path
+) -> None:
+    job = copy_bundles(node_bundles, tmp_path / "job", files=("metadata.json",))
+    edit_rings(job / "node000", lambda r: r.update(pid="a", rank="five", started_at="garbage", death="x"), rank=1)
+    edit_rings(job / "node001", lambda r: r.update(last_event_at="0001-01-01T00:00:00+14:00"), rank=6)
+    proc = blackbox_cli("summary", str(job))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "job of 8 rings on 2 hosts" in proc.stdout and "**First death: rank 5 (host node001," in proc.stdout
+    assert "- 1 process `unknown`" in proc.stdout  # rank 1's death could not be read: not guessed
+
+
+def test_a_ranks_table_that_disagrees_with_its_metadata_is_not_believed(node_bundles: Path, tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    job = copy_bundles(node_bundles, tmp_path / "job")
+    pq.write_table(pa.table({"rank": pa.array(range(100_000), pa.int64())}), job / "node000" / "ranks.parquet")
+    _, meta, text = job_account([str(job)])
+    assert "8 ranks `killed`" in text and "left no ring" not in text
+
+
+def test_a_metadata_json_that_would_parse_into_millions_of_objects_is_refused(
+    node_bundles: Path, tmp_path: Path
+) -> None:
+    job = copy_bundles(node_bundles, tmp_path / "job")
+    (job / "node000" / "metadata.json").write_text('{"rings": [' + ",".join(["{}"] * 2_500_000) + "]}")
+    proc = blackbox_cli("summary", str(job))
+    assert proc.returncode == 0 and "job of 4 rings on 1 host, from 1 bundle" in proc.stdout
+    assert "expected at most 2000000 JSON objects and lists, found 2500002" in proc.stderr
+
+
+def test_when_no_bundle_can_be_read_it_is_an_error_not_a_clean_exit(tmp_path: Path) -> None:
+    for name, text in (("a", "["), ("b", '{"scope": "job"}')):
+        (tmp_path / "job" / name).mkdir(parents=True)
+        (tmp_path / "job" / name / "metadata.json").write_text(text)
+    for args in (["summary", str(tmp_path / "job")], ["recover", str(tmp_path / "job"), "-o", str(tmp_path / "o")]):
+        proc = blackbox_cli(*args)
+        assert proc.returncode == 1 and proc.stderr.startswith("blackbox: error: no bundle could be read: ")
+        assert len(proc.stderr.splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
+def test_names_from_other_users_bundles_reach_the_terminal_escaped(node_bundles: Path, tmp_path: Path) -> None:
+    job = copy_bundles(node_bundles, tmp_path / "job")
+    edit_rings(job / "node001", lambda r: r.update(host="evil\x1b]0;PWNED\x07\x1b[2J\nline2"))
+    (job / "bad\x1b[31mRED\nblackbox: forged").mkdir()
+    (job / "bad\x1b[31mRED\nblackbox: forged" / "metadata.json").write_text("[")
+    proc = blackbox_cli("summary", str(job))
+    assert proc.returncode == 0
+    assert "\x1b" not in proc.stdout + proc.stderr and "\x07" not in proc.stdout
+    assert "evil\\x1b]0;PWNED" in proc.stdout
+    assert [ln for ln in proc.stderr.splitlines() if ln.startswith("blackbox:")] == [
+        ln for ln in proc.stderr.splitlines() if ln.startswith("blackbox: not read: ")
+    ]
+
+
+def test_a_bundle_whose_metadata_is_a_fifo_or_a_link_is_named_not_dropped(node_bundles: Path, tmp_path: Path) -> None:
+    job = copy_bundles(node_bundles, tmp_path / "job")
+    (job / "node001" / "metadata.json").unlink()
+    os.mkfifo(job / "node001" / "metadata.json")
+    proc = blackbox_cli("summary", str(job))
+    assert proc.returncode == 0 and "job of 4 rings on 1 host, from 1 bundle" in proc.stdout
+    assert f"{job}/node001/metadata.json: expected metadata.json, found a FIFO" in proc.stderr
+
+
+def test_a_bundle_named_twice_is_read_once_and_a_copy_is_named(node_bundles: Path, tmp_path: Path) -> None:
+    _, meta, _ = job_account([str(node_bundles), str(node_bundles / "node001"), f"{node_bundles}/./node000"])
+    assert meta["ring_count"] == 8 and len(meta["bundles"]) == 2
+    copy = copy_bundles(node_bundles, tmp_path / "copy")
+    _, meta, _ = job_account([str(node_bundles), str(copy)])
+    assert meta["ring_count"] == 8 and len(meta["unread_bundles"]) == 2
+    assert all("(a copy)" in u["reason"] for u in meta["unread_bundles"])
+
+
+def test_the_job_bundle_never_replaces_a_bundle_it_reads(node_bundles: Path, tmp_path: Path) -> None:
+    job = copy_bundles(node_bundles, tmp_path / "job", files=("metadata.json", "ranks.parquet", "summary.md"))
+    before = (job / "node001" / "metadata.json").read_bytes()
+    proc = blackbox_cli("recover", str(job / "node000"), str(job / "node001"), "-o", str(job / "node001"))
+    assert proc.returncode == 1 and "a bundle it reads (it would be replaced)" in proc.stderr
+    assert (job / "node001" / "metadata.json").read_bytes() == before

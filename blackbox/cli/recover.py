@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._postmortem import write_job, write_postmortem
+    from .._errors import one_line
+    from .._postmortem import printable, write_job, write_postmortem
     from ..recovery.bundle import read_summary
     from ..recovery.job import kind_of
 
@@ -38,12 +39,12 @@ def run(args: argparse.Namespace) -> int:
     targets = [str(t) for t in args.rings]  # a URI never goes through Path
     if kind_of(targets) != "rings":
         meta = write_job(targets, out)
-        print(f"wrote {out}/ (job-wide: {meta['ring_count']} rings on {meta['hosts']} hosts "
-              f"from {len(meta['bundles'])} bundles)")  # fmt: skip
+        print(f"wrote {out}/ (job-wide: {_count(meta['ring_count'], 'ring')} on {_count(meta['hosts'], 'host')} "
+              f"from {_count(len(meta['bundles']), 'bundle')})")  # fmt: skip
         for unread in meta["unread_bundles"]:
-            print(f"blackbox: not read: {unread['reason']}", file=sys.stderr)
+            print(f"blackbox: not read: {one_line(unread['reason'])}", file=sys.stderr)
         if args.summary:
-            sys.stdout.write(read_summary(out))
+            sys.stdout.write(printable(read_summary(out)))
         return 0
     meta = write_postmortem([Path(p) for p in targets], out)
     rec = meta["recovery"]
@@ -54,6 +55,10 @@ def run(args: argparse.Namespace) -> int:
     if args.summary:
         sys.stdout.write(read_summary(out))
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._postmortem import job_account
+    from .._errors import one_line
+    from .._postmortem import job_account, printable
     from ..recovery.bundle import read_summary
     from ..recovery.job import kind_of
     from ..recovery.pipeline import RecoveryPass
@@ -30,18 +31,18 @@ def run(args: argparse.Namespace) -> int:
     targets = [str(t) for t in args.target]  # a URI never goes through Path (s3:// would lose a slash)
     kind = kind_of(targets)
     if kind == "bundle":
-        sys.stdout.write(read_summary(targets[0]))  # as untrusted input: never through a link
+        sys.stdout.write(printable(read_summary(targets[0])))  # untrusted: never through a link, no escapes
         return 0
     if kind == "bundles":
         _, meta, text = job_account(targets)
         sys.stdout.write(text)
         for unread in meta["unread_bundles"]:
-            print(f"blackbox: not read: {unread['reason']}", file=sys.stderr)
+            print(f"blackbox: not read: {one_line(unread['reason'])}", file=sys.stderr)
         return 0
     recovery = RecoveryPass([Path(t) for t in targets])  # nothing written; each timeline dropped once diagnosed
     for _ in recovery.tables():
         pass
-    sys.stdout.write(bundle_summary(recovery.finish()))
+    sys.stdout.write(printable(bundle_summary(recovery.finish())))
     return 0
 
 

@@ -17,11 +17,12 @@ ring of the job.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -68,12 +69,12 @@ class Place:
                         raise BundleDestinationError(f"{self}/{name}: expected at most {limit} bytes, found {size}")
                     return bytes(f.read(limit))
             except FileNotFoundError:
-                raise RingNotFoundError(f"{self}/{name}: expected a bundle's {name}, found nothing") from None
+                raise RingNotFoundError(f"{self}/{name}: expected {name}, found nothing") from None
             except OSError as exc:
                 found = one_line(str(exc))
                 raise RingNotFoundError(f"{self}/{name}: expected a readable {name}, found {found}") from None
         with self._folder() as folder:
-            fd, st = open_input(folder, name, {folder.uid}, f"a bundle's {name}")
+            fd, st = open_input(folder, name, {folder.uid}, name)
         with os.fdopen(fd, "rb") as f:
             if st.st_size > limit:
                 raise BundleDestinationError(f"{self}/{name}: expected at most {limit} bytes, found {st.st_size}")
@@ -96,7 +97,7 @@ def is_uri(target: str) -> bool:
     return "://" in target
 
 
-def find_bundles(target: str) -> list[Place]:
+def find_bundles(target: str, problems: list[dict[str, str]] | None = None) -> list[Place]:
     """The bundles at ``target``: itself where it holds a metadata.json, else every bundle below it
     (local folders down to MAX_DEPTH, links never followed; a URI prefix listed recursively)."""
     if is_uri(target):
@@ -105,9 +106,9 @@ def find_bundles(target: str) -> list[Place]:
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
             raise BundleDestinationError(f"{target}: expected a bundle URI, found: {one_line(str(exc))}") from None
         if isinstance(fs, pafs.LocalFileSystem):
-            return find_bundles(root)
+            return find_bundles(root, problems)
         return _find_remote(target, fs, root)
-    return [Place(target, parts) for parts in _find_local(target)]
+    return [Place(target, parts) for parts in _find_local(target, [] if problems is None else problems)]
 
 
 def _find_remote(target: str, fs: pafs.FileSystem, root: str) -> list[Place]:
@@ -120,19 +121,23 @@ def _find_remote(target: str, fs: pafs.FileSystem, root: str) -> list[Place]:
     except OSError as exc:
         found = one_line(str(exc))
         raise RingNotFoundError(f"{target}: expected a bundle or a prefix of bundles, found {found}") from None
-    metadata = [i.path for i in infos if i.type == pafs.FileType.File and i.base_name == METADATA]
+    depth = root.rstrip("/").count("/") + MAX_DEPTH + 1  # as deep as a local search goes
+    metadata = [i.path for i in infos if i.base_name == METADATA and i.path.count("/") <= depth]
     folders = sorted({p.rsplit("/", 1)[0] for p in metadata})
     if len(folders) > MAX_BUNDLES:
         raise BundleDestinationError(f"{target}: expected at most {MAX_BUNDLES} bundles, found {len(folders)}")
     return [Place(f, (), fs, scheme) for f in folders]
 
 
-def _find_local(target: str) -> list[tuple[str, ...]]:
+def _find_local(target: str, problems: list[dict[str, str]]) -> list[tuple[str, ...]]:
+    """Bundle folders below ``target`` (as name parts); folders that could not be entered go to
+    ``problems`` with their reason. Any entry named metadata.json (a link, a FIFO) marks a bundle, so
+    that reading it says what is wrong instead of the bundle vanishing from the account."""
     found: list[tuple[str, ...]] = []
 
     def walk(folder: Folder, parts: tuple[str, ...]) -> None:
         entries = folder.entries()
-        if any(n == METADATA and stat.S_ISREG(st.st_mode) for n, st in entries):
+        if any(n == METADATA for n, _ in entries):
             found.append(parts)
             return
         if len(parts) >= MAX_DEPTH:
@@ -142,8 +147,18 @@ def _find_local(target: str) -> list[tuple[str, ...]]:
                 continue
             try:
                 fd = os.open(name, _DIR_FLAGS, dir_fd=folder.fd)
-            except OSError:
-                continue  # vanished, or swapped for a link meanwhile
+            except FileNotFoundError:
+                continue  # vanished meanwhile
+            except OSError as exc:
+                where = one_line(str(folder.path / name))
+                problems.append(
+                    {
+                        "bundle": where,
+                        "reason": f"{where}: expected a readable folder, found "
+                        f"{exc.strerror if exc.errno != errno.ELOOP else 'a symbolic link (not followed)'}",
+                    }
+                )
+                continue
             with Folder(fd, folder.path / name, os.fstat(fd).st_uid) as inner:
                 walk(inner, (*parts, name))
             if len(found) > MAX_BUNDLES:
@@ -196,44 +211,75 @@ def kind_of(targets: list[str]) -> str:
 
 # ---------------------------------------------------------------------------------------------- reading
 
+MAX_RINGS_PER_BUNDLE = 25_000
+MAX_JSON_CONTAINERS = 2_000_000  # objects and lists in one metadata.json: a ring has 36 to 80 or so
+GAUGES = ("host_rss", "cgroup_usage", "gpu_allocated", "gpu_reserved")
+
 
 def _text(v: Any) -> str | None:
-    return v if isinstance(v, str) else None
+    return one_line(v) if isinstance(v, str) else None  # host names reach a terminal: no escapes
 
 
 def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and abs(v) < 1 << 62 else None
+
+
+def _float(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1e15 else None
 
 
 def _time(v: Any) -> str | None:
-    if not isinstance(v, str):
+    """An ISO-8601 time that a table can hold, else None."""
+    if not isinstance(v, str) or len(v) > 40:
         return None
     try:
-        datetime.fromisoformat(v.replace("Z", "+00:00"))
-    except ValueError:
+        datetime.fromisoformat(v.replace("Z", "+00:00")).astimezone(timezone.utc)
+    except (ValueError, OverflowError, OSError):
         return None
     return v
 
 
-_DEATH_TEXT = ("cause", "confidence", "headline")
+def _peaks(v: Any) -> dict[str, Any]:
+    peaks = v if isinstance(v, dict) else {}
+    out = {}
+    for g in GAUGES:
+        p = peaks.get(g)
+        if isinstance(p, dict) and _int(p.get("bytes")) is not None:
+            out[g] = {"bytes": p["bytes"]}
+    return out
 
 
 def _slim(m: dict[str, Any], at: tuple[int, int]) -> dict[str, Any]:
-    """What the job-wide account needs of one ring's metadata, each field checked for its type."""
+    """What the job-wide account needs of one ring's metadata, each field checked for its type (a
+    field of the wrong type is left out, as if not recorded)."""
     raw = m.get("death")
     d: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    death = {k: _text(d.get(k)) for k in _DEATH_TEXT} | {"time": _time(d.get("time")), "step": _int(d.get("step"))}
-    death["victim"] = d.get("victim") if isinstance(d.get("victim"), dict) else None
-    death["cause"] = death["cause"] or "unknown"
+    victim = d.get("victim") if isinstance(d.get("victim"), dict) else None
+    death = {
+        "cause": _text(d.get("cause")) or "unknown",
+        "confidence": _text(d.get("confidence")),
+        "headline": _text(d.get("headline")),
+        "time": _time(d.get("time")),
+        "step": _int(d.get("step")),
+        "victim": {k: _int(victim.get(k)) if k != "role" else _text(victim.get(k)) for k in ("pid", "role", "rss")}
+        if victim
+        else None,
+    }
     return {
         "host": _text(m.get("host")),
         "pid": _int(m.get("pid")),
         "rank": _int(m.get("rank")),
+        "local_rank": _int(m.get("local_rank")),
+        "world_size": _int(m.get("world_size")),
         "role": _text(m.get("role")),
         "attempt": _int(m.get("attempt")),
         "started_at": _time(m.get("started_at")),
         "last_event_at": _time(m.get("last_event_at")),
         "last_step": _int(m.get("last_step")),
+        "last_step_s": _float(m.get("last_step_s")),
+        "clock_error_s": _float(m.get("clock_error_s")),
+        "peaks": _peaks(m.get("peaks")),
+        "ring": _text(m.get("ring")),
         "events": _int(m.get("events")) or 0,
         "death": death,
         "_at": at,
@@ -244,28 +290,45 @@ def _rings_of(meta: dict[str, Any], where: Place) -> list[dict[str, Any]]:
     rings = meta.get("rings") if "rings" in meta else [meta]
     if not isinstance(rings, list) or not all(isinstance(m, dict) for m in rings):
         raise BundleDestinationError(f"{where}/{METADATA}: expected blackbox bundle metadata, found other JSON")
+    if len(rings) > MAX_RINGS_PER_BUNDLE:
+        raise BundleDestinationError(
+            f"{where}/{METADATA}: expected at most {MAX_RINGS_PER_BUNDLE} rings, found {len(rings)}"
+        )
     return rings
 
 
 def _read_meta(where: Place) -> dict[str, Any]:
-    meta = parse_metadata(where.read(METADATA, MAX_METADATA_BYTES), f"{where}/{METADATA}")
+    raw = where.read(METADATA, MAX_METADATA_BYTES)
+    containers = raw.count(b"{") + raw.count(b"[")  # bounds what parsing can build, before it builds it
+    if containers > MAX_JSON_CONTAINERS:
+        raise BundleDestinationError(
+            f"{where}/{METADATA}: expected at most {MAX_JSON_CONTAINERS} JSON objects and lists, found {containers}"
+        )
+    meta = parse_metadata(raw, f"{where}/{METADATA}")
     if meta.get("scope") == "job":
         raise BundleDestinationError(f"{where}: expected a bundle of rings, found a job-wide bundle (read it alone)")
     return meta
 
 
-def _read_ranks(where: Place, meta: dict[str, Any]) -> pa.Table:
-    """The bundle's ranks.parquet in the ranks schema; where it is missing or unreadable (a bundle
-    from before ranks.parquet, a damaged file), the same rows from its metadata."""
+def _read_ranks(where: Place, rings: list[dict[str, Any]]) -> pa.Table:
+    """The bundle's ranks.parquet in the ranks schema, one row per ring of its metadata; where it is
+    missing, unreadable or disagrees with the metadata (a bundle from before ranks.parquet, a damaged or
+    planted file), the same rows from the metadata."""
     try:
-        table = pq.read_table(pa.BufferReader(where.read(RANKS, MAX_RANKS_BYTES)))
+        buf = pa.BufferReader(where.read(RANKS, MAX_RANKS_BYTES))
+        if pq.ParquetFile(buf).metadata.num_rows != len(rings):
+            raise BundleDestinationError(f"{where}/{RANKS}: expected one row per ring")
+        buf.seek(0)
+        table = pq.read_table(buf, use_threads=False)  # threads: apache/arrow#34314 aborts, rarely
         columns = [
             table[f.name].cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
             for f in SCHEMA
         ]
-        return pa.Table.from_arrays(columns, schema=SCHEMA)
-    except (BlackboxError, pa.ArrowException, OSError, ValueError):
-        return ranks_table(rank_rows(meta))
+        out = pa.Table.from_arrays(columns, schema=SCHEMA)
+        table_rows(out.select(["started_at", "last_event_at", "death_time"]))  # times a row can hold
+        return out
+    except (BlackboxError, pa.ArrowException, OSError, ValueError, OverflowError):
+        return ranks_table(rank_rows({"rings": rings}))
 
 
 @dataclass
@@ -278,22 +341,28 @@ class JobPass:
     _rings: list[dict[str, Any]] = field(default_factory=list)
     _bundles: list[dict[str, Any]] = field(default_factory=list)
     _ranks: list[pa.Table] = field(default_factory=list)
+    _seen: dict[tuple[Any, ...], str] = field(default_factory=dict)  # ring identity -> the bundle read with it
     _next: int = 0  # places read so far
 
     def __post_init__(self) -> None:
+        named: set[str] = set()
         for target in self.targets:
             try:
-                found = find_bundles(target)
+                found = find_bundles(target, self.unread)
             except BlackboxError as exc:
-                self.unread.append({"bundle": target, "reason": str(exc)})
+                self.unread.append({"bundle": one_line(target), "reason": one_line(str(exc))})
                 continue
             if not found:
-                self.unread.append({"bundle": target, "reason": f"{target}: expected bundles, found none"})
-            self.places += found
+                self.unread.append({"bundle": one_line(target), "reason": f"{one_line(target)}: found no bundle"})
+            for place in found:  # a bundle named twice (itself and its folder, two spellings) is read once
+                key = str(place) if place.fs is not None else os.path.realpath(str(place))
+                if key not in named:
+                    named.add(key)
+                    self.places.append(place)
         if not self.places:
             raise RingNotFoundError(
-                f"{' '.join(self.targets)}: expected ring files, a bundle, or a folder or URI prefix of bundles, "
-                f"found none ({self.unread[-1]['reason'] if self.unread else 'nothing'})"
+                f"{' '.join(map(one_line, self.targets))}: expected ring files, a bundle, or a folder or URI prefix "
+                f"of bundles, found none ({self.unread[-1]['reason'] if self.unread else 'nothing'})"
             )
 
     def read(self) -> Iterator[Place]:
@@ -304,14 +373,19 @@ class JobPass:
             try:
                 meta = _read_meta(where)
                 rings = [_slim(m, (i, j)) for j, m in enumerate(_rings_of(meta, where))]
-                ranks = _read_ranks(where, meta)
+                ids = [(m["host"], m["pid"], m["started_at"]) for m in rings]
+                copy = next((self._seen[k] for k in ids if k in self._seen), None)
+                if copy is not None:
+                    raise BundleDestinationError(f"{where}: expected new rings, found those of {copy} (a copy)")
+                ranks = _read_ranks(where, rings)
             except BlackboxError as exc:
-                self.unread.append({"bundle": str(where), "reason": str(exc)})
+                self.unread.append({"bundle": one_line(str(where)), "reason": one_line(str(exc))})
                 continue
+            self._seen.update(dict.fromkeys(ids, one_line(str(where))))
             self._rings += rings
             self._ranks.append(ranks)
             self._bundles.append({
-                "bundle": str(where),
+                "bundle": one_line(str(where)),
                 "hosts": sorted({m["host"] for m in rings if m["host"]}),
                 "rings": len(rings),
                 "events": sum(m["events"] for m in rings),
@@ -328,19 +402,19 @@ class JobPass:
         """The job's metadata: its bundles, attempts and first death (with the bundle holding it)."""
         for _ in self.read():
             pass
+        if not self._bundles:
+            raise RingNotFoundError(f"no bundle could be read: {self.unread[0]['reason'] if self.unread else ''}")
         attempts = attempt_metadata(group_attempts(self._rings))
-        first = attempts[-1]["first_death"] if attempts else None
-        if first is not None:
-            first["bundle"] = str(self.places[self._first_ring(first)["_at"][0]])
-        for a in attempts[:-1]:
+        for a in attempts:
             if a["first_death"] is not None:
-                a["first_death"]["bundle"] = str(self.places[self._first_ring(a["first_death"])["_at"][0]])
+                a["first_death"]["bundle"] = one_line(str(self.places[self._first_ring(a["first_death"])["_at"][0]]))
+        first = attempts[-1]["first_death"] if attempts else None
         return {
             "scope": "job",
             "cause": first["cause"] if first else "clean_exit",
             "first_death": first,
             "attempts": attempts,
-            "hosts": len({m["host"] for m in self._rings}),
+            "hosts": len({m["host"] for m in self._rings if m["host"]}),
             "ring_count": len(self._rings),
             "events": sum(m["events"] for m in self._rings),
             "bundles": self._bundles,

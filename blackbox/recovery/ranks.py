@@ -78,9 +78,11 @@ _US = datetime.resolution  # one microsecond
 def iso_micros(us: int | None) -> str | None:
     if us is None:
         return None
-    return datetime.fromtimestamp(us // 1_000_000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") + (
-        f".{us % 1_000_000:06d}Z"
-    )
+    try:
+        whole = datetime.fromtimestamp(us // 1_000_000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    except (ValueError, OverflowError, OSError):
+        return None  # outside what a datetime holds (years 1 to 9999): only a damaged or planted table
+    return f"{whole}.{us % 1_000_000:06d}Z"
 
 
 def ranks_table(rows: list[dict[str, Any]]) -> pa.Table:
