@@ -17,7 +17,7 @@ import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO, TypeVar, cast
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -104,20 +104,39 @@ def stream_bundle(recovery: RecoveryPass, out_dir: str | os.PathLike[str], views
     writing (a link planted in ``out_dir`` redirects nothing), concurrent recoveries into one folder
     leave one of their bundles, never a mix, and no file of an earlier bundle survives.
     """
+    return _write(out_dir, lambda create, open_back: _fill(recovery, views, create, open_back))
+
+
+Create = Callable[[str], Any]  # a new file of the bundle being written, open for writing
+OpenBack = Callable[[str], Any]  # a file already written into it, open for reading
+_T = TypeVar("_T")
+
+
+def _write(out_dir: str | os.PathLike[str], fill: Callable[[Create, OpenBack], _T]) -> _T:
+    """Run ``fill`` over a bundle's destination: on object storage after retiring an earlier bundle's
+    metadata; locally in a fresh private folder put in place whole (``publish``)."""
     dest = Destination(out_dir)
     if dest.local is None:
         _retire_remote(dest)
         remote = dest.fs
-        return _fill(recovery, views, lambda name: remote.open_output_stream(dest.path(name)),
-                     lambda: remote.open_input_file(dest.path(TIMELINE)))  # fmt: skip
-    done: dict[str, Any] = {}
+        return fill(lambda name: remote.open_output_stream(dest.path(name)),
+                    lambda name: remote.open_input_file(dest.path(name)))  # fmt: skip
+    done: list[_T] = []
+    publish(dest.local, lambda folder: done.append(fill(lambda name: os.fdopen(_create(folder / name), "wb"),
+                                                        lambda name: open(folder / name, "rb"))))  # fmt: skip
+    return done[0]
 
-    def fill(folder: Path) -> None:
-        done.update(_fill(recovery, views, lambda name: os.fdopen(_create(folder / name), "wb"),
-                          lambda: open(folder / TIMELINE, "rb")))  # fmt: skip
 
-    publish(dest.local, fill)
-    return done
+def _last_files(create: Create, ranks: pa.Table, files: dict[str, bytes], meta: dict[str, Any]) -> None:
+    """What follows the timeline: ranks.parquet, the other files (views, recovered texts) and, last,
+    metadata.json (a bundle is whole once it is there)."""
+    with create(RANKS) as sink:
+        pq.write_table(ranks, sink, compression="zstd")
+    for name, data in files.items():
+        with create(name) as f:
+            f.write(data)
+    with create(METADATA) as f:
+        _dump(meta, f)
 
 
 def _retire_remote(dest: Destination) -> None:
@@ -136,23 +155,7 @@ def write_job_bundle(out_dir: str | os.PathLike[str], ranks: pa.Table, meta: dic
                      views: dict[str, bytes]) -> None:  # fmt: skip
     """Write a job-wide bundle (no timeline: each node bundle keeps its own): ranks.parquet, the views
     (summary.md) and, last, metadata.json; made whole and put in place like a bundle of rings."""
-
-    def fill(create: Callable[[str], Any]) -> None:
-        with create(RANKS) as sink:
-            pq.write_table(ranks, sink, compression="zstd")
-        for name, data in views.items():
-            with create(name) as f:
-                f.write(data)
-        with create(METADATA) as f:
-            _dump(meta, f)
-
-    dest = Destination(out_dir)
-    if dest.local is None:
-        _retire_remote(dest)
-        remote = dest.fs
-        fill(lambda name: remote.open_output_stream(dest.path(name)))
-        return
-    publish(dest.local, lambda folder: fill(lambda name: os.fdopen(_create(folder / name), "wb")))
+    _write(out_dir, lambda create, _: _last_files(create, ranks, views, meta))
 
 
 def read_thinned(
@@ -184,28 +187,20 @@ def read_thinned(
     return pa.concat_tables(kept)
 
 
-def _fill(
-    recovery: RecoveryPass, views: Views, create: Callable[[str], Any], open_back: Callable[[], Any]
-) -> dict[str, Any]:
+def _fill(recovery: RecoveryPass, views: Views, create: Create, open_back: OpenBack) -> dict[str, Any]:
     with create(TIMELINE) as sink, pq.ParquetWriter(sink, TIMELINE_SCHEMA, **_PARQUET) as writer:
         for table in recovery.tables():
             writer.write_table(table.cast(TIMELINE_SCHEMA), row_group_size=ROW_GROUP)
             del table  # not held while the next ring is decoded, nor while the views are drawn
     meta = recovery.finish()
-    with create(RANKS) as sink:
-        pq.write_table(ranks_table(rank_rows(meta)), sink, compression="zstd")
 
     def read(filters: list[tuple[str, str, Any]] | None, columns: list[str] | None, max_rows: int) -> pa.Table:
-        with open_back() as source:
+        with open_back(TIMELINE) as source:
             table = read_thinned(source, filters, columns, max_rows)
         return table if len(meta.get("rings") or []) < 2 else table.sort_by("time")  # rings' rows interleave
 
     texts = {name: text.encode("utf-8") for name, text in recovery.files.items()}
-    for name, data in {**texts, **views(meta, read)}.items():
-        with create(name) as f:
-            f.write(data)
-    with create(METADATA) as f:  # last
-        _dump(meta, f)
+    _last_files(create, ranks_table(rank_rows(meta)), {**texts, **views(meta, read)}, meta)
     return meta
 
 

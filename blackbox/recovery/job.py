@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from .._errors import BlackboxError, BundleDestinationError, RingNotFoundError, one_line
 from .._version import __version__
 from ..ring.inputs import Folder, open_folder, open_input
-from .bundle import MAX_METADATA_BYTES, METADATA, RANKS, parse_metadata
+from .bundle import MAX_METADATA_BYTES, METADATA, RANKS, SUMMARY, Destination, parse_metadata
 from .metadata import attempt_metadata, group_attempts
 from .ranks import SCHEMA, rank_rows, ranks_table, table_rows
 
@@ -100,15 +100,11 @@ def is_uri(target: str) -> bool:
 def find_bundles(target: str, problems: list[dict[str, str]] | None = None) -> list[Place]:
     """The bundles at ``target``: itself where it holds a metadata.json, else every bundle below it
     (local folders down to MAX_DEPTH, links never followed; a URI prefix listed recursively)."""
-    if is_uri(target):
-        try:
-            fs, root = pafs.FileSystem.from_uri(target)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
-            raise BundleDestinationError(f"{target}: expected a bundle URI, found: {one_line(str(exc))}") from None
-        if isinstance(fs, pafs.LocalFileSystem):
-            return find_bundles(root, problems)
-        return _find_remote(target, fs, root)
-    return [Place(target, parts) for parts in _find_local(target, [] if problems is None else problems)]
+    dest = Destination(target)  # a URI parsed once, the way a bundle's destination is; file:// is local
+    if dest.local is None:
+        return _find_remote(target, dest.fs, dest.root)
+    root = dest.root if is_uri(target) else target
+    return [Place(root, parts) for parts in _find_local(root, [] if problems is None else problems)]
 
 
 def _find_remote(target: str, fs: pafs.FileSystem, root: str) -> list[Place]:
@@ -185,11 +181,11 @@ def holds_rings(target: str) -> bool:
 def is_one_bundle(target: str) -> bool:
     """``target`` is itself a bundle with its summary (a node bundle, or a job-wide one)."""
     if not is_uri(target):
-        return os.path.lexists(os.path.join(target, "summary.md"))
+        return os.path.lexists(os.path.join(target, SUMMARY))
     try:
-        fs, root = pafs.FileSystem.from_uri(target)
-        return bool(fs.get_file_info(f"{root.rstrip('/')}/summary.md").type == pafs.FileType.File)
-    except (pa.ArrowException, OSError):
+        dest = Destination(target)
+        return bool(dest.fs.get_file_info(dest.path(SUMMARY)).type == pafs.FileType.File)
+    except (BlackboxError, OSError):
         return False
 
 

@@ -234,9 +234,8 @@ def job_summary(meta: dict[str, Any], rows: list[dict[str, Any]], detail: dict[s
     if unread:
         lines += [f"## Bundles that could not be read ({len(unread)})", ""]
         lines += [f"- `{u['bundle']}`: {u['reason']}" for u in unread[:MAX_LISTED]]
-        lines += [f"- ... and {len(unread) - MAX_LISTED} more (metadata.json: unread_bundles)"] * (
-            len(unread) > MAX_LISTED
-        )
+        if len(unread) > MAX_LISTED:
+            lines.append(f"- ... and {len(unread) - MAX_LISTED} more (metadata.json: unread_bundles)")
         lines.append("")
     first = meta.get("first_death")
     if first and detail is not None:
