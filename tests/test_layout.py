@@ -34,6 +34,7 @@ RECOVERY_ORDER = {
     "timeline": 0,
     "evidence": 0,
     "ranks": 0,
+    "spill": 0,
     "stacks": 1,
     "facts": 1,
     "levers": 2,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib.abc
+import importlib.machinery
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -20,3 +22,30 @@ def standalone(module: ModuleType, prog: str, argv: Sequence[str] | None) -> int
     module.add_arguments(parser)
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     return run_command(module, args)
+
+
+class _NoPandas(importlib.abc.MetaPathFinder):
+    def find_spec(self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+                  ) -> importlib.machinery.ModuleSpec | None:  # fmt: skip
+        if name == "pandas":
+            raise ModuleNotFoundError("not imported by the blackbox command", name=name)
+        return None
+
+
+def skip_pandas() -> None:
+    """pyarrow imports pandas, where installed, the first time an array is made from Python objects
+    (to ask whether they are pandas objects): 35 MiB and half a second that no command uses. The
+    command's own process answers that first question with "no pandas"; pyarrow still imports it
+    when a pandas conversion is asked for (``to_pandas``). Library callers are left alone."""
+    if "pandas" in sys.modules:
+        return
+    finder = _NoPandas()
+    sys.meta_path.insert(0, finder)
+    try:
+        import pyarrow as pa
+
+        pa.array([0])
+    except Exception:  # noqa: BLE001 - an optimisation only: whatever pyarrow does, the command goes on
+        pass
+    finally:
+        sys.meta_path.remove(finder)

@@ -15,7 +15,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar, cast
 
@@ -27,6 +27,7 @@ from .._errors import BundleDestinationError, one_line
 from ..ring.inputs import open_folder, open_input, what_is
 from .pipeline import OOM_REPORT, RecoveryPass, recover_rings
 from .ranks import rank_rows, ranks_table
+from .spill import SpilledRings
 from .timeline import TIMELINE_SCHEMA
 
 TIMELINE = "timeline.parquet"
@@ -168,7 +169,8 @@ def read_thinned(
     kept: list[pa.Table] = []
     held, stride, seen = 0, 1, 0
     file = pq.ParquetFile(source)
-    for batch in file.iter_batches(batch_size=65536, columns=columns):
+    groups = _row_groups(file.metadata, filters or [])
+    for batch in file.iter_batches(batch_size=16384, columns=columns, row_groups=groups) if groups else ():
         part = pa.Table.from_batches([batch])
         if where is not None:
             part = part.filter(where)
@@ -187,11 +189,38 @@ def read_thinned(
     return pa.concat_tables(kept)
 
 
+def _row_groups(meta: pq.FileMetaData, filters: list[tuple[str, str, Any]]) -> list[int]:
+    """The row groups whose min/max statistics do not rule out every ``=`` and ``in`` filter (any
+    other filter, or a column without statistics, rules nothing out)."""
+    index = {meta.schema.column(i).path: i for i in range(meta.num_columns)}
+    tests = [(index[c], op, v if op == "in" else [v]) for c, op, v in filters if op in ("=", "in") and c in index]
+    kept = []
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for column, _, values in tests:
+            stats = group.column(column).statistics
+            if (
+                stats is not None
+                and stats.has_min_max
+                and stats.null_count == 0
+                and not any(_within(v, stats.min, stats.max) for v in values)
+            ):
+                break
+        else:
+            kept.append(g)
+    return kept
+
+
+def _within(value: Any, low: Any, high: Any) -> bool:
+    try:
+        return bool(low <= value <= high)
+    except TypeError:  # a value of another type than the column's: nothing ruled out
+        return True
+
+
 def _fill(recovery: RecoveryPass, views: Views, create: Create, open_back: OpenBack) -> dict[str, Any]:
     with create(TIMELINE) as sink, pq.ParquetWriter(sink, TIMELINE_SCHEMA, **_PARQUET) as writer:
-        for table in recovery.tables():
-            writer.write_table(table.cast(TIMELINE_SCHEMA), row_group_size=ROW_GROUP)
-            del table  # not held while the next ring is decoded, nor while the views are drawn
+        _write_row_groups(writer, (table.cast(TIMELINE_SCHEMA) for table in recovery.tables()))
     meta = recovery.finish()
 
     def read(filters: list[tuple[str, str, Any]] | None, columns: list[str] | None, max_rows: int) -> pa.Table:
@@ -204,17 +233,54 @@ def _fill(recovery: RecoveryPass, views: Views, create: Create, open_back: OpenB
     return meta
 
 
+def _write_row_groups(writer: pq.ParquetWriter, tables: Iterator[pa.Table]) -> None:
+    """Write the rings' timelines as row groups of ``ROW_GROUP`` rows, small rings sharing one: the
+    writer keeps every row group's metadata until the footer (about 80 KiB each, whatever its size), so
+    the row groups follow the rows written, not the ring count. Holds at most a row group and a ring."""
+    held: list[pa.Table] = []
+    rows = 0
+    for table in tables:
+        held.append(table)
+        rows += table.num_rows
+        if rows >= ROW_GROUP:
+            whole = pa.concat_tables(held)
+            full = rows - rows % ROW_GROUP
+            writer.write_table(whole.slice(0, full), row_group_size=ROW_GROUP)
+            held = [whole.slice(full)] if rows > full else []
+            rows -= full
+            del whole  # the rest is held as a slice of it until the next row group is written
+    if rows:
+        writer.write_table(pa.concat_tables(held), row_group_size=ROW_GROUP)
+
+
 def _dump(meta: dict[str, Any], sink: Any) -> None:
-    """metadata.json, encoded a piece at a time into ``sink`` (any binary writer), a MiB per write."""
+    """metadata.json (``json.dump(meta, indent=2)``'s text) into ``sink`` (any binary writer), a MiB per
+    write; the rings of a ``SpilledRings`` are read back and written one at a time."""
     held: list[str] = []
     size = 0
-    for chunk in json.JSONEncoder(indent=2).iterencode(meta):
-        held.append(chunk)
-        size += len(chunk)
+
+    def put(text: str) -> None:
+        nonlocal size, held
+        held.append(text)
+        size += len(text)
         if size >= 1 << 20:
             sink.write("".join(held).encode("utf-8"))
             held, size = [], 0
-    sink.write(("".join(held) + "\n").encode("utf-8"))
+
+    def indented(value: Any, level: int) -> str:
+        return json.dumps(value, indent=2).replace("\n", "\n" + "  " * level)
+
+    put("{")
+    for n, (key, value) in enumerate(meta.items()):
+        put(("," if n else "") + f"\n  {json.dumps(key)}: ")
+        if isinstance(value, SpilledRings):
+            for i, ring in enumerate(value):
+                put(("[" if not i else ",") + "\n    " + indented(ring, 2))
+            put("\n  ]" if len(value) else "[]")
+        else:
+            put(indented(value, 1))
+    put("\n}\n" if meta else "}\n")
+    sink.write("".join(held).encode("utf-8"))
 
 
 def _create(path: Path) -> int:

@@ -6,6 +6,7 @@ gathered (``evidence``) and the death diagnosed (``diagnosis``) before.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -290,31 +291,48 @@ def attempt_metadata(groups: list[list[dict[str, Any]]]) -> list[dict[str, Any]]
     return out
 
 
-def bundle_metadata(rings: list[dict[str, Any]]) -> dict[str, Any]:
-    """One ring's metadata as-is; several rings' under ``rings`` with summed counts.
+_SLIM = ("rank", "host", "pid", "attempt", "started_at", "last_event_at", "last_step")
+_SLIM_DEATH = ("cause", "confidence", "headline", "victim", "time", "step")
+
+
+def _slim(m: dict[str, Any]) -> dict[str, Any]:
+    """What grouping into attempts and naming their first deaths take of a ring's metadata."""
+    death = m.get("death") or {}
+    return {k: m.get(k) for k in _SLIM} | {"death": {k: death.get(k) for k in _SLIM_DEATH}}
+
+
+def bundle_metadata(rings: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One ring's metadata as-is; several rings' under ``rings`` (the sequence given, read once here:
+    it may be ``SpilledRings``) with summed counts.
 
     Both carry ``attempts`` (each attempt of the job with its own first death, oldest first),
     ``first_death`` (rank, host, pid, cause, confidence, headline, victim, time and step of the
     earliest end that is not a clean exit in the last attempt; null when there is none) and
     ``cause`` (that death's cause, else ``clean_exit``), so queries over many bundles can rely on them.
     """
-    attempts = attempt_metadata(group_attempts(rings))
-    first_death = attempts[-1]["first_death"] if attempts else None
-    cause = first_death["cause"] if first_death else "clean_exit"
     if len(rings) == 1:
-        return {**rings[0], "first_death": first_death, "cause": cause, "attempts": attempts}
+        ring = rings[0]
+        attempts = attempt_metadata(group_attempts([ring]))
+        first_death = attempts[-1]["first_death"]
+        return {**ring, "first_death": first_death, "cause": first_death["cause"] if first_death else "clean_exit",
+                "attempts": attempts}  # fmt: skip
     totals: dict[str, int] = {}
+    slim, version, clean, events = [], 0, True, 0
     for m in rings:
         for k, v in m["recovery"].items():
             if isinstance(v, int) and k not in ("first_seq", "last_seq"):
                 totals[k] = totals.get(k, 0) + v
+        slim.append(_slim(m))
+        version, clean, events = max(version, m["format_version"]), clean and m["clean"], events + m["events"]
+    attempts = attempt_metadata(group_attempts(slim))
+    first_death = attempts[-1]["first_death"] if attempts else None
     return {
-        "format_version": max(m["format_version"] for m in rings),
-        "cause": cause,
+        "format_version": version,
+        "cause": first_death["cause"] if first_death else "clean_exit",
         "first_death": first_death,
         "attempts": attempts,
-        "clean": all(m["clean"] for m in rings),
-        "events": sum(m["events"] for m in rings),
+        "clean": clean,
+        "events": events,
         "recovery": totals,
         "rings": rings,
         "recovered_by": {"blackbox": __version__},

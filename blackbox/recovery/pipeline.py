@@ -26,6 +26,7 @@ from ..ring.reader import Ring, Unread, list_rings, nothing_read, read_header, r
 from .diagnosis import diagnose
 from .evidence import KernelKill, gather, kernel_oom_kills
 from .metadata import bundle_metadata, helper_groups, ring_metadata
+from .spill import SpilledRings
 from .timeline import merge_tables, ring_table
 
 OOM_REPORT = "oom-report.txt"
@@ -70,6 +71,18 @@ def _workers() -> int:
     return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
+IN_FLIGHT_BYTES = 64 << 20  # ring bytes decoded at once, beyond one ring alone (which always goes)
+
+
+def _bytes_there(path: Path) -> int:
+    """The bytes a ring really holds on disk (the reader skips its holes): its decoding's cost."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0
+    return min(st.st_size, st.st_blocks * 512)
+
+
 class RecoveryPass:
     """One recovery, a ring at a time: ``tables()`` decodes and diagnoses the rings (a few at once,
     spread over the cores, in order) and yields each ring's timeline; ``finish()`` then assembles the
@@ -84,7 +97,7 @@ class RecoveryPass:
         self.kills = kernel_oom_kills()  # one pass over the kernel log for every ring
         self.exit_status = exit_status
         self.owner = _status_owner(self.paths, launcher_pid) if exit_status is not None else None
-        self.metas: list[dict[str, Any]] = []
+        self.metas = SpilledRings()  # each ring's metadata, on disk until metadata.json is written
         self.files: dict[str, str] = {}  # bundle file name -> text (native crash tracebacks, kernel OOM reports)
         self._owners: set[int] = set()
         self._reports: list[tuple[int, str]] = []
@@ -103,26 +116,30 @@ class RecoveryPass:
         return table, meta, kill, evidence.crash, ring.owner
 
     def tables(self) -> Iterator[pa.Table]:
-        """Each readable ring's timeline, in the order the rings were found."""
+        """Each readable ring's timeline, in the order the rings were found. Up to ``_workers()`` rings
+        are decoded at once while their bytes stay within ``IN_FLIGHT_BYTES`` (a larger ring is decoded
+        alone), so memory is bounded by the largest ring whatever the count."""
         workers = _workers()
         Result = tuple[pa.Table, dict[str, Any], KernelKill | None, str | None, int]
         with ThreadPoolExecutor(workers) as pool:
-            pending: deque[tuple[Path, Future[Result]]] = deque()
-            paths = iter(self.paths)
-            for path in paths:
-                pending.append((path, pool.submit(self._one, path)))
-                if len(pending) >= workers:
-                    break
-            while pending:
-                path, future = pending.popleft()
-                nxt = next(paths, None)
-                if nxt is not None:
-                    pending.append((nxt, pool.submit(self._one, nxt)))
+            pending: deque[tuple[Path, int, Future[Result]]] = deque()
+            waiting = deque((path, _bytes_there(path)) for path in self.paths)
+            in_flight = 0
+            while waiting or pending:
+                while (
+                    waiting and len(pending) < workers and (not pending or in_flight + waiting[0][1] <= IN_FLIGHT_BYTES)
+                ):
+                    path, size = waiting.popleft()
+                    pending.append((path, size, pool.submit(self._one, path)))
+                    in_flight += size
+                path, size, future = pending.popleft()
                 try:
                     table, meta, kill, crash, owner = future.result()
                 except BlackboxError as exc:
                     self.unread.append(Unread(path, exc))
                     continue
+                finally:
+                    in_flight -= size
                 if kill is not None:
                     head = f"# pid {meta.get('pid')} ({kill.name})\n"
                     self._reports.append((kill.time_ns, head + "\n".join(kill.report) + "\n"))

@@ -136,27 +136,34 @@ def _steps(ax: Any, table: pa.Table, t0: float) -> None:
 
 
 def _deaths(fig: Any, axes: tuple[Any, ...], table: pa.Table, meta: dict[str, Any], t0: float) -> None:
+    """A line at every death: the first death's marked and named, the others' faint, all of them in one
+    collection per panel (a job of thousands of ranks is thousands of lines, not thousands of artists)."""
     rings = meta.get("rings", [meta])
     first = meta.get("first_death") if meta.get("rings") else None
+    others: list[float] = []
     for m in rings:
         d = m.get("death")
         if not d or not d.get("time") or d.get("cause") == "clean_exit":
             continue
         at = np.datetime64(d["time"].rstrip("Z"), "ns").astype(np.int64) / 1e9 - t0
         is_first = first is None or (m.get("pid") == first.get("pid") and m.get("host") == first.get("host"))
+        if not is_first:
+            others.append(at)
+            continue
         for ax in axes:
-            ax.axvline(at, color="black", linewidth=1.5 if is_first else 0.6, alpha=1.0 if is_first else 0.4)
-        if is_first:
-            who = f"rank {m.get('rank')} " if meta.get("rings") else ""
-            axes[0].annotate(
-                f"{who}{d['cause']}",
-                (at, 0.98),
-                xycoords=("data", "axes fraction"),
-                va="top",
-                ha="right",
-                fontsize=9,
-                bbox={"boxstyle": "round", "fc": "white", "alpha": 0.8},
-            )
+            ax.axvline(at, color="black", linewidth=1.5)
+        who = f"rank {m.get('rank')} " if meta.get("rings") else ""
+        axes[0].annotate(
+            f"{who}{d['cause']}",
+            (at, 0.98),
+            xycoords=("data", "axes fraction"),
+            va="top",
+            ha="right",
+            fontsize=9,
+            bbox={"boxstyle": "round", "fc": "white", "alpha": 0.8},
+        )
+    for ax in axes if others else ():
+        ax.vlines(others, 0, 1, transform=ax.get_xaxis_transform(), color="black", linewidth=0.6, alpha=0.4)
     ooms = of_kind(table, "oom", columns=["time"])["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
     for ns in ooms[-MAX_MARKS:].tolist():  # the last ones: a line per event, and a ring may hold a million
         at = ns / 1e9 - t0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .._units import human_bytes
@@ -246,14 +247,21 @@ def job_summary(meta: dict[str, Any], rows: list[dict[str, Any]], detail: dict[s
     return "\n".join(lines)
 
 
-def _detail_ring(meta: dict[str, Any], rings: list[dict[str, Any]]) -> dict[str, Any]:
+def _detail_ring(meta: dict[str, Any], rings: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The first death's ring, else the lowest rank of the last attempt; ``rings`` read a ring at a
+    time (a ``SpilledRings`` is never held whole)."""
     first = meta.get("first_death") or {}
-    for m in rings:
-        if first and m.get("pid") == first.get("pid") and m.get("host") == first.get("host"):
-            return m
+    if first:
+        for m in rings:
+            if m.get("pid") == first.get("pid") and m.get("host") == first.get("host"):
+                return m
     last = (meta.get("attempts") or [{}])[-1].get("started_at") or ""
-    current = [m for m in rings if (m.get("started_at") or "") >= last] or rings
-    return min(current, key=lambda m: (m.get("rank") is None, m.get("rank") or 0, m.get("role") != "main"))
+
+    def key(m: dict[str, Any]) -> tuple[bool, int, bool]:
+        return m.get("rank") is None, m.get("rank") or 0, m.get("role") != "main"
+
+    current = min((m for m in rings if (m.get("started_at") or "") >= last), key=key, default=None)
+    return current if current is not None else min(rings, key=key)
 
 
 def _demote(markdown: str) -> str:

@@ -1,0 +1,85 @@
+"""Rings' metadata kept on disk while a recovery runs, so its memory does not grow with the ring count.
+
+A recovery of thousands of rings keeps each ring's full metadata (its death and
+evidence, last events, peaks, stacks: a few KiB as Python objects) until
+metadata.json is written. ``SpilledRings`` holds them as JSON in an unnamed
+temporary file instead, and reads one back at a time: a read-only sequence of
+dicts, each as metadata.json will hold it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tempfile
+from array import array
+from collections.abc import Iterator, Sequence
+from typing import Any, BinaryIO, overload
+
+
+class SpilledRings(Sequence[dict[str, Any]]):
+    """Rings' metadata, appended one at a time and read back in order (``rings[i]``, iteration).
+
+    Kept in an unnamed temporary file (gone with its last reference or the process); where none can be
+    made (a read-only or full temporary folder), in memory, as compact JSON."""
+
+    def __init__(self, metas: Sequence[dict[str, Any]] = ()) -> None:
+        self._file: BinaryIO
+        try:
+            self._file = tempfile.TemporaryFile(prefix="blackbox-rings-")
+        except OSError:
+            self._file = io.BytesIO()
+        self._ends = array("q", [0])  # ring i's JSON is bytes [_ends[i], _ends[i + 1])
+        for m in metas:
+            self.append(m)
+
+    def append(self, meta: dict[str, Any]) -> None:
+        data = json.dumps(meta, separators=(",", ":")).encode("utf-8")
+        self._file.seek(self._ends[-1])
+        try:
+            self._file.write(data)
+        except OSError:  # the temporary folder filled up: the rest are kept in memory
+            self._to_memory()
+            self._file.seek(self._ends[-1])
+            self._file.write(data)
+        self._ends.append(self._ends[-1] + len(data))
+
+    def _to_memory(self) -> None:
+        self._file.seek(0)
+        kept = io.BytesIO(self._file.read(self._ends[-1]))
+        self._file.close()
+        self._file = kept
+
+    def __len__(self) -> int:
+        return len(self._ends) - 1
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError("ring index out of range")
+        i = index % n
+        self._file.seek(self._ends[i])
+        meta: dict[str, Any] = json.loads(self._file.read(self._ends[i + 1] - self._ends[i]))
+        return meta
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        i = 0
+        while i < len(self):  # as a list's: what is appended meanwhile is read too
+            yield self[i]
+            i += 1
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)) or len(other) != len(self):
+            return NotImplemented if not isinstance(other, Sequence) else False
+        return all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<SpilledRings: {len(self)} rings>"

@@ -1,0 +1,81 @@
+"""SpilledRings: rings' metadata kept on disk while a recovery runs, read back as metadata.json holds it."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import tempfile
+from typing import Any
+
+import pytest
+
+from blackbox.recovery.bundle import _dump
+from blackbox.recovery.spill import SpilledRings
+
+METAS = [
+    {"rank": 0, "host": "a", "death": {"cause": "killed", "victim": None}, "peaks": {"host_rss": {"bytes": 1 << 40}}},
+    {"rank": 1, "host": "b\u00e9\n\x1b", "notes": ["x", 2.5, True, None], "nested": {"deep": [[{}]]}},
+    {"rank": 2, "empty": {}},
+]
+
+
+def test_rings_read_back_as_json_holds_them_in_order() -> None:
+    rings = SpilledRings(METAS)
+    assert len(rings) == 3 and bool(rings)
+    assert list(rings) == METAS and rings == METAS and rings != METAS[:2] and rings != "abc"
+    assert rings[0] == METAS[0] and rings[-1] == METAS[2] and rings[1:] == METAS[1:]
+    assert [m["rank"] for m in rings if m["rank"] > 0] == [1, 2]
+    with pytest.raises(IndexError):
+        rings[3]
+    with pytest.raises(IndexError):
+        rings[-4]
+    # reading does not disturb appending, nor appending reading
+    it = iter(rings)
+    assert next(it) == METAS[0]
+    rings.append({"rank": 3})
+    assert [m["rank"] for m in it] == [1, 2, 3]
+    assert not SpilledRings() and SpilledRings() == []
+
+
+def test_rings_are_kept_in_an_unnamed_temporary_file() -> None:
+    rings = SpilledRings(METAS)
+    assert not isinstance(rings._file, io.BytesIO)
+    assert rings._file.name is not None and not str(rings._file.name).startswith("/")  # no name left on disk
+
+
+def test_without_a_temporary_folder_rings_are_kept_in_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(*args: Any, **kw: Any) -> Any:
+        raise PermissionError(errno.EACCES, "Permission denied", "/tmp")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refused)
+    rings = SpilledRings(METAS)
+    assert isinstance(rings._file, io.BytesIO) and list(rings) == METAS
+
+
+class FillsUp(io.BytesIO):
+    """A temporary file on a disk that fills up after ``room`` bytes."""
+
+    def __init__(self, room: int) -> None:
+        super().__init__()
+        self.room = room
+
+    def write(self, data: Any) -> int:
+        if self.tell() + len(data) > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().write(data)
+
+
+def test_a_full_disk_midway_keeps_every_ring_in_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    first = len(json.dumps(METAS[0], separators=(",", ":")))
+    monkeypatch.setattr(tempfile, "TemporaryFile", lambda **kw: FillsUp(first + 10))
+    rings = SpilledRings(METAS)
+    assert type(rings._file) is io.BytesIO and list(rings) == METAS
+
+
+def test_metadata_json_of_spilled_rings_is_json_dump_of_them(tmp_path: Any) -> None:
+    for meta in ({}, {"rings": SpilledRings()}, {"cause": "killed", "rings": SpilledRings(METAS), "n": [1, {}]}):
+        sink = io.BytesIO()
+        _dump(meta, sink)
+        plain = {k: list(v) if isinstance(v, SpilledRings) else v for k, v in meta.items()}
+        assert sink.getvalue().decode("utf-8") == json.dumps(plain, indent=2) + "\n"

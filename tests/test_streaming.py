@@ -1,0 +1,152 @@
+"""Recovery of many rings in bounded memory: rings decoded a few at a time within a byte budget, their
+rows written in shared row groups, their metadata kept on disk until metadata.json, and a read of one
+rank's rows that skips the row groups of the others."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from conftest import REPO
+
+import blackbox
+from blackbox._postmortem import write_postmortem
+from blackbox.recovery import bundle, pipeline
+from blackbox.recovery.pipeline import RecoveryPass, recover_rings
+from blackbox.recovery.spill import SpilledRings
+
+RANKS, HOSTS = 24, 2
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """24 real ranks on two host names, each with a 1 MiB ring, all SIGKILLed (rank 7 first)."""
+    rings = tmp_path_factory.mktemp("fleet")
+    subprocess.run(
+        [sys.executable, str(REPO / "tools" / "fleet.py"), str(rings), "--ranks", str(RANKS), "--hosts", str(HOSTS),
+         "--ring-mib", "1", "--victim", "7", "--per-host"],
+        check=True, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )  # fmt: skip
+    return sorted(p for p in rings.iterdir() if p.is_dir())
+
+
+@pytest.fixture(scope="module")
+def shared_groups(hosts: list[Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """The fleet's bundle written with row groups of 10,000 rows (each ring holds about 8,000)."""
+    out = tmp_path_factory.mktemp("bundle") / "b"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bundle, "ROW_GROUP", 10_000)
+        meta = write_postmortem(hosts, out, plot=False)
+    return out, meta
+
+
+def test_small_rings_share_row_groups_and_no_row_is_lost(hosts: list[Path], shared_groups: tuple[Path, Any]) -> None:
+    out, meta = shared_groups
+    file = pq.ParquetFile(out / "timeline.parquet")
+    rows = file.metadata.num_rows
+    # every row of every ring is there, as the in-memory recovery has them
+    whole = recover_rings(hosts).table
+    assert rows == whole.num_rows == sum(m["events"] for m in meta["rings"]) == meta["events"]
+    written = file.read(columns=["host", "pid", "seq"])
+    assert sorted(zip(*written.to_pydict().values(), strict=True)) == sorted(
+        zip(*whole.select(["host", "pid", "seq"]).to_pydict().values(), strict=True)
+    )
+    # in row groups of 10,000 rows whatever the rings' sizes: fewer groups than rings, only the last short
+    sizes = [file.metadata.row_group(g).num_rows for g in range(file.metadata.num_row_groups)]
+    assert len(sizes) == math.ceil(rows / 10_000) < RANKS
+    assert set(sizes[:-1]) == {10_000} and 0 < sizes[-1] <= 10_000
+
+
+def test_a_read_of_one_rank_skips_the_row_groups_of_the_others(shared_groups: tuple[Path, Any]) -> None:
+    out, meta = shared_groups
+    first = meta["first_death"]
+    assert first["rank"] == 7
+    filters = [("pid", "=", first["pid"]), ("host", "=", first["host"])]
+    file = pq.ParquetFile(out / "timeline.parquet")
+    groups = bundle._row_groups(file.metadata, filters)
+    assert 0 < len(groups) < file.metadata.num_row_groups / 2
+    # the rows read are exactly that rank's, as a filter over the whole table finds them
+    with open(out / "timeline.parquet", "rb") as source:
+        read = bundle.read_thinned(source, filters, ["pid", "host", "seq"], max_rows=1 << 30)
+    table = file.read(columns=["pid", "host", "seq"])
+    mine = table.filter(pc.and_(pc.equal(table["pid"], first["pid"]), pc.equal(table["host"], first["host"])))
+    assert read.num_rows == mine.num_rows > 1000
+    assert read["seq"].to_pylist() == mine["seq"].to_pylist()
+    # a filter statistics cannot decide (another operator, another column) skips nothing
+    every = list(range(file.metadata.num_row_groups))
+    assert bundle._row_groups(file.metadata, [("pid", "!=", first["pid"]), ("nothing", "=", 1)]) == every
+    assert bundle._row_groups(file.metadata, [("pid", "=", "not a number")]) == every
+
+
+def test_metadata_json_holds_every_rings_metadata_written_a_ring_at_a_time(shared_groups: tuple[Path, Any]) -> None:
+    out, meta = shared_groups
+    assert isinstance(meta["rings"], SpilledRings) and len(meta["rings"]) == RANKS
+    text = (out / "metadata.json").read_text()
+    plain = {k: list(v) if isinstance(v, SpilledRings) else v for k, v in meta.items()}
+    assert text == json.dumps(plain, indent=2) + "\n"
+    assert sorted(m["rank"] for m in json.loads(text)["rings"]) == list(range(RANKS))
+
+
+def test_rings_decoded_at_once_stay_within_the_byte_budget(
+    hosts: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN the fleet's 1 MiB rings and one ring larger than the whole budget, four workers, and a budget
+    # of two and a half small rings
+    big = blackbox.Recorder.arm(tmp_path / "big" / "big.ring", capacity=1 << 17, sample_interval=3600)
+    big.mark("big", 1)
+    big.disarm()
+    small = pipeline._bytes_there(next(hosts[0].glob("*.ring")))
+    assert pipeline._bytes_there(tmp_path / "big" / "big.ring") > 3 * small
+    monkeypatch.setattr(pipeline, "_workers", lambda: 4)
+    monkeypatch.setattr(pipeline, "IN_FLIGHT_BYTES", int(2.5 * small))
+    lock, active, seen = threading.Lock(), set(), []
+    one = RecoveryPass._one
+
+    def watched(self: RecoveryPass, path: Path) -> Any:
+        with lock:
+            active.add(path)
+            seen.append(set(active))
+        time.sleep(0.05)
+        try:
+            return one(self, path)
+        finally:
+            with lock:
+                active.discard(path)
+
+    monkeypatch.setattr(RecoveryPass, "_one", watched)
+    # WHEN they are recovered together
+    recovered = recover_rings([hosts[0], tmp_path / "big", hosts[1]])
+    # THEN every ring is recovered, at most two small ones decoded at once, the large one alone
+    assert len(recovered.meta["rings"]) == RANKS + 1
+    assert max(len(s) for s in seen) == 2
+    for at_once in seen:
+        assert len(at_once) == 1 or sum(pipeline._bytes_there(p) for p in at_once) <= pipeline.IN_FLIGHT_BYTES
+    assert any(s == {tmp_path / "big" / "big.ring"} for s in seen)
+
+
+def test_the_picture_draws_every_death_in_one_collection_per_panel(hosts: list[Path]) -> None:
+    pytest.importorskip("matplotlib", reason="memory.png is drawn only where matplotlib is installed")
+    from matplotlib.collections import LineCollection
+
+    from blackbox.views.plot import memory_figure
+
+    recovered = recover_rings(hosts)
+    fig = memory_figure(recovered.table, recovered.meta)
+    host_ax = fig.axes[0]
+    # the others' deaths: one collection of 23 lines, not 23 artists per panel
+    (others,) = [c for c in host_ax.collections if isinstance(c, LineCollection)]
+    assert len(others.get_segments()) == RANKS - 1
+    # the first death: its own line, named
+    assert [t.get_text() for t in host_ax.texts] == ["rank 7 killed"]
+    first = [line for line in host_ax.get_lines() if line.get_linewidth() == 1.5]
+    assert len(first) == 1
