@@ -4,6 +4,7 @@ rank's rows that skips the row groups of the others."""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -11,9 +12,13 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
@@ -24,6 +29,7 @@ from blackbox._postmortem import write_postmortem
 from blackbox.recovery import bundle, pipeline
 from blackbox.recovery.pipeline import RecoveryPass, recover_rings
 from blackbox.recovery.spill import SpilledRings
+from blackbox.recovery.timeline import TIMELINE_SCHEMA
 
 RANKS, HOSTS = 24, 2
 
@@ -148,5 +154,60 @@ def test_the_picture_draws_every_death_in_one_collection_per_panel(hosts: list[P
     assert len(others.get_segments()) == RANKS - 1
     # the first death: its own line, named
     assert [t.get_text() for t in host_ax.texts] == ["rank 7 killed"]
-    first = [line for line in host_ax.get_lines() if line.get_linewidth() == 1.5]
-    assert len(first) == 1
+    vertical = [line for line in host_ax.get_lines() if line.get_color() == "black"]
+    assert len(vertical) == 1 and len(set(vertical[0].get_xdata())) == 1
+
+
+def test_no_rings_table_is_held_while_the_next_ring_is_decoded(
+    hosts: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN rings decoded one at a time, each decode first checking that no earlier ring's table lives on
+    monkeypatch.setattr(pipeline, "_workers", lambda: 1)
+    earlier: list[weakref.ref[Any]] = []
+    alive: list[int] = []
+    one = RecoveryPass._one
+
+    def watched(self: RecoveryPass, path: Path) -> Any:
+        gc.collect()
+        alive.append(sum(ref() is not None for ref in earlier))
+        result = one(self, path)
+        earlier.append(weakref.ref(result[0]))
+        return result
+
+    monkeypatch.setattr(RecoveryPass, "_one", watched)
+    # WHEN they are written into a bundle
+    write_postmortem(hosts, tmp_path / "b", plot=False)
+    # THEN neither the pass nor the writer kept one (a ring's table is as large as its ring)
+    assert len(alive) == RANKS and set(alive) == {0}
+
+
+def test_the_writer_keeps_a_copy_of_the_rest_of_a_large_ring_not_the_ring(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN timelines of 3.5 row groups each, whose seq column is a numpy array Arrow wraps without a copy
+    monkeypatch.setattr(bundle, "ROW_GROUP", 1000)
+    rows = 3500
+    earlier: list[weakref.ref[Any]] = []
+    alive: list[int] = []
+
+    def timelines() -> Iterator[pa.Table]:
+        for n in range(3):
+            gc.collect()
+            alive.append(sum(ref() is not None for ref in earlier))
+            yield timeline(np.arange(n * rows, (n + 1) * rows, dtype=np.uint64))
+
+    def timeline(seq: np.ndarray) -> pa.Table:
+        earlier.append(weakref.ref(seq))
+        column = pa.Array.from_buffers(pa.uint64(), rows, [None, pa.py_buffer(seq)])
+        return pa.Table.from_arrays([column if f.name == "seq" else pa.nulls(rows, f.type) for f in TIMELINE_SCHEMA],
+                                    schema=TIMELINE_SCHEMA)  # fmt: skip
+
+    # WHEN they are written
+    with open(tmp_path / "t.parquet", "wb") as sink, pq.ParquetWriter(sink, TIMELINE_SCHEMA) as writer:
+        bundle._write_row_groups(writer, timelines())
+    # THEN by the time the next timeline comes no earlier one's memory is held (the 500 rows left over
+    # are a copy), every row is written, in row groups of 1,000
+    assert alive == [0, 0, 0]
+    file = pq.ParquetFile(tmp_path / "t.parquet")
+    assert file.read(columns=["seq"])["seq"].to_pylist() == list(range(3 * rows))
+    assert [file.metadata.row_group(g).num_rows for g in range(file.metadata.num_row_groups)] == [1000] * 10 + [500]

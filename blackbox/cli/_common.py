@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib.abc
 import importlib.machinery
 import sys
@@ -30,6 +31,34 @@ class _NoPandas(importlib.abc.MetaPathFinder):
         if name == "pandas":
             raise ModuleNotFoundError("not imported by the blackbox command", name=name)
         return None
+
+
+def own_process() -> None:
+    """Settings for the command's own process (the console script, ``python -m blackbox``), never for
+    a library caller's: memory it frees goes back to the system, and no pandas import (below)."""
+    release_freed_memory()
+    skip_pandas()
+
+
+M_MMAP_THRESHOLD = -3  # mallopt(3)
+
+
+def release_freed_memory() -> None:
+    """Recovery decodes one large ring after another: glibc raises its mmap threshold as large blocks
+    are freed and then keeps them in its arenas, and pyarrow's mimalloc keeps its pages a while, so a
+    second 128 MiB ring found 150 MiB still held by the first. A fixed threshold and the system
+    allocator for Arrow hand every freed ring back (measured: 6 rings of 128 MiB peak at 351 MiB, as
+    one ring alone does, instead of 474)."""
+    try:
+        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, 1 << 20)
+    except (OSError, AttributeError):  # not glibc: its own policy stands
+        pass
+    try:
+        import pyarrow as pa
+
+        pa.set_memory_pool(pa.system_memory_pool())
+    except Exception:  # noqa: BLE001 - an optimisation only: whatever pyarrow does, the command goes on
+        pass
 
 
 def skip_pandas() -> None:

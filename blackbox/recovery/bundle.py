@@ -220,7 +220,7 @@ def _within(value: Any, low: Any, high: Any) -> bool:
 
 def _fill(recovery: RecoveryPass, views: Views, create: Create, open_back: OpenBack) -> dict[str, Any]:
     with create(TIMELINE) as sink, pq.ParquetWriter(sink, TIMELINE_SCHEMA, **_PARQUET) as writer:
-        _write_row_groups(writer, (table.cast(TIMELINE_SCHEMA) for table in recovery.tables()))
+        _write_row_groups(writer, recovery.tables())
     meta = recovery.finish()
 
     def read(filters: list[tuple[str, str, Any]] | None, columns: list[str] | None, max_rows: int) -> pa.Table:
@@ -236,19 +236,23 @@ def _fill(recovery: RecoveryPass, views: Views, create: Create, open_back: OpenB
 def _write_row_groups(writer: pq.ParquetWriter, tables: Iterator[pa.Table]) -> None:
     """Write the rings' timelines as row groups of ``ROW_GROUP`` rows, small rings sharing one: the
     writer keeps every row group's metadata until the footer (about 80 KiB each, whatever its size), so
-    the row groups follow the rows written, not the ring count. Holds at most a row group and a ring."""
+    the row groups follow the rows written, not the ring count. While the next ring is decoded, holds
+    at most a row group's rows, never a whole ring's table."""
     held: list[pa.Table] = []
     rows = 0
     for table in tables:
-        held.append(table)
+        held.append(table.cast(TIMELINE_SCHEMA))
         rows += table.num_rows
+        del table
         if rows >= ROW_GROUP:
             whole = pa.concat_tables(held)
+            held.clear()
             full = rows - rows % ROW_GROUP
             writer.write_table(whole.slice(0, full), row_group_size=ROW_GROUP)
-            held = [whole.slice(full)] if rows > full else []
             rows -= full
-            del whole  # the rest is held as a slice of it until the next row group is written
+            if rows:  # a copy of the rest: a slice would keep every buffer of the ring it came from
+                held.append(whole.slice(full).take(pa.array(range(rows), type=pa.int64())))
+            del whole
     if rows:
         writer.write_table(pa.concat_tables(held), row_group_size=ROW_GROUP)
 

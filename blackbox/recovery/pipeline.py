@@ -140,6 +140,7 @@ class RecoveryPass:
                     continue
                 finally:
                     in_flight -= size
+                    del future  # it holds the table too
                 if kill is not None:
                     head = f"# pid {meta.get('pid')} ({kill.name})\n"
                     self._reports.append((kill.time_ns, head + "\n".join(kill.report) + "\n"))
@@ -148,6 +149,7 @@ class RecoveryPass:
                 self._owners.add(owner)
                 self.metas.append(meta)
                 yield table
+                del table  # not held while the next ring is decoded
 
     def finish(self) -> dict[str, Any]:
         """The bundle's metadata, once ``tables()`` has been consumed."""
