@@ -101,6 +101,23 @@ def test_stdout_is_the_jobs_alone(tmp_path: Path) -> None:
     assert "# blackbox:" in proc.stderr  # the summary went to stderr
 
 
+def test_the_launcher_stays_small_while_the_job_runs(tmp_path: Path) -> None:
+    # GIVEN a job that says it is up and then sleeps
+    code = "import time; print('up', flush=True); time.sleep(2)"
+    launcher = subprocess.Popen([*BLACKBOX, "--dir", str(tmp_path / "run"), "--", sys.executable, "-c", code],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)  # fmt: skip
+    assert launcher.stdout is not None and launcher.stdout.readline().strip() == "up"
+    # WHEN the launcher is looked at while the job runs
+    maps = Path(f"/proc/{launcher.pid}/maps").read_text()
+    rss_kib = int(next(line for line in Path(f"/proc/{launcher.pid}/status").read_text().splitlines()
+                       if line.startswith("VmRSS")).split()[1])  # fmt: skip
+    _, err = launcher.communicate(timeout=120)
+    # THEN it has loaded nothing of the recovery's (Arrow, Parquet) yet: that waits for the job's end
+    assert "libarrow" not in maps and "libparquet" not in maps, [m for m in maps.splitlines() if "arrow" in m][:3]
+    assert rss_kib < 60 << 10, rss_kib
+    assert launcher.returncode == 0 and "cause: clean_exit" in err
+
+
 def test_reusing_dir_never_merges_an_earlier_runs_rings(tmp_path: Path) -> None:
     for k in range(2):
         blackbox_run(tmp_path / "d", sys.executable, "-c", f"print({k})")

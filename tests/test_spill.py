@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import io
 import json
+import subprocess
 import tempfile
 from typing import Any
 
@@ -74,8 +75,44 @@ def test_a_full_disk_midway_keeps_every_ring_in_memory(monkeypatch: pytest.Monke
 
 
 def test_metadata_json_of_spilled_rings_is_json_dump_of_them(tmp_path: Any) -> None:
-    for meta in ({}, {"rings": SpilledRings()}, {"cause": "killed", "rings": SpilledRings(METAS), "n": [1, {}]}):
+    odd_keys = {1: "int", None: "none", False: "bool", 2.5: "float", "s": float("nan")}
+    for meta in (
+        {},
+        {"rings": SpilledRings()},
+        {"cause": "killed", "rings": SpilledRings(METAS), "n": [1, {}]},
+        odd_keys,
+    ):
         sink = io.BytesIO()
         _dump(meta, sink)
         plain = {k: list(v) if isinstance(v, SpilledRings) else v for k, v in meta.items()}
         assert sink.getvalue().decode("utf-8") == json.dumps(plain, indent=2) + "\n"
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Any) -> Any:
+    """A 64 KiB tmpfs, as a full temporary folder: mounted here (we run as root) or the test is skipped."""
+    where = tmp_path / "tmpfs"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_temporary_folder_that_really_fills_keeps_every_ring(
+    small_tmpfs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a temporary folder with 12 KiB left and rings' metadata of 1.7 KB each (below any write buffer)
+    (small_tmpfs / "ballast").write_bytes(bytes(52 << 10))
+    monkeypatch.setattr(tempfile, "tempdir", str(small_tmpfs))
+    metas = [{"rank": i, "host": "node000", "notes": ["x" * 1700]} for i in range(30)]
+    # WHEN they are spilled, the disk filling on the way
+    rings = SpilledRings()
+    for m in metas:
+        rings.append(m)
+    # THEN none is lost: the spilled ones and the rest are kept in memory, readable in order
+    assert type(rings._file) is io.BytesIO
+    assert list(rings) == metas and rings[7] == metas[7]

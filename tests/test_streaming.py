@@ -211,3 +211,65 @@ def test_the_writer_keeps_a_copy_of_the_rest_of_a_large_ring_not_the_ring(
     file = pq.ParquetFile(tmp_path / "t.parquet")
     assert file.read(columns=["seq"])["seq"].to_pylist() == list(range(3 * rows))
     assert [file.metadata.row_group(g).num_rows for g in range(file.metadata.num_row_groups)] == [1000] * 10 + [500]
+
+
+def test_filters_of_every_shape_pyarrow_takes_read_the_same_rows(shared_groups: tuple[Path, Any]) -> None:
+    out, meta = shared_groups
+    table = pq.read_table(out / "timeline.parquet", columns=["pid", "seq"])
+    a, b = sorted({m["pid"] for m in meta["rings"]})[:2]
+
+    def read(filters: Any) -> list[tuple[int, int]]:
+        with open(out / "timeline.parquet", "rb") as source:
+            rows = bundle.read_thinned(source, filters, ["pid", "seq"], max_rows=1 << 30)
+        return sorted(zip(rows["pid"].to_pylist(), rows["seq"].to_pylist(), strict=True))
+
+    def plain(pids: set[int]) -> list[tuple[int, int]]:
+        return sorted((p, s) for p, s in zip(table["pid"].to_pylist(), table["seq"].to_pylist(), strict=True)
+                      if p in pids)  # fmt: skip
+
+    assert read([("pid", "in", (p for p in [a]))]) == plain({a})  # a generator, read once
+    assert read([[("pid", "=", a)], [("pid", "=", b)]]) == plain({a, b})  # either of two (DNF)
+    assert read([("pid", "in", [])]) == []
+
+
+TIME_FILTER_WITHOUT_PANDAS = """
+import sys, pyarrow.parquet as pq
+from blackbox.cli._common import skip_pandas
+from blackbox.recovery.bundle import read_thinned
+skip_pandas()
+path = sys.argv[1]
+first = pq.read_table(path, columns=["time"])["time"][0]
+with open(path, "rb") as source:
+    rows = read_thinned(source, [("time", "=", first)], ["time"], 1 << 30)
+print(rows.num_rows, "pandas" in sys.modules)
+"""
+
+
+def test_a_time_filter_reads_where_pandas_is_not_imported(shared_groups: tuple[Path, Any]) -> None:
+    out, _ = shared_groups
+    # a nanosecond statistic becomes a Python value only through pandas: the row groups are then kept
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-c", TIME_FILTER_WITHOUT_PANDAS, str(out / "timeline.parquet")],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    count, pandas = done.stdout.split()
+    assert int(count) >= 1 and pandas == "False"
+
+
+def test_a_trace_export_reads_each_rings_metadata_once(hosts: list[Path]) -> None:
+    from blackbox.views.perfetto import trace_events
+
+    class Counted(SpilledRings):
+        reads = 0
+
+        def __getitem__(self, index: Any) -> Any:
+            Counted.reads += 1
+            return super().__getitem__(index)
+
+    recovered = recover_rings(hosts)
+    meta = {**recovered.meta, "rings": Counted(recovered.meta["rings"])}
+    Counted.reads = 0
+    trace = trace_events(recovered.table, meta)
+    assert Counted.reads == RANKS
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    assert len(names) == RANKS and any(n.startswith("rank 7 pid") for n in names)

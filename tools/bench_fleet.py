@@ -3,11 +3,16 @@
 at once, of each host's own recovery, and of the job-wide summary over the host bundles.
 
     python tools/bench_fleet.py [--ranks 1000] [--hosts 4] [--ring-mib 2] [--runs 3] [--keep DIR]
+                                [--baseline SRC]
 
 Makes the job once with tools/fleet.py (real processes, one UTS namespace per host, all SIGKILLed),
 then times each command --runs times, each in a fresh process whose own peak RSS is read with wait4.
-Prints medians (and the spread) per command, and the largest ring's size for the bound
-"peak RSS at most the largest ring + 300 MiB".
+Prints medians (and the spread) per command, and checks the bound "peak RSS at most the largest
+ring + 300 MiB".
+
+--baseline SRC: also run every command with another source tree of blackbox (a worktree of an
+earlier commit: ``git worktree add /tmp/old REV``), interleaved run by run with this one, and print
+the ratios of the medians (these machines are shared and noisy: only side-by-side ratios compare).
 """
 
 from __future__ import annotations
@@ -25,9 +30,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 
 
-def measure(cmd: list[str]) -> tuple[float, int]:
-    """(wall seconds, peak RSS bytes) of one command, run alone."""
-    env = dict(os.environ, PYTHONPATH=str(HERE))
+BOUND = 300 << 20  # peak RSS at most the largest ring + this
+
+
+def measure(cmd: list[str], source: Path = HERE) -> tuple[float, int]:
+    """(wall seconds, peak RSS bytes) of one command, run alone with blackbox from ``source``."""
+    env = dict(os.environ, PYTHONPATH=str(source))
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -37,10 +45,15 @@ def measure(cmd: list[str]) -> tuple[float, int]:
     return wall, usage.ru_maxrss * 1024
 
 
-def report(name: str, runs: list[tuple[float, int]]) -> None:
+def report(name: str, runs: list[tuple[float, int]], base: list[tuple[float, int]] | None = None) -> None:
     walls, peaks = [w for w, _ in runs], [p for _, p in runs]
     print(f"{name:<44} wall median {statistics.median(walls):7.2f} s (min {min(walls):.2f}, max {max(walls):.2f})"
           f"   peak RSS median {statistics.median(peaks) / 2**20:7.0f} MiB (max {max(peaks) / 2**20:.0f})")  # fmt: skip
+    if base:
+        bw, bp = statistics.median(w for w, _ in base), statistics.median(p for _, p in base)
+        wall, peak = statistics.median(walls) / bw, statistics.median(peaks) / bp
+        print(f"{'  baseline':<44} wall median {bw:7.2f} s   peak RSS median {bp / 2**20:7.0f} MiB   "
+              f"ratio this/baseline: wall {wall:.2f}, peak {peak:.2f}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ring-mib", type=int, default=2)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--keep", help="make (or reuse) the job's rings here instead of a temporary folder")
+    ap.add_argument("--baseline", help="another blackbox source tree to run beside this one (ratios)")
     args = ap.parse_args(argv)
     work = Path(args.keep or tempfile.mkdtemp(prefix="bench-fleet-"))
     rings = work / "rings"
@@ -63,20 +77,32 @@ def main(argv: list[str] | None = None) -> int:
         total = sum(f.stat().st_size for f in files)
         print(f"{len(files)} rings on {len(hosts)} hosts, {total / 2**30:.2f} GiB, the largest "
               f"{max(f.stat().st_size for f in files) / 2**20:.1f} MiB; {os.cpu_count()} cores")  # fmt: skip
+        largest = max(f.stat().st_size for f in files)
         bb = [sys.executable, "-m", "blackbox"]
-        every, per_host, job = [], [], []
+        sources = [HERE, *([Path(args.baseline).resolve()] if args.baseline else [])]
+        every: dict[Path, list[tuple[float, int]]] = {s: [] for s in sources}
+        per_host: dict[Path, list[tuple[float, int]]] = {s: [] for s in sources}
+        job: dict[Path, list[tuple[float, int]]] = {s: [] for s in sources}
         for run in range(args.runs):
-            out = work / f"all-{run}"
-            every.append(measure([*bb, "recover", *map(str, hosts), "-o", str(out)]))
-            shutil.rmtree(out)
-            per_host += [measure([*bb, "recover", str(h), "-o", str(work / "bundles" / h.name)]) for h in hosts]
-            job.append(measure([*bb, "summary", str(work / "bundles")]))
-        report(f"recover all {len(files)} rings into one bundle", every)
-        report(f"recover one host's rings (x{len(hosts)})", per_host)
-        report(f"summary over {len(hosts)} host bundles (job-wide)", job)
-        summary = subprocess.run([*bb, "summary", str(work / "bundles")], capture_output=True, text=True,
+            for source in sources:  # interleaved: each run of this tree beside one of the baseline
+                out = work / f"all-{run}"
+                every[source].append(measure([*bb, "recover", *map(str, hosts), "-o", str(out)], source))
+                shutil.rmtree(out)
+                bundles = work / f"bundles-{sources.index(source)}"
+                per_host[source] += [measure([*bb, "recover", str(h), "-o", str(bundles / h.name)], source)
+                                     for h in hosts]  # fmt: skip
+                job[source].append(measure([*bb, "summary", str(bundles)], source))
+        base = sources[-1] if args.baseline else None
+        report(f"recover all {len(files)} rings into one bundle", every[HERE], base and every[base])
+        report(f"recover one host's rings (x{len(hosts)})", per_host[HERE], base and per_host[base])
+        report(f"summary over {len(hosts)} host bundles (job-wide)", job[HERE], base and job[base])
+        summary = subprocess.run([*bb, "summary", str(work / "bundles-0")], capture_output=True, text=True,
                                  env=dict(os.environ, PYTHONPATH=str(HERE)), check=True).stdout  # fmt: skip
         print(f"job-wide summary.md: {len(summary.splitlines())} lines")
+        highest = max(p for runs in (every[HERE], per_host[HERE], job[HERE]) for _, p in runs)
+        verdict = "within" if highest <= largest + BOUND else "OVER"
+        print(f"bound: largest ring {largest / 2**20:.1f} MiB + 300 MiB = {(largest + BOUND) / 2**20:.0f} MiB; "
+              f"highest peak {highest / 2**20:.0f} MiB: {verdict}")  # fmt: skip
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

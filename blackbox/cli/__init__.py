@@ -15,8 +15,8 @@ from types import ModuleType
 from .._errors import BlackboxError, one_line
 from .._version import __version__
 from . import demo, export, info, plot, prune, recover, run, summary, watch
+from ._common import command_process
 from ._common import one_line as help_line
-from ._common import own_process
 
 COMMANDS: dict[str, ModuleType] = {
     "recover": recover,
@@ -58,6 +58,6 @@ def run_command(module: ModuleType, args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:  # the command's own process (the console script, python -m blackbox)
-        own_process()
+        command_process()
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     return run_command(COMMANDS[args.command], args)

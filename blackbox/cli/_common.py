@@ -33,9 +33,21 @@ class _NoPandas(importlib.abc.MetaPathFinder):
         return None
 
 
+_PROCESS = {"ours": False, "set": False}
+
+
+def command_process() -> None:
+    """Mark this process as the command's own (the console script, ``python -m blackbox``)."""
+    _PROCESS["ours"] = True
+
+
 def own_process() -> None:
-    """Settings for the command's own process (the console script, ``python -m blackbox``), never for
-    a library caller's: memory it frees goes back to the system, and no pandas import (below)."""
+    """Before a command reads rings or bundles: in the command's own process (never a library
+    caller's, nor ``blackbox run``'s launcher while its job runs), memory it frees goes back to the
+    system and pyarrow imports no pandas (below). Once; a no-op elsewhere."""
+    if not _PROCESS["ours"] or _PROCESS["set"]:
+        return
+    _PROCESS["set"] = True
     release_freed_memory()
     skip_pandas()
 

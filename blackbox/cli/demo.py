@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._common import standalone
+from ._common import own_process, standalone
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    own_process()
     from .._postmortem import write_postmortem
     from ..recovery.bundle import SUMMARY
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._common import standalone
+from ._common import own_process, standalone
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    own_process()
     from ..recovery.bundle import load
 
     table, meta = load(args.target)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ._common import standalone
+from ._common import own_process, standalone
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,6 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    own_process()
     from ..recovery.bundle import load
     from ..views.plot import memory_figure
 

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._common import standalone
+from ._common import own_process, standalone
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    own_process()
     from .._errors import one_line
     from .._postmortem import printable, write_job, write_postmortem
     from ..recovery.bundle import read_summary

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ._common import standalone
+from ._common import own_process, standalone
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +54,7 @@ def recover(rings: Path, bundle: Path, status: int, quiet: bool) -> dict[str, An
             why = "not a Python job, run with -S or -I, or not armed: see above"
             say(f"exit status {status}; the job left no ring in {rings}/ ({why})")
             return None
+        own_process()  # the job has ended: the launcher's memory is now the recovery's
         meta = write_postmortem([rings], bundle, exit_status=status, launcher_pid=os.getpid())
         death = meta.get("first_death") or meta.get("death") or {}
         say(f"exit status {status}; cause: {meta['cause']}; {death.get('headline', '')} bundle in {bundle}/")

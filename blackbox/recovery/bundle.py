@@ -92,9 +92,10 @@ Views = Callable[[dict[str, Any], Reader], dict[str, bytes]]
 
 
 def stream_bundle(recovery: RecoveryPass, out_dir: str | os.PathLike[str], views: Views) -> dict[str, Any]:
-    """Write a recovery into ``out_dir`` (a folder or a URI) a ring at a time (each ring's timeline its
-    own row groups, so memory is bounded by the rings in flight), then ranks.parquet, the recovered
-    text files, the views and, last, metadata.json; returns the metadata.
+    """Write a recovery into ``out_dir`` (a folder or a URI) a ring at a time (rows in shared row
+    groups, rings' metadata spilled to disk: memory is bounded by the rings in flight), then
+    ranks.parquet, the recovered text files, the views and, last, metadata.json; returns the metadata
+    (its ``rings``, where there are several, a ``SpilledRings``).
 
     ``views(meta, read)``: renders the views (file name -> bytes: summary.md, memory.png);
     ``read(filters, columns, max_rows)`` reads the written timeline back (pyarrow filters, e.g. one
@@ -165,11 +166,14 @@ def read_thinned(
     """The rows of a timeline file that pass ``filters``, read a batch at a time and thinned evenly to
     between ``max_rows`` and twice that (every 2nd, 4th, ... row kept): memory bounded by ``max_rows``
     whatever the file's size."""
+    flat = bool(filters) and all(isinstance(f, tuple) and len(f) == 3 for f in filters or [])
+    if flat:  # a value list read once here, not used up by the expression before the row groups see it
+        filters = [(c, op, list(v) if op in ("in", "not in") else v) for c, op, v in filters or []]
     where = pq.filters_to_expression(filters) if filters else None
     kept: list[pa.Table] = []
     held, stride, seen = 0, 1, 0
     file = pq.ParquetFile(source)
-    groups = _row_groups(file.metadata, filters or [])
+    groups = _row_groups(file.metadata, filters if flat and filters else [])
     for batch in file.iter_batches(batch_size=16384, columns=columns, row_groups=groups) if groups else ():
         part = pa.Table.from_batches([batch])
         if where is not None:
@@ -190,32 +194,25 @@ def read_thinned(
 
 
 def _row_groups(meta: pq.FileMetaData, filters: list[tuple[str, str, Any]]) -> list[int]:
-    """The row groups whose min/max statistics do not rule out every ``=`` and ``in`` filter (any
-    other filter, or a column without statistics, rules nothing out)."""
+    """The row groups whose min/max statistics do not rule out every ``=`` and ``in`` filter of a flat
+    list (any other filter, a column without statistics, or statistics Python cannot compare rules
+    nothing out)."""
     index = {meta.schema.column(i).path: i for i in range(meta.num_columns)}
-    tests = [(index[c], op, v if op == "in" else [v]) for c, op, v in filters if op in ("=", "in") and c in index]
-    kept = []
-    for g in range(meta.num_row_groups):
-        group = meta.row_group(g)
-        for column, _, values in tests:
-            stats = group.column(column).statistics
-            if (
-                stats is not None
-                and stats.has_min_max
-                and stats.null_count == 0
-                and not any(_within(v, stats.min, stats.max) for v in values)
-            ):
-                break
-        else:
-            kept.append(g)
-    return kept
+    tests = [(index[c], v if op == "in" else [v]) for c, op, v in filters if op in ("=", "in") and c in index]
+    return [g for g in range(meta.num_row_groups) if not any(_rules_out(meta.row_group(g).column(c), v)
+                                                             for c, v in tests)]  # fmt: skip
 
 
-def _within(value: Any, low: Any, high: Any) -> bool:
+def _rules_out(chunk: pq.ColumnChunkMetaData, values: list[Any]) -> bool:
+    """Whether a column chunk's statistics show it holds none of ``values``."""
     try:
-        return bool(low <= value <= high)
-    except TypeError:  # a value of another type than the column's: nothing ruled out
-        return True
+        stats = chunk.statistics
+        if stats is None or not stats.has_min_max or stats.null_count != 0:
+            return False
+        low, high = stats.min, stats.max  # a ns timestamp becomes a Python value only through pandas
+        return not any(low <= v <= high for v in values)
+    except (TypeError, ValueError, pa.ArrowException):  # another type than the column's
+        return False
 
 
 def _fill(recovery: RecoveryPass, views: Views, create: Create, open_back: OpenBack) -> dict[str, Any]:
@@ -276,7 +273,7 @@ def _dump(meta: dict[str, Any], sink: Any) -> None:
 
     put("{")
     for n, (key, value) in enumerate(meta.items()):
-        put(("," if n else "") + f"\n  {json.dumps(key)}: ")
+        put(("," if n else "") + f"\n  {json.dumps({key: None})[1:-7]}: ")  # the key as json writes one
         if isinstance(value, SpilledRings):
             for i, ring in enumerate(value):
                 put(("[" if not i else ",") + "\n    " + indented(ring, 2))

@@ -9,6 +9,7 @@ dicts, each as metadata.json will hold it.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import tempfile
@@ -25,8 +26,8 @@ class SpilledRings(Sequence[dict[str, Any]]):
 
     def __init__(self, metas: Sequence[dict[str, Any]] = ()) -> None:
         self._file: BinaryIO
-        try:
-            self._file = tempfile.TemporaryFile(prefix="blackbox-rings-")
+        try:  # unbuffered: a full disk is an error of the write that meets it, not of a later call
+            self._file = tempfile.TemporaryFile(prefix="blackbox-rings-", buffering=0)
         except OSError:
             self._file = io.BytesIO()
         self._ends = array("q", [0])  # ring i's JSON is bytes [_ends[i], _ends[i + 1])
@@ -35,14 +36,21 @@ class SpilledRings(Sequence[dict[str, Any]]):
 
     def append(self, meta: dict[str, Any]) -> None:
         data = json.dumps(meta, separators=(",", ":")).encode("utf-8")
-        self._file.seek(self._ends[-1])
         try:
-            self._file.write(data)
-        except OSError:  # the temporary folder filled up: the rest are kept in memory
+            self._put(data)
+        except OSError:  # the temporary folder filled up: these rings and the rest are kept in memory
             self._to_memory()
-            self._file.seek(self._ends[-1])
-            self._file.write(data)
+            self._put(data)
         self._ends.append(self._ends[-1] + len(data))
+
+    def _put(self, data: bytes) -> None:
+        self._file.seek(self._ends[-1])
+        view = memoryview(data)
+        while view:
+            n = self._file.write(view)
+            if not n:
+                raise OSError(errno.ENOSPC, "nothing written")
+            view = view[n:]
 
     def _to_memory(self) -> None:
         self._file.seek(0)

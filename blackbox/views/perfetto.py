@@ -11,6 +11,7 @@ Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsK
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -30,10 +31,10 @@ def trace_events(table: pa.Table, meta: dict[str, Any]) -> dict[str, Any]:
     t0 = int(times.min()) if len(times) else 0
     events: list[dict[str, Any]] = []
     frames: dict[str, dict[str, Any]] = {}  # the stack samples' frames, shared by every process
-    rings = meta.get("rings", [meta])
+    by_pid = _ring_metas(meta.get("rings", [meta]))
     for pid in pc.unique(table["pid"]).to_pylist():
         rows = table.filter(pc.equal(table["pid"], pid)) if pid is not None else table
-        events += _process(rows, pid if pid is not None else 0, t0, _ring_meta(rings, pid), frames)
+        events += _process(rows, pid if pid is not None else 0, t0, by_pid.get(pid, {}), frames)
     return {
         "traceEvents": events,
         "stackFrames": stack_frames(frames),
@@ -42,8 +43,14 @@ def trace_events(table: pa.Table, meta: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _ring_meta(rings: list[dict[str, Any]], pid: Any) -> dict[str, Any]:
-    return next((m for m in rings if m.get("pid") == pid), {})
+def _ring_metas(rings: Sequence[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
+    """What a process's track takes of its ring's metadata, by pid (the first ring of a pid), read in
+    one pass (``rings`` may be a ``SpilledRings``, a JSON parse per ring)."""
+    out: dict[Any, dict[str, Any]] = {}
+    for m in rings:
+        if m.get("pid") not in out:
+            out[m.get("pid")] = {k: m.get(k) for k in ("rank", "host", "sample_interval_s", "death")}
+    return out
 
 
 def _us(ns: int, t0: int) -> float:

@@ -162,8 +162,14 @@ def _deaths(fig: Any, axes: tuple[Any, ...], table: pa.Table, meta: dict[str, An
             fontsize=9,
             bbox={"boxstyle": "round", "fc": "white", "alpha": 0.8},
         )
-    for ax in axes if others else ():
-        ax.vlines(others, 0, 1, transform=ax.get_xaxis_transform(), color="black", linewidth=0.6, alpha=0.4)
+    from matplotlib.collections import LineCollection
+
+    for ax in axes if others else ():  # like axvline: spans the panel's height, widens only its time axis
+        segments = [[(x, 0.0), (x, 1.0)] for x in others]
+        ax.add_collection(LineCollection(segments, transform=ax.get_xaxis_transform(), colors="black",
+                                         linewidths=0.6, alpha=0.4), autolim=False)  # fmt: skip
+        ax.update_datalim([(x, np.nan) for x in (min(others), max(others))], updatey=False)
+        ax.autoscale_view(scaley=False)
     ooms = of_kind(table, "oom", columns=["time"])["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
     for ns in ooms[-MAX_MARKS:].tolist():  # the last ones: a line per event, and a ring may hold a million
         at = ns / 1e9 - t0
