@@ -37,7 +37,8 @@ def measure(cmd: list[str], source: Path = HERE) -> tuple[float, int]:
     """(wall seconds, peak RSS bytes) of one command, run alone with blackbox from ``source``."""
     env = dict(os.environ, PYTHONPATH=str(source))
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    # run from the source tree: `python -m` puts the working folder first on the path
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=source)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         report(f"recover one host's rings (x{len(hosts)})", per_host[HERE], base and per_host[base])
         report(f"summary over {len(hosts)} host bundles (job-wide)", job[HERE], base and job[base])
         summary = subprocess.run([*bb, "summary", str(work / "bundles-0")], capture_output=True, text=True,
-                                 env=dict(os.environ, PYTHONPATH=str(HERE)), check=True).stdout  # fmt: skip
+                                 env=dict(os.environ, PYTHONPATH=str(HERE)), cwd=HERE, check=True).stdout  # fmt: skip
         print(f"job-wide summary.md: {len(summary.splitlines())} lines")
         highest = max(p for runs in (every[HERE], per_host[HERE], job[HERE]) for _, p in runs)
         verdict = "within" if highest <= largest + BOUND else "OVER"
