@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not rings.exists():
             subprocess.run([sys.executable, str(HERE / "tools" / "fleet.py"), str(rings), "--ranks", str(args.ranks),
-                            "--hosts", str(args.hosts), "--ring-mib", str(args.ring_mib), "--per-host"],
+                            "--hosts", str(args.hosts), "--ring-mib", str(args.ring_mib), "--per-host",
+                            "--victim", str(args.ranks * 613 // 1000)],
                            check=True)  # fmt: skip
         hosts = sorted(p for p in rings.iterdir() if p.is_dir())
         files = list(rings.glob("*/*.ring"))
