@@ -117,3 +117,21 @@ def test_blackbox_keep_applies_to_an_explicit_ring_path_s_folder(tmp_path: Path)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait()
+
+
+def _ring(rank: int, start: str | None, end: str | None) -> dict[str, object]:
+    at = "2026-11-23T{}:00.000000Z"
+    return {"rank": rank, "started_at": start and at.format(start), "last_event_at": end and at.format(end)}
+
+
+def test_a_ring_whose_start_is_unknown_joins_an_attempt_and_opens_none() -> None:
+    from blackbox.recovery.metadata import group_attempts
+
+    # GIVEN one run of three ranks, and a fourth rank whose start could not be read and which wrote last
+    one_run = [_ring(0, "10:00", "10:05"), _ring(1, "10:00", "10:05"), _ring(2, "10:01", "10:04")]
+    assert [[r["rank"] for r in g] for g in group_attempts([*one_run, _ring(3, None, "10:06")])] == [[0, 1, 2, 3]]
+    # AND two runs (a requeue): an undated ring joins the run that had begun when it last wrote
+    requeue = [*one_run, _ring(4, "11:00", "11:05")]
+    groups = group_attempts([*requeue, _ring(5, None, "10:03"), _ring(6, None, "12:00"), _ring(7, None, None),
+                             _ring(8, None, "09:00")])  # fmt: skip
+    assert [[r["rank"] for r in g] for g in groups] == [[0, 1, 2, 5, 8], [4, 6, 7]]

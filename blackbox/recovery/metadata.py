@@ -260,13 +260,24 @@ def group_attempts(rings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
             by.setdefault(m["attempt"], []).append(m)
         return [by[k] for k in sorted(by)]
     groups: list[list[dict[str, Any]]] = []
+    starts: list[str] = []
     end = ""
-    for m in sorted(rings, key=_span):
+    for m in sorted((m for m in rings if m.get("started_at")), key=_span):
         start, stop = _span(m)
         if not groups or start > end:
             groups.append([])
+            starts.append(start)
         groups[-1].append(m)
         end = max(end, stop)
+    # a ring whose start is unknown (a damaged or edited field) opens no attempt of its own: it joins
+    # the attempt that had begun when it last wrote (the first, if none had; the last, with no time)
+    for m in (m for m in rings if not m.get("started_at")):
+        last = m.get("last_event_at") or ""
+        if not groups:
+            groups.append([])
+            starts.append("")
+        at = max((i for i, s in enumerate(starts) if s <= last), default=0) if last else len(groups) - 1
+        groups[at].append(m)
     return groups
 
 
