@@ -83,9 +83,9 @@ class SpilledRings(Sequence[dict[str, Any]]):
             i += 1
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)) or len(other) != len(self):
-            return NotImplemented if not isinstance(other, Sequence) else False
-        return all(a == b for a, b in zip(self, other, strict=True))
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
 
     __hash__ = None  # type: ignore[assignment]
 

@@ -209,9 +209,10 @@ def bundle_summary(meta: dict[str, Any]) -> str:
     helpers = helpers_section(meta) + unread_section(meta)
     if not rings:
         return ring_summary(meta) + ("\n" + "\n".join(helpers) if helpers else "")
-    hosts = len({m.get("host") for m in rings})
+    rows = rank_rows(meta)  # one pass over the rings (they may be read back from disk), for both
+    hosts = len({r["host"] for r in rows})
     head = [f"# blackbox: {len(rings)} rings on {hosts} host{'s' if hosts != 1 else ''}, {meta['events']} events", ""]
-    head += [*across_lines(meta, rank_rows(meta)), *helpers]
+    head += [*across_lines(meta, rows), *helpers]
     detail = _detail_ring(meta, rings)
     title = "the first death" if meta.get("first_death") else "the lowest rank of the last attempt"
     return "\n".join([*head, f"## Detail of {title}", "", _demote(_demote(ring_summary(detail)))])
