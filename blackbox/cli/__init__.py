@@ -15,7 +15,7 @@ from types import ModuleType
 from .._errors import BlackboxError, one_line
 from .._version import __version__
 from . import demo, export, info, plot, prune, recover, run, summary, watch
-from ._common import command_process
+from ._common import command_process, os_error_line
 from ._common import one_line as help_line
 
 COMMANDS: dict[str, ModuleType] = {
@@ -48,9 +48,8 @@ def run_command(module: ModuleType, args: argparse.Namespace) -> int:
     except BlackboxError as exc:
         print(f"blackbox: error: {one_line(str(exc))}", file=sys.stderr)
         return 1
-    except OSError as exc:
-        where = f" {exc.filename}" if exc.filename else ""
-        print(f"blackbox: error:{where}: {exc.strerror or exc}", file=sys.stderr)
+    except OSError as exc:  # one no command named better: the file it names, else the command's paths
+        print(f"blackbox: error: {os_error_line(exc, args)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

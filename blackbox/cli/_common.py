@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
+import errno
 import importlib.abc
 import importlib.machinery
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from types import ModuleType
+
+from .._errors import BlackboxError
+from .._errors import one_line as _escaped
+
+RUN_RINGS = "rings"  # a `blackbox run` folder (run-<time>-XXXX/) holds rings/, then bundle/ once the job ended
+# Errors only a write meets: a full disk, a quota, a file too large, a read-only file system.
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
 
 
 def one_line(module: ModuleType) -> str:
@@ -23,6 +34,72 @@ def standalone(module: ModuleType, prog: str, argv: Sequence[str] | None) -> int
     module.add_arguments(parser)
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     return run_command(module, args)
+
+
+def run_rings(target: str) -> Path | None:
+    """The rings/ folder of a ``blackbox run`` folder (a real folder, not a link; empty until the job's
+    first process arms), else None."""
+    rings = Path(target) / RUN_RINGS
+    return rings if os.path.isdir(rings) and not os.path.islink(rings) else None
+
+
+class WriteError(BlackboxError):
+    """A file the command writes could not be written (a full disk, no permission, no such folder)."""
+
+
+def found(exc: OSError) -> str:
+    """What an OSError found, in words: its strerror (pyarrow's carry only a message)."""
+    return _escaped(exc.strerror or str(exc) or type(exc).__name__)
+
+
+def _under(name: object, path: str) -> bool:
+    """``name`` is ``path``, inside it, or a temporary sibling of it (``.NAME.xxxx.tmp``, written then renamed)."""
+    if not isinstance(name, (str, bytes, os.PathLike)):
+        return False
+    text, path = os.fsdecode(name), path.rstrip("/")
+    parent, base = os.path.split(path)
+    sibling = os.path.dirname(text) == parent and os.path.basename(text).startswith(f".{base}.")
+    return text == path or text.startswith(path + "/") or sibling
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike[str], what: str, *, reads_too: bool = False) -> Iterator[None]:
+    """Name ``path`` and ``what`` in the error of a write that fails: the OSError of a write to a full
+    disk carries no file name. ``reads_too``: the block also reads, so an error naming no file is taken
+    as the write's only where only a write meets it (a full disk); an error naming a file outside
+    ``path`` goes on as it was. A file this made and could not finish is removed (a half-written
+    picture is no picture)."""
+    where = os.fspath(path)
+    new = not os.path.lexists(where)
+    try:
+        yield
+    except OSError as exc:
+        named = exc.filename is not None
+        mine = exc.errno in WRITE_ERRNOS or _under(exc.filename, where) or not (named or reads_too)
+        if new and mine and os.path.isfile(path) and not os.path.islink(path):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        if not mine:
+            raise
+        raise WriteError(f"{_escaped(where)}: expected to write {what}, found {found(exc)}") from None
+
+
+def os_error_line(exc: OSError, args: argparse.Namespace) -> str:
+    """One line for an OSError that no command named better: the file it names, else the command's
+    own paths (a full disk's error names no file), with what was expected and what was found."""
+    if exc.filename is not None:
+        where = _escaped(os.fsdecode(exc.filename) if isinstance(exc.filename, (str, bytes)) else str(exc.filename))
+        if exc.filename2 is not None:
+            where += f" -> {_escaped(str(exc.filename2))}"
+        return f"{where}: expected to read or write it, found {found(exc)}"
+    out = getattr(args, "out", None)
+    if exc.errno in WRITE_ERRNOS and out:
+        return f"{_escaped(str(out))}: expected to write it, found {found(exc)}"
+    named = [getattr(args, name, None) for name in ("target", "rings", "ring", "out", "dir")]
+    paths = [_escaped(str(p)) for value in named if value for p in (value if isinstance(value, list) else [value])]
+    if not paths:
+        return f"expected the command to finish, found {found(exc)}"
+    return f"{', '.join(paths)}: expected to read or write {'these' if len(paths) > 1 else 'it'}, found {found(exc)}"
 
 
 class _NoPandas(importlib.abc.MetaPathFinder):

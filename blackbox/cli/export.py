@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._common import own_process, standalone
+from ._common import own_process, standalone, writing
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
 
         out = Path(args.out or "stacks.folded")
         text = folded_stacks(table)
-        out.write_text(text, encoding="utf-8")
+        with writing(out, "the folded stacks"):
+            out.write_text(text, encoding="utf-8")
         samples = sum(int(line.rsplit(" ", 1)[1]) for line in text.splitlines())
         print(f"wrote {out} ({len(text.splitlines())} distinct stacks, {samples} samples); "
               "flamegraph.pl or https://www.speedscope.app read it as is")  # fmt: skip
@@ -39,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out or "trace.json")
     trace = trace_events(table, meta)
-    out.write_text(json.dumps(trace, separators=(",", ":"), default=str))
+    with writing(out, "the trace"):
+        out.write_text(json.dumps(trace, separators=(",", ":"), default=str))
     print(f"wrote {out} ({len(trace['traceEvents'])} trace events); open it in https://ui.perfetto.dev")
     return 0
 

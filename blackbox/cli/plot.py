@@ -1,28 +1,100 @@
-"""Plot host and GPU memory over time, with limits, steps and the death marked, to a PNG."""
+"""Plot the job's memory over time (its processes, its cgroup, its GPUs), with limits, steps and the
+death marked, to a PNG."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from ._common import own_process, standalone
+from .._errors import BlackboxError, RingNotFoundError, one_line
+from ._common import own_process, run_rings, standalone, writing
+
+if TYPE_CHECKING:  # the command line loads no Arrow until a command reads rings or bundles
+    import pyarrow as pa
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", nargs="+", metavar="BUNDLE|RING|DIR", help="a bundle, ring files or folders")
+    parser.add_argument(
+        "target",
+        nargs="+",
+        metavar="BUNDLE|RING|DIR",
+        help="a bundle; ring files or folders of rings (recovered in memory); a `blackbox run` folder (its "
+        "bundle, or its rings while the job runs); folders of bundles (the first death's bundle)",
+    )
     parser.add_argument("-o", "--out", default="memory.png", help="PNG to write (default: memory.png)")
 
 
 def run(args: argparse.Namespace) -> int:
     own_process()
-    from ..recovery.bundle import load
     from ..views.plot import memory_figure
 
-    table, meta = load(args.target)
-    memory_figure(table, meta).savefig(args.out, dpi=110)
-    print(f"wrote {args.out}")
+    table, meta, drawn = picture_source([str(t) for t in args.target])
+    figure = memory_figure(table, meta)
+    with writing(args.out, "the picture"):
+        figure.savefig(args.out, dpi=110)
+    print(f"wrote {args.out} ({drawn})")
     return 0
+
+
+def picture_source(targets: list[str]) -> tuple[pa.Table, dict[str, Any], str]:
+    """(timeline, metadata, what it is) for what ``summary`` would describe of ``targets``: one bundle;
+    rings recovered in memory; of several bundles (a folder of them, a run folder, a URI prefix), the
+    one holding the first death; a run folder whose job has written no bundle yet, its rings."""
+    from ..recovery.bundle import read_bundle
+    from ..recovery.job import JobPass, kind_of
+    from ..recovery.pipeline import recover_rings
+
+    kind = kind_of(targets)
+    if kind == "rings":
+        recovered = recover_rings([Path(t) for t in targets])
+        n = len(recovered.meta.get("rings") or [recovered.meta])
+        return recovered.table, recovered.meta, f"{n} ring{'' if n == 1 else 's'} recovered in memory"
+    if kind == "bundle":
+        return (*_node_bundle(targets[0], read_bundle), f"the bundle {one_line(targets[0])}")
+    try:
+        job = JobPass(targets)
+    except RingNotFoundError:
+        live = [rings for rings in map(run_rings, targets) if rings is not None]
+        if len(live) != len(targets):
+            raise
+        recovered = recover_rings(live)  # a run folder whose job runs still: no bundle yet
+        return recovered.table, recovered.meta, f"the rings in {', '.join(map(str, live))}: no bundle yet"
+    if len(job.places) == 1:
+        place = str(job.places[0])
+        return (*_node_bundle(place, read_bundle), f"the bundle {one_line(place)}")
+    meta = job.finish()
+    first = meta.get("first_death")
+    bundle = next((str(p) for p in job.places if first and one_line(str(p)) == first.get("bundle")), None)
+    if bundle is None:
+        raise BlackboxError(
+            f"{' '.join(map(one_line, targets))}: expected one bundle, or bundles with a death to draw, found "
+            f"{len(job.places)} bundles and no death (name one: blackbox plot {one_line(str(job.places[0]))})"
+        )
+    return (*_node_bundle(bundle, read_bundle), f"the first death's bundle {one_line(bundle)}, of {len(job.places)}")
+
+
+def _node_bundle(bundle: str, read_bundle: Any) -> tuple[pa.Table, dict[str, Any]]:
+    """A node bundle's timeline and metadata; a job-wide bundle (no timeline) named for what it is."""
+    from ..recovery.bundle import MAX_METADATA_BYTES, METADATA, TIMELINE, parse_metadata
+    from ..recovery.job import find_bundles
+
+    try:
+        return read_bundle(bundle)  # type: ignore[no-any-return]
+    except RingNotFoundError:
+        places = find_bundles(bundle)
+        meta = parse_metadata(places[0].read(METADATA, MAX_METADATA_BYTES), f"{bundle}/{METADATA}") if places else {}
+        if meta.get("scope") != "job":
+            raise
+        first = meta.get("first_death")
+        bundle_of_first = first.get("bundle") if isinstance(first, dict) else None
+        where = f": blackbox plot {one_line(bundle_of_first)}" if isinstance(bundle_of_first, str) else ""
+        raise BlackboxError(
+            f"{one_line(bundle)}: expected a bundle with a {TIMELINE}, found a job-wide bundle (the first death's "
+            f"timeline is in its node bundle{where})"
+        ) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

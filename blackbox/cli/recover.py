@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._common import own_process, standalone
+from ._common import own_process, standalone, writing
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
     out = args.out
     targets = [str(t) for t in args.rings]  # a URI never goes through Path
     if kind_of(targets) != "rings":
-        meta = write_job(targets, out)
+        with writing(out, "the job-wide bundle", reads_too=True):
+            meta = write_job(targets, out)
         print(f"wrote {out}/ (job-wide: {_count(meta['ring_count'], 'ring')} on {_count(meta['hosts'], 'host')} "
               f"from {_count(len(meta['bundles']), 'bundle')})")  # fmt: skip
         for unread in meta["unread_bundles"]:
@@ -47,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
         if args.summary:
             sys.stdout.write(printable(read_summary(out)))
         return 0
-    meta = write_postmortem([Path(p) for p in targets], out)
+    with writing(out, "the bundle", reads_too=True):
+        meta = write_postmortem([Path(p) for p in targets], out)
     rec = meta["recovery"]
     state = "clean end" if meta.get("clean") else "no clean end"
     print(f"wrote {out}/ ({meta['events']} events, {rec.get('torn', 0)} torn slots dropped, {state})")

@@ -1,33 +1,42 @@
-"""Follow a running job's ring read-only: memory, headroom to each limit, growth rate, step."""
+"""Follow a running job's rings read-only: memory, headroom to each limit, growth rate, step."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ._common import standalone
+from .._errors import BlackboxError, RingNotFoundError, one_line
+from ._common import run_rings, standalone
+
+if TYPE_CHECKING:
+    from ..ring.reader import Ring
+
+MAX_SHOWN = 6  # rings a frame gives lines to (a screen's worth); the others are counted
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("ring", help="the ring file of a running job")
+    parser.add_argument(
+        "ring",
+        metavar="RING|DIR",
+        help="the ring file of a running job, a folder of rings, or a `blackbox run` folder (its rings/): "
+        "a folder's live rings are followed, new ones as they appear",
+    )
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
     parser.add_argument("--once", action="store_true", help="print one frame and exit")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..ring.liveness import writer_alive
-    from ..ring.reader import read_ring
-    from ..views.live import frame
-
+    target = str(args.ring)
+    folder = _folder_of_rings(target)
     tty = sys.stdout.isatty()
     try:
         while True:
-            ring = read_ring(Path(args.ring))
-            running = writer_alive(ring.path, ring.meta) and not ring.clean
-            text = frame(ring, running)
+            text, running = _one_ring(Path(target)) if folder is None else _folder_frame(folder)
             sys.stdout.write(("\x1b[H\x1b[2J" if tty else "") + text + ("" if tty else "\n"))
             sys.stdout.flush()
             if args.once or not running:
@@ -35,6 +44,80 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(max(0.05, args.interval))
     except KeyboardInterrupt:
         return 0
+
+
+def _folder_of_rings(target: str) -> Path | None:
+    """The folder whose rings to follow (``target``, or a run folder's rings/); None for a ring file.
+    A bundle is what a job left once it ended: named as such, with the commands that read it."""
+    from ..recovery.job import holds_rings, is_one_bundle
+
+    if not os.path.isdir(target) or holds_rings(target):
+        return Path(target) if os.path.isdir(target) else None
+    rings = run_rings(target)
+    if rings is not None:
+        return rings
+    if is_one_bundle(target) or os.path.lexists(os.path.join(target, "metadata.json")):
+        raise BlackboxError(
+            f"{one_line(target)}: expected a ring file, a folder of rings or a `blackbox run` folder, found a "
+            f"bundle (what a job left once it ended: blackbox summary or blackbox plot reads it)"
+        )
+    raise RingNotFoundError(
+        f"{one_line(target)}: expected a ring file, a folder of rings or a `blackbox run` folder (with rings/), "
+        "found neither *.ring files nor rings/ in it"
+    )
+
+
+def _one_ring(path: Path) -> tuple[str, bool]:
+    from ..ring.liveness import writer_alive
+    from ..ring.reader import read_ring
+    from ..views.live import frame
+
+    ring = read_ring(path)
+    running = writer_alive(ring.path, ring.meta) and not ring.clean
+    return frame(ring, running), running
+
+
+def _folder_frame(folder: Path) -> tuple[str, bool]:
+    """The frame of a folder's rings, listed afresh (a job's new processes arm new rings): its live
+    rings, else the last ones written; and whether any is live."""
+    from ..ring.liveness import writer_alive
+    from ..ring.reader import find_rings, read_header, read_ring
+    from ..views.live import job_frame
+
+    try:
+        paths = find_rings([folder])
+    except RingNotFoundError:  # a run folder whose job has armed nothing yet
+        if _ended_run(folder):
+            raise RingNotFoundError(f"{one_line(str(folder))}: expected the job's rings, found none "
+                                    "(the job ended: see its bundle)") from None  # fmt: skip
+        return f"blackbox watch  {one_line(str(folder))}: waiting for the job's first ring\n", True
+    live: list[tuple[tuple[int, int], Path]] = []
+    ended: list[tuple[float, Path]] = []
+    for path in paths:
+        try:
+            meta = read_header(path).meta
+            if writer_alive(path, meta):
+                ident = meta.get("identity") or {}
+                rank, pid = ident.get("rank"), ident.get("pid")
+                live.append(((rank if isinstance(rank, int) else 1 << 31, pid if isinstance(pid, int) else 0), path))
+            else:
+                ended.append((-os.lstat(path).st_mtime, path))
+        except (BlackboxError, OSError):  # being created, or not a ring: not followed
+            continue
+    chosen = [p for _, p in sorted(live)[:MAX_SHOWN]] if live else [p for _, p in sorted(ended)[:MAX_SHOWN]]
+    shown: list[tuple[Ring, bool]] = []
+    for path in chosen:
+        try:
+            ring = read_ring(path)
+        except (BlackboxError, OSError):
+            continue
+        shown.append((ring, bool(live) and writer_alive(ring.path, ring.meta) and not ring.clean))
+    return job_frame(shown, one_line(str(folder)), len(live), len(live) + len(ended)), bool(live)
+
+
+def _ended_run(rings: Path) -> bool:
+    """A run folder's job has ended: its bundle is there (or recovery said there was nothing to recover)."""
+    return rings.name == "rings" and (rings.parent / "bundle").exists()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

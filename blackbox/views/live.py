@@ -4,7 +4,9 @@
 IPC, no signal to the job) and prints this frame: current memory, headroom to
 each limit, growth rate and time to the limit at that rate, the step and its
 pace, and the latest exception or signal. A slot being written while it is read
-fails the commit rule and is left out of that frame.
+fails the commit rule and is left out of that frame. Of a folder of rings (a
+``blackbox run`` folder's rings/), the frame names the live rings it follows
+and gives each one's lines.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .._errors import one_line
 from .._units import human_bytes
 from ..recovery.timeline import of_kind, py_rows, ring_table
 from ..ring.reader import Ring
@@ -55,16 +58,47 @@ def _headroom(name: str, used: Any, limit: Any, rate: float | None) -> str:
     return text
 
 
+def who(meta: dict[str, Any]) -> str:
+    """``host pid N`` and `` rank R`` where the process has a rank (a job not started by a launcher has none)."""
+    ident = meta.get("identity") or {}
+    rank = ident.get("rank")
+    return one_line(f"{ident.get('host')} pid {ident.get('pid')}" + ("" if rank is None else f" rank {rank}"))
+
+
 def frame(ring: Ring, running: bool, now_ns: int | None = None) -> str:
-    """One screen of the live view."""
+    """One screen of the live view of one ring."""
+    head, *rest = ring_lines(ring, running, now_ns)
+    return "\n".join([f"blackbox watch  {head}", *rest]) + "\n"
+
+
+def job_frame(shown: list[tuple[Ring, bool]], where: str, live: int, total: int, now_ns: int | None = None) -> str:
+    """One screen of the live view of a folder of rings: which rings it follows, then each one's lines."""
+    if live:
+        head = f"following {_count(live, 'live ring')} (of {total})"
+        if live > len(shown):
+            head += f", {len(shown)} shown here (blackbox watch RING for another)"
+    else:
+        head = f"no live ring (of {total}); the {_count(len(shown), 'ring')} written last"
+    lines = [f"blackbox watch  {where}: {head}"]
+    for ring, running in shown:
+        first, *rest = ring_lines(ring, running, now_ns)
+        lines += ["", f"== {ring.path.name}", first, *rest]
+    return "\n".join(lines) + "\n"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def ring_lines(ring: Ring, running: bool, now_ns: int | None = None) -> list[str]:
+    """The live view's lines for one ring: who and its state, events, step, memory, GPUs, last event."""
     table = ring_table(ring)
-    ident = ring.meta.get("identity") or {}
     now = now_ns if now_ns is not None else time.time_ns()
     times = table["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
     age = (now - int(times[-1])) / 1e9 if len(times) else None
     state = "running" if running else ("ended cleanly" if ring.clean else "ENDED without a clean end")
     lines = [
-        f"blackbox watch  {ident.get('host')} pid {ident.get('pid')} rank {ident.get('rank')}  [{state}]",
+        f"{who(ring.meta)}  [{state}]",
         f"events {ring.recovery.valid:,} (seq {ring.recovery.last_seq}), last event "
         + (f"{age:.1f} s ago" if age is not None else "none"),
     ]
@@ -98,5 +132,5 @@ def frame(ring: Ring, running: bool, now_ns: int | None = None) -> str:
     events = of_kind(table, "oom", "exception", "signal", columns=["time", "kind", "label"])
     if events.num_rows:
         e = py_rows(events.slice(events.num_rows - 1))[0]
-        lines.append(f"last {e['kind']}: {(e['label'] or '')[:160]}")
-    return "\n".join(lines) + "\n"
+        lines.append(f"last {e['kind']}: {one_line((e['label'] or '')[:160])}")
+    return lines
