@@ -79,7 +79,8 @@ def _line(ax: Any, prefix: str) -> Any:
 
 def _limit_lines(ax: Any) -> list[float]:
     """The heights of the horizontal limit lines (red) drawn in ``ax``."""
-    return [float(line.get_ydata()[0]) for line in ax.get_lines() if line.get_color() == "red" and len(line.get_ydata())]
+    lines = [line for line in ax.get_lines() if line.get_color() == "red" and len(line.get_ydata())]
+    return [float(line.get_ydata()[0]) for line in lines]
 
 
 def _notes(fig: Any) -> list[str]:
