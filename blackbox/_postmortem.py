@@ -20,19 +20,15 @@ from .recovery.job import JobPass
 from .recovery.pipeline import RecoveryPass
 from .views.summary import bundle_summary, job_summary
 
-PLOT_ALL_UP_TO = 32  # rings drawn together in memory.png; beyond, the first death's ring alone
-
 
 def _views(meta: dict[str, Any], read: Reader, *, plot: bool) -> dict[str, bytes]:
     files = {SUMMARY: bundle_summary(meta).encode("utf-8")}
     if plot and importlib.util.find_spec("matplotlib") is not None:
-        from .views.plot import MAX_SAMPLE_ROWS, PLOT_COLUMNS, PLOT_KINDS, memory_figure
+        from .views.plot import MAX_SAMPLE_ROWS, PLOT_COLUMNS, PLOT_KINDS, drawn_process, memory_figure
 
-        rings = meta.get("rings") or []
-        first = meta.get("first_death")
         pick: list[tuple[str, str, Any]] = [("kind", "in", PLOT_KINDS)]
-        if len(rings) > PLOT_ALL_UP_TO:
-            who = first or min(rings, key=lambda m: (m.get("rank") is None, m.get("rank") or 0))
+        who = drawn_process(meta)  # a job of many processes: one of them
+        if who is not None:
             pick += [("pid", "=", who.get("pid")), ("host", "=", who.get("host"))]
         buf = io.BytesIO()
         memory_figure(read(pick, PLOT_COLUMNS, MAX_SAMPLE_ROWS), meta).savefig(buf, format="png", dpi=110)

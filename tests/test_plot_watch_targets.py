@@ -3,6 +3,7 @@ folder, its rings/ and bundle/, a folder of run folders; watch follows a folder'
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -11,9 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, run_py
 
 from blackbox.cli import main
+from blackbox.views.plot import PLOT_ALL_UP_TO
 
 ENV = dict(os.environ, PYTHONPATH=str(REPO))
 DIES = "import os, time; time.sleep(0.3); os.kill(os.getpid(), 9)"
@@ -67,7 +69,48 @@ def test_plot_draws_what_summary_describes(
     live = tmp_path / "run-live"
     shutil.copytree(run_folder / "rings", live / "rings")
     assert main(["plot", str(live), "-o", str(png)]) == 0
-    assert f"the rings in {live / 'rings'}: no bundle yet" in capsys.readouterr().out
+    assert f"1 ring in {live / 'rings'}: no bundle yet" in capsys.readouterr().out
+
+
+MANY_RANKS = """
+import os, signal, sys, time, blackbox
+children = []
+for rank in range(int(sys.argv[2])):  # one job of that many ranks, all running at once
+    pid = os.fork()
+    if pid == 0:
+        os.environ["RANK"] = str(rank)
+        rec = blackbox.Recorder.arm(os.path.join(sys.argv[1], f"r{rank}.ring"), capacity=256, sample_interval=3600)
+        time.sleep(1.0 if rank == 7 else 2.0)
+        if rank == 7:
+            os.kill(os.getpid(), signal.SIGKILL)
+        rec.disarm()
+        os._exit(0)
+    children.append(pid)
+for pid in children:
+    os.waitpid(pid, 0)
+"""
+
+
+def test_plot_of_many_rings_draws_the_first_death_as_the_bundle_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib", reason="plot draws only where matplotlib is installed")
+    # GIVEN the rings of more ranks than a picture draws together, rank 7 SIGKILLed
+    ranks = PLOT_ALL_UP_TO + 2
+    rings = tmp_path / "rings"
+    rings.mkdir()
+    run_py(MANY_RANKS, str(rings), str(ranks))
+    (killed,) = [json.loads(line)["pid"] for line in _ring_identities(rings) if json.loads(line)["rank"] == 7]
+    # WHEN they are plotted
+    assert main(["plot", str(rings), "-o", str(tmp_path / "m.png")]) == 0
+    # THEN, as in a bundle's memory.png, the first death's process alone is drawn, and the command says so
+    assert f"{ranks} rings recovered in memory; of {ranks} processes, pid {killed} on " in capsys.readouterr().out
+
+
+def _ring_identities(rings: Path) -> list[str]:
+    from blackbox.ring.reader import find_rings, read_header
+
+    return [json.dumps(read_header(p).meta["identity"]) for p in find_rings([rings])]
 
 
 def test_plot_of_a_job_wide_bundle_names_the_node_bundle_to_plot(

@@ -49,9 +49,7 @@ def picture_source(targets: list[str]) -> tuple[pa.Table, dict[str, Any], str]:
 
     kind = kind_of(targets)
     if kind == "rings":
-        recovered = recover_rings([Path(t) for t in targets])
-        n = len(recovered.meta.get("rings") or [recovered.meta])
-        return recovered.table, recovered.meta, f"{n} ring{'' if n == 1 else 's'} recovered in memory"
+        return _rings(recover_rings([Path(t) for t in targets]), "recovered in memory")
     if kind == "bundle":
         return (*_node_bundle(targets[0], read_bundle), f"the bundle {one_line(targets[0])}")
     try:
@@ -61,7 +59,7 @@ def picture_source(targets: list[str]) -> tuple[pa.Table, dict[str, Any], str]:
         if len(live) != len(targets):
             raise
         recovered = recover_rings(live)  # a run folder whose job runs still: no bundle yet
-        return recovered.table, recovered.meta, f"the rings in {', '.join(map(str, live))}: no bundle yet"
+        return _rings(recovered, f"in {', '.join(map(str, live))}: no bundle yet")
     if len(job.places) == 1:
         place = str(job.places[0])
         return (*_node_bundle(place, read_bundle), f"the bundle {one_line(place)}")
@@ -74,6 +72,23 @@ def picture_source(targets: list[str]) -> tuple[pa.Table, dict[str, Any], str]:
             f"{len(job.places)} bundles and no death (name one: blackbox plot {one_line(str(job.places[0]))})"
         )
     return (*_node_bundle(bundle, read_bundle), f"the first death's bundle {one_line(bundle)}, of {len(job.places)}")
+
+
+def _rings(recovered: Any, where: str) -> tuple[pa.Table, dict[str, Any], str]:
+    """The rings' timeline as the bundle's memory.png draws it: of a job of many processes, one."""
+    import pyarrow.compute as pc
+
+    from ..views.plot import drawn_process
+
+    table, meta = recovered.table, recovered.meta
+    n = len(meta.get("rings") or [meta])
+    drawn = f"{n} ring{'' if n == 1 else 's'} {where}"
+    who = drawn_process(meta)
+    if who is not None:
+        table = table.filter(pc.equal(table["pid"], who.get("pid")))
+        table = table.filter(pc.equal(table["host"].cast("string"), who.get("host")))
+        drawn += f"; of {n} processes, pid {who.get('pid')} on {one_line(str(who.get('host')))} drawn"
+    return table, meta, drawn
 
 
 def _node_bundle(bundle: str, read_bundle: Any) -> tuple[pa.Table, dict[str, Any]]:

@@ -47,6 +47,7 @@ HEADROOM = 1.12  # the axis above its highest line
 PLOT_KINDS = ["sample", "gpu_sample", "cgroup_sample", "step", "oom"]
 PLOT_COLUMNS = [*SAMPLE_COLUMNS, "value", "step", "host"]
 PANEL_HEIGHTS = {"job": 3.0, "cgroup": 1.6, "gpu": 2.2}  # inches
+PLOT_ALL_UP_TO = 32  # processes drawn together; beyond, one: the first death, else the lowest rank
 
 
 class PlotUnavailableError(BlackboxError):
@@ -66,6 +67,16 @@ class _Line:
     @property
     def peak(self) -> float:
         return float(self.v.max())
+
+
+def drawn_process(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """Of a job of more than PLOT_ALL_UP_TO processes, the one drawn (its ``pid`` and ``host``): the
+    first death, else the lowest rank. None where every process is drawn."""
+    rings = meta.get("rings") or []
+    if len(rings) <= PLOT_ALL_UP_TO:
+        return None
+    first: dict[str, Any] | None = meta.get("first_death")
+    return first or min(rings, key=lambda m: (m.get("rank") is None, m.get("rank") or 0))
 
 
 def _figure_class() -> Any:
