@@ -91,16 +91,57 @@ EXIT_JOBS = {
         "interrupted",
         None,
     ),  # fmt: skip
-    "exit 0": ("import sys, blackbox; blackbox.arm(sys.argv[1] + '/')", "clean_exit", None),
-}
+    "exit 0": ("import sys, blackbox; blackbox.arm(sys.argv[1] + '/')", "clean_exit", 0),
+    # exits that never call sys.exit, or whose SystemExit is caught: the status is the one the process exited with
+    "raise SystemExit(2)": ("import sys, blackbox; blackbox.arm(sys.argv[1] + '/'); raise SystemExit(2)",
+                            "nonzero_exit", 2),
+    "caught sys.exit(4)": ("import sys, blackbox; blackbox.arm(sys.argv[1] + '/')\ntry: sys.exit(4)\n"
+                           "except SystemExit: pass", "clean_exit", 0),
+    "os._exit(7)": ("import os, sys, blackbox; blackbox.arm(sys.argv[1] + '/'); os._exit(7)", "nonzero_exit", 7),
+    "os._exit(0) in a thread": ("import os, sys, threading, blackbox; blackbox.arm(sys.argv[1] + '/')\n"
+                                "threading.Thread(target=os._exit, args=(0,)).start()\nthreading.Event().wait()",
+                                "clean_exit", 0),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", list(EXIT_JOBS))
 def test_exits_and_interrupts_are_told_from_a_clean_exit(tmp_path: Path, name: str) -> None:
+    # GIVEN a job that ends one way, its rings recovered later (as a Slurm epilogue does), not by `blackbox run`
     code, cause, status = EXIT_JOBS[name]
-    run_py(code, str(tmp_path), check=False)
+    proc = run_py(code, str(tmp_path), check=False)
+    assert proc.returncode == (status if status is not None else -signal.SIGINT)  # the planted truth
+    # THEN the verdict is the one the status says
     death = death_of(tmp_path)
     assert death["cause"] == cause and death["exit_status"] == status, death
+
+
+@pytest.mark.parametrize("code", ["import os; os._exit(7)", "import ctypes; ctypes.CDLL(None)._exit(7)"],
+                         ids=["os._exit", "libc _exit, the ring silent"])  # fmt: skip
+def test_a_deliberate_exit_without_exit_handlers_is_no_sigkill_in_run_or_torchrun(tmp_path: Path, code: str) -> None:
+    # GIVEN a job under `blackbox run`, as a torchrun worker, that exits 7 without running its exit handlers
+    error_file = tmp_path / "error.json"
+    proc = subprocess.run([sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path), "--quiet", "--",
+                           sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(ENV, TORCHELASTIC_ERROR_FILE=str(error_file)))  # fmt: skip
+    assert proc.returncode == 7
+    # THEN the verdict, in the bundle, on stderr and in torchrun's error file, is that exit and its status
+    (run,) = tmp_path.glob("run-*")
+    death = json.loads((run / "bundle" / "metadata.json").read_text())["death"]
+    assert (death["cause"], death["confidence"], death["exit_status"]) == ("nonzero_exit", "certain", 7), death
+    assert "cause: nonzero_exit; The job exited with status 7." in proc.stderr and "SIGKILL" not in proc.stderr
+    message = json.loads(error_file.read_text())["message"]["message"]
+    assert message.startswith("blackbox: nonzero_exit at step") and "status 7" in message and "SIGKILL" not in message
+
+
+def test_without_the_c_extension_a_note_says_which_exits_go_unrecorded(tmp_path: Path) -> None:
+    # GIVEN a job whose C extension cannot be imported, ending by a top-level SystemExit(2)
+    code = ("import sys; sys.modules['blackbox.ring._cwriter'] = None\n"
+            "import blackbox; blackbox.arm(sys.argv[1] + '/'); raise SystemExit(2)")  # fmt: skip
+    assert run_py(code, str(tmp_path), check=False).returncode == 2
+    meta = recover_rings([tmp_path]).meta
+    # THEN the status is unknown, the verdict is not certain, and a note says which exits go unseen and why
+    assert meta["death"]["exit_status"] is None and meta["death"]["confidence"] != "certain"
+    assert any("raise SystemExit(n)" in n and "not built" in n for n in meta["notes"]), meta["notes"]
 
 
 def test_a_bundle_of_several_rings_keeps_the_exit_status_run_saw(tmp_path: Path) -> None:

@@ -168,7 +168,7 @@ def facts(table: pa.Table, clock: dict[str, Any]) -> Facts:
         errors=Rows.of_kind(table, "oom", "exception", columns=ERROR_COLUMNS),
         signals=signals,
         signal_ns=signals.ns() - to_wall,
-        exits=Rows.of_kind(table, "exit", columns=["time", "step", "value", "label"]),
+        exits=Rows.of_kind(table, "exit", columns=["time", "step", "value", "label", "detail"]),
         last_event=ends[-1] if ends else None,
         first_ns=int(ends.ns()[0]) - to_wall if ends else 0,
         last_ns=int(ends.ns()[-1]) - to_wall if ends else 0,
