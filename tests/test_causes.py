@@ -84,6 +84,46 @@ def test_a_dataloader_worker_killed_by_the_oom_killer_is_named(tmp_path: Path, m
     assert len({int(p) for p in kids["p0"]}) >= 2 and int(kids["p1"].max()) > 100 << 20
 
 
+FAST_STEPS = """
+import sys, time, blackbox
+blackbox.arm(sys.argv[1] + "/", sample_interval=0.2)  # many steps between two memory samples
+kept = []
+for step in range(1, 100000):
+    blackbox.step(step)
+    print(step, flush=True)
+    kept.append(bytearray(1 << 20))  # the leak: 1 MiB a step, touched
+    time.sleep(0.004)
+"""
+
+
+@pytest.mark.slow
+def test_an_oom_kill_s_step_is_the_step_the_job_was_in(tmp_path: Path, memory_cgroup) -> None:  # type: ignore[no-untyped-def]
+    # GIVEN a job under `blackbox run`, as a torchrun worker, that steps every few ms, OOM-killed by the kernel
+    cg = memory_cgroup(160 << 20)
+    script = tmp_path / "train.py"
+    script.write_text(FAST_STEPS)
+    error_file = tmp_path / "error.json"
+    join = f'echo $$ > {cg.directory}/cgroup.procs && exec "$0" "$@"'  # the job alone in the cgroup
+    proc = subprocess.run([sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path), "--quiet", "--", "sh",
+                           "-c", join, sys.executable, str(script), str(tmp_path / "rings")],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(ENV, TORCHELASTIC_ERROR_FILE=str(error_file)))  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL and cg.oom_kills() == 1, proc.stderr
+    printed = int(proc.stdout.split()[-1])  # the planted truth: the last step the job announced
+    (run,) = tmp_path.glob("run-*")
+    meta = json.loads((run / "bundle" / "metadata.json").read_text())
+    death = meta["death"]
+    if death["confidence"] != "certain":
+        pytest.skip("the kernel log cannot be read here: the kill's own stamp is what this test is about")
+    # THEN its step is the one the job was in when the kernel killed it (step n is recorded before n prints),
+    # not the last memory sample's, in the bundle and in torchrun's Root Cause line
+    assert death["cause"] == "host_oom_kill" and death["step"] == meta["last_step"], (death["step"], meta["last_step"])
+    assert printed <= death["step"] <= printed + 1, (printed, death["step"])
+    sampled = meta["last_sample"]["step"]
+    message = json.loads(error_file.read_text())["message"]["message"]
+    assert message.startswith(f"blackbox: host_oom_kill at step {death['step']}:"), (message, sampled)
+
+
 EXIT_JOBS = {
     "sys.exit(2)": ("import sys, blackbox; blackbox.arm(sys.argv[1] + '/'); sys.exit(2)", "nonzero_exit", 2),
     "KeyboardInterrupt": (

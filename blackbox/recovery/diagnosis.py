@@ -194,7 +194,7 @@ class _Death:
         if own is not None:
             self.victim.update(name=own.name, **own.rss)
             self._set("host_oom_kill", "certain", f"kernel log: {own.line}")
-            self._at(own.time_ns)
+            self._at(own.time_ns, own=True)
         elif self.exit_how == fmt.EXIT_OS:
             self._exited(f"the process called os._exit({self.status}): exit status {self.status}, at once, "
                          "without running its exit handlers")  # fmt: skip
@@ -264,9 +264,11 @@ class _Death:
         self.cause, self.confidence = cause, confidence
         self.evidence.append(why)
 
-    def _at(self, mono_ns: int) -> None:
+    def _at(self, mono_ns: int, *, own: bool = False) -> None:
+        """The death at the kernel's stamp; its step, the one in force: at the ring's last record when
+        its own process died (nothing it wrote came after), else at the last record before the stamp."""
         self.death_ns = mono_ns
-        step = (self.f.sample_before(mono_ns) or self.f.last_event or {}).get("step")
+        step = (self.f.last_event or {}).get("step") if own else self.f.step_at(mono_ns)
         self.when = {"time": iso_ns(mono_ns + self.f.to_wall), "step": step}
 
     def result(self) -> dict[str, Any]:

@@ -120,6 +120,7 @@ class Facts:
     signal_ns: np.ndarray
     exits: Rows  # exit events: value = the status
     children: dict[int, Series] = field(default_factory=dict)
+    steps: pa.Table | None = None  # every record's time and step (the step in force when it was written)
     last_event: dict[str, Any] | None = None
     first_ns: int = 0
     last_ns: int = 0
@@ -141,6 +142,15 @@ class Facts:
     def sample_before(self, t_ns: int) -> dict[str, Any] | None:
         i = int(np.searchsorted(self.sample_ns, t_ns, side="right")) - 1
         return self.samples[i] if i >= 0 else None
+
+    def step_at(self, t_ns: int) -> int | None:
+        """The step in force at ``t_ns``: that of the last record of any kind at or before it (samples
+        alone lag: several steps may pass between two)."""
+        if self.steps is None or not self.steps.num_rows:
+            return None
+        i = int(np.searchsorted(_ns(self.steps), t_ns + self.to_wall, side="right")) - 1
+        step: int | None = self.steps["step"][i].as_py() if i >= 0 else None
+        return step
 
     def stat_before(self, t_ns: int) -> dict[str, Any] | None:
         i = int(np.searchsorted(self.stat_ns, t_ns, side="right")) - 1
@@ -169,6 +179,7 @@ def facts(table: pa.Table, clock: dict[str, Any]) -> Facts:
         signals=signals,
         signal_ns=signals.ns() - to_wall,
         exits=Rows.of_kind(table, "exit", columns=["time", "step", "value", "label", "detail"]),
+        steps=table.select(["time", "step"]),
         last_event=ends[-1] if ends else None,
         first_ns=int(ends.ns()[0]) - to_wall if ends else 0,
         last_ns=int(ends.ns()[-1]) - to_wall if ends else 0,
