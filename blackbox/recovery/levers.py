@@ -39,15 +39,44 @@ LIMIT_LEVER = "raise the memory limit only once the growth is explained"
 MAX_FIT_POINTS = 1 << 16
 
 
-def _slope(t_ns: np.ndarray, values: np.ndarray) -> float | None:
-    ok = ~np.isnan(values)
-    if ok.sum() < 3 or np.ptp(t_ns[ok]) <= 0:
+# Student's t, two-sided 95%, for 1..10 degrees of freedom; beyond, 1.96 + 2.5 / df is within 0.01
+_T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23)
+
+
+def _t95(df: float) -> float:
+    return _T95[max(int(df), 1) - 1] if df < 11 else 1.96 + 2.5 / df
+
+
+def trend(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
+    """(slope, half-width of its 95% interval) of ``y`` over ``x`` by least squares, the points in time
+    order; None with fewer than 3 points or one value of ``x``.
+
+    The interval comes from the residuals, widened for their serial correlation: memory samples are
+    not independent draws (a warm-up, a plateau, a cache filled once leave long runs of residuals of
+    one sign), so the effective number of points is n (1 - r) / (1 + r), r the residuals' lag-1
+    autocorrelation. A slope inside its interval's reach of zero is not growth but noise."""
+    ok = ~np.isnan(x) & ~np.isnan(y)
+    x, y = x[ok], y[ok]
+    n = len(x)
+    if n < 3 or np.ptp(x) <= 0:
         return None
-    return float(np.polyfit(t_ns[ok] / 1e9, values[ok], 1)[0])
+    dx, dy = x - x.mean(), y - y.mean()
+    sxx = float(dx @ dx)
+    slope = float(dx @ dy) / sxx
+    resid = dy - slope * dx
+    sse = float(resid @ resid)
+    r = min(max(float(resid[1:] @ resid[:-1]) / sse, 0.0), 0.99) if sse > 0 else 0.0
+    n_eff = n * (1 - r) / (1 + r)
+    if n_eff <= 2.5:  # too few independent points to tell a trend from a drift
+        return slope, float("inf")
+    se = (sse / (n - 2) / sxx) ** 0.5 * ((1 + r) / (1 - r)) ** 0.5
+    return slope, _t95(n_eff - 2) * se
 
 
 def host_growth(f: Facts) -> dict[str, Any] | None:
-    """Least-squares growth of RSS per step and per second (the job, its children), and who grew."""
+    """Least-squares growth of RSS per step and per second, each with its 95% interval (``_error``:
+    the half-width) and whether it is beyond the noise (``_beyond_noise``: the interval excludes zero);
+    the growth of the job's children, and who grew."""
     if len(f.samples) < 3:
         return None
     samples, sample_ns = f.samples, f.sample_ns
@@ -56,11 +85,12 @@ def host_growth(f: Facts) -> dict[str, Any] | None:
         samples, sample_ns = Rows(samples.table, samples.rows[keep]), sample_ns[keep]
     rss, children, steps = (samples.floats(c) for c in ("host_rss", "children_rss", "step"))
     out: dict[str, Any] = {}
-    if (s := _slope(sample_ns, rss)) is not None:
-        out["rss_per_second"] = s
-    ok = ~np.isnan(rss) & ~np.isnan(steps)
-    if ok.sum() >= 3 and np.ptp(steps[ok]) > 0:
-        out["rss_per_step"] = float(np.polyfit(steps[ok], rss[ok], 1)[0])
+    for name, x in (("rss_per_second", sample_ns / 1e9), ("rss_per_step", steps)):
+        fit = trend(x, rss)
+        if fit is not None:
+            out[name], error = fit
+            out[f"{name}_error"] = error if np.isfinite(error) else None  # None: too few points to tell
+            out[f"{name}_beyond_noise"] = abs(fit[0]) > error
     okc = ~np.isnan(children)
     grew_job = float(rss[~np.isnan(rss)][-1] - rss[~np.isnan(rss)][0]) if (~np.isnan(rss)).any() else 0.0
     if okc.sum() >= 3:
@@ -105,7 +135,7 @@ def analysis(f: Facts, cause: str, victim_role: str | None, stat: dict[str, Any]
         worker = victim_role not in (None, "main process") or (growth or {}).get("grew") == "children"
         if worker:
             levers += WORKER_LEVERS
-        elif growth and growth.get("rss_per_step", 0) > 0:
+        elif growth and growth.get("rss_per_step_beyond_noise") and growth["rss_per_step"] > 0:
             levers.append(f"memory grew {human_bytes(int(growth['rss_per_step']))} per step in the job's own "
                           f"process: {MAIN_LEVERS[0]}")  # fmt: skip
         else:
