@@ -71,7 +71,11 @@ def test_a_dataloader_worker_killed_by_the_oom_killer_is_named(tmp_path: Path, m
     assert victim["role"] == "DataLoader worker" and victim["pid"] != main["pid"]
     assert victim.get("rss", victim.get("anon_rss", 0)) > 100 << 20
     assert f"The DataLoader worker (pid {victim['pid']}) was killed by the kernel OOM killer." in out.stdout
-    assert any("copy-on-read" in lever for lever in death["levers"])
+    # the levers follow the evidence: the worker grew with the batches it served, so the Dataset's leak comes
+    # first, and nothing advises persistent workers (which would keep it growing)
+    assert death["worker_memory"]["pattern"] == "grew_inside" and death["worker_memory"]["pid"] == victim["pid"]
+    assert "the Dataset keeps what __getitem__ makes" in death["levers"][0]
+    assert not any("persistent_workers=True" in lever for lever in death["levers"]), death["levers"]
     assert not any("`losses.append(loss)`" in lever for lever in death["levers"])
     assert death["host_growth"]["grew"] == "children"
     assert death["kernel_report"]["tasks"] and any(t["pid"] == victim["pid"] for t in death["kernel_report"]["tasks"])
@@ -122,6 +126,51 @@ def test_an_oom_kill_s_step_is_the_step_the_job_was_in(tmp_path: Path, memory_cg
     sampled = meta["last_sample"]["step"]
     message = json.loads(error_file.read_text())["message"]["message"]
     assert message.startswith(f"blackbox: host_oom_kill at step {death['step']}:"), (message, sampled)
+
+
+WORKER_COPIES = """
+import sys, time, blackbox, torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+class Copies(Dataset):
+    def __init__(self): self.data = None
+    def __len__(self): return 100000
+    def __getitem__(self, i):
+        if self.data is None:  # each worker loads its own copy of the data on its first item, then only reads it
+            time.sleep(1.0 * get_worker_info().id)  # one after another
+            self.data = bytearray(120 << 20)
+        return torch.tensor([float(self.data[i % len(self.data)] + i)])
+
+if __name__ == "__main__":
+    blackbox.arm(sys.argv[1] + "/", sample_interval=0.05)
+    loader = DataLoader(Copies(), batch_size=4, num_workers=4, in_order=False, multiprocessing_context="fork")
+    for step, batch in enumerate(loader):
+        blackbox.step(step)
+        time.sleep(0.01)
+"""
+
+
+@pytest.mark.slow
+def test_workers_that_each_hold_a_copy_get_fewer_workers_first_not_a_leak_hunt(tmp_path: Path, memory_cgroup) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    # GIVEN DataLoader workers that each load their own 120 MB copy, one after another, until the fourth's does
+    # not fit in the memory cgroup (500 MB)
+    cg = memory_cgroup(500 << 20)
+    script = tmp_path / "job.py"
+    script.write_text(WORKER_COPIES)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "rings")], capture_output=True, text=True,
+                          timeout=300, env=ENV, preexec_fn=cg.join)  # fmt: skip
+    assert proc.returncode == 1 and cg.oom_kills() >= 1, proc.stderr[-2000:]
+    meta = recover_rings([tmp_path / "rings"]).meta
+    death = meta["death"]
+    assert death["cause"] == "host_oom_kill" and death["victim"]["role"] == "DataLoader worker", death
+    # THEN the worker is seen to have held its size while it served batches, and the levers say so first:
+    # fewer workers, data shared rather than copied; no hunt for a growing cache, no persistent workers
+    behaved = death["worker_memory"]
+    assert behaved["pattern"] == "held_copies" and behaved["steps_served"] >= 3 and behaved["workers"] == 4, behaved
+    assert behaved["peak_rss"] - behaved["first_rss"] >= 100 << 20  # the copy it loaded
+    assert "each of the 4 workers holds its own copy" in death["levers"][0] and "num_workers" in death["levers"][0]
+    assert not any("__getitem__" in lever or "persistent_workers" in lever for lever in death["levers"])
 
 
 EXIT_JOBS = {

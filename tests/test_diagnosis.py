@@ -86,7 +86,8 @@ def test_kernel_oom_kill_is_host_oom_kill_with_growth_per_step(tmp_path: Path, m
     assert any("per step" in lever for lever in death["levers"])
 
 
-STEPS_WITH_NOISE = ARM.replace("0.02)", "0.01)") + """
+STEPS_WITH_NOISE = ARM.replace("0.02)", "0.01)") + (
+    """
 import time
 leak = int(sys.argv[2])
 kept, cache = [], []
@@ -101,6 +102,7 @@ for step in range(1, 61):
     del scratch
     time.sleep(0.01)
 """
+)
 
 
 @pytest.mark.parametrize("leak", [0, 3 << 20], ids=["no leak", "3 MiB a step"])

@@ -216,7 +216,7 @@ class _Death:
             self._set("signal", "certain", f"`blackbox run` saw the job end by {signals.Signals(sig).name}")
         elif sig is None and self.exit_how == RUN_SAW:
             self._exited(f"`blackbox run` saw the process exit by itself: exit status {self.status}, without "
-                         "running its exit handlers (os._exit before blackbox armed, or C code calling _exit)")
+                         "running its exit handlers (os._exit before blackbox armed, or C calling _exit)")  # fmt: skip
         elif sig == signals.SIGKILL or ev.same_boot:
             self._sigkill(near, last_signal, seen=sig is not None)
         else:
@@ -283,7 +283,7 @@ class _Death:
             "exit_status": self.status,
             "killed_by": self.killed_by,
         }
-        d.update(analysis(self.f, self.cause, self.victim.get("role"), self.stat_at_end))
+        d.update(analysis(self.f, self.cause, self.victim, self.stat_at_end))
         uncaught = self.f.main_uncaught
         if self.cause == "oom_exception" and uncaught:
             gpu = gpu_oom_kind(uncaught[-1])

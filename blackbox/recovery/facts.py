@@ -33,12 +33,14 @@ _WORKER_KILLED = re.compile(
 
 @dataclass
 class Series:
-    """One process's resident memory over time (monotonic ns, bytes)."""
+    """One process's resident memory over time (monotonic ns, bytes), and the step in force in the
+    process that sampled it at each sample (NaN before the first)."""
 
     pid: int
     name: str
     times: np.ndarray
     rss: np.ndarray
+    steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def growth(self) -> int:
@@ -185,15 +187,16 @@ def facts(table: pa.Table, clock: dict[str, Any]) -> Facts:
         last_ns=int(ends.ns()[-1]) - to_wall if ends else 0,
         to_wall=to_wall,
     )
-    kids = of_kind(table, "child_sample", columns=["time", "label", "child_pid", "child_rss"])
+    kids = of_kind(table, "child_sample", columns=["time", "step", "label", "child_pid", "child_rss"])
     if kids.num_rows:
         pid = kids["child_pid"].to_numpy(zero_copy_only=False)
         rss = kids["child_rss"].fill_null(0).to_numpy(zero_copy_only=False)
         t = _ns(kids) - to_wall
+        steps = kids["step"].cast(pa.float64()).to_numpy(zero_copy_only=False)
         order = np.argsort(pid, kind="stable")  # each child's rows together, in time order
         pids, starts = np.unique(pid[order], return_index=True)
         names = kids["label"].take(order[starts]).to_pylist()  # a child's name from its first row
         for p, rows, name in zip(pids.tolist(), np.split(order, starts[1:]), names, strict=True):
             alive = rows[rss[rows] > 0]  # 0: read as a zombie, after it died (a live process has pages)
-            out.children[int(p)] = Series(int(p), name or "", t[alive], rss[alive].astype(np.int64))
+            out.children[int(p)] = Series(int(p), name or "", t[alive], rss[alive].astype(np.int64), steps[alive])
     return out

@@ -4,6 +4,10 @@
 children: a DataLoader worker) and what the memory was made of at the end
 (anonymous memory, page cache, shared memory), and gives the levers that fit
 that process and that kind of memory, so a worker's leak gets worker levers.
+A worker's levers follow how its memory behaved (``worker_memory``): memory
+that grew with the batches it served is a leak in the Dataset (and persistent
+workers would keep it growing), memory that did not is a copy each worker holds
+(fewer workers, data shared rather than copied).
 """
 
 from __future__ import annotations
@@ -15,14 +19,15 @@ import numpy as np
 from .._units import human_bytes
 from .facts import Facts, Rows
 
-WORKER_LEVERS = [
+COPY_ON_READ_LEVER = (
     "each worker holds its own copy of every Python object the dataset touches (reference counts turn "
     "copy-on-write into copy-on-read): keep samples in numpy arrays or Arrow tables, not lists or dicts of "
-    "Python objects",
-    "fewer DataLoader workers (num_workers), or a smaller prefetch_factor",
-    "persistent_workers=True, so workers are not re-created (and their memory re-grown) every epoch",
-    "look for a cache in the Dataset that grows in every worker",
-]
+    "Python objects")  # fmt: skip
+FEWER_WORKERS_LEVER = "fewer DataLoader workers (num_workers), or a smaller prefetch_factor"
+DATASET_CACHE_LEVER = "look for a cache in the Dataset that grows in every worker"
+WORKER_LEVERS = [DATASET_CACHE_LEVER, FEWER_WORKERS_LEVER, COPY_ON_READ_LEVER]  # how they grew is unknown
+MIN_STEPS_SERVED = 3  # distinct steps of the job during a worker's samples, to tell its memory's trend
+STEADY_SHARE = 0.1  # of a worker's growth, its rise with the steps it served, for a leak (not a few bytes)
 MAIN_LEVERS = [
     "look for tensors kept across steps (e.g. `losses.append(loss)` instead of `loss.item()`) "
     "and caches that never evict",
@@ -106,6 +111,69 @@ def host_growth(f: Facts) -> dict[str, Any] | None:
     return out or None
 
 
+def worker_memory(f: Facts, pid: int | None) -> dict[str, Any] | None:
+    """How a DataLoader worker's memory behaved while it served batches: the victim's (``pid``), else
+    the child's that grew most. Its RSS at each sample is fitted against the job's step then:
+    ``grew_inside`` where it rose with the steps beyond the noise, and that steady rise makes at least
+    STEADY_SHARE of what it grew over its life (its start-up, imports and a forked parent's pages aside:
+    what ``__getitem__`` makes is kept, a leak in the Dataset, in every worker),
+    ``held_copies`` where it did not (it reached its size and held it: each worker holds its own
+    copy), ``unknown`` where the job made fewer than
+    MIN_STEPS_SERVED steps while it was sampled. Also the figures: ``pid``, ``first_rss``,
+    ``peak_rss``, ``rss_per_step`` and ``rss_per_step_error``, ``steps_served``, ``workers`` (children
+    alive at the last sample) and ``processes`` (children seen over the ring's life). None: no child
+    was sampled three times."""
+    sampled = [s for s in f.children.values() if len(s.rss) >= 3]
+    series = next((s for s in sampled if s.pid == pid), None) or max(sampled, key=lambda s: s.growth, default=None)
+    if series is None:
+        return None
+    rss, steps = series.rss.astype(np.float64), series.steps
+    served = len(np.unique(steps[~np.isnan(steps)]))
+    end = int(series.times[-1])
+    tick = 2 * float(np.median(np.diff(series.times)))  # a sibling alive then was sampled within a tick or so
+    alike = [s for s in sampled if 2 * s.rss.max() >= series.rss.max()]  # itself and its peers, not a helper
+    alive = sum(1 for s in alike if s.times[0] <= end and s.times[-1] >= end - tick)
+    out: dict[str, Any] = {"pid": series.pid, "first_rss": int(rss[0]), "peak_rss": int(rss.max()),
+                           "steps_served": served, "workers": alive, "processes": len(alike)}  # fmt: skip
+    fit = trend(steps, rss) if served >= MIN_STEPS_SERVED else None
+    if fit is None:
+        return out | {"pattern": "unknown"}
+    out["rss_per_step"], error = fit
+    out["rss_per_step_error"] = error if np.isfinite(error) else None
+    steady = fit[0] * float(np.nanmax(steps) - np.nanmin(steps))  # what the per-step rise adds up to
+    grew = fit[0] > error and steady >= STEADY_SHARE * (out["peak_rss"] - out["first_rss"])
+    return out | {"pattern": "grew_inside" if grew else "held_copies"}
+
+
+def worker_levers(w: dict[str, Any] | None) -> list[str]:
+    """The worker levers, the one the evidence points to first, each with its evidence."""
+    pattern = (w or {}).get("pattern")
+    if w is None or pattern == "unknown":
+        return list(WORKER_LEVERS)
+    who = f"worker pid {w['pid']}"
+    if pattern == "grew_inside":
+        err = f" ± {human_bytes(int(w['rss_per_step_error']))}" if w.get("rss_per_step_error") is not None else ""
+        return [
+            f"{who} grew with the batches it served ({human_bytes(w['first_rss'])} to {human_bytes(w['peak_rss'])}, "
+            f"{human_bytes(int(w['rss_per_step']))}{err} per step): the Dataset keeps what __getitem__ makes "
+            "(a cache, a list, a reference to each sample) in every worker; bound or drop it",
+            "keep persistent_workers=False (the default): workers re-created every epoch free what they kept, "
+            "persistent ones keep growing",
+            f"{FEWER_WORKERS_LEVER}: fewer copies of the leak, which still grows",
+        ]  # fmt: skip
+    recreated = w["processes"] > w["workers"]
+    return [
+        f"{who} grew from {human_bytes(w['first_rss'])} to {human_bytes(w['peak_rss'])}, not with the "
+        f"{w['steps_served']} steps it served: each of the {w['workers']} workers holds its own copy; "
+        f"{FEWER_WORKERS_LEVER}",
+        COPY_ON_READ_LEVER,
+        "load the data once, shared (a numpy memmap, torch tensors with share_memory_(), an Arrow file), "
+        "not in each worker",
+        *(["persistent_workers=True: workers were re-created (each loading its copy again), "
+           f"{w['processes']} processes over the run for {w['workers']} at a time"] if recreated else []),
+    ]  # fmt: skip
+
+
 def composition(stat: dict[str, Any] | None) -> dict[str, Any] | None:
     """What the cgroup's memory was at the end: anonymous, page cache, shared memory (bytes and shares)."""
     if not stat:
@@ -121,8 +189,9 @@ def composition(stat: dict[str, Any] | None) -> dict[str, Any] | None:
     return out
 
 
-def analysis(f: Facts, cause: str, victim_role: str | None, stat: dict[str, Any] | None) -> dict[str, Any]:
-    """host_growth, memory composition at the end, and levers for a host OOM (kill or exception)."""
+def analysis(f: Facts, cause: str, victim: dict[str, Any], stat: dict[str, Any] | None) -> dict[str, Any]:
+    """host_growth, memory composition at the end, and levers for a host OOM (kill or exception); for a
+    worker's, how its memory behaved (``worker_memory``)."""
     out: dict[str, Any] = {}
     levers: list[str] = []
     growth = host_growth(f)
@@ -132,9 +201,15 @@ def analysis(f: Facts, cause: str, victim_role: str | None, stat: dict[str, Any]
     if memory:
         out["memory_at_end"] = memory
     if cause in ("host_oom_kill", "userspace_oom_kill"):
-        worker = victim_role not in (None, "main process") or (growth or {}).get("grew") == "children"
+        worker = victim.get("role") not in (None, "main process") or (growth or {}).get("grew") == "children"
         if worker:
-            levers += WORKER_LEVERS
+            behaved = worker_memory(f, victim.get("pid"))
+            if behaved:
+                out["worker_memory"] = behaved
+            levers += worker_levers(behaved)
+            if growth and growth.get("rss_per_step_beyond_noise") and growth["rss_per_step"] > 0:
+                levers.append(f"the job's own process grew too, {human_bytes(int(growth['rss_per_step']))} per "
+                              f"step: {MAIN_LEVERS[0]}")  # fmt: skip
         elif growth and growth.get("rss_per_step_beyond_noise") and growth["rss_per_step"] > 0:
             levers.append(f"memory grew {human_bytes(int(growth['rss_per_step']))} per step in the job's own "
                           f"process: {MAIN_LEVERS[0]}")  # fmt: skip
