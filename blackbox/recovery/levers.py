@@ -60,17 +60,21 @@ def trend(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
     not independent draws (a warm-up, a plateau, a cache filled once leave long runs of residuals of
     one sign), so the effective number of points is n (1 - r) / (1 + r), r the residuals' lag-1
     autocorrelation. A slope inside its interval's reach of zero is not growth but noise."""
-    ok = ~np.isnan(x) & ~np.isnan(y)
+    ok = np.isfinite(x) & np.isfinite(y)
     x, y = x[ok], y[ok]
     n = len(x)
     if n < 3 or np.ptp(x) <= 0:
         return None
-    dx, dy = x - x.mean(), y - y.mean()
-    sxx = float(dx @ dx)
-    slope = float(dx @ dy) / sxx
-    resid = dy - slope * dx
-    sse = float(resid @ resid)
-    r = min(max(float(resid[1:] @ resid[:-1]) / sse, 0.0), 0.99) if sse > 0 else 0.0
+    with np.errstate(all="ignore"):  # figures no process has (a damaged or planted ring) end as non-finite
+        dx, dy = x - x.mean(), y - y.mean()
+        sxx = float(dx @ dx)
+        slope = float(dx @ dy) / sxx
+        resid = dy - slope * dx
+        sse = float(resid @ resid)
+        lag = float(resid[1:] @ resid[:-1])
+    if not (np.isfinite(slope) and np.isfinite(sse) and np.isfinite(lag)):
+        return None
+    r = min(max(lag / sse, 0.0), 0.99) if sse > 0 else 0.0
     n_eff = n * (1 - r) / (1 + r)
     if n_eff <= 2.5:  # too few independent points to tell a trend from a drift
         return slope, float("inf")
