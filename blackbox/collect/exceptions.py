@@ -93,6 +93,8 @@ class ExceptionRecorder:
         self._wrap_exit()
 
     def _wrap_exit(self) -> None:
+        for how in (fmt.EXIT_SYS, fmt.EXIT_OS):  # interned now: an exit from a signal handler takes no lock
+            self._intern(how)
         original = sys.exit
 
         @functools.wraps(original)
