@@ -110,7 +110,7 @@ class ExceptionRecorder:
         @functools.wraps(original_os)
         def _exit(*args: Any, **kwargs: Any) -> Any:
             status = args[0] if len(args) == 1 and not kwargs else kwargs.get("status")
-            if isinstance(status, int):  # anything else: the real one raises TypeError, and nothing ends
+            if isinstance(status, int) and -(1 << 31) <= status < 1 << 31:  # else the real one raises: no end
                 self.record_exit(status, fmt.EXIT_OS)
             return original_os(*args, **kwargs)
 
