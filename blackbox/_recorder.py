@@ -25,7 +25,7 @@ from ._errors import BlackboxWarning
 from ._fds import OwnedFd
 from ._version import __version__
 from .collect.clock import clock_error_s
-from .collect.exceptions import ExceptionRecorder
+from .collect.exceptions import ExceptionRecorder, exit_status_unrecorded, record_status_at_exit
 from .collect.gpu import GpuProbe
 from .collect.host import HostProbe
 from .collect.identity import identity, role, versions
@@ -349,6 +349,8 @@ class Recorder:
                 self.note(f"{what} not installed: {type(exc).__name__}: {exc}")
         if self._crash.note:
             self.notes.append(self._crash.note)  # the job's own choice, not a failure: no event
+        if exit_status_unrecorded(built_module()):
+            self.note(exit_status_unrecorded(built_module()))
 
     def note(self, text: str) -> None:
         """Something a collector could not do: kept in ``notes`` and written as a ``blackbox: ...`` mark."""
@@ -470,8 +472,9 @@ class Recorder:
             warn(f"blackbox dropped an event: {type(exc).__name__}: {exc}")
 
     # ------------------------------------------------------------ ending
-    def disarm(self) -> None:
-        """Record a clean end and release the ring. Safe to call twice, from any thread or handler."""
+    def disarm(self, *, at_exit: bool = False) -> None:
+        """Record a clean end and release the ring. Safe to call twice, from any thread or handler.
+        ``at_exit``: the interpreter is exiting; the process's exit status is then written as it exits."""
         if not self._ending.acquire(blocking=False):
             return  # another caller is ending it (this very thread, from a signal handler, or another)
         try:
@@ -493,11 +496,22 @@ class Recorder:
                 self._on_error(exc)
             # Signals last: one that lands while the job shuts down is still recorded (after the clean end).
             self._uninstall_collectors(in_child=False, signals=True)
+            if at_exit and not self._fold_clean:
+                self._record_status_at_exit()
             self._teardown(flush=True)
             if self._fold_clean:
                 self._fold()
         finally:
             self._ending.release()
+
+    def _record_status_at_exit(self) -> None:
+        ring, w, hdr = self._ring, self._writer, self._header
+        if ring is None or w is None or hdr is None or w.sequence is None or not ring.fd.intact():
+            return  # no seq counter shared with C, or the job closed our descriptor
+        try:
+            record_status_at_exit(built_module(), ring.fd.fd, hdr, w.sequence.value, w.current_step(), w.intern)
+        except Exception as exc:
+            self._on_error(exc)
 
     def _fold(self) -> None:
         """A helper's clean end under `blackbox run`: one line in ``folded.jsonl``, and its ring removed."""

@@ -38,6 +38,7 @@
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -883,6 +884,104 @@ static PyObject *stack_walks(PyObject *Py_UNUSED(m), PyObject *args) {
 }
 #endif
 
+/* ------------------------------------------------------------------ the exit status
+ * exit_record_arm(fd, records_offset, capacity, seq, tag, step, detail) -> bool: at the interpreter's
+ * exit, once the recorder has written its clean end, have the process's real exit status written as
+ * one `exit` record (seq `seq`, its slot in the ring open at `fd`) when libc's exit() runs.
+ *
+ * Why in C: a top-level `raise SystemExit(2)` never calls sys.exit, and CPython passes the status to
+ * exit() only after finalization (Python's atexit callbacks, ours among them, ran before): no Python
+ * code can see it. glibc's on_exit() hands the status to a handler that runs inside exit(). By then
+ * Python objects may be freed and the recorder's mapping unmapped, so the handler touches neither: it
+ * owns a mapping of its own of the one page that holds the slot (made here, with the descriptor; a
+ * mapping needs no descriptor afterwards), and the plain words it writes, taken here. The record
+ * follows the commit rule (seq first, commit last). Nothing else writes to the ring by then (the
+ * writer and the signal recorder are gone), so the seq cannot be taken twice. A forked child that
+ * exits never writes (the pid is checked). Returns False where the C library has no on_exit(). */
+typedef struct {
+    char *page;       /* our own mapping of the page that holds the slot */
+    size_t page_len;
+    char *slot;
+    uint64_t seq, tag;
+    int64_t step, detail;
+    pid_t pid;
+} ExitTarget;
+
+static ExitTarget g_exit;
+static int g_exit_on;         /* atomic */
+static int g_exit_registered; /* on_exit() called once per process */
+
+#if defined(__GLIBC__)
+static void on_process_exit(int status, void *Py_UNUSED(arg)) {
+    if (!__atomic_load_n(&g_exit_on, __ATOMIC_ACQUIRE) || g_exit.pid != getpid())
+        return;
+    __atomic_store_n(&g_exit_on, 0, __ATOMIC_RELEASE); /* once: exit() runs each handler once anyway */
+    int64_t payload[PAYLOAD_WORDS];
+    payload[0] = g_exit.detail;
+    for (int i = 1; i < PAYLOAD_WORDS; i++)
+        payload[i] = -1;
+    /* the status a parent's wait() sees is its low 8 bits */
+    put_record(g_exit.slot, 1, g_exit.seq, now_ns(), (uint64_t)pthread_self(), g_exit.step, status & 0xFF,
+               g_exit.tag, payload);
+}
+#endif
+
+static void exit_target_drop(void) {
+    __atomic_store_n(&g_exit_on, 0, __ATOMIC_SEQ_CST);
+    if (g_exit.page != NULL) {
+        munmap(g_exit.page, g_exit.page_len);
+        g_exit.page = NULL;
+    }
+}
+
+static PyObject *exit_record_arm(PyObject *Py_UNUSED(m), PyObject *args) {
+    int fd;
+    long long offset, step, detail;
+    unsigned long long cap, seq, tag;
+    if (!PyArg_ParseTuple(args, "iLKKKLL", &fd, &offset, &cap, &seq, &tag, &step, &detail))
+        return NULL;
+#if defined(__GLIBC__)
+    long page = sysconf(_SC_PAGESIZE);
+    if (cap == 0 || seq == 0 || offset < 0 || page <= 0 || offset % RECORD_SIZE != 0) {
+        PyErr_SetString(PyExc_ValueError, "exit_record_arm: capacity and seq must be > 0, records_offset aligned");
+        return NULL;
+    }
+    unsigned long long at = (unsigned long long)offset + (seq % cap) * RECORD_SIZE;
+    unsigned long long start = at - at % (unsigned long long)page;
+    exit_target_drop();
+    void *p = mmap(NULL, (size_t)page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)start);
+    if (p == MAP_FAILED)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    if (!g_exit_registered) {
+        if (on_exit(on_process_exit, NULL) != 0) {
+            munmap(p, (size_t)page);
+            PyErr_SetString(PyExc_OSError, "on_exit() refused the handler");
+            return NULL;
+        }
+        g_exit_registered = 1;
+    }
+    g_exit.page = (char *)p;
+    g_exit.page_len = (size_t)page;
+    g_exit.slot = (char *)p + (at - start);
+    g_exit.seq = seq;
+    g_exit.tag = tag;
+    g_exit.step = step;
+    g_exit.detail = detail;
+    g_exit.pid = getpid();
+    __atomic_store_n(&g_exit_on, 1, __ATOMIC_RELEASE);
+    Py_RETURN_TRUE;
+#else
+    (void)fd;
+    Py_RETURN_FALSE;
+#endif
+}
+
+/* exit_record_release(): write nothing at exit after all (the ring was armed again, or a test). */
+static PyObject *exit_record_release(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
+    exit_target_drop();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"signals_arm", signals_arm, METH_VARARGS,
      "signals_arm(buffer, records_offset, capacity, sequence, detail_default): record signals into this ring."},
@@ -891,6 +990,9 @@ static PyMethodDef module_methods[] = {
     {"signals_release", signals_release, METH_NOARGS, "Restore the dispositions and stop recording."},
     {"signals_forget", signals_forget, METH_NOARGS, "In a forked child: drop the parent's ring."},
     {"signals_installed", signals_installed, METH_NOARGS, "Signal numbers the handler is installed over."},
+    {"exit_record_arm", exit_record_arm, METH_VARARGS,
+     "exit_record_arm(fd, records_offset, capacity, seq, tag, step, detail) -> bool: write the exit status at exit()."},
+    {"exit_record_release", exit_record_release, METH_NOARGS, "Write no exit record at exit()."},
 #if PY_VERSION_HEX >= 0x030B0000
     {"stack_walks", stack_walks, METH_VARARGS,
      "stack_walks(idents, max_depth, skip_ident, skip_prefix, frame_ids) -> [None | (ids, keys, frames, depth)]."},
@@ -910,7 +1012,12 @@ PyMODINIT_FUNC PyInit__cwriter(void) {
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "Sequence", (PyObject *)&SequenceType) < 0 ||
-        PyModule_AddObjectRef(m, "Writer", (PyObject *)&WriterType) < 0) {
+        PyModule_AddObjectRef(m, "Writer", (PyObject *)&WriterType) < 0 ||
+#if defined(__GLIBC__)
+        PyModule_AddIntConstant(m, "EXIT_RECORD", 1) < 0) {
+#else
+        PyModule_AddIntConstant(m, "EXIT_RECORD", 0) < 0) {
+#endif
         Py_DECREF(m);
         return NULL;
     }
