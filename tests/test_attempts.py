@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_py, spawn_py
 
+from blackbox.recovery.attempts import group_attempts
 from blackbox.recovery.pipeline import recover_rings
 from blackbox.ring.reader import read_ring
 from blackbox.ring.retention import YOUNG_S
@@ -119,19 +120,23 @@ def test_blackbox_keep_applies_to_an_explicit_ring_path_s_folder(tmp_path: Path)
         proc.wait()
 
 
-def _ring(rank: int, start: str | None, end: str | None) -> dict[str, object]:
+def _ring(pid: int, rank: int | None, start: str | None, end: str | None, **more: object) -> dict[str, object]:
     at = "2026-11-23T{}:00.000000Z"
-    return {"rank": rank, "started_at": start and at.format(start), "last_event_at": end and at.format(end)}
+    return {"pid": pid, "rank": rank, "role": "main", "host": "n1", "started_at": start and at.format(start),
+            "last_event_at": end and at.format(end), **more}  # fmt: skip
+
+
+def _pids(groups: list[list[dict[str, object]]]) -> list[list[object]]:
+    return [[r["pid"] for r in g] for g in groups]
 
 
 def test_a_ring_whose_start_is_unknown_joins_an_attempt_and_opens_none() -> None:
-    from blackbox.recovery.metadata import group_attempts
-
     # GIVEN one run of three ranks, and a fourth rank whose start could not be read and which wrote last
-    one_run = [_ring(0, "10:00", "10:05"), _ring(1, "10:00", "10:05"), _ring(2, "10:01", "10:04")]
-    assert [[r["rank"] for r in g] for g in group_attempts([*one_run, _ring(3, None, "10:06")])] == [[0, 1, 2, 3]]
-    # AND two runs (a requeue): an undated ring joins the run that had begun when it last wrote
-    requeue = [*one_run, _ring(4, "11:00", "11:05")]
-    groups = group_attempts([*requeue, _ring(5, None, "10:03"), _ring(6, None, "12:00"), _ring(7, None, None),
-                             _ring(8, None, "09:00")])  # fmt: skip
-    assert [[r["rank"] for r in g] for g in groups] == [[0, 1, 2, 5, 8], [4, 6, 7]]
+    one_run = [_ring(10, 0, "10:00", "10:05"), _ring(11, 1, "10:00", "10:05"), _ring(12, 2, "10:01", "10:04")]
+    assert _pids(group_attempts([*one_run, _ring(13, 3, None, "10:06")])) == [[10, 11, 12, 13]]
+    # AND two runs (a requeue: rank 0 starts again after its ring ended): an undated ring joins the run that
+    # had begun when it last wrote
+    requeue = [*one_run, _ring(20, 0, "11:00", "11:05")]
+    groups = group_attempts([*requeue, _ring(15, 5, None, "10:03"), _ring(16, 6, None, "12:00"),
+                             _ring(17, 7, None, None), _ring(18, 8, None, "09:00")])  # fmt: skip
+    assert _pids(groups) == [[10, 11, 12, 15, 18], [20, 16, 17]]
