@@ -116,11 +116,12 @@ def attempt() -> int | None:
 
 def job_id() -> str | None:
     """The job's id, shared by its processes and by no other job (see the module docstring), or None."""
-    for name in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
-        value = os.environ.get(name)
-        if value is not None:
-            return value[:MAX_JOB_CHARS] if value and value != "none" else None
-    if any(os.environ.get(name) is not None for name in RANK_ENVS):
+    if os.environ.get("SLURM_JOB_ID"):
+        return os.environ["SLURM_JOB_ID"][:MAX_JOB_CHARS]
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        run_id = os.environ["TORCHELASTIC_RUN_ID"]
+        return run_id[:MAX_JOB_CHARS] if run_id != "none" else None
+    if any(os.environ.get(name) for name in RANK_ENVS):
         return None
     return os.environ.get(RUN_ID_ENV, "")[:MAX_JOB_CHARS] or None
 

@@ -28,8 +28,9 @@ first death that is not such a teardown (on another host: later than that
 death by more than the two clocks' error, so that a skewed clock does not make
 the teardown first). It keeps its cause, is marked
 ``collateral_of`` (that death's rank, host and pid, and ``by``: the launcher's
-name, else the sender's command), and is never the first death nor counted
-among the deaths.
+name where the sender is a known one, else None: a parent may be ``blackbox
+run`` passing on a signal whose sender it did not record, and it is never named
+as the sender), and is never the first death nor counted among the deaths.
 """
 
 from __future__ import annotations
@@ -174,7 +175,10 @@ def _epoch(iso: str) -> float | None:
     match = _ISO.match(iso)
     if match is None:
         return None
-    whole = datetime.strptime(match[1], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    try:
+        whole = datetime.fromisoformat(match[1]).replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:  # a month 13, a day 32: an edited field
+        return None
     return whole + float(f"0.{match[2] or 0}")
 
 
@@ -204,17 +208,18 @@ def deaths(group: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[dic
     """An attempt's first death (None: none) and its collateral rings (see the module docstring). Marks
     each collateral ring's slim death with ``collateral_of``."""
     dead = [m for m in group if m["death"].get("cause") != "clean_exit" and m["death"].get("time")]
+    when = {id(m): _when(m) for m in dead}
     torn = {id(m): k for m in dead if (k := _teardown(m)) is not None}
     own = [m for m in dead if id(m) not in torn]
     collateral = []
     if own:
-        first_own = min(own, key=_when)
+        first_own = min(own, key=lambda m: when[id(m)])
         collateral = [m for m in dead if id(m) in torn and _after(m, torn[id(m)].get("time"), first_own)]
-    rest = [m for m in dead if not any(m is c for c in collateral)]
-    first = min(rest, key=_when) if rest else None
+    gone = {id(m) for m in collateral}
+    rest = [m for m in dead if id(m) not in gone]
+    first = min(rest, key=lambda m: when[id(m)]) if rest else None
     for m in collateral:
-        sender = torn[id(m)].get("sender") or None
-        m["death"]["collateral_of"] = _who(first or {}) | {"by": LAUNCHERS.get(sender or "", sender)}
+        m["death"]["collateral_of"] = _who(first or {}) | {"by": LAUNCHERS.get(torn[id(m)].get("sender") or "")}
     return first, collateral
 
 

@@ -154,7 +154,7 @@ def _torn_down_sentence(first: dict[str, Any], rows: list[dict[str, Any]], torn:
     parts = [f"{_short(first)} {ENDED.get(first['cause'], first['cause'])}"]
     by: dict[str, list[dict[str, Any]]] = {}
     for r in torn:
-        by.setdefault(r.get("stopped_by") or "its launcher", []).append(r)
+        by.setdefault(r.get("stopped_by") or "the launcher", []).append(r)
     parts += [f"{_named(members)} stopped by {sender} after {_short(first)} died" for sender, members in by.items()]
     me = (first.get("host"), first.get("pid"))
     dead = [r for r in rows if r.get("collateral_of") is None and r.get("cause") not in ("clean_exit", None)]
@@ -173,7 +173,7 @@ def ended_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]]) -> lis
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         if r.get("collateral_of") is not None and first:  # torn down after the first death: not a death of its own
-            key = f"stopped by {r.get('stopped_by') or 'its launcher'} after {_short(first)} died"
+            key = f"stopped by {r.get('stopped_by') or 'the launcher'} after {_short(first)} died"
         else:
             key = f"`{r.get('cause') or 'unknown'}`"
         groups.setdefault(key, []).append(r)
