@@ -14,8 +14,10 @@ large job start over minutes and die one after another, and are still one run):
    attempt;
 3. a process that already has a ring in the attempt starting again after that
    ring ended is a new attempt (a rerun or requeue the launcher did not count):
-   the same rank (a main process with a rank), or a main process without a rank
-   on the same host.
+   the same rank (a main process with a rank), or, where there is no job id (a
+   plain command run again), a main process without a rank on the same host.
+   Processes without a rank in a job with an id (Slurm tasks, a launcher's own
+   process) are many to a host: one ending before another starts is no restart.
 
 A ring that cannot say (no count, no rank: a DataLoader worker, a helper) joins
 the attempt running when it started, or, its start unknown, when it last wrote.
@@ -76,13 +78,14 @@ def _count(m: dict[str, Any]) -> int | None:
 
 def _slot(m: dict[str, Any]) -> tuple[Any, ...] | None:
     """What a ring is the process of, where a second ring of it means a restart: a rank, or a main
-    process without a rank on its host. None: a worker or helper, of which a job has many."""
+    process without a rank on its host where there is no job id. None: one of many (a worker, a
+    helper, a process without a rank in a job with an id)."""
     if m.get("role") not in (None, "main"):
         return None
     rank = m.get("rank")
     if isinstance(rank, int) and not isinstance(rank, bool):
         return ("rank", rank)
-    return ("main", m.get("host"))
+    return ("main", m.get("host")) if _job(m) is None else None
 
 
 def group_jobs(rings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
