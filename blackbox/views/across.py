@@ -150,7 +150,8 @@ def _named(rows: list[dict[str, Any]]) -> str:
 
 def _torn_down_sentence(first: dict[str, Any], rows: list[dict[str, Any]], torn: list[dict[str, Any]]) -> str:
     """``3 ranks: rank 1 killed; ranks 0 and 2 stopped by torchrun after rank 1 died.``"""
-    noun = "ranks" if all(r.get("rank") is not None for r in rows) else "processes"
+    ranks = all(r.get("rank") is not None and r.get("role") in (None, "main") for r in rows)
+    noun = "ranks" if ranks else "processes"
     parts = [f"{_short(first)} {ENDED.get(first['cause'], first['cause'])}"]
     by: dict[str, list[dict[str, Any]]] = {}
     for r in torn:
@@ -245,7 +246,8 @@ def across_lines(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     """Attempts, first death, how the last attempt's processes ended, outliers; at most ~70 lines."""
     attempts = meta.get("attempts") or []
     if len(attempts) > 1:
-        rows = group_attempts(rows)[-1]  # the rows of the attempt this account is of, grouped as its rings were
+        groups = group_attempts(rows)  # the rows of the attempt this account is of, grouped as its rings were
+        rows = groups[-1] if groups else rows
     first = meta.get("first_death")
     return [
         *attempt_lines(attempts),
