@@ -16,7 +16,7 @@ from blackbox.recovery import bundle, diagnosis, ranks
 from blackbox.recovery.pipeline import recover_rings
 
 SPEC = (REPO / "blackbox" / "recovery" / "BUNDLE.md").read_text()
-WRITERS = ("diagnosis.py", "levers.py", "pipeline.py")  # where death's fields are set
+WRITERS = ("diagnosis.py", "levers.py", "pipeline.py", "attempts.py")  # where death's fields are set
 SOURCES = "".join((REPO / "blackbox" / "recovery" / f).read_text() for f in WRITERS)
 
 
@@ -79,8 +79,8 @@ def test_every_death_field_written_is_documented(real_deaths: list[dict[str, Any
 
 def test_ring_metadata_table_matches_a_recovered_ring(real_deaths: list[dict[str, Any]]) -> None:
     # a bundle of one ring: its ring's metadata, plus what every bundle carries
-    expected = set(names("Ring metadata")) | {"cause", "first_death", "attempts"}
-    assert {"cause", "first_death", "attempts"} <= set(names("Bundle metadata"))
+    expected = set(names("Ring metadata")) | {"cause", "first_death", "attempts", "jobs"}
+    assert {"cause", "first_death", "attempts", "jobs"} <= set(names("Bundle metadata"))
     for meta in real_deaths:
         assert set(meta) == expected
 
