@@ -12,8 +12,11 @@ The job runs as it would without us:
 - Every signal sent to us is passed to it exactly once (read with
   ``sigtimedwait``, so we run no handler): a signal sent to our pid or our
   process group reaches the job once; a terminal's Ctrl-C reaches the job
-  alone; a sender that signals every process of the job itself (Slurm's
-  ``slurmstepd``, ``systemd``) is not relayed again.
+  alone; a signal from a sender that may signal every process of the job
+  itself (Slurm's ``slurmstepd``, ``systemd``) is relayed unless it reached
+  the job already, which a witness process placed like the job tells
+  (``witness``: under ``proctrack/linuxproc`` a cancel reaches the job
+  directly, under ``proctrack/cgroup`` only us).
 - We are its processes' subreaper: what it starts and leaves behind (a shell
   wrapper's python, once the shell has died) is ours to wait for, and we
   recover only once its process group has ended (or after ``GRACE_S``).
@@ -40,6 +43,7 @@ from typing import Any
 from ..collect.identity import RUN_ID_ENV, RUN_PID_ENV
 from ..ring.file import default_dir, safe_folder
 from .bootstrap import BOOT_ENV, SITECUSTOMIZE
+from .witness import Witness
 
 FORWARDED = (
     signal.SIGINT,
@@ -50,7 +54,7 @@ FORWARDED = (
     signal.SIGUSR2,
     signal.SIGWINCH,
 )
-SIGNALS_EVERY_PROCESS = ("slurmstepd", "systemd")  # they signal each process of the job themselves
+SIGNALS_EVERY_PROCESS = ("slurmstepd", "systemd")  # they may signal each process of the job themselves
 GRACE_S = 10.0  # after the job's process ends, how long its process group may take to follow
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -144,9 +148,9 @@ def _sender(info: Any) -> str:
     return ""
 
 
-def _relay(info: Any, pgrp: int) -> None:
-    if _sender(info) in SIGNALS_EVERY_PROCESS:
-        return
+def _relay(info: Any, pgrp: int, witness: Witness) -> None:
+    if _sender(info) in SIGNALS_EVERY_PROCESS and witness.saw(info.si_signo):
+        return  # its sender signalled every process below us: the job has it already
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgrp, info.si_signo)
 
@@ -157,6 +161,7 @@ def launch(command: list[str], rings: Path, boot: Path) -> Ended:
     before = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
     tty = _terminal()
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    witness = Witness(FORWARDED)
     try:
         try:
             child = subprocess.Popen(
@@ -168,10 +173,11 @@ def launch(command: list[str], rings: Path, boot: Path) -> Ended:
             print(f"blackbox run: cannot start {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
             return Ended(127 if isinstance(exc, FileNotFoundError) else 126, None)
         _hand_terminal(tty, child.pid)
-        ended = _wait(child.pid, watched, tty)
-        _wait_for_the_group(child.pid, watched)
+        ended = _wait(child.pid, watched, tty, witness)
+        _wait_for_the_group(child.pid, watched, witness)
         return ended
     finally:
+        witness.close()
         _hand_terminal(tty, os.getpgrp())
         # The forwarded signals stay blocked: once the job has ended, a signal has nobody to reach and
         # must not end us with another status while we recover (unarmed, the process is already gone).
@@ -179,11 +185,11 @@ def launch(command: list[str], rings: Path, boot: Path) -> Ended:
         signal.pthread_sigmask(signal.SIG_SETMASK, set(before) | {int(s) for s in FORWARDED})
 
 
-def _wait(pid: int, watched: set[int], tty: int | None) -> Ended:
+def _wait(pid: int, watched: set[int], tty: int | None, witness: Witness) -> Ended:
     while True:
         info = signal.sigtimedwait(watched, 0.5)
         if info is not None and info.si_signo != signal.SIGCHLD:
-            _relay(info, pid)
+            _relay(info, pid, witness)
             continue
         done, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
         if done == 0:
@@ -201,7 +207,7 @@ def _wait(pid: int, watched: set[int], tty: int | None) -> Ended:
         return Ended(os.WEXITSTATUS(status), None)
 
 
-def _wait_for_the_group(pgrp: int, watched: set[int]) -> None:
+def _wait_for_the_group(pgrp: int, watched: set[int], witness: Witness) -> None:
     """Reap the job's leftovers (reparented to us) until its process group is empty, or GRACE_S passed;
     signals sent meanwhile are still relayed to the group."""
     deadline = time.monotonic() + GRACE_S
@@ -215,7 +221,7 @@ def _wait_for_the_group(pgrp: int, watched: set[int]) -> None:
             return
         info = signal.sigtimedwait(watched, 0.05)
         if info is not None and info.si_signo != signal.SIGCHLD:
-            _relay(info, pgrp)
+            _relay(info, pgrp, witness)
 
 
 def end_like(ended: Ended) -> int:
