@@ -33,6 +33,7 @@ LEAVES = {"blackbox._errors", "blackbox._version", "blackbox._units", "blackbox.
 RECOVERY_ORDER = {
     "timeline": 0,
     "evidence": 0,
+    "slurm": 0,
     "ranks": 0,
     "spill": 0,
     "attempts": 0,

@@ -47,6 +47,7 @@ from ..ring import format as fmt
 from .evidence import Evidence, KernelKill
 from .facts import Facts, facts
 from .levers import analysis
+from .slurm import SENDERS as SLURM_SENDERS
 from .timeline import iso_ns
 
 CAUSES = ("clean_exit", "nonzero_exit", "interrupted", "exception", "oom_exception", "host_oom_kill",
@@ -210,7 +211,7 @@ class _Death:
                 self._set("userspace_oom_kill", "certain", f"{s['label']}{who}, a userspace OOM killer")
             else:
                 cause = "interrupted" if s["label"] == "SIGINT" else "signal"
-                self._set(cause, "certain", f"{s['label']}{who} with its default action at {s['time']}")
+                self._set(cause, "certain", f"{s['label']}{who}{self._role(s)} with its default action at {s['time']}")
             self.when = s
         elif sig is not None and sig != signals.SIGKILL:
             self._set("signal", "certain", f"`blackbox run` saw the job end by {signals.Signals(sig).name}")
@@ -238,8 +239,7 @@ class _Death:
             if recent:
                 self.killed_by = _sender(recent)
                 who = f" from {recent['sender']} (pid {recent['sender_pid']})" if recent["sender"] else ""
-                role = " (a scheduler: time limit or preemption)" if (recent["sender"] or "") in SCHEDULERS else ""
-                self.evidence.append(f"{recent['label']}{who}{role} came first, at {recent['time']}")
+                self.evidence.append(f"{recent['label']}{who}{self._role(recent)} came first, at {recent['time']}")
 
     def _handled_signal(self) -> None:
         """A signal the job's own handler took before it ended by itself: a graceful shutdown (Lightning's
@@ -250,12 +250,21 @@ class _Death:
             return
         s = handled[-1]
         who = f" from {s['sender']} (pid {s['sender_pid']})" if s["sender"] else ""
-        role = " (a scheduler: time limit or preemption)" if (s["sender"] or "") in SCHEDULERS else ""
-        self.evidence.append(f"{s['label']}{who}{role} at {s['time']} was {s['detail'] or 'handled'}, "
+        self.evidence.append(f"{s['label']}{who}{self._role(s)} at {s['time']} was {s['detail'] or 'handled'}, "
                              "and the job then ended by itself (a graceful shutdown)")  # fmt: skip
         self.handled = s
 
     # ---------------------------------------------------------------- helpers
+    def _role(self, row: dict[str, Any]) -> str:
+        """What a scheduler's signal meant: Slurm's own account where it was read (and the sender is
+        Slurm's), else that it was a scheduler's; the reason also goes into ``killed_by``."""
+        sender = row["sender"] or ""
+        if sender in SLURM_SENDERS and self.ev.slurm:
+            if self.killed_by is not None and self.killed_by.get("sender") == sender:
+                self.killed_by["reason"] = self.ev.slurm
+            return f" (Slurm: {self.ev.slurm})"
+        return " (a scheduler: time limit or preemption)" if sender in SCHEDULERS else ""
+
     def _signal_ns(self, row: dict[str, Any]) -> int:
         i = self.f.signals.index(row)
         return int(self.f.signal_ns[i])
@@ -303,6 +312,8 @@ def headline(
     """One plain sentence: who died of what."""
     who = f"The {victim.get('role', 'process')} (pid {victim.get('pid')})"
     by = f" {killed_by['signal']} from {killed_by['sender']}" if killed_by and killed_by.get("sender") else ""
+    if by and killed_by and killed_by.get("reason"):
+        by += f", Slurm's {str(killed_by['reason']).split(' (')[0]}"
     if handled is not None:
         sent = f" from {handled['sender']}" if handled.get("sender") else ""
         after = f" after {handled['label']}{sent}, which its own handler took (a graceful shutdown)."
