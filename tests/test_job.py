@@ -198,19 +198,23 @@ def test_a_bundle_rewritten_on_object_storage_never_shows_earlier_metadata(
     prefix = f"s3://{BUCKET}/again"
     write_postmortem([rings / "node000"], prefix, plot=False)
     dest = bundle.Destination(prefix)
-    seen: list[bool] = []
+    seen: list[dict[str, Any] | None] = []
 
-    def views(meta: dict[str, Any], read: bundle.Reader) -> dict[str, bytes]:
-        # WHILE another recovery writes there (its tables written, its metadata not yet)
-        seen.append(dest.fs.get_file_info(dest.path("metadata.json")).type == pafs.FileType.File)
+    def views(meta: dict[str, Any], read: bundle.Reader | None) -> dict[str, bytes]:
+        # WHILE another recovery writes there: before its verdict, and before its whole bundle
+        there = dest.fs.get_file_info(dest.path("metadata.json")).type == pafs.FileType.File
+        seen.append(json.loads(dest.fs.open_input_file(dest.path("metadata.json")).read()) if there else None)
         return {}
 
     from blackbox.recovery.pipeline import RecoveryPass
 
     bundle.stream_bundle(RecoveryPass([rings / "node001"]), prefix, views)
-    # THEN a reader listing the prefix saw no metadata.json then, and sees the new one now
-    assert seen == [False]
-    assert "node001" in json.loads(dest.fs.open_input_file(dest.path("metadata.json")).read())["rings"][0]["host"]
+    # THEN a reader listing the prefix saw no metadata.json before the verdict, then the verdict
+    # (complete: false, the new host's), and sees the whole new one now
+    assert len(seen) == 2 and seen[0] is None
+    assert seen[1] is not None and seen[1]["complete"] is False and seen[1]["rings"][0]["host"] == "node001"
+    now = json.loads(dest.fs.open_input_file(dest.path("metadata.json")).read())
+    assert now["complete"] is True and now["rings"][0]["host"] == "node001"
 
 
 # ------------------------------------------------------------------ clocks: an order the hosts cannot tell

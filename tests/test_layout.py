@@ -35,6 +35,7 @@ RECOVERY_ORDER = {
     "evidence": 0,
     "ranks": 0,
     "spill": 0,
+    "outfolder": 0,
     "stacks": 1,
     "facts": 1,
     "levers": 2,
