@@ -24,16 +24,8 @@ from .views.summary import bundle_summary, job_summary
 PLOT_ALL_UP_TO = 32  # rings drawn together in memory.png; beyond, the first death's ring alone
 
 
-def _views(meta: dict[str, Any], read: Reader | None, *, plot: bool, again: str) -> dict[str, bytes]:
-    """summary.md and memory.png; for the verdict written first (``read`` None: no timeline yet),
-    summary.md alone, saying under its title that the rest follows and how to get it (``again``)."""
-    text = bundle_summary(meta)
-    if read is None:
-        title, _, rest = text.partition("\n")
-        note = (f"> **Verdict only.** Recovery writes this first; `timeline.parquet` and `memory.png` follow. "
-                f"If this note is still here, it was cut short: `{again}` writes the whole bundle.")  # fmt: skip
-        return {SUMMARY: f"{title}\n\n{note}\n{rest}".encode()}
-    files = {SUMMARY: text.encode("utf-8")}
+def _views(meta: dict[str, Any], read: Reader, *, plot: bool) -> dict[str, bytes]:
+    files = {SUMMARY: bundle_summary(meta).encode("utf-8")}
     if plot and importlib.util.find_spec("matplotlib") is not None:
         from .views.plot import MAX_SAMPLE_ROWS, PLOT_COLUMNS, PLOT_KINDS, memory_figure
 
@@ -47,6 +39,15 @@ def _views(meta: dict[str, Any], read: Reader | None, *, plot: bool, again: str)
         memory_figure(read(pick, PLOT_COLUMNS, MAX_SAMPLE_ROWS), meta).savefig(buf, format="png", dpi=110)
         files[PLOT] = buf.getvalue()
     return files
+
+
+def _verdict_views(meta: dict[str, Any], again: str) -> dict[str, bytes]:
+    """summary.md of the verdict written first (no timeline yet), saying under its title that the rest
+    follows, and the command that writes it (``again``) if it never does."""
+    title, _, rest = bundle_summary(meta).partition("\n")
+    note = (f"> **Verdict only.** Recovery writes this first; `timeline.parquet` and `memory.png` follow. "
+            f"If this note is still here, it was cut short: `{again}` writes the whole bundle.")  # fmt: skip
+    return {SUMMARY: f"{title}\n\n{note}\n{rest}".encode()}
 
 
 def write_postmortem(
@@ -67,7 +68,9 @@ def write_postmortem(
     recovery = RecoveryPass(inputs, exit_status, launcher_pid)
     named = [shlex.quote(str(p)) for p in inputs[:3]] + (["..."] if len(inputs) > 3 else [])
     again = one_line(f"blackbox recover {' '.join(named)} -o {shlex.quote(os.fspath(out))}").replace("`", "'")
-    return stream_bundle(recovery, out, lambda meta, read: _views(meta, read, plot=plot, again=again))
+    return stream_bundle(
+        recovery, out, lambda meta, read: _verdict_views(meta, again) if read is None else _views(meta, read, plot=plot)
+    )
 
 
 def printable(text: str) -> str:

@@ -265,6 +265,7 @@ def _fill(recovery: RecoveryPass, views: Views, out: _Out) -> dict[str, Any]:
             if recovery.last and not verdict:  # every ring diagnosed: the verdict goes out before these rows
                 verdict.append(_put_verdict(recovery, views, out))
             yield table
+            del table  # not held while the next ring is decoded
 
     with whole.create(TIMELINE) as sink, pq.ParquetWriter(sink, TIMELINE_SCHEMA, **_PARQUET) as writer:
         _write_row_groups(writer, tables())
