@@ -173,7 +173,7 @@ def _private_holder(parent: int, out: Path) -> tuple[str, int]:
             if os.fstat(fd).st_uid != os.geteuid():
                 raise BundleDestinationError(f"{swapped} (of uid {os.fstat(fd).st_uid})")
             os.fchmod(fd, 0o700)  # from now on nobody else can add anything to it
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # waits only while another recovery's clean_stale looks at it
             if os.listdir(fd):
                 raise BundleDestinationError(f"{swapped} (not empty)")
         except BaseException:
@@ -189,8 +189,8 @@ def clean_stale(parent: int, name: str) -> list[str]:
     prefix = f".{name}."
     removed = []
     for entry in os.listdir(parent):
-        if not (entry.startswith(prefix) and entry.endswith(HOLDER_SUFFIX)):
-            continue
+        if not (entry.startswith(prefix) and entry.endswith(HOLDER_SUFFIX)) or len(entry) != len(prefix) + 12:
+            continue  # .<OUT>.XXXXXXXX.tmp only (mkdtemp's names were 8 characters too)
         try:
             fd = os.open(entry, _DIR, dir_fd=parent)
         except OSError:
