@@ -3,10 +3,18 @@
 Creation is all-or-nothing: the file is made under a hidden temporary name with
 ``O_EXCL|O_NOFOLLOW`` and mode 0600, locked (``liveness``), its blocks reserved
 with ``posix_fallocate`` (so a full disk fails here, not as a SIGBUS mid-run),
-mapped ``MAP_SHARED`` with every page faulted in (so the recorder's own writes
-never allocate memory later), its header written, and only then linked under
-its name. On any failure the temporary file is removed and the ``OSError``
-propagates to the recorder, which turns it into one warning.
+its zeros written with ``pwrite`` (so its pages are in the page cache, and the
+writers' first lap faults them in without allocating, as every later lap does),
+mapped ``MAP_SHARED``, its header written, and only then linked under its name.
+On any failure the temporary file is removed and the ``OSError`` propagates to
+the recorder, which turns it into one warning.
+
+The mapping is whole but never resident whole: the writers keep only a 256 KiB
+window of records mapped (``_cwriter.c``, "The write window"), and the sampler
+unmaps the rest each tick (mapping.py, "Residency"). The pages stay in the page
+cache (reclaimable once written back, and charged to the job's memory cgroup as
+any file it writes), but not in the process's RSS: arming does not change which
+process the kernel's OOM killer picks.
 """
 
 from __future__ import annotations
@@ -162,8 +170,8 @@ def create_ring(requested: Path, header_for: Callable[[bool], bytes]) -> Created
         decoded = decode_header(header, len(header))
         size = decoded.file_size
         os.posix_fallocate(fd.fd, 0, size)
+        _fill_page_cache(fd.fd, size)
         mm = RingMap(fd.fd, size)
-        mm.prefault()
         mm.write(0, header)
         path, note = _place(temp, requested)
     except BaseException:
@@ -174,6 +182,17 @@ def create_ring(requested: Path, header_for: Callable[[bool], bytes]) -> Created
             os.unlink(temp)
         raise
     return CreatedRing(path, fd, mm, decoded, locked, note)
+
+
+def _fill_page_cache(fd: int, size: int) -> None:
+    """Write the file's zeros through the descriptor: its pages are then in the page cache, so the
+    writers' first lap faults them into the mapping without allocating, as every later lap does;
+    none is mapped into this process (so none counts in its RSS)."""
+    zeros = bytes(min(size, 1 << 20))
+    for off in range(0, size, len(zeros)):
+        n = min(len(zeros), size - off)
+        if os.pwrite(fd, zeros if n == len(zeros) else zeros[:n], off) != n:
+            raise OSError(errno.ENOSPC, "short write filling the ring")
 
 
 def _place(temp: Path, requested: Path) -> tuple[Path, str]:
