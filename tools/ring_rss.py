@@ -76,10 +76,11 @@ def one_run(jobs: dict[str, dict[str, str]], seconds: float, torch: bool, folder
         ring_dir = folder / name
         ring_dir.mkdir()
         mode = "no" if name == "unarmed" else "arm"
+        # cwd: not a checkout, whose blackbox `python -c` would import first
         procs[name] = subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(JOB), mode, str(seconds), "torch" if torch else "no", str(ring_dir)],
             env=dict(os.environ, **env), stdout=subprocess.PIPE, text=True, cwd=ring_dir,
-        )  # fmt: skip (cwd: not a checkout, whose blackbox `-c` would import first)
+        )  # fmt: skip
     for name, p in procs.items():
         assert p.stdout is not None
         line = p.stdout.readline()
@@ -126,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
             folder = Path(d) / str(r)
             folder.mkdir()
             runs.append(one_run(jobs, args.seconds, not args.no_torch, folder))
-    print(f"{args.runs} runs of {args.seconds:g} s, {args.writer} write path, job {'without' if args.no_torch else 'with'}"
-          f" torch; medians of 20 ms samples per run, then the median over runs (KiB)")  # fmt: skip
+    torch = "without" if args.no_torch else "with"
+    print(f"{args.runs} runs of {args.seconds:g} s, {args.writer} write path, job {torch} torch; "
+          "medians of 20 ms samples per run, then the median over runs (KiB)")  # fmt: skip
     cols = ("VmRSS", "RssAnon", "RssFile", "VmLck", "badness", "+badness", "oom_score", "events/s")
     print("\n| job | " + " | ".join(cols) + " |\n|---|" + "---:|" * len(cols))
     base = statistics.median(run["unarmed"]["badness"] for run in runs)

@@ -43,6 +43,7 @@ from .reader import header_of
 SNAPSHOT_SUFFIX = ".oom-snapshot.pickle"  # PyTorch's allocator snapshot at the first CUDA OOM
 SIDECAR_SUFFIXES = (CRASH_SUFFIX, SNAPSHOT_SUFFIX)
 _DISKLESS = {"tmpfs", "ramfs", "devtmpfs", "shm"}
+FILL_PIECE = 256 << 10  # the zeros written at creation per pwrite: at most one write window's chunk
 
 
 def default_dir() -> Path:
@@ -185,10 +186,12 @@ def create_ring(requested: Path, header_for: Callable[[bool], bytes]) -> Created
 
 
 def _fill_page_cache(fd: int, size: int) -> None:
-    """Write the file's zeros through the descriptor: its pages are then in the page cache, so the
-    writers' first lap faults them into the mapping without allocating, as every later lap does;
-    none is mapped into this process (so none counts in its RSS)."""
-    zeros = bytes(min(size, 1 << 20))
+    """Write the file's zeros through the descriptor, FILL_PIECE at a time: its pages are then in the
+    page cache, so the writers' first lap faults them into the mapping without allocating, as every
+    later lap does, and none is mapped into this process (none counts in its RSS). The pieces'
+    size bounds the page cache's folios, and so what one write fault maps (a kernel with large
+    folios maps the whole folio)."""
+    zeros = bytes(min(size, FILL_PIECE))
     for off in range(0, size, len(zeros)):
         n = min(len(zeros), size - off)
         if os.pwrite(fd, zeros if n == len(zeros) else zeros[:n], off) != n:
