@@ -1,7 +1,7 @@
 """What arming adds to a job's memory as the kernel counts it: the same job unarmed and armed, side by side.
 
     .venv/bin/python tools/ring_rss.py [--seconds 6] [--runs 3] [--before /path/to/other/checkout]
-                                       [--writer c|python] [--no-torch]
+                                       [--writer c|python] [--no-torch] [--limit-steps]
 
 Each run starts the job unarmed, armed with this checkout, and (with ``--before``) armed with another
 checkout of blackbox (e.g. ``git worktree add /tmp/base aa7a9d9``, its C extension built in place), all
@@ -11,7 +11,13 @@ they run, this script reads each one's ``/proc/PID/status`` (VmRSS, RssAnon, Rss
 ``/proc/PID/oom_score`` every 20 ms. Prints, per process, the median of each figure over the run, then
 the median over runs; "badness" is what the kernel OOM killer ranks a process by (oom_badness: its RSS,
 swap and page tables), "+badness" the difference from the unarmed job. oom_score is that badness per
-mille of the host's memory and swap, so it moves only in steps of (RAM + swap) / 1000.
+mille of the host's memory and swap, so it moves only in steps of (RAM + swap) / 1000. The events/s
+column only shows that the ring laps; the jobs share the machine's cores, it is no cost measure.
+
+``--limit-steps`` (as root) also runs a leaking training loop (8 MiB a step, the job of
+tests/test_kernel_oom.py) in a child memory cgroup limited to 400 MiB, one job at a time, ``--runs``
+times each way, and prints the last step each printed before the kernel killed it: how much sooner the
+ring's page cache, charged to the cgroup, brings the OOM kill.
 """
 
 from __future__ import annotations
@@ -53,6 +59,52 @@ while time.monotonic() < end:
         x = (x @ x).tanh()
 print("events", n, flush=True)
 """
+
+LEAK = """
+import sys
+if sys.argv[1] == "arm":
+    import blackbox
+    blackbox.arm(sys.argv[2] + "/", sample_interval=0.05)
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 1))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+kept = []  # the leak: every step's eval loss kept with its graph (8 MiB of activations)
+for step in range(1, 100000):
+    x = torch.randn(1024, 256)
+    loss = model(x).pow(2).mean()
+    kept.append(model(x).mean())
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print(step, flush=True)
+"""
+LIMIT = 400 << 20
+
+
+def limit_steps(jobs: dict[str, dict[str, str]], runs: int, folder: Path) -> dict[str, list[int]]:
+    """The last step each job printed before the kernel OOM-killed it in a 400 MiB cgroup."""
+    sys.path.insert(0, str(REPO / "tools"))
+    from cgroup_util import child_memory_cgroup, join
+
+    out: dict[str, list[int]] = {name: [] for name in jobs}
+    for r in range(runs):
+        for name, env in jobs.items():
+            work = folder / f"leak-{name}-{r}"
+            work.mkdir()
+            with child_memory_cgroup(LIMIT, "ring-rss-steps") as (cg, version):
+                if version == 1:
+                    (cg / "memory.swappiness").write_text("0")
+                proc = subprocess.run(
+                    [sys.executable, "-c", textwrap.dedent(LEAK), "no" if name == "unarmed" else "arm", str(work)],
+                    env=dict(os.environ, OMP_NUM_THREADS="1", **env), cwd=work, capture_output=True, text=True,
+                    preexec_fn=lambda cg=cg: join(cg), timeout=600,
+                )  # fmt: skip
+            if proc.returncode != -9:
+                raise SystemExit(f"{name}: expected the kernel's SIGKILL, got {proc.returncode}: {proc.stderr[-500:]}")
+            printed = proc.stdout.split()
+            out[name].append(int(printed[-1]) if printed else 0)
+    return out
 
 
 def status(pid: int) -> dict[str, int] | None:
@@ -115,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", type=Path, help="another checkout of blackbox, armed side by side")
     ap.add_argument("--writer", choices=("c", "python"), default="c")
     ap.add_argument("--no-torch", action="store_true", help="a job without torch (smaller, faster to start)")
+    ap.add_argument("--limit-steps", action="store_true", help="also: steps of a leak before a 400 MiB OOM kill")
     args = ap.parse_args(argv)
     jobs = {"unarmed": {"PYTHONPATH": str(REPO)}, "armed": {"PYTHONPATH": str(REPO)}}
     if args.before:
@@ -127,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             folder = Path(d) / str(r)
             folder.mkdir()
             runs.append(one_run(jobs, args.seconds, not args.no_torch, folder))
+        steps = limit_steps(jobs, args.runs, Path(d)) if args.limit_steps else None
     torch = "without" if args.no_torch else "with"
     print(f"{args.runs} runs of {args.seconds:g} s, {args.writer} write path, job {torch} torch; "
           "medians of 20 ms samples per run, then the median over runs (KiB)")  # fmt: skip
@@ -138,6 +192,11 @@ def main(argv: list[str] | None = None) -> int:
         cells = [f"{med[k]:,.0f}" for k in cols[:5]]
         cells += [f"{med['badness'] - base:+,.0f}", f"{med['oom_score']:.0f}", f"{med['events'] / args.seconds:,.0f}"]
         print(f"| {name} | " + " | ".join(cells) + " |")
+    if steps is not None:
+        print(f"\nA leak of 8 MiB a step in a {LIMIT >> 20} MiB memory cgroup: the last step printed before the "
+              "kernel's OOM kill, each run, and the median\n")  # fmt: skip
+        for name, printed in steps.items():
+            print(f"- {name}: {printed}, median {statistics.median(printed):g}")
     return 0
 
 

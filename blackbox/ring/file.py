@@ -9,12 +9,16 @@ mapped ``MAP_SHARED``, its header written, and only then linked under its name.
 On any failure the temporary file is removed and the ``OSError`` propagates to
 the recorder, which turns it into one warning.
 
-The mapping is whole but never resident whole: the writers keep only a 256 KiB
-window of records mapped (``_cwriter.c``, "The write window"), and the sampler
-unmaps the rest each tick (mapping.py, "Residency"). The pages stay in the page
-cache (reclaimable once written back, and charged to the job's memory cgroup as
-any file it writes), but not in the process's RSS: arming does not change which
-process the kernel's OOM killer picks.
+The mapping is whole but never resident whole, and never locked: the writers
+keep only the 256 KiB chunk of records being written mapped (``_cwriter.c``, 4.;
+two chunks at the instant one is left, as the page-cache folio of the next may
+reach back), and the sampler unmaps the rest at each tick (mapping.py,
+"Residency"). The pages stay in the page cache (charged to the job's memory
+cgroup as any file it writes, and reclaimable once written back), not in the
+process's RSS: arming does not change which process the kernel's OOM killer
+picks. Before, the whole ring was pre-faulted and locked: 34,884 KiB of the
+main process's RSS, enough to make it the OOM killer's victim instead of a
+leaking DataLoader worker (tests/test_oom_victim.py).
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ seq counter is its ``Sequence``, an atomic fetch-add shared with the signal
 handler, and the write functions come from it too: same bytes, a third of the
 cost. ``BLACKBOX_WRITER=python`` forces this module's write functions (the
 counter stays the C one where it is built, so signals are still recorded).
+That counter also moves the write window (``_cwriter.c``, 4.): taking the seq of
+a chunk's first slot unmaps the previous chunk from the process, so that the
+ring's pages stay out of its RSS; without the extension the sampler's tick
+unmaps them (``Recorder._drop_ring_pages``).
 
 Interning a new label string is the slow path: it takes a lock, appends a
 CRC-checked entry to the string region, and only then publishes the id, so a
