@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from conftest import labels_of, spawn_py
 
+import blackbox
 from blackbox._recorder import DEFAULT_CAPACITY
 from blackbox.ring import format as fmt
 from blackbox.ring.file import FILL_PIECE
@@ -121,3 +122,22 @@ def test_lapped_ring_stays_out_of_rss_and_survives_sigkill(tmp_path: Path, write
         values = [int(v) for v, lab in zip(r["value"], labels, strict=True) if lab == f"t{k}"]
         assert values == list(range(values[0], values[0] + len(values))), "no gap, no duplicate"
         assert values[-1] >= last_acked
+
+
+def test_ring_of_no_whole_number_of_chunks_laps_within_the_window(tmp_path: Path, writer_backend: str) -> None:
+    capacity = WINDOW_SLOTS * 2 + 904  # the last chunk a short one
+    ring_path = tmp_path / "odd.ring"
+    rec = blackbox.Recorder.arm(ring_path, capacity=capacity, sample_interval=3600)  # no tick: the writer alone
+    assert rec.armed and rec.writer_backend == writer_backend
+    laps = 3
+    mapped = []
+    for i in range(laps * capacity):
+        rec.mark("m", i)
+        if i % 97 == 0:
+            mapped.append(ring_rss_kib(os.getpid(), tmp_path))
+    rec.disarm()
+    assert max(mapped) <= BOUND_KIB, f"ring pages mapped (KiB): max {max(mapped)}, bound {BOUND_KIB}"
+    ring = read_ring(ring_path)
+    values = ring.records["value"][ring.records["kind"] == fmt.KIND_CODES["mark"]].tolist()
+    assert ring.clean and ring.recovery.valid == capacity
+    assert values == list(range(laps * capacity - len(values), laps * capacity)), "the newest lap, whole"
