@@ -148,7 +148,6 @@ class Recorder:
         self.capacity = 0
         self.sample_interval = 0.0
         self.on_fork = "disarm"
-        self.pages_locked = False
         self.writer_backend: str | None = None
         self.sync_interval: float | None = None
         self.syncs = 0
@@ -288,7 +287,6 @@ class Recorder:
             self.notes.append(ring.note)
             warn(ring.note)
         hdr = self._header = ring.header
-        self.pages_locked = ring.map.lock()
         self._writer = RingWriter(
             ring.map.buffer,
             hdr.records_offset,
@@ -297,6 +295,7 @@ class Recorder:
             hdr.strings_size,
             self._on_error,
             backend=backend,
+            file_mapped=True,
         )
         self.writer_backend = backend
         self.capacity, self.sample_interval, self.armed = capacity, interval, True
@@ -382,6 +381,22 @@ class Recorder:
         if gpu is not None:
             for device, payload in gpu.poll():
                 w.event(_KIND_GPU_SAMPLE, None, None, device, payload)
+        self._drop_ring_pages()
+
+    def _drop_ring_pages(self) -> None:
+        """Unmap the ring's pages this process no longer writes (mapping.py, "Residency"): the header,
+        the strings and stack entries written since the last tick, the crash region's pages that a
+        fault next door mapped, and every record page outside the write window. Between ticks the
+        ring adds to the RSS the window (at most two chunks, 512 KiB; without the C extension, the
+        records of one tick) and what one tick writes to the strings and the stack table."""
+        ring, w, hdr = self._ring, self._writer, self._header
+        if ring is None or w is None or hdr is None:
+            return
+        end = hdr.records_offset + hdr.capacity * fmt.RECORD_SIZE
+        ring.map.drop(0, hdr.records_offset)
+        ring.map.drop(end, len(ring.map) - end)
+        if w.sequence is None or not w.sequence.trim():  # no window (no C extension): all of them
+            ring.map.drop(hdr.records_offset, end - hdr.records_offset)
 
     def _sample_stacks(self) -> None:
         """The tick's stack samples; a failure turns stacks off with one warning, never the recorder."""

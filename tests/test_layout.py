@@ -37,6 +37,7 @@ RECOVERY_ORDER = {
     "ranks": 0,
     "spill": 0,
     "attempts": 0,
+    "outfolder": 0,
     "stacks": 1,
     "facts": 1,
     "levers": 2,

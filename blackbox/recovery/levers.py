@@ -28,6 +28,7 @@ DATASET_CACHE_LEVER = "look for a cache in the Dataset that grows in every worke
 WORKER_LEVERS = [DATASET_CACHE_LEVER, FEWER_WORKERS_LEVER, COPY_ON_READ_LEVER]  # how they grew is unknown
 MIN_STEPS_SERVED = 3  # distinct steps of the job during a worker's samples, to tell its memory's trend
 STEADY_SHARE = 0.1  # of a worker's growth, its rise with the steps it served, for a leak (not a few bytes)
+LOAD_SPAN = 0.25  # of a worker's sampled life: the window of its largest burst (a load), set aside before the trend
 MAIN_LEVERS = [
     "look for tensors kept across steps (e.g. `losses.append(loss)` instead of `loss.item()`) "
     "and caches that never evict",
@@ -122,7 +123,8 @@ def worker_memory(f: Facts, pid: int | None) -> dict[str, Any] | None:
     STEADY_SHARE of what it grew over its life (its start-up, imports and a forked parent's pages aside:
     what ``__getitem__`` makes is kept, a leak in the Dataset, in every worker),
     ``held_copies`` where it did not (it reached its size and held it: each worker holds its own
-    copy), ``unknown`` where the job made fewer than
+    copy, including a load that took a few samples while its siblings served steps: its one largest
+    burst is set aside before the rise is judged), ``unknown`` where the job made fewer than
     MIN_STEPS_SERVED steps while it was sampled. Also the figures: ``pid``, ``first_rss``,
     ``peak_rss``, ``rss_per_step`` and ``rss_per_step_error``, ``steps_served``, ``workers`` (children
     alive at the last sample) and ``processes`` (children seen over the ring's life). None: no child
@@ -146,7 +148,32 @@ def worker_memory(f: Facts, pid: int | None) -> dict[str, Any] | None:
     out["rss_per_step_error"] = error if np.isfinite(error) else None
     steady = fit[0] * float(np.nanmax(steps) - np.nanmin(steps))  # what the per-step rise adds up to
     grew = fit[0] > error and steady >= STEADY_SHARE * (out["peak_rss"] - out["first_rss"])
+    if grew:  # what rose with the steps once its one largest burst (a load, its imports) is set aside
+        known = ~np.isnan(steps)  # while it served: its start-up before the first step is no burst of its own
+        keep, lowered = _without_burst(series.times[known], rss[known])
+        rest = trend(steps[known][keep], lowered[keep])
+        grew = rest is not None and rest[0] > rest[1] and rest[0] * float(np.nanmax(steps) - np.nanmin(steps)) >= (
+            STEADY_SHARE * (out["peak_rss"] - out["first_rss"])
+        )
     return out | {"pattern": "grew_inside" if grew else "held_copies"}
+
+
+def _without_burst(t: np.ndarray, rss: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(samples kept, RSS) with the worker's largest rise within LOAD_SPAN of the time sampled taken
+    out: the samples inside it dropped, those after it lowered by that rise. A copy loaded once leaves
+    a flat series; a leak still rises. A load that spans a few samples on a loaded machine, while
+    siblings serve steps, would otherwise fit as a rise per step."""
+    if len(t) < 2:
+        return np.ones(len(t), dtype=bool), rss
+    ends = np.searchsorted(t, t + LOAD_SPAN * float(t[-1] - t[0]), side="right") - 1
+    rises = rss[ends] - rss
+    i = int(np.argmax(rises))
+    j, rise = int(ends[i]), float(rises[i])
+    keep = np.ones(len(rss), dtype=bool)
+    keep[i + 1 : j + 1] = False
+    lowered = rss.copy()
+    lowered[j + 1 :] -= rise
+    return keep, lowered
 
 
 def worker_levers(w: dict[str, Any] | None) -> list[str]:
