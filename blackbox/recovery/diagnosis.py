@@ -234,6 +234,10 @@ class _Death:
             self._set(
                 "host_oom_kill", "probable", f"{how}, with memory at the cgroup's limit (no kernel log to confirm)"
             )
+        elif (over := self._at_slurm_limit()) is not None:
+            self.killed_by = {"signal": "SIGKILL", "sender": "slurmstepd", "sender_pid": None, "time": None,
+                              "reason": "Slurm's memory limit (JobAcctGatherParams=OverMemoryKill)"}  # fmt: skip
+            self._set("userspace_oom_kill", "strong", f"{how}; {over}")
         else:
             self._set("killed", "certain" if seen else "strong", how)
             if recent:
@@ -255,6 +259,19 @@ class _Death:
         self.handled = s
 
     # ---------------------------------------------------------------- helpers
+    def _at_slurm_limit(self) -> str | None:
+        """Slurm's OverMemoryKill: it polls the step's RSS and SIGKILLs a step over the job's ``--mem``
+        ("exceeded memory limit (X > Y), being killed"), with no kernel OOM kill and no cgroup limit."""
+        limit, last = self.ev.slurm_mem_limit, self.f.samples[-1] if self.f.samples else None
+        if not limit or not last or last.get("host_rss") is None:
+            return None
+        rss = last["host_rss"] + max(0, last.get("children_rss") or 0)
+        if rss < NEAR_LIMIT * limit:
+            return None
+        return (f"RSS {human_bytes(rss)} (with its children) at the last sample, at the job's memory limit "
+                f"{human_bytes(limit)} in Slurm's account (--mem): "
+                "Slurm's OverMemoryKill SIGKILLs a step over it")  # fmt: skip
+
     def _role(self, row: dict[str, Any]) -> str:
         """What a scheduler's signal meant: Slurm's own account where it was read (and the sender is
         Slurm's), else that it was a scheduler's; the reason also goes into ``killed_by``."""
@@ -313,7 +330,7 @@ def headline(
     who = f"The {victim.get('role', 'process')} (pid {victim.get('pid')})"
     by = f" {killed_by['signal']} from {killed_by['sender']}" if killed_by and killed_by.get("sender") else ""
     if by and killed_by and killed_by.get("reason"):
-        by += f", Slurm's {str(killed_by['reason']).split(' (')[0]}"
+        by += f": {str(killed_by['reason']).split(' (Slurm')[0]}"
     if handled is not None:
         sent = f" from {handled['sender']}" if handled.get("sender") else ""
         after = f" after {handled['label']}{sent}, which its own handler took (a graceful shutdown)."

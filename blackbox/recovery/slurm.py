@@ -88,10 +88,33 @@ def why_ended(fields: dict[str, str], attempt: int | None) -> str | None:
     return None
 
 
-def slurm_reason(ident: dict[str, Any]) -> str | None:
-    """Why Slurm ended the job a ring's identity names, where ``scontrol`` knows it."""
-    job, attempt = ident.get("job"), ident.get("attempt")
-    if not isinstance(job, str):
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def size(text: str | None) -> int | None:
+    """Slurm's memory size (``200M``, ``4G``; a bare number is MiB) in bytes; None for 0 or what is not one."""
+    m = re.fullmatch(r"(\d{1,12})([KMGT]?)", text or "")
+    if not m or int(m.group(1)) == 0:
         return None
-    fields = account(job)
-    return why_ended(fields, attempt if isinstance(attempt, int) else None) if fields else None
+    return int(m.group(1)) * _UNITS.get(m.group(2) or "M", 1 << 20)
+
+
+def memory_limit(fields: dict[str, str]) -> int | None:
+    """The job's memory limit on each node (``--mem``, or ``--mem-per-cpu`` times its CPUs on a node)."""
+    per_node = size(fields.get("MinMemoryNode"))
+    if per_node is not None:
+        return per_node
+    per_cpu, cpus, nodes = size(fields.get("MinMemoryCPU")), fields.get("NumCPUs", ""), fields.get("NumNodes", "1")
+    if per_cpu is None or not cpus.isdigit() or not nodes.isdigit() or int(nodes) == 0:
+        return None
+    return per_cpu * max(1, int(cpus) // int(nodes))
+
+
+def slurm_account(ident: dict[str, Any]) -> tuple[str | None, int | None]:
+    """(why Slurm ended the job a ring's identity names, the job's memory limit per node), where
+    ``scontrol`` knows the job."""
+    job, attempt = ident.get("job"), ident.get("attempt")
+    fields = account(job) if isinstance(job, str) else None
+    if not fields:
+        return None, None
+    return why_ended(fields, attempt if isinstance(attempt, int) else None), memory_limit(fields)
