@@ -13,6 +13,9 @@ from .jobs import Job
 
 TQDM = re.compile(r"\d+%\|| \d+/\d+ \[|it/s\]|s/it\]")
 NUMBER = re.compile(r"\d+(\.\d+)?(e[-+]?\d+)?")
+FRAME = re.compile(r'\s+File "(?P<file>[^"]+)", line \d+, in (?P<func>.+)$')
+CARETS = re.compile(r"\s+[~^]+\s*$")
+RANK_PREFIX = re.compile(r"^\[rank\d+\]:")
 HIDDEN = ("out", "work")  # the job's own outputs; rings, bundles and step files are the field's
 
 
@@ -22,9 +25,19 @@ def normal_lines(text: str, replace: dict[str, str]) -> set[str]:
         text = text[: ("\n" + text).index("\nblackbox run: exit status")]
     for old, new in replace.items():
         text = text.replace(old, new)
-    lines = set()
+    lines, in_frame = set(), False
     for raw in re.split(r"[\r\n]", text):
-        line = raw.rstrip()
+        line = RANK_PREFIX.sub("", raw.rstrip())
+        frame = FRAME.match(line)
+        if frame:  # where a traceback passed is timing (which wait a rank was in); a blackbox frame is not
+            in_frame = True
+            if "blackbox/" in frame["file"]:
+                where = frame["file"].split("blackbox/")[-1]
+                lines.add(f"traceback passes through blackbox: {where} in {frame['func']}")
+            continue
+        if in_frame and line.startswith("    ") or CARETS.match(line):
+            continue
+        in_frame = False
         if not line.strip() or TQDM.search(line) or line.startswith("blackbox run: rings in"):
             continue
         lines.add(NUMBER.sub("N", re.sub(r"0x[0-9a-fA-F]+", "0xX", line)))
