@@ -85,34 +85,43 @@ def signal_rows(run: Path, mode: str) -> list[dict[str, Any]]:
 
 
 def run_cell(job: Job, death_name: str, mode: str, env: Env, pkg: Path, out: Path) -> dict[str, Any]:
+    """Run one cell (a rerun: twice into the same folders), recover it; cell.json holds what was seen."""
     death = DEATHS[death_name]
     run = out / "cells" / job.name / death_name / mode
     shutil.rmtree(run, ignore_errors=True)
     run.mkdir(parents=True)
-    parts = ["a", "b"] if death.rerun else ["a"]
     obs = run_once(job, death, mode, env, pkg, run, True, "a")
     if death.rerun:
         obs["rerun"] = run_once(job, death, mode, env, pkg, run, False, "b")
+    cell: dict[str, Any] = {"job": job.name, "death": death_name, "mode": mode, "observed": obs}
+    if mode != "unarmed":
+        cell["recovery_error"] = recover(job, env, pkg, run, mode)[1]
+    (run / "cell.json").write_text(json.dumps(cell, indent=1, default=str))
+    return assess(cell, run, env)
+
+
+def assess(cell: dict[str, Any], run: Path, env: Env) -> dict[str, Any]:
+    """What the cell's run left, normalised, and its verdict judged against the truth (from the files on
+    disk: ``--report`` judges saved cells again with the field's code as it is now)."""
+    job, death, mode, obs = JOBS[cell["job"]], DEATHS[cell["death"]], cell["mode"], cell["observed"]
     replace = {str(run): "<RUN>", str(env.src): "<SRC>", str(env.venv_tv): "<VENV>", str(env.venv): "<VENV>",
                str(Path(__file__).resolve().parent): "<TOOLS>"}  # fmt: skip
     seen = {
         "status": [obs["status"]] + ([obs["rerun"]["status"]] if death.rerun else []),
         "oom_kills": obs["oom_kills"], "kernel_victims": [k["role"] for k in obs["kernel_kills"]],
         "orphans": [o["role"] for o in obs["orphans"] + (obs["rerun"]["orphans"] if death.rerun else [])],
-        **outputs(run, parts, replace), "files": files_of(run, timed=death.timeout),
+        **outputs(run, ["a", "b"] if death.rerun else ["a"], replace), "files": files_of(run, timed=death.timeout),
     }  # fmt: skip
-    cell: dict[str, Any] = {"job": job.name, "death": death_name, "mode": mode, "observed": obs}
-    if mode != "unarmed":
-        meta, trouble = recover(job, env, pkg, run, mode)
-        t = truth(job, death, obs, mode)
-        v = verdict(meta) if meta else None
-        cell.update(truth=t, verdict=v, recovery_error=trouble)
-        found = judge(v, t, death, mode, signal_rows(run, mode)) if v else [f"no verdict: {trouble or 'no bundle'}"]
-        cell["wrong"], cell["notes"] = found, [f"note: {trouble}"] if v and trouble else []
-        if death.leak and not obs["kernel_kills"]:
-            cell["wrong"].append("no kernel OOM kill happened (the planted leak did not trip the limit)")
     cell["seen"] = {k: sorted(v) if isinstance(v, set) else v for k, v in seen.items()}
-    (run / "cell.json").write_text(json.dumps(cell, indent=1, default=str))
+    if mode != "unarmed":
+        found = sorted((run / "bb").glob("run-*/bundle/metadata.json")) if mode == "run" else []
+        meta = load_meta(found[-1] if found else run / "bundle" / "metadata.json")
+        trouble = cell.get("recovery_error", "")
+        t, v = truth(job, death, obs, mode), verdict(meta) if meta else None
+        wrong = judge(v, t, death, mode, signal_rows(run, mode)) if v else [f"no verdict: {trouble or 'no bundle'}"]
+        if death.leak and not obs["kernel_kills"]:
+            wrong.append("no kernel OOM kill happened (the planted leak did not trip the limit)")
+        cell.update(truth=t, verdict=v, wrong=wrong, notes=[f"note: {trouble}"] if v and trouble else [])
     return cell
 
 
@@ -163,10 +172,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{job.name}: {', '.join(job.deaths)}")
         print(f"deaths: {', '.join(DEATHS)}; modes: unarmed (always, as the base), {', '.join(MODES)}")
         return 0
-    if a.report:
-        return report(a.out)
     venv_tv = (a.venv_tv or Path(f"{a.venv}-tv")).absolute()
     env = Env(a.venv.absolute(), venv_tv, a.src.absolute(), a.out.absolute() / "data")
+    if a.report:
+        return report(a.out.absolute(), env)
     plan: dict[tuple[str, str], list[str]] = {}
     if a.cells:
         for spec in a.cells.split(","):
@@ -198,14 +207,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def report(out: Path) -> int:
+def report(out: Path, env: Env) -> int:
+    """The table again from the saved cells, each judged again (no job is run)."""
     rows = []
-    for path in sorted(out.glob("cells/*/*/*/cell.json")):
-        cell = json.loads(path.read_text())
-        if cell["mode"] != "unarmed":
-            rows.append({"job": cell["job"], "death": cell["death"], "mode": cell["mode"],
-                         "unchanged": not cell.get("differences"), "right": not cell["wrong"],
-                         "what": cell["wrong"] + cell.get("differences", []) + cell.get("notes", [])})  # fmt: skip
+    for unarmed in sorted(out.glob("cells/*/*/unarmed/cell.json")):
+        base = assess(json.loads(unarmed.read_text()), unarmed.parent, env)
+        for mode in MODES:
+            path = unarmed.parent.parent / mode / "cell.json"
+            if path.exists():
+                rows.append(row(assess(json.loads(path.read_text()), path.parent, env), base))
     print(table(rows))
     return 0
 

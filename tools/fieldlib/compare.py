@@ -121,14 +121,15 @@ def truth(job: Job, death: Death, obs: dict[str, Any], mode: str) -> dict[str, A
         t["victim_role"] = kills[0]["role"] if kills else None
     elif death.rerun:  # the second run ends cleanly; the first, killed, is an earlier attempt
         t["victims"], t["first_attempt"] = [], {"cause": "killed", "pid": obs["target"]}
-    elif death.action == "sigkill" or death.exit_status is not None:
-        t["victims"] = [obs["target"]]
+    elif death.action == "sigkill" or (death.exit_status is not None and job.ranks == 1):
+        t["victims"] = [obs["target"]]  # (every rank exits alike: any may be the first death)
     if not death.causes:
         direct = job.ranks == 1 and not death.timeout  # the job's main process is the field's own child
         status = obs["status"] if direct else (job.sigterm_status if death.signal == "SIGTERM" else 130)
         t["causes"] = list(cause_of_status(status, interrupted_by_handler=death.signal == "SIGINT"))
     if death.sender:
-        t["sender_pid"] = os.getpid() if death.sender == "field" else obs["top_pid"]
+        field_pid = obs.get("field_pid") or procs.get(obs["top_pid"], {}).get("ppid")  # the field's own pid
+        t["sender_pid"] = field_pid if death.sender == "field" else obs["top_pid"]
         t["signal"] = death.signal
     t["steps"] = {pid: procs[pid]["steps"] for pid in t["victims"] if pid in procs}
     if "first_attempt" in t:

@@ -193,8 +193,8 @@ def run_once(
         k["role"] = role(procs[k["pid"]], procs) if k["pid"] in procs else "?"
     return {
         "command": cmd, "status": status if status >= 0 else 128 - status, "wall_s": round(wall, 1),
-        "top_pid": top.pid, "target": target, "dealt": dealt, "limit": limit, "oom_kills": oom_kills,
-        "kernel_kills": kills, "orphans": orphans,
+        "top_pid": top.pid, "field_pid": os.getpid(), "target": target, "dealt": dealt, "limit": limit,
+        "oom_kills": oom_kills, "kernel_kills": kills, "orphans": orphans,
         "procs": {pid: {"role": role(p, procs), "ppid": p.ppid, "rank": p.rank, "steps": steps_of(steps_dir, pid)}
                   for pid, p in procs.items()},
     }  # fmt: skip
