@@ -126,7 +126,8 @@ def assess(cell: dict[str, Any], run: Path, env: Env) -> dict[str, Any]:
 
 
 def row(cell: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
-    diffs = differences(_sets(base["seen"]), _sets(cell["seen"])) if base else ["no unarmed run to compare"]
+    timed = DEATHS[cell["death"]].timeout
+    diffs = differences(_sets(base["seen"]), _sets(cell["seen"]), timed) if base else ["no unarmed run to compare"]
     cell["differences"] = diffs
     return {"job": cell["job"], "death": cell["death"], "mode": cell["mode"], "unchanged": not diffs,
             "right": not cell["wrong"], "what": cell["wrong"] + diffs + cell["notes"]}  # fmt: skip

@@ -62,8 +62,9 @@ def outputs(run: Path, parts: list[str], replace: dict[str, str]) -> dict[str, s
     }  # fmt: skip
 
 
-def differences(base: dict[str, Any], other: dict[str, Any]) -> list[str]:
-    """What differs between the unarmed run and an armed one (empty: the job is unchanged)."""
+def differences(base: dict[str, Any], other: dict[str, Any], timed: bool) -> list[str]:
+    """What differs between the unarmed run and an armed one (empty: the job is unchanged). A death dealt
+    by the clock (``timed``) may find either run further along: only what the armed run adds counts."""
     said = [f"{key} {base[key]} -> {other[key]}" for key in ("status", "oom_kills") if base[key] != other[key]]
     said += [
         f"{key} {sorted(base[key])} -> {sorted(other[key])}"
@@ -73,11 +74,12 @@ def differences(base: dict[str, Any], other: dict[str, Any]) -> list[str]:
     for stream in ("stdout", "stderr"):
         plus = {x for x in other[stream] - base[stream] if not _interleaved(x, base[stream])}
         minus = {x for x in base[stream] - other[stream] if not _interleaved(x, other[stream])}
-        for sign, lines in (("+", plus), ("-", minus)):
+        for sign, lines in (("+", plus), ("-", set() if timed else minus)):
             said += [f"{stream} {sign} {line[:110]}" for line in sorted(lines)[:4]]
             if len(lines) > 4:
                 said.append(f"{stream} {sign} ... {len(lines) - 4} more lines")
-    for sign, names in (("+", other["files"] - base["files"]), ("-", base["files"] - other["files"])):
+    fewer = set() if timed else base["files"] - other["files"]
+    for sign, names in (("+", other["files"] - base["files"]), ("-", fewer)):
         said += [f"files {sign} {n}" for n in sorted(names)[:4]]
     return said
 
@@ -145,7 +147,7 @@ def judge(v: dict[str, Any], t: dict[str, Any], death: Death, mode: str, rows: l
     pid = v["victim"].get("pid")
     if t["victims"] and pid not in t["victims"]:
         wrong.append(f"victim {pid} {v['victim'].get('role')} (truth {t['victims']} {t.get('victim_role', '')})")
-    elif pid in t["steps"] and t["steps"][pid] is not None and v["step"] != t["steps"][pid]:
+    elif pid in t["steps"] and t["steps"][pid] is not None and (v["step"] or 0) != t["steps"][pid]:
         wrong.append(f"step {v['step']} (truth {t['steps'][pid]})")
     if t.get("exit_status") is not None and v["exit_status"] != t["exit_status"]:
         wrong.append(f"exit_status {v['exit_status']} (truth {t['exit_status']})")
