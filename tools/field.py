@@ -110,7 +110,8 @@ def assess(cell: dict[str, Any], run: Path, env: Env) -> dict[str, Any]:
         "status": [obs["status"]] + ([obs["rerun"]["status"]] if death.rerun else []),
         "oom_kills": obs["oom_kills"], "kernel_victims": [k["role"] for k in obs["kernel_kills"]],
         "orphans": [o["role"] for o in obs["orphans"] + (obs["rerun"]["orphans"] if death.rerun else [])],
-        **outputs(run, ["a", "b"] if death.rerun else ["a"], replace), "files": files_of(run, timed=death.timeout),
+        **outputs(run, ["a", "b"] if death.rerun else ["a"], replace, job.progress),
+        "files": files_of(run, timed=death.timeout),
     }  # fmt: skip
     cell["seen"] = {k: sorted(v) if isinstance(v, set) else v for k, v in seen.items()}
     if mode != "unarmed":

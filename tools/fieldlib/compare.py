@@ -19,7 +19,7 @@ RANK_PREFIX = re.compile(r"^\[rank\d+\]:")
 HIDDEN = ("out", "work")  # the job's own outputs; rings, bundles and step files are the field's
 
 
-def normal_lines(text: str, replace: dict[str, str]) -> set[str]:
+def normal_lines(text: str, replace: dict[str, str], progress: str = "") -> set[str]:
     """Distinct output lines with paths, numbers (timings, pids, losses), addresses and tqdm bars taken out."""
     if "\nblackbox run: exit status" in "\n" + text:  # blackbox run's own account, printed after the job
         text = text[: ("\n" + text).index("\nblackbox run: exit status")]
@@ -40,6 +40,8 @@ def normal_lines(text: str, replace: dict[str, str]) -> set[str]:
         in_frame = False
         if not line.strip() or TQDM.search(line) or line.startswith("blackbox run: rings in"):
             continue
+        if progress and re.search(progress, line):
+            continue
         lines.add(NUMBER.sub("N", re.sub(r"0x[0-9a-fA-F]+", "0xX", line)))
     return lines
 
@@ -54,9 +56,9 @@ def files_of(run: Path, timed: bool) -> set[str]:
     return found
 
 
-def outputs(run: Path, parts: list[str], replace: dict[str, str]) -> dict[str, set[str]]:
+def outputs(run: Path, parts: list[str], replace: dict[str, str], progress: str) -> dict[str, set[str]]:
     return {
-        stream: set().union(*(normal_lines((run / f"{stream}-{p}.txt").read_text(errors="replace"), replace)
+        stream: set().union(*(normal_lines((run / f"{stream}-{p}.txt").read_text(errors="replace"), replace, progress)
                               for p in parts))
         for stream in ("stdout", "stderr")
     }  # fmt: skip

@@ -40,6 +40,7 @@ class Job:
     leak_rank: int = 0
     kill_rank: int = 0  # whose SIGKILL is "the main process"
     timeout_s: int = 5
+    progress: str = ""  # its per-step log lines: how many made it out before a kill is timing, not a change
     sigterm_status: int = 143  # how its main process ends on SIGTERM where the field cannot see it (torchrun)
     deaths: list[str] = field(default_factory=list)  # its deaths in the default matrix (any may be asked for)
     prepare: Callable[[Env], None] = lambda env: None
@@ -150,17 +151,17 @@ def _own(name: str) -> Callable[[Env, Path, bool], list[str]]:
 JOBS = {
     "mnist": Job(
         "mnist", _venv_tv, lambda e: e.src / "examples" / "mnist" / "main.py", _mnist_args, _mnist_cwd,
-        leak_mib=32, timeout_s=12, prepare=prepare_mnist,
+        leak_mib=32, timeout_s=12, prepare=prepare_mnist, progress=r"^Train Epoch: ",
         deaths=["sigkill", "oom", "ctrlc", "systemexit2", "timeout", "rerun"],
     ),
     "nanogpt": Job(
         "nanogpt", _venv, lambda e: e.src / "nanoGPT" / "train.py", _nanogpt_args, lambda e, r: e.src / "nanoGPT",
-        ranks=3, leak_mib=24, leak_rank=1, timeout_s=25, prepare=prepare_nanogpt,
+        ranks=3, leak_mib=24, leak_rank=1, timeout_s=25, prepare=prepare_nanogpt, progress=r"^iter \d+: loss",
         deaths=["sigkill", "oom", "exit3", "slurm", "timeout"],
     ),
     "hf": Job(
         "hf", _venv, lambda e: HERE / "hf_job.py", _own("hf"), lambda e, r: r, worker_args=True, timeout_s=20,
-        worker_leak_mib=4,
+        worker_leak_mib=4, progress=r"^\{'loss': ",
         deaths=["sigkill", "oom", "workers-spawn", "ctrlc", "slurm"],
     ),
     "lightning": Job(
