@@ -134,6 +134,8 @@ def truth(job: Job, death: Death, obs: dict[str, Any], mode: str) -> dict[str, A
     if death.sender:
         field_pid = obs.get("field_pid") or procs.get(obs["top_pid"], {}).get("ppid")  # the field's own pid
         t["sender_pid"] = field_pid if death.sender == "field" else obs["top_pid"]
+        # torchrun starts its ranks in a session of their own: unarmed too, they get the signal from it
+        t["relays"] = sorted(pid for pid, p in procs.items() if p["role"] == "torchrun") if job.ranks > 1 else []
         t["signal"] = death.signal
     t["steps"] = {pid: procs[pid]["steps"] for pid in t["victims"] if pid in procs}
     if "first_attempt" in t:
@@ -164,16 +166,17 @@ def judge(v: dict[str, Any], t: dict[str, Any], death: Death, mode: str, rows: l
 def _sender(v: dict[str, Any], t: dict[str, Any], pid: int | None, rows: list[dict[str, Any]]) -> list[str]:
     """The verdict must name the signal and its true sender: in ``killed_by``, or, where the job's own
     handler took it, in the headline, from the ring's record of it (``rows``: the timeline's signals)."""
-    want = f"{t['signal']} from pid {t['sender_pid']}"
+    senders = [t["sender_pid"], *t.get("relays", [])]
+    want = f"{t['signal']} from pid {'/'.join(map(str, senders))}"
     by = v["killed_by"]
     if by:
-        ok = by.get("signal") == t["signal"] and by.get("sender_pid") == t["sender_pid"]
+        ok = by.get("signal") == t["signal"] and by.get("sender_pid") in senders
         got = f"{by.get('signal')} from {by.get('sender')} pid {by.get('sender_pid')}"
         return [] if ok else [f"killed_by {got} (truth {want})"]
     mine = [r for r in rows if r["label"] == t["signal"] and r["pid"] == pid]
     if not mine:
         return [f"no {t['signal']} recorded for pid {pid} (truth {want})"]
-    if mine[-1]["sender_pid"] != t["sender_pid"]:
+    if mine[-1]["sender_pid"] not in senders:
         return [f"{t['signal']} recorded from {mine[-1]['sender']} pid {mine[-1]['sender_pid']} (truth {want})"]
     if t["signal"] not in (v["headline"] or ""):
         return [f"verdict does not name the {t['signal']} (recorded: {want})"]
