@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deaths", default="", help="comma-separated (default: each job's own list)")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--cells", default="", help="JOB:DEATH[:MODE],... instead of --jobs/--deaths/--modes")
-    p.add_argument("--report", action="store_true", help="print the table from the cells saved under --out")
+    p.add_argument("--report", action="store_true", help="judge the cells saved under --out again (no job runs): "
+                   "the table, and OUT/report.json")
     p.add_argument("--list", action="store_true", help="list jobs and deaths")
     a = p.parse_args(argv)
     if a.list:
@@ -218,6 +219,7 @@ def report(out: Path, env: Env) -> int:
             path = unarmed.parent.parent / mode / "cell.json"
             if path.exists():
                 rows.append(row(assess(json.loads(path.read_text()), path.parent, env), base))
+    (out / "report.json").write_text(json.dumps({"rows": rows}, indent=1, default=str))
     print(table(rows))
     return 0
 
