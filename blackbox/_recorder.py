@@ -384,19 +384,10 @@ class Recorder:
         self._drop_ring_pages()
 
     def _drop_ring_pages(self) -> None:
-        """Unmap the ring's pages this process no longer writes (mapping.py, "Residency"): the header,
-        the strings and stack entries written since the last tick, the crash region's pages that a
-        fault next door mapped, and every record page outside the write window. Between ticks the
-        ring adds to the RSS the window (at most two chunks, 512 KiB; without the C extension, the
-        records of one tick) and what one tick writes to the strings and the stack table."""
+        """Unmap the ring's pages this process no longer writes (mapping.py, "Residency")."""
         ring, w, hdr = self._ring, self._writer, self._header
-        if ring is None or w is None or hdr is None:
-            return
-        end = hdr.records_offset + hdr.capacity * fmt.RECORD_SIZE
-        ring.map.drop(0, hdr.records_offset)
-        ring.map.drop(end, len(ring.map) - end)
-        if w.sequence is None or not w.sequence.trim():  # no window (no C extension): all of them
-            ring.map.drop(hdr.records_offset, end - hdr.records_offset)
+        if ring is not None and w is not None and hdr is not None:
+            ring.map.drop_idle(hdr.records_offset, hdr.records_offset + hdr.capacity * fmt.RECORD_SIZE, w.sequence)
 
     def _sample_stacks(self) -> None:
         """The tick's stack samples; a failure turns stacks off with one warning, never the recorder."""

@@ -73,6 +73,17 @@ class RingMap:
         if addr is not None and end > start:
             _madvise_held(addr + start, end - start, MADV_DONTNEED)
 
+    def drop_idle(self, records_offset: int, records_end: int, sequence: Any) -> None:
+        """Unmap every page this process no longer writes: the header, the strings and stack entries
+        written since the last call, the crash region's pages that a fault next door mapped, and every
+        record page outside the write window that ``sequence`` (the C seq counter) keeps; without it,
+        all record pages. Between two calls the ring adds to the RSS the window (two chunks; without
+        the C extension, the records written since) and what was written to strings and stacks."""
+        self.drop(0, records_offset)
+        self.drop(records_end, self.size - records_end)
+        if sequence is None or not sequence.trim():
+            self.drop(records_offset, records_end - records_offset)
+
     def flush(self) -> None:
         """msync: what is written so far reaches the disk (survives a kernel crash or power loss)."""
         if self.addr is not None:
