@@ -333,10 +333,42 @@ def slurm_cluster(
                 c.run("scancel", *map(str, c.jobs), check=False)
                 time.sleep(1)
         _stop(c)
+        _kill_left_over(c)
         for job in c.jobs:  # the per-job ring folders the jobs left under /var/tmp
-            for d in Path("/var/tmp").glob(f"blackbox-*/slurm-{job}"):
-                shutil.rmtree(d, ignore_errors=True)
-        shutil.rmtree(folder, ignore_errors=True) if not os.environ.get("BB_KEEP_CLUSTER") else None
+            for pattern in (f"blackbox-*/slurm-{job}", f"blackbox-*/slurm-{job}-restart*"):
+                for d in Path("/var/tmp").glob(pattern):
+                    shutil.rmtree(d, ignore_errors=True)
+        if not os.environ.get("BB_KEEP_CLUSTER"):  # kept for a look at the logs where it is set
+            shutil.rmtree(folder, ignore_errors=True)
+        _remove_empty_cgroups(host)
+
+
+def _kill_left_over(c: Cluster) -> None:
+    """SIGKILL, by pid, what is left in our jobs' cgroups (a job that outlived the daemons stopped
+    under it: its slurmstepd, its processes)."""
+    for job in c.jobs:
+        for folder in Path("/sys/fs/cgroup").glob(f"*/slurm*/uid_*/job_{job}"):
+            for procs in folder.rglob("cgroup.procs"):
+                with contextlib.suppress(OSError, ValueError):
+                    for pid in map(int, procs.read_text().split()):
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+    time.sleep(0.5)
+
+
+def _remove_empty_cgroups(host: str) -> None:
+    """slurmd's own cgroup folders (``slurm_<host>``, ``slurm``), once no job is left in them."""
+    for controller in Path("/sys/fs/cgroup").iterdir():
+        for name in (f"slurm_{host}", "slurm"):
+            top = controller / name
+            if not top.is_dir() or top.is_symlink():
+                continue
+            for d in sorted(top.rglob("*"), key=lambda p: -len(p.parts)):
+                if d.is_dir():
+                    with contextlib.suppress(OSError):
+                        d.rmdir()
+            with contextlib.suppress(OSError):
+                top.rmdir()
 
 
 def _readable_by_all(path: Path) -> bool:
