@@ -27,6 +27,11 @@ def one_line(module: ModuleType) -> str:
     return (module.__doc__ or "").strip().splitlines()[0]
 
 
+def to_stdout(out: object) -> bool:
+    """``-o -``: the output goes to standard output (``export --folded -o - | flamegraph.pl``)."""
+    return out == "-"
+
+
 def standalone(module: ModuleType, prog: str, argv: Sequence[str] | None) -> int:
     from . import run_command
 

@@ -1,0 +1,222 @@
+"""blackbox report: one self-contained HTML page of a bundle, opened in a real headless Chromium that
+cannot reach the network, from the bundle of a really killed job."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from chromium import Page, browser
+from conftest import REPO, run_py
+
+import blackbox
+from blackbox.views.report import json_for_html
+
+pytestmark = pytest.mark.slow
+LEAK_JOB = """
+import os, signal, sys, time, blackbox
+blackbox.arm(sys.argv[1], capacity=1 << 14, sample_interval=0.02)
+hog = []
+def leak(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        hog.append(b"\\1" * (1 << 20))
+        time.sleep(0.004)
+def idle(seconds):
+    time.sleep(seconds)
+for step in range(1, 5):
+    blackbox.step(step)
+    leak(0.3)
+    idle(0.3)
+leak(0.3)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+SCRIPT_NAME = "</script><script>window.pwned=1</script>"
+FUNCTION_NAME = "<img src=x onerror=window.pwned=2>"
+ARGV_WORD = "<svg onload=window.pwned=3>&amp;"
+HOSTILE_JOB = f"""
+import os, signal, sys, time, blackbox
+blackbox.arm(sys.argv[1], capacity=1 << 14, sample_interval=0.02)
+src = "def work(seconds):\\n    end = time.monotonic() + seconds\\n    while time.monotonic() < end:\\n        pass\\n"
+space = {{"time": time}}
+exec(compile(src, {SCRIPT_NAME!r}, "exec"), space)
+work = space["work"]
+names = {{"co_name": {FUNCTION_NAME!r}}}
+if sys.version_info >= (3, 11):
+    names["co_qualname"] = {FUNCTION_NAME!r}
+work.__code__ = work.__code__.replace(**names)
+blackbox.step(1)
+work(0.8)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def blackbox_cmd(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "blackbox", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=120, **kw)  # type: ignore[call-overload]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def leak_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("leak")
+    proc = run_py(LEAK_JOB, str(d / "rings"), check=False)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    return blackbox.recover(d / "rings", d / "bundle")
+
+
+@pytest.fixture
+def page(tmp_path: Path) -> Iterator[Page]:
+    browser()  # skips, saying why, where no Chromium is installed
+    tab = Page(tmp_path)
+    yield tab
+    tab.close()
+
+
+def assert_offline(page: Page, url: str) -> None:
+    """The page asked for nothing but itself: no request, no blocked load, no error."""
+    assert page.requests == [url], "the page loads nothing from outside"
+    assert page.failed == []
+    assert page.violations() == [], "the page tried nothing its Content-Security-Policy refused"
+    assert page.exceptions == [], "the page's script ran without an error"
+
+
+def test_report_of_a_killed_job_renders_offline_in_chromium(leak_bundle: Path, page: Page, tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    done = blackbox_cmd("report", str(leak_bundle), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {out}" in done.stdout
+    meta = json.loads((leak_bundle / "metadata.json").read_text())
+    page.open(out.as_uri())
+    assert_offline(page, out.as_uri())
+    assert page.evaluate("document.body.dataset.drawn") == "yes"
+    assert page.evaluate("document.getElementById('headline').textContent") == meta["death"]["headline"]
+    assert page.evaluate("[...document.querySelectorAll('ol.evidence li')].map(li => li.textContent)") == \
+        meta["death"]["evidence"]  # fmt: skip
+    # the timeline: the process's RSS line, rising; the death marked and named; the steps along the top
+    points = page.evaluate("document.querySelector('#timeline path.series[data-name=\"host_rss\"]').getAttribute('d')")
+    ys = [float(p.split()[1]) for p in points.split("L")]
+    assert len(ys) > 50 and ys[-1] < ys[0] - 50, "RSS drawn rising (SVG's y grows downwards)"
+    assert page.evaluate("document.querySelectorAll('#timeline line.death.first').length") >= 1
+    assert page.evaluate("document.querySelector('#timeline .death-label').textContent") == \
+        f"pid {meta['pid']} killed"  # fmt: skip
+    assert page.evaluate("[...document.querySelectorAll('#timeline text.step')].map(t => t.textContent)") == \
+        ["1", "2", "3", "4"]  # fmt: skip
+    # what it was doing: a flame graph whose frames are the job's functions; the rank table's row
+    frames = page.evaluate("[...document.querySelectorAll('#flame svg g.frame text')].map(t => t.textContent)")
+    assert any(f.startswith("leak (") for f in frames) and any(f.startswith("idle (") for f in frames), frames
+    row = page.evaluate("[...document.querySelectorAll('#ranks tbody tr')].map(r => r.cells[2].textContent)")
+    assert row == [str(meta["pid"])]
+    assert page.screenshot(tmp_path / "report.png")[:8] == b"\x89PNG\r\n\x1a\n"
+    if os.environ.get("BLACKBOX_SCREENSHOTS"):  # a folder to keep the screenshot in, to look at
+        shutil.copy(tmp_path / "report.png", Path(os.environ["BLACKBOX_SCREENSHOTS"]) / "report.png")
+
+
+def test_dragging_across_the_timeline_narrows_the_stacks_to_that_window(leak_bundle: Path, page: Page,
+                                                                          tmp_path: Path) -> None:  # fmt: skip
+    out = tmp_path / "report.html"
+    assert blackbox_cmd("report", str(leak_bundle), "-o", str(out)).returncode == 0
+    page.open(out.as_uri())
+    status = "document.querySelector('#flame .flame-status').textContent"
+    whole = page.evaluate(status)
+    assert whole.endswith("samples over the whole run"), whole
+    box = page.evaluate("(() => { const r = document.querySelector('#timeline svg.panel').getBoundingClientRect();"
+                        " return [r.left, r.top, r.width, r.height]; })()")  # fmt: skip
+    x0, y = box[0] + 0.3 * box[2], box[1] + box[3] / 2
+    page.mouse("mousePressed", x0, y)
+    page.mouse("mouseMoved", x0 + 0.2 * box[2], y)
+    page.mouse("mouseReleased", x0 + 0.2 * box[2], y)
+    narrowed = page.evaluate(status)
+    assert " from " in narrowed and int(narrowed.split()[0]) < int(whole.split()[0]), (whole, narrowed)
+    page.mouse("mousePressed", x0, y, clicks=2)
+    page.mouse("mouseReleased", x0, y, clicks=2)
+    assert page.evaluate(status) == whole, "a double-click shows the whole run again"
+
+
+def test_text_from_rings_never_becomes_markup_or_script(page: Page, tmp_path: Path) -> None:
+    proc = run_py(HOSTILE_JOB, str(tmp_path / "rings"), ARGV_WORD, check=False)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    bundle = blackbox.recover(tmp_path / "rings", tmp_path / "bundle")
+    out = tmp_path / "report.html"
+    assert blackbox_cmd("report", str(bundle), "-o", str(out)).returncode == 0
+    page.open(out.as_uri())
+    assert_offline(page, out.as_uri())
+    assert page.evaluate("document.body.dataset.drawn") == "yes", "the hostile names did not break the script"
+    assert page.evaluate("typeof window.pwned") == "undefined"
+    assert page.evaluate("document.querySelectorAll('img, iframe, object, embed, [onload], [onerror]').length") == 0
+    assert page.evaluate("document.querySelectorAll('script').length") == 2, "the data block and the page's script"
+    assert ARGV_WORD in page.evaluate("document.querySelector('dl.about').textContent"), "shown as text"
+    stacks = page.evaluate("JSON.parse(document.getElementById('blackbox-data').textContent).stacks.stacks")
+    assert any(f"{FUNCTION_NAME} ({SCRIPT_NAME}:" in s for s in stacks), stacks
+    frames = page.evaluate("[...document.querySelectorAll('#flame svg g.frame text')].map(t => t.textContent)")
+    assert any(f.startswith(FUNCTION_NAME[:12]) for f in frames), frames
+
+
+def test_who_holds_the_memory_is_drawn_from_allocation_metadata(leak_bundle: Path, page: Page, tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    shutil.copytree(leak_bundle, bundle)
+    meta = json.loads((bundle / "metadata.json").read_text())
+    meta["allocations"] = {  # what allocation sampling writes (BUNDLE.md: allocations), planted
+        "mean_bytes": 524288, "live_bytes": 300 << 20, "error_bytes": 9 << 20, "sampled_blocks": 600,
+        "torn_slots": 0, "site_count": 2,
+        "sites": [
+            {"site": "leak (job.py:8)", "thread": "MainThread", "line": "hog.append(b'\\1' * (1 << 20))",
+             "stack": "<module> (job.py:14);leak (job.py:8)", "domains": ["python"], "live_bytes": 290 << 20,
+             "error_bytes": 9 << 20, "blocks": 580, "growth_per_step": 75 << 20, "growth_per_s": None,
+             "growth_by": "step", "first_step": 1, "first_seen_ns": 0},
+            {"site": "load (data.py:3)", "thread": "MainThread", "line": "cache = {}", "stack": "load (data.py:3)",
+             "domains": ["python"], "live_bytes": 10 << 20, "error_bytes": 1 << 20, "blocks": 20,
+             "growth_per_step": None, "growth_per_s": None, "growth_by": "second", "first_step": None,
+             "first_seen_ns": 0},
+        ],
+        "stacks": [{"stack": "<module> (job.py:14);leak (job.py:8)", "live_bytes": 290 << 20},
+                   {"stack": "<module> (job.py:14);load (data.py:3)", "live_bytes": 10 << 20}],
+    }  # fmt: skip
+    (bundle / "metadata.json").write_text(json.dumps(meta))
+    out = tmp_path / "report.html"
+    assert blackbox_cmd("report", str(bundle), "-o", str(out)).returncode == 0
+    page.open(out.as_uri())
+    assert_offline(page, out.as_uri())
+    sites = page.evaluate(
+        "[...document.querySelectorAll('#alloc table.sites tbody tr')].map(r => r.cells[0].textContent)"
+    )
+    assert sites == ["leak (job.py:8)", "load (data.py:3)"], "largest first"
+    widths = page.evaluate("Object.fromEntries([...document.querySelectorAll('#alloc-flame g.frame')].map(g => "
+                           "[g.textContent, +g.querySelector('rect').getAttribute('width')]))")  # fmt: skip
+    leak = next(w for name, w in widths.items() if name.startswith("leak"))
+    load = next(w for name, w in widths.items() if name.startswith("load"))
+    assert abs(leak / load - 29) < 1, "each box as wide as its live bytes"
+    assert "Not recorded" not in page.evaluate("document.getElementById('holds').textContent")
+
+
+def test_without_allocation_samples_the_page_says_so(leak_bundle: Path, tmp_path: Path) -> None:
+    done = blackbox_cmd("report", str(leak_bundle), "-o", "-")
+    assert done.returncode == 0, done.stderr
+    assert "Not recorded: this bundle has no allocation samples" in done.stdout
+
+
+def test_report_to_standard_output_is_the_page_alone(leak_bundle: Path, tmp_path: Path) -> None:
+    done = blackbox_cmd("report", str(leak_bundle), "-o", "-")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("<!DOCTYPE html>") and done.stdout.rstrip().endswith("</html>")
+    assert not (REPO / "-").exists() and done.stderr == ""
+
+
+def test_the_page_refers_to_no_file_or_address_to_load(leak_bundle: Path) -> None:
+    page = blackbox_cmd("report", str(leak_bundle), "-o", "-").stdout
+    assert "default-src 'none'" in page, "and its Content-Security-Policy would refuse one"
+    for pattern in (r"\bsrc\s*=", r"\bhref\s*=", r"url\(\s*['\"]?(?!#)", r"@import", r"\bfetch\(", r"XMLHttpRequest"):
+        assert not re.search(pattern, page), f"the page loads something: {pattern}"
+
+
+def test_json_in_the_page_cannot_end_its_script_block() -> None:
+    text = json_for_html({"frame": "</script><!-- \u2028 & >"})
+    assert "<" not in text and ">" not in text and "&" not in text and "\u2028" not in text
+    assert json.loads(text) == {"frame": "</script><!-- \u2028 & >"}
