@@ -12,6 +12,7 @@ import importlib.util
 import io
 import os
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ def write_postmortem(
     *,
     plot: bool = True,
     launcher_pid: int | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
 ) -> dict[str, Any]:
     """Recover every ring named (files, or folders of ``*.ring``) into the bundle ``out`` (a folder
     or a pyarrow filesystem URI), a ring at a time, the verdict first; returns the metadata written.
@@ -60,8 +62,10 @@ def write_postmortem(
     ``exit_status``: how the job ended, where the caller saw it (``blackbox run``, whose pid is
     ``launcher_pid``).
     ``plot``: also render memory.png when matplotlib is installed.
+    ``progress``: called with (rings done, rings in all, the ring) as each ring is diagnosed.
     """
     recovery = RecoveryPass(inputs, exit_status, launcher_pid)
+    recovery.progress = progress
     named = [shlex.quote(str(p)) for p in inputs[:3]] + (["..."] if len(inputs) > 3 else [])
     again = one_line(f"blackbox recover {' '.join(named)} -o {shlex.quote(os.fspath(out))}").replace("`", "'")
     return stream_bundle(

@@ -23,8 +23,10 @@ WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
 
 
 def one_line(module: ModuleType) -> str:
-    """A subcommand's help text: the first line of its module docstring."""
-    return (module.__doc__ or "").strip().splitlines()[0]
+    """A subcommand's help text: the first paragraph of its module docstring, whole (never cut at the
+    end of its first line), on one line."""
+    paragraph = (module.__doc__ or "").strip().split("\n\n", 1)[0]
+    return " ".join(paragraph.split())
 
 
 def to_stdout(out: object) -> bool:

@@ -17,7 +17,7 @@ from ._common import own_process, standalone
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dir", default="blackbox-demo", help="work folder (default: ./blackbox-demo)")
+    parser.add_argument("--dir", default="blackbox-demo", metavar="DIR", help="work folder (default: ./blackbox-demo)")
     parser.add_argument("--kill-after", type=int, default=40, metavar="N", help="SIGKILL after step N (default 40)")
 
 

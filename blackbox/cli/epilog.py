@@ -2,8 +2,8 @@
 
 Run by slurmd as the Epilog (root, no PATH, the job's id, user and restart count
 in the environment). It recovers exactly that job's rings on this node (see
-``run.epilog``) into ``DEST/<job id>/<host>`` (``<host>-restart<N>`` for a later
-attempt of a requeued job), DEST a folder or an object-store prefix, gives a
+``run.epilog``) into ``OUT/<job id>/<host>`` (``<host>-restart<N>`` for a later
+attempt of a requeued job), OUT a folder or an object-store prefix, gives a
 local bundle to the job's user, and says what it did in one line. It exits 0
 whatever the rings hold (none, damaged, another user's, too slow to read by
 ``--timeout``): an epilogue that fails drains the node. Only a call outside an
@@ -28,11 +28,11 @@ DEFAULT_TIMEOUT_S = 120
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-o", "--out", required=True, metavar="DEST",
+    parser.add_argument("-o", "--out", required=True, metavar="OUT",
                         help="where bundles go: a folder, or an object-store prefix (s3://, gs://, hdfs://); "
-                        "each job's at DEST/<job id>/<host>")  # fmt: skip
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
-                        help=f"give up after S seconds, still exiting 0 (default {DEFAULT_TIMEOUT_S})")  # fmt: skip
+                        "each job's at OUT/<job id>/<host>")  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                        help=f"give up after SECONDS, still exiting 0 (default {DEFAULT_TIMEOUT_S})")  # fmt: skip
 
 
 class _OutOfTime(BaseException):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._errors import BlackboxError, RingNotFoundError, one_line
-from ._common import own_process, run_rings, standalone, writing
+from ._common import own_process, run_rings, standalone, to_stdout, writing
 
 if TYPE_CHECKING:  # the command line loads no Arrow until a command reads rings or bundles
     import pyarrow as pa
@@ -24,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a bundle; ring files or folders of rings (recovered in memory); a `blackbox run` folder (its "
         "bundle, or its rings while the job runs); folders of bundles (the first death's bundle)",
     )
-    parser.add_argument("-o", "--out", default="memory.png", help="PNG to write (default: memory.png)")
+    parser.add_argument("-o", "--out", default="memory.png", metavar="FILE",
+                        help="PNG to write, - for standard output (default: memory.png)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,6 +34,10 @@ def run(args: argparse.Namespace) -> int:
 
     table, meta, drawn = picture_source([str(t) for t in args.target])
     figure = memory_figure(table, meta)
+    if to_stdout(args.out):
+        figure.savefig(sys.stdout.buffer, format="png", dpi=110)
+        sys.stdout.buffer.flush()
+        return 0
     with writing(args.out, "the picture"):
         figure.savefig(args.out, dpi=110)
     print(f"wrote {args.out} ({drawn})")

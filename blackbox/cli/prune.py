@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,10 +12,11 @@ from ._common import standalone
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("folder", help="a ring folder (*.ring) or a folder of bundles")
+    parser.add_argument("folder", metavar="DIR", help="a ring folder (*.ring) or a folder of bundles")
     parser.add_argument("--max-count", type=int, metavar="N", help="keep at most N rings or bundles")
     parser.add_argument("--max-size", metavar="SIZE", help="keep at most SIZE in total (500M, 20G)")
     parser.add_argument("--dry-run", action="store_true", help="print what would go, delete nothing")
+    parser.add_argument("--json", action="store_true", help="print what went and what was kept as one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,16 +33,24 @@ def run(args: argparse.Namespace) -> int:
     max_bytes = parse_size(args.max_size) if args.max_size else None
     entries = ring_entries(folder) or bundle_entries(folder, METADATA)
     doomed = plan(entries, check_count(args.max_count), max_bytes)
+    say = (lambda line: None) if args.json else print
     for e in doomed:
-        print(f"{'would remove' if args.dry_run else 'removed'} {e.path} ({human_bytes(e.size)})")
+        say(f"{'would remove' if args.dry_run else 'removed'} {e.path} ({human_bytes(e.size)})")
         if not args.dry_run:
             delete(e)
-    if not args.dry_run:
-        for f in sweep(folder):
-            print(f"removed {f} (left behind by no ring or by a dead writer)")
+    swept = [] if args.dry_run else sweep(folder)
+    for f in swept:
+        say(f"removed {f} (left behind by no ring or by a dead writer)")
     in_use = sum(e.in_use for e in entries)
     left = len(entries) - len(doomed)
     total = sum(e.size for e in entries) - sum(e.size for e in doomed)
+    if args.json:
+        print(json.dumps({
+            "folder": str(folder), "dry_run": bool(args.dry_run),
+            "removed": [{"path": str(e.path), "bytes": e.size} for e in doomed],
+            "swept": [str(f) for f in swept], "kept": left, "kept_bytes": total, "in_use": in_use,
+        }))  # fmt: skip
+        return 0
     note = f", {in_use} in use or too recent (never removed)" if in_use else ""
     print(f"{left} kept, {human_bytes(total)} in total{note}")
     return 0

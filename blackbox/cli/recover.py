@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ._common import own_process, standalone, writing
+from ._tty import progress
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bundle folder, or a pyarrow filesystem URI (s3://, gs://, hdfs://, file://)",
     )
     parser.add_argument("--summary", action="store_true", help="print summary.md after writing")
+    parser.add_argument(
+        "--json", action="store_true", help="print what was written as one JSON object (--summary: summary.md in it)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     if kind_of(targets) != "rings":
         with writing(out, "the job-wide bundle", reads_too=True):
             meta = write_job(targets, out)
+        if args.json:
+            return _json(out, meta, args.summary)
         print(f"wrote {out}/ (job-wide: {_count(meta['ring_count'], 'ring')} on {_count(meta['hosts'], 'host')} "
               f"from {_count(len(meta['bundles']), 'bundle')})")  # fmt: skip
         for unread in meta["unread_bundles"]:
@@ -48,8 +56,10 @@ def run(args: argparse.Namespace) -> int:
         if args.summary:
             sys.stdout.write(printable(read_summary(out)))
         return 0
-    with writing(out, "the bundle", reads_too=True):
-        meta = write_postmortem([Path(p) for p in targets], out)
+    with writing(out, "the bundle", reads_too=True), progress("recovering") as tick:
+        meta = write_postmortem([Path(p) for p in targets], out, progress=tick)
+    if args.json:
+        return _json(out, meta, args.summary)
     rec = meta["recovery"]
     state = "clean end" if meta.get("clean") else "no clean end"
     print(f"wrote {out}/ ({meta['events']} events, {rec.get('torn', 0)} torn slots dropped, {state})")
@@ -57,6 +67,29 @@ def run(args: argparse.Namespace) -> int:
         print(f"blackbox: not recovered: {unread['reason']}", file=sys.stderr)
     if args.summary:
         sys.stdout.write(read_summary(out))
+    return 0
+
+
+def _json(out: str, meta: dict[str, Any], summary: bool) -> int:
+    """One JSON object: where the bundle went and what it holds (every control character escaped)."""
+    from .._errors import one_line
+    from ..recovery.bundle import read_summary
+
+    first = meta.get("first_death") if "first_death" in meta else meta.get("death")
+    said: dict[str, Any] = {
+        "out": str(out),
+        "scope": meta.get("scope") or "bundle",
+        "cause": meta.get("cause") or (first or {}).get("cause"),
+        "first_death": first,
+        "events": meta.get("events"),
+        "clean": meta.get("clean"),
+        "torn": (meta.get("recovery") or {}).get("torn"),
+        "rings": meta.get("ring_count") or len(meta.get("rings") or [meta]),
+        "unread": [one_line(u["reason"]) for u in meta.get("unread_rings") or meta.get("unread_bundles") or []],
+    }
+    if summary:
+        said["summary"] = read_summary(out)
+    print(json.dumps(said, indent=1, default=str))
     return 0
 
 

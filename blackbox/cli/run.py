@@ -15,7 +15,7 @@ from ._common import own_process, standalone
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dir",
-        metavar="D",
+        metavar="DIR",
         help="folder for the run folders (default: $BLACKBOX_DIR or /var/tmp/blackbox-<uid>); each run gets "
         "a fresh run-<UTC time>-XXXX inside it, with rings/ and bundle/",
     )

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._errors import BlackboxError, RingNotFoundError, one_line
 from ._common import run_rings, standalone
@@ -26,19 +27,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the ring file of a running job, a folder of rings, or a `blackbox run` folder (its rings/): "
         "a folder's live rings are followed, new ones as they appear",
     )
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    parser.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+                        help="seconds between refreshes (default 1)")  # fmt: skip
     parser.add_argument("--once", action="store_true", help="print one frame and exit")
+    parser.add_argument("--json", action="store_true", help="one JSON object a line, a line per frame (bytes, seconds)")
 
 
 def run(args: argparse.Namespace) -> int:
     target = str(args.ring)
     folder = _folder_of_rings(target)
-    tty = sys.stdout.isatty()
+    tty = sys.stdout.isatty() and not args.json
     try:
         while True:
-            text, running = _one_ring(Path(target)) if folder is None else _folder_frame(folder)
-            sys.stdout.write(("\x1b[H\x1b[2J" if tty else "") + text + ("" if tty else "\n"))
-            sys.stdout.flush()
+            shown, data, running = _one_ring(Path(target)) if folder is None else _folder_frame(folder)
+            if args.json:
+                text = json.dumps({"time": _now(), **data}, default=str) + "\n"
+            else:
+                text = ("\x1b[H\x1b[2J" if tty else "") + shown + ("" if tty else "\n")
+            sys.stdout.write(text)
+            sys.stdout.flush()  # each frame as it is made, to a terminal or a pipe
             if args.once or not running:
                 return 0
             time.sleep(max(0.05, args.interval))
@@ -67,22 +74,28 @@ def _folder_of_rings(target: str) -> Path | None:
     )
 
 
-def _one_ring(path: Path) -> tuple[str, bool]:
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{time.time_ns() // 1000 % 1_000_000:06d}Z"
+
+
+def _one_ring(path: Path) -> tuple[str, dict[str, Any], bool]:
+    """A frame both ways (the text for a person, the data for ``--json``), and whether the writer runs."""
     from ..ring.liveness import writer_alive
     from ..ring.reader import read_ring
-    from ..views.live import frame
+    from ..views.live import frame, ring_state
 
     ring = read_ring(path)
     running = writer_alive(ring.path, ring.meta) and not ring.clean
-    return frame(ring, running), running
+    data = {"target": str(path), "live": int(running), "total": 1, "rings": [ring_state(ring, running)]}
+    return frame(ring, running), data, running
 
 
-def _folder_frame(folder: Path) -> tuple[str, bool]:
+def _folder_frame(folder: Path) -> tuple[str, dict[str, Any], bool]:
     """The frame of a folder's rings, listed afresh (a job's new processes arm new rings): its live
     rings, else the last ones written; and whether any is live."""
     from ..ring.liveness import writer_alive
     from ..ring.reader import find_rings, read_header, read_ring
-    from ..views.live import job_frame
+    from ..views.live import job_frame, ring_state
 
     try:
         paths = find_rings([folder])
@@ -90,7 +103,8 @@ def _folder_frame(folder: Path) -> tuple[str, bool]:
         if _ended_run(folder):
             raise RingNotFoundError(f"{one_line(str(folder))}: expected the job's rings, found none "
                                     "(the job ended: see its bundle)") from None  # fmt: skip
-        return f"blackbox watch  {one_line(str(folder))}: waiting for the job's first ring\n", True
+        text = f"blackbox watch  {one_line(str(folder))}: waiting for the job's first ring\n"
+        return text, {"target": str(folder), "live": 0, "total": 0, "rings": []}, True
     live: list[tuple[tuple[int, int], Path]] = []
     ended: list[tuple[float, Path]] = []
     for path in paths:
@@ -112,7 +126,10 @@ def _folder_frame(folder: Path) -> tuple[str, bool]:
         except (BlackboxError, OSError):
             continue
         shown.append((ring, bool(live) and writer_alive(ring.path, ring.meta) and not ring.clean))
-    return job_frame(shown, one_line(str(folder)), len(live), len(live) + len(ended)), bool(live)
+    text = job_frame(shown, one_line(str(folder)), len(live), len(live) + len(ended))
+    data = {"target": str(folder), "live": len(live), "total": len(live) + len(ended),
+            "rings": [ring_state(ring, running) for ring, running in shown]}  # fmt: skip
+    return text, data, bool(live)
 
 
 def _ended_run(rings: Path) -> bool:

@@ -411,6 +411,13 @@ def load(targets: list[str]) -> tuple[pa.Table, dict[str, Any]]:
     return recovered.table, recovered.meta
 
 
+def read_metadata(bundle: str | os.PathLike[str]) -> dict[str, Any]:
+    """metadata.json of a bundle (a folder or URI; read as untrusted, a JSON object or one line)."""
+    dest = Destination(bundle)
+    with _open(dest, METADATA) as f:
+        return parse_metadata(f.read(MAX_METADATA_BYTES), dest.path(METADATA))
+
+
 def read_summary(out_dir: str | os.PathLike[str]) -> str:
     """summary.md of a bundle written by stream_bundle (local folder or URI)."""
     with _open(Destination(out_dir), SUMMARY) as f:

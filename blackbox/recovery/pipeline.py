@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +102,7 @@ class RecoveryPass:
         self._owners: set[int] = set()
         self._reports: list[tuple[int, str]] = []
         self.last = False  # the table ``tables()`` just yielded is the last: ``finish()`` may be called now
+        self.progress: Callable[[int, int, str], None] | None = None  # told (done, all, ring) per ring read
 
     def _one(self, path: Path) -> tuple[pa.Table, dict[str, Any], KernelKill | None, str | None, int]:
         ring = read_ring(path)
@@ -143,6 +144,8 @@ class RecoveryPass:
                 finally:
                     in_flight -= size
                     del future  # it holds the table too
+                    if self.progress is not None:
+                        self.progress(len(self.paths) - len(waiting) - len(pending), len(self.paths), str(path))
                 if kill is not None:
                     head = f"# pid {meta.get('pid')} ({kill.name})\n"
                     self._reports.append((kill.time_ns, head + "\n".join(kill.report) + "\n"))

@@ -90,47 +90,87 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def ring_lines(ring: Ring, running: bool, now_ns: int | None = None) -> list[str]:
-    """The live view's lines for one ring: who and its state, events, step, memory, GPUs, last event."""
+def ring_state(ring: Ring, running: bool, now_ns: int | None = None) -> dict[str, Any]:
+    """What the live view says of one ring, as data (``blackbox watch --json``): who and its state,
+    events, step and pace, memory and its growth per second, each GPU, the last event. Bytes, seconds."""
     table = ring_table(ring)
     now = now_ns if now_ns is not None else time.time_ns()
     times = table["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
-    age = (now - int(times[-1])) / 1e9 if len(times) else None
-    state = "running" if running else ("ended cleanly" if ring.clean else "ENDED without a clean end")
-    lines = [
-        f"{who(ring.meta)}  [{state}]",
-        f"events {ring.recovery.valid:,} (seq {ring.recovery.last_seq}), last event "
-        + (f"{age:.1f} s ago" if age is not None else "none"),
-    ]
+    ident = ring.meta.get("identity") or {}
+    state: dict[str, Any] = {
+        "ring": str(ring.path),
+        "host": ident.get("host"),
+        "pid": ident.get("pid"),
+        "rank": ident.get("rank"),
+        "state": "running" if running else ("ended cleanly" if ring.clean else "ended without a clean end"),
+        "events": ring.recovery.valid,
+        "last_seq": ring.recovery.last_seq,
+        "last_event_age_s": (now - int(times[-1])) / 1e9 if len(times) else None,
+        "step": None,
+        "steps_per_s": None,
+        "memory": None,
+        "gpus": [],
+        "last_event": None,
+    }
     steps = of_kind(table, "step", columns=["time", "value"])
     if steps.num_rows:
         t, v = _series(steps, "value")
-        pace = _rate(t, v)
-        lines.append(f"step {int(v[-1])}" + (f", {pace:.2f} steps/s" if pace else ""))
+        state["step"], state["steps_per_s"] = int(v[-1]), _rate(t, v)
     samples = of_kind(table, "sample", columns=["time", "host_rss", "children_rss", "cgroup_usage", "cgroup_limit",
                                                 "mem_available"])  # fmt: skip
     if samples.num_rows:
         last = py_rows(samples.slice(samples.num_rows - 1))[0]
-        rss_rate = _rate(*_series(samples, "host_rss"))
-        cg_rate = _rate(*_series(samples, "cgroup_usage"))
-        lines.append(
-            f"host RSS {human_bytes(last['host_rss'])}"
-            + (f" (+{human_bytes(int(rss_rate))}/s)" if rss_rate and rss_rate > 0 else "")
-            + f", workers {human_bytes(last['children_rss'])}, MemAvailable {human_bytes(last['mem_available'])}"
-        )
-        lines.append(_headroom("cgroup", last["cgroup_usage"], last["cgroup_limit"], cg_rate))
+        state["memory"] = {k: last[k] for k in ("host_rss", "children_rss", "mem_available", "cgroup_usage",
+                                                "cgroup_limit")}  # fmt: skip
+        state["memory"]["host_rss_per_s"] = _rate(*_series(samples, "host_rss"))
+        state["memory"]["cgroup_usage_per_s"] = _rate(*_series(samples, "cgroup_usage"))
     gpus = of_kind(table, "gpu_sample", columns=["time", "device", "gpu_allocated", "gpu_reserved", "device_total",
                                                  "device_free"])  # fmt: skip
     for device in sorted({d for d in gpus["device"].to_pylist() if d is not None}):
         rows = gpus.filter(pc.equal(gpus["device"], device))
         last = py_rows(rows.slice(rows.num_rows - 1))[0]
-        rate = _rate(*_series(rows, "gpu_reserved"))
-        lines.append(
-            f"cuda:{device} allocated {human_bytes(last['gpu_allocated'])}; "
-            + _headroom("reserved", last["gpu_reserved"], last["device_total"], rate)
-        )
+        state["gpus"].append({
+            "device": device,
+            "allocated": last["gpu_allocated"],
+            "reserved": last["gpu_reserved"],
+            "total": last["device_total"],
+            "reserved_per_s": _rate(*_series(rows, "gpu_reserved")),
+        })  # fmt: skip
     events = of_kind(table, "oom", "exception", "signal", columns=["time", "kind", "label"])
     if events.num_rows:
         e = py_rows(events.slice(events.num_rows - 1))[0]
+        state["last_event"] = {"kind": e["kind"], "label": e["label"]}
+    return state
+
+
+def ring_lines(ring: Ring, running: bool, now_ns: int | None = None) -> list[str]:
+    """The live view's lines for one ring: who and its state, events, step, memory, GPUs, last event."""
+    s = ring_state(ring, running, now_ns)
+    age = s["last_event_age_s"]
+    shown = "ENDED without a clean end" if s["state"] == "ended without a clean end" else s["state"]
+    lines = [
+        f"{who(ring.meta)}  [{shown}]",
+        f"events {s['events']:,} (seq {s['last_seq']}), last event "
+        + (f"{age:.1f} s ago" if age is not None else "none"),
+    ]
+    if s["step"] is not None:
+        pace = s["steps_per_s"]
+        lines.append(f"step {s['step']}" + (f", {pace:.2f} steps/s" if pace else ""))
+    m = s["memory"]
+    if m is not None:
+        rss_rate = m["host_rss_per_s"]
+        lines.append(
+            f"host RSS {human_bytes(m['host_rss'])}"
+            + (f" (+{human_bytes(int(rss_rate))}/s)" if rss_rate and rss_rate > 0 else "")
+            + f", workers {human_bytes(m['children_rss'])}, MemAvailable {human_bytes(m['mem_available'])}"
+        )
+        lines.append(_headroom("cgroup", m["cgroup_usage"], m["cgroup_limit"], m["cgroup_usage_per_s"]))
+    lines += [
+        f"cuda:{g['device']} allocated {human_bytes(g['allocated'])}; "
+        + _headroom("reserved", g["reserved"], g["total"], g["reserved_per_s"])
+        for g in s["gpus"]
+    ]
+    e = s["last_event"]
+    if e is not None:
         lines.append(f"last {e['kind']}: {one_line((e['label'] or '')[:160])}")
     return lines

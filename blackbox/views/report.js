@@ -204,11 +204,12 @@
   }
 
   // ------------------------------------------------------------------ flame graphs
+  // As views/speedscope.py's function_frame: no line number, the path from its package, else the base name.
   function byFunction(frame) {
-    const m = /^(.*) \((.*?):\d+\)$/.exec(frame);
+    const m = /^(.*) \((.*):\d+\)$/.exec(frame);
     if (!m) return frame;
-    const base = m[2].split("/").pop();
-    return m[1] + " (" + base + ")";
+    const root = /^.*\/(?:site-packages|dist-packages|lib\/python\d+(?:\.\d+)?t?)\//.exec(m[2]);
+    return m[1] + " (" + (root ? m[2].slice(root[0].length) : m[2].split("/").pop()) + ")";
   }
 
   function buildTree(entries, fold) {
