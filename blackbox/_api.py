@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ._recorder import DEFAULT_SAMPLE_INTERVAL, DEFAULT_STRINGS_SIZE, Phase, Recorder
+from ._warn import note_arm_site
 from .collect.exceptions import capture
 
 _lock = threading.Lock()
@@ -85,6 +86,7 @@ def arm(
     if me in _arming:
         return _active
     _arming.add(me)
+    note_arm_site()
     try:
         with _lock:
             return _arm_locked(path, capacity, sample_interval, strings_size, on_fork, allocator_history, modules,

@@ -12,18 +12,16 @@ while the same thread is already inside it returns at once.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ._errors import BlackboxWarning
 from ._fds import OwnedFd
 from ._version import __version__
+from ._warn import warn
 from .collect.clock import clock_error_s
 from .collect.exceptions import ExceptionRecorder, exit_status_unrecorded, record_status_at_exit
 from .collect.gpu import GpuProbe
@@ -62,15 +60,6 @@ _KIND_CGROUP_SAMPLE = fmt.KIND_CODES["cgroup_sample"]
 _KIND_CHILD_SAMPLE = fmt.KIND_CODES["child_sample"]
 
 
-def warn(message: str) -> None:
-    """One warning, never an exception (even under ``-W error``)."""
-    try:
-        warnings.warn(message, BlackboxWarning, stacklevel=3)
-    except Exception:
-        try:
-            sys.stderr.write(f"BlackboxWarning: {message}\n")
-        except Exception:
-            pass
 
 
 def _clock_pair() -> tuple[int, int]:
