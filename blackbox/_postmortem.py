@@ -47,6 +47,7 @@ def write_postmortem(
     *,
     plot: bool = True,
     launcher_pid: int | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Recover every ring named (files, or folders of ``*.ring``) into the bundle ``out`` (a folder
     or a pyarrow filesystem URI), a ring at a time; returns the metadata written.
@@ -54,8 +55,9 @@ def write_postmortem(
     ``exit_status``: how the job ended, where the caller saw it (``blackbox run``, whose pid is
     ``launcher_pid``).
     ``plot``: also render memory.png when matplotlib is installed.
+    ``extra``: fields added to the bundle's metadata (``blackbox run``: ``left_running``).
     """
-    recovery = RecoveryPass(inputs, exit_status, launcher_pid)
+    recovery = RecoveryPass(inputs, exit_status, launcher_pid, extra)
     return stream_bundle(recovery, out, lambda meta, read: _views(meta, read, plot=plot))
 
 

@@ -37,6 +37,7 @@ RECOVERY_ORDER = {
     "spill": 0,
     "stacks": 1,
     "facts": 1,
+    "relays": 1,
     "levers": 2,
     "diagnosis": 3,
     "metadata": 4,

@@ -13,7 +13,10 @@ The job runs as it would without us:
   ``sigtimedwait``, so we run no handler): a signal sent to our pid or our
   process group reaches the job once; a terminal's Ctrl-C reaches the job
   alone; a sender that signals every process of the job itself (Slurm's
-  ``slurmstepd``, ``systemd``) is not relayed again.
+  ``slurmstepd``, ``systemd``) is not relayed again. Each relay is written
+  down first, with its original sender (pid, uid, command, ``si_code``), in
+  ``relayed.jsonl`` beside the rings: the job's rings name us as the sender,
+  and recovery gives the signal back to whoever really sent it.
 - We are its processes' subreaper: what it starts and leaves behind (a shell
   wrapper's python, once the shell has died) is ours to wait for, and we
   recover only once its process group has ended (or after ``GRACE_S``).
@@ -31,14 +34,13 @@ import resource
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..collect.identity import RUN_PID_ENV
-from ..ring.file import default_dir, safe_folder
+from ..ring.relayed import RELAYED, Relay, relay_line
 from .bootstrap import BOOT_ENV, SITECUSTOMIZE
 
 FORWARDED = (
@@ -63,18 +65,7 @@ class Ended:
 
     status: int
     signal: int | None  # the signal that killed it, or None when it exited
-
-
-def work_folder(requested: str | None) -> Path:
-    """A fresh run folder (mode 0700), ``run-<UTC time>-XXXX``, inside ``--dir`` or the default ring folder.
-    Each run gets its own: rings of an earlier run in the same ``--dir`` never join this run's bundle."""
-    parent = Path(requested) if requested else default_dir()
-    if requested:
-        parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    else:
-        safe_folder(parent)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    return Path(tempfile.mkdtemp(prefix=f"run-{stamp}-", dir=parent))
+    relays: list[Relay] = field(default_factory=list)  # the signals passed on to the job, with their senders
 
 
 def prepare(work: Path) -> tuple[Path, Path]:
@@ -134,20 +125,47 @@ def _child_setup(mask: set[int], tty: int | None, parent: int) -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def _sender(info: Any) -> str:
+def _sender(info: Any) -> str | None:
+    """The command name of a process that sent a signal (``kill``, ``sigqueue``), None for the kernel."""
+    if info.si_code > 0 or info.si_pid <= 0:
+        return None
     try:
-        if info.si_code <= 0 and info.si_pid > 0:
-            return Path(f"/proc/{info.si_pid}/comm").read_text().strip()
+        with open(f"/proc/{info.si_pid}/comm", "rb") as f:
+            return f.read(64).decode("utf-8", "replace").strip()
     except OSError:
-        pass
-    return ""
+        return ""  # it has already ended
 
 
-def _relay(info: Any, pgrp: int) -> None:
-    if _sender(info) in SIGNALS_EVERY_PROCESS:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgrp, info.si_signo)
+class Relayer:
+    """Passes signals on to the job's process group, each written down first with its real sender."""
+
+    def __init__(self, rings: Path) -> None:
+        self.pgrp = 0
+        self.relays: list[Relay] = []
+        self._log = -1
+        with contextlib.suppress(OSError):  # unrecorded, a relay still happens: the job comes first
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            self._log = os.open(rings / RELAYED, flags, 0o600)
+
+    def relay(self, info: Any) -> None:
+        sender = _sender(info)
+        if sender in SIGNALS_EVERY_PROCESS:
+            return
+        kernel = sender is None
+        relay = Relay(info.si_signo, info.si_code, None if kernel else info.si_pid, None if kernel else info.si_uid,
+                      sender, os.getpid(), time.time_ns())  # fmt: skip
+        if len(self.relays) < 4096:
+            self.relays.append(relay)
+        if self._log >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self._log, relay_line(relay))  # one O_APPEND write: a line is never split
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgrp, info.si_signo)
+
+    def close(self) -> None:
+        if self._log >= 0:
+            os.close(self._log)
+            self._log = -1
 
 
 def launch(command: list[str], rings: Path, boot: Path) -> Ended:
@@ -156,6 +174,7 @@ def launch(command: list[str], rings: Path, boot: Path) -> Ended:
     before = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
     tty = _terminal()
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    relayer = Relayer(rings)
     try:
         try:
             child = subprocess.Popen(
@@ -166,11 +185,14 @@ def launch(command: list[str], rings: Path, boot: Path) -> Ended:
         except OSError as exc:
             print(f"blackbox run: cannot start {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
             return Ended(127 if isinstance(exc, FileNotFoundError) else 126, None)
+        relayer.pgrp = child.pid
         _hand_terminal(tty, child.pid)
-        ended = _wait(child.pid, watched, tty)
-        _wait_for_the_group(child.pid, watched)
+        ended = _wait(child.pid, watched, tty, relayer)
+        ended.relays = list(relayer.relays)  # those that reached it before its end (not the group's clean-up)
+        _wait_for_the_group(child.pid, watched, relayer)
         return ended
     finally:
+        relayer.close()
         _hand_terminal(tty, os.getpgrp())
         # The forwarded signals stay blocked: once the job has ended, a signal has nobody to reach and
         # must not end us with another status while we recover (unarmed, the process is already gone).
@@ -178,11 +200,11 @@ def launch(command: list[str], rings: Path, boot: Path) -> Ended:
         signal.pthread_sigmask(signal.SIG_SETMASK, set(before) | {int(s) for s in FORWARDED})
 
 
-def _wait(pid: int, watched: set[int], tty: int | None) -> Ended:
+def _wait(pid: int, watched: set[int], tty: int | None, relayer: Relayer) -> Ended:
     while True:
         info = signal.sigtimedwait(watched, 0.5)
         if info is not None and info.si_signo != signal.SIGCHLD:
-            _relay(info, pid)
+            relayer.relay(info)
             continue
         done, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
         if done == 0:
@@ -200,7 +222,7 @@ def _wait(pid: int, watched: set[int], tty: int | None) -> Ended:
         return Ended(os.WEXITSTATUS(status), None)
 
 
-def _wait_for_the_group(pgrp: int, watched: set[int]) -> None:
+def _wait_for_the_group(pgrp: int, watched: set[int], relayer: Relayer) -> None:
     """Reap the job's leftovers (reparented to us) until its process group is empty, or GRACE_S passed;
     signals sent meanwhile are still relayed to the group."""
     deadline = time.monotonic() + GRACE_S
@@ -214,7 +236,7 @@ def _wait_for_the_group(pgrp: int, watched: set[int]) -> None:
             return
         info = signal.sigtimedwait(watched, 0.05)
         if info is not None and info.si_signo != signal.SIGCHLD:
-            _relay(info, pgrp)
+            relayer.relay(info)
 
 
 def end_like(ended: Ended) -> int:
