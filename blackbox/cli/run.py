@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -50,8 +51,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def say(text: str) -> None:
-    """One line on stderr: stdout is the job's."""
-    print(f"blackbox run: {text}", file=sys.stderr, flush=True)
+    """One line on stderr: stdout is the job's. A stderr that is gone (a terminal hung up) changes nothing."""
+    with contextlib.suppress(OSError, ValueError):
+        print(f"blackbox run: {text}", file=sys.stderr, flush=True)
 
 
 def torchrun_rank() -> str | None:
@@ -127,7 +129,9 @@ def recover(rings: Path, bundle: Path, ended: Ended, quiet: bool, left: list[dic
         rank = torchrun_rank()
         say(line if rank is None else f"rank {rank}: {line}")
         if not quiet and account_here(ended):
-            sys.stderr.write((bundle / SUMMARY).read_text())
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write((bundle / SUMMARY).read_text())
+                sys.stderr.flush()
         return meta
     except Exception as exc:  # recovery must never change how the job ended
         say(f"exit status {status}; recovery failed ({type(exc).__name__}: {exc}); the rings are in {rings}/")

@@ -243,8 +243,9 @@ def end_like(ended: Ended) -> int:
     """End this process the way the job ended: killed by its signal (a shell or a scheduler then sees
     exactly that), else its exit status. Returns the status for callers that cannot die here."""
     if ended.signal is not None:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        with contextlib.suppress(OSError, ValueError):  # a terminal that hung up
+            sys.stdout.flush()
+            sys.stderr.flush()
         with contextlib.suppress(OSError, ValueError):
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the job's core dump, if any, is the job's
         with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP need (and allow) no reset
