@@ -39,31 +39,32 @@ def _user(uid: int) -> str:
 
 
 def _private_group(gid: int, uid: int) -> bool:
-    """The group has no member but ``uid`` (a user private group), as far as the user database tells."""
+    """The user's own private group: the user's primary group, with no other member as far as the user
+    database tells (where ``umask 002`` is the default, a user's folders are writable by it)."""
     try:
-        group = grp.getgrgid(gid)
-        others = [m for m in group.gr_mem if m != pwd.getpwuid(uid).pw_name]
+        user = pwd.getpwuid(uid)
+        others = [m for m in grp.getgrgid(gid).gr_mem if m != user.pw_name]
         primary = [p.pw_name for p in pwd.getpwall() if p.pw_gid == gid and p.pw_uid != uid]
     except KeyError:
         return False
-    return not others and not primary
+    return user.pw_gid == gid and not others and not primary
 
 
 def _who_else_writes(st: os.stat_result, uid: int) -> str | None:
     """Who besides ``uid`` and root can rename or replace what is in this folder, in words; None if nobody."""
     if st.st_uid not in (0, uid):
-        return f"it is owned by {_user(st.st_uid)}"
+        return f"is owned by {_user(st.st_uid)}"
     if st.st_mode & stat.S_ISVTX:
         return None  # sticky: others may add entries, never rename or remove ours
     mode = f"mode {stat.S_IMODE(st.st_mode):o}"
     if st.st_mode & stat.S_IWOTH:
-        return f"every user can write it ({mode})"
+        return f"every user can write ({mode})"
     if st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid, uid):
         try:
             name = grp.getgrgid(st.st_gid).gr_name
         except KeyError:
             name = str(st.st_gid)
-        return f"group {name} can write it ({mode})"
+        return f"group {name} can write ({mode})"
     return None
 
 
