@@ -295,3 +295,46 @@ def test_a_signal_after_the_job_ended_changes_neither_status_nor_bundle(tmp_path
     proc.communicate(timeout=30)
     assert proc.returncode == 3
     assert (run_folder(tmp_path / "run") / "bundle" / "metadata.json").is_file()
+
+
+# ------------------------------------------------------------------ paths, leftovers
+def test_a_relative_dir_arms_python_children_started_after_a_chdir(tmp_path: Path) -> None:
+    # GIVEN `blackbox run --dir rel` from tmp_path, and a job that changes folder, then starts a Python child
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code = (
+        "import os, subprocess, sys\nos.chdir(sys.argv[1])\n"
+        "subprocess.run([sys.executable, '-c', 'import numpy, blackbox; print(blackbox.active().armed)'], check=True)\n"
+    )
+    proc = subprocess.run([*BLACKBOX, "--dir", "rel", "--", sys.executable, "-c", code, str(elsewhere)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=ENV)  # fmt: skip
+    # THEN the child armed (its sitecustomize and ring folder are absolute paths) and wrote nowhere else
+    assert proc.returncode == 0 and proc.stdout == "True\n", proc.stderr
+    (child,) = [json.loads(line) for line in (run_folder(tmp_path / "rel") / "rings" / "folded.jsonl").open()]
+    assert child["role"] == "child" and list(elsewhere.iterdir()) == []
+    assert _meta(tmp_path / "rel")["helpers"][0]["count"] == 1
+
+
+def test_processes_the_job_left_running_are_named(tmp_path: Path) -> None:
+    # GIVEN a job whose worker outlives it: the main process dies (SIGKILL), its worker sleeps on
+    code = (
+        "import os, subprocess, sys\n"
+        "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', 'left-behind'],\n"
+        "                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "open(sys.argv[1], 'w').write(str(w.pid))\nos.kill(os.getpid(), 9)\n"
+    )
+    worker = tmp_path / "worker"
+    try:
+        proc = blackbox_run(tmp_path / "run", sys.executable, "-c", code, str(worker))
+        # THEN blackbox run ends as the job did, naming the worker left running, on stderr and in the bundle
+        pid = int(worker.read_text())
+        assert shell_status(proc) == 137, proc.stderr
+        assert "1 process of the job still running after it ended" in proc.stderr
+        assert f"pid {pid}: {sys.executable} -c import time; time.sleep(120) left-behind" in proc.stderr
+        assert _meta(tmp_path / "run")["left_running"] == [
+            {"pid": pid, "command": f"{sys.executable} -c import time; time.sleep(120) left-behind"}
+        ]
+        assert Path(f"/proc/{pid}").exists()  # named, never signalled
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(worker.read_text()), signal.SIGKILL)
