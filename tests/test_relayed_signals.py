@@ -60,15 +60,17 @@ def _launcher_pid(bundle: Path) -> int:
 
 @pytest.mark.skipif(shutil.which("timeout") is None, reason="coreutils timeout is not installed")
 def test_timeout_is_named_as_the_sender_of_its_sigterm(tmp_path: Path) -> None:
-    # GIVEN `timeout 3 blackbox run -- python job.py`, as the field ran it (timeout is our child: its pid is known)
+    # GIVEN `timeout 10 blackbox run -- python job.py`, as the field ran it (timeout is our child: its pid is
+    # known), with time for the job to arm on a loaded machine
     (tmp_path / "job.py").write_text(JOB)
-    proc = subprocess.Popen(["timeout", "3", *BLACKBOX, "run", "--dir", str(tmp_path / "run"), "--", sys.executable,
+    proc = subprocess.Popen(["timeout", "10", *BLACKBOX, "run", "--dir", str(tmp_path / "run"), "--", sys.executable,
                              str(tmp_path / "job.py"), str(tmp_path / "ready")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)  # fmt: skip
     # WHEN timeout's SIGTERM ends it
     _, err = proc.communicate(timeout=120)
     # THEN it ended as the job did, and every record names timeout, with its pid, as the sender
     assert proc.returncode == 124, err
+    assert (tmp_path / "ready").exists(), "the job was not up within timeout's 10 s: the machine is too slow"
     bundle = _bundle(tmp_path / "run")
     killed_by = json.loads((bundle / "metadata.json").read_text())["death"]["killed_by"]
     assert (killed_by["sender"], killed_by["sender_pid"]) == ("timeout", proc.pid), killed_by
@@ -85,8 +87,8 @@ def test_kill_of_the_process_group_from_a_shell_names_the_shell(tmp_path: Path) 
                              str(tmp_path / "job.py"), str(ready)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=ENV, start_new_session=True)  # fmt: skip
     _wait_ready(ready)
-    # WHEN a shell runs `kill -TERM -PGID`
-    shell = subprocess.run(["sh", "-c", f'echo $$; kill -TERM -{proc.pid}'], capture_output=True, text=True,
+    # WHEN a shell runs `kill -TERM -PGID` (and lives on, as a user's shell does)
+    shell = subprocess.run(["sh", "-c", f"echo $$; kill -TERM -{proc.pid}; sleep 3"], capture_output=True, text=True,
                            timeout=30)  # fmt: skip
     shell_pid = int(shell.stdout.split()[0])
     _, err = proc.communicate(timeout=120)
@@ -148,9 +150,11 @@ def test_a_hostile_relayed_file_renames_only_rows_that_name_the_launcher(tmp_pat
         b'{"signal":10,"code":0,"sender_pid":true,"sender_uid":0,"sender":"a","via":1,"time_ns":0}',
         b'{"signal":0,"code":0,"sender_pid":1,"sender_uid":0,"sender":"a","via":1,"time_ns":0}',
         b'{"signal":10,"code":0,"sender_pid":1,"sender_uid":0,"sender":"a","via":0,"time_ns":0}',
-        b'{"signal":10,"code":0,"sender_pid":1,"sender_uid":0,"sender":"' + b"a" * 16 + b'","via":1,"time_ns":0}',
+        b'{"signal":10,"code":0,"sender_pid":1,"sender_uid":0,"sender":"' + b"a" * 65 + b'","via":1,"time_ns":0}',
     ]
-    true_line = relay_line(Relay(signal.SIGUSR1, 0, 4242, 0, "torchrun", kill_pid, time.time_ns() - 10**9))
+    true_line = relay_line(
+        Relay(signal.SIGUSR1, 0, 4242, 0, "torchrun", "python torchrun", kill_pid, time.time_ns() - 10**9)
+    )
     (rings / RELAYED).write_bytes(b"\n".join(junk) + b"\n" + true_line)
     assert [(r.sender, r.via) for r in read_relayed(rings)] == [("torchrun", kill_pid)]
     # WHEN recovered: THEN the SIGUSR1 names the relay's sender; the SIGUSR2 stays as the ring recorded it

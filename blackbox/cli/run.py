@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..run import torchelastic
 from ._common import own_process, standalone
 
 if TYPE_CHECKING:
@@ -41,9 +42,15 @@ def run(args: argparse.Namespace) -> int:
         raise BlackboxError("expected a command after `--` (blackbox run -- python train.py ...), found none")
     work = work_folder(args.dir)
     rings, boot = prepare(work)
-    if torchrun_rank() is None:  # under torchrun, each rank's one line at the end names its bundle
+    under_torchrun = torchelastic.rank() is not None
+    if not under_torchrun:  # under torchrun, each rank's one line at the end names its bundle
         say(f"rings in {rings}/")
-    ended = launch(command, rings, boot)
+
+    def on_end(ended: Ended) -> None:
+        if under_torchrun and ended.status != 0:
+            torchelastic.note_end(work.parent, ended.end_ns)
+
+    ended = launch(command, rings, boot, on_end)
     count, left = still_running(os.getpid())
     name_leftovers(count, left)
     recover(rings, work / "bundle", ended, args.quiet, left)  # never raises: the job's status is what we return
@@ -56,30 +63,16 @@ def say(text: str) -> None:
         print(f"blackbox run: {text}", file=sys.stderr, flush=True)
 
 
-def torchrun_rank() -> str | None:
-    """This rank's number when torchrun started this `blackbox run` (``--no-python``), else None."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ:
-        return None
-    return os.environ.get("RANK", "?")
-
-
-def torn_down_by_parent(ended: Ended) -> bool:
-    """The job got a signal from our parent (torchrun tearing the ranks down after another one failed)."""
-    parent = os.getppid()
-    return any(r.sender_pid == parent for r in ended.relays)
-
-
-def account_here(ended: Ended) -> bool:
+def account_here(ended: Ended, parent: Path) -> bool:
     """Whether this `blackbox run` prints the full account. Alone, always. Under torchrun, where every rank
-    has its own `blackbox run` writing into one log: a rank that failed of its own cause (not torn down by
-    torchrun because another failed), and rank 0 of a job whose ranks all exited cleanly; every other rank
-    prints its one line (cause and bundle) only."""
-    rank = torchrun_rank()
+    has its own `blackbox run` writing into one log, once (``run.torchelastic``): the rank that failed first,
+    or rank 0 when it exited cleanly; every other rank prints its one line (cause and bundle)."""
+    rank = torchelastic.rank()
     if rank is None:
         return True
     if ended.status == 0:
         return rank == "0"
-    return not torn_down_by_parent(ended)
+    return torchelastic.first_to_fail(parent, ended.end_ns)
 
 
 def name_leftovers(count: int, left: list[dict[str, Any]]) -> None:
@@ -114,21 +107,20 @@ def recover(rings: Path, bundle: Path, ended: Ended, quiet: bool, left: list[dic
     try:
         from .._postmortem import write_postmortem
         from ..recovery.bundle import SUMMARY
-        from ..run.torchelastic import write_error_file
-
+        rank = torchelastic.rank()
+        of_rank = "" if rank is None else f"rank {rank}: "
         if not any(rings.glob("*.ring")):
-            say(no_ring(status, rings))
+            say(of_rank + no_ring(status, rings))
             return None
         own_process()  # the job has ended: the launcher's memory is now the recovery's
         extra = {"left_running": left} if left else None
         meta = write_postmortem([rings], bundle, exit_status=status, launcher_pid=os.getpid(), extra=extra)
         death = meta.get("first_death") or meta.get("death") or {}
         line = f"exit status {status}; cause: {meta['cause']}; {death.get('headline', '')} bundle in {bundle}/"
-        if write_error_file(meta, status, bundle):
+        if torchelastic.write_error_file(meta, status, bundle):
             line += " (the verdict is in torchrun's error file: its Root Cause table)"
-        rank = torchrun_rank()
-        say(line if rank is None else f"rank {rank}: {line}")
-        if not quiet and account_here(ended):
+        say(of_rank + line)
+        if not quiet and account_here(ended, bundle.parent.parent):
             with contextlib.suppress(OSError, ValueError):
                 sys.stderr.write((bundle / SUMMARY).read_text())
                 sys.stderr.flush()

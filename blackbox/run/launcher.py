@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from typing import Any
 from ..collect.identity import RUN_PID_ENV
 from ..ring.relayed import RELAYED, Relay, relay_line
 from .bootstrap import BOOT_ENV, SITECUSTOMIZE
+from .proc import argv_of, comm_of, command_of, program_of
 
 FORWARDED = (
     signal.SIGINT,
@@ -66,6 +68,7 @@ class Ended:
     status: int
     signal: int | None  # the signal that killed it, or None when it exited
     relays: list[Relay] = field(default_factory=list)  # the signals passed on to the job, with their senders
+    end_ns: int = 0  # UTC ns when we saw its process end
 
 
 def prepare(work: Path) -> tuple[Path, Path]:
@@ -125,15 +128,6 @@ def _child_setup(mask: set[int], tty: int | None, parent: int) -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def _sender(info: Any) -> str | None:
-    """The command name of a process that sent a signal (``kill``, ``sigqueue``), None for the kernel."""
-    if info.si_code > 0 or info.si_pid <= 0:
-        return None
-    try:
-        with open(f"/proc/{info.si_pid}/comm", "rb") as f:
-            return f.read(64).decode("utf-8", "replace").strip()
-    except OSError:
-        return ""  # it has already ended
 
 
 class Relayer:
@@ -148,12 +142,16 @@ class Relayer:
             self._log = os.open(rings / RELAYED, flags, 0o600)
 
     def relay(self, info: Any) -> None:
-        sender = _sender(info)
-        if sender in SIGNALS_EVERY_PROCESS:
-            return
-        kernel = sender is None
-        relay = Relay(info.si_signo, info.si_code, None if kernel else info.si_pid, None if kernel else info.si_uid,
-                      sender, os.getpid(), time.time_ns())  # fmt: skip
+        if info.si_code > 0 or info.si_pid <= 0:  # sent by the kernel (a terminal's hang-up)
+            relay = Relay(info.si_signo, info.si_code, None, None, None, None, os.getpid(), time.time_ns())
+        else:  # by a process (kill, sigqueue): who, read now, while it is most likely still there
+            comm = comm_of(info.si_pid)
+            if comm in SIGNALS_EVERY_PROCESS:
+                return
+            argv = argv_of(info.si_pid)
+            name = program_of(argv, comm) or None  # None: it ended before it could be named (its pid stays)
+            relay = Relay(info.si_signo, info.si_code, info.si_pid, info.si_uid, name,
+                          command_of(info.si_pid) if name else None, os.getpid(), time.time_ns())  # fmt: skip
         if len(self.relays) < 4096:
             self.relays.append(relay)
         if self._log >= 0:
@@ -168,8 +166,9 @@ class Relayer:
             self._log = -1
 
 
-def launch(command: list[str], rings: Path, boot: Path) -> Ended:
-    """Run ``command`` armed until it ends; returns how it ended."""
+def launch(command: list[str], rings: Path, boot: Path, on_end: Callable[[Ended], None] | None = None) -> Ended:
+    """Run ``command`` armed until it ends; returns how it ended. ``on_end`` is called as soon as the job's
+    process has ended, before the rest of its process group is waited for."""
     watched: set[int] = {int(s) for s in (*FORWARDED, signal.SIGCHLD)}
     before = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
     tty = _terminal()
@@ -188,7 +187,10 @@ def launch(command: list[str], rings: Path, boot: Path) -> Ended:
         relayer.pgrp = child.pid
         _hand_terminal(tty, child.pid)
         ended = _wait(child.pid, watched, tty, relayer)
+        ended.end_ns = time.time_ns()
         ended.relays = list(relayer.relays)  # those that reached it before its end (not the group's clean-up)
+        if on_end is not None:
+            on_end(ended)
         _wait_for_the_group(child.pid, watched, relayer)
         return ended
     finally:

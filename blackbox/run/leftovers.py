@@ -15,10 +15,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..collect.identity import bounded_argv, redact_argv
+from .proc import command_of
 
 MAX_LISTED = 64  # processes named in the metadata; the count says how many there were
-MAX_CMDLINE = 4096  # bytes of a command line read
 
 
 def _parent_and_state(pid: str) -> tuple[int, str] | None:
@@ -32,21 +31,6 @@ def _parent_and_state(pid: str) -> tuple[int, str] | None:
         return int(fields[1]), fields[0]
     except (IndexError, ValueError):
         return None
-
-
-def command_of(pid: int) -> str:
-    """The command line of a process, redacted and bounded; ``[name]`` where it has none (a kernel thread,
-    a process being torn down)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read(MAX_CMDLINE)
-        argv = [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
-        if argv:
-            return " ".join(bounded_argv(redact_argv(argv)))
-        with open(f"/proc/{pid}/comm", "rb") as f:
-            return f"[{f.read(64).decode('utf-8', 'replace').strip()}]"
-    except OSError:
-        return "?"
 
 
 def descendants(ancestor: int) -> list[int]:
