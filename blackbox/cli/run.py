@@ -107,6 +107,7 @@ def recover(rings: Path, bundle: Path, ended: Ended, quiet: bool, left: list[dic
     try:
         from .._postmortem import write_postmortem
         from ..recovery.bundle import SUMMARY
+
         rank = torchelastic.rank()
         of_rank = "" if rank is None else f"rank {rank}: "
         if not any(rings.glob("*.ring")):

@@ -128,8 +128,6 @@ def _child_setup(mask: set[int], tty: int | None, parent: int) -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-
-
 class Relayer:
     """Passes signals on to the job's process group, each written down first with its real sender."""
 
