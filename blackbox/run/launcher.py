@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,6 @@ SIGNALS_EVERY_PROCESS = ("slurmstepd", "systemd")  # they signal each process of
 GRACE_S = 10.0  # after the job's process ends, how long its process group may take to follow
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
-_SI_KERNEL = 0x80
 
 
 @dataclass
@@ -67,7 +66,6 @@ class Ended:
 
     status: int
     signal: int | None  # the signal that killed it, or None when it exited
-    relays: list[Relay] = field(default_factory=list)  # the signals passed on to the job, with their senders
     end_ns: int = 0  # UTC ns when we saw its process end
 
 
@@ -133,7 +131,6 @@ class Relayer:
 
     def __init__(self, rings: Path) -> None:
         self.pgrp = 0
-        self.relays: list[Relay] = []
         self._log = -1
         with contextlib.suppress(OSError):  # unrecorded, a relay still happens: the job comes first
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -150,8 +147,6 @@ class Relayer:
             name = program_of(argv, comm) or None  # None: it ended before it could be named (its pid stays)
             relay = Relay(info.si_signo, info.si_code, info.si_pid, info.si_uid, name,
                           command_of(info.si_pid) if name else None, os.getpid(), time.time_ns())  # fmt: skip
-        if len(self.relays) < 4096:
-            self.relays.append(relay)
         if self._log >= 0:
             with contextlib.suppress(OSError):
                 os.write(self._log, relay_line(relay))  # one O_APPEND write: a line is never split
@@ -186,7 +181,6 @@ def launch(command: list[str], rings: Path, boot: Path, on_end: Callable[[Ended]
         _hand_terminal(tty, child.pid)
         ended = _wait(child.pid, watched, tty, relayer)
         ended.end_ns = time.time_ns()
-        ended.relays = list(relayer.relays)  # those that reached it before its end (not the group's clean-up)
         if on_end is not None:
             on_end(ended)
         _wait_for_the_group(child.pid, watched, relayer)
