@@ -12,8 +12,9 @@ hang-up) stays the kernel's: no sender pid, no command, code 128.
 
 A row takes the latest relay of its signal by that launcher received no later
 than the row's own time (plus ``SLACK_NS`` for the two clocks), else the
-earliest. The file is untrusted input: it can only rename the sender of rows
-that already name the launcher.
+earliest (the launcher writes 1 MiB of relays at most: in a longer signal storm
+the later rows take the last relay written). The file is untrusted input: it
+can only rename the sender of rows that already name the launcher.
 """
 
 from __future__ import annotations

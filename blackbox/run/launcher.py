@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ..collect.identity import RUN_PID_ENV
-from ..ring.relayed import RELAYED, Relay, relay_line
+from ..ring.relayed import MAX_RELAYED_BYTES, RELAYED, Relay, relay_line
 from .bootstrap import BOOT_ENV, SITECUSTOMIZE
 from .proc import argv_of, comm_of, command_of, program_of
 
@@ -132,6 +132,7 @@ class Relayer:
     def __init__(self, rings: Path) -> None:
         self.pgrp = 0
         self._log = -1
+        self._room = MAX_RELAYED_BYTES  # what recovery reads; a signal storm must not fill the disk
         with contextlib.suppress(OSError):  # unrecorded, a relay still happens: the job comes first
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             self._log = os.open(rings / RELAYED, flags, 0o600)
@@ -147,9 +148,10 @@ class Relayer:
             name = program_of(argv, comm) or None  # None: it ended before it could be named (its pid stays)
             relay = Relay(info.si_signo, info.si_code, info.si_pid, info.si_uid, name,
                           command_of(info.si_pid) if name else None, os.getpid(), time.time_ns())  # fmt: skip
-        if self._log >= 0:
+        line = relay_line(relay)
+        if self._log >= 0 and len(line) <= self._room:
             with contextlib.suppress(OSError):
-                os.write(self._log, relay_line(relay))  # one O_APPEND write: a line is never split
+                self._room -= os.write(self._log, line)  # one O_APPEND write: a line is never split
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pgrp, info.si_signo)
 
