@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._errors import one_line
 from ..run import torchelastic
 from ._common import own_process, standalone
 
@@ -81,7 +82,7 @@ def name_leftovers(count: int, left: list[dict[str, Any]]) -> None:
         return
     say(f"{count} process{'es' if count > 1 else ''} of the job still running after it ended (not signalled):")
     for p in left[:LEFT_NAMED]:
-        say(f"  pid {p['pid']}: {p['command']}")
+        say(f"  pid {p['pid']}: {one_line(p['command'])}")  # a command line may hold terminal escapes
     if count > LEFT_NAMED:
         say(f"  and {count - LEFT_NAMED} more (metadata.json lists up to {len(left)})")
 
