@@ -11,10 +11,10 @@ standard library alone, not the blackbox package) and calls :func:`boot`:
   with small rings.
 - Any other Python process of the job (a script a shell loop runs, a tool the
   job calls) arms a small ring once it has imported numpy or torch, the moment
-  it starts doing array work: importing blackbox and arming costs about 0.1 s
-  of CPU (numpy's import half of it), ten times what a short Python process
-  costs without it, and a job of hundreds of short scripts would pay that for
-  each. One that never imports either is not recorded.
+  it starts doing array work: importing blackbox and arming costs about 0.2 s
+  of CPU (numpy's import about half of it), eight times what a short Python
+  process costs without it, and a job of hundreds of short scripts would pay
+  that for each. One that never imports either is not recorded.
 
 A helper (any process but the job's own) that ends cleanly is folded into one
 line of ``folded.jsonl`` and its ring removed, so hundreds of short-lived
