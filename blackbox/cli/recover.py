@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     for unread in meta.get("unread_rings", []):  # recovered without them: say which and why, one line each
         print(f"blackbox: not recovered: {unread['reason']}", file=sys.stderr)
     if args.summary:
-        sys.stdout.write(read_summary(out))
+        sys.stdout.write(printable(read_summary(out)))  # rendered escaped; read back, it is a file like any other
     return 0
 
 

@@ -46,6 +46,7 @@ def say(text: str) -> None:
 def recover(rings: Path, bundle: Path, status: int, quiet: bool) -> dict[str, Any] | None:
     """Recover every ring the job left into ``bundle`` and say what killed it (on stderr)."""
     try:
+        from .._errors import one_line
         from .._postmortem import write_postmortem
         from ..recovery.bundle import SUMMARY
         from ..run.torchelastic import write_error_file
@@ -57,7 +58,8 @@ def recover(rings: Path, bundle: Path, status: int, quiet: bool) -> dict[str, An
         own_process()  # the job has ended: the launcher's memory is now the recovery's
         meta = write_postmortem([rings], bundle, exit_status=status, launcher_pid=os.getpid())
         death = meta.get("first_death") or meta.get("death") or {}
-        say(f"exit status {status}; cause: {meta['cause']}; {death.get('headline', '')} bundle in {bundle}/")
+        headline = one_line(str(death.get("headline", "")))  # the job's own text (an exception message)
+        say(f"exit status {status}; cause: {meta['cause']}; {headline} bundle in {bundle}/")
         if write_error_file(meta, status, bundle):
             say("the verdict is in torchrun's error file (its Root Cause table)")
         if not quiet:

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .._errors import one_line
 from .._units import human_bytes
 from ..recovery.timeline import of_kind, py_rows, ring_table
 from ..ring.reader import Ring
@@ -63,8 +64,9 @@ def frame(ring: Ring, running: bool, now_ns: int | None = None) -> str:
     times = table["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
     age = (now - int(times[-1])) / 1e9 if len(times) else None
     state = "running" if running else ("ended cleanly" if ring.clean else "ENDED without a clean end")
+    who = one_line(f"{ident.get('host')} pid {ident.get('pid')} rank {ident.get('rank')}")  # the ring's text, escaped
     lines = [
-        f"blackbox watch  {ident.get('host')} pid {ident.get('pid')} rank {ident.get('rank')}  [{state}]",
+        f"blackbox watch  {who}  [{state}]",
         f"events {ring.recovery.valid:,} (seq {ring.recovery.last_seq}), last event "
         + (f"{age:.1f} s ago" if age is not None else "none"),
     ]
@@ -98,5 +100,5 @@ def frame(ring: Ring, running: bool, now_ns: int | None = None) -> str:
     events = of_kind(table, "oom", "exception", "signal", columns=["time", "kind", "label"])
     if events.num_rows:
         e = py_rows(events.slice(events.num_rows - 1))[0]
-        lines.append(f"last {e['kind']}: {(e['label'] or '')[:160]}")
+        lines.append(f"last {e['kind']}: {one_line((e['label'] or '')[:160])}")
     return "\n".join(lines) + "\n"

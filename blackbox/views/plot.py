@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._errors import BlackboxError
+from .._errors import BlackboxError, one_line
 from ..recovery.timeline import of_kind, rows_of_kind
 
 MAX_POINTS = 5000
@@ -99,7 +99,7 @@ def memory_figure(table: pa.Table, meta: dict[str, Any]) -> Any:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[1]:
             ax.legend(loc="upper left", fontsize=8)
-    fig.suptitle(_clip(_title(meta), 120))  # a ring names its host: matplotlib lays out every character
+    fig.suptitle(_clip(one_line(_title(meta)), 120))  # a ring names its host: matplotlib lays out every character
     fig.tight_layout()
     return fig
 

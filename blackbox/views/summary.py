@@ -10,6 +10,7 @@ from ..recovery.ranks import rank_rows
 from ..recovery.timeline import COUNTERS, GAUGES
 from .across import across_lines
 from .stacks import stack_sections
+from .text import shown
 
 
 def _ending(m: dict[str, Any]) -> str:
@@ -101,7 +102,8 @@ def _death(d: dict[str, Any] | None) -> list[str]:
 
 
 def ring_summary(m: dict[str, Any]) -> str:
-    """Markdown for one ring's metadata (as built by ``ring_metadata``)."""
+    """Markdown for one ring's metadata (as built by ``ring_metadata``); text from the ring escaped."""
+    m = shown(m)
     rec = m["recovery"]
     argv = " ".join(m.get("argv") or []) or "n/a"
     lines = [
@@ -204,15 +206,16 @@ def unread_section(meta: dict[str, Any]) -> list[str]:
 def bundle_summary(meta: dict[str, Any]) -> str:
     """summary.md: one ring's account; for several, the account across them (the same length at any
     count: attempts, first death, how the others ended, outliers) and the detail of one ring, the
-    first death's (else the lowest rank of the last attempt)."""
+    first death's (else the lowest rank of the last attempt). Text from the rings is escaped (``text``)."""
     rings = meta.get("rings")
-    helpers = helpers_section(meta) + unread_section(meta)
+    view = shown({k: v for k, v in meta.items() if k != "rings"})  # the rings are read one at a time
+    helpers = helpers_section(view) + unread_section(view)
     if not rings:
         return ring_summary(meta) + ("\n" + "\n".join(helpers) if helpers else "")
-    rows = rank_rows(meta)  # one pass over the rings (they may be read back from disk), for both
+    rows = shown(rank_rows(meta))  # one pass over the rings (they may be read back from disk), for both
     hosts = len({r["host"] for r in rows})
     head = [f"# blackbox: {len(rings)} rings on {hosts} host{'s' if hosts != 1 else ''}, {meta['events']} events", ""]
-    head += [*across_lines(meta, rows), *helpers]
+    head += [*across_lines(view, rows), *helpers]
     detail = _detail_ring(meta, rings)
     title = "the first death" if meta.get("first_death") else "the lowest rank of the last attempt"
     return "\n".join([*head, f"## Detail of {title}", "", _demote(_demote(ring_summary(detail)))])
@@ -223,7 +226,9 @@ MAX_LISTED = 20  # bundles listed by name where some could not be read
 
 def job_summary(meta: dict[str, Any], rows: list[dict[str, Any]], detail: dict[str, Any] | None) -> str:
     """summary.md of a job read from its node bundles (``recovery.job``): the account across every
-    host, the bundles that could not be read, and the detail of the first death's ring."""
+    host, the bundles that could not be read, and the detail of the first death's ring. Text from the
+    bundles is escaped (``text``)."""
+    meta, rows = shown(meta), shown(rows)
     bundles = meta.get("bundles") or []
     hosts = meta.get("hosts") or 0
     lines = [
