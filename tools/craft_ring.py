@@ -200,15 +200,14 @@ def text_ring(path: Path, text: str) -> Path:
     ident = dict(identity(), host=f"host{text}", argv=["train.py", f"--name={text}"], pid=child.pid)
     strings = {2: f"thread{text}", 3: f"mark{text}", 4: f"ValueError: boom{text}", 5: "uncaught", 6: "SIGTERM"}
     frames = {(1, 1): f"outer{text} (train.py:1)", (1, 2): f"inner{text} (train.py:2)"}
-    sender = f"kill{text}".encode("utf-8", "surrogateescape")[:16].ljust(16, b"\0")
-    sender_words = np.frombuffer(sender, "<i8")
+    comm = f"kill{text}".encode("utf-8", "surrogateescape")[:16].ljust(16, b"\0")
+    sender = np.frombuffer(comm, "<i8")
     parts = [
         records_of("mark", 3, label=3, value=7, flags=fmt.FLAG_VALUE),
         records_of("stack_sample", 4, label=2, p0=1, p1=1, p2=1, p3=2),
         records_of("sample", 4, label=0, p0=100 << 20),
         records_of("exception", 1, label=4, p0=5),
-        records_of("signal", 1, label=6, value=15, flags=fmt.FLAG_VALUE, p0=0, p1=4242, p2=0,
-                   p3=sender_words[0], p4=sender_words[1]),  # fmt: skip
+        records_of("signal", 1, label=6, value=15, flags=fmt.FLAG_VALUE, p1=4242, p3=sender[0], p4=sender[1]),
     ]
     rec = np.concatenate(parts)
     rec["time"] = time.monotonic_ns() + np.arange(len(rec), dtype=np.int64) * 1_000_000
