@@ -244,6 +244,7 @@ def job_summary(meta: dict[str, Any], rows: list[dict[str, Any]], detail: dict[s
         if len(unread) > MAX_LISTED:
             lines.append(f"- ... and {len(unread) - MAX_LISTED} more (metadata.json: unread_bundles)")
         lines.append("")
+    lines += claimed_lines(meta.get("claimed_twice") or [])
     first = meta.get("first_death")
     if first and detail is not None:
         lines += ["## Detail of the first death", "", f"Its timeline: `{first['bundle']}/timeline.parquet`.", ""]
@@ -251,6 +252,24 @@ def job_summary(meta: dict[str, Any], rows: list[dict[str, Any]], detail: dict[s
     elif first:
         lines += [f"Its timeline: `{first['bundle']}/timeline.parquet`.", ""]
     return "\n".join(lines)
+
+
+def claimed_lines(claimed: list[dict[str, Any]]) -> list[str]:
+    """Rings that two bundles hold (``recovery.job``), grouped by the two bundles: read once where both
+    hold the same account, twice where they differ (one may be planted: both are in the account)."""
+    if not claimed:
+        return []
+    groups: dict[tuple[str, str, bool], int] = {}
+    for c in claimed:
+        key = (c["bundles"][0], c["bundles"][1], bool(c.get("same")))
+        groups[key] = groups.get(key, 0) + 1
+    lines = [f"## Rings that two bundles hold ({len(claimed)})", ""]
+    for (first, second, same), n in list(groups.items())[:MAX_LISTED]:
+        how = "the same account: read once" if same else "different accounts: both read, one may be planted"
+        lines.append(f"- {n} ring{'s' if n != 1 else ''} in `{first}` and `{second}` ({how})")
+    if len(groups) > MAX_LISTED:
+        lines.append(f"- ... and {len(groups) - MAX_LISTED} more pairs of bundles (metadata.json: claimed_twice)")
+    return [*lines, ""]
 
 
 def _detail_ring(meta: dict[str, Any], rings: Sequence[dict[str, Any]]) -> dict[str, Any]:
