@@ -145,3 +145,19 @@ def test_a_bundle_holding_another_ring_of_the_same_account_reads_it_once(node_bu
     _, meta, _ = job_account([str(job)])
     assert meta["ring_count"] == 9 and meta["unread_bundles"] == []
     assert sorted(c["same"] for c in meta["claimed_twice"]) == [True, True, True]
+
+
+def test_a_ring_held_by_three_bundles_counts_once_per_account(node_bundles: Path, tmp_path: Path) -> None:
+    # a planted claim and an exact copy of node001, both sorting first: node001's own account equals the
+    # copy's, so each real death counts once, beside the claim's clean exits
+    job = copy_bundles(node_bundles, tmp_path / "job")
+    for name in ("aaa", "aab"):
+        shutil.copytree(job / "node001", job / name)
+    edit_rings(job / "aaa", lambda r: r.update(death={"cause": "clean_exit", "time": r["last_event_at"]}))
+    (job / "aaa" / "ranks.parquet").unlink()
+    _, meta, text = job_account([str(job)])
+    assert meta["ring_count"] == 12 and "- 8 ranks `killed`" in text and "- 4 ranks `clean_exit`" in text
+    assert f"4 rings in `{job}/aaa` and `{job}/aab` (different accounts: both read" in text
+    assert [u["reason"] for u in meta["unread_bundles"]] == [
+        f"{job}/node001: expected new rings, found those of {job}/aab (a copy)"
+    ]

@@ -120,8 +120,9 @@ def _ranks_bomb(bundle: Path, rows: int, column: str, text: str) -> None:
 
 
 def _planted(job: Path, good: Path, name: str, pid: int) -> Path:
+    """A copy of node000 under new pids (``pid`` + 10,000 times each ring's index)."""
     shutil.copytree(good / "node000", job / name)
-    _edit(job / name, lambda m: [r.update(pid=pid + i) for i, r in enumerate(m["rings"])])
+    _edit(job / name, lambda m: [r.update(pid=pid + 10_000 * i) for i, r in enumerate(m["rings"])])
     (job / name / "ranks.parquet").unlink()
     return job / name
 
@@ -137,9 +138,8 @@ def bundle_case(job: Path, good: Path, secret: Path, rng: random.Random) -> list
                            "wrong types", "containers", "fifo", "link", "claims node001", "copy of node001",
                            "escapes", "garbage ranks"])  # fmt: skip
         traps.append(trap)
-        where = job / "node000" if rng.random() < 0.5 else _planted(job, good, f"planted{i}", 4_300_000 + 10_000 * i)
-        if not (where / "metadata.json").is_file() or (where / "metadata.json").is_symlink():
-            continue  # an earlier trap replaced it
+        # each trap in a bundle of its own (a trap reads the metadata the genuine writer wrote)
+        where = job / "node000" if i == 0 and rng.random() < 0.5 else _planted(job, good, f"plant{i}", 4_300_000 + i)
         if trap == "ranks extra column":
             _inflate(where, 1250, 4_400_000 + 10_000 * i)
             _ranks_bomb(where, 1250, "x", "y" * (2 * MiB))

@@ -393,7 +393,7 @@ class JobPass:
     _bundles: list[dict[str, Any]] = field(default_factory=list)
     _ranks: list[pa.Table] = field(default_factory=list)
     claimed_twice: list[dict[str, Any]] = field(default_factory=list)  # rings two bundles hold, both named
-    _seen: dict[tuple[Any, ...], int] = field(default_factory=dict)  # ring identity -> where in _rings
+    _seen: dict[tuple[Any, ...], list[int]] = field(default_factory=dict)  # ring identity -> where in _rings
     _next: int = 0  # places read so far
 
     def __post_init__(self) -> None:
@@ -432,7 +432,8 @@ class JobPass:
                 continue
             rings = [rings[k] for k in keep]
             for m in rings:
-                self._seen.setdefault(_identity(m), len(self._rings))
+                if None not in _identity(m):  # a ring whose identity cannot be read is no other's
+                    self._seen.setdefault(_identity(m), []).append(len(self._rings))
                 self._rings.append(m)
             self._ranks.append(ranks.take(pa.array(keep, pa.int64())) if len(keep) < ranks.num_rows else ranks)
             self._bundles.append({
@@ -454,14 +455,13 @@ class JobPass:
         the same accounts as another is a copy, not read, and named so."""
         keep, same = [], []
         for k, m in enumerate(rings):
-            earlier = self._seen.get(_identity(m))
-            if earlier is None:
+            earlier = [self._rings[e] for e in self._seen.get(_identity(m), [])]
+            if not earlier:
                 keep.append(k)
                 continue
-            other = self._rings[earlier]
-            equal = {**m, "_at": None} == {**other, "_at": None}
-            same.append((m, other, equal))
-            if not equal:
+            other = next((e for e in earlier if {**m, "_at": None} == {**e, "_at": None}), None)
+            same.append((m, other or earlier[0], other is not None))
+            if other is None:
                 keep.append(k)
         first = one_line(str(self.places[same[0][1]["_at"][0]])) if same else ""
         if same and not keep:
