@@ -54,6 +54,7 @@ def write_postmortem(
     *,
     plot: bool = True,
     launcher_pid: int | None = None,
+    extra: dict[str, Any] | None = None,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> dict[str, Any]:
     """Recover every ring named (files, or folders of ``*.ring``) into the bundle ``out`` (a folder
@@ -62,9 +63,10 @@ def write_postmortem(
     ``exit_status``: how the job ended, where the caller saw it (``blackbox run``, whose pid is
     ``launcher_pid``).
     ``plot``: also render memory.png when matplotlib is installed.
+    ``extra``: fields added to the bundle's metadata (``blackbox run``: ``left_running``).
     ``progress``: called with (rings done, rings in all, the ring) as each ring is diagnosed.
     """
-    recovery = RecoveryPass(inputs, exit_status, launcher_pid)
+    recovery = RecoveryPass(inputs, exit_status, launcher_pid, extra)
     recovery.progress = progress
     named = [shlex.quote(str(p)) for p in inputs[:3]] + (["..."] if len(inputs) > 3 else [])
     again = one_line(f"blackbox recover {' '.join(named)} -o {shlex.quote(os.fspath(out))}").replace("`", "'")

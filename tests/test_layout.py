@@ -40,6 +40,7 @@ RECOVERY_ORDER = {
     "outfolder": 0,
     "stacks": 1,
     "facts": 1,
+    "relays": 1,
     "levers": 2,
     "diagnosis": 3,
     "metadata": 4,

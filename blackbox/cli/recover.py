@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from .._postmortem import printable, write_job, write_postmortem
     from ..recovery.bundle import read_summary
     from ..recovery.job import kind_of
+    from ..views.summary import claimed_lines
 
     out = args.out
     targets = [str(t) for t in args.rings]  # a URI never goes through Path
@@ -53,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
               f"from {_count(len(meta['bundles']), 'bundle')})")  # fmt: skip
         for unread in meta["unread_bundles"]:
             print(f"blackbox: not read: {one_line(unread['reason'])}", file=sys.stderr)
+        for line in claimed_lines(meta["claimed_twice"])[2:-1]:  # the summary's lines, without the heading
+            print(f"blackbox: held twice:{line[1:]}", file=sys.stderr)
         if args.summary:
             sys.stdout.write(printable(read_summary(out)))
         return 0
@@ -66,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     for unread in meta.get("unread_rings", []):  # recovered without them: say which and why, one line each
         print(f"blackbox: not recovered: {unread['reason']}", file=sys.stderr)
     if args.summary:
-        sys.stdout.write(read_summary(out))
+        sys.stdout.write(printable(read_summary(out)))  # rendered escaped; read back, it is a file like any other
     return 0
 
 
@@ -87,6 +90,8 @@ def _json(out: str, meta: dict[str, Any], summary: bool) -> int:
         "rings": meta.get("ring_count") or len(meta.get("rings") or [meta]),
         "unread": [one_line(u["reason"]) for u in meta.get("unread_rings") or meta.get("unread_bundles") or []],
     }
+    if "claimed_twice" in meta:  # job-wide: rings two bundles each hold
+        said["claimed_twice"] = meta["claimed_twice"]
     if summary:
         said["summary"] = read_summary(out)
     print(json.dumps(said, indent=1, default=str))
