@@ -56,6 +56,7 @@ def rings(tmp_path: Path) -> Path:
         (["plot"], "memory.png", "the picture"),
         (["export", "--perfetto"], "trace.json", "the trace"),
         (["export", "--folded"], "stacks.folded", "the folded stacks"),
+        (["export", "--speedscope"], "stacks.speedscope.json", "the speedscope profile"),
     ],
 )
 def test_a_full_disk_is_one_line_naming_what_was_being_written(

@@ -12,6 +12,7 @@ from typing import Any
 from ._common import own_process, standalone, to_stdout, writing
 
 DEFAULT_OUT = {"perfetto": "trace.json", "folded": "stacks.folded", "speedscope": "stacks.speedscope.json"}
+WHAT = {"perfetto": "the trace", "folded": "the folded stacks", "speedscope": "the speedscope profile"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
         return 0
-    with writing(out, f"the {what} export"), open(out, "w", encoding="utf-8") as f:
+    with writing(out, WHAT[what]), open(out, "w", encoding="utf-8") as f:
         f.write(text)
     print(f"wrote {out} ({said}")
     return 0
