@@ -113,7 +113,7 @@ def test_speedscope_file_follows_speedscopes_schema_and_holds_every_sample(bundl
     assert {p["name"].rsplit(" ", 1)[-1] for p in profile["profiles"]} == {f"{t:#x}" for t in threads}
     for p in profile["profiles"]:
         assert len(p["weights"]) == len(p["samples"]) and all(w > 0 for w in p["weights"])
-        assert p["startValue"] + sum(p["weights"]) <= p["endValue"] + 1e-6, "weights are time within the profile"
+        assert abs(p["startValue"] + sum(p["weights"]) - p["endValue"]) < 1e-5, "weights fill the profile's time"
     stacks = Counter(";".join(frames[i]["name"] for i in s) for p in profile["profiles"] for s in p["samples"])
     expected = Counter(";".join(f.rsplit(" (", 1)[0] for f in stack.split(";")) for _, stack in sampled if stack)
     assert stacks == expected, "each sample's stack, outermost first, in its thread's profile"

@@ -94,14 +94,15 @@ def speedscope_profile(table: pa.Table, meta: dict[str, Any], *, by_function: bo
         weights = np.append(np.minimum(gaps, GAP_INTERVALS * interval), interval) if len(t) else t
         rank = ranks[members[0]]
         who = f"rank {rank} pid {pid}" if rank is not None else f"pid {pid}"
+        start, rounded = round(float(t[0]), 6), [round(float(w), 6) for w in weights]
         profiles.append({
             "type": "sampled",
             "name": f"{who} thread {thread:#x}" if isinstance(thread, int) else who,
             "unit": "seconds",
-            "startValue": round(float(t[0]), 6),
-            "endValue": round(float(t[-1] + weights[-1]), 6),
+            "startValue": start,
+            "endValue": round(start + sum(rounded), 6),  # the weights' own sum: they fill the profile exactly
             "samples": [[frame_id(f) for f in (stacks[i] or "<no stack>").split(";")] for i in members],
-            "weights": [round(float(w), 6) for w in weights],
+            "weights": rounded,
         })  # fmt: skip
     return {
         "$schema": SCHEMA,
