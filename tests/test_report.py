@@ -64,6 +64,20 @@ def blackbox_cmd(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
                           timeout=120, **kw)  # type: ignore[call-overload]  # fmt: skip
 
 
+RANK_JOB = """
+import os, signal, sys, time, blackbox
+blackbox.arm(sys.argv[1], capacity=1 << 13, sample_interval=0.02)
+rank = int(os.environ["RANK"])
+held = []
+for step in range(1, 4):
+    blackbox.step(step)
+    held.append(b"\\1" * ((rank + 1) * (20 << 20)))  # rank 2 holds the most
+    time.sleep(0.15)
+if rank == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
 @pytest.fixture(scope="module")
 def leak_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("leak")
@@ -220,3 +234,31 @@ def test_json_in_the_page_cannot_end_its_script_block() -> None:
     text = json_for_html({"frame": "</script><!-- \u2028 & >"})
     assert "<" not in text and ">" not in text and "&" not in text and "\u2028" not in text
     assert json.loads(text) == {"frame": "</script><!-- \u2028 & >"}
+
+
+def test_every_rank_has_its_row_and_its_line_and_the_first_death_is_named(page: Page, tmp_path: Path) -> None:
+    rings = tmp_path / "rings"
+    for rank in (0, 1, 2):
+        env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "3"}
+        proc = run_py(RANK_JOB, f"{rings}/", env=env, check=False)
+        assert proc.returncode == (-signal.SIGKILL if rank == 1 else 0), proc.stderr
+    bundle = blackbox.recover(rings, tmp_path / "bundle")
+    meta = json.loads((bundle / "metadata.json").read_text())
+    killed = meta["first_death"]
+    assert killed["rank"] == 1 and killed["cause"] == "killed"
+    out = tmp_path / "report.html"
+    assert blackbox_cmd("report", str(bundle), "-o", str(out)).returncode == 0
+    page.open(out.as_uri())
+    assert_offline(page, out.as_uri())
+    assert page.evaluate("document.getElementById('headline').textContent") == killed["headline"]
+    lines = page.evaluate("[...document.querySelectorAll('#timeline path.series')].map(p => p.dataset.name)")
+    assert {"host_rss rank 0", "host_rss rank 1", "host_rss rank 2"} <= set(lines), lines
+    assert page.evaluate("document.querySelector('#timeline .death-label').textContent") == \
+        "rank 1 killed"  # fmt: skip
+    column = "[...document.querySelectorAll('#ranks tbody tr')].map(r => [r.cells[1].textContent, r.className])"
+    rows = dict(page.evaluate(column))
+    assert rows == {"0": "", "1": "dead", "2": ""}, "a row per rank, the dead one marked"
+    page.evaluate("[...document.querySelectorAll('#ranks th')].find(th => th.textContent === 'peak host RSS').click()")
+    assert [r for r, _ in page.evaluate(column)] == ["2", "1", "0"], "sorted by peak RSS, largest first"
+    page.evaluate("[...document.querySelectorAll('#ranks th')].find(th => th.textContent === 'peak host RSS').click()")
+    assert [r for r, _ in page.evaluate(column)] == ["0", "1", "2"], "and again, smallest first"
