@@ -19,6 +19,7 @@ from conftest import REPO, run_py
 
 import blackbox
 from blackbox.views.report import json_for_html
+from blackbox.views.report_data import allocation_data
 
 pytestmark = pytest.mark.slow
 LEAK_JOB = """
@@ -262,3 +263,27 @@ def test_every_rank_has_its_row_and_its_line_and_the_first_death_is_named(page: 
     assert [r for r, _ in page.evaluate(column)] == ["2", "1", "0"], "sorted by peak RSS, largest first"
     page.evaluate("[...document.querySelectorAll('#ranks th')].find(th => th.textContent === 'peak host RSS').click()")
     assert [r for r, _ in page.evaluate(column)] == ["0", "1", "2"], "and again, smallest first"
+
+
+def test_allocations_of_several_processes_are_rooted_at_each_process() -> None:
+    def ring(pid: int, rank: int, stacks: dict[str, int]) -> dict[str, object]:
+        sites = [{"site": stack.rsplit(";", 1)[-1], "live_bytes": live} for stack, live in stacks.items()]
+        return {"pid": pid, "rank": rank, "role": "main",
+                "allocations": {"live_bytes": sum(stacks.values()), "error_bytes": 3 << 20, "sites": sites,
+                                "stacks": [{"stack": k, "live_bytes": v} for k, v in stacks.items()]}}  # fmt: skip
+
+    meta = {"rings": [ring(10, 0, {"a;leak (t.py:3)": 40 << 20}),
+                      {"pid": 12, "rank": 2, "allocations": None},  # sampling off in this one
+                      ring(11, 1, {"a;leak (t.py:3)": 90 << 20, "a;load (t.py:9)": 5 << 20})]}  # fmt: skip
+    drawn = allocation_data(meta)
+    assert drawn is not None
+    assert drawn["stacks"] == [
+        ["main pid 11 rank 1;a;leak (t.py:3)", 90 << 20],
+        ["main pid 10 rank 0;a;leak (t.py:3)", 40 << 20],
+        ["main pid 11 rank 1;a;load (t.py:9)", 5 << 20],
+    ], "a root per process, largest first"
+    assert [(s["site"], s["process"]) for s in drawn["sites"]] == [
+        ("leak (t.py:3)", "main pid 11 rank 1"), ("leak (t.py:3)", "main pid 10 rank 0"),
+        ("load (t.py:9)", "main pid 11 rank 1")]  # fmt: skip
+    assert drawn["live_bytes"] == 135 << 20 and abs(drawn["error_bytes"] - (2**0.5) * (3 << 20)) < 1
+    assert allocation_data({"rings": [{"pid": 1}, {"pid": 2, "allocations": None}]}) is None, "none sampled"
