@@ -20,6 +20,7 @@ from conftest import REPO, run_py
 import blackbox
 from blackbox.views.report import json_for_html
 from blackbox.views.report_data import allocation_data
+from blackbox.views.speedscope import function_frame
 
 pytestmark = pytest.mark.slow
 LEAK_JOB = """
@@ -287,3 +288,32 @@ def test_allocations_of_several_processes_are_rooted_at_each_process() -> None:
         ("load (t.py:9)", "main pid 11 rank 1")]  # fmt: skip
     assert drawn["live_bytes"] == 135 << 20 and abs(drawn["error_bytes"] - (2**0.5) * (3 << 20)) < 1
     assert allocation_data({"rings": [{"pid": 1}, {"pid": 2, "allocations": None}]}) is None, "none sampled"
+
+
+def test_one_box_per_function_in_the_page_is_the_exports_by_function(leak_bundle: Path, page: Page,
+                                                                     tmp_path: Path) -> None:  # fmt: skip
+    bundle = tmp_path / "bundle"
+    shutil.copytree(leak_bundle, bundle)
+    meta = json.loads((bundle / "metadata.json").read_text())
+    site = "/venv/lib/python3.12/site-packages/torch/nn/modules/"
+    stacks = {  # one function, reached from two lines, allocating at two lines
+        f"main (/job/train.py:40);forward ({site}module.py:1532);alloc ({site}linear.py:12)": 60 << 20,
+        f"main (/job/train.py:41);forward ({site}module.py:1532);alloc ({site}linear.py:14)": 30 << 20,
+        "main (/job/train.py:44);load (/usr/lib/python3/dist-packages/numpy/io.py:7)": 10 << 20,
+    }
+    meta["allocations"] = {"live_bytes": 100 << 20, "error_bytes": 1 << 20, "sites": [],
+                           "stacks": [{"stack": k, "live_bytes": v} for k, v in stacks.items()]}  # fmt: skip
+    (bundle / "metadata.json").write_text(json.dumps(meta))
+    out = tmp_path / "report.html"
+    assert blackbox_cmd("report", str(bundle), "-o", str(out)).returncode == 0
+    page.open(out.as_uri())
+    boxes = "[...document.querySelectorAll('#alloc-flame g.frame')].map(g => [g.textContent, " \
+            "+g.querySelector('rect').getAttribute('width')])"  # fmt: skip
+    by_line = page.evaluate(boxes)
+    page.evaluate("document.getElementById('alloc-flame-fold').click()")
+    by_function = page.evaluate(boxes)
+    expected = {function_frame(f) for stack in stacks for f in stack.split(";")}
+    assert {name for name, _ in by_function} == expected | {"all"}, "the same frames as export --by-function"
+    assert len(by_function) < len(by_line), "lines folded into their function"
+    widths = dict(by_function)
+    assert abs(widths["alloc (torch/nn/modules/linear.py)"] / widths["load (numpy/io.py)"] - 9) < 0.2
