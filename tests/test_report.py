@@ -18,7 +18,8 @@ from chromium import Page, browser
 from conftest import REPO, run_py
 
 import blackbox
-from blackbox.views.report import json_for_html
+from blackbox.views import report_data
+from blackbox.views.report import json_for_html, report_html
 from blackbox.views.report_data import allocation_data
 from blackbox.views.speedscope import function_frame
 
@@ -317,3 +318,22 @@ def test_one_box_per_function_in_the_page_is_the_exports_by_function(leak_bundle
     assert len(by_function) < len(by_line), "lines folded into their function"
     widths = dict(by_function)
     assert abs(widths["alloc (torch/nn/modules/linear.py)"] / widths["load (numpy/io.py)"] - 9) < 0.2
+
+
+def test_stacks_past_the_pages_budget_are_counted_not_drawn(leak_bundle: Path, page: Page, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    from blackbox.recovery.bundle import read_bundle
+
+    table, meta = read_bundle(leak_bundle)
+    whole = report_data.stack_data(table, [meta["pid"]], "1970-01-01T00:00:00Z")
+    assert whole["unlisted"] == 0 and len(whole["stacks"]) >= 3
+    budget = sum(len(s) for s in whole["stacks"][:2])  # room for the first two distinct stacks only
+    monkeypatch.setattr(report_data, "MAX_STACK_BYTES", budget)
+    cut = report_data.stack_data(table, [meta["pid"]], "1970-01-01T00:00:00Z")
+    assert cut["stacks"] == whole["stacks"][:2] and sum(len(s) for s in cut["stacks"]) <= budget
+    assert cut["unlisted"] == len(whole["samples"]) - len(cut["samples"]) > 0, "every sample left out, counted"
+    (tmp_path / "report.html").write_text(report_html(table, meta), encoding="utf-8")
+    page.open((tmp_path / "report.html").as_uri())
+    shown = page.evaluate("document.querySelector('#flame .flame-status').textContent")
+    assert shown == f"{len(cut['samples'])} samples over the whole run ({cut['unlisted']} of stacks past the " \
+        "page's budget left out)"  # fmt: skip

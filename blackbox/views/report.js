@@ -319,7 +319,8 @@
     const redraw = flameGraph(host, "samples", entries, {
       empty: st.samples.length ? "No stack was sampled in this window." : "No stack samples in this bundle (stack sampling was off).",
       describe: root => root.value + " samples " + (whole() ? "over the whole run" : "from " + secs(view[0]) + " to " + secs(view[1])) +
-        (st.dropped ? " (the earliest " + st.dropped + " left out)" : ""),
+        (st.dropped ? " (the earliest " + st.dropped + " left out)" : "") +
+        (st.unlisted ? " (" + st.unlisted + " of stacks past the page's budget left out)" : ""),
     });
     listeners.push(redraw);
   }

@@ -30,6 +30,7 @@ MAX_PROCESSES = 16  # processes given lines of their own; the others are counted
 MAX_STEPS = 5000
 MAX_STACK_SAMPLES = 100_000  # the last ones
 MAX_STACKS = 20_000  # distinct folded stacks
+MAX_STACK_BYTES = 16 << 20  # their text, all together (a ring's stacks may be 64 frames of long names each)
 MAX_LIVE_STACKS = 2000
 SITE_FIELDS = ("site", "line", "thread", "live_bytes", "error_bytes", "growth_per_step", "growth_per_s", "first_step")
 SAMPLE_COLUMNS = ["time", "kind", "pid", "rank", "device", "host_rss", "children_rss", "cgroup_usage", "cgroup_limit",
@@ -191,7 +192,9 @@ def _deaths(meta: dict[str, Any], t0: int) -> list[dict[str, Any]]:
 
 def stack_data(table: pa.Table, pids: list[Any], t0_iso: str) -> dict[str, Any]:
     """The stack samples of the drawn processes: ``stacks`` (distinct folded stacks, outermost frame
-    first; rooted at the process where there are several) and ``samples`` ([seconds, index])."""
+    first; rooted at the process where there are several), ``samples`` ([seconds, index]), ``dropped``
+    (the earliest samples, past MAX_STACK_SAMPLES) and ``unlisted`` (samples of stacks past MAX_STACKS
+    or MAX_STACK_BYTES: counted, not drawn)."""
     t0 = ns_of(t0_iso) or 0
     rows = of_kind(table, "stack_sample", columns=["time", "detail", "pid", "rank"])
     if rows.num_rows and pids:
@@ -203,16 +206,19 @@ def stack_data(table: pa.Table, pids: list[Any], t0_iso: str) -> dict[str, Any]:
     t = _seconds(rows["time"], t0) if rows.num_rows else np.empty(0)
     index: dict[str, int] = {}
     samples: list[list[float]] = []
+    text = unlisted = 0  # the stacks' text so far; samples of stacks past the budgets
     for ti, folded, pid, rank in zip(t, rows["detail"].to_pylist(), rows["pid"].to_pylist(), rows["rank"].to_pylist(),
                                      strict=True):  # fmt: skip
         stack = f"{'rank ' + str(rank) if rank is not None else 'pid ' + str(pid)};{folded}" if many else folded
         i = index.get(stack)
         if i is None:
-            if len(index) >= MAX_STACKS:
+            if len(index) >= MAX_STACKS or text + len(stack) > MAX_STACK_BYTES:
+                unlisted += 1
                 continue
+            text += len(stack)
             i = index[stack] = len(index)
         samples.append([round(float(ti), 4), i])
-    return {"stacks": list(index), "samples": samples, "dropped": cut}
+    return {"stacks": list(index), "samples": samples, "dropped": cut, "unlisted": unlisted}
 
 
 def allocation_data(meta: dict[str, Any]) -> dict[str, Any] | None:
