@@ -60,8 +60,6 @@ _KIND_CGROUP_SAMPLE = fmt.KIND_CODES["cgroup_sample"]
 _KIND_CHILD_SAMPLE = fmt.KIND_CODES["child_sample"]
 
 
-
-
 def _clock_pair() -> tuple[int, int]:
     """(wall ns, monotonic ns) read as close together as Python allows."""
     m0 = time.monotonic_ns()

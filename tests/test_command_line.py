@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,10 @@ def _on_pty(args: list[str], which: str, env: dict[str, str] | None = None) -> t
                             env=dict(os.environ, PYTHONPATH=str(REPO), TERM="xterm", **(env or {})),
                             **streams)  # type: ignore[call-overload]  # fmt: skip
     os.close(slave)
+    pipe = proc.stderr if which == "stdout" else proc.stdout
+    drained: list[bytes] = []
+    drain = threading.Thread(target=lambda: drained.append(pipe.read()))  # type: ignore[union-attr]
+    drain.start()  # read at once: a pipe left full would stop the command before the pty ends
     shown = b""
     while True:
         try:
@@ -194,7 +199,8 @@ def _on_pty(args: list[str], which: str, env: dict[str, str] | None = None) -> t
         if not chunk:
             break
         shown += chunk
-    other = (proc.stderr if which == "stdout" else proc.stdout).read()  # type: ignore[union-attr]
+    drain.join(timeout=120)
+    other = drained[0]
     proc.wait(timeout=120)
     os.close(master)
     assert proc.returncode == 0, (shown, other)
@@ -212,6 +218,20 @@ def test_progress_and_colour_only_on_a_terminal(killed: tuple[Path, Path]) -> No
     assert plain_err == b"", "stderr, a pipe: no progress"
     no_colour, _ = _on_pty(["summary", rings], "stdout", env={"NO_COLOR": "1"})
     assert b"\x1b" not in no_colour and b"# blackbox:" in no_colour
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [["report"], ["export", "--folded"], ["plot"]], ids=lambda c: c[0])
+def test_rings_read_for_a_view_show_progress_on_a_terminal_only(killed: tuple[Path, Path], command: list[str]) -> None:
+    if command == ["plot"]:
+        pytest.importorskip("matplotlib", reason="plot draws only where matplotlib is installed")
+    progress, piped = _on_pty([*command, str(killed[0]), "-o", "-"], "stderr")
+    assert re.search(rb"\r\x1b\[Krecovering 1/1 \S+\.ring", progress), progress
+    starts = {"report": b"<!DOCTYPE html>", "export": b"<module> (", "plot": b"\x89PNG\r\n\x1a\n"}[command[0]]
+    assert piped.startswith(starts) and b"recovering" not in piped, "the output itself, untouched"
+    quiet = subprocess.run([sys.executable, "-m", "blackbox", *command, str(killed[0]), "-o", "-"], capture_output=True,
+                           cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)  # fmt: skip
+    assert quiet.returncode == 0 and quiet.stdout.startswith(starts) and quiet.stderr == b"", "a pipe: no progress"
 
 
 # ---------------------------------------------------------------- completion

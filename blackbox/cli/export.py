@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._common import own_process, standalone, to_stdout, writing
+from ._tty import progress
 
 DEFAULT_OUT = {"perfetto": "trace.json", "folded": "stacks.folded", "speedscope": "stacks.speedscope.json"}
 WHAT = {"perfetto": "the trace", "folded": "the folded stacks", "speedscope": "the speedscope profile"}
@@ -39,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     own_process()
     from ..recovery.bundle import load
 
-    table, meta = load(args.target)
+    with progress("recovering") as tick:
+        table, meta = load(args.target, tick)
     what = "perfetto" if args.perfetto else "folded" if args.folded else "speedscope"
     out = args.out or DEFAULT_OUT[what]
     if args.folded:

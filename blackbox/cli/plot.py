@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._errors import BlackboxError, RingNotFoundError, one_line
 from ._common import own_process, run_rings, standalone, to_stdout, writing
+from ._tty import progress
 
 if TYPE_CHECKING:  # the command line loads no Arrow until a command reads rings or bundles
     import pyarrow as pa
@@ -32,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
     own_process()
     from ..views.plot import memory_figure
 
-    table, meta, drawn = picture_source([str(t) for t in args.target])
+    with progress("recovering") as tick:
+        table, meta, drawn = picture_source([str(t) for t in args.target], tick)
     figure = memory_figure(table, meta)
     if to_stdout(args.out):
         figure.savefig(sys.stdout.buffer, format="png", dpi=110)
@@ -44,17 +46,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def picture_source(targets: list[str]) -> tuple[pa.Table, dict[str, Any], str]:
+def picture_source(
+    targets: list[str], progress: Callable[[int, int, str], None] | None = None
+) -> tuple[pa.Table, dict[str, Any], str]:
     """(timeline, metadata, what it is) for what ``summary`` would describe of ``targets``: one bundle;
     rings recovered in memory; of several bundles (a folder of them, a run folder, a URI prefix), the
-    one holding the first death; a run folder whose job has written no bundle yet, its rings."""
+    one holding the first death; a run folder whose job has written no bundle yet, its rings. ``progress``
+    is told of each ring recovered in memory."""
     from ..recovery.bundle import read_bundle
     from ..recovery.job import JobPass, kind_of
     from ..recovery.pipeline import recover_rings
 
     kind = kind_of(targets)
     if kind == "rings":
-        return _rings(recover_rings([Path(t) for t in targets]), "recovered in memory")
+        return _rings(recover_rings([Path(t) for t in targets], progress=progress), "recovered in memory")
     if kind == "bundle":
         return (*_node_bundle(targets[0], read_bundle), f"the bundle {one_line(targets[0])}")
     try:
@@ -63,7 +68,7 @@ def picture_source(targets: list[str]) -> tuple[pa.Table, dict[str, Any], str]:
         live = [rings for rings in map(run_rings, targets) if rings is not None]
         if len(live) != len(targets):
             raise
-        recovered = recover_rings(live)  # a run folder whose job runs still: no bundle yet
+        recovered = recover_rings(live, progress=progress)  # a run folder whose job runs still: no bundle yet
         return _rings(recovered, f"in {', '.join(map(str, live))}: no bundle yet")
     if len(job.places) == 1:
         place = str(job.places[0])

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from ._common import own_process, standalone, to_stdout, writing
+from ._tty import progress
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     from ..views.report import report_html
     from .plot import picture_source
 
-    table, meta, drawn = picture_source([str(t) for t in args.target])
+    with progress("recovering") as tick:
+        table, meta, drawn = picture_source([str(t) for t in args.target], tick)
     page = report_html(table, meta, source=drawn)
     if to_stdout(args.out):
         sys.stdout.write(page)

@@ -405,11 +405,14 @@ def is_bundle(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-def load(targets: list[str]) -> tuple[pa.Table, dict[str, Any]]:
-    """(timeline, metadata) of one bundle, or of rings and ring folders recovered in memory."""
+def load(
+    targets: list[str], progress: Callable[[int, int, str], None] | None = None
+) -> tuple[pa.Table, dict[str, Any]]:
+    """(timeline, metadata) of one bundle, or of rings and ring folders recovered in memory (``progress``
+    told of each ring as ``recover_rings`` tells it)."""
     if len(targets) == 1 and is_bundle(targets[0]):
         return read_bundle(targets[0])
-    recovered = recover_rings([Path(t) for t in targets])
+    recovered = recover_rings([Path(t) for t in targets], progress=progress)
     return recovered.table, recovered.meta
 
 

@@ -184,15 +184,22 @@ class RecoveryPass:
         return meta
 
 
-def recover_rings(inputs: list[Path], exit_status: int | None = None, launcher_pid: int | None = None) -> Recovered:
+def recover_rings(
+    inputs: list[Path],
+    exit_status: int | None = None,
+    launcher_pid: int | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> Recovered:
     """Read and diagnose every ring named (ring files, or folders of ``*.ring``), all in memory.
     Rings that cannot be read are listed with their reason (``unread_rings``); only when none can be
     read does this raise.
 
     ``exit_status``: how the job ended, where the caller saw it (``blackbox run``, whose pid is
     ``launcher_pid``): it belongs to the job's own process, the ring whose writer the launcher started.
+    ``progress``: called with (rings done, rings in all, the ring) as each ring is diagnosed.
     """
     recovery = RecoveryPass(inputs, exit_status, launcher_pid)
+    recovery.progress = progress
     tables = list(recovery.tables())
     meta = recovery.finish()
     return Recovered(merge_tables(tables), meta, recovery.files)
