@@ -256,6 +256,13 @@ def test_every_rank_has_its_row_and_its_line_and_the_first_death_is_named(page: 
     assert page.evaluate("document.getElementById('headline').textContent") == killed["headline"]
     lines = page.evaluate("[...document.querySelectorAll('#timeline path.series')].map(p => p.dataset.name)")
     assert {"host_rss rank 0", "host_rss rank 1", "host_rss rank 2"} <= set(lines), lines
+    entry = ("[...document.querySelectorAll('#timeline ul.legend li')]"
+             ".find(li => li.textContent.startsWith('host_rss rank 2'))")  # fmt: skip
+    drawn = "[...document.querySelectorAll('#timeline path.series')].map(p => p.dataset.name)"
+    page.evaluate(f"{entry}.click()")
+    assert set(page.evaluate(drawn)) == set(lines) - {"host_rss rank 2"}, "a legend entry clicked hides its line"
+    page.evaluate(f"{entry}.click()")
+    assert set(page.evaluate(drawn)) == set(lines), "and clicked again shows it"
     assert page.evaluate("document.querySelector('#timeline .death-label').textContent") == \
         "rank 1 killed"  # fmt: skip
     column = "[...document.querySelectorAll('#ranks tbody tr')].map(r => [r.cells[1].textContent, r.className])"
