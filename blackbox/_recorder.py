@@ -24,6 +24,7 @@ from typing import Any
 from ._errors import BlackboxWarning
 from ._fds import OwnedFd
 from ._version import __version__
+from .collect.allocs import AllocSampler, heap_bytes, mean_bytes, start_allocs
 from .collect.clock import clock_error_s
 from .collect.exceptions import ExceptionRecorder
 from .collect.gpu import GpuProbe
@@ -167,6 +168,8 @@ class Recorder:
         self._signals: SignalRecorder | None = None
         self._crash: CrashRegion | None = None
         self._stacks: StackSampler | None = None
+        self._allocs: AllocSampler | None = None
+        self.allocations = 0  # the mean sampling interval in bytes (0: allocations not sampled)
         self._stack_threads: tuple[str | threading.Thread, ...] | None = ()  # None: stacks off
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
@@ -193,10 +196,12 @@ class Recorder:
         sync_interval: float | None = None,
         stacks: bool = True,
         stack_threads: Iterable[str | threading.Thread] = (),
+        allocations: bool | int | None = None,
     ) -> Recorder:
         rec = cls()
         rec.on_fork = on_fork
         try:
+            rec.allocations = mean_bytes(allocations)
             rec._stack_threads = _thread_tuple(stack_threads) if stacks else None
             if capacity is None:
                 capacity = DEFAULT_CAPACITY if role() == "main" else HELPER_CAPACITY
@@ -272,14 +277,16 @@ class Recorder:
                 "stack_threads": None
                 if self._stack_threads is None
                 else [str(getattr(t, "name", t)) for t in self._stack_threads],
+                "allocations_mean_bytes": self.allocations,
             },
             "cgroup": {"version": cg.version, "path": str(cg.directory)} if cg else None,
         }
 
         def header_for(locked: bool) -> bytes:
             m = dict(meta, liveness=LOCK_LIVENESS if locked else "pid")
+            heap = heap_bytes(self.role, self.allocations)
             return fmt.encode_header(
-                capacity, strings, m, stacks_size=DEFAULT_STACKS_SIZE, crash_size=fmt.DEFAULT_CRASH_SIZE
+                capacity, strings, m, stacks_size=DEFAULT_STACKS_SIZE, crash_size=fmt.DEFAULT_CRASH_SIZE, heap_size=heap
             )
 
         ring = self._ring = create_ring(target, header_for)
@@ -325,6 +332,8 @@ class Recorder:
             except Exception as exc:
                 self.note(f"stacks not sampled: {type(exc).__name__}: {exc}")
                 warn(self.notes[-1])
+        self._allocs = start_allocs(self._ring.map.buffer, hdr, w.sequence, self.allocations,
+                                    self._stack_threads is None, lambda: self._stacks, self.note)  # fmt: skip
         self._torch = TorchHooks(
             w,
             modules=modules,
@@ -367,6 +376,8 @@ class Recorder:
         w, probe, gpu = self._writer, self._probe, self._gpu
         if w is None or probe is None:
             return
+        if self._allocs is not None:
+            self._allocs.tick(w.current_step())
         if self._stacks is not None:  # before the memory sample: a tick's stacks precede its figures
             self._sample_stacks()
         figures = probe.read()
@@ -408,6 +419,8 @@ class Recorder:
         return None if s < 0 else s
 
     def _sample_loop(self) -> None:
+        if self._allocs is not None:
+            self._allocs.ignore_this_thread()
         stop, interval, sync = self._stop, self.sample_interval, self.sync_interval
         tick = min(interval, sync) if sync is not None else interval
         now = time.monotonic()
@@ -539,8 +552,8 @@ class Recorder:
                 except Exception as exc:
                     self._on_error(exc)
             return
-        torch, exceptions, crash = self._torch, self._exceptions, self._crash
-        steps: list[Callable[[], None]] = []
+        torch, exceptions, crash, allocs = self._torch, self._exceptions, self._crash, self._allocs
+        steps: list[Callable[[], None]] = [lambda: allocs.stop(in_child=in_child)] if allocs is not None else []
         if crash is not None:
             steps.append(crash.disable)
         if torch is not None:

@@ -15,20 +15,23 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .format import (
+    MAX_ALLOC_STACK_BYTES,
     MAX_FRAME_BYTES,
     MAX_STACK_DEPTH,
     MAX_STRING_BYTES,
+    STACK_ALLOC,
     STACK_ENTRY,
     STACK_FRAME,
     STACK_STACK,
     STRING_ENTRY,
     STRING_ID_STRUCT,
     pad8,
+    parse_alloc_stack,
     stack_crc,
 )
 
@@ -47,6 +50,8 @@ class StackScan:
     frames: dict[tuple[int, int], str]  # (generation, id) -> "function (file:line)"
     stacks: dict[tuple[int, int], tuple[int, ...]]  # (generation, id) -> frame ids, outermost first
     damaged: int
+    # version 4: fingerprint -> [(generation, frame ids outermost first, depth, thread name, source line)]
+    allocs: dict[int, list[tuple[int, tuple[int, ...], int, str, str]]] = field(default_factory=dict)
 
 
 # Resynchronising past damage tries each later 8-byte position whose header could be an entry. Hostile
@@ -207,10 +212,14 @@ def _stack_candidates(buf: Buffer, lo: int, hi: int) -> np.ndarray:
     w, nxt = _u4(buf, lo, hi), _u4(buf, lo + 8, hi + 8)
     pos = lo + np.arange(len(w), dtype=np.int64) * 8
     gen, kind, n = w[:, 0], w[:, 1] & 0xFFFF, nxt[:, 1].astype(np.int64)
-    limit = np.where(kind == STACK_FRAME, MAX_FRAME_BYTES, 4 * MAX_STACK_DEPTH)
-    ok = (gen != 0) & ((kind == STACK_FRAME) | (kind == STACK_STACK)) & (n <= limit)
+    limit = np.where(kind == STACK_FRAME, MAX_FRAME_BYTES, np.where(kind == STACK_ALLOC, MAX_ALLOC_STACK_BYTES,
+                                                                     4 * MAX_STACK_DEPTH))  # fmt: skip
+    ok = (gen != 0) & ((kind == STACK_FRAME) | (kind == STACK_STACK) | (kind == STACK_ALLOC)) & (n <= limit)
     found: np.ndarray = pos[ok & (pos + STACK_ENTRY.size + n <= len(buf))]
     return found
+
+
+_LIMITS = {STACK_FRAME: MAX_FRAME_BYTES, STACK_STACK: 4 * MAX_STACK_DEPTH, STACK_ALLOC: MAX_ALLOC_STACK_BYTES}
 
 
 def _scan_stack_part(part: Buffer, out: StackScan) -> None:
@@ -225,14 +234,17 @@ def _scan_stack_part(part: Buffer, out: StackScan) -> None:
             pos = _nonzero_after(part, pos + 8)
             continue
         end = pos + STACK_ENTRY.size + n
-        limit = MAX_FRAME_BYTES if kind == STACK_FRAME else 4 * MAX_STACK_DEPTH
-        if gen and kind in (STACK_FRAME, STACK_STACK) and n <= limit and end <= len(part):
+        limit = _LIMITS.get(kind, 0)
+        if gen and kind in _LIMITS and n <= limit and end <= len(part):
             payload = bytes(part[pos + STACK_ENTRY.size : end])
-            if stack_crc(gen, kind, sid, payload) == crc and (kind == STACK_FRAME or n % 4 == 0):
+            alloc = parse_alloc_stack(payload) if kind == STACK_ALLOC else None
+            if stack_crc(gen, kind, sid, payload) == crc and (kind != STACK_STACK or n % 4 == 0):
                 if kind == STACK_FRAME:
                     out.frames.setdefault((gen, sid), payload.decode("utf-8", "replace"))
-                else:
+                elif kind == STACK_STACK:
                     out.stacks.setdefault((gen, sid), struct.unpack(f"<{n // 4}I", payload))
+                elif alloc is not None:
+                    out.allocs.setdefault(alloc[0], []).append((gen, alloc[2], alloc[1], alloc[3], alloc[4]))
                 pos, damaged = pad8(end), False
                 continue
         out.damaged += not damaged  # one damaged run counts once, however far the resync walks
