@@ -39,7 +39,7 @@ HEAP_SLOTS = 1 << 16  # the main process's heap table: 4 MiB, 64 GiB of live mem
 HELPER_HEAP_SLOTS = 1 << 12  # a helper's (a DataLoader worker): 256 KiB
 MAX_KNOWN = 16384  # stacks whose text is kept to write again after the table turns over
 ENV = "BLACKBOX_ALLOCATIONS"  # "0" off, "1" on, or the mean interval in bytes
-_LIBRARY_MARKS = ("site-packages", "dist-packages", "<frozen", "<string>")
+_LIBRARY_MARKS = ("site-packages", "dist-packages", "<frozen")
 _STDLIB = (os.path.dirname(os.__file__) + os.sep, os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
 
 
@@ -201,8 +201,8 @@ class AllocSampler:
         if table.generation != self._generation and self._generation:
             live = self._c.live_stacks()
             for fingerprint in sorted(live, key=live.__getitem__, reverse=True):
-                info = self._known.get(fingerprint)
-                if info is not None and not self._write(table, fingerprint, info):
+                known = self._known.get(fingerprint)
+                if known is not None and not self._write(table, fingerprint, known):
                     break
         self._generation = table.generation
 
@@ -253,9 +253,10 @@ def start_allocs(mapping: Any, header: fmt.Header, sequence: Any, mean: int, own
         cmod = sample_module()
         if cmod is None:
             raise RuntimeError("the C extension blackbox.collect._csample is not built")
-        table: Any = StackTable(mapping[header.stacks_offset : header.stacks_offset + header.stacks_size]) if own else None
+        table: Any = (
+            StackTable(mapping[header.stacks_offset : header.stacks_offset + header.stacks_size]) if own else None
+        )
         return AllocSampler.start(cmod, mapping, header, sequence, mean, (lambda: table) if own else stacks, note)
     except Exception as exc:
         note(f"allocations not sampled: {type(exc).__name__}: {exc}")
         return None
-

@@ -61,7 +61,7 @@ def alloc_stack(table: StackScan | None, fingerprint: int) -> AllocStack:
     fingerprint &= (1 << 64) - 1
     if fingerprint == fmt.NO_PYTHON_STACK:
         return AllocStack(fmt.NO_PYTHON_TEXT, "", "")
-    for gen, ids, depth, thread, line in (table.allocs.get(fingerprint, []) if table is not None else []):
+    for gen, ids, depth, thread, line in table.allocs.get(fingerprint, []) if table is not None else []:
         names = [table.frames.get((gen, f)) for f in ids] if table is not None else []
         if names and None not in names:
             texts = [n for n in names if n is not None]
