@@ -236,7 +236,7 @@ def recover(ring_or_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
 
 def _disarm_at_exit() -> None:
     try:
-        _active.disarm()
+        _active.disarm(at_exit=True)
     except Exception:
         pass
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import importlib.util
 import io
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
 from ._errors import BundleDestinationError, one_line
-from .recovery.bundle import PLOT, SUMMARY, Reader, stream_bundle, write_job_bundle
+from .recovery.bundle import PLOT, SUMMARY, Destination, Reader, stream_bundle, write_job_bundle
 from .recovery.job import JobPass
 from .recovery.pipeline import RecoveryPass
 from .views.summary import bundle_summary, job_summary
@@ -36,6 +37,15 @@ def _views(meta: dict[str, Any], read: Reader, *, plot: bool) -> dict[str, bytes
     return files
 
 
+def _verdict_views(meta: dict[str, Any], again: str) -> dict[str, bytes]:
+    """summary.md of the verdict written first (no timeline yet), saying under its title that the rest
+    follows, and the command that writes it (``again``) if it never does."""
+    title, _, rest = bundle_summary(meta).partition("\n")
+    note = (f"> **Verdict only.** Recovery writes this first; `timeline.parquet` and `memory.png` follow. "
+            f"If this note is still here, it was cut short: `{again}` writes the whole bundle.")  # fmt: skip
+    return {SUMMARY: f"{title}\n\n{note}\n{rest}".encode()}
+
+
 def write_postmortem(
     inputs: list[Path],
     out: str | os.PathLike[str],
@@ -45,14 +55,18 @@ def write_postmortem(
     launcher_pid: int | None = None,
 ) -> dict[str, Any]:
     """Recover every ring named (files, or folders of ``*.ring``) into the bundle ``out`` (a folder
-    or a pyarrow filesystem URI), a ring at a time; returns the metadata written.
+    or a pyarrow filesystem URI), a ring at a time, the verdict first; returns the metadata written.
 
     ``exit_status``: how the job ended, where the caller saw it (``blackbox run``, whose pid is
     ``launcher_pid``).
     ``plot``: also render memory.png when matplotlib is installed.
     """
     recovery = RecoveryPass(inputs, exit_status, launcher_pid)
-    return stream_bundle(recovery, out, lambda meta, read: _views(meta, read, plot=plot))
+    named = [shlex.quote(str(p)) for p in inputs[:3]] + (["..."] if len(inputs) > 3 else [])
+    again = one_line(f"blackbox recover {' '.join(named)} -o {shlex.quote(os.fspath(out))}").replace("`", "'")
+    return stream_bundle(
+        recovery, out, lambda meta, read: _verdict_views(meta, again) if read is None else _views(meta, read, plot=plot)
+    )
 
 
 def printable(text: str) -> str:
@@ -80,11 +94,16 @@ def write_job(targets: list[str], out: str | os.PathLike[str]) -> dict[str, Any]
     ranks.parquet (every host's rows), summary.md and metadata.json; returns the metadata."""
     job, meta, summary = job_account(targets)
     where = os.fspath(out)
-    key = where.rstrip("/") if "://" in where else os.path.realpath(where)
+    kind, key = Destination(out).key()  # as the writer resolves it, not as it is spelled
     for place in job.places:
-        read = str(place).rstrip("/") if place.fs is not None else os.path.realpath(str(place))
-        if key == read or read.startswith(key.rstrip("/") + "/"):
-            raise BundleDestinationError(f"{where}: expected a new place for the job's bundle, found {read}, "
-                                         "a bundle it reads (it would be replaced)")  # fmt: skip
+        if place.fs is None:
+            read = ("local", os.path.realpath(str(place)))
+        else:
+            read = (place.fs.type_name, place.root.rstrip("/"))
+        if read[0] == kind and (read[1] == key or read[1].startswith(f"{key.rstrip('/')}/")):
+            raise BundleDestinationError(
+                f"{where}: expected a new place for the job's bundle, found "
+                f"{one_line(str(place))}, a bundle it reads (it would be replaced)"
+            )
     write_job_bundle(out, job.ranks(), meta, {SUMMARY: summary.encode("utf-8")})
     return meta

@@ -26,20 +26,20 @@ from ._fds import OwnedFd
 from ._version import __version__
 from .collect.allocs import AllocSampler, heap_bytes, mean_bytes, start_allocs
 from .collect.clock import clock_error_s
-from .collect.exceptions import ExceptionRecorder
+from .collect.exceptions import ExceptionRecorder, exit_status_unrecorded, record_status_at_exit
 from .collect.gpu import GpuProbe
 from .collect.host import HostProbe
 from .collect.identity import identity, role, versions
 from .collect.signals import CrashRegion, SignalRecorder
-from .collect.stacks import StackSampler
+from .collect.stacks import StackSampler, thread_tuple
 from .collect.torch_hooks import DEFAULT_HISTORY_ENTRIES, TorchHooks
 from .ring import format as fmt
 from .ring.file import (
     SNAPSHOT_SUFFIX,
     CreatedRing,
     create_ring,
-    default_dir,
     is_diskless,
+    resolve_target,
     ring_name,
     safe_folder,
     sidecar,
@@ -90,24 +90,6 @@ def _null_event(*_args: Any, **_kwargs: Any) -> int:
     return 0
 
 
-def _thread_tuple(threads: Any) -> tuple[Any, ...]:
-    """``stack_threads`` as a tuple: one name or thread on its own, or an iterable of them (what is
-    not a name or a thread is refused by the stack sampler, with a warning, not here)."""
-    if isinstance(threads, (str, threading.Thread)) or not hasattr(threads, "__iter__"):
-        return (threads,)
-    return tuple(threads)
-
-
-def resolve_target(path: str | os.PathLike[str] | None) -> tuple[Path, bool]:
-    """(where, is a folder): no path is the default folder; a path ending in ``/`` or naming an
-    existing folder is a folder (the ring is named inside it); anything else is the ring file."""
-    if path is None:
-        return default_dir(), True
-    text = os.fspath(path)
-    target = Path(text)
-    return target, text.endswith(os.sep) or target.is_dir()
-
-
 class Phase:
     """Context manager written by ``phase(name)``: a begin event and an end event.
 
@@ -149,7 +131,6 @@ class Recorder:
         self.capacity = 0
         self.sample_interval = 0.0
         self.on_fork = "disarm"
-        self.pages_locked = False
         self.writer_backend: str | None = None
         self.sync_interval: float | None = None
         self.syncs = 0
@@ -202,7 +183,7 @@ class Recorder:
         rec.on_fork = on_fork
         try:
             rec.allocations = mean_bytes(allocations)
-            rec._stack_threads = _thread_tuple(stack_threads) if stacks else None
+            rec._stack_threads = thread_tuple(stack_threads) if stacks else None
             if capacity is None:
                 capacity = DEFAULT_CAPACITY if role() == "main" else HELPER_CAPACITY
             history = DEFAULT_HISTORY_ENTRIES if allocator_history is True else int(allocator_history)
@@ -285,9 +266,8 @@ class Recorder:
         def header_for(locked: bool) -> bytes:
             m = dict(meta, liveness=LOCK_LIVENESS if locked else "pid")
             heap = heap_bytes(self.role, self.allocations)
-            return fmt.encode_header(
-                capacity, strings, m, stacks_size=DEFAULT_STACKS_SIZE, crash_size=fmt.DEFAULT_CRASH_SIZE, heap_size=heap
-            )
+            return fmt.encode_header(capacity, strings, m, stacks_size=DEFAULT_STACKS_SIZE,
+                                     crash_size=fmt.DEFAULT_CRASH_SIZE, heap_size=heap)  # fmt: skip
 
         ring = self._ring = create_ring(target, header_for)
         self.path = ring.path
@@ -295,7 +275,6 @@ class Recorder:
             self.notes.append(ring.note)
             warn(ring.note)
         hdr = self._header = ring.header
-        self.pages_locked = ring.map.lock()
         self._writer = RingWriter(
             ring.map.buffer,
             hdr.records_offset,
@@ -304,6 +283,7 @@ class Recorder:
             hdr.strings_size,
             self._on_error,
             backend=backend,
+            file_mapped=True,
         )
         self.writer_backend = backend
         self.capacity, self.sample_interval, self.armed = capacity, interval, True
@@ -358,6 +338,8 @@ class Recorder:
                 self.note(f"{what} not installed: {type(exc).__name__}: {exc}")
         if self._crash.note:
             self.notes.append(self._crash.note)  # the job's own choice, not a failure: no event
+        if exit_status_unrecorded(built_module()):
+            self.note(exit_status_unrecorded(built_module()))
 
     def note(self, text: str) -> None:
         """Something a collector could not do: kept in ``notes`` and written as a ``blackbox: ...`` mark."""
@@ -391,6 +373,13 @@ class Recorder:
         if gpu is not None:
             for device, payload in gpu.poll():
                 w.event(_KIND_GPU_SAMPLE, None, None, device, payload)
+        self._drop_ring_pages()
+
+    def _drop_ring_pages(self) -> None:
+        """Unmap the ring's pages this process no longer writes (mapping.py, "Residency")."""
+        ring, w, hdr = self._ring, self._writer, self._header
+        if ring is not None and w is not None and hdr is not None:
+            ring.map.drop_idle(hdr.records_offset, hdr.records_offset + hdr.capacity * fmt.RECORD_SIZE, w.sequence)
 
     def _sample_stacks(self) -> None:
         """The tick's stack samples; a failure turns stacks off with one warning, never the recorder."""
@@ -419,8 +408,6 @@ class Recorder:
         return None if s < 0 else s
 
     def _sample_loop(self) -> None:
-        if self._allocs is not None:
-            self._allocs.ignore_this_thread()
         stop, interval, sync = self._stop, self.sample_interval, self.sync_interval
         tick = min(interval, sync) if sync is not None else interval
         now = time.monotonic()
@@ -483,8 +470,9 @@ class Recorder:
             warn(f"blackbox dropped an event: {type(exc).__name__}: {exc}")
 
     # ------------------------------------------------------------ ending
-    def disarm(self) -> None:
-        """Record a clean end and release the ring. Safe to call twice, from any thread or handler."""
+    def disarm(self, *, at_exit: bool = False) -> None:
+        """Record a clean end and release the ring. Safe to call twice, from any thread or handler.
+        ``at_exit``: the interpreter is exiting; the process's exit status is then written as it exits."""
         if not self._ending.acquire(blocking=False):
             return  # another caller is ending it (this very thread, from a signal handler, or another)
         try:
@@ -506,11 +494,22 @@ class Recorder:
                 self._on_error(exc)
             # Signals last: one that lands while the job shuts down is still recorded (after the clean end).
             self._uninstall_collectors(in_child=False, signals=True)
+            if at_exit and not self._fold_clean:
+                self._record_status_at_exit()
             self._teardown(flush=True)
             if self._fold_clean:
                 self._fold()
         finally:
             self._ending.release()
+
+    def _record_status_at_exit(self) -> None:
+        ring, w, hdr = self._ring, self._writer, self._header
+        if ring is None or w is None or hdr is None or w.sequence is None or not ring.fd.intact():
+            return  # no seq counter shared with C, or the job closed our descriptor
+        try:
+            record_status_at_exit(built_module(), ring.fd.fd, hdr, w.sequence.value, w.current_step(), w.intern)
+        except Exception as exc:
+            self._on_error(exc)
 
     def _fold(self) -> None:
         """A helper's clean end under `blackbox run`: one line in ``folded.jsonl``, and its ring removed."""

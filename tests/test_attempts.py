@@ -3,17 +3,22 @@ with its attempts apart (each attempt's own first death; the summary leads with 
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import REPO, run_py, spawn_py
 
+from blackbox.recovery.attempts import group_attempts
+from blackbox.recovery.metadata import bundle_metadata
 from blackbox.recovery.pipeline import recover_rings
 from blackbox.ring.reader import read_ring
 from blackbox.ring.retention import YOUNG_S
@@ -119,19 +124,184 @@ def test_blackbox_keep_applies_to_an_explicit_ring_path_s_folder(tmp_path: Path)
         proc.wait()
 
 
-def _ring(rank: int, start: str | None, end: str | None) -> dict[str, object]:
+def _ring(pid: int, rank: int | None, start: str | None, end: str | None, **more: object) -> dict[str, object]:
     at = "2026-11-23T{}:00.000000Z"
-    return {"rank": rank, "started_at": start and at.format(start), "last_event_at": end and at.format(end)}
+    return {"pid": pid, "rank": rank, "role": "main", "host": "n1", "started_at": start and at.format(start),
+            "last_event_at": end and at.format(end), **more}  # fmt: skip
+
+
+def _pids(groups: list[list[dict[str, object]]]) -> list[list[object]]:
+    return [[r["pid"] for r in g] for g in groups]
 
 
 def test_a_ring_whose_start_is_unknown_joins_an_attempt_and_opens_none() -> None:
-    from blackbox.recovery.metadata import group_attempts
-
     # GIVEN one run of three ranks, and a fourth rank whose start could not be read and which wrote last
-    one_run = [_ring(0, "10:00", "10:05"), _ring(1, "10:00", "10:05"), _ring(2, "10:01", "10:04")]
-    assert [[r["rank"] for r in g] for g in group_attempts([*one_run, _ring(3, None, "10:06")])] == [[0, 1, 2, 3]]
-    # AND two runs (a requeue): an undated ring joins the run that had begun when it last wrote
-    requeue = [*one_run, _ring(4, "11:00", "11:05")]
-    groups = group_attempts([*requeue, _ring(5, None, "10:03"), _ring(6, None, "12:00"), _ring(7, None, None),
-                             _ring(8, None, "09:00")])  # fmt: skip
-    assert [[r["rank"] for r in g] for g in groups] == [[0, 1, 2, 5, 8], [4, 6, 7]]
+    one_run = [_ring(10, 0, "10:00", "10:05"), _ring(11, 1, "10:00", "10:05"), _ring(12, 2, "10:01", "10:04")]
+    assert _pids(group_attempts([*one_run, _ring(13, 3, None, "10:06")])) == [[10, 11, 12, 13]]
+    # AND two runs (a requeue: rank 0 starts again after its ring ended): an undated ring joins the run that
+    # had begun when it last wrote
+    requeue = [*one_run, _ring(20, 0, "11:00", "11:05")]
+    groups = group_attempts([*requeue, _ring(15, 5, None, "10:03"), _ring(16, 6, None, "12:00"),
+                             _ring(17, 7, None, None), _ring(18, 8, None, "09:00")])  # fmt: skip
+    assert _pids(groups) == [[10, 11, 12, 15, 18], [20, 16, 17]]
+
+
+def test_the_launchers_restart_count_and_a_rank_starting_again_open_attempts_timing_alone_never() -> None:
+    # GIVEN ranks 0-3 started one after another, each after the one before had ended (as a large job's do)
+    staggered = [_ring(10 + r, r, f"10:0{r}", f"10:0{r}") for r in range(4)]
+    # AND a DataLoader worker of rank 3 (its rank inherited), started later still
+    worker = _ring(30, 3, "10:05", "10:06", role="worker")
+    # THEN they are one attempt
+    assert _pids(group_attempts([*staggered, worker])) == [[10, 11, 12, 13, 30]]
+    # AND rank 2 starting again after its ring ended is a second attempt, which a later worker joins
+    again = [*staggered, _ring(22, 2, "10:07", "10:09"), _ring(31, 2, "10:08", "10:09", role="worker")]
+    assert _pids(group_attempts(again)) == [[10, 11, 12, 13], [22, 31]]
+    # AND the launcher's own count says which attempt a ring is of, whatever the times
+    counted = [_ring(40, 0, "10:00", "10:09", attempt=0), _ring(41, 1, "10:01", "10:02", attempt=1),
+               _ring(42, 1, "10:03", "10:04", attempt=0)]  # fmt: skip
+    assert _pids(group_attempts(counted)) == [[40, 42], [41]]
+
+
+def test_rings_of_several_jobs_are_grouped_by_job_and_rings_without_an_id_join_the_job_then_running() -> None:
+    # GIVEN two jobs whose ranks overlap in time, and a launcher's own ring (no job id) during the second
+    jobs = [_ring(1, 0, "10:00", "10:05", job="7001"), _ring(2, 0, "10:01", "10:06", job="7002"),
+            _ring(3, 1, "10:02", "10:04", job="7001"), _ring(4, None, "10:05", "10:06", host="n2"),
+            _ring(5, None, "11:00", "11:01", host="n2")]  # fmt: skip
+    # THEN each job is apart, in the order they started; a ring without an id joins the job running when
+    # it started, else the rings without an id are one job of their own
+    assert _pids(group_attempts(jobs)) == [[1, 3], [2, 4], [5]]
+    meta = bundle_metadata([_full(m) for m in jobs])
+    assert meta["jobs"] == 3 and [(a["job"], a["attempt"]) for a in meta["attempts"]] == [
+        ("7001", 1), ("7002", 1), (None, 1)]  # fmt: skip
+
+
+def _full(m: dict[str, Any]) -> dict[str, Any]:
+    """A ring's metadata around the few fields grouping takes."""
+    return {**m, "recovery": {}, "format_version": 3, "clean": True, "events": 1,
+            "death": {"cause": "clean_exit", "time": m["last_event_at"]}}  # fmt: skip
+
+
+FLEET = REPO / "tools" / "fleet.py"
+
+
+@pytest.mark.slow
+def test_staggered_ranks_of_one_job_are_one_attempt_with_its_real_first_death(tmp_path: Path) -> None:
+    # GIVEN 60 ranks of one job on two hosts, started one after another: rank 5 is killed as soon as it is
+    # up, then ranks 0-4, then each later rank as soon as it is up (by their times alone, 56 runs in a row)
+    proc = subprocess.run(
+        [sys.executable, str(FLEET), str(tmp_path / "rings"), "--ranks", "60", "--hosts", "2", "--ring-mib", "1",
+         "--victim", "5", "--stagger", *([] if os.geteuid() == 0 else ["--no-unshare"])],
+        check=True, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )  # fmt: skip
+    victim = int(re.search(r"rank 5 \(pid (\d+)\) killed first", proc.stdout)[1])  # type: ignore[index]
+    # WHEN the folder is recovered
+    meta = recover_rings([tmp_path / "rings"]).meta
+    # THEN it is one attempt of 60 rings, and its first death is rank 5's
+    assert [(a["attempt"], a["rings"]) for a in meta["attempts"]] == [(1, 60)]
+    assert (meta["first_death"]["rank"], meta["first_death"]["pid"], meta["cause"]) == (5, victim, "killed")
+    assert meta["attempts"][0]["deaths"] == 60
+    text = bundle_summary(meta)
+    assert "## Attempts" not in text
+    assert f"**First death: rank 5 (host {meta['first_death']['host']}, pid {victim})**" in text
+    assert "- 60 ranks `killed`" in text and len(text.splitlines()) <= 200
+
+
+RESTARTED = """
+import os, signal, sys
+import blackbox
+os.environ["RANK"] = "0"
+for i in range(int(sys.argv[2])):
+    pid = os.fork()
+    if pid == 0:
+        blackbox.arm(sys.argv[1] + "/", capacity=256, sample_interval=3600)
+        blackbox.step(i)
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.waitpid(pid, 0)
+    print(pid, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_hundreds_of_attempts_keep_the_summary_within_200_lines(tmp_path: Path) -> None:
+    # GIVEN rank 0 of a job started 250 times, each killed before the next started
+    pids = [int(p) for p in run_py(RESTARTED, str(tmp_path), "250", timeout=600).stdout.split()]
+    # WHEN the folder is recovered
+    meta = recover_rings([tmp_path]).meta
+    # THEN each start is an attempt, the account is of the last, and the summary lists the earlier ones
+    # within its 200 lines: the first and last few, and how many more
+    assert [a["first_death"]["pid"] for a in meta["attempts"]] == pids
+    assert meta["first_death"]["pid"] == pids[-1]
+    text = bundle_summary(meta)
+    assert len(text.splitlines()) <= 200
+    assert "This account is of attempt 250 of 250 (the last)." in text
+    assert "- attempt 1 of 250: killed at step 0 " in text and "- attempt 249 of 250: killed at step 248 " in text
+    assert "- ... and 239 more (metadata.json: attempts)" in text
+
+
+RANK_OF_A_JOB = """
+import sys, time, blackbox
+blackbox.arm(sys.argv[1] + "/", capacity=1024, sample_interval=0.05)
+print("up", flush=True)
+step = 0
+while True:
+    blackbox.step(step)
+    step += 1
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.slow
+def test_rings_of_two_jobs_in_one_folder_are_read_as_two_jobs(tmp_path: Path) -> None:
+    # GIVEN two Slurm jobs of two ranks each, running at once with one ring folder (the default folder holds
+    # every job of a user); job 7001's rank 1 is killed first, then job 7002's rank 0, then the others
+    procs = {}
+    for job, rank in (("7001", 0), ("7001", 1), ("7002", 0), ("7002", 1)):
+        env = {"SLURM_JOB_ID": job, "RANK": str(rank), "WORLD_SIZE": "2"}
+        procs[job, rank] = spawn_py(RANK_OF_A_JOB, str(tmp_path), env=env, stdout=subprocess.PIPE)
+        assert procs[job, rank].stdout.readline().strip() == "up"  # type: ignore[union-attr]
+    for key in (("7001", 1), ("7002", 0), ("7001", 0), ("7002", 1)):
+        procs[key].kill()
+        procs[key].wait()
+        time.sleep(0.2)
+    # WHEN the folder is recovered
+    meta = recover_rings([tmp_path]).meta
+    # THEN the rings are two jobs, each with its own first death; the account is of the job that started last
+    assert meta["first_death"]["pid"] == procs["7002", 0].pid
+    attempts = [(a.get("job"), a["attempt"], a["rings"], a["first_death"]["pid"]) for a in meta["attempts"]]
+    assert attempts == [("7001", 1, 2, procs["7001", 1].pid), ("7002", 1, 2, procs["7002", 0].pid)]
+    assert meta["jobs"] == 2
+    text = bundle_summary(meta)
+    assert "These rings are of 2 jobs. This account is of the job that started last, job `7002`" in text
+    assert "- job `7001`, attempt 1 of 1: killed at step " in text
+
+
+ARM = "import sys, blackbox; blackbox.arm(sys.argv[1], capacity=64, sample_interval=3600)"
+JOB_ENVS = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "BLACKBOX_RUN_ID", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+@pytest.mark.parametrize(
+    ("env", "job"),
+    [
+        ({"SLURM_JOB_ID": "123", "TORCHELASTIC_RUN_ID": "abc", "BLACKBOX_RUN_ID": "run-x"}, "123"),
+        ({"TORCHELASTIC_RUN_ID": "abc", "BLACKBOX_RUN_ID": "run-x", "RANK": "0"}, "abc"),
+        ({"TORCHELASTIC_RUN_ID": "none", "BLACKBOX_RUN_ID": "run-x", "RANK": "0"}, None),  # torchrun's default
+        ({"BLACKBOX_RUN_ID": "run-x"}, "run-x"),
+        ({"BLACKBOX_RUN_ID": "run-x", "OMPI_COMM_WORLD_RANK": "3"}, None),  # one `blackbox run` per rank
+        ({}, None),
+    ],
+)
+def test_a_ring_records_the_id_of_its_job(tmp_path: Path, env: dict[str, str], job: str | None) -> None:
+    clean = {k: v for k, v in os.environ.items() if k not in JOB_ENVS}
+    ring = tmp_path / "r.ring"
+    subprocess.run([sys.executable, "-c", ARM, str(ring)], check=True, timeout=60,
+                   env={**clean, "PYTHONPATH": str(REPO), **env})  # fmt: skip
+    assert read_ring(ring).meta["identity"]["job"] == job
+
+
+def test_blackbox_run_gives_its_job_the_run_folders_name_as_job_id(tmp_path: Path) -> None:
+    clean = {k: v for k, v in os.environ.items() if k not in JOB_ENVS}
+    subprocess.run([sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path), "--quiet", "--", sys.executable,
+                    "-c", "pass"], check=True, timeout=120, env={**clean, "PYTHONPATH": str(REPO)})  # fmt: skip
+    (run,) = tmp_path.glob("run-*")
+    meta = json.loads((run / "bundle" / "metadata.json").read_text())
+    assert meta["job"] == run.name and meta["attempts"][0]["job"] == run.name

@@ -2,17 +2,23 @@
 
 Links planted in OUT redirect nothing, a link or a folder of other files at OUT
 is refused untouched, concurrent recoveries into one OUT leave one bundle (never
-a mix), and nothing of an earlier bundle survives the next.
+a mix), and nothing of an earlier bundle survives the next. Where OUT's parent
+is another user's, swapping the private folder for a link (or a folder of theirs)
+makes root create nothing outside it, and OUT never ends as a link. What a
+killed recovery left beside OUT is removed by the next one, and nothing else is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -192,3 +198,104 @@ def test_a_filesystem_uri_still_works(ring: Path, monkeypatch: pytest.MonkeyPatc
     table, back = read_bundle("mock:///bucket/run1")
     assert back == json.loads(json.dumps(meta)) and table.num_rows == meta["events"]
     assert read_summary("mock:///bucket/run1").startswith("# blackbox")
+
+
+def test_swapping_the_private_folder_for_a_link_makes_root_create_nothing_outside_it(
+    attacker: User, shared: Path, ring: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN OUT in a folder of the attacker's, and a folder of root's the attacker would have root write into
+    parent = shared / "theirs"
+    parent.mkdir()
+    attacker.give(parent)
+    target = shared / "root-owned"
+    target.mkdir()
+    out = parent / "out"
+
+    def swap_every_private_folder() -> None:
+        """The attacker's loop: each `.out.*.tmp` root makes is moved aside and, in turns, a link to
+        root's folder or a folder of the attacker's put in its place."""
+        done: set[str] = set()
+        while True:
+            for name in os.listdir(parent):
+                if name.startswith(".out.") and name.endswith(".tmp") and name not in done:
+                    with contextlib.suppress(OSError):
+                        os.rename(parent / name, parent / f"moved-{len(done)}")
+                        if len(done) % 2 == 0:
+                            os.symlink(target, parent / name)
+                        else:
+                            os.mkdir(parent / name)
+                        done.add(name)
+
+    pid = attacker.start(swap_every_private_folder)
+    codes = []
+    try:
+        for _ in range(6):
+            # WHEN root recovers into OUT while the attacker swaps
+            codes.append(main(["recover", str(ring), "-o", str(out)]))
+            err = capsys.readouterr().err
+            # THEN nothing is created in root's folder, and OUT is root's own folder of files or absent
+            assert os.listdir(target) == []
+            assert codes[-1] == 0 or (err.count("\n") == 1 and "found another in its place" in err), err
+            if os.path.lexists(out):
+                st = os.lstat(out)
+                assert stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700
+                assert all(stat.S_ISREG(os.lstat(p).st_mode) and os.lstat(p).st_uid == 0 for p in out.iterdir())
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    # AND the attacker did swap (the test proves something), and root's recoveries still went through
+    assert [p for p in parent.iterdir() if p.name.startswith("moved-")]
+    assert 0 in codes and read_bundle(out)[1]["complete"] is True
+
+
+_HOLD_LOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_only_what_a_killed_recovery_left_beside_out_is_removed(attacker: User, shared: Path, ring: Path) -> None:
+    # GIVEN beside OUT: what a killed recovery left (root's, unlocked, holding a folder half written; and
+    # one of the code before, files straight inside), a recovery at work (locked), one just made (empty),
+    # a folder of the attacker's of the same form, and the attacker's link of that form to a folder of root's
+    out = shared / "bundle"
+    left = [shared / ".bundle.k1ll3d00.tmp", shared / ".bundle.0ldf0rm1.tmp"]
+    (left[0] / "b0").mkdir(parents=True)
+    (left[0] / "b0" / "timeline.parquet").write_bytes(b"PAR1 half")
+    left[1].mkdir()
+    (left[1] / "metadata.json").write_text("{}")
+    working, fresh = shared / ".bundle.w0rk1ng0.tmp", shared / ".bundle.n3wn3w00.tmp"
+    (working / "b0").mkdir(parents=True)
+    fresh.mkdir()
+    theirs, link = shared / ".bundle.th31rs00.tmp", shared / ".bundle.l1nk0000.tmp"
+    keep = shared / "root-folder"
+    keep.mkdir()
+    (keep / "data").write_text("keep me")
+    attacker.run(lambda: (theirs.mkdir(), (theirs / "f").write_text("mine"), os.symlink(keep, link)))
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(working)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        # WHEN root recovers into OUT
+        write_postmortem([ring], out, plot=False)
+        # THEN what the killed recoveries left is gone, and everything else is as it was
+        assert not any(p.exists() for p in left)
+        assert (working / "b0").is_dir() and fresh.is_dir() and (theirs / "f").read_text() == "mine"
+        assert link.is_symlink() and os.listdir(keep) == ["data"] and (keep / "data").read_text() == "keep me"
+        assert read_bundle(out)[1]["complete"] is True
+        assert sorted(p.name for p in shared.iterdir() if p.name.startswith(".bundle.")) == sorted(
+            p.name for p in (working, fresh, theirs, link)
+        )
+        # AND an empty one is removed once it is older than a recovery takes to lock it; a locked one never
+        old = time.time() - 3600
+        for path in (fresh, working):
+            os.utime(path, (old, old))
+        write_postmortem([ring], out, plot=False)
+        assert not fresh.exists() and (working / "b0").is_dir()
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)

@@ -3,6 +3,7 @@ fields, ring, bundle and job metadata, and the ranks.parquet columns."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -13,10 +14,10 @@ from conftest import REPO, run_py
 import blackbox
 from blackbox._postmortem import job_account, write_postmortem
 from blackbox.recovery import bundle, diagnosis, ranks
-from blackbox.recovery.pipeline import recover_rings
+from blackbox.recovery.pipeline import RecoveryPass, recover_rings
 
 SPEC = (REPO / "blackbox" / "recovery" / "BUNDLE.md").read_text()
-WRITERS = ("diagnosis.py", "levers.py", "pipeline.py")  # where death's fields are set
+WRITERS = ("diagnosis.py", "levers.py", "pipeline.py", "attempts.py")  # where death's fields are set
 SOURCES = "".join((REPO / "blackbox" / "recovery" / f).read_text() for f in WRITERS)
 
 
@@ -79,8 +80,8 @@ def test_every_death_field_written_is_documented(real_deaths: list[dict[str, Any
 
 def test_ring_metadata_table_matches_a_recovered_ring(real_deaths: list[dict[str, Any]]) -> None:
     # a bundle of one ring: its ring's metadata, plus what every bundle carries
-    expected = set(names("Ring metadata")) | {"cause", "first_death", "attempts"}
-    assert {"cause", "first_death", "attempts"} <= set(names("Bundle metadata"))
+    expected = set(names("Ring metadata")) | {"cause", "first_death", "attempts", "jobs"}
+    assert {"cause", "first_death", "attempts", "jobs"} <= set(names("Bundle metadata"))
     for meta in real_deaths:
         assert set(meta) == expected
 
@@ -100,3 +101,27 @@ def test_job_metadata_table_matches_a_job_bundle(tmp_path: Path) -> None:
         write_postmortem([tmp_path / "rings" / host], tmp_path / "bundles" / host, plot=False)
     _, meta, _ = job_account([str(tmp_path / "bundles")])
     assert set(meta) == set(names("Job metadata"))
+
+
+def test_a_written_bundle_says_whether_it_is_whole_as_the_commit_rule_says(tmp_path: Path) -> None:
+    # GIVEN a ring recovered into a bundle, OUT looked at while the whole bundle is being made
+    rec = blackbox.Recorder.arm(tmp_path / "r.ring", capacity=256, sample_interval=3600)
+    rec.mark("m", 1)
+    rec.disarm()
+    out = tmp_path / "bundle"
+    seen: list[tuple[list[str], Any]] = []
+
+    def views(meta: dict[str, Any], read: bundle.Reader | None) -> dict[str, bytes]:
+        if read is not None:  # the verdict is in place by now
+            seen.append((sorted(p.name for p in out.iterdir()), json.loads((out / "metadata.json").read_text())))
+        return {"summary.md": b"# s\n"}
+
+    meta = bundle.stream_bundle(RecoveryPass([tmp_path / "r.ring"]), out, views)
+    # THEN first the verdict alone, complete false, then the whole bundle, complete true: the field documented
+    ((files, verdict),) = seen
+    assert files == ["metadata.json", "ranks.parquet", "summary.md"] and verdict["complete"] is False
+    written = json.loads((out / "metadata.json").read_text())
+    assert written["complete"] is True and meta["complete"] is True
+    assert set(written) == set(recover_rings([tmp_path / "r.ring"]).meta) | {"complete"}
+    assert "complete" in names("Bundle metadata")
+    assert "`complete`" in SPEC.split("## Commit rule", 1)[1].split("\n## ", 1)[0]

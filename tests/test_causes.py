@@ -71,7 +71,11 @@ def test_a_dataloader_worker_killed_by_the_oom_killer_is_named(tmp_path: Path, m
     assert victim["role"] == "DataLoader worker" and victim["pid"] != main["pid"]
     assert victim.get("rss", victim.get("anon_rss", 0)) > 100 << 20
     assert f"The DataLoader worker (pid {victim['pid']}) was killed by the kernel OOM killer." in out.stdout
-    assert any("copy-on-read" in lever for lever in death["levers"])
+    # the levers follow the evidence: the worker grew with the batches it served, so the Dataset's leak comes
+    # first, and nothing advises persistent workers (which would keep it growing)
+    assert death["worker_memory"]["pattern"] == "grew_inside" and death["worker_memory"]["pid"] == victim["pid"]
+    assert "the Dataset keeps what __getitem__ makes" in death["levers"][0]
+    assert not any("persistent_workers=True" in lever for lever in death["levers"]), death["levers"]
     assert not any("`losses.append(loss)`" in lever for lever in death["levers"])
     assert death["host_growth"]["grew"] == "children"
     assert death["kernel_report"]["tasks"] and any(t["pid"] == victim["pid"] for t in death["kernel_report"]["tasks"])
@@ -84,6 +88,91 @@ def test_a_dataloader_worker_killed_by_the_oom_killer_is_named(tmp_path: Path, m
     assert len({int(p) for p in kids["p0"]}) >= 2 and int(kids["p1"].max()) > 100 << 20
 
 
+FAST_STEPS = """
+import sys, time, blackbox
+blackbox.arm(sys.argv[1] + "/", sample_interval=0.2)  # many steps between two memory samples
+kept = []
+for step in range(1, 100000):
+    blackbox.step(step)
+    print(step, flush=True)
+    kept.append(bytearray(1 << 20))  # the leak: 1 MiB a step, touched
+    time.sleep(0.004)
+"""
+
+
+@pytest.mark.slow
+def test_an_oom_kill_s_step_is_the_step_the_job_was_in(tmp_path: Path, memory_cgroup) -> None:  # type: ignore[no-untyped-def]
+    # GIVEN a job under `blackbox run`, as a torchrun worker, that steps every few ms, OOM-killed by the kernel
+    cg = memory_cgroup(160 << 20)
+    script = tmp_path / "train.py"
+    script.write_text(FAST_STEPS)
+    error_file = tmp_path / "error.json"
+    join = f'echo $$ > {cg.directory}/cgroup.procs && exec "$0" "$@"'  # the job alone in the cgroup
+    proc = subprocess.run([sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path), "--quiet", "--", "sh",
+                           "-c", join, sys.executable, str(script), str(tmp_path / "rings")],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(ENV, TORCHELASTIC_ERROR_FILE=str(error_file)))  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL and cg.oom_kills() == 1, proc.stderr
+    printed = int(proc.stdout.split()[-1])  # the planted truth: the last step the job announced
+    (run,) = tmp_path.glob("run-*")
+    meta = json.loads((run / "bundle" / "metadata.json").read_text())
+    death = meta["death"]
+    if death["confidence"] != "certain":
+        pytest.skip("the kernel log cannot be read here: the kill's own stamp is what this test is about")
+    # THEN its step is the one the job was in when the kernel killed it (step n is recorded before n prints),
+    # not the last memory sample's, in the bundle and in torchrun's Root Cause line
+    assert death["cause"] == "host_oom_kill" and death["step"] == meta["last_step"], (death["step"], meta["last_step"])
+    assert printed <= death["step"] <= printed + 1, (printed, death["step"])
+    sampled = meta["last_sample"]["step"]
+    message = json.loads(error_file.read_text())["message"]["message"]
+    assert message.startswith(f"blackbox: host_oom_kill at step {death['step']}:"), (message, sampled)
+
+
+WORKER_COPIES = """
+import sys, time, blackbox, torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+class Copies(Dataset):
+    def __init__(self): self.data = None
+    def __len__(self): return 100000
+    def __getitem__(self, i):
+        if self.data is None:  # each worker loads its own copy of the data on its first item, then only reads it
+            time.sleep(1.0 * get_worker_info().id)  # one after another
+            self.data = bytearray(120 << 20)
+        return torch.tensor([float(self.data[i % len(self.data)] + i)])
+
+if __name__ == "__main__":
+    blackbox.arm(sys.argv[1] + "/", sample_interval=0.05)
+    loader = DataLoader(Copies(), batch_size=4, num_workers=4, in_order=False, multiprocessing_context="fork")
+    for step, batch in enumerate(loader):
+        blackbox.step(step)
+        time.sleep(0.01)
+"""
+
+
+@pytest.mark.slow
+def test_workers_that_each_hold_a_copy_get_fewer_workers_first_not_a_leak_hunt(tmp_path: Path, memory_cgroup) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    # GIVEN DataLoader workers that each load their own 120 MB copy, one after another, until the fourth's does
+    # not fit in the memory cgroup (500 MB)
+    cg = memory_cgroup(500 << 20)
+    script = tmp_path / "job.py"
+    script.write_text(WORKER_COPIES)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "rings")], capture_output=True, text=True,
+                          timeout=300, env=ENV, preexec_fn=cg.join)  # fmt: skip
+    assert proc.returncode == 1 and cg.oom_kills() >= 1, proc.stderr[-2000:]
+    meta = recover_rings([tmp_path / "rings"]).meta
+    death = meta["death"]
+    assert death["cause"] == "host_oom_kill" and death["victim"]["role"] == "DataLoader worker", death
+    # THEN the worker is seen to have held its size while it served batches, and the levers say so first:
+    # fewer workers, data shared rather than copied; no hunt for a growing cache, no persistent workers
+    behaved = death["worker_memory"]
+    assert behaved["pattern"] == "held_copies" and behaved["steps_served"] >= 3 and behaved["workers"] == 4, behaved
+    assert behaved["peak_rss"] - behaved["first_rss"] >= 100 << 20  # the copy it loaded
+    assert "each of the 4 workers holds its own copy" in death["levers"][0] and "num_workers" in death["levers"][0]
+    assert not any("__getitem__" in lever or "persistent_workers" in lever for lever in death["levers"])
+
+
 EXIT_JOBS = {
     "sys.exit(2)": ("import sys, blackbox; blackbox.arm(sys.argv[1] + '/'); sys.exit(2)", "nonzero_exit", 2),
     "KeyboardInterrupt": (
@@ -91,16 +180,57 @@ EXIT_JOBS = {
         "interrupted",
         None,
     ),  # fmt: skip
-    "exit 0": ("import sys, blackbox; blackbox.arm(sys.argv[1] + '/')", "clean_exit", None),
-}
+    "exit 0": ("import sys, blackbox; blackbox.arm(sys.argv[1] + '/')", "clean_exit", 0),
+    # exits that never call sys.exit, or whose SystemExit is caught: the status is the one the process exited with
+    "raise SystemExit(2)": ("import sys, blackbox; blackbox.arm(sys.argv[1] + '/'); raise SystemExit(2)",
+                            "nonzero_exit", 2),
+    "caught sys.exit(4)": ("import sys, blackbox; blackbox.arm(sys.argv[1] + '/')\ntry: sys.exit(4)\n"
+                           "except SystemExit: pass", "clean_exit", 0),
+    "os._exit(7)": ("import os, sys, blackbox; blackbox.arm(sys.argv[1] + '/'); os._exit(7)", "nonzero_exit", 7),
+    "os._exit(0) in a thread": ("import os, sys, threading, blackbox; blackbox.arm(sys.argv[1] + '/')\n"
+                                "threading.Thread(target=os._exit, args=(0,)).start()\nthreading.Event().wait()",
+                                "clean_exit", 0),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", list(EXIT_JOBS))
 def test_exits_and_interrupts_are_told_from_a_clean_exit(tmp_path: Path, name: str) -> None:
+    # GIVEN a job that ends one way, its rings recovered later (as a Slurm epilogue does), not by `blackbox run`
     code, cause, status = EXIT_JOBS[name]
-    run_py(code, str(tmp_path), check=False)
+    proc = run_py(code, str(tmp_path), check=False)
+    assert proc.returncode == (status if status is not None else -signal.SIGINT)  # the planted truth
+    # THEN the verdict is the one the status says
     death = death_of(tmp_path)
     assert death["cause"] == cause and death["exit_status"] == status, death
+
+
+@pytest.mark.parametrize("code", ["import os; os._exit(7)", "import ctypes; ctypes.CDLL(None)._exit(7)"],
+                         ids=["os._exit", "libc _exit, the ring silent"])  # fmt: skip
+def test_a_deliberate_exit_without_exit_handlers_is_no_sigkill_in_run_or_torchrun(tmp_path: Path, code: str) -> None:
+    # GIVEN a job under `blackbox run`, as a torchrun worker, that exits 7 without running its exit handlers
+    error_file = tmp_path / "error.json"
+    proc = subprocess.run([sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path), "--quiet", "--",
+                           sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(ENV, TORCHELASTIC_ERROR_FILE=str(error_file)))  # fmt: skip
+    assert proc.returncode == 7
+    # THEN the verdict, in the bundle, on stderr and in torchrun's error file, is that exit and its status
+    (run,) = tmp_path.glob("run-*")
+    death = json.loads((run / "bundle" / "metadata.json").read_text())["death"]
+    assert (death["cause"], death["confidence"], death["exit_status"]) == ("nonzero_exit", "certain", 7), death
+    assert "cause: nonzero_exit; The job exited with status 7." in proc.stderr and "SIGKILL" not in proc.stderr
+    message = json.loads(error_file.read_text())["message"]["message"]
+    assert message.startswith("blackbox: nonzero_exit at step") and "status 7" in message and "SIGKILL" not in message
+
+
+def test_without_the_c_extension_a_note_says_which_exits_go_unrecorded(tmp_path: Path) -> None:
+    # GIVEN a job whose C extension cannot be imported, ending by a top-level SystemExit(2)
+    code = ("import sys; sys.modules['blackbox.ring._cwriter'] = None\n"
+            "import blackbox; blackbox.arm(sys.argv[1] + '/'); raise SystemExit(2)")  # fmt: skip
+    assert run_py(code, str(tmp_path), check=False).returncode == 2
+    meta = recover_rings([tmp_path]).meta
+    # THEN the status is unknown, the verdict is not certain, and a note says which exits go unseen and why
+    assert meta["death"]["exit_status"] is None and meta["death"]["confidence"] != "certain"
+    assert any("raise SystemExit(n)" in n and "not built" in n for n in meta["notes"]), meta["notes"]
 
 
 def test_a_bundle_of_several_rings_keeps_the_exit_status_run_saw(tmp_path: Path) -> None:

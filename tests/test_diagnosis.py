@@ -13,6 +13,7 @@ import pytest
 from conftest import run_py, spawn_py
 
 import blackbox
+from blackbox._units import human_bytes
 from blackbox.recovery.diagnosis import gpu_oom_kind
 
 ARM = "import sys, blackbox\nblackbox.arm(sys.argv[1], capacity=1 << 14, sample_interval=0.02)\n"
@@ -85,6 +86,43 @@ def test_kernel_oom_kill_is_host_oom_kill_with_growth_per_step(tmp_path: Path, m
     assert any("per step" in lever for lever in death["levers"])
 
 
+STEPS_WITH_NOISE = ARM.replace("0.02)", "0.01)") + (
+    """
+import time
+leak = int(sys.argv[2])
+kept, cache = [], []
+for step in range(1, 61):
+    blackbox.step(step)
+    if step == 3:
+        cache.append(bytearray(48 << 20))  # a cache filled once, early: a warm-up, not a leak
+    scratch = bytearray(16 << 20)  # a batch's temporaries, freed every step: noise
+    if leak:
+        kept.append(bytearray(leak))  # the planted leak, touched
+    time.sleep(0.03)
+    del scratch
+    time.sleep(0.01)
+"""
+)
+
+
+@pytest.mark.parametrize("leak", [0, 3 << 20], ids=["no leak", "3 MiB a step"])
+def test_growth_per_step_is_said_only_beyond_the_noise(tmp_path: Path, leak: int) -> None:
+    # GIVEN a real job of 60 steps with a warm-up and per-step temporaries, leaking a known amount a step
+    run_py(STEPS_WITH_NOISE, str(tmp_path / "rings"), str(leak))
+    death = _death(tmp_path / "rings", tmp_path / "bundle")
+    summary = (tmp_path / "bundle" / "summary.md").read_text()
+    growth = death["host_growth"]
+    per_step, error = growth["rss_per_step"], growth.get("rss_per_step_error")
+    if not leak:
+        # THEN a clean job claims no growth: the summary says it is within the noise, as its fit is
+        assert "own memory grew" not in summary and "shows no growth per step beyond its noise" in summary
+        assert not growth["rss_per_step_beyond_noise"] and abs(per_step) <= error, growth
+    else:
+        # THEN the leak is told, with an interval that holds the truth and is tight enough to mean something
+        assert growth["rss_per_step_beyond_noise"] and abs(per_step - leak) <= error < leak / 4, growth
+        assert f"The job's own memory grew {human_bytes(int(per_step))} ± {human_bytes(int(error))} per step" in summary
+
+
 def test_gpu_oom_fragmentation_or_exhaustion() -> None:
     frag = gpu_oom_kind({"oom_requested": 2 << 30, "oom_reserved_unallocated": 6 << 30})
     assert frag is not None and frag["kind"] == "fragmentation" and "expandable_segments" in frag["levers"][0]
@@ -137,8 +175,10 @@ def test_a_child_read_after_its_death_keeps_its_last_living_rss() -> None:
 def test_memory_that_fell_per_step_is_said_to_shrink() -> None:
     from blackbox.views.summary import ring_summary
 
-    death = {"cause": "killed", "confidence": "strong", "evidence": [], "host_growth": {"rss_per_step": -261120.0}}
+    death = {"cause": "killed", "confidence": "strong", "evidence": [],
+             "host_growth": {"rss_per_step": -261120.0, "rss_per_step_error": 1024.0,
+                             "rss_per_step_beyond_noise": True}}  # fmt: skip
     meta = {"recovery": {"valid": 1, "slots_read": 1, "slots": 1, "first_seq": 0, "last_seq": 0, "overwritten": 0,
                          "torn": 0, "stale": 0, "holes": 0, "labels_lost": 0}, "death": death}  # fmt: skip
     text = ring_summary(meta)
-    assert "The job's own memory shrank 255.0 KiB per step" in text and "grew -" not in text
+    assert "The job's own memory shrank 255.0 KiB ± 1.0 KiB per step" in text and "grew -" not in text

@@ -198,19 +198,23 @@ def test_a_bundle_rewritten_on_object_storage_never_shows_earlier_metadata(
     prefix = f"s3://{BUCKET}/again"
     write_postmortem([rings / "node000"], prefix, plot=False)
     dest = bundle.Destination(prefix)
-    seen: list[bool] = []
+    seen: list[dict[str, Any] | None] = []
 
-    def views(meta: dict[str, Any], read: bundle.Reader) -> dict[str, bytes]:
-        # WHILE another recovery writes there (its tables written, its metadata not yet)
-        seen.append(dest.fs.get_file_info(dest.path("metadata.json")).type == pafs.FileType.File)
+    def views(meta: dict[str, Any], read: bundle.Reader | None) -> dict[str, bytes]:
+        # WHILE another recovery writes there: before its verdict, and before its whole bundle
+        there = dest.fs.get_file_info(dest.path("metadata.json")).type == pafs.FileType.File
+        seen.append(json.loads(dest.fs.open_input_file(dest.path("metadata.json")).read()) if there else None)
         return {}
 
     from blackbox.recovery.pipeline import RecoveryPass
 
     bundle.stream_bundle(RecoveryPass([rings / "node001"]), prefix, views)
-    # THEN a reader listing the prefix saw no metadata.json then, and sees the new one now
-    assert seen == [False]
-    assert "node001" in json.loads(dest.fs.open_input_file(dest.path("metadata.json")).read())["rings"][0]["host"]
+    # THEN a reader listing the prefix saw no metadata.json before the verdict, then the verdict
+    # (complete: false, the new host's), and sees the whole new one now
+    assert len(seen) == 2 and seen[0] is None
+    assert seen[1] is not None and seen[1]["complete"] is False and seen[1]["rings"][0]["host"] == "node001"
+    now = json.loads(dest.fs.open_input_file(dest.path("metadata.json")).read())
+    assert now["complete"] is True and now["rings"][0]["host"] == "node001"
 
 
 # ------------------------------------------------------------------ clocks: an order the hosts cannot tell
@@ -388,3 +392,36 @@ def test_the_job_bundle_never_replaces_a_bundle_it_reads(node_bundles: Path, tmp
     proc = blackbox_cli("recover", str(job / "node000"), str(job / "node001"), "-o", str(job / "node001"))
     assert proc.returncode == 1 and "a bundle it reads (it would be replaced)" in proc.stderr
     assert (job / "node001" / "metadata.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("spelling", ["file://{}", "{}/", "{}/../node001"], ids=["file://", "trailing slash", ".."])
+def test_the_job_bundle_never_replaces_a_bundle_it_reads_however_out_is_spelled(
+    node_bundles: Path, tmp_path: Path, spelling: str
+) -> None:
+    # GIVEN node bundles with their timelines
+    job = copy_bundles(node_bundles, tmp_path / "job", files=("metadata.json", "ranks.parquet", "timeline.parquet"))
+    before = {p.name: p.read_bytes() for p in (job / "node001").iterdir()}
+    # WHEN the job bundle's OUT names one of them, spelled otherwise than the bundles were named
+    proc = blackbox_cli("recover", str(job / "node000"), str(job / "node001"), "-o",
+                        spelling.format(job / "node001"))  # fmt: skip
+    # THEN it is refused, and that bundle is as it was, its timeline too
+    assert proc.returncode == 1 and "a bundle it reads (it would be replaced)" in proc.stderr
+    assert {p.name: p.read_bytes() for p in (job / "node001").iterdir()} == before
+
+
+def test_the_job_bundle_never_replaces_a_bundle_it_reads_on_object_storage(
+    node_bundles: Path, s3: dict[str, str]
+) -> None:
+    # GIVEN node bundles on object storage
+    rings = next(node_bundles.parent.glob("rings*"))
+    for host in ("node000", "node001"):
+        write_postmortem([rings / host], f"s3://{BUCKET}/spelled/{host}", plot=False)
+    dest = bundle.Destination(f"s3://{BUCKET}/spelled/node001")
+    names = sorted(i.base_name for i in dest.fs.get_file_info(pafs.FileSelector(dest.root)))
+    assert "timeline.parquet" in names
+    # WHEN the job bundle's OUT is one of them with the region spelled out in the URI
+    proc = blackbox_cli("recover", f"s3://{BUCKET}/spelled/", "-o", f"s3://{BUCKET}/spelled/node001?region=us-east-1",
+                        env=s3)  # fmt: skip
+    # THEN it is refused, and that bundle keeps every file, its timeline too
+    assert proc.returncode == 1 and "a bundle it reads (it would be replaced)" in proc.stderr
+    assert sorted(i.base_name for i in dest.fs.get_file_info(pafs.FileSelector(dest.root))) == names

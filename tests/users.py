@@ -56,6 +56,20 @@ class User:
             raise AssertionError(f"as {self.name}: {out}")
         return out
 
+    def start(self, step: Callable[[], Any]) -> int:
+        """Run ``step`` as this user in a forked child, in the background (an attack looping while the
+        test goes on): the child's pid, for the caller to SIGKILL and reap."""
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setgroups([])
+                os.setresgid(self.gid, self.gid, self.gid)
+                os.setresuid(self.uid, self.uid, self.uid)
+                step()
+            finally:
+                os._exit(0)
+        return pid
+
     def give(self, path: Path) -> Path:
         """chown ``path`` (and what is inside it) to this user, as if they had made it."""
         for p in [path, *(path.rglob("*") if path.is_dir() else [])]:

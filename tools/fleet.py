@@ -3,9 +3,13 @@
 (one UTS namespace per host, `unshare -u`), each armed with a small ring filled with steps, all
 SIGKILLed; one rank (the victim) first, the others a moment later.
 
-    python tools/fleet.py DIR [--ranks 1000] [--hosts 4] [--ring-mib 2] [--victim 613] [--per-host]
+    python tools/fleet.py DIR [--ranks 1000] [--hosts 4] [--ring-mib 2] [--victim 613] [--per-host] [--stagger]
 
 --per-host: each host's rings in its own folder, DIR/node000/ ..., as node-local disks keep them.
+--stagger: the ranks start one after another, in rank order, as a large job's do over minutes: the ranks
+before the victim stay up; the victim is killed as soon as it is up, then those before it one after
+another; each later rank is killed as soon as it is up, before the next starts. One run of one job
+whose rings, by their times alone, look like a run per rank after the victim.
 
 Prints one line: how many rings, the victim's host and pid, and the time it took. Used by the
 scale test and by tools/bench_fleet.py. Needs root (or user namespaces) for `unshare -u`;
@@ -53,6 +57,8 @@ def host(args: argparse.Namespace) -> int:
     import blackbox  # noqa: F401  (imported once here, inherited by every rank)
 
     capacity = args.ring_mib * (1 << 20) // SLOT
+    if args.stagger:
+        return _host_one_at_a_time(args, capacity)
     r, w = os.pipe()
     pids = []
     for i in range(args.count):
@@ -78,6 +84,51 @@ def host(args: argparse.Namespace) -> int:
     return 0
 
 
+def _host_one_at_a_time(args: argparse.Namespace, capacity: int) -> int:
+    """--stagger: fork the next rank on each line read, and print its pid once it is up."""
+    pids = []
+    for i, _ in enumerate(sys.stdin):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            try:
+                _rank(args.folder, args.first + i, i, args.world, capacity, w)
+            finally:
+                os._exit(0)
+        os.close(w)
+        os.read(r, 1)
+        os.close(r)
+        pids.append(pid)
+        print(pid, flush=True)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    return 0
+
+
+def _staggered(args: argparse.Namespace, hosts: list[subprocess.Popen[str]], per: int) -> int:
+    """--stagger: start the ranks one at a time; kill the victim first (see the module docstring)."""
+    waiting: list[int] = []
+    victim = 0
+    for rank in range(args.ranks):
+        part = hosts[rank // per]
+        assert part.stdin is not None and part.stdout is not None
+        part.stdin.write("fork\n")
+        part.stdin.flush()
+        pid = int(part.stdout.readline())
+        if rank < args.victim:
+            waiting.append(pid)
+            continue
+        if rank == args.victim:
+            victim = pid
+        os.kill(pid, signal.SIGKILL)
+        for other in waiting:
+            time.sleep(args.gap)
+            os.kill(other, signal.SIGKILL)
+        waiting = []
+    return victim
+
+
 def make(args: argparse.Namespace) -> int:
     folder = Path(args.folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -92,9 +143,21 @@ def make(args: argparse.Namespace) -> int:
         where.mkdir(exist_ok=True)
         cmd = [sys.executable, __file__, "--host-part", str(where), "--first", str(first), "--count", str(count),
                "--world", str(args.ranks), "--ring-mib", str(args.ring_mib)]  # fmt: skip
+        if args.stagger:
+            cmd.append("--stagger")
         if args.unshare and shutil.which("unshare"):
             cmd = ["unshare", "-u", *cmd, "--hostname", name]
         hosts.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env))
+    if args.stagger:
+        victim = _staggered(args, hosts, per)
+        for p in hosts:
+            assert p.stdin is not None
+            p.stdin.close()
+            p.wait()
+        rings = len(list(folder.glob("**/*.ring")))
+        print(f"fleet: {rings} rings in {folder}; rank {args.victim} (pid {victim}) killed first; ranks started "
+              f"one after another; {time.perf_counter() - t0:.1f} s")  # fmt: skip
+        return 0
     pids: list[int] = []
     for p in hosts:
         assert p.stdout is not None
@@ -128,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gap", type=float, default=0.2, help="seconds between the victim's kill and the others'")
     ap.add_argument("--no-unshare", dest="unshare", action="store_false")
     ap.add_argument("--per-host", action="store_true", help="each host's rings in DIR/<host>/")
+    ap.add_argument("--stagger", action="store_true", help="ranks start one after another (module docstring)")
     ap.add_argument("--host-part", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--hostname", help=argparse.SUPPRESS)
     ap.add_argument("--first", type=int, help=argparse.SUPPRESS)

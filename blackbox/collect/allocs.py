@@ -143,6 +143,7 @@ class AllocSampler:
         self._known: dict[int, tuple[list[bytes], int, str, str]] = {}
         self._generation = 0
         self._ids = self._ids_generation = 0  # kind-3 entry ids, per generation
+        self._ignored = False  # the sampler thread told the hooks to leave it out
         self.started = False
         self.unwritten = 0  # stacks that did not fit the table
 
@@ -160,15 +161,15 @@ class AllocSampler:
             note("allocations: native allocations (torch CPU tensors, numpy) not sampled: malloc not found")
         return self
 
-    def ignore_this_thread(self) -> None:
-        """The recorder's own sampler thread: its allocations are never samples."""
-        self._c.ignore_thread()
-
     def tick(self, step: int) -> None:
         """Once a sample interval: the step in force, newly loaded libraries, and new stacks' text. A
-        failure stops sampling (the job's allocators put back) with one note, never the recorder."""
+        failure stops sampling (the job's allocators put back) with one note, never the recorder. On the
+        recorder's own sampler thread (named ``blackbox-sampler``), its allocations are never samples."""
         if not self.started:
             return
+        if not self._ignored and threading.current_thread().name == "blackbox-sampler":
+            self._ignored = True
+            self._c.ignore_thread()
         try:
             self._c.set_step(step)
             self._c.rescan()

@@ -6,13 +6,19 @@ wrapper writes one ``oom`` or ``exception`` event (an uncaught
 calls the hook that was there before, so the user's traceback still prints and
 the exit status is unchanged. ``sys.exit`` is wrapped the same way: called from
 the main thread, it writes an ``exit`` event with the status the process will
-exit with, then raises exactly what it would have. An exception already
-recorded by ``capture_oom`` is not recorded twice when it later goes uncaught.
+exit with (detail ``sys.exit``: the job may still catch the SystemExit), then
+raises exactly what it would have. ``os._exit`` too, from any thread (detail
+``os._exit``: it ends the process at once, running no exit handler, so the ring
+has no clean end but still says the process chose to exit, and with what
+status); it then calls the real one, with the same arguments. An exception
+already recorded by ``capture_oom`` is not recorded twice when it later goes
+uncaught. Statuses are recorded as a parent sees them (the low 8 bits).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 from collections import deque
@@ -46,6 +52,8 @@ class ExceptionRecorder:
         self._prev_thread: Any = None
         self._prev_exit: Any = None
         self._our_exit: Any = None
+        self._prev_os_exit: Any = None
+        self._our_os_exit: Any = None
 
     def record(self, exc: BaseException, detail: str) -> str:
         """Write the event; returns its kind (``oom`` or ``exception``), or "" if already recorded."""
@@ -85,6 +93,8 @@ class ExceptionRecorder:
         self._wrap_exit()
 
     def _wrap_exit(self) -> None:
+        for how in (fmt.EXIT_SYS, fmt.EXIT_OS):  # interned now: an exit from a signal handler takes no lock
+            self._intern(how)
         original = sys.exit
 
         @functools.wraps(original)
@@ -95,14 +105,27 @@ class ExceptionRecorder:
 
         self._prev_exit, self._our_exit = original, exit
         sys.exit = exit
+        original_os = os._exit
 
-    def record_exit(self, status: Any) -> None:
-        """An ``exit`` event: the status the process exits with (a non-int status prints and exits 1)."""
+        @functools.wraps(original_os)
+        def _exit(*args: Any, **kwargs: Any) -> Any:
+            status = args[0] if len(args) == 1 and not kwargs else kwargs.get("status")
+            if isinstance(status, int) and -(1 << 31) <= status < 1 << 31:  # else the real one raises: no end
+                self.record_exit(status, fmt.EXIT_OS)
+            return original_os(*args, **kwargs)
+
+        self._prev_os_exit, self._our_os_exit = original_os, _exit
+        os._exit = _exit
+
+    def record_exit(self, status: Any, how: str = fmt.EXIT_SYS) -> None:
+        """An ``exit`` event: the status the process exits with (a non-int status prints and exits 1),
+        as its parent will see it (the low 8 bits); ``how`` is its detail."""
         try:
+            detail = (self._intern(how),)
             if status is None or isinstance(status, int):
-                self._event(KIND_EXIT, None, int(status or 0))
+                self._event(KIND_EXIT, None, int(status or 0) & 0xFF, -1, detail)
             else:
-                self._event(KIND_EXIT, str(status)[:MAX_DETAIL], 1)
+                self._event(KIND_EXIT, str(status)[:MAX_DETAIL], 1, -1, detail)
         except Exception:
             pass
 
@@ -114,7 +137,9 @@ class ExceptionRecorder:
             threading.excepthook = self._prev_thread
         if self._our_exit is not None and sys.exit is self._our_exit:
             sys.exit = self._prev_exit
-        self._sys_hook = self._thread_hook = self._our_exit = None
+        if self._our_os_exit is not None and os._exit is self._our_os_exit:
+            os._exit = self._prev_os_exit
+        self._sys_hook = self._thread_hook = self._our_exit = self._our_os_exit = None
 
 
 def format_context(context: str, metadata: dict[str, Any]) -> str:
@@ -136,3 +161,28 @@ def capture(recorder: Callable[[], ExceptionRecorder | None], context: str, meta
             if rec is not None:
                 rec.record(exc, format_context(context, metadata))
         raise
+
+
+EXIT_TAG = fmt.tag(0, KIND_EXIT, fmt.FLAG_VALUE, -1)
+NO_EXIT_RECORD = ("the status of an exit that never calls sys.exit (a top-level `raise SystemExit(n)`, "
+                  "a caught sys.exit, the end of the script) is not recorded: {}")  # fmt: skip
+
+
+def exit_status_unrecorded(cmod: Any) -> str:
+    """Why the process's exit status cannot be written at exit() (a note), or "" where it can."""
+    if cmod is None:
+        return NO_EXIT_RECORD.format("the C extension blackbox.ring._cwriter is not built")
+    if not getattr(cmod, "EXIT_RECORD", 0):
+        return NO_EXIT_RECORD.format("this C library has no on_exit()")
+    return ""
+
+
+def record_status_at_exit(cmod: Any, fd: int, header: fmt.Header, last_seq: int, step: int, intern: Intern) -> None:
+    """Have the C extension write the process's real exit status, as one last ``exit`` record (detail
+    ``process exit``), from inside libc's exit(): after the interpreter has finished, where no Python
+    code sees the status. ``last_seq``: the ring's last seq, once nothing else writes to it; ``fd``: the
+    ring, open read-write (the extension maps the slot's page itself). Raises where it cannot."""
+    if exit_status_unrecorded(cmod):
+        return
+    cmod.exit_record_arm(fd, header.records_offset, header.capacity, last_seq + 1, EXIT_TAG, step,
+                         intern(fmt.EXIT_PROCESS))  # fmt: skip

@@ -11,6 +11,15 @@ other Python process started by an armed job under ``blackbox run``.
 Attempt: the launcher's restart count (torchrun's
 ``TORCHELASTIC_RESTART_COUNT``, Slurm's ``SLURM_RESTART_COUNT``), None where
 there is no launcher that counts.
+Job: the id every process of one job shares and another job does not, so that
+recovery can tell the jobs of one folder apart (``job_id``): Slurm's
+``SLURM_JOB_ID``; else torchrun's ``TORCHELASTIC_RUN_ID`` (its ``--rdzv-id``;
+``none``, torchrun's default without one, says nothing and gives None: a
+``blackbox run`` per rank would otherwise give each rank a job of its own);
+else ``blackbox run``'s run id (``BLACKBOX_RUN_ID``, its run folder's name),
+unless the process is one rank of a launcher that started ``blackbox run`` per
+rank (``RANK``, ``OMPI_COMM_WORLD_RANK`` or ``PMI_RANK`` set); else None. A
+Kubernetes pod name is not used: a job of several pods has one per pod.
 
 The command line is redacted before it reaches the disk: the value of any
 option whose name says it is a secret (``--password``, ``--api-key``,
@@ -33,6 +42,9 @@ from ..ring.liveness import boot_id
 MAX_ARGV_CHARS = 16384
 REDACTED = "***"
 RUN_PID_ENV = "BLACKBOX_RUN_PID"  # set by `blackbox run`: its own pid, the job's parent
+RUN_ID_ENV = "BLACKBOX_RUN_ID"  # set by `blackbox run`: its run folder's name, unique to the run
+RANK_ENVS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")  # a launcher's rank: one of many processes
+MAX_JOB_CHARS = 256
 ATTEMPT_ENVS = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
 
 _SECRET_OPTION = re.compile(
@@ -102,6 +114,18 @@ def attempt() -> int | None:
     return None
 
 
+def job_id() -> str | None:
+    """The job's id, shared by its processes and by no other job (see the module docstring), or None."""
+    if os.environ.get("SLURM_JOB_ID"):
+        return os.environ["SLURM_JOB_ID"][:MAX_JOB_CHARS]
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        run_id = os.environ["TORCHELASTIC_RUN_ID"]
+        return run_id[:MAX_JOB_CHARS] if run_id != "none" else None
+    if any(os.environ.get(name) for name in RANK_ENVS):
+        return None
+    return os.environ.get(RUN_ID_ENV, "")[:MAX_JOB_CHARS] or None
+
+
 def role() -> str:
     """``main``, ``worker``, ``compile_worker`` or ``child`` (see the module docstring). Works at
     ``sitecustomize`` time too, before multiprocessing is imported: it reads the whole command line."""
@@ -137,6 +161,7 @@ def identity() -> dict[str, Any]:
         "world_size": env_int("WORLD_SIZE"),
         "role": role(),
         "attempt": attempt(),
+        "job": job_id(),
         "argv": bounded_argv(redact_argv([str(a) for a in sys.argv])),
         "boot_id": boot_id(),
     }

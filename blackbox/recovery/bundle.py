@@ -8,23 +8,20 @@ views render is handed in as bytes: this module imports no view.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
 import json
 import os
-import shutil
 import stat
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar, cast
+from typing import Any, BinaryIO, Protocol, TypeVar, cast
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from .._errors import BundleDestinationError, one_line
-from ..ring.inputs import open_folder, open_input, what_is
+from .._errors import BundleDestinationError
+from ..ring.inputs import open_folder, open_input
+from .outfolder import OutFolder
 from .pipeline import OOM_REPORT, RecoveryPass, recover_rings
 from .ranks import rank_rows, ranks_table
 from .spill import SpilledRings
@@ -67,6 +64,13 @@ class Destination:
     def path(self, name: str) -> str:
         return f"{self.root.rstrip('/')}/{name}"
 
+    def key(self) -> tuple[str, str]:
+        """Where the writer puts the files, however OUT was spelled (``file://``, a URI's ``?region=``,
+        links on the way): the filesystem's kind and the folder's real path, or the path in it."""
+        if self.local is not None:
+            return "local", os.path.realpath(self.local)
+        return self.fs.type_name, self.root.rstrip("/")
+
 
 _PARQUET: dict[str, Any] = {
     "compression": "zstd",
@@ -88,50 +92,81 @@ def write_timeline(table: pa.Table, path: str | Path | BinaryIO, filesystem: paf
 
 
 Reader = Callable[[list[tuple[str, str, Any]] | None, list[str] | None, int], pa.Table]
-Views = Callable[[dict[str, Any], Reader], dict[str, bytes]]
+Views = Callable[[dict[str, Any], "Reader | None"], dict[str, bytes]]
 
 
 def stream_bundle(recovery: RecoveryPass, out_dir: str | os.PathLike[str], views: Views) -> dict[str, Any]:
-    """Write a recovery into ``out_dir`` (a folder or a URI) a ring at a time (rows in shared row
-    groups, rings' metadata spilled to disk: memory is bounded by the rings in flight), then
-    ranks.parquet, the recovered text files, the views and, last, metadata.json; returns the metadata
-    (its ``rings``, where there are several, a ``SpilledRings``).
+    """Write a recovery into ``out_dir`` (a folder or a URI), verdict first: as soon as the last ring
+    is diagnosed, a bundle of the verdict alone (metadata.json with ``complete: false``, summary.md,
+    ranks.parquet and the recovered text files) is put in place; then the whole bundle (the timeline
+    too, the views, metadata.json with ``complete: true``) replaces it. A recovery killed midway leaves
+    the verdict. Returns the metadata (its ``rings``, where there are several, a ``SpilledRings``).
 
-    ``views(meta, read)``: renders the views (file name -> bytes: summary.md, memory.png);
-    ``read(filters, columns, max_rows)`` reads the written timeline back (pyarrow filters, e.g. one
-    pid's rows), thinned to at most about ``max_rows`` rows.
+    The timeline is written a ring at a time (rows in shared row groups, rings' metadata spilled to
+    disk: memory is bounded by the rings in flight); the last ring's rows wait until the verdict is out.
 
-    A local bundle is made in a fresh folder (mode 0700, files 0600) beside ``out_dir`` and put in
-    its place whole, replacing an earlier bundle there at once: no existing path is ever opened for
-    writing (a link planted in ``out_dir`` redirects nothing), concurrent recoveries into one folder
-    leave one of their bundles, never a mix, and no file of an earlier bundle survives.
+    ``views(meta, read)``: renders the views (file name -> bytes: summary.md, memory.png); ``read`` is
+    None for the verdict (no timeline yet), else ``read(filters, columns, max_rows)`` reads the written
+    timeline back (pyarrow filters, e.g. one pid's rows), thinned to at most about ``max_rows`` rows.
+
+    Locally (``outfolder``) each of the two is made in a private folder beside ``out_dir`` (mode 0700,
+    files 0600) and put in its place whole, replacing what was there at once: no existing path is ever
+    opened for writing, concurrent recoveries into one folder leave one of their bundles, never a mix,
+    and no file of an earlier bundle survives. On object storage metadata.json is written last each time.
     """
-    return _write(out_dir, lambda create, open_back: _fill(recovery, views, create, open_back))
+    return _write(out_dir, lambda out: _fill(recovery, views, out))
 
 
-Create = Callable[[str], Any]  # a new file of the bundle being written, open for writing
-OpenBack = Callable[[str], Any]  # a file already written into it, open for reading
+class _Folder(Protocol):
+    def create(self, name: str) -> BinaryIO: ...  # a new file of the bundle being written, open for writing
+
+    def open_back(self, name: str) -> BinaryIO: ...  # a file already written into it, open for reading
+
+
+class _Out(Protocol):
+    def folder(self) -> _Folder: ...  # where the next bundle is made
+
+    def put(self, folder: Any) -> None: ...  # put it at OUT whole
+
+
 _T = TypeVar("_T")
 
 
-def _write(out_dir: str | os.PathLike[str], fill: Callable[[Create, OpenBack], _T]) -> _T:
+def _write(out_dir: str | os.PathLike[str], fill: Callable[[_Out], _T]) -> _T:
     """Run ``fill`` over a bundle's destination: on object storage after retiring an earlier bundle's
-    metadata; locally in a fresh private folder put in place whole (``publish``)."""
+    metadata; locally in a private holder beside it (``OutFolder``), removed after."""
     dest = Destination(out_dir)
     if dest.local is None:
+        return fill(_Prefix(dest))
+    with OutFolder(dest.local, _bundle_file) as out:
+        return fill(out)
+
+
+class _Prefix:
+    """A bundle on object storage, where each object appears whole on its own: one folder, the prefix,
+    whose earlier bundle's metadata.json is removed before anything is written (``_retire_remote``)."""
+
+    def __init__(self, dest: Destination) -> None:
+        self.dest = dest
         _retire_remote(dest)
-        remote = dest.fs
-        return fill(lambda name: remote.open_output_stream(dest.path(name)),
-                    lambda name: remote.open_input_file(dest.path(name)))  # fmt: skip
-    done: list[_T] = []
-    publish(dest.local, lambda folder: done.append(fill(lambda name: os.fdopen(_create(folder / name), "wb"),
-                                                        lambda name: open(folder / name, "rb"))))  # fmt: skip
-    return done[0]
+
+    def folder(self) -> _Prefix:
+        return self
+
+    def put(self, folder: Any) -> None:
+        """Nothing to move: metadata.json, written last, makes the prefix a bundle."""
+
+    def create(self, name: str) -> BinaryIO:
+        return cast(BinaryIO, self.dest.fs.open_output_stream(self.dest.path(name)))
+
+    def open_back(self, name: str) -> BinaryIO:
+        return cast(BinaryIO, self.dest.fs.open_input_file(self.dest.path(name)))
 
 
-def _last_files(create: Create, ranks: pa.Table, files: dict[str, bytes], meta: dict[str, Any]) -> None:
+def _last_files(create: Callable[[str], BinaryIO], ranks: pa.Table, files: dict[str, bytes],
+                meta: dict[str, Any]) -> None:  # fmt: skip
     """What follows the timeline: ranks.parquet, the other files (views, recovered texts) and, last,
-    metadata.json (a bundle is whole once it is there)."""
+    metadata.json (a bundle is there once it is)."""
     with create(RANKS) as sink:
         pq.write_table(ranks, sink, compression="zstd")
     for name, data in files.items():
@@ -157,7 +192,13 @@ def write_job_bundle(out_dir: str | os.PathLike[str], ranks: pa.Table, meta: dic
                      views: dict[str, bytes]) -> None:  # fmt: skip
     """Write a job-wide bundle (no timeline: each node bundle keeps its own): ranks.parquet, the views
     (summary.md) and, last, metadata.json; made whole and put in place like a bundle of rings."""
-    _write(out_dir, lambda create, _: _last_files(create, ranks, views, meta))
+
+    def fill(out: _Out) -> None:
+        folder = out.folder()
+        _last_files(folder.create, ranks, views, meta)
+        out.put(folder)
+
+    _write(out_dir, fill)
 
 
 def read_thinned(
@@ -215,19 +256,46 @@ def _rules_out(chunk: pq.ColumnChunkMetaData, values: list[Any]) -> bool:
         return False
 
 
-def _fill(recovery: RecoveryPass, views: Views, create: Create, open_back: OpenBack) -> dict[str, Any]:
-    with create(TIMELINE) as sink, pq.ParquetWriter(sink, TIMELINE_SCHEMA, **_PARQUET) as writer:
-        _write_row_groups(writer, recovery.tables())
-    meta = recovery.finish()
+def _fill(recovery: RecoveryPass, views: Views, out: _Out) -> dict[str, Any]:
+    whole = out.folder()
+    verdict: list[Verdict] = []
+
+    def tables() -> Iterator[pa.Table]:
+        for table in recovery.tables():
+            if recovery.last and not verdict:  # every ring diagnosed: the verdict goes out before these rows
+                verdict.append(_put_verdict(recovery, views, out))
+            yield table
+            del table  # not held while the next ring is decoded
+
+    with whole.create(TIMELINE) as sink, pq.ParquetWriter(sink, TIMELINE_SCHEMA, **_PARQUET) as writer:
+        _write_row_groups(writer, tables())
+    meta, ranks, texts = verdict[0] if verdict else _put_verdict(recovery, views, out)
 
     def read(filters: list[tuple[str, str, Any]] | None, columns: list[str] | None, max_rows: int) -> pa.Table:
-        with open_back(TIMELINE) as source:
+        with whole.open_back(TIMELINE) as source:
             table = read_thinned(source, filters, columns, max_rows)
         return table if len(meta.get("rings") or []) < 2 else table.sort_by("time")  # rings' rows interleave
 
-    texts = {name: text.encode("utf-8") for name, text in recovery.files.items()}
-    _last_files(create, ranks_table(rank_rows(meta)), {**texts, **views(meta, read)}, meta)
+    meta["complete"] = True
+    _last_files(whole.create, ranks, {**texts, **views(meta, read)}, meta)
+    out.put(whole)
     return meta
+
+
+Verdict = tuple[dict[str, Any], pa.Table, dict[str, bytes]]  # the metadata, ranks.parquet's table, the texts
+
+
+def _put_verdict(recovery: RecoveryPass, views: Views, out: _Out) -> Verdict:
+    """The metadata of every ring, put at OUT as a bundle of its own with summary.md, ranks.parquet and
+    the recovered texts, ``complete: false``: (the metadata, the ranks, the texts)."""
+    meta = recovery.finish()
+    meta["complete"] = False
+    ranks = ranks_table(rank_rows(meta))
+    texts = {name: text.encode("utf-8") for name, text in recovery.files.items()}
+    folder = out.folder()
+    _last_files(folder.create, ranks, {**texts, **views(meta, None)}, meta)
+    out.put(folder)
+    return meta, ranks, texts
 
 
 def _write_row_groups(writer: pq.ParquetWriter, tables: Iterator[pa.Table]) -> None:
@@ -284,117 +352,24 @@ def _dump(meta: dict[str, Any], sink: Any) -> None:
     sink.write("".join(held).encode("utf-8"))
 
 
-def _create(path: Path) -> int:
-    """A new file, mode 0600: never an existing one, never through a link."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-
-
-def publish(out: Path, fill: Callable[[Path], None]) -> None:
-    """Make a folder's content with ``fill`` in a fresh private folder beside ``out``, then put it at
-    ``out`` whole: atomically (``renameat2``) where nothing or an earlier bundle is there. Anything
-    else at ``out`` (a link, a file, a folder holding other files) is refused, untouched."""
-    out = Path(os.path.abspath(out))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _replaceable(out)
-    fresh = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
-        fill(fresh)
-        earlier = _put_in_place(fresh, out)
-    except BaseException:
-        _remove(fresh)
-        raise
-    if earlier:
-        _remove(fresh)  # the exchange left the earlier bundle under the temporary name
-
-
-def _replaceable(out: Path) -> None:
-    try:
-        st = os.lstat(out)
-    except FileNotFoundError:
-        return
-    what = f"{out}: expected a new folder or an earlier bundle to replace"
-    if not stat.S_ISDIR(st.st_mode):
-        raise BundleDestinationError(
-            f"{what}, found {what_is(st.st_mode) if not stat.S_ISREG(st.st_mode) else 'a file'}"
-        )
-    try:
-        others = sorted(n for n in os.listdir(out) if not _bundle_file(n))
-    except OSError as exc:
-        raise BundleDestinationError(f"{what}, found a folder that cannot be listed ({exc.strerror})") from None
-    if others:
-        raise BundleDestinationError(f"{what}, found a folder holding other files ({one_line(others[0])!s}, ...)")
-
-
 def _bundle_file(name: str) -> bool:
     return name in BUNDLE_FILES or (name.startswith("crash-") and name.endswith(".txt"))
 
 
-_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
-
-
-def _renameat2(src: Path, dst: Path, flags: int) -> int:
-    """renameat2(2): 0, or the errno (ENOSYS/EINVAL where the libc or the filesystem lacks it)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        call = libc.renameat2
-    except (OSError, AttributeError):
-        return errno.ENOSYS
-    at_fdcwd = -100
-    if call(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), ctypes.c_uint(flags)) == 0:
-        return 0
-    return ctypes.get_errno()
-
-
-def _put_in_place(fresh: Path, out: Path) -> bool:
-    """Rename ``fresh`` to ``out``; True when an earlier bundle was there and now is at ``fresh``."""
-    for _ in range(8):
-        err = _renameat2(fresh, out, _RENAME_NOREPLACE)
-        if err == 0:
-            return False
-        if err == errno.EEXIST:
-            _replaceable(out)
-            err = _renameat2(fresh, out, _RENAME_EXCHANGE)
-            if err == 0:
-                return True
-            if err == errno.ENOENT:
-                continue  # removed meanwhile: place it again
-        if err in (errno.ENOSYS, errno.EINVAL):
-            _put_in_place_renaming(fresh, out)
-            return False
-        raise OSError(err, os.strerror(err), str(out))
-    raise BundleDestinationError(f"{out}: could not put the bundle in place (the path kept changing)")
-
-
-def _put_in_place_renaming(fresh: Path, out: Path) -> None:
-    """Without renameat2: move the earlier bundle aside, then rename (``out`` is briefly missing)."""
-    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.rename(out, aside)  # onto the empty folder just made
-        os.rename(fresh, out)
-    finally:
-        _remove(aside)
-
-
-def _remove(path: Path) -> None:
-    """Remove a folder tree without following links (``shutil.rmtree`` works through descriptors)."""
-    try:
-        if stat.S_ISDIR(os.lstat(path).st_mode):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
 def read_bundle(bundle: str | os.PathLike[str]) -> tuple[pa.Table, dict[str, Any]]:
-    """(timeline, metadata) of a bundle folder or URI."""
+    """(timeline, metadata) of a bundle folder or URI; a verdict alone (``complete: false``: its
+    recovery was cut short before the timeline) is refused in one line."""
     dest = Destination(bundle)
+    with _open(dest, METADATA) as f:
+        meta = parse_metadata(f.read(MAX_METADATA_BYTES), dest.path(METADATA))
+    if meta.get("complete") is False:
+        raise BundleDestinationError(
+            f"{dest.path(METADATA)}: expected a whole bundle, found a verdict alone (complete: false: its "
+            "recovery was cut short before the timeline; recover the rings again)"
+        )
     with _open(dest, TIMELINE) as f:
         table = pq.read_table(f)
-    with _open(dest, METADATA) as f:
-        raw = f.read(MAX_METADATA_BYTES)
-    return table, parse_metadata(raw, dest.path(METADATA))
+    return table, meta
 
 
 def parse_metadata(raw: bytes, where: str) -> dict[str, Any]:

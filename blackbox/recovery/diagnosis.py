@@ -14,15 +14,25 @@ last signal's sender, where one was recorded), and the analysis (``host_growth``
    an uncaught ``KeyboardInterrupt``: ``interrupted``; PyTorch's "DataLoader worker (pid N) is killed by
    signal" with OOM evidence (the cgroup's oom_kill counter rose, memory at the limit): ``host_oom_kill``
    (the worker the victim), else ``killed`` or ``signal``; an out-of-memory exception: ``oom_exception``;
-   another uncaught exception: ``exception``; else by the exit status (``sys.exit``, or what
-   ``blackbox run`` saw): 0 ``clean_exit``, 130 ``interrupted``, others ``nonzero_exit``;
+   another uncaught exception: ``exception``; else by the exit status: 0 ``clean_exit``, 130
+   ``interrupted``, others ``nonzero_exit``;
 4. no clean end: the kernel logged this pid's OOM kill after its last event: ``host_oom_kill``
-   (certain); the cgroup's oom_kill counter rose after the last sample: ``host_oom_kill`` (strong); a
-   native crash: ``signal``; a fatal signal recorded: ``signal`` (``interrupted`` for SIGINT,
-   ``userspace_oom_kill`` from earlyoom or systemd-oomd); SIGKILL (seen by ``blackbox run``, or no
-   handler ran on this boot): ``userspace_oom_kill`` after such a daemon's SIGTERM, ``host_oom_kill``
-   (probable) with memory at 95% of the limit or more at the last sample, else ``killed``; ``unknown``
-   when the host rebooted or cannot be told. Exit status 137 alone is never called an OOM.
+   (certain); the process called ``os._exit``: by its status, as in 3; the cgroup's oom_kill counter
+   rose after the last sample: ``host_oom_kill`` (strong); a native crash: ``signal``; a fatal signal
+   recorded: ``signal`` (``interrupted`` for SIGINT, ``userspace_oom_kill`` from earlyoom or
+   systemd-oomd); ``blackbox run`` saw it exit (not die of a signal; C code calling ``_exit``): by its
+   status, as in 3; SIGKILL (seen by ``blackbox run``, or no handler ran on this boot):
+   ``userspace_oom_kill`` after such a daemon's SIGTERM, ``host_oom_kill`` (probable) with memory at 95%
+   of the limit or more at the last sample, else ``killed``; ``unknown`` when the host rebooted or
+   cannot be told. Exit status 137 alone is never called an OOM.
+
+The exit status (``exit_status``) is, first, the ring's own record of how the process exited (written
+inside libc's exit() after the interpreter finished, or by ``os._exit``): a fact about this very
+process, which a later recovery reads as ``blackbox run`` did; else what ``blackbox run`` saw; else the
+last ``sys.exit`` call (whose SystemExit the job may have caught).
+
+``step`` is the step in force at the death: for a death of the ring's own process, at its last
+record; for a child's, at the main process's last record before the kernel's kill.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ from typing import Any
 import pyarrow as pa
 
 from .._units import human_bytes
+from ..ring import format as fmt
 from .evidence import Evidence, KernelKill
 from .facts import Facts, facts
 from .levers import analysis
@@ -45,6 +56,9 @@ NEAR_LIMIT = 0.95
 OOM_DAEMONS = ("earlyoom", "systemd-oomd", "oomd", "nohang", "low-memory-mon")
 DEFAULT_ACTION = "default action"  # the detail collect.signals writes for a signal that ended the process
 SCHEDULERS = ("slurmstepd", "slurmd", "srun", "scancel", "kubelet", "containerd-shim", "timeout", "systemd", "torchrun")
+RUN_SAW = "run"  # the exit status came from `blackbox run`'s wait
+HOW_KNOWN = {fmt.EXIT_PROCESS: "recorded by the process as it exited", fmt.EXIT_OS: "its os._exit call",
+             fmt.EXIT_SYS: "its sys.exit call", RUN_SAW: "as `blackbox run` saw it"}  # fmt: skip
 ROLE = {"main": "main process", "worker": "DataLoader worker", "mp_service": "multiprocessing service process",
         "compile_worker": "torch.compile worker", "child": "child process"}  # fmt: skip
 
@@ -70,9 +84,7 @@ class _Death:
         self.handled: dict[str, Any] | None = None  # a signal the job's own handler took before its end
         self.stat_at_end = f.stats[-1] if f.stats else None
         self.death_ns: int | None = None  # the monotonic time of the death, where the kernel stamped it
-        self.status = ev.exit_status
-        if self.status is None and f.exits:
-            self.status = f.exits[-1]["value"]
+        self.status, self.exit_how = exit_status(f, ev)
 
     # ---------------------------------------------------------------- the rules
     def decide(self, clean: bool) -> None:
@@ -91,7 +103,7 @@ class _Death:
         if clean and self.cause in ("clean_exit", "nonzero_exit", "exception"):
             self._handled_signal()
         if self.status is not None and not any("exit status" in e for e in self.evidence):
-            self.evidence.append(f"exit status {self.status}")
+            self.evidence.append(f"exit status {self.status} ({HOW_KNOWN.get(self.exit_how or '', 'recorded')})")
         at = self.death_ns if self.death_ns is not None else f.last_ns
         memory = _near_limit(f.sample_before(at))
         if memory is not None:
@@ -119,14 +131,18 @@ class _Death:
             self.when = exc
             return
         if self.status not in (None, 0):
-            interrupted = self.status == 130
-            self.cause, self.confidence = ("interrupted" if interrupted else "nonzero_exit"), "certain"
-            self.evidence.append(f"the process exited with status {self.status}"
-                                 + (" (130: an interrupt)" if interrupted else ""))  # fmt: skip
+            self._exited(f"the process exited by itself: exit status {self.status} "
+                         f"({HOW_KNOWN.get(self.exit_how or '', 'recorded')})")  # fmt: skip
             return
         self.cause, self.confidence = "clean_exit", "certain" if self.status == 0 else "strong"
         if child_kill is not None:
             self.evidence.append(f"a child process, pid {child_kill.pid}, was OOM-killed meanwhile: {child_kill.line}")
+
+    def _exited(self, why: str) -> None:
+        """The process ended by itself with ``self.status``: 0 clean, 130 an interrupt, else nonzero."""
+        interrupted = self.status == 130
+        cause = "clean_exit" if self.status == 0 else "interrupted" if interrupted else "nonzero_exit"
+        self._set(cause, "certain", why + (" (130: an interrupt)" if interrupted else ""))
 
     def _child_oom(self, kill: KernelKill) -> None:
         f = self.f
@@ -178,7 +194,10 @@ class _Death:
         if own is not None:
             self.victim.update(name=own.name, **own.rss)
             self._set("host_oom_kill", "certain", f"kernel log: {own.line}")
-            self._at(own.time_ns)
+            self._at(own.time_ns, own=True)
+        elif self.exit_how == fmt.EXIT_OS:
+            self._exited(f"the process called os._exit({self.status}): exit status {self.status}, at once, "
+                         "without running its exit handlers")  # fmt: skip
         elif rose:
             self._set("host_oom_kill", "strong", rose)
         elif ev.crash:
@@ -195,6 +214,9 @@ class _Death:
             self.when = s
         elif sig is not None and sig != signals.SIGKILL:
             self._set("signal", "certain", f"`blackbox run` saw the job end by {signals.Signals(sig).name}")
+        elif sig is None and self.exit_how == RUN_SAW:
+            self._exited(f"`blackbox run` saw the process exit by itself: exit status {self.status}, without "
+                         "running its exit handlers (os._exit before blackbox armed, or C calling _exit)")  # fmt: skip
         elif sig == signals.SIGKILL or ev.same_boot:
             self._sigkill(near, last_signal, seen=sig is not None)
         else:
@@ -242,9 +264,11 @@ class _Death:
         self.cause, self.confidence = cause, confidence
         self.evidence.append(why)
 
-    def _at(self, mono_ns: int) -> None:
+    def _at(self, mono_ns: int, *, own: bool = False) -> None:
+        """The death at the kernel's stamp; its step, the one in force: at the ring's last record when
+        its own process died (nothing it wrote came after), else at the last record before the stamp."""
         self.death_ns = mono_ns
-        step = (self.f.sample_before(mono_ns) or self.f.last_event or {}).get("step")
+        step = (self.f.last_event or {}).get("step") if own else self.f.step_at(mono_ns)
         self.when = {"time": iso_ns(mono_ns + self.f.to_wall), "step": step}
 
     def result(self) -> dict[str, Any]:
@@ -259,7 +283,7 @@ class _Death:
             "exit_status": self.status,
             "killed_by": self.killed_by,
         }
-        d.update(analysis(self.f, self.cause, self.victim.get("role"), self.stat_at_end))
+        d.update(analysis(self.f, self.cause, self.victim, self.stat_at_end))
         uncaught = self.f.main_uncaught
         if self.cause == "oom_exception" and uncaught:
             gpu = gpu_oom_kind(uncaught[-1])
@@ -297,6 +321,18 @@ def headline(
         "killed": f"{who} was killed with SIGKILL{' after' + by if by else ''}; no handler ran.",
         "signal": f"{who} was ended by a signal{' (' + by.strip() + ')' if by else ''}.",
     }.get(cause, "The cause of death is unknown.")
+
+
+def exit_status(f: Facts, ev: Evidence) -> tuple[int | None, str | None]:
+    """(status, how it is known: an exit record's detail or RUN_SAW), as the module docstring says."""
+    last = f.exits[-1] if len(f.exits) else None
+    if last is not None and last["detail"] in (fmt.EXIT_PROCESS, fmt.EXIT_OS):
+        return last["value"], last["detail"]
+    if ev.exit_status is not None:
+        return ev.exit_status, RUN_SAW
+    if last is not None:
+        return last["value"], fmt.EXIT_SYS  # a sys.exit call (older writers left no detail)
+    return None, None
 
 
 def _sender(row: dict[str, Any]) -> dict[str, Any]:

@@ -33,12 +33,14 @@ _WORKER_KILLED = re.compile(
 
 @dataclass
 class Series:
-    """One process's resident memory over time (monotonic ns, bytes)."""
+    """One process's resident memory over time (monotonic ns, bytes), and the step in force in the
+    process that sampled it at each sample (NaN before the first)."""
 
     pid: int
     name: str
     times: np.ndarray
     rss: np.ndarray
+    steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def growth(self) -> int:
@@ -120,6 +122,7 @@ class Facts:
     signal_ns: np.ndarray
     exits: Rows  # exit events: value = the status
     children: dict[int, Series] = field(default_factory=dict)
+    steps: pa.Table | None = None  # every record's time and step (the step in force when it was written)
     last_event: dict[str, Any] | None = None
     first_ns: int = 0
     last_ns: int = 0
@@ -141,6 +144,15 @@ class Facts:
     def sample_before(self, t_ns: int) -> dict[str, Any] | None:
         i = int(np.searchsorted(self.sample_ns, t_ns, side="right")) - 1
         return self.samples[i] if i >= 0 else None
+
+    def step_at(self, t_ns: int) -> int | None:
+        """The step in force at ``t_ns``: that of the last record of any kind at or before it (samples
+        alone lag: several steps may pass between two)."""
+        if self.steps is None or not self.steps.num_rows:
+            return None
+        i = int(np.searchsorted(_ns(self.steps), t_ns + self.to_wall, side="right")) - 1
+        step: int | None = self.steps["step"][i].as_py() if i >= 0 else None
+        return step
 
     def stat_before(self, t_ns: int) -> dict[str, Any] | None:
         i = int(np.searchsorted(self.stat_ns, t_ns, side="right")) - 1
@@ -168,21 +180,23 @@ def facts(table: pa.Table, clock: dict[str, Any]) -> Facts:
         errors=Rows.of_kind(table, "oom", "exception", columns=ERROR_COLUMNS),
         signals=signals,
         signal_ns=signals.ns() - to_wall,
-        exits=Rows.of_kind(table, "exit", columns=["time", "step", "value", "label"]),
+        exits=Rows.of_kind(table, "exit", columns=["time", "step", "value", "label", "detail"]),
+        steps=table.select(["time", "step"]),
         last_event=ends[-1] if ends else None,
         first_ns=int(ends.ns()[0]) - to_wall if ends else 0,
         last_ns=int(ends.ns()[-1]) - to_wall if ends else 0,
         to_wall=to_wall,
     )
-    kids = of_kind(table, "child_sample", columns=["time", "label", "child_pid", "child_rss"])
+    kids = of_kind(table, "child_sample", columns=["time", "step", "label", "child_pid", "child_rss"])
     if kids.num_rows:
         pid = kids["child_pid"].to_numpy(zero_copy_only=False)
         rss = kids["child_rss"].fill_null(0).to_numpy(zero_copy_only=False)
         t = _ns(kids) - to_wall
+        steps = kids["step"].cast(pa.float64()).to_numpy(zero_copy_only=False)
         order = np.argsort(pid, kind="stable")  # each child's rows together, in time order
         pids, starts = np.unique(pid[order], return_index=True)
         names = kids["label"].take(order[starts]).to_pylist()  # a child's name from its first row
         for p, rows, name in zip(pids.tolist(), np.split(order, starts[1:]), names, strict=True):
             alive = rows[rss[rows] > 0]  # 0: read as a zombie, after it died (a live process has pages)
-            out.children[int(p)] = Series(int(p), name or "", t[alive], rss[alive].astype(np.int64))
+            out.children[int(p)] = Series(int(p), name or "", t[alive], rss[alive].astype(np.int64), steps[alive])
     return out

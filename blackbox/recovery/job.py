@@ -33,9 +33,9 @@ import pyarrow.parquet as pq
 from .._errors import BlackboxError, BundleDestinationError, RingNotFoundError, one_line
 from .._version import __version__
 from ..ring.inputs import Folder, open_folder, open_input
+from .attempts import attempt_metadata, group_attempts
 from .bundle import MAX_METADATA_BYTES, METADATA, RANKS, SUMMARY, Destination, parse_metadata
-from .metadata import attempt_metadata, group_attempts
-from .ranks import SCHEMA, rank_rows, ranks_table, table_rows
+from .ranks import SCHEMA, collateral_columns, rank_rows, ranks_table, table_rows
 
 MAX_RANKS_BYTES = 64 << 20  # a ranks.parquet of a million rings is far smaller
 MAX_BUNDLES = 100_000
@@ -260,10 +260,13 @@ def _slim(m: dict[str, Any], at: tuple[int, int]) -> dict[str, Any]:
         "victim": {k: _int(victim.get(k)) if k != "role" else _text(victim.get(k)) for k in ("pid", "role", "rss")}
         if victim
         else None,
+        "killed_by": _killer(d.get("killed_by")),
     }
     return {
         "host": _text(m.get("host")),
         "pid": _int(m.get("pid")),
+        "ppid": _int(m.get("ppid")),
+        "job": _text(m.get("job")),
         "rank": _int(m.get("rank")),
         "local_rank": _int(m.get("local_rank")),
         "world_size": _int(m.get("world_size")),
@@ -280,6 +283,14 @@ def _slim(m: dict[str, Any], at: tuple[int, int]) -> dict[str, Any]:
         "death": death,
         "_at": at,
     }
+
+
+def _killer(v: Any) -> dict[str, Any] | None:
+    """The sender of the signal that ended a ring (``death.killed_by``), each field checked for its type."""
+    if not isinstance(v, dict):
+        return None
+    return {"signal": _text(v.get("signal")), "sender": _text(v.get("sender")), "sender_pid": _int(v.get("sender_pid")),
+            "time": _time(v.get("time"))}  # fmt: skip
 
 
 def _rings_of(meta: dict[str, Any], where: Place) -> list[dict[str, Any]]:
@@ -339,6 +350,7 @@ class JobPass:
     _ranks: list[pa.Table] = field(default_factory=list)
     _seen: dict[tuple[Any, ...], str] = field(default_factory=dict)  # ring identity -> the bundle read with it
     _next: int = 0  # places read so far
+    _finished: bool = False
 
     def __post_init__(self) -> None:
         named: set[str] = set()
@@ -392,7 +404,15 @@ class JobPass:
             yield where
 
     def ranks(self) -> pa.Table:
-        return pa.concat_tables(self._ranks) if self._ranks else SCHEMA.empty_table()
+        """Every bundle's rows; ``collateral_of`` and ``stopped_by`` as the job-wide account decided them
+        (once ``finish()`` has: a rank torn down after a death on another host is collateral job-wide only)."""
+        table = pa.concat_tables(self._ranks) if self._ranks else SCHEMA.empty_table()
+        if self._finished and table.num_rows == len(self._rings):
+            marks = [collateral_columns(m["death"].get("collateral_of")) for m in self._rings]
+            for name in ("collateral_of", "stopped_by"):
+                column = pa.array([c[name] for c in marks], type=SCHEMA.field(name).type)
+                table = table.set_column(table.schema.get_field_index(name), name, column)
+        return table
 
     def finish(self) -> dict[str, Any]:
         """The job's metadata: its bundles, attempts and first death (with the bundle holding it)."""
@@ -401,6 +421,7 @@ class JobPass:
         if not self._bundles:
             raise RingNotFoundError(f"no bundle could be read: {self.unread[0]['reason'] if self.unread else ''}")
         attempts = attempt_metadata(group_attempts(self._rings))
+        self._finished = True
         for a in attempts:
             if a["first_death"] is not None:
                 a["first_death"]["bundle"] = one_line(str(self.places[self._first_ring(a["first_death"])["_at"][0]]))
@@ -410,6 +431,7 @@ class JobPass:
             "cause": first["cause"] if first else "clean_exit",
             "first_death": first,
             "attempts": attempts,
+            "jobs": len({a["job"] for a in attempts}),
             "hosts": len({m["host"] for m in self._rings if m["host"]}),
             "ring_count": len(self._rings),
             "events": sum(m["events"] for m in self._rings),

@@ -4,6 +4,10 @@
 children: a DataLoader worker) and what the memory was made of at the end
 (anonymous memory, page cache, shared memory), and gives the levers that fit
 that process and that kind of memory, so a worker's leak gets worker levers.
+A worker's levers follow how its memory behaved (``worker_memory``): memory
+that grew with the batches it served is a leak in the Dataset (and persistent
+workers would keep it growing), memory that did not is a copy each worker holds
+(fewer workers, data shared rather than copied).
 """
 
 from __future__ import annotations
@@ -15,14 +19,16 @@ import numpy as np
 from .._units import human_bytes
 from .facts import Facts, Rows
 
-WORKER_LEVERS = [
+COPY_ON_READ_LEVER = (
     "each worker holds its own copy of every Python object the dataset touches (reference counts turn "
     "copy-on-write into copy-on-read): keep samples in numpy arrays or Arrow tables, not lists or dicts of "
-    "Python objects",
-    "fewer DataLoader workers (num_workers), or a smaller prefetch_factor",
-    "persistent_workers=True, so workers are not re-created (and their memory re-grown) every epoch",
-    "look for a cache in the Dataset that grows in every worker",
-]
+    "Python objects")  # fmt: skip
+FEWER_WORKERS_LEVER = "fewer DataLoader workers (num_workers), or a smaller prefetch_factor"
+DATASET_CACHE_LEVER = "look for a cache in the Dataset that grows in every worker"
+WORKER_LEVERS = [DATASET_CACHE_LEVER, FEWER_WORKERS_LEVER, COPY_ON_READ_LEVER]  # how they grew is unknown
+MIN_STEPS_SERVED = 3  # distinct steps of the job during a worker's samples, to tell its memory's trend
+STEADY_SHARE = 0.1  # of a worker's growth, its rise with the steps it served, for a leak (not a few bytes)
+LOAD_SPAN = 0.25  # of a worker's sampled life: the window of its largest burst (a load), set aside before the trend
 MAIN_LEVERS = [
     "look for tensors kept across steps (e.g. `losses.append(loss)` instead of `loss.item()`) "
     "and caches that never evict",
@@ -39,15 +45,48 @@ LIMIT_LEVER = "raise the memory limit only once the growth is explained"
 MAX_FIT_POINTS = 1 << 16
 
 
-def _slope(t_ns: np.ndarray, values: np.ndarray) -> float | None:
-    ok = ~np.isnan(values)
-    if ok.sum() < 3 or np.ptp(t_ns[ok]) <= 0:
+# Student's t, two-sided 95%, for 1..10 degrees of freedom; beyond, 1.96 + 2.5 / df is within 0.01
+_T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23)
+
+
+def _t95(df: float) -> float:
+    return _T95[max(int(df), 1) - 1] if df < 11 else 1.96 + 2.5 / df
+
+
+def trend(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
+    """(slope, half-width of its 95% interval) of ``y`` over ``x`` by least squares, the points in time
+    order; None with fewer than 3 points or one value of ``x``.
+
+    The interval comes from the residuals, widened for their serial correlation: memory samples are
+    not independent draws (a warm-up, a plateau, a cache filled once leave long runs of residuals of
+    one sign), so the effective number of points is n (1 - r) / (1 + r), r the residuals' lag-1
+    autocorrelation. A slope inside its interval's reach of zero is not growth but noise."""
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    n = len(x)
+    if n < 3 or np.ptp(x) <= 0:
         return None
-    return float(np.polyfit(t_ns[ok] / 1e9, values[ok], 1)[0])
+    with np.errstate(all="ignore"):  # figures no process has (a damaged or planted ring) end as non-finite
+        dx, dy = x - x.mean(), y - y.mean()
+        sxx = float(dx @ dx)
+        slope = float(dx @ dy) / sxx
+        resid = dy - slope * dx
+        sse = float(resid @ resid)
+        lag = float(resid[1:] @ resid[:-1])
+    if not (np.isfinite(slope) and np.isfinite(sse) and np.isfinite(lag)):
+        return None
+    r = min(max(lag / sse, 0.0), 0.99) if sse > 0 else 0.0
+    n_eff = n * (1 - r) / (1 + r)
+    if n_eff <= 2.5:  # too few independent points to tell a trend from a drift
+        return slope, float("inf")
+    se = (sse / (n - 2) / sxx) ** 0.5 * ((1 + r) / (1 - r)) ** 0.5
+    return slope, _t95(n_eff - 2) * se
 
 
 def host_growth(f: Facts) -> dict[str, Any] | None:
-    """Least-squares growth of RSS per step and per second (the job, its children), and who grew."""
+    """Least-squares growth of RSS per step and per second, each with its 95% interval (``_error``:
+    the half-width) and whether it is beyond the noise (``_beyond_noise``: the interval excludes zero);
+    the growth of the job's children, and who grew."""
     if len(f.samples) < 3:
         return None
     samples, sample_ns = f.samples, f.sample_ns
@@ -56,11 +95,12 @@ def host_growth(f: Facts) -> dict[str, Any] | None:
         samples, sample_ns = Rows(samples.table, samples.rows[keep]), sample_ns[keep]
     rss, children, steps = (samples.floats(c) for c in ("host_rss", "children_rss", "step"))
     out: dict[str, Any] = {}
-    if (s := _slope(sample_ns, rss)) is not None:
-        out["rss_per_second"] = s
-    ok = ~np.isnan(rss) & ~np.isnan(steps)
-    if ok.sum() >= 3 and np.ptp(steps[ok]) > 0:
-        out["rss_per_step"] = float(np.polyfit(steps[ok], rss[ok], 1)[0])
+    for name, x in (("rss_per_second", sample_ns / 1e9), ("rss_per_step", steps)):
+        fit = trend(x, rss)
+        if fit is not None:
+            out[name], error = fit
+            out[f"{name}_error"] = error if np.isfinite(error) else None  # None: too few points to tell
+            out[f"{name}_beyond_noise"] = abs(fit[0]) > error
     okc = ~np.isnan(children)
     grew_job = float(rss[~np.isnan(rss)][-1] - rss[~np.isnan(rss)][0]) if (~np.isnan(rss)).any() else 0.0
     if okc.sum() >= 3:
@@ -74,6 +114,95 @@ def host_growth(f: Facts) -> dict[str, Any] | None:
     if okc.sum() >= 3 or growers:
         out["grew"] = "children" if child_grew > grew_job else "job"
     return out or None
+
+
+def worker_memory(f: Facts, pid: int | None) -> dict[str, Any] | None:
+    """How a DataLoader worker's memory behaved while it served batches: the victim's (``pid``), else
+    the child's that grew most. Its RSS at each sample is fitted against the job's step then:
+    ``grew_inside`` where it rose with the steps beyond the noise, and that steady rise makes at least
+    STEADY_SHARE of what it grew over its life (its start-up, imports and a forked parent's pages aside:
+    what ``__getitem__`` makes is kept, a leak in the Dataset, in every worker),
+    ``held_copies`` where it did not (it reached its size and held it: each worker holds its own
+    copy, including a load that took a few samples while its siblings served steps: its one largest
+    burst is set aside before the rise is judged), ``unknown`` where the job made fewer than
+    MIN_STEPS_SERVED steps while it was sampled. Also the figures: ``pid``, ``first_rss``,
+    ``peak_rss``, ``rss_per_step`` and ``rss_per_step_error``, ``steps_served``, ``workers`` (children
+    alive at the last sample) and ``processes`` (children seen over the ring's life). None: no child
+    was sampled three times."""
+    sampled = [s for s in f.children.values() if len(s.rss) >= 3]
+    series = next((s for s in sampled if s.pid == pid), None) or max(sampled, key=lambda s: s.growth, default=None)
+    if series is None:
+        return None
+    rss, steps = series.rss.astype(np.float64), series.steps
+    served = len(np.unique(steps[~np.isnan(steps)]))
+    end = int(series.times[-1])
+    tick = 2 * float(np.median(np.diff(series.times)))  # a sibling alive then was sampled within a tick or so
+    alike = [s for s in sampled if 2 * s.rss.max() >= series.rss.max()]  # itself and its peers, not a helper
+    alive = sum(1 for s in alike if s.times[0] <= end and s.times[-1] >= end - tick)
+    out: dict[str, Any] = {"pid": series.pid, "first_rss": int(rss[0]), "peak_rss": int(rss.max()),
+                           "steps_served": served, "workers": alive, "processes": len(alike)}  # fmt: skip
+    fit = trend(steps, rss) if served >= MIN_STEPS_SERVED else None
+    if fit is None:
+        return out | {"pattern": "unknown"}
+    out["rss_per_step"], error = fit
+    out["rss_per_step_error"] = error if np.isfinite(error) else None
+    steady = fit[0] * float(np.nanmax(steps) - np.nanmin(steps))  # what the per-step rise adds up to
+    grew = fit[0] > error and steady >= STEADY_SHARE * (out["peak_rss"] - out["first_rss"])
+    if grew:  # what rose with the steps once its one largest burst (a load, its imports) is set aside
+        known = ~np.isnan(steps)  # while it served: its start-up before the first step is no burst of its own
+        keep, lowered = _without_burst(series.times[known], rss[known])
+        rest = trend(steps[known][keep], lowered[keep])
+        grew = rest is not None and rest[0] > rest[1] and rest[0] * float(np.nanmax(steps) - np.nanmin(steps)) >= (
+            STEADY_SHARE * (out["peak_rss"] - out["first_rss"])
+        )
+    return out | {"pattern": "grew_inside" if grew else "held_copies"}
+
+
+def _without_burst(t: np.ndarray, rss: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(samples kept, RSS) with the worker's largest rise within LOAD_SPAN of the time sampled taken
+    out: the samples inside it dropped, those after it lowered by that rise. A copy loaded once leaves
+    a flat series; a leak still rises. A load that spans a few samples on a loaded machine, while
+    siblings serve steps, would otherwise fit as a rise per step."""
+    if len(t) < 2:
+        return np.ones(len(t), dtype=bool), rss
+    ends = np.searchsorted(t, t + LOAD_SPAN * float(t[-1] - t[0]), side="right") - 1
+    rises = rss[ends] - rss
+    i = int(np.argmax(rises))
+    j, rise = int(ends[i]), float(rises[i])
+    keep = np.ones(len(rss), dtype=bool)
+    keep[i + 1 : j + 1] = False
+    lowered = rss.copy()
+    lowered[j + 1 :] -= rise
+    return keep, lowered
+
+
+def worker_levers(w: dict[str, Any] | None) -> list[str]:
+    """The worker levers, the one the evidence points to first, each with its evidence."""
+    pattern = (w or {}).get("pattern")
+    if w is None or pattern == "unknown":
+        return list(WORKER_LEVERS)
+    who = f"worker pid {w['pid']}"
+    if pattern == "grew_inside":
+        err = f" ± {human_bytes(int(w['rss_per_step_error']))}" if w.get("rss_per_step_error") is not None else ""
+        return [
+            f"{who} grew with the batches it served ({human_bytes(w['first_rss'])} to {human_bytes(w['peak_rss'])}, "
+            f"{human_bytes(int(w['rss_per_step']))}{err} per step): the Dataset keeps what __getitem__ makes "
+            "(a cache, a list, a reference to each sample) in every worker; bound or drop it",
+            "keep persistent_workers=False (the default): workers re-created every epoch free what they kept, "
+            "persistent ones keep growing",
+            f"{FEWER_WORKERS_LEVER}: fewer copies of the leak, which still grows",
+        ]  # fmt: skip
+    recreated = w["processes"] > w["workers"]
+    return [
+        f"{who} grew from {human_bytes(w['first_rss'])} to {human_bytes(w['peak_rss'])}, not with the "
+        f"{w['steps_served']} steps it served: each of the {w['workers']} workers holds its own copy; "
+        f"{FEWER_WORKERS_LEVER}",
+        COPY_ON_READ_LEVER,
+        "load the data once, shared (a numpy memmap, torch tensors with share_memory_(), an Arrow file), "
+        "not in each worker",
+        *(["persistent_workers=True: workers were re-created (each loading its copy again), "
+           f"{w['processes']} processes over the run for {w['workers']} at a time"] if recreated else []),
+    ]  # fmt: skip
 
 
 def composition(stat: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -91,8 +220,9 @@ def composition(stat: dict[str, Any] | None) -> dict[str, Any] | None:
     return out
 
 
-def analysis(f: Facts, cause: str, victim_role: str | None, stat: dict[str, Any] | None) -> dict[str, Any]:
-    """host_growth, memory composition at the end, and levers for a host OOM (kill or exception)."""
+def analysis(f: Facts, cause: str, victim: dict[str, Any], stat: dict[str, Any] | None) -> dict[str, Any]:
+    """host_growth, memory composition at the end, and levers for a host OOM (kill or exception); for a
+    worker's, how its memory behaved (``worker_memory``)."""
     out: dict[str, Any] = {}
     levers: list[str] = []
     growth = host_growth(f)
@@ -102,10 +232,16 @@ def analysis(f: Facts, cause: str, victim_role: str | None, stat: dict[str, Any]
     if memory:
         out["memory_at_end"] = memory
     if cause in ("host_oom_kill", "userspace_oom_kill"):
-        worker = victim_role not in (None, "main process") or (growth or {}).get("grew") == "children"
+        worker = victim.get("role") not in (None, "main process") or (growth or {}).get("grew") == "children"
         if worker:
-            levers += WORKER_LEVERS
-        elif growth and growth.get("rss_per_step", 0) > 0:
+            behaved = worker_memory(f, victim.get("pid"))
+            if behaved:
+                out["worker_memory"] = behaved
+            levers += worker_levers(behaved)
+            if growth and growth.get("rss_per_step_beyond_noise") and growth["rss_per_step"] > 0:
+                levers.append(f"the job's own process grew too, {human_bytes(int(growth['rss_per_step']))} per "
+                              f"step: {MAIN_LEVERS[0]}")  # fmt: skip
+        elif growth and growth.get("rss_per_step_beyond_noise") and growth["rss_per_step"] > 0:
             levers.append(f"memory grew {human_bytes(int(growth['rss_per_step']))} per step in the job's own "
                           f"process: {MAIN_LEVERS[0]}")  # fmt: skip
         else:

@@ -18,7 +18,9 @@ from .._version import __version__
 from ..ring import format as fmt
 from ..ring.reader import Ring
 from .allocs import live_sites, main_thread_of, step_records, with_site_lever
+from .attempts import attempt_metadata, group_attempts, slim
 from .evidence import Evidence
+from .spill import SpilledRings
 from .stacks import stack_report
 from .timeline import BYTE_GAUGES, GAUGES, OOM_COLUMNS, last_of_kind, of_kind, py_rows
 
@@ -112,6 +114,7 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
         "world_size": ident.get("world_size"),
         "role": ident.get("role"),
         "attempt": ident.get("attempt"),
+        "job": ident.get("job"),
         "argv": ident.get("argv"),
         "boot_id": ident.get("boot_id"),
         "versions": ring.meta.get("versions"),
@@ -236,121 +239,51 @@ def helper_groups(folded: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(groups.values(), key=lambda g: (-g["count"], g["ppid"], g["role"]))
 
 
-def _first_death(rings: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The earliest end among these rings that is not a clean exit, or None."""
-    deaths = [m for m in rings if m["death"]["cause"] != "clean_exit" and m["death"]["time"]]
-    if not deaths:
-        return None
-    first = min(deaths, key=lambda m: m["death"]["time"])
-    return {k: first[k] for k in ("rank", "host", "pid")} | {
-        k: first["death"].get(k) for k in ("cause", "confidence", "headline", "victim", "time", "step")
-    }
-
-
-def _span(m: dict[str, Any]) -> tuple[str, str]:
-    """(start, end) of a ring as ISO strings, which sort as times do."""
-    start = m.get("started_at") or m.get("last_event_at") or ""
-    return start, max(start, m.get("last_event_at") or "")
-
-
-def group_attempts(rings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The rings of each attempt of the job, oldest attempt first.
-
-    Where every ring records its launcher's attempt (torchrun, Slurm), by that number; otherwise
-    rings whose lifetimes overlap are one attempt (the ranks and workers of one run), and a run
-    that starts after every earlier ring has ended is the next (a rerun, a requeue).
-    """
-    if rings and all(isinstance(m.get("attempt"), int) for m in rings):
-        by: dict[int, list[dict[str, Any]]] = {}
-        for m in rings:
-            by.setdefault(m["attempt"], []).append(m)
-        return [by[k] for k in sorted(by)]
-    groups: list[list[dict[str, Any]]] = []
-    starts: list[str] = []
-    end = ""
-    for m in sorted((m for m in rings if m.get("started_at")), key=_span):
-        start, stop = _span(m)
-        if not groups or start > end:
-            groups.append([])
-            starts.append(start)
-        groups[-1].append(m)
-        end = max(end, stop)
-    # a ring whose start is unknown (a damaged or edited field) opens no attempt of its own: it joins
-    # the attempt that had begun when it last wrote (the first, if none had; the last, with no time)
-    for m in (m for m in rings if not m.get("started_at")):
-        last = m.get("last_event_at") or ""
-        if not groups:
-            groups.append([])
-            starts.append("")
-        at = max((i for i, s in enumerate(starts) if s <= last), default=0) if last else len(groups) - 1
-        groups[at].append(m)
-    return groups
-
-
-def attempt_metadata(groups: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """One entry per attempt: its number (1-based, oldest first), the launcher's own count, its rings,
-    span, last step, first death and cause."""
-    out = []
-    for n, group in enumerate(groups, 1):
-        first = _first_death(group)
-        steps = [m["last_step"] for m in group if m.get("last_step") is not None]
-        spans = [_span(m) for m in group]
-        out.append({
-            "attempt": n,
-            "launcher_attempt": group[0].get("attempt"),
-            "rings": len(group),
-            "started_at": min(s for s, _ in spans) or None,
-            "ended_at": max(e for _, e in spans) or None,
-            "last_step": max(steps) if steps else None,
-            "cause": first["cause"] if first else "clean_exit",
-            "first_death": first,
-        })  # fmt: skip
-    return out
-
-
-_SLIM = ("rank", "host", "pid", "attempt", "started_at", "last_event_at", "last_step")
-_SLIM_DEATH = ("cause", "confidence", "headline", "victim", "time", "step")
-
-
-def _slim(m: dict[str, Any]) -> dict[str, Any]:
-    """What grouping into attempts and naming their first deaths take of a ring's metadata."""
-    death = m.get("death") or {}
-    return {k: m.get(k) for k in _SLIM} | {"death": {k: death.get(k) for k in _SLIM_DEATH}}
-
-
 def bundle_metadata(rings: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One ring's metadata as-is; several rings' under ``rings`` (the sequence given, read once here:
-    it may be ``SpilledRings``) with summed counts.
+    it may be ``SpilledRings``; read twice where a ring is marked collateral) with summed counts.
 
-    Both carry ``attempts`` (each attempt of the job with its own first death, oldest first),
-    ``first_death`` (rank, host, pid, cause, confidence, headline, victim, time and step of the
-    earliest end that is not a clean exit in the last attempt; null when there is none) and
-    ``cause`` (that death's cause, else ``clean_exit``), so queries over many bundles can rely on them.
+    Both carry ``attempts`` (each attempt of each job with its own first death: ``attempts``),
+    ``jobs`` (how many jobs the rings are of), ``first_death`` (rank, host, pid, cause, confidence,
+    headline, victim, time and step of the earliest death of the last attempt of the job that started
+    last, ranks torn down after it left out; null when there is none) and ``cause`` (that death's
+    cause, else ``clean_exit``), so queries over many bundles can rely on them. A ring torn down by
+    its launcher after another's death gets ``death.collateral_of``.
     """
     if len(rings) == 1:
         ring = rings[0]
-        attempts = attempt_metadata(group_attempts([ring]))
+        attempts = attempt_metadata(group_attempts([slim(ring)]))
         first_death = attempts[-1]["first_death"]
         return {**ring, "first_death": first_death, "cause": first_death["cause"] if first_death else "clean_exit",
-                "attempts": attempts}  # fmt: skip
+                "attempts": attempts, "jobs": 1}  # fmt: skip
     totals: dict[str, int] = {}
-    slim, version, clean, events = [], 0, True, 0
+    slims, version, clean, events = [], 0, True, 0
     for m in rings:
         for k, v in m["recovery"].items():
             if isinstance(v, int) and k not in ("first_seq", "last_seq"):
                 totals[k] = totals.get(k, 0) + v
-        slim.append(_slim(m))
+        slims.append(slim(m))
         version, clean, events = max(version, m["format_version"]), clean and m["clean"], events + m["events"]
-    attempts = attempt_metadata(group_attempts(slim))
+    attempts = attempt_metadata(group_attempts(slims))
+    marks = {i: s["death"]["collateral_of"] for i, s in enumerate(slims) if "collateral_of" in s["death"]}
     first_death = attempts[-1]["first_death"] if attempts else None
     return {
         "format_version": version,
         "cause": first_death["cause"] if first_death else "clean_exit",
         "first_death": first_death,
         "attempts": attempts,
+        "jobs": len({a["job"] for a in attempts}),
         "clean": clean,
         "events": events,
         "recovery": totals,
-        "rings": rings,
+        "rings": _mark_collateral(rings, marks) if marks else rings,
         "recovered_by": {"blackbox": __version__},
     }
+
+
+def _mark_collateral(rings: Sequence[dict[str, Any]], marks: dict[int, Any]) -> Sequence[dict[str, Any]]:
+    """The rings again, each one in ``marks`` with ``death.collateral_of`` set (spilled again where they were)."""
+    out: SpilledRings | list[dict[str, Any]] = SpilledRings() if isinstance(rings, SpilledRings) else []
+    for i, m in enumerate(rings):
+        out.append({**m, "death": {**m["death"], "collateral_of": marks[i]}} if i in marks else m)
+    return out

@@ -101,6 +101,7 @@ class RecoveryPass:
         self.files: dict[str, str] = {}  # bundle file name -> text (native crash tracebacks, kernel OOM reports)
         self._owners: set[int] = set()
         self._reports: list[tuple[int, str]] = []
+        self.last = False  # the table ``tables()`` just yielded is the last: ``finish()`` may be called now
 
     def _one(self, path: Path) -> tuple[pa.Table, dict[str, Any], KernelKill | None, str | None, int]:
         ring = read_ring(path)
@@ -118,7 +119,8 @@ class RecoveryPass:
     def tables(self) -> Iterator[pa.Table]:
         """Each readable ring's timeline, in the order the rings were found. Up to ``_workers()`` rings
         are decoded at once while their bytes stay within ``IN_FLIGHT_BYTES`` (a larger ring is decoded
-        alone), so memory is bounded by the largest ring whatever the count."""
+        alone), so memory is bounded by the largest ring whatever the count. With the last one, ``last``
+        is set: every ring has been diagnosed, so the verdict can be written before its rows."""
         workers = _workers()
         Result = tuple[pa.Table, dict[str, Any], KernelKill | None, str | None, int]
         with ThreadPoolExecutor(workers) as pool:
@@ -148,6 +150,7 @@ class RecoveryPass:
                     self.files[meta["native_crash"]["file"]] = crash
                 self._owners.add(owner)
                 self.metas.append(meta)
+                self.last = not waiting and not pending
                 yield table
                 del table  # not held while the next ring is decoded
 

@@ -35,6 +35,9 @@ SCHEMA = pa.schema(
         ("peak_gpu_reserved", pa.int64()),
         ("clock_error_s", pa.float64()),
         ("ring", pa.string()),
+        ("job", pa.string()),
+        ("collateral_of", pa.int64()),
+        ("stopped_by", pa.string()),
     ]
 )
 COLUMNS = tuple(SCHEMA.names)
@@ -51,6 +54,7 @@ def rank_rows(meta: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for m in rings:
         d = m.get("death") or {}
+        after = d.get("collateral_of") if isinstance(d.get("collateral_of"), dict) else None
         rows.append({
             "host": m.get("host"), "rank": m.get("rank"), "local_rank": m.get("local_rank"),
             "world_size": m.get("world_size"), "pid": m.get("pid"), "role": m.get("role"),
@@ -60,9 +64,18 @@ def rank_rows(meta: dict[str, Any]) -> list[dict[str, Any]]:
             "last_step_s": m.get("last_step_s"), "peak_host_rss": _peak(m, "host_rss"),
             "peak_cgroup_usage": _peak(m, "cgroup_usage"), "peak_gpu_allocated": _peak(m, "gpu_allocated"),
             "peak_gpu_reserved": _peak(m, "gpu_reserved"), "clock_error_s": m.get("clock_error_s"),
-            "ring": m.get("ring"),
+            "ring": m.get("ring"), "job": m.get("job"), **collateral_columns(after),
         })  # fmt: skip
     return rows
+
+
+def collateral_columns(after: dict[str, Any] | None) -> dict[str, Any]:
+    """``collateral_of`` (the pid of the death it followed) and ``stopped_by`` (its launcher), for a ring
+    torn down by its launcher after another's death (``death.collateral_of``); nulls for any other."""
+    if not isinstance(after, dict):
+        return {"collateral_of": None, "stopped_by": None}
+    pid, by = after.get("pid"), after.get("by")
+    return {"collateral_of": pid if isinstance(pid, int) else None, "stopped_by": by if isinstance(by, str) else None}
 
 
 def _micros(iso: Any) -> int | None:

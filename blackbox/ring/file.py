@@ -3,10 +3,22 @@
 Creation is all-or-nothing: the file is made under a hidden temporary name with
 ``O_EXCL|O_NOFOLLOW`` and mode 0600, locked (``liveness``), its blocks reserved
 with ``posix_fallocate`` (so a full disk fails here, not as a SIGBUS mid-run),
-mapped ``MAP_SHARED`` with every page faulted in (so the recorder's own writes
-never allocate memory later), its header written, and only then linked under
-its name. On any failure the temporary file is removed and the ``OSError``
-propagates to the recorder, which turns it into one warning.
+its zeros written with ``pwrite`` (so its pages are in the page cache, and the
+writers' first lap faults them in without allocating, as every later lap does),
+mapped ``MAP_SHARED``, its header written, and only then linked under its name.
+On any failure the temporary file is removed and the ``OSError`` propagates to
+the recorder, which turns it into one warning.
+
+The mapping is whole but never resident whole, and never locked: the writers
+keep only the 256 KiB chunk of records being written mapped (``_cwriter.c``, 4.;
+two chunks at the instant one is left, as the page-cache folio of the next may
+reach back), and the sampler unmaps the rest at each tick (mapping.py,
+"Residency"). The pages stay in the page cache (charged to the job's memory
+cgroup as any file it writes, and reclaimable once written back), not in the
+process's RSS: arming does not change which process the kernel's OOM killer
+picks. Before, the whole ring was pre-faulted and locked: 34,884 KiB of the
+main process's RSS, enough to make it the OOM killer's victim instead of a
+leaking DataLoader worker (tests/test_oom_victim.py).
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from .reader import header_of
 SNAPSHOT_SUFFIX = ".oom-snapshot.pickle"  # PyTorch's allocator snapshot at the first CUDA OOM
 SIDECAR_SUFFIXES = (CRASH_SUFFIX, SNAPSHOT_SUFFIX)
 _DISKLESS = {"tmpfs", "ramfs", "devtmpfs", "shm"}
+FILL_PIECE = 256 << 10  # the zeros written at creation per pwrite: at most one write window's chunk
 
 
 def default_dir() -> Path:
@@ -47,6 +60,16 @@ def default_dir() -> Path:
     if env:
         return Path(env)
     return Path("/var/tmp") / f"blackbox-{os.getuid()}"
+
+
+def resolve_target(path: str | os.PathLike[str] | None) -> tuple[Path, bool]:
+    """(where, is a folder): no path is the default folder; a path ending in ``/`` or naming an
+    existing folder is a folder (the ring is named inside it); anything else is the ring file."""
+    if path is None:
+        return default_dir(), True
+    text = os.fspath(path)
+    target = Path(text)
+    return target, text.endswith(os.sep) or target.is_dir()
 
 
 def safe_folder(folder: Path) -> None:
@@ -162,8 +185,8 @@ def create_ring(requested: Path, header_for: Callable[[bool], bytes]) -> Created
         decoded = decode_header(header, len(header))
         size = decoded.file_size
         os.posix_fallocate(fd.fd, 0, size)
+        _fill_page_cache(fd.fd, size)
         mm = RingMap(fd.fd, size)
-        mm.prefault()
         mm.write(0, header)
         path, note = _place(temp, requested)
     except BaseException:
@@ -174,6 +197,19 @@ def create_ring(requested: Path, header_for: Callable[[bool], bytes]) -> Created
             os.unlink(temp)
         raise
     return CreatedRing(path, fd, mm, decoded, locked, note)
+
+
+def _fill_page_cache(fd: int, size: int) -> None:
+    """Write the file's zeros through the descriptor, FILL_PIECE at a time: its pages are then in the
+    page cache, so the writers' first lap faults them into the mapping without allocating, as every
+    later lap does, and none is mapped into this process (none counts in its RSS). The pieces'
+    size bounds the page cache's folios, and so what one write fault maps (a kernel with large
+    folios maps the whole folio)."""
+    zeros = bytes(min(size, FILL_PIECE))
+    for off in range(0, size, len(zeros)):
+        n = min(len(zeros), size - off)
+        if os.pwrite(fd, zeros if n == len(zeros) else zeros[:n], off) != n:
+            raise OSError(errno.ENOSPC, "short write filling the ring")
 
 
 def _place(temp: Path, requested: Path) -> tuple[Path, str]:

@@ -114,6 +114,10 @@ KINDS: dict[int, str] = {
 }
 KIND_CODES = {name: code for code, name in KINDS.items()}
 NOTE_PREFIX = "blackbox: "  # a ``mark`` with this label prefix is the recorder's own note (a collector failed)
+# An ``exit`` record's detail: how its status was learnt. ``sys.exit`` raises SystemExit, which the job
+# may still catch; ``os._exit`` ends the process at once (no exit handlers); ``process exit`` is the
+# status the process really exited with, written inside libc's exit() after the interpreter finished.
+EXIT_SYS, EXIT_OS, EXIT_PROCESS = "sys.exit", "os._exit", "process exit"
 ALLOCATOR_KINDS = ("alloc", "free_requested", "free", "segment_alloc", "segment_free", "segment_map", "segment_unmap")
 
 # Payload words p0..p8: which timeline column each word of a kind fills, per format
@@ -172,6 +176,8 @@ PAYLOAD_COLUMNS[3] = {
     "stack_sample": ("thread", "stack_id", "stack_generation", "stack_depth"),
     # one per child process (a DataLoader worker) at each sample: its pid and resident memory
     "child_sample": ("child_pid", "child_rss"),
+    # p0: how the status was learnt (EXIT_SYS, EXIT_OS, EXIT_PROCESS); older writers left 0 (no detail)
+    "exit": ("detail",),
     # the memory cgroup's memory.stat (where the limit is), at each sample
     "cgroup_sample": (
         "cgroup_anon",

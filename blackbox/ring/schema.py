@@ -67,6 +67,7 @@ SCHEMA: dict[str, Any] = {
         "world_size": RANK,
         "role": str,
         "attempt": Int(-INT64, INT64 - 1),
+        "job": str,
         "argv": ListOf(str),
         "boot_id": str,
     },

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..collect.identity import RUN_PID_ENV
+from ..collect.identity import RUN_ID_ENV, RUN_PID_ENV
 from ..ring.file import default_dir, safe_folder
 from .bootstrap import BOOT_ENV, SITECUSTOMIZE
 
@@ -95,6 +95,7 @@ def job_environment(rings: Path, boot: Path) -> dict[str, str]:
     env["BLACKBOX_DIR"] = str(rings)
     env[BOOT_ENV] = str(boot)
     env[RUN_PID_ENV] = str(os.getpid())
+    env[RUN_ID_ENV] = rings.parent.name  # the run folder's name (run-<UTC time>-XXXX): the job's id
     return env
 
 

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from .._units import human_bytes
+from ..recovery.attempts import group_attempts
 
 DEFAULT_CLOCK_ERROR_S = 0.1  # assumed where a host's time service did not say how far off it may be
 MAX_GROUPS = 12
@@ -37,23 +38,46 @@ def _step(v: Any) -> str:
     return "-" if v is None else f"{v:,}"
 
 
+MAX_ATTEMPT_LINES = 10  # earlier attempts listed by name; beyond, the first and last few and a count
+
+
+def _job_name(a: dict[str, Any]) -> str:
+    return f"job `{a['job']}`" if a.get("job") else "the rings without a job id"
+
+
+def _attempt_line(a: dict[str, Any], of: int, jobs: int) -> str:
+    where = f"{_job_name(a)}, " if jobs > 1 else ""
+    d = a.get("first_death")
+    if not d:
+        return f"- {where}attempt {a['attempt']} of {of}: {a['cause']}, last step {_step(a.get('last_step'))}"
+    who = f"rank {d['rank']} on {d['host']}" if d.get("rank") is not None else f"pid {d['pid']} on {d['host']}"
+    return f"- {where}attempt {a['attempt']} of {of}: {d['cause']} at step {_step(d.get('step'))} ({who}, {d['time']})"
+
+
 def attempt_lines(attempts: list[dict[str, Any]]) -> list[str]:
-    """The last attempt first, then one line for each earlier one."""
+    """The last attempt (of the job that started last) first, then one line for each earlier one, at
+    most ``MAX_ATTEMPT_LINES`` of them (the first and the last few, and how many more)."""
     if len(attempts) < 2:
         return []
-    n = len(attempts)
-    lines = ["## Attempts", "", f"This account is of attempt {n} of {n} (the last). Earlier attempts:", ""]
-    for a in attempts[:-1]:
-        d = a.get("first_death")
-        if d:
-            where = (
-                f"rank {d['rank']} on {d['host']}" if d.get("rank") is not None else f"pid {d['pid']} on {d['host']}"
-            )
-            lines.append(f"- attempt {a['attempt']} of {n}: {d['cause']} at step {_step(d.get('step'))} "
-                         f"({where}, {d['time']})")  # fmt: skip
-        else:
-            lines.append(f"- attempt {a['attempt']} of {n}: {a['cause']}, last step {_step(a.get('last_step'))}")
-    return [*lines, ""]
+    last = attempts[-1]
+    counts: dict[Any, int] = {}
+    for a in attempts:
+        counts[a.get("job")] = max(counts.get(a.get("job"), 0), a["attempt"])
+    jobs, n = len(counts), last["attempt"]
+    lines = ["## Attempts", ""]
+    if jobs > 1:
+        lines.append(f"These rings are of {jobs} jobs. This account is of the job that started last, "
+                     f"{_job_name(last)}: its attempt {n} of {n}. "
+                     "Earlier attempts, of it and of the other jobs:")  # fmt: skip
+    else:
+        lines.append(f"This account is of attempt {n} of {n} (the last). Earlier attempts:")
+    lines.append("")
+    earlier = [_attempt_line(a, counts[a.get("job")], jobs) for a in attempts[:-1]]
+    if len(earlier) > MAX_ATTEMPT_LINES:
+        half = MAX_ATTEMPT_LINES // 2
+        more = len(earlier) - 2 * half
+        earlier = [*earlier[:half], f"- ... and {more} more (metadata.json: attempts)", *earlier[-half:]]
+    return [*lines, *earlier, ""]
 
 
 def _error(r: dict[str, Any]) -> float:
@@ -69,6 +93,9 @@ def first_death_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]]) 
     lines = [f"**First death: {_who(first)}**, `{first['cause']}` at {first['time']}, step {_step(first.get('step'))}."]
     if first.get("headline"):
         lines += ["", first["headline"]]
+    torn = [r for r in rows if r.get("collateral_of") is not None]
+    if torn:
+        lines += ["", _torn_down_sentence(first, rows, torn)]
     t0 = _t(first["time"])
     me = next((r for r in rows if r.get("pid") == first.get("pid") and r.get("host") == first.get("host")), {})
     close = []
@@ -88,11 +115,69 @@ def first_death_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]]) 
     return [*lines, ""]
 
 
+ENDED = {
+    "killed": "killed", "host_oom_kill": "killed by the kernel's OOM killer",
+    "userspace_oom_kill": "killed by a userspace OOM killer", "signal": "ended by a signal",
+    "interrupted": "interrupted", "exception": "died of an uncaught exception",
+    "oom_exception": "died of an out-of-memory exception", "nonzero_exit": "exited with an error",
+}  # fmt: skip
+MAX_NAMED = 6  # ranks (or ranges of ranks) named in one list
+
+
+def _short(r: dict[str, Any]) -> str:
+    return f"rank {r['rank']}" if r.get("rank") is not None else f"pid {r.get('pid')}"
+
+
+def _named(rows: list[dict[str, Any]]) -> str:
+    """``ranks 0 and 2``, ``ranks 0, 2 to 9 and 12``: ranks as ranges, processes without one by pid,
+    at most ``MAX_NAMED`` parts and how many more."""
+    ranks = sorted({r["rank"] for r in rows if isinstance(r.get("rank"), int)})
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and runs[-1][1] == rank - 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    parts: list[str] = []
+    for lo, hi in runs:
+        parts += [f"{lo} to {hi}"] if hi > lo + 1 else [str(v) for v in range(lo, hi + 1)]
+    parts = [("rank " if len(ranks) == 1 else "ranks ") + parts[0], *parts[1:]] if parts else []
+    parts += [f"pid {r.get('pid')}" for r in rows if not isinstance(r.get("rank"), int)]
+    if len(parts) > MAX_NAMED:
+        parts = [*parts[:MAX_NAMED], f"{len(parts) - MAX_NAMED} more"]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def _torn_down_sentence(first: dict[str, Any], rows: list[dict[str, Any]], torn: list[dict[str, Any]]) -> str:
+    """``3 ranks: rank 1 killed; ranks 0 and 2 stopped by torchrun after rank 1 died.``"""
+    ranks = all(r.get("rank") is not None and r.get("role") in (None, "main") for r in rows)
+    noun = "ranks" if ranks else "processes"
+    parts = [f"{_short(first)} {ENDED.get(first['cause'], first['cause'])}"]
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in torn:
+        by.setdefault(r.get("stopped_by") or "the launcher", []).append(r)
+    parts += [f"{_named(members)} stopped by {sender} after {_short(first)} died" for sender, members in by.items()]
+    me = (first.get("host"), first.get("pid"))
+    dead = [r for r in rows if r.get("collateral_of") is None and r.get("cause") not in ("clean_exit", None)]
+    others = sum(1 for r in dead if (r.get("host"), r.get("pid")) != me)
+    if others:
+        parts.append(f"{others} other{'s' if others != 1 else ''} died of {'their' if others != 1 else 'its'} own "
+                     f"cause{'s' if others != 1 else ''}")  # fmt: skip
+    clean = sum(1 for r in rows if r.get("cause") == "clean_exit")
+    if clean:
+        parts.append(f"{clean} ended cleanly")
+    return f"{len(rows)} {noun}: " + "; ".join(parts) + "."
+
+
 def ended_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]]) -> list[str]:
     """The processes grouped by how they ended: count and time spread after the first death."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault(r.get("cause") or "unknown", []).append(r)
+        if r.get("collateral_of") is not None and first:  # torn down after the first death: not a death of its own
+            key = f"stopped by {r.get('stopped_by') or 'the launcher'} after {_short(first)} died"
+        else:
+            key = f"`{r.get('cause') or 'unknown'}`"
+        groups.setdefault(key, []).append(r)
     t0 = _t(first["time"]) if first else None
     lines = ["## How they ended", ""]
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
@@ -101,8 +186,12 @@ def ended_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]]) -> lis
         noun = ("rank" if ranks == len(members) else "process") + ("" if len(members) == 1 else
                 ("s" if ranks == len(members) else "es"))  # fmt: skip
         times = [t for t in (_t(m.get("death_time")) for m in members) if t is not None]
-        text = f"- {len(members)} {noun} `{cause}`"
-        if times and t0 is not None and cause != "clean_exit":
+        text = f"- {len(members)} {noun} {cause}"
+        if cause.startswith("stopped by"):
+            within = f", within {_seconds(max(times) - t0)}" if times and t0 is not None else ""
+            lines.append(f"{text}{within}: {_named(members)} (collateral, not counted as deaths)")
+            continue
+        if times and t0 is not None and cause != "`clean_exit`":
             lo, hi = min(times) - t0, max(times) - t0
             if lo == hi == 0:
                 text += " (the first death)"
@@ -154,12 +243,11 @@ def outlier_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def across_lines(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
-    """Attempts, first death, how the last attempt's processes ended, outliers; at most ~60 lines."""
+    """Attempts, first death, how the last attempt's processes ended, outliers; at most ~70 lines."""
     attempts = meta.get("attempts") or []
-    if len(attempts) > 1 and isinstance(attempts[-1].get("launcher_attempt"), int):
-        rows = [r for r in rows if r.get("attempt") == attempts[-1]["launcher_attempt"]]
-    elif len(attempts) > 1 and attempts[-1].get("started_at"):
-        rows = [r for r in rows if (r.get("started_at") or "") >= attempts[-1]["started_at"]]
+    if len(attempts) > 1:
+        groups = group_attempts(rows)  # the rows of the attempt this account is of, grouped as its rings were
+        rows = groups[-1] if groups else rows
     first = meta.get("first_death")
     return [
         *attempt_lines(attempts),

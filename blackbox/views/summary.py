@@ -21,7 +21,7 @@ def _ending(m: dict[str, Any]) -> str:
         return "Still running: the writer process is alive; this is a snapshot."
     return (
         "**No clean end was recorded.** The process died without running its exit handlers: "
-        "SIGKILL, the kernel OOM killer, a native crash, or a power loss."
+        "SIGKILL, the kernel OOM killer, a native crash, os._exit, or a power loss."
     )
 
 
@@ -88,10 +88,8 @@ def _death(d: dict[str, Any] | None) -> list[str]:
     if gpu:
         lines += ["", f"GPU OOM: **{gpu['kind']}**: {gpu['why']}."]
     growth = d.get("host_growth") or {}
-    per_step = growth.get("rss_per_step")
-    if per_step is not None:
-        trend = f"grew {human_bytes(int(per_step))}" if per_step > 0 else f"shrank {human_bytes(int(-per_step))}"
-        lines += ["", f"The job's own memory {trend} per step (least squares over samples)."]
+    if growth.get("rss_per_step") is not None:
+        lines += ["", _per_step(growth)]
     for child in (growth.get("children") or [])[:3]:
         if child["growth"] > 0:
             lines += [f"Child pid {child['pid']} (`{child['name']}`) grew {human_bytes(child['growth'])}, "
@@ -99,6 +97,20 @@ def _death(d: dict[str, Any] | None) -> list[str]:
     if d.get("levers"):
         lines += ["", "What to change:", "", *[f"- {lever}" for lever in d["levers"]]]
     return [*lines, ""]
+
+
+def _per_step(growth: dict[str, Any]) -> str:
+    """The job's own memory per step: growth said only where it is beyond the noise (its 95% interval
+    excludes zero), and said to be within the noise otherwise."""
+    per_step, error = growth["rss_per_step"], growth.get("rss_per_step_error")
+    sign = "+" if per_step >= 0 else "-"
+    fit = f"{sign}{human_bytes(int(abs(per_step)))}" + (f" ± {human_bytes(int(error))}" if error is not None else "")
+    if growth.get("rss_per_step_beyond_noise"):
+        trend = "grew" if per_step > 0 else "shrank"
+        return (f"The job's own memory {trend} {human_bytes(int(abs(per_step)))} ± {human_bytes(int(error or 0))} "
+                "per step (least squares over the samples, 95% interval).")  # fmt: skip
+    why = "a 95% interval that includes zero" if error is not None else "too few independent samples to tell"
+    return f"The job's own memory shows no growth per step beyond its noise (the fit: {fit} per step, {why})."
 
 
 def ring_summary(m: dict[str, Any]) -> str:

@@ -1,0 +1,261 @@
+"""The jobs and attempts among many rings, each attempt's first death, and the ranks torn down after it.
+
+Pure functions over a few fields of each ring's metadata (``slim``): a bundle's
+rings, or every host's rings of a job read from node bundles.
+
+A new job or attempt needs evidence; timing alone never opens one (ranks of a
+large job start over minutes and die one after another, and are still one run):
+
+1. a different job id (``job``: Slurm's job id, torchrun's run id, ``blackbox
+   run``'s run id) is a different job. A ring without one joins the job that was
+   running when it started (a launcher's own process under ``blackbox run --
+   torchrun``), else the rings without an id are one job;
+2. within a job, the launcher's restart count (``attempt``) changing is a new
+   attempt;
+3. a process that already has a ring in the attempt starting again after that
+   ring ended is a new attempt (a rerun or requeue the launcher did not count):
+   the same rank (a main process with a rank), or, where there is no job id (a
+   plain command run again), a main process without a rank on the same host.
+   Processes without a rank in a job with an id (Slurm tasks, a launcher's own
+   process) are many to a host: one ending before another starts is no restart.
+
+A ring that cannot say (no count, no rank: a DataLoader worker, a helper) joins
+the attempt running when it started, or, its start unknown, when it last wrote.
+
+Collateral: a rank torn down by its launcher after another rank of its attempt
+died did not die of its own cause. Its death is a signal (``killed_by``) sent by
+its parent (torchrun's agent starts its ranks) or by a known launcher
+(``LAUNCHERS``, named by the sender's command), recorded after the attempt's
+first death that is not such a teardown (on another host: later than that
+death by more than the two clocks' error, so that a skewed clock does not make
+the teardown first). It keeps its cause, is marked
+``collateral_of`` (that death's rank, host and pid, and ``by``: the launcher's
+name where the sender is a known one, else None: a parent may be ``blackbox
+run`` passing on a signal whose sender it did not record, and it is never named
+as the sender), and is never the first death nor counted among the deaths.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from typing import Any
+
+# Launchers that tear a job's other processes down when one fails, by their command (as a signal's sender
+# records it) -> the name said: torchrun's agent names its main thread pt_elastic, which /proc shows.
+LAUNCHERS = {"pt_elastic": "torchrun", "torchrun": "torchrun", "slurmstepd": "slurmstepd"}
+SLIM = ("rank", "host", "pid", "ppid", "role", "job", "attempt", "started_at", "last_event_at", "last_step",
+        "clock_error_s")  # fmt: skip
+DEFAULT_CLOCK_ERROR_S = 0.1  # assumed where a host's time service did not say how far off its clock may be
+SLIM_DEATH = ("cause", "confidence", "headline", "victim", "time", "step")
+SLIM_KILLER = ("signal", "sender", "sender_pid", "time")
+
+
+def slim(m: dict[str, Any]) -> dict[str, Any]:
+    """What grouping into jobs and attempts, and naming their first deaths, take of a ring's metadata."""
+    death = m.get("death") or {}
+    killer = death.get("killed_by")
+    out = {k: m.get(k) for k in SLIM} | {"death": {k: death.get(k) for k in SLIM_DEATH}}
+    out["death"]["killed_by"] = {k: killer.get(k) for k in SLIM_KILLER} if isinstance(killer, dict) else None
+    return out
+
+
+def _span(m: dict[str, Any]) -> tuple[str, str]:
+    """(start, end) of a ring as ISO strings, which sort as times do."""
+    start = m.get("started_at") or m.get("last_event_at") or ""
+    return start, max(start, m.get("last_event_at") or "")
+
+
+def _job(m: dict[str, Any]) -> str | None:
+    job = m.get("job")
+    return job if isinstance(job, str) and job else None
+
+
+def _count(m: dict[str, Any]) -> int | None:
+    count = m.get("attempt")
+    return count if isinstance(count, int) and not isinstance(count, bool) else None
+
+
+def _slot(m: dict[str, Any]) -> tuple[Any, ...] | None:
+    """What a ring is the process of, where a second ring of it means a restart: a rank, or a main
+    process without a rank on its host where there is no job id. None: one of many (a worker, a
+    helper, a process without a rank in a job with an id)."""
+    if m.get("role") not in (None, "main"):
+        return None
+    rank = m.get("rank")
+    if isinstance(rank, int) and not isinstance(rank, bool):
+        return ("rank", rank)
+    return ("main", m.get("host")) if _job(m) is None else None
+
+
+def group_jobs(rings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The rings of each job, the one that started first first (rule 1 of the module docstring)."""
+    named: dict[str, list[dict[str, Any]]] = {}
+    for m in rings:
+        job = _job(m)
+        if job is not None:
+            named.setdefault(job, []).append(m)
+    spans = {}
+    for job, members in named.items():
+        dated = [_span(m) for m in members if _span(m)[0]]
+        if dated:
+            spans[job] = (min(s for s, _ in dated), max(e for _, e in dated))
+    anonymous = []
+    for m in (m for m in rings if _job(m) is None):
+        at = _span(m)[0]
+        running = [j for j, (s, e) in spans.items() if at and s <= at <= e]
+        if running:
+            named[max(running, key=lambda j: spans[j][0])].append(m)
+        else:
+            anonymous.append(m)
+    jobs = [*named.values(), *([anonymous] if anonymous else [])]
+    return sorted(jobs, key=lambda members: min((_span(m)[0] for m in members), default=""))
+
+
+class _Attempt:
+    def __init__(self, count: int | None, start: str) -> None:
+        self.count, self.start = count, start
+        self.rings: list[dict[str, Any]] = []
+        self.ended: dict[tuple[Any, ...], str] = {}  # slot -> when its ring here last wrote
+
+
+def _attempts_of_job(rings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Rules 2 and 3 of the module docstring, over one job's rings."""
+    attempts: list[_Attempt] = []
+    for m in sorted((m for m in rings if m.get("started_at")), key=_span):
+        start, end = _span(m)
+        count, slot = _count(m), _slot(m)
+        current = attempts[-1] if attempts else None
+        if count is not None:
+            current = next((a for a in reversed(attempts) if a.count == count), None)
+            if current is None and attempts and attempts[-1].count is None:
+                current = attempts[-1]  # it was opened by rings that do not count (a launcher's own process)
+                current.count = count
+        if current is None or (slot in current.ended and current.ended[slot] <= start):
+            current = _Attempt(count if count is not None else (current.count if current else None), start)
+            attempts.append(current)
+        current.rings.append(m)
+        if slot is not None:
+            current.ended[slot] = max(end, current.ended.get(slot, ""))
+    # a ring whose start is unknown (a damaged or edited field) opens no attempt of its own: it joins the
+    # attempt that had begun when it last wrote (the first, if none had; the last, with no time at all)
+    for m in (m for m in rings if not m.get("started_at")):
+        if not attempts:
+            attempts.append(_Attempt(_count(m), ""))
+        pool = [a for a in attempts if a.count == _count(m)] or attempts
+        last = m.get("last_event_at") or ""
+        pool[-1 if not last else max((i for i, a in enumerate(pool) if a.start <= last), default=0)].rings.append(m)
+    return [a.rings for a in attempts]
+
+
+def group_attempts(rings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The rings of each attempt: the jobs in the order they started, each job's attempts oldest first."""
+    return [attempt for job in group_jobs(rings) for attempt in _attempts_of_job(job)]
+
+
+def job_of(group: list[dict[str, Any]]) -> str | None:
+    """The job id of an attempt's rings (rings without one may have joined it)."""
+    return next((j for j in map(_job, group) if j is not None), None)
+
+
+def _teardown(m: dict[str, Any]) -> dict[str, Any] | None:
+    """The signal that ended this ring, where its launcher sent it (its parent, or a known launcher)."""
+    killer = m["death"].get("killed_by")
+    if not isinstance(killer, dict):
+        return None
+    pid = killer.get("sender_pid")
+    if (isinstance(pid, int) and pid > 0 and pid == m.get("ppid")) or killer.get("sender") in LAUNCHERS:
+        return killer
+    return None
+
+
+def _who(m: dict[str, Any]) -> dict[str, Any]:
+    return {k: m.get(k) for k in ("rank", "host", "pid")}
+
+
+def _epoch(iso: str) -> float | None:
+    """Seconds since the epoch of a UTC ISO-8601 time (any number of fractional digits)."""
+    match = _ISO.match(iso)
+    if match is None:
+        return None
+    try:
+        whole = datetime.fromisoformat(match[1]).replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:  # a month 13, a day 32: an edited field
+        return None
+    return whole + float(f"0.{match[2] or 0}")
+
+
+_ISO = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?")
+
+
+def _error(m: dict[str, Any]) -> float:
+    e = m.get("clock_error_s")
+    return float(e) if isinstance(e, (int, float)) and not isinstance(e, bool) else DEFAULT_CLOCK_ERROR_S
+
+
+def _when(m: dict[str, Any]) -> tuple[float, str]:
+    """A death's time, to order deaths by (ISO strings of different precisions do not sort as times)."""
+    at = _epoch(m["death"]["time"])
+    return (at if at is not None else float("inf")), m["death"]["time"]
+
+
+def _after(m: dict[str, Any], signalled: str | None, first: dict[str, Any]) -> bool:
+    """Ring ``m`` was signalled (else died) after ``first`` died: on one host by their times; across
+    hosts by more than the two clocks' error."""
+    a, b = _epoch(signalled or m["death"]["time"]), _epoch(first["death"]["time"])
+    margin = 0.0 if m.get("host") == first.get("host") else _error(m) + _error(first)
+    return a is not None and b is not None and a - b > margin
+
+
+def deaths(group: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """An attempt's first death (None: none) and its collateral rings (see the module docstring). Marks
+    each collateral ring's slim death with ``collateral_of``."""
+    dead = [m for m in group if m["death"].get("cause") != "clean_exit" and m["death"].get("time")]
+    when = {id(m): _when(m) for m in dead}
+    torn = {id(m): k for m in dead if (k := _teardown(m)) is not None}
+    own = [m for m in dead if id(m) not in torn]
+    collateral = []
+    if own:
+        first_own = min(own, key=lambda m: when[id(m)])
+        collateral = [m for m in dead if id(m) in torn and _after(m, torn[id(m)].get("time"), first_own)]
+    gone = {id(m) for m in collateral}
+    rest = [m for m in dead if id(m) not in gone]
+    first = min(rest, key=lambda m: when[id(m)]) if rest else None
+    for m in collateral:
+        m["death"]["collateral_of"] = _who(first or {}) | {"by": LAUNCHERS.get(torn[id(m)].get("sender") or "")}
+    return first, collateral
+
+
+def attempt_metadata(groups: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One entry per attempt: its job, its number within the job (1-based, oldest first), the launcher's
+    own count, its rings, span, last step, first death and cause, how many died of their own cause
+    (``deaths``) and how many were torn down after the first death (``collateral``). Marks the
+    collateral rings' slim deaths (``collateral_of``)."""
+    out: list[dict[str, Any]] = []
+    for group in groups:
+        job = job_of(group)
+        n = out[-1]["attempt"] + 1 if out and out[-1]["job"] == job else 1
+        first, collateral = deaths(group)
+        dead = sum(1 for m in group if m["death"].get("cause") != "clean_exit" and m["death"].get("time"))
+        steps = [m["last_step"] for m in group if m.get("last_step") is not None]
+        spans = [_span(m) for m in group]
+        out.append({
+            "job": job,
+            "attempt": n,
+            "launcher_attempt": next((c for c in map(_count, group) if c is not None), None),
+            "rings": len(group),
+            "started_at": min(s for s, _ in spans) or None,
+            "ended_at": max(e for _, e in spans) or None,
+            "last_step": max(steps) if steps else None,
+            "cause": first["death"]["cause"] if first else "clean_exit",
+            "first_death": _first_death(first),
+            "deaths": dead - len(collateral),
+            "collateral": len(collateral),
+        })  # fmt: skip
+    return out
+
+
+def _first_death(m: dict[str, Any] | None) -> dict[str, Any] | None:
+    if m is None:
+        return None
+    return _who(m) | {k: m["death"].get(k) for k in SLIM_DEATH}
