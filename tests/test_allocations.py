@@ -197,3 +197,77 @@ def test_oom_killed_job_names_the_leaking_line(tmp_path: Path, case: str, alloc_
     meta = assert_top_site(bundle, case, leaked, "metrics-cache" if case == "thread" else "MainThread")
     levers = meta["death"].get("levers") or []
     assert levers and f"train.py:{leak_line(JOB, case)}" in levers[0], levers
+
+
+DATALOADER_JOB = """
+import os, signal, sys, time
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+LEAK = int(sys.argv[3])
+
+
+class Leaky(Dataset):
+    def __init__(self):
+        self.cache = []
+        self.leaked = 0
+
+    def __len__(self):
+        return 1 << 20
+
+    def __getitem__(self, i):
+        self.cache.append(np.ones(LEAK // 8))  # LEAK: dataloader
+        self.leaked += LEAK
+        print("worker", os.getpid(), "leaked", self.leaked, flush=True)
+        time.sleep(0.01)
+        return torch.tensor([float(i)])
+
+
+if __name__ == "__main__":
+    loader = DataLoader(Leaky(), batch_size=1, num_workers=2, multiprocessing_context=sys.argv[1])
+    for step, batch in enumerate(loader):
+        time.sleep(0.02)
+        if sys.argv[2] == "sigkill" and step + 1 >= int(sys.argv[4]):
+            time.sleep(0.5)  # the workers' sampler ticks write their stacks' text
+            os.killpg(0, signal.SIGKILL)  # the whole job, as a scheduler kills it
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sigkill", "oom"])
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+def test_dataloader_worker_leak_is_named_inside_the_worker(
+    tmp_path: Path, context: str, mode: str, alloc_cgroup: Callable[[int], MemoryCgroup]
+) -> None:
+    job = tmp_path / "train.py"
+    job.write_text(DATALOADER_JOB)
+    cmd = [sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path / "run"), "--",
+           sys.executable, str(job), context, mode, str(LEAK), "30"]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(REPO), BLACKBOX_ALLOCATIONS="1")
+    cg = alloc_cgroup(1280 * MiB) if mode == "oom" else None
+    kills = cg.oom_kills() if cg is not None else 0
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600,
+                          preexec_fn=cg.join if cg is not None else None)  # fmt: skip
+    if cg is not None:
+        assert cg.oom_kills() == kills + 1, proc.stderr[-3000:]
+    else:
+        assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]  # blackbox run ends as its job did
+    leaked: dict[int, int] = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("worker "):
+            _, pid, _, n = line.split()
+            leaked[int(pid)] = int(n)
+    (bundle,) = (tmp_path / "run").glob("*/bundle")
+    meta = json.loads((bundle / "metadata.json").read_text())
+    workers = [m for m in meta["rings"] if m["role"] == "worker" and m["pid"] in leaked and m["allocations"]]
+    assert workers, [(m["role"], m["pid"]) for m in meta["rings"]]
+    for m in workers:  # the killed worker (OOM), or both (the group's SIGKILL)
+        top = m["allocations"]["sites"][0]
+        assert top["site"] == f"Leaky.__getitem__ ({job}:{leak_line(DATALOADER_JOB, 'dataloader')})", top
+        truth = leaked[m["pid"]]
+        assert 0.75 * truth <= top["live_bytes"] <= 1.25 * (truth + LEAK), (top["live_bytes"], truth)
+    summary = (bundle / "summary.md").read_text()
+    across = summary.split("## Who holds the memory, in every process", 1)[1].split("\n## ", 1)[0]
+    first = next(line for line in across.splitlines() if line.startswith("| `"))
+    assert "Leaky.__getitem__" in first and "| worker pid " in first, first
