@@ -68,8 +68,10 @@ def _live(args: argparse.Namespace, meta: dict[str, Any]) -> int:
         else:
             out.write_bytes(pprof_live(meta))
     total = sum(int(line.rsplit(" ", 1)[1]) for line in text.splitlines())
-    print(f"wrote {out} ({len(text.splitlines())} stacks, {total} live bytes estimated); "
-          + ("flamegraph.pl or https://www.speedscope.app read it as is" if args.live else "go tool pprof reads it"))
+    print(
+        f"wrote {out} ({len(text.splitlines())} stacks, {total} live bytes estimated); "
+        + ("flamegraph.pl or https://www.speedscope.app read it as is" if args.live else "go tool pprof reads it")
+    )
     return 0
 
 
