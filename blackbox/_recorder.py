@@ -321,6 +321,7 @@ class Recorder:
             snapshot_path=sidecar(ring, SNAPSHOT_SUFFIX),
             rss=self._probe.rss,
             note=self.note,
+            gpu_blocks=self._allocs.gpu_block if self._allocs is not None else None,
         )
         mapping, sequence = self._ring.map.buffer, w.sequence
         signals = self._signals

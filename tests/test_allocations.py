@@ -271,3 +271,55 @@ def test_dataloader_worker_leak_is_named_inside_the_worker(
     across = summary.split("## Who holds the memory, in every process", 1)[1].split("\n## ", 1)[0]
     first = next(line for line in across.splitlines() if line.startswith("| `"))
     assert "Leaky.__getitem__" in first and "| worker pid " in first, first
+
+
+GPU_JOB = """
+import inspect, os, signal, sys, time
+sys.path.insert(0, sys.argv[2])
+import fake_torch
+fake_torch.install()
+import blackbox
+
+rec = blackbox.arm(sys.argv[1], sample_interval=0.02, allocator_history=True, allocations=True)
+fake_torch.state["initialised"] = True  # the job sets CUDA up: the hooks attach, history on
+while not rec._torch._history_on:
+    time.sleep(0.01)
+GiB = 1 << 30
+
+
+def frames():  # what stacks="python" records: the allocating Python stack, innermost first
+    return [{"name": f.function, "filename": f.filename, "line": f.lineno} for f in inspect.stack()[1:]]
+
+
+def keep_activations(i):
+    fake_torch.add_trace("alloc", 0x7F00_0000_0000 + i * GiB, GiB, 1000 + i, frames())  # LEAK: gpu
+
+
+def scratch(i):
+    fake_torch.add_trace("alloc", 0x7E00_0000_0000 + i * GiB, GiB // 2, 2000 + i, frames())
+    fake_torch.add_trace("free_completed", 0x7E00_0000_0000 + i * GiB, GiB // 2, 2001 + i)
+
+
+for i in range(12):
+    keep_activations(i)
+    scratch(i)
+    rec._torch.drain()
+    print("leaked", (i + 1) * GiB, flush=True)
+rec.sample_now()  # the tick writes the GPU stacks' text
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_gpu_blocks_are_sampled_from_the_allocator_history_with_their_stacks(tmp_path: Path) -> None:
+    job = tmp_path / "train.py"
+    job.write_text(GPU_JOB)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, str(job), f"{tmp_path / 'rings'}/", str(REPO / "tests")],
+                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    blackbox.recover(tmp_path / "rings", tmp_path / "bundle")
+    sites = json.loads((tmp_path / "bundle" / "metadata.json").read_text())["allocations"]["sites"]
+    top = sites[0]
+    assert top["site"] == f"keep_activations ({job}:{leak_line(GPU_JOB, 'gpu')})" and top["domains"] == ["gpu"], top
+    assert 9 << 30 <= top["live_bytes"] <= 15 << 30, top  # 12 GiB kept
+    assert all(not s["site"].startswith("scratch (") for s in sites), "freed blocks hold nothing"

@@ -25,8 +25,11 @@ interval); their records and heap slots survive and read as
 
 from __future__ import annotations
 
+import hashlib
 import linecache
+import math
 import os
+import random
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -98,6 +101,13 @@ def user_line(texts_inner_first: list[str]) -> str:
     return ""
 
 
+def gpu_frame_text(frame: dict[str, Any]) -> str:
+    """A frame of PyTorch's allocator history (``name``, ``filename``, ``line``) as ``fn (file:line)``."""
+    line = frame.get("line")
+    text = f"{frame.get('name', '?')} ({frame.get('filename', '?')}:{line if isinstance(line, int) else 0})"
+    return text.replace(";", ",").replace("\n", " ").replace("\r", " ")[: fmt.MAX_FRAME_BYTES]
+
+
 def intern_alloc(table: StackTable, fingerprint: int, texts: list[bytes], depth: int, thread: str,
                  line: str, entry_id: int) -> bool:  # fmt: skip
     """Write one allocation stack (frames innermost first) into the table's current generation, frames
@@ -144,6 +154,10 @@ class AllocSampler:
         self._generation = 0
         self._ids = self._ids_generation = 0  # kind-3 entry ids, per generation
         self._ignored = False  # the sampler thread told the hooks to leave it out
+        self._mean = 1.0
+        self._rng = random.Random()
+        self._gpu_countdown = 0.0  # bytes of GPU allocations before the next sample
+        self._gpu_pending: list[tuple[int, list[bytes], int, str]] = []
         self.started = False
         self.unwritten = 0  # stacks that did not fit the table
 
@@ -154,6 +168,8 @@ class AllocSampler:
         if sequence is None or type(sequence).__name__ != "Sequence":
             raise RuntimeError("the C write path's seq counter is not built")
         self = cls(cmod, table, note)
+        self._mean = float(mean)
+        self._gpu_countdown = self._rng.expovariate(1.0 / mean)
         got = cmod.start(mapping, header.records_offset, header.capacity, sequence, header.heap_offset,
                          header.heap_size // fmt.HEAP_SLOT, float(mean), True, True)  # fmt: skip
         self.started = True
@@ -194,6 +210,11 @@ class AllocSampler:
 
     def _drain(self, table: StackTable) -> None:
         names = {t.ident: t.name for t in threading.enumerate()}
+        gpu, self._gpu_pending = self._gpu_pending, []
+        for fingerprint, frames, depth, line in gpu:  # GPU blocks' stacks, from the allocator's history
+            info = (frames, depth, "", line)
+            self._remember(fingerprint, info)
+            self._write(table, fingerprint, info)
         for fingerprint, thread, depth, frames in self._c.pending():
             texts = [f.decode("utf-8", "replace") for f in frames]
             info = (frames, int(depth), names.get(thread) or "", user_line(texts))
@@ -221,6 +242,33 @@ class AllocSampler:
             self._known = {k: v for k, v in self._known.items() if k in live}
         if len(self._known) < MAX_KNOWN:
             self._known[fingerprint] = info
+
+    def gpu_block(self, device: int, entry: dict[str, Any]) -> None:
+        """One entry of PyTorch's CUDA allocator history (drained by torch_hooks): an ``alloc`` is sampled
+        by bytes like a host block (a countdown of the same mean), with the Python stack PyTorch recorded
+        for it (``frames``, innermost first); a completed free of a sampled block empties its slot."""
+        if not self.started:
+            return
+        action, addr, size = entry.get("action"), entry.get("addr"), entry.get("size")
+        if not isinstance(addr, int) or not isinstance(size, int) or size < 0:
+            return
+        if action == "free_completed":
+            self._c.untrack(addr, device)
+            return
+        if action != "alloc":
+            return
+        self._gpu_countdown -= size
+        if self._gpu_countdown >= 0:
+            return
+        self._gpu_countdown = self._rng.expovariate(1.0 / self._mean)
+        p = -math.expm1(-size / self._mean)
+        texts = [gpu_frame_text(f) for f in entry.get("frames") or [] if isinstance(f, dict)][: fmt.MAX_STACK_DEPTH]
+        digest = hashlib.blake2b(b"\n".join(t.encode("utf-8", "replace") for t in texts), digest_size=8).digest()
+        fingerprint = max(int.from_bytes(digest, "little"), 2) if texts else fmt.NO_PYTHON_STACK
+        if texts and fingerprint not in self._known:
+            frames = [t.encode("utf-8", "replace") for t in texts]
+            self._gpu_pending.append((fingerprint, frames, len(entry.get("frames") or []), user_line(texts)))
+        self._c.track(addr, size, int(size / p + 0.5) if p > 0 else size, fingerprint, device)
 
     def stats(self) -> dict[str, int]:
         out: dict[str, int] = dict(self._c.stats()) if self.started else {}
