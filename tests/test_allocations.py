@@ -323,3 +323,40 @@ def test_gpu_blocks_are_sampled_from_the_allocator_history_with_their_stacks(tmp
     assert top["site"] == f"keep_activations ({job}:{leak_line(GPU_JOB, 'gpu')})" and top["domains"] == ["gpu"], top
     assert 9 << 30 <= top["live_bytes"] <= 15 << 30, top  # 12 GiB kept
     assert all(not s["site"].startswith("scratch (") for s in sites), "freed blocks hold nothing"
+
+
+WATCHED_JOB = """
+import sys, time
+import numpy as np
+import blackbox
+
+blackbox.arm(sys.argv[1], sample_interval=0.02, allocations=True)
+cache = {}
+for step in range(40):
+    blackbox.step(step)
+    cache[step] = np.ones(1 << 18)  # LEAK: watch
+    time.sleep(0.01)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_watch_names_who_holds_the_memory_while_the_job_runs(tmp_path: Path) -> None:
+    from blackbox.ring.reader import find_rings, read_ring
+    from blackbox.views.live import frame
+
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    job = subprocess.Popen([sys.executable, "-c", WATCHED_JOB, f"{tmp_path}/"], stdout=subprocess.PIPE, text=True,
+                           env=env)  # fmt: skip
+    try:
+        assert job.stdout is not None and job.stdout.readline().strip() == "ready"
+        time.sleep(0.2)  # a tick writes the stack's text
+        (path,) = find_rings([tmp_path])
+        text = frame(read_ring(path), True)
+    finally:
+        job.kill()
+        job.wait()
+    holders = text.split("who holds the memory: ", 1)[1].splitlines()
+    assert f"<module> (<string>:{leak_line(WATCHED_JOB, 'watch')})" in holders[1], text
+    mib = float(holders[1].split()[0]) * (1 if holders[1].split()[1] == "MiB" else 0)
+    assert 60 <= mib <= 100, text  # 40 arrays of 2 MiB

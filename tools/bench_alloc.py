@@ -8,7 +8,9 @@ figures are medians over the rounds of CPU time per iteration, and the ratios
 are taken within a round. Workloads: small Python objects (a list, a dict and a
 str per iteration: PyMem's OBJ domain), numpy arrays of 64 KiB (malloc), torch
 CPU tensors of 256 KiB (c10's posix_memalign; skipped without torch), each
-allocated and freed, so sampling and the free-path lookups both run.
+allocated and freed, so sampling and the free-path lookups both run; and the
+training step of tools/bench_overhead.py (an MLP, AdamW, one thread), in CPU
+time, which the machine's other load disturbs less than wall time.
 """
 
 from __future__ import annotations
@@ -54,6 +56,29 @@ def torch_tensors(n: int) -> None:
 WORKLOADS: dict[str, Callable[[int], None]] = {"python objects": python_objects, "numpy 64 KiB": numpy_arrays}
 
 
+def training_steps() -> Callable[[int], None]:
+    """tools/bench_overhead.py's loop: 8x[Linear(256, 256), ReLU] + head, batch 64, AdamW, one thread."""
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    for _ in range(8):
+        layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(256, 10))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+
+    def steps(n: int) -> None:
+        for _ in range(max(1, n // 10000)):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    return steps
+
+
 def timed(fn: Callable[[int], None], n: int) -> float:
     t0 = time.process_time()
     fn(n)
@@ -69,6 +94,7 @@ def main() -> int:
         import torch  # noqa: F401
 
         WORKLOADS["torch 256 KiB"] = torch_tensors
+        WORKLOADS["training step"] = training_steps()
     except ImportError:
         pass
     settings = {"unarmed": None, "armed": False, "armed+allocations": True}
@@ -85,6 +111,7 @@ def main() -> int:
                     results[name][setting].append(timed(fn, args.n))
                     if rec is not None:
                         blackbox.disarm()
+    print("CPU time per iteration (a training step counts as 10,000 iterations), medians of the rounds:")
     print(f"{'workload':<16} {'unarmed':>10} {'armed':>10} {'+alloc':>10} {'armed/unarmed':>14} {'+alloc/unarmed':>15}")
     for name, per in results.items():
         med = {s: statistics.median(v) for s, v in per.items()}

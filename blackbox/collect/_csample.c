@@ -40,7 +40,9 @@
  * interval), plus any that found the pending queue full (retried at their next sample).
  *
  * Fork: a pthread_atfork child handler turns every hook into a plain forward before any code runs in
- * the child (the heap table is the parent's file); the recorder then puts the child's slots back.
+ * the child (the heap table is the parent's file); the recorder then puts PyMem's allocators back and
+ * leaves the patched slots forwarding (walking the loaded objects again there could wait on a loader
+ * lock a vanished parent thread held); a child that arms its own ring samples through them again.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1055,17 +1057,23 @@ static PyObject *start(PyObject *Py_UNUSED(m), PyObject *args) {
     return Py_BuildValue("{sOsO}", "python", want_py ? Py_True : Py_False, "native", native ? Py_True : Py_False);
 }
 
-/* stop(in_child): hooks off, slots and allocators put back, then (not in a forked child) wait for a
- * slow path in flight on another thread, and release the mapping. */
+/* stop(in_child): hooks off, allocators and (not in a forked child) slots put back, then (not in a
+ * forked child) wait for a slow path in flight on another thread, and release the mapping. */
 static PyObject *stop(PyObject *Py_UNUSED(m), PyObject *args) {
     int in_child = 0;
     if (!PyArg_ParseTuple(args, "|p", &in_child))
         return NULL;
     __atomic_store_n(&g.active, 0, __ATOMIC_SEQ_CST);
-    if (in_child)
-        g_patching = 0;
     py_uninstall();
-    native_undo();
+    if (in_child) { /* no dl_iterate_phdr here: a thread of the parent may have held the loader's lock at
+                     * the fork. The slots stay patched: our hooks only forward now (and sample again if
+                     * this child arms its own ring). */
+        g_patching = 0;
+        g_npatched = g_ndone = 0;
+        g_subs = ~0ULL;
+    } else {
+        native_undo();
+    }
     if (!in_child)
         wait_quiet();
     g.inflight = 0;

@@ -20,8 +20,10 @@ import pyarrow.compute as pc
 
 from .._errors import one_line
 from .._units import human_bytes
+from ..recovery.allocs import live_sites
 from ..recovery.timeline import of_kind, py_rows, ring_table
 from ..ring.reader import Ring
+from .stacks import short_frame
 
 WINDOW_S = 30.0
 
@@ -90,6 +92,20 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
+def _holders(ring: Ring, last_step: int | None, end_ns: int | None, top: int = 3) -> list[str]:
+    """Who holds the memory now (allocations sampled): the largest sites, with their error and growth."""
+    report = live_sites(ring.heap, ring.stacks, ring.meta, last_step, end_ns)
+    if not report or not report["sites"]:
+        return []
+    out = [f"who holds the memory: {human_bytes(report['live_bytes'])} ± {human_bytes(report['error_bytes'])} sampled"]
+    for site in report["sites"][:top]:
+        growth = site["growth_per_s"]
+        out.append(f"  {human_bytes(site['live_bytes'])} ± {human_bytes(site['error_bytes'])} "
+                   f"{one_line(short_frame(site['site']))} [{one_line(site['thread'])}]"
+                   + (f" +{human_bytes(growth)}/s" if growth and growth > 0 else ""))  # fmt: skip
+    return out
+
+
 def ring_lines(ring: Ring, running: bool, now_ns: int | None = None) -> list[str]:
     """The live view's lines for one ring: who and its state, events, step, memory, GPUs, last event."""
     table = ring_table(ring)
@@ -129,6 +145,7 @@ def ring_lines(ring: Ring, running: bool, now_ns: int | None = None) -> list[str
             f"cuda:{device} allocated {human_bytes(last['gpu_allocated'])}; "
             + _headroom("reserved", last["gpu_reserved"], last["device_total"], rate)
         )
+    lines += _holders(ring, int(v[-1]) if steps.num_rows else None, int(times[-1]) if len(times) else None)
     events = of_kind(table, "oom", "exception", "signal", columns=["time", "kind", "label"])
     if events.num_rows:
         e = py_rows(events.slice(events.num_rows - 1))[0]
