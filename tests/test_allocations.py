@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -254,10 +255,8 @@ def test_dataloader_worker_leak_is_named_inside_the_worker(
     else:
         assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]  # blackbox run ends as its job did
     leaked: dict[int, int] = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("worker "):
-            _, pid, _, n = line.split()
-            leaked[int(pid)] = int(n)
+    for pid, n in re.findall(r"worker (\d+) leaked (\d+)", proc.stdout):  # workers' lines may interleave
+        leaked[int(pid)] = max(leaked.get(int(pid), 0), int(n))
     (bundle,) = (tmp_path / "run").glob("*/bundle")
     meta = json.loads((bundle / "metadata.json").read_text())
     workers = [m for m in meta["rings"] if m["role"] == "worker" and m["pid"] in leaked and m["allocations"]]
@@ -360,3 +359,67 @@ def test_watch_names_who_holds_the_memory_while_the_job_runs(tmp_path: Path) -> 
     assert f"<module> (<string>:{leak_line(WATCHED_JOB, 'watch')})" in holders[1], text
     mib = float(holders[1].split()[0]) * (1 if holders[1].split()[1] == "MiB" else 0)
     assert 60 <= mib <= 100, text  # 40 arrays of 2 MiB
+
+
+def _fields(data: bytes) -> list[tuple[int, int | bytes]]:
+    """A protobuf message's fields as (number, varint or bytes): enough to read a pprof profile back."""
+    out: list[tuple[int, int | bytes]] = []
+    pos = 0
+
+    def varint() -> int:
+        nonlocal pos
+        shift = value = 0
+        while True:
+            byte = data[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value
+
+    while pos < len(data):
+        key = varint()
+        if key & 7 == 0:
+            out.append((key >> 3, varint()))
+        elif key & 7 == 2:
+            n = varint()
+            out.append((key >> 3, data[pos : pos + n]))
+            pos += n
+        else:
+            raise AssertionError(f"wire type {key & 7}")
+    return out
+
+
+def test_export_writes_live_bytes_by_stack_folded_and_as_pprof(tmp_path: Path) -> None:
+    import gzip
+
+    from blackbox.cli import main
+
+    run_py_job = """
+import os, signal, sys
+import numpy as np
+import blackbox
+blackbox.arm(sys.argv[1], sample_interval=0.02, allocations=True)
+def keep(cache):
+    for i in range(64):
+        cache.append(np.ones(1 << 17))  # LEAK: export
+kept = []
+keep(kept)
+blackbox.active().sample_now()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    subprocess.run([sys.executable, "-c", run_py_job, f"{tmp_path}/rings/"], env=env, timeout=120)
+    blackbox.recover(tmp_path / "rings", tmp_path / "bundle")
+    assert main(["export", "--live", str(tmp_path / "bundle"), "-o", str(tmp_path / "live.folded")]) == 0
+    lines = (tmp_path / "live.folded").read_text().splitlines()
+    stack, n = lines[0].rsplit(" ", 1)
+    assert f"keep (<string>:{leak_line(run_py_job, 'export')})" in stack.split(";")
+    assert 48 << 20 <= int(n) <= 80 << 20  # 64 arrays of 1 MiB
+    assert main(["export", "--pprof", str(tmp_path / "bundle"), "-o", str(tmp_path / "live.pb.gz")]) == 0
+    profile = _fields(gzip.decompress((tmp_path / "live.pb.gz").read_bytes()))
+    strings = [v.decode() for k, v in profile if k == 6 and isinstance(v, bytes)]
+    assert strings[0] == "" and {"inuse_space", "bytes", "keep"} <= set(strings)
+    samples = [_fields(v) for k, v in profile if k == 2 and isinstance(v, bytes)]
+    values = [_fields(b"\x08" + dict(s)[2]) for s in samples]  # packed int64 values: read one varint back
+    assert max(int(v[0][1]) for v in values) == int(n), "the largest sample is the folded export's first stack"
