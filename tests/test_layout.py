@@ -33,6 +33,7 @@ LEAVES = {"blackbox._errors", "blackbox._version", "blackbox._units", "blackbox.
 RECOVERY_ORDER = {
     "timeline": 0,
     "evidence": 0,
+    "slurm": 0,
     "ranks": 0,
     "spill": 0,
     "attempts": 0,
@@ -40,6 +41,7 @@ RECOVERY_ORDER = {
     "stacks": 1,
     "allocs": 1,
     "facts": 1,
+    "relays": 1,
     "levers": 2,
     "diagnosis": 3,
     "metadata": 4,
