@@ -19,7 +19,7 @@ from . import format as fmt
 from .inputs import nonzero_spans
 from .scan import StackScan
 
-MAX_HEAP_SIZE = 1 << 30
+MAX_HEAP_SIZE = 1 << 26  # 1 M slots read at most (a writer makes 64 K): a hostile header's size buys nothing more
 
 
 @dataclass
