@@ -118,7 +118,8 @@ def recover(rings: Path, bundle: Path, ended: Ended, quiet: bool, left: list[dic
         extra = {"left_running": left} if left else None
         meta = write_postmortem([rings], bundle, exit_status=status, launcher_pid=os.getpid(), extra=extra)
         death = meta.get("first_death") or meta.get("death") or {}
-        line = f"exit status {status}; cause: {meta['cause']}; {death.get('headline', '')} bundle in {bundle}/"
+        headline = one_line(str(death.get("headline", "")))  # the job's own text (an exception message)
+        line = f"exit status {status}; cause: {meta['cause']}; {headline} bundle in {bundle}/"
         if torchelastic.write_error_file(meta, status, bundle):
             line += " (the verdict is in torchrun's error file: its Root Cause table)"
         say(of_rank + line)

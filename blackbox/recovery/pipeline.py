@@ -52,12 +52,11 @@ def _window_and_children(ring: Ring) -> tuple[tuple[int, int], set[int]]:
 
 
 def _status_owner(paths: list[Path], launcher_pid: int | None) -> Path | None:
-    """The ring of the process whose exit status the launcher saw: its direct child (else the only ring).
-    Decided from the headers alone, before any ring is decoded."""
-    if len(paths) == 1:
-        return paths[0]
+    """The ring of the process whose exit status the launcher saw: its direct child (the only ring where
+    the launcher is unknown). A ring of a grandchild (a shell's Python child) never takes the job's
+    status: its process may have died otherwise. Decided from the headers alone, before any decoding."""
     if launcher_pid is None:
-        return None
+        return paths[0] if len(paths) == 1 else None
     direct = []
     for p in paths:
         try:

@@ -71,6 +71,7 @@ class Ring:
     stacks: StackScan | None = None  # version 3: the stack table
     crash: str | None = None  # faulthandler's output: the crash region (version 3) or the ``.crash`` sidecar
     owner: int = -1  # uid of the ring file's owner
+    strings_cut: int = 0  # bytes of the string region not read: its labels would cost more than scan.MAX_STRING_TEXT
     heap: HeapScan | None = None  # version 4: the heap table's valid slots
 
     @property
@@ -186,7 +187,7 @@ def read_ring(path: str | os.PathLike[str], folder: Folder | None = None) -> Rin
         heap_live=len(heap.slots) if heap is not None else 0,
         heap_torn=heap.torn if heap is not None else 0,
     )
-    return Ring(p, header, records, scan.strings, recovery, size, stacks, crash, st.st_uid, heap)
+    return Ring(p, header, records, scan.strings, recovery, size, stacks, crash, st.st_uid, scan.cut, heap)
 
 
 def _text(data: bytes) -> str | None:

@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .._errors import one_line
+
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
@@ -105,8 +107,11 @@ def _death(meta: dict[str, Any]) -> dict[str, Any]:
 def verdict(meta: dict[str, Any], bundle: Path) -> dict[str, Any]:
     """The error-file document: one line (cause, step, headline, the deciding evidence), then the evidence."""
     death = _death(meta)
-    evidence = [e for e in death.get("evidence", []) if not e.startswith(("a clean end", "no clean end"))]
-    line = f"blackbox: {death.get('cause')} at step {death.get('step')}: {death.get('headline', '')}"
+    evidence = [
+        one_line(str(e)) for e in death.get("evidence", []) if not str(e).startswith(("a clean end", "no clean end"))
+    ]
+    # torchrun prints these to the terminal: the job's own text (an exception message) escaped, one line each
+    line = one_line(f"blackbox: {death.get('cause')} at step {death.get('step')}: {death.get('headline', '')}")
     if evidence:
         line += f" {evidence[-1]}"
     return {

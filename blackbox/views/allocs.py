@@ -14,6 +14,7 @@ from typing import Any
 from .._units import human_bytes
 from ..recovery.allocs import ring_sites
 from .stacks import innermost_first, short_frame
+from .text import shown
 
 SHOWN = 8
 
@@ -61,8 +62,9 @@ def allocation_sections(report: dict[str, Any] | None, role: str | None = None) 
 
 
 def job_allocation_sections(rings: Iterable[dict[str, Any]]) -> list[str]:
-    """summary.md lines across a job's rings: the largest sites of every process, workers' included."""
-    sites = ring_sites(rings)
+    """summary.md lines across a job's rings: the largest sites of every process, workers' included (their
+    text escaped, ``text``)."""
+    sites = shown(ring_sites(rings))
     if not sites:
         return []
     lines = [
