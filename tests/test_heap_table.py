@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+from array import array
 from pathlib import Path
 
 import numpy as np
 
+from blackbox.recovery.allocs import live_sites
 from blackbox.ring import format as fmt
-from blackbox.ring.heap import HeapScan, alloc_stack, decode_heap
+from blackbox.ring.heap import ALLOC_NOT_RENDERED, MAX_ALLOC_TEXT, HeapScan, alloc_stack, alloc_stacks, decode_heap
 from blackbox.ring.reader import read_ring
 from blackbox.ring.scan import StackScan
 
@@ -66,3 +68,38 @@ def test_slots_past_what_a_writer_makes_are_not_read(tmp_path: Path) -> None:
         f.write(fmt.heap_slot_bytes(0x7F00_2000, 64, 1 << 20, 9, 5, 7, -1, 1))
     ring = read_ring(path)
     assert ring.heap is not None and ring.heap.slots["address"].tolist() == [0x7F00_1000]
+
+
+def deep_alloc_table(count: int) -> StackScan:
+    """A stack table of ``count`` allocation stacks of 64 frames of 1,000 bytes each (64 KiB folded)."""
+    frames = {(1, f): f"f{f}_".ljust(988, "x") + f" (m.py:{f})" for f in range(1, 129)}
+    table = StackScan(frames, {}, 0)
+    for fp in range(1, count + 1):
+        ids = array("I", [1 + j + 64 * ((fp >> (j % 10)) & 1) for j in range(64)])
+        table.allocs[fp] = [(1, ids, 64, "MainThread", "")]
+    return table
+
+
+def test_allocation_stacks_fold_to_bounded_text_the_most_used_first() -> None:
+    # GIVEN 300 distinct deep allocation stacks (19 MiB once folded), the last one used most
+    table = deep_alloc_table(300)
+    # WHEN they are rendered, the most used first
+    found = alloc_stacks(table, [300, *range(1, 300)])
+    # THEN the text rendered stays within the bound, the most used one in full
+    rendered = [s.folded for s in found.values() if not s.folded.startswith("<")]
+    assert sum(len(t) for t in rendered) <= MAX_ALLOC_TEXT and len(rendered) < 300
+    assert found[300].folded.count(";") == 63 and found[300].folded.startswith("f")
+    # and each stack past it keeps its fingerprint, never merged with another
+    assert found[299].folded == ALLOC_NOT_RENDERED.format(299)
+
+
+def test_live_sites_render_the_heaviest_stacks(tmp_path: Path) -> None:
+    # GIVEN heap slots naming 300 deep stacks, the last slot's weighing most
+    table = deep_alloc_table(300)
+    slots = b"".join(fmt.heap_slot_bytes(0x1000 * fp, 64, 1 << (30 if fp == 300 else 20), fp, 5, 7, -1, 1)
+                     for fp in range(1, 301))  # fmt: skip
+    report = live_sites(decode_heap(slots), table, META, None, None)
+    # THEN the heaviest stack is rendered in full, and the largest site named by its own frame
+    assert report is not None and report["stacks"][0]["live_bytes"] == 1 << 30
+    assert report["stacks"][0]["stack"] == alloc_stack(table, 300).folded
+    assert report["sites"][0]["site"] == alloc_stack(table, 300).folded.rpartition(";")[2]

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..ring import format as fmt
-from ..ring.heap import AllocStack, HeapScan, alloc_stack
+from ..ring.heap import AllocStack, HeapScan, alloc_stacks
 from ..ring.scan import StackScan
 
 TOP_SITES = 20
@@ -125,7 +125,9 @@ def live_sites(
     if heap is None:
         return None
     slots = heap.slots.copy()
-    resolved: dict[int, AllocStack] = {int(fp): alloc_stack(stacks, int(fp)) for fp in np.unique(slots["stack"])}
+    fingerprints, where = np.unique(slots["stack"], return_inverse=True)
+    weights = np.bincount(where.ravel(), slots["weight"].astype(float), len(fingerprints))
+    resolved = alloc_stacks(stacks, fingerprints[np.argsort(-weights, kind="stable")].tolist())
     when = _wall(ring_meta, slots["time"])
     slots["step"] = np.clip(_steps(slots, when, steps), -1, np.iinfo(np.int32).max)
     end = end_ns if end_ns is not None else (int(when.max()) if len(when) else 0)

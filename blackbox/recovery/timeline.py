@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from ..collect.oom import parse_oom
 from ..ring import format as fmt
-from ..ring.heap import alloc_stack
+from ..ring.heap import alloc_stacks
 from ..ring.reader import Ring
 from ..ring.scan import StackScan
 
@@ -267,11 +267,13 @@ def _alloc_stacks(r: dict[str, np.ndarray], table: StackScan | None) -> tuple[np
     rows = np.flatnonzero(np.isin(r["kind"], _ALLOC_KINDS))
     if not len(rows):
         return None
-    uniq, inverse = np.unique(r["p2"][rows].view(np.uint64), return_inverse=True)
+    uniq, inverse, counts = np.unique(r["p2"][rows].view(np.uint64), return_inverse=True, return_counts=True)
     texts: dict[int, str] = {}
     names: dict[int, str] = {}
-    for i, fingerprint in enumerate(uniq.tolist()):
-        found = alloc_stack(table, int(fingerprint))
+    fingerprints = uniq.tolist()
+    resolved = alloc_stacks(table, [fingerprints[i] for i in np.argsort(-counts, kind="stable").tolist()])
+    for i, fingerprint in enumerate(fingerprints):
+        found = resolved[int(fingerprint)]
         texts[2 * _VIRTUAL_IDS + i] = found.folded
         names[2 * _VIRTUAL_IDS + i] = found.thread
     return rows, (2 * _VIRTUAL_IDS + inverse.ravel()).astype(np.int64), texts, names

@@ -11,6 +11,7 @@ really in the file.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +20,10 @@ from . import format as fmt
 from .inputs import nonzero_spans
 from .scan import StackScan
 
+MAX_ALLOC_TEXT = 8 << 20  # folded text of a ring's allocation stacks rendered, at most
+ALLOC_NOT_RENDERED = (
+    "<blackbox: allocation stack {:#018x} not rendered (the ring's allocation stacks pass 8 MiB of folded text)>"
+)
 MAX_HEAP_SIZE = 1 << 26  # 1 M slots read at most (a writer makes 64 K): a hostile header's size buys nothing more
 
 
@@ -58,6 +63,28 @@ class AllocStack:
 def alloc_stack(table: StackScan | None, fingerprint: int) -> AllocStack:
     """The text of an allocation stack named by its fingerprint: from any generation of the stack table
     that still holds the entry and all its frames; else the unwritten placeholder."""
+    found = _rendered(table, fingerprint, None)
+    assert found is not None  # no budget: always rendered
+    return found
+
+
+def alloc_stacks(table: StackScan | None, fingerprints: Iterable[int]) -> dict[int, AllocStack]:
+    """``alloc_stack`` of each fingerprint, given the most used first: rendered while their folded text
+    stays within MAX_ALLOC_TEXT (64 frames of 1 KiB fold to 64 KiB, and a stack table of 8 MiB holds
+    tens of thousands of entries); the rest read ``ALLOC_NOT_RENDERED``, naming their fingerprint."""
+    out: dict[int, AllocStack] = {}
+    budget = [MAX_ALLOC_TEXT]
+    for fingerprint in fingerprints:
+        fingerprint &= (1 << 64) - 1
+        if fingerprint not in out:
+            found = _rendered(table, fingerprint, budget)
+            out[fingerprint] = found or AllocStack(ALLOC_NOT_RENDERED.format(fingerprint), "", "")
+    return out
+
+
+def _rendered(table: StackScan | None, fingerprint: int, budget: list[int] | None) -> AllocStack | None:
+    """The AllocStack of ``fingerprint``; None where its folded text would pass what ``budget`` has left
+    (which it is then charged, in UTF-8 bytes at most)."""
     fingerprint &= (1 << 64) - 1
     if fingerprint == fmt.NO_PYTHON_STACK:
         return AllocStack(fmt.NO_PYTHON_TEXT, "", "")
@@ -67,5 +94,10 @@ def alloc_stack(table: StackScan | None, fingerprint: int) -> AllocStack:
             texts = [n for n in names if n is not None]
             if depth > len(texts):
                 texts.insert(0, fmt.STACK_TRUNCATED_TEXT)
+            if budget is not None:
+                cost = sum(len(t) if t.isascii() else 4 * len(t) for t in texts) + len(texts)
+                if cost > budget[0]:
+                    return None
+                budget[0] -= cost
             return AllocStack(";".join(texts), thread, line)
     return AllocStack(fmt.STACK_UNWRITTEN_TEXT, "", "")
