@@ -423,3 +423,33 @@ os.kill(os.getpid(), signal.SIGKILL)
     samples = [_fields(v) for k, v in profile if k == 2 and isinstance(v, bytes)]
     values = [_fields(b"\x08" + dict(s)[2]) for s in samples]  # packed int64 values: read one varint back
     assert max(int(v[0][1]) for v in values) == int(n), "the largest sample is the folded export's first stack"
+
+
+RUN_JOB = """
+import os, signal, sys, time
+import numpy as np
+kept = []
+for i in range(48):
+    kept.append(np.ones(1 << 17))  # LEAK: run
+time.sleep(0.3)  # a tick writes the stack's text
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("flag", [True, False], ids=["allocations", "default"])
+def test_blackbox_run_allocations_samples_the_job(tmp_path: Path, flag: bool) -> None:
+    job = tmp_path / "train.py"
+    job.write_text(RUN_JOB)
+    cmd = [sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "run"),
+           *(["--allocations"] if flag else []), "--", sys.executable, str(job)]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "BLACKBOX_ALLOCATIONS"} | {"PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]  # blackbox run ends as its job did
+    (bundle,) = (tmp_path / "run").glob("*/bundle")
+    report = json.loads((bundle / "metadata.json").read_text()).get("allocations")
+    if not flag:  # off by default: nothing sampled, no section
+        assert not report and "## Who holds the memory" not in (bundle / "summary.md").read_text()
+        return
+    top = report["sites"][0]
+    assert top["site"] == f"<module> ({job}:{leak_line(RUN_JOB, 'run')})", report["sites"][:3]
+    assert 0.75 * (48 << 20) <= top["live_bytes"] <= 1.25 * (48 << 20), top
