@@ -96,6 +96,8 @@ for step in range(100000):
     time.sleep(0.05 if CASE == "thread" else 0.005)
 """
 CASES = ["tensor_loop", "slow_backward", "thread", "numpy_cache", "pyobjects"]
+LEVERS = {"tensor_loop": "a list appended in the loop", "slow_backward": "a list appended in the loop",
+          "thread": "a list appended in the loop", "numpy_cache": "a cache that never evicts"}  # fmt: skip
 
 
 def leak_line(job: str, case: str) -> int:
@@ -198,6 +200,9 @@ def test_oom_killed_job_names_the_leaking_line(tmp_path: Path, case: str, alloc_
     meta = assert_top_site(bundle, case, leaked, "metrics-cache" if case == "thread" else "MainThread")
     levers = meta["death"].get("levers") or []
     assert levers and f"train.py:{leak_line(JOB, case)}" in levers[0], levers
+    if case in LEVERS:  # the lever follows what the line does
+        assert LEVERS[case] in levers[0], levers[0]
+    assert ("in thread `metrics-cache`" in levers[0]) == (case == "thread"), levers[0]
 
 
 DATALOADER_JOB = """
@@ -251,7 +256,8 @@ def test_dataloader_worker_leak_is_named_inside_the_worker(
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600,
                           preexec_fn=cg.join if cg is not None else None)  # fmt: skip
     if cg is not None:
-        assert cg.oom_kills() == kills + 1, proc.stderr[-3000:]
+        # the kernel ended it; both leaking workers may reach the limit before the loader sees the first die
+        assert cg.oom_kills() in (kills + 1, kills + 2), proc.stderr[-3000:]
     else:
         assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]  # blackbox run ends as its job did
     leaked: dict[int, int] = {}
