@@ -42,6 +42,7 @@ def arm(
     sync_interval: float | None = None,
     stacks: bool = True,
     stack_threads: Iterable[str | threading.Thread] = (),
+    allocations: bool | int | None = None,
 ) -> Recorder:
     """Arm the flight recorder and return it; a second call returns the armed one.
 
@@ -77,6 +78,15 @@ def arm(
             names (every live thread of that name, looked up at each sample,
             so threads started later count) or ``threading.Thread`` objects;
             16 threads at most.
+        allocations: sample allocations by bytes (README, "Who holds the
+            memory"): Python objects, numpy arrays, torch CPU tensors and any
+            other malloc in the process, each with the Python stack that made
+            it, in every thread; one sample per ``allocations`` bytes on average
+            (True: 1 MiB), each weighted so live bytes per site are an unbiased
+            estimate. Sampled blocks live at the end are in the ring's heap
+            table, so they survive SIGKILL and the OOM killer. None (the
+            default) reads ``BLACKBOX_ALLOCATIONS`` (``1``, ``0`` or bytes;
+            unset: off). Its cost is in README.
 
     Never raises: if the ring cannot be made, a BlackboxWarning is issued and
     the returned Recorder is disarmed (``recorder.armed`` is False).
@@ -90,7 +100,7 @@ def arm(
     try:
         with _lock:
             return _arm_locked(path, capacity, sample_interval, strings_size, on_fork, allocator_history, modules,
-                               sync_interval, stacks, stack_threads)  # fmt: skip
+                               sync_interval, stacks, stack_threads, allocations)  # fmt: skip
     finally:
         _arming.discard(me)
 
@@ -106,6 +116,7 @@ def _arm_locked(
     sync_interval: float | None,
     stacks: bool = True,
     stack_threads: Iterable[str | threading.Thread] = (),
+    allocations: bool | int | None = None,
 ) -> Recorder:
     global _active, _atexit_registered
     if _active.armed:
@@ -121,6 +132,7 @@ def _arm_locked(
         sync_interval=sync_interval,
         stacks=stacks,
         stack_threads=stack_threads,
+        allocations=allocations,
     )
     _active = Recorder.arm(path, **{k: v for k, v in _settings.items() if k != "path"})
     if _active.armed:

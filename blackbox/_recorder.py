@@ -22,21 +22,22 @@ from typing import Any
 from ._fds import OwnedFd
 from ._version import __version__
 from ._warn import warn
+from .collect.allocs import AllocSampler, heap_bytes, mean_bytes, start_allocs
 from .collect.clock import clock_error_s
 from .collect.exceptions import ExceptionRecorder, exit_status_unrecorded, record_status_at_exit
 from .collect.gpu import GpuProbe
 from .collect.host import HostProbe
 from .collect.identity import identity, role, versions
 from .collect.signals import CrashRegion, SignalRecorder
-from .collect.stacks import StackSampler
+from .collect.stacks import StackSampler, thread_tuple
 from .collect.torch_hooks import DEFAULT_HISTORY_ENTRIES, TorchHooks
 from .ring import format as fmt
 from .ring.file import (
     SNAPSHOT_SUFFIX,
     CreatedRing,
     create_ring,
-    default_dir,
     is_diskless,
+    resolve_target,
     ring_name,
     safe_folder,
     sidecar,
@@ -74,24 +75,6 @@ def _noop(*_args: Any, **_kwargs: Any) -> None:
 
 def _null_event(*_args: Any, **_kwargs: Any) -> int:
     return 0
-
-
-def _thread_tuple(threads: Any) -> tuple[Any, ...]:
-    """``stack_threads`` as a tuple: one name or thread on its own, or an iterable of them (what is
-    not a name or a thread is refused by the stack sampler, with a warning, not here)."""
-    if isinstance(threads, (str, threading.Thread)) or not hasattr(threads, "__iter__"):
-        return (threads,)
-    return tuple(threads)
-
-
-def resolve_target(path: str | os.PathLike[str] | None) -> tuple[Path, bool]:
-    """(where, is a folder): no path is the default folder; a path ending in ``/`` or naming an
-    existing folder is a folder (the ring is named inside it); anything else is the ring file."""
-    if path is None:
-        return default_dir(), True
-    text = os.fspath(path)
-    target = Path(text)
-    return target, text.endswith(os.sep) or target.is_dir()
 
 
 class Phase:
@@ -153,6 +136,8 @@ class Recorder:
         self._signals: SignalRecorder | None = None
         self._crash: CrashRegion | None = None
         self._stacks: StackSampler | None = None
+        self._allocs: AllocSampler | None = None
+        self.allocations = 0  # the mean sampling interval in bytes (0: allocations not sampled)
         self._stack_threads: tuple[str | threading.Thread, ...] | None = ()  # None: stacks off
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
@@ -179,11 +164,13 @@ class Recorder:
         sync_interval: float | None = None,
         stacks: bool = True,
         stack_threads: Iterable[str | threading.Thread] = (),
+        allocations: bool | int | None = None,
     ) -> Recorder:
         rec = cls()
         rec.on_fork = on_fork
         try:
-            rec._stack_threads = _thread_tuple(stack_threads) if stacks else None
+            rec.allocations = mean_bytes(allocations)
+            rec._stack_threads = thread_tuple(stack_threads) if stacks else None
             if capacity is None:
                 capacity = DEFAULT_CAPACITY if role() == "main" else HELPER_CAPACITY
             history = DEFAULT_HISTORY_ENTRIES if allocator_history is True else int(allocator_history)
@@ -258,15 +245,16 @@ class Recorder:
                 "stack_threads": None
                 if self._stack_threads is None
                 else [str(getattr(t, "name", t)) for t in self._stack_threads],
+                "allocations_mean_bytes": self.allocations,
             },
             "cgroup": {"version": cg.version, "path": str(cg.directory)} if cg else None,
         }
 
         def header_for(locked: bool) -> bytes:
             m = dict(meta, liveness=LOCK_LIVENESS if locked else "pid")
-            return fmt.encode_header(
-                capacity, strings, m, stacks_size=DEFAULT_STACKS_SIZE, crash_size=fmt.DEFAULT_CRASH_SIZE
-            )
+            heap = heap_bytes(self.role, self.allocations)
+            return fmt.encode_header(capacity, strings, m, stacks_size=DEFAULT_STACKS_SIZE,
+                                     crash_size=fmt.DEFAULT_CRASH_SIZE, heap_size=heap)  # fmt: skip
 
         ring = self._ring = create_ring(target, header_for)
         self.path = ring.path
@@ -311,6 +299,8 @@ class Recorder:
             except Exception as exc:
                 self.note(f"stacks not sampled: {type(exc).__name__}: {exc}")
                 warn(self.notes[-1])
+        self._allocs = start_allocs(self._ring.map.buffer, hdr, w.sequence, self.allocations,
+                                    self._stack_threads is None, lambda: self._stacks, self.note)  # fmt: skip
         self._torch = TorchHooks(
             w,
             modules=modules,
@@ -318,6 +308,7 @@ class Recorder:
             snapshot_path=sidecar(ring, SNAPSHOT_SUFFIX),
             rss=self._probe.rss,
             note=self.note,
+            gpu_blocks=self._allocs.gpu_block if self._allocs is not None else None,
         )
         mapping, sequence = self._ring.map.buffer, w.sequence
         signals = self._signals
@@ -355,6 +346,8 @@ class Recorder:
         w, probe, gpu = self._writer, self._probe, self._gpu
         if w is None or probe is None:
             return
+        if self._allocs is not None:
+            self._allocs.tick(w.current_step())
         if self._stacks is not None:  # before the memory sample: a tick's stacks precede its figures
             self._sample_stacks()
         figures = probe.read()
@@ -546,8 +539,8 @@ class Recorder:
                 except Exception as exc:
                     self._on_error(exc)
             return
-        torch, exceptions, crash = self._torch, self._exceptions, self._crash
-        steps: list[Callable[[], None]] = []
+        torch, exceptions, crash, allocs = self._torch, self._exceptions, self._crash, self._allocs
+        steps: list[Callable[[], None]] = [lambda: allocs.stop(in_child=in_child)] if allocs is not None else []
         if crash is not None:
             steps.append(crash.disable)
         if torch is not None:

@@ -52,8 +52,12 @@ def _dump_snapshot(path: str) -> None:
         pickle.dump(_snapshot(), f)
 
 
-def add_trace(action: str, addr: int, size: int, time_us: int) -> None:
-    state["trace"].append({"action": action, "addr": addr, "size": size, "stream": 0, "time_us": time_us})
+def add_trace(action: str, addr: int, size: int, time_us: int, frames: list[dict[str, Any]] | None = None) -> None:
+    """One allocator history entry; ``frames`` (innermost first) as ``stacks="python"`` records them."""
+    entry = {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": time_us}
+    if frames is not None:
+        entry["frames"] = frames
+    state["trace"].append(entry)
     del state["trace"][:-8]  # PyTorch's history is a bounded ring too
 
 

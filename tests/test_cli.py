@@ -69,6 +69,23 @@ def test_demo_arms_kills_recovers_and_summarises(tmp_path: Path, capsys: pytest.
     assert meta["clean"] is False and meta["last_step"] >= 5
 
 
+def test_demo_names_its_planted_leak_with_the_bytes_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN the demo's job, which keeps one hidden activation a step at a line marked "# the leak"
+    assert main(["demo", "--dir", str(tmp_path / "demo"), "--kill-after", "20"]) == 0
+    out = capsys.readouterr().out
+    source = (REPO / "blackbox" / "cli" / "_demo_job.py").read_text().splitlines()
+    lines = [i for i, text in enumerate(source, 1) if text.rstrip().endswith("# the leak")]
+    meta = json.loads((tmp_path / "demo" / "bundle" / "metadata.json").read_text())
+    # THEN the site blackbox sampled there holds the bytes kept (one activation a step, torch's float32
+    # or numpy's float64), within twice its 95% error (about 4 sigma) and one step (the kill lands mid-step)
+    (site,) = [s for s in meta["allocations"]["sites"] if any(s["site"].endswith(f"_demo_job.py:{n})") for n in lines)]
+    kept = 256 * 1024 * (4 if "train_torch" in site["site"] else 8)
+    truth = kept * (meta["last_step"] + 1)
+    assert abs(site["live_bytes"] - truth) <= 2 * site["error_bytes"] + kept, (site, truth)
+    # AND the demo says so, naming the line and the grower's rank
+    assert f"on purpose at _demo_job.py:{site['site'].rsplit(':', 1)[1][:-1]}" in out and "the #1 grower" in out
+
+
 def test_summary_of_a_ring_writes_nothing_and_of_a_bundle_prints_its_file(
     ring: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

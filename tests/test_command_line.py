@@ -284,7 +284,7 @@ def test_each_commands_help_is_its_whole_first_paragraph() -> None:
         assert first.endswith("."), f"{name}: {first!r}"
         shown = " ".join(cli(name, "--help").stdout.split("\n\n")[1].split())
         assert shown == first, f"{name}: the help says {shown!r}"
-    assert "(--speedscope)." in " ".join(cli("export", "-h").stdout.split())
+    assert "pprof profile (--pprof)." in " ".join(cli("export", "-h").stdout.split()), "the last words of its docstring"
 
 
 def test_metavars_are_one_vocabulary() -> None:

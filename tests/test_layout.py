@@ -39,6 +39,7 @@ RECOVERY_ORDER = {
     "attempts": 0,
     "outfolder": 0,
     "stacks": 1,
+    "allocs": 1,
     "facts": 1,
     "relays": 1,
     "levers": 2,

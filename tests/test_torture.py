@@ -23,3 +23,14 @@ def test_randomised_sigkill_loses_nothing_acknowledged(tmp_path: Path, capacity:
         assert res["lost"] == 0 and res["acked"] > 0, res
         if capacity == 1 << 12:
             assert res["wrapped"], res
+
+
+@pytest.mark.slow
+def test_randomised_sigkill_with_allocation_sampling_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    """The marking threads also allocate, sampled one per 16 KiB: hooks write alloc_sample and free_sample
+    records and heap slots from the same threads, and the kill still tears at most one of each per thread."""
+    rng = random.Random(24)
+    for n in range(4):
+        capacity = rng.choice([1 << 12, 1 << 16])
+        res = torture.trial(tmp_path / f"a{n}.ring", capacity, 3, rng.uniform(0.3, 1.0), 1e-5, "", 16 << 10)
+        assert res["lost"] == 0 and res["acked"] > 0, res

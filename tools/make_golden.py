@@ -53,7 +53,9 @@ def build(version: int) -> bytes:
     if version >= 3:
         meta["identity"] = dict(META["identity"], role="main", attempt=1)  # type: ignore[arg-type]
         meta["liveness"] = "ofd-lock"
-    header = fmt.encode_header(CAPACITY, STRINGS, meta, version=version, stacks_size=8192, crash_size=4096)
+    header = fmt.encode_header(
+        CAPACITY, STRINGS, meta, version=version, stacks_size=8192, crash_size=4096, heap_size=4096
+    )
     h = fmt.decode_header(header, len(header))
     buf = bytearray(h.file_size)
     buf[: len(header)] = header
@@ -117,6 +119,8 @@ def build(version: int) -> bytes:
         v2_events(put)
     if version >= 3:
         v3_events(put, buf, h)
+    if version >= 4:
+        v4_events(put, buf, h)
     put("mark", label=4, value=None, step=7)  # its string is damaged
     put("mark", label=1, value=-5, step=7)  # the region-full placeholder
     put("mark", label=5, value=-(1 << 63), step=7)
@@ -182,6 +186,44 @@ def v3_events(put, buf: bytearray, h: fmt.Header) -> None:  # type: ignore[no-un
     put("exit", value=2, step=7)
     crash = b"Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f00 (most recent call first):\n"
     buf[h.crash_offset : h.crash_offset + len(crash)] = crash
+
+
+def v4_events(put, buf: bytearray, h: fmt.Header) -> None:  # type: ignore[no-untyped-def]
+    """Version 4: allocation samples (no step, resolved through kind-3 entries of either half, one whose
+    stack was never written, one from a native thread), and the heap table (valid, torn, empty slots)."""
+    half = h.stacks_size // 2
+    leak, unwritten = 0x1234_5678_9ABC_DEF0, 0x0FED_CBA9_8765_4321
+    gen1_end = h.stacks_offset + 8 * 24 + 120  # after version 3's first-half entries
+    entries = [
+        fmt.stack_entry(1, fmt.STACK_FRAME, 4, b"cache_fill (train.py:33)"),
+        fmt.stack_entry(1, fmt.STACK_ALLOC, 1, fmt.alloc_stack_payload(leak, 3, [1, 4], "metrics-cache",
+                                                                          "_cache.append(torch.ones(n))")),
+    ]  # fmt: skip
+    pos = max(gen1_end, h.stacks_offset + 256)
+    for e in entries:
+        buf[pos : pos + len(e)] = e
+        pos += len(e)
+    gen2 = fmt.stack_entry(2, fmt.STACK_ALLOC, 1, fmt.alloc_stack_payload(leak ^ 1, 1, [1], "", ""))
+    at = h.stacks_offset + half + 256
+    buf[at : at + len(gen2)] = gen2  # frame 1 of generation 2: "idle (träin.py:20)"
+    mib = 1 << 20
+    thread = 0x7F00_0000_3000
+    put("alloc_sample", value=4 * mib, payload=(0x7F10_0000, 5 * mib, leak, 2, 0))
+    put("alloc_sample", value=64, payload=(0x7F20_0000, mib, leak ^ 1, 1, 1))
+    put("alloc_sample", value=8 * mib, payload=(0x7F30_0000, 9 * mib, unwritten, 2, -1))  # heap full, no text
+    put("alloc_sample", value=mib, payload=(0x7F40_0000, 2 * mib, fmt.NO_PYTHON_STACK, 2, 2))
+    put("free_sample", value=mib, payload=(0x7F40_0000, 2 * mib, fmt.NO_PYTHON_STACK, 2, 2))
+    put("alloc_sample", value=4096, device=0, payload=(0xA000, mib, leak, 3, 3))
+    slots = [
+        fmt.heap_slot_bytes(0x7F10_0000, 4 * mib, 5 * mib, leak, MONO + 40_000_000, thread, 6, 2),
+        fmt.heap_slot_bytes(0x7F20_0000, 64, mib, leak ^ 1, MONO + 41_000_000, thread, 7, 1),
+        fmt.heap_slot_bytes(0x7F50_0000, 2 * mib, 3 * mib, unwritten, MONO + 42_000_000, thread, -1, 2),
+    ]
+    torn = bytearray(fmt.heap_slot_bytes(0x7F60_0000, mib, mib, leak, MONO, thread, 7, 2))
+    torn[56] ^= 0xFF  # its check word fails: cut mid-write
+    for i, slot in enumerate([*slots, bytes(torn)]):
+        at = h.heap_offset + (3 * i + 1) * fmt.HEAP_SLOT
+        buf[at : at + fmt.HEAP_SLOT] = slot
 
 
 def expected(path: Path) -> dict[str, object]:

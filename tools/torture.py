@@ -1,6 +1,6 @@
 """Randomised SIGKILL torture: nothing acknowledged is ever lost, no torn record is ever returned.
 
-    .venv/bin/python tools/torture.py [--trials 50] [--threads 4] [--capacity 65536] [--seed S]
+    .venv/bin/python tools/torture.py [--trials 50] [--threads 4] [--capacity 65536] [--seed S] [--allocations B]
 
 Each trial starts a writer process: several threads mark without pause, the
 sampler runs every 2 ms, and a forked child stays alive (the parent's ring must
@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
+import numpy as np  # noqa: E402
+
 from blackbox.ring import format as fmt  # noqa: E402
 from blackbox.ring.reader import read_ring  # noqa: E402
 
@@ -43,10 +45,14 @@ if child == 0:          # a forked child (a DataLoader worker, say) that lives o
         blackbox.mark("child", 1)   # on_fork="disarm": this must never reach the parent's ring
         time.sleep(0.001)
 out, lock = sys.stdout, threading.Lock()
+churn = bool(os.environ.get("BLACKBOX_ALLOCATIONS"))  # allocation sampling on: allocate as the marks go
 def work(k):
-    mark, label, i = rec.mark, f"t{k}", 0
+    mark, label, i, kept = rec.mark, f"t{k}", 0, []
     while True:
         mark(label, i)
+        if churn:
+            kept.append(bytearray(i & 8191))
+            del kept[: len(kept) - 64]
         if i % 128 == 0:
             with lock:
                 out.write(f"{k} {i}\n"); out.flush()
@@ -59,11 +65,15 @@ time.sleep(3600)
 
 
 def trial(
-    path: Path, capacity: int, threads: int, kill_after: float, switch: float, backend: str = ""
+    path: Path, capacity: int, threads: int, kill_after: float, switch: float, backend: str = "", allocations: int = 0
 ) -> dict[str, int]:
+    """One trial; ``allocations``: the threads also allocate, sampled one per that many bytes (0: off)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("BLACKBOX_ALLOCATIONS", None)
     if backend:
         env["BLACKBOX_WRITER"] = backend
+    if allocations:
+        env["BLACKBOX_ALLOCATIONS"] = str(allocations)
     args = [sys.executable, "-c", WRITER, str(path), str(capacity), str(threads), str(switch)]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, env=env, start_new_session=True)
     assert proc.stdout is not None
@@ -105,6 +115,10 @@ def trial(
     problems: list[str] = []
     if rec.torn > threads + 1:  # each writer thread and the sampler may leave one
         problems.append(f"{rec.torn} torn slots for {threads} threads")
+    if rec.heap_torn > threads + 1:  # each allocating thread may leave one heap slot half-written
+        problems.append(f"{rec.heap_torn} torn heap slots for {threads} threads")
+    if allocations and not rec.heap_live and not (r["kind"] == fmt.KIND_CODES["alloc_sample"]).any():
+        problems.append("allocation sampling was on, yet nothing was sampled")
     if "child" in labels:
         problems.append("the forked child wrote into the parent's ring")
     if len(r) and not ((r["commit"] == r["seq"]).all() and (r["seq"][1:] > r["seq"][:-1]).all()):
@@ -125,8 +139,9 @@ def trial(
     if problems:
         raise AssertionError(f"{path.name}: " + "; ".join(problems))
     samples = int((r["kind"] == fmt.KIND_CODES["sample"]).sum())
-    return {"events": len(r), "acked": sum(v + 1 for v in acked.values()), "lost": lost,
-            "torn": rec.torn, "samples": samples, "wrapped": int(wrapped)}  # fmt: skip
+    allocs = int(np.isin(r["kind"], [fmt.KIND_CODES["alloc_sample"], fmt.KIND_CODES["free_sample"]]).sum())
+    return {"events": len(r), "acked": sum(v + 1 for v in acked.values()), "lost": lost, "torn": rec.torn,
+            "samples": samples, "wrapped": int(wrapped), "allocs": allocs, "heap_live": rec.heap_live}  # fmt: skip
 
 
 OOM_JOB = r"""
@@ -185,6 +200,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--backend", choices=["c", "python"], default="", help="write path (default: the built one)")
     ap.add_argument("--oom-trials", type=int, default=0, help="also this many real kernel OOM kills in a cgroup")
+    ap.add_argument("--allocations", type=int, default=0, help="threads allocate too, sampled one per B bytes")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
@@ -199,13 +215,14 @@ def main() -> int:
             kill_after = rng.uniform(0.05, 0.6)
             switch = rng.choice([1e-5, 1e-4, 5e-3])
             capacity = args.capacity or rng.choice([1 << 12, 1 << 16, 1 << 20])
-            res = trial(path, capacity, args.threads, kill_after, switch, args.backend)
+            res = trial(path, capacity, args.threads, kill_after, switch, args.backend, args.allocations)
             for key in totals:
                 totals[key] += res[key]
             print(
                 f"trial {n:3d}: {capacity:7d} slots, killed after {kill_after:.3f} s, switch {switch:g} s: "
                 f"{res['events']:7d} events "
-                f"({res['samples']} samples), {res['acked']:7d} acknowledged, {res['lost']} lost, "
+                f"({res['samples']} samples, {res['allocs']} allocation samples, {res['heap_live']} live in the heap "
+                f"table), {res['acked']:7d} acknowledged, {res['lost']} lost, "
                 f"{res['torn']} torn{' (wrapped)' if res['wrapped'] else ''}"
             )
             path.unlink()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -12,7 +13,9 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from .._units import human_bytes
 from ._common import own_process, standalone
 
 
@@ -34,9 +37,11 @@ def run(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "blackbox.cli._demo_job", str(rings)]
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
-    last = -1
+    last, planted = -1, (0, 0)
     for line in child.stdout:
-        if line.startswith("step "):
+        if line.startswith("leak "):
+            planted = (int(line.split()[1]), int(line.split()[2]))
+        elif line.startswith("step "):
             last = int(line.split()[1])
             if last >= args.kill_after:
                 break
@@ -56,9 +61,35 @@ def run(args: argparse.Namespace) -> int:
     write_postmortem([rings], bundle)
     print(f"[demo] recovered the ring into {bundle}/ (timeline.parquet, metadata.json, summary.md)\n", flush=True)
     sys.stdout.write((bundle / SUMMARY).read_text())
+    meta = json.loads((bundle / "metadata.json").read_text())
+    print(f"\n[demo] {leak_found(meta.get('allocations'), *planted, steps=last + 1)}", flush=True)
     query = f"SELECT kind, count(*) AS n FROM '{bundle}/timeline.parquet' GROUP BY kind ORDER BY n DESC"
     print(f'\n[demo] query it with DuckDB: python -c "import duckdb; duckdb.sql(\\"{query}\\").show()"')
     return 0
+
+
+def _short(site: str) -> str:
+    """``train_torch (/long/path/_demo_job.py:40)`` as ``train_torch (_demo_job.py:40)``."""
+    function, _, where = site.partition(" (")
+    return f"{function} ({where.rsplit('/', 1)[-1]}"
+
+
+def leak_found(allocs: Any, kept_bytes: int, line: int, *, steps: int) -> str:
+    """The demo's planted leak (``kept_bytes`` a step at ``_demo_job.py:line``) against what
+    blackbox's allocation sampling names: the site, its growth a step and its live bytes with their error."""
+    truth = f"the job keeps {human_bytes(kept_bytes)} a step on purpose at _demo_job.py:{line}"
+    where = f"_demo_job.py:{line})"
+    sites = allocs.get("sites", []) if isinstance(allocs, dict) else []
+    site = next((s for s in sites if isinstance(s, dict) and str(s.get("site", "")).endswith(where)), None)
+    if site is None:
+        return f"{truth}; blackbox sampled no allocation there (a kill this early leaves few samples)"
+    rank = sorted(sites, key=lambda s: -(s.get("growth_per_step") or 0)).index(site) + 1
+    grows = f"{human_bytes(site['growth_per_step'])} a step" if site.get("growth_per_step") else "no growth by step"
+    return (
+        f"{truth} ({human_bytes(kept_bytes * steps)} after {steps} steps). blackbox names "
+        f"{_short(str(site['site']))}, the #{rank} grower: {grows}, "
+        f"{human_bytes(site['live_bytes'])} ± {human_bytes(site['error_bytes'])} live (95%)"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

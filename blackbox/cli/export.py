@@ -1,5 +1,6 @@
 """Export a timeline to another tool's format: a Chrome / Perfetto trace (--perfetto), the Python stack
-samples as folded stacks for flamegraph.pl (--folded) or as speedscope's own file (--speedscope)."""
+samples as folded stacks for flamegraph.pl (--folded) or as speedscope's own file (--speedscope), or the
+live bytes of sampled allocations by allocating stack, folded (--live) or as a pprof profile (--pprof)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from typing import Any
 from ._common import own_process, standalone, to_stdout, writing
 from ._tty import progress
 
-DEFAULT_OUT = {"perfetto": "trace.json", "folded": "stacks.folded", "speedscope": "stacks.speedscope.json"}
-WHAT = {"perfetto": "the trace", "folded": "the folded stacks", "speedscope": "the speedscope profile"}
+DEFAULT_OUT = {"perfetto": "trace.json", "folded": "stacks.folded", "speedscope": "stacks.speedscope.json",
+               "live": "live.folded", "pprof": "live.pb.gz"}  # fmt: skip
+WHAT = {"perfetto": "the trace", "folded": "the folded stacks", "speedscope": "the speedscope profile",
+        "live": "the live bytes by stack", "pprof": "the live bytes by stack"}  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,28 +25,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--perfetto", action="store_true", help="trace-event JSON for ui.perfetto.dev")
     what.add_argument("--folded", action="store_true", help="folded stacks for flamegraph.pl and speedscope")
     what.add_argument("--speedscope", action="store_true", help="speedscope's JSON: a profile per thread, in order")
+    what.add_argument("--live", action="store_true", help="live bytes by allocating stack, folded")
+    what.add_argument("--pprof", action="store_true", help="live bytes by allocating stack, pprof inuse_space")
     parser.add_argument(
         "--by-function",
         action="store_true",
         help="with --folded or --speedscope: one frame per function (no line numbers, short paths)",
     )
     parser.add_argument("-o", "--out", metavar="FILE",
-                        help="file to write, - for standard output (default: trace.json, stacks.folded or "
-                        "stacks.speedscope.json)")  # fmt: skip
+                        help="file to write, - for standard output (default: trace.json, stacks.folded, "
+                        "stacks.speedscope.json, live.folded or live.pb.gz)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
     from .._errors import BlackboxError
 
-    if args.by_function and args.perfetto:
-        raise BlackboxError("expected --by-function with --folded or --speedscope, found it with --perfetto")
+    what = next(w for w in DEFAULT_OUT if getattr(args, w))
+    if args.by_function and what not in ("folded", "speedscope"):
+        raise BlackboxError(f"expected --by-function with --folded or --speedscope, found it with --{what}")
     own_process()
     from ..recovery.bundle import load
 
     with progress("recovering") as tick:
         table, meta = load(args.target, tick)
-    what = "perfetto" if args.perfetto else "folded" if args.folded else "speedscope"
     out = args.out or DEFAULT_OUT[what]
+    if what in ("live", "pprof"):
+        return _live(what, out, meta)
     if args.folded:
         from ..views.speedscope import folded_by_function
         from ..views.stacks import folded_stacks
@@ -67,12 +74,32 @@ def run(args: argparse.Namespace) -> int:
         trace: dict[str, Any] = trace_events(table, meta)
         text = json.dumps(trace, separators=(",", ":"), default=str)
         said = f"{len(trace['traceEvents'])} trace events); open it in https://ui.perfetto.dev"
+    return _write(out, WHAT[what], text.encode("utf-8"), said)
+
+
+def _live(what: str, out: str, meta: dict[str, Any]) -> int:
+    from ..views.allocs import folded_live, pprof_live
+
+    text = folded_live(meta)
+    if not text:
+        print("blackbox export: no sampled allocation was live in these rings (arm with allocations=True, "
+              "or BLACKBOX_ALLOCATIONS=1)", file=sys.stderr)  # fmt: skip
+        return 1
+    total = sum(int(line.rsplit(" ", 1)[1]) for line in text.splitlines())
+    said = f"{len(text.splitlines())} stacks, {total} live bytes estimated); " + (
+        "flamegraph.pl or https://www.speedscope.app read it as is" if what == "live" else "go tool pprof reads it"
+    )
+    return _write(out, WHAT[what], text.encode("utf-8") if what == "live" else pprof_live(meta), said)
+
+
+def _write(out: str, what: str, data: bytes, said: str) -> int:
+    """``data`` to ``out`` (- : standard output, nothing else said there), then one line saying so."""
     if to_stdout(out):
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
         return 0
-    with writing(out, WHAT[what]), open(out, "w", encoding="utf-8") as f:
-        f.write(text)
+    with writing(out, what), open(out, "wb") as f:
+        f.write(data)
     print(f"wrote {out} ({said}")
     return 0
 

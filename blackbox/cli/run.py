@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._errors import one_line
+from ..collect.allocs import ENV as ALLOCATIONS_ENV
 from ..run import torchelastic
 from ._common import own_process, standalone
 
@@ -29,6 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "changeable by no other user (sticky folders such as /tmp excepted)",
     )
     parser.add_argument("--quiet", action="store_true", help="do not print the summary")
+    parser.add_argument(
+        "--allocations",
+        action="store_true",
+        help="sample allocations by bytes in every process of the job (BLACKBOX_ALLOCATIONS=1 in its "
+        "environment): summary.md then says which line holds the memory (README: 'Who holds the memory')",
+    )
     parser.add_argument("job", nargs=argparse.REMAINDER, metavar="-- CMD...", help="the job to run")
 
 
@@ -41,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     command = args.job[1:] if args.job[:1] == ["--"] else args.job
     if not command:
         raise BlackboxError("expected a command after `--` (blackbox run -- python train.py ...), found none")
+    if args.allocations:
+        os.environ[ALLOCATIONS_ENV] = "1"  # the job's environment is a copy of ours (launcher.job_environment)
     work = work_folder(args.dir)
     rings, boot = prepare(work)
     under_torchrun = torchelastic.rank() is not None

@@ -132,16 +132,16 @@ def role() -> str:
     command = " ".join(getattr(sys, "orig_argv", sys.argv))
     if "compile_worker" in command:
         return "compile_worker"
-    if any(m in command for m in ("multiprocessing.forkserver", "multiprocessing.resource_tracker")):
-        return "mp_service"
     if "--multiprocessing-fork" in command:
         return "worker"
     mp = sys.modules.get("multiprocessing")
-    try:
+    try:  # before the command line: a worker the forkserver forks has the forkserver's
         if mp is not None and mp.parent_process() is not None:
             return "worker"
     except Exception:  # an odd multiprocessing state: not a reason to fail arming
         pass
+    if any(m in command for m in ("multiprocessing.forkserver", "multiprocessing.resource_tracker")):
+        return "mp_service"
     if env_int("RANK") is not None:
         return "main"  # a rank its launcher started (torchrun): a job's main process of its own
     launcher = env_int(RUN_PID_ENV)

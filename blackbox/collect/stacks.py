@@ -178,6 +178,14 @@ def py_walks(
     return walked
 
 
+def thread_tuple(threads: Any) -> tuple[Any, ...]:
+    """``stack_threads`` as a tuple: one name or thread on its own, or an iterable of them (what is
+    not a name or a thread is refused by the stack sampler, with a warning, not here)."""
+    if isinstance(threads, (str, threading.Thread)) or not hasattr(threads, "__iter__"):
+        return (threads,)
+    return tuple(threads)
+
+
 class StackSampler:
     """Samples the main thread and the named threads into one ring; ``sample()`` once per tick.
 

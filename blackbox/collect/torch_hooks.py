@@ -64,8 +64,10 @@ class TorchHooks:
         snapshot_path: Path | None,
         rss: Callable[[], int],
         note: Callable[[str], None],
+        gpu_blocks: Callable[[int, dict[str, Any]], None] | None = None,
     ) -> None:
         self._w = writer
+        self._gpu_blocks = gpu_blocks  # allocation sampling's: each history entry drained, with its frames
         self._modules = modules
         self._history_entries = allocator_history
         self._snapshot_path = snapshot_path
@@ -256,6 +258,8 @@ class TorchHooks:
             pass
 
     def _start_history(self, torch: Any) -> None:
+        # context="alloc", stacks="python": each alloc entry carries the Python stack that made it, which
+        # allocation sampling (gpu_blocks) keeps for the blocks it samples
         torch.cuda.memory._record_memory_history(
             enabled="all", context="alloc", stacks="python", max_entries=self._history_entries
         )
@@ -299,6 +303,8 @@ class TorchHooks:
                 continue
             payload = (_int(entry.get("addr")), _int(entry.get("stream")), _int(entry.get("time_us")))
             event(kind, None, _int(entry.get("size")), device, payload)
+            if self._gpu_blocks is not None:
+                self._gpu_blocks(device, entry)
             n += 1
         if trace:
             self._last_entry[device] = _entry_key(trace[-1])

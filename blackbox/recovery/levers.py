@@ -109,7 +109,8 @@ def host_growth(f: Facts) -> dict[str, Any] | None:
     if growers:
         out["children"] = [{"pid": s.pid, "name": s.name, "growth": s.growth, "peak_rss": int(s.rss.max())}
                            for s in growers[:5] if len(s.rss)]  # fmt: skip
-        out["max_child_rss"] = max(int(s.rss.max()) for s in growers if len(s.rss))
+        if any(len(s.rss) for s in growers):  # a child seen once with no figure has none
+            out["max_child_rss"] = max(int(s.rss.max()) for s in growers if len(s.rss))
     child_grew = max([float(out.get("children_rss_growth", 0.0))] + [float(s.growth) for s in growers])
     if okc.sum() >= 3 or growers:
         out["grew"] = "children" if child_grew > grew_job else "job"

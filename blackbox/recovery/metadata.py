@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from .._version import __version__
 from ..ring import format as fmt
 from ..ring.reader import Ring
+from .allocs import live_sites, main_thread_of, step_records, with_site_lever
 from .attempts import attempt_metadata, group_attempts, slim
 from .evidence import Evidence
 from .spill import SpilledRings
@@ -98,6 +99,10 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
     clock = ring.meta.get("clock") or {}
     start_ns = clock.get("wall_ns") if isinstance(clock.get("wall_ns"), int) else None
     end_ns = int(times[-1]) if len(times) else None
+    last_step = int(pc.max(steps).as_py()) if len(steps) else None
+    allocations = live_sites(ring.heap, ring.stacks, ring.meta, last_step, end_ns, main_thread_of(table),
+                             step_records(table) if ring.heap is not None else None)  # fmt: skip
+    death = with_site_lever(death, allocations, ident.get("role"))
     return {
         "format_version": ring.header.version,
         "ring": str(ring.path),
@@ -119,7 +124,7 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
         "clean": ring.clean,
         "writer_state": writer_state(ring, evidence.writer_alive),
         "events": table.num_rows,
-        "last_step": int(pc.max(steps).as_py()) if len(steps) else None,
+        "last_step": last_step,
         "last_step_s": _last_step_s(table),
         "clock_error_s": clock.get("error_s") if isinstance(clock.get("error_s"), (int, float)) else None,
         "sample_interval_s": ring.meta.get("sample_interval_s"),
@@ -129,6 +134,7 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
         "last_samples": _tail(table, 10),
         "module_growth": _module_growth(table, 5),
         "stacks": stack_report(table),
+        "allocations": allocations,
         "exceptions": _events(table, ("oom", "exception"), _EXC_COLUMNS, 10),
         "signals": _events(table, ("signal",), ("label", "value", "detail"), 10),
         "native_crash": native,

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from ..collect.oom import parse_oom
 from ..ring import format as fmt
+from ..ring.heap import alloc_stacks
 from ..ring.reader import Ring
 from ..ring.scan import StackScan
 
@@ -24,6 +25,8 @@ _DICT_STR = pa.dictionary(pa.int32(), pa.string())
 _KIND_SIGNAL = fmt.KIND_CODES["signal"]
 _KIND_STACK_SAMPLE = fmt.KIND_CODES["stack_sample"]
 _KIND_SAMPLE = fmt.KIND_CODES["sample"]
+_ALLOC_KINDS = np.array([fmt.KIND_CODES["alloc_sample"], fmt.KIND_CODES["free_sample"]])
+_NO_STEP_KINDS = np.array([_KIND_SIGNAL, *_ALLOC_KINDS.tolist()])  # written where the step cannot be read
 # The kinds a sampler tick writes after its stack samples: they get the tick's stack in ``stack``.
 _MEMORY_KINDS = np.array([fmt.KIND_CODES[k] for k in ("sample", "gpu_sample", "cgroup_sample", "child_sample")])
 _VIRTUAL_IDS = 1 << 33  # string ids above any u4 id: folded stacks joined into ``detail``
@@ -60,7 +63,10 @@ TIMELINE_SCHEMA = pa.schema(
         ("host", _DICT_STR),
         ("device", pa.int16()),
     ]
-    + [(c, _DICT_STR if c in fmt.STRING_COLUMNS | fmt.TEXT_COLUMNS else pa.int64()) for c in fmt.PAYLOAD_COLUMN_ORDER]
+    + [
+        (c, _DICT_STR if c in fmt.STRING_COLUMNS | fmt.TEXT_COLUMNS | fmt.CODED_COLUMNS.keys() else pa.int64())
+        for c in fmt.PAYLOAD_COLUMN_ORDER
+    ]
     + [(c, pa.int64()) for c in OOM_COLUMNS]
     + [("stack", _DICT_STR)]
 )
@@ -173,7 +179,8 @@ def ring_table(ring: Ring, *, release: bool = False) -> pa.Table:
     ident = ring.meta.get("identity") or {}
     times, clamped = ring_times(ring, r["time"])
     cut = ring.strings_cut > 0
-    labels, lost = _labels(r["label"], ring.strings, cut)
+    allocs = _alloc_stacks(r, ring.stacks) if ring.header.version >= 4 else None
+    labels, lost = _labels(*_alloc_labels(r["label"], ring.strings, allocs), cut)
     ring.recovery.time_clamped = clamped
     ring.recovery.labels_lost = lost
     has_value = (r["flags"] & fmt.FLAG_VALUE) != 0
@@ -198,15 +205,17 @@ def ring_table(ring: Ring, *, release: bool = False) -> pa.Table:
         "device": pa.array(device, pa.int16(), mask=device < 0),
     }
     folded_stacks = _stacks(r, stack_rows, ring.stacks)
-    cols.update(_payload(r, ring.header.version, ring.strings, folded_stacks, cut))
+    details = folded_stacks if allocs is None else _joined(folded_stacks, allocs[0], allocs[1], allocs[2])
+    cols.update(_payload(r, ring.header.version, ring.strings, details, cut))
     cols.update(_oom_figures(r["kind"], labels))
     cols["stack"] = stack_in_force(r["kind"], folded_stacks)
     return pa.Table.from_pydict(cols, schema=TIMELINE_SCHEMA)
 
 
 def _step_in_force(kinds: np.ndarray, step: np.ndarray) -> np.ndarray:
-    """Steps, with a signal's filled in from the record before it: the handler cannot read the step."""
-    signals = kinds == _KIND_SIGNAL
+    """Steps, with a signal's and an allocation sample's filled in from the record before it: the signal
+    handler and the allocation hooks cannot read the step."""
+    signals = np.isin(kinds, _NO_STEP_KINDS)
     if not (signals & (step < 0)).any():
         return step
     index = np.arange(len(step))
@@ -249,6 +258,43 @@ def _stacks(
             budget -= len(text) if text.isascii() else 4 * len(text)  # its bytes in UTF-8, at most
         per_pair[i] = ids.setdefault(text, _VIRTUAL_IDS + len(ids))
     return rows, per_pair[inverse.ravel()], {v: k for k, v in ids.items()}
+
+
+def _alloc_stacks(r: dict[str, np.ndarray], table: StackScan | None) -> tuple[np.ndarray, np.ndarray, dict[int, str],
+                                                                             dict[int, str]] | None:  # fmt: skip
+    """(rows, a string id per row, id -> folded stack, id -> thread name) of the alloc_sample and free_sample
+    rows, each distinct fingerprint resolved once (ids above the stack samples' virtual ids)."""
+    rows = np.flatnonzero(np.isin(r["kind"], _ALLOC_KINDS))
+    if not len(rows):
+        return None
+    uniq, inverse, counts = np.unique(r["p2"][rows].view(np.uint64), return_inverse=True, return_counts=True)
+    texts: dict[int, str] = {}
+    names: dict[int, str] = {}
+    fingerprints = uniq.tolist()
+    resolved = alloc_stacks(table, [fingerprints[i] for i in np.argsort(-counts, kind="stable").tolist()])
+    for i, fingerprint in enumerate(fingerprints):
+        found = resolved[int(fingerprint)]
+        texts[2 * _VIRTUAL_IDS + i] = found.folded
+        names[2 * _VIRTUAL_IDS + i] = found.thread
+    return rows, (2 * _VIRTUAL_IDS + inverse.ravel()).astype(np.int64), texts, names
+
+
+def _alloc_labels(ids: np.ndarray, strings: dict[int, str], allocs: tuple[Any, ...] | None
+                  ) -> tuple[np.ndarray, dict[int, str]]:  # fmt: skip
+    """Label ids and strings, an allocation sample labelled with its thread's name where known."""
+    if allocs is None:
+        return ids, strings
+    rows, row_ids, _, names = allocs
+    out = ids.astype(np.int64)
+    named = np.array([bool(names[i]) for i in row_ids.tolist()], bool)
+    out[rows[named]] = row_ids[named]
+    return out, {**strings, **{k: v for k, v in names.items() if v}}
+
+
+def _joined(stacks: tuple[np.ndarray, np.ndarray, dict[int, str]], rows: np.ndarray, ids: np.ndarray,
+            texts: dict[int, str]) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:  # fmt: skip
+    """The ``detail`` texts of stack samples and of allocation samples, as one (rows, ids, texts)."""
+    return np.concatenate([stacks[0], rows]), np.concatenate([stacks[1], ids]), {**stacks[2], **texts}
 
 
 def stack_in_force(kinds: np.ndarray, stacks: tuple[np.ndarray, np.ndarray, dict[int, str]]) -> pa.Array:
@@ -332,6 +378,9 @@ def _payload(
             out[name] = _text_column(r, n, texts[name]) if name in texts else null_strings
         elif name in fmt.STRING_COLUMNS:
             out[name] = _strings_column(*detail, strings, cut) if detail is not None else null_strings
+        elif name in fmt.CODED_COLUMNS:
+            column = _word_column(r, n, sources.get(name, []))
+            out[name] = _coded(column, fmt.CODED_COLUMNS[name]) if column is not None else null_strings
         else:
             column = _word_column(r, n, sources.get(name, []))
             out[name] = pa.array(column[0], pa.int64(), mask=~column[1]) if column is not None else null_ints
@@ -373,6 +422,14 @@ def _text_column(r: dict[str, np.ndarray], n: int, spans: list[tuple[np.ndarray,
         indices[at], valid[at] = np.maximum(codes, 0), codes >= 0
     dictionary = pa.array(list(words), pa.string())
     return pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32(), mask=~valid), dictionary)
+
+
+def _coded(column: tuple[np.ndarray, np.ndarray], names: dict[int, str]) -> pa.Array:
+    """A coded payload column as its names (an unknown code as ``code_<n>``)."""
+    values, present = column
+    uniq, inverse = np.unique(np.where(present, values, 0), return_inverse=True)
+    words = [names.get(int(u), f"code_{int(u)}") for u in uniq.tolist()]
+    return pa.DictionaryArray.from_arrays(pa.array(inverse.ravel().astype(np.int32), mask=~present), pa.array(words))
 
 
 def _strings_column(ids: np.ndarray, present: np.ndarray, strings: dict[int, str], cut: bool) -> pa.Array:

@@ -81,6 +81,16 @@ def default_dir() -> Path:
     return user_dir()
 
 
+def resolve_target(path: str | os.PathLike[str] | None) -> tuple[Path, bool]:
+    """(where, is a folder): no path is the default folder; a path ending in ``/`` or naming an
+    existing folder is a folder (the ring is named inside it); anything else is the ring file."""
+    if path is None:
+        return default_dir(), True
+    text = os.fspath(path)
+    target = Path(text)
+    return target, text.endswith(os.sep) or target.is_dir()
+
+
 def safe_folder(folder: Path) -> None:
     """Make (mode 0700) or accept a default ring folder only if it is this user's alone: owned by
     this user, not a symbolic link, not writable by group or others. Raises PermissionError

@@ -1,12 +1,13 @@
 """The ring file format: the one module that knows byte offsets.
 
 ``FORMAT.md`` beside this file is the normative description; ``tests/test_format_spec.py``
-keeps the two in step. A version-3 ring file is five regions (versions 1 and 2
-have no stack table and no crash region)::
+keeps the two in step. A version-4 ring file is six regions (versions 1 and 2
+have no stack table and no crash region, version 3 no heap table)::
 
     [ header (header_size bytes, a multiple of 4096) ]
     [ string region (strings_size bytes)              ]
     [ stack table (stacks_size bytes, two halves)     ]
+    [ heap table (heap_size bytes, 64-byte slots)     ]
     [ record slots (capacity x 128 bytes)             ]
     [ crash region (crash_size bytes, then the end)   ]
 
@@ -28,8 +29,8 @@ from .._errors import CorruptHeaderError, NotARingError, UnsupportedVersionError
 from .schema import parse_meta
 
 MAGIC = b"\x89BLKBOX\n"
-FORMAT_VERSION = 3
-SUPPORTED_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4
+SUPPORTED_VERSIONS = (1, 2, 3, 4)
 PAGE = 4096
 
 # ---------------------------------------------------------------- header prefix
@@ -108,6 +109,8 @@ KINDS: dict[int, str] = {
     22: "exit",
     23: "child_sample",
     24: "cgroup_sample",
+    25: "alloc_sample",
+    26: "free_sample",
 }
 KIND_CODES = {name: code for code, name in KINDS.items()}
 NOTE_PREFIX = "blackbox: "  # a ``mark`` with this label prefix is the recorder's own note (a collector failed)
@@ -185,9 +188,16 @@ PAYLOAD_COLUMNS[3] = {
         "cgroup_pgmajfault",
     ),
 }
+# Version 4: allocations sampled by bytes (collect/allocs.py). p2 names the allocating stack by its
+# fingerprint (resolved into ``detail`` through the stack table's allocation stacks); p4 is the block's
+# slot in the heap table (-1: the table was full).
+_SAMPLE_WORDS = ("address", "sample_weight", "alloc_stack", "alloc_domain", "heap_slot")
+PAYLOAD_COLUMNS[4] = {**PAYLOAD_COLUMNS[3], "alloc_sample": _SAMPLE_WORDS, "free_sample": _SAMPLE_WORDS}
 STRING_COLUMNS = frozenset({"detail"})  # the word holds a string id (0 = none)
 TEXT_COLUMNS = frozenset({"sender"})  # consecutive words hold UTF-8 text, zero padded
-RESOLVED_WORDS = frozenset({"thread", "stack_id", "stack_generation"})  # read by the reader, not columns themselves
+ALLOC_DOMAINS = {1: "python", 2: "native", 3: "gpu"}  # alloc_domain codes: the allocator the block came from
+CODED_COLUMNS = {"alloc_domain": ALLOC_DOMAINS}  # the word holds a code, shown as its name
+RESOLVED_WORDS = frozenset({"thread", "stack_id", "stack_generation", "alloc_stack", "heap_slot"})  # read by the reader
 # Every payload column, in timeline order.
 PAYLOAD_COLUMN_ORDER = (
     "host_rss",
@@ -222,6 +232,8 @@ PAYLOAD_COLUMN_ORDER = (
     "cgroup_file_dirty",
     "cgroup_file_writeback",
     "cgroup_pgmajfault",
+    "sample_weight",
+    "alloc_domain",
     "detail",
 )
 SAMPLE_FIELDS = PAYLOAD_COLUMNS[FORMAT_VERSION]["sample"]
@@ -278,6 +290,16 @@ STACK_STACK = 2
 MAX_FRAME_BYTES = 1024
 MAX_STACK_DEPTH = 64
 STACK_TRUNCATED_TEXT = "<blackbox: outer frames cut>"
+# version 4, kind 3: an allocation stack, keyed by its fingerprint (the id is a per-generation counter):
+# fingerprint u8, depth u4, frame count n u4, n frame ids u4 (outermost first), then UTF-8 text: the
+# allocating thread's name, a zero byte, the source line of the innermost frame outside libraries.
+STACK_ALLOC = 3
+ALLOC_STACK_HEAD = struct.Struct("<QII")
+MAX_ALLOC_TEXT = 512
+MAX_ALLOC_STACK_BYTES = ALLOC_STACK_HEAD.size + 4 * MAX_STACK_DEPTH + MAX_ALLOC_TEXT
+NO_PYTHON_STACK = 1  # the fingerprint of a thread with no Python frames (a native thread)
+NO_PYTHON_TEXT = "<no Python frames: a native thread>"
+STACK_UNWRITTEN_TEXT = "<blackbox: allocation stack not in the table (first seen in the last tick, or overwritten)>"
 
 
 def stack_crc(gen: int, kind: int, sid: int, payload: bytes) -> int:
@@ -288,6 +310,77 @@ def stack_entry(gen: int, kind: int, sid: int, payload: bytes) -> bytes:
     """Encode one stack-table entry (a frame's text or a stack's frame ids)."""
     body = STACK_ENTRY.pack(gen, kind, 0, sid, len(payload), stack_crc(gen, kind, sid, payload), 0) + payload
     return body + bytes(pad8(len(body)) - len(body))
+
+
+def alloc_stack_payload(fingerprint: int, depth: int, frame_ids: list[int], thread: str, line: str) -> bytes:
+    """The payload of a kind-3 entry: ``frame_ids`` outermost first (at most MAX_STACK_DEPTH)."""
+    text = (thread.encode("utf-8", "replace")[:255] + b"\0" + line.encode("utf-8", "replace"))[:MAX_ALLOC_TEXT]
+    head = ALLOC_STACK_HEAD.pack(fingerprint & ((1 << 64) - 1), depth, len(frame_ids))
+    return head + struct.pack(f"<{len(frame_ids)}I", *frame_ids) + text
+
+
+def parse_alloc_stack(payload: bytes) -> tuple[int, int, tuple[int, ...], str, str] | None:
+    """(fingerprint, depth, frame ids, thread name, source line) of a kind-3 payload, None if malformed."""
+    if len(payload) < ALLOC_STACK_HEAD.size or len(payload) > MAX_ALLOC_STACK_BYTES:
+        return None
+    fingerprint, depth, n = ALLOC_STACK_HEAD.unpack_from(payload)
+    end = ALLOC_STACK_HEAD.size + 4 * n
+    if n > MAX_STACK_DEPTH or end > len(payload):
+        return None
+    ids = struct.unpack_from(f"<{n}I", payload, ALLOC_STACK_HEAD.size)
+    thread, _, line = payload[end:].partition(b"\0")
+    return fingerprint, depth, ids, thread.decode("utf-8", "replace"), line.decode("utf-8", "replace")
+
+
+# ---------------------------------------------------------------- heap table (version 4)
+#   heap_size / 64 slots, one per sampled block live at the last write. A slot whose address is 0 is
+#   empty; a slot is valid when its check word equals heap_check of its first seven words (the
+#   writer stores the address last, and zeroes it first when the block is freed).
+HEAP_SLOT = 64
+HEAP_DTYPE = np.dtype(
+    [
+        ("address", "<u8"),
+        ("size", "<u8"),
+        ("weight", "<u8"),
+        ("stack", "<u8"),
+        ("time", "<i8"),
+        ("thread", "<u8"),
+        ("step", "<i4"),
+        ("domain", "<u2"),
+        ("flags", "<u2"),
+        ("check", "<u8"),
+    ]
+)
+assert HEAP_DTYPE.itemsize == HEAP_SLOT
+_MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, elementwise on uint64 (wrapping)."""
+    z = z + _MIX[0]
+    z = (z ^ (z >> np.uint64(30))) * _MIX[1]
+    z = (z ^ (z >> np.uint64(27))) * _MIX[2]
+    out: np.ndarray = z ^ (z >> np.uint64(31))
+    return out
+
+
+def heap_check(slots: np.ndarray) -> np.ndarray:
+    """The check word of each HEAP_DTYPE slot: c = 0, then c = mix64(c ^ word) over words 0..6."""
+    words = np.ascontiguousarray(slots).view("<u8").reshape(len(slots), HEAP_SLOT // 8)
+    c = np.zeros(len(slots), np.uint64)
+    with np.errstate(over="ignore"):
+        for i in range(7):
+            c = _mix64(c ^ words[:, i])
+    return c
+
+
+def heap_slot_bytes(address: int, size: int, weight: int, stack: int, time: int, thread: int, step: int,
+                    domain: int) -> bytes:  # fmt: skip
+    """One valid slot, as the writer leaves it (for the golden-file tool and tests)."""
+    slot = np.zeros(1, HEAP_DTYPE)
+    slot[0] = (address, size, weight, stack, time, thread, step, domain, 0, 0)
+    slot["check"] = heap_check(slot)
+    return slot.tobytes()
 
 
 # ---------------------------------------------------------------- header
@@ -307,10 +400,15 @@ class Header:
     meta: dict[str, Any]
     stacks_size: int = 0  # version 3: the stack table, between the strings and the records
     crash_size: int = 0  # version 3: faulthandler's output, after the records
+    heap_size: int = 0  # version 4: the heap table, between the stack table and the records
 
     @property
     def stacks_offset(self) -> int:
         return self.strings_offset + self.strings_size
+
+    @property
+    def heap_offset(self) -> int:
+        return self.stacks_offset + self.stacks_size
 
     @property
     def crash_offset(self) -> int:
@@ -333,23 +431,30 @@ def encode_header(
     *,
     stacks_size: int = 0,
     crash_size: int = 0,
+    heap_size: int = 0,
 ) -> bytes:
     """The header region's bytes (prefix, metadata JSON, zero padding), state ``armed``.
 
     ``version`` other than the current one is for the golden-file tool only. Version 3
-    sizes (rounded up to pages; the stack table to two pages at least) go in the metadata.
+    sizes (rounded up to pages; the stack table to two pages at least) go in the metadata,
+    and from version 4 the heap table's (rounded up to pages; 0: none).
     """
     meta = dict(meta, record_dtype=[[n, RECORD_DTYPE[n].str] for n in RECORD_DTYPE.names or ()])
     if version >= 3:
         stacks_size = max(2 * PAGE, -(-stacks_size // (2 * PAGE)) * 2 * PAGE)
         meta["regions"] = {"stacks_size": stacks_size, "crash_size": _page(crash_size)}
+        if version >= 4:
+            heap_size = _page(heap_size)
+            meta["regions"]["heap_size"] = heap_size
     else:
         stacks_size = 0
+    if version < 4:
+        heap_size = 0
     blob = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
     header_size, strings_size = _page(PREFIX_SIZE + len(blob)), _page(strings_size)
     if header_size > MAX_HEADER_SIZE:
         raise ValueError(f"ring metadata is {len(blob)} bytes; at most {MAX_HEADER_SIZE - 64} fit")
-    records_offset = header_size + strings_size + stacks_size
+    records_offset = header_size + strings_size + stacks_size + heap_size
     fields = (header_size, RECORD_SIZE, capacity, records_offset, header_size, strings_size)
     tail = PREFIX.pack(MAGIC, version, STATE_ARMED, 0, *fields, len(blob))[CRC_START:] + blob
     crc = zlib.crc32(tail)
@@ -360,11 +465,11 @@ def encode_header(
 MAX_REGION = 1 << 40
 
 
-def _regions(meta: dict[str, Any], problems: list[str]) -> tuple[int, int]:
-    """(stacks_size, crash_size) of a version-3 header's metadata, checked."""
+def _regions(meta: dict[str, Any], problems: list[str], version: int) -> tuple[int, int, int]:
+    """(stacks_size, crash_size, heap_size) of a version-3 or 4 header's metadata, checked."""
     regions = meta.get("regions")
     sizes = []
-    for key in ("stacks_size", "crash_size"):
+    for key in ("stacks_size", "crash_size", "heap_size")[: 3 if version >= 4 else 2]:
         v = regions.get(key) if isinstance(regions, dict) else None
         if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_REGION or v % PAGE:
             problems.append(f"regions.{key} {v!r} (expected a multiple of {PAGE})")
@@ -372,7 +477,7 @@ def _regions(meta: dict[str, Any], problems: list[str]) -> tuple[int, int]:
         sizes.append(v)
     if sizes[0] % (2 * PAGE):
         problems.append(f"a stack table of {sizes[0]} bytes (expected two whole halves)")
-    return sizes[0], sizes[1]
+    return sizes[0], sizes[1], sizes[2] if version >= 4 else 0
 
 
 def decode_header(raw: bytes, file_size: int, name: str = "ring") -> Header:
@@ -401,13 +506,13 @@ def decode_header(raw: bytes, file_size: int, name: str = "ring") -> Header:
     if actual != crc:
         raise CorruptHeaderError(f"{name}: expected header checksum {crc:#010x}, found {actual:#010x} (header damaged)")
     meta, problems = parse_meta(blob)  # types, ranges, depth: see ``schema``
-    stacks, crash = _regions(meta, problems) if version >= 3 else (0, 0)
+    stacks, crash, heap = _regions(meta, problems, version) if version >= 3 else (0, 0, 0)
     if rsize != RECORD_SIZE:
         problems.append(f"record size {rsize} (expected {RECORD_SIZE})")
     if hsize % PAGE or hsize < PREFIX_SIZE + mlen or hsize > MAX_HEADER_SIZE:
         problems.append(f"header size {hsize}")
-    if soff != hsize or roff != soff + ssize + stacks or roff % 64:
-        problems.append(f"region offsets strings={soff}+{ssize} stacks={stacks} records={roff}")
+    if soff != hsize or roff != soff + ssize + stacks + heap or roff % 64:
+        problems.append(f"region offsets strings={soff}+{ssize} stacks={stacks} heap={heap} records={roff}")
     if not 1 <= cap <= MAX_REGION // RECORD_SIZE or ssize > MAX_REGION:
         problems.append(f"capacity {cap}, strings size {ssize}")
     expected_dtype = [[n, RECORD_DTYPE[n].str] for n in RECORD_DTYPE.names or ()]
@@ -415,7 +520,7 @@ def decode_header(raw: bytes, file_size: int, name: str = "ring") -> Header:
         problems.append(f"a record dtype that differs from format version {version}")
     if problems:
         raise CorruptHeaderError(f"{name}: expected a consistent version-{version} header, found {'; '.join(problems)}")
-    return Header(version, state, hsize, rsize, cap, roff, soff, ssize, meta, stacks, crash)
+    return Header(version, state, hsize, rsize, cap, roff, soff, ssize, meta, stacks, crash, heap)
 
 
 # ---------------------------------------------------------------- the commit rule

@@ -20,6 +20,7 @@ import numpy as np
 
 from .._errors import BlackboxError, NotARingError, RingNotFoundError, UnsafeInputError, one_line
 from . import format as fmt
+from .heap import HeapScan, read_heap
 from .inputs import Folder, data_ranges, nonzero_spans, open_folder, open_input, read_at, what_is
 from .scan import StackScan, scan_stack_spans, scan_string_spans
 
@@ -50,6 +51,8 @@ class Recovery:
     sidecars_refused: int = 0  # files beside the ring not read: a link, a special file, another owner's
     labels_lost: int = 0  # events whose label string was lost (region full or entry damaged)
     time_clamped: int = 0  # events whose stamp was raised to keep time non-decreasing
+    heap_live: int = 0  # version 4: valid heap-table slots (sampled blocks live at the end)
+    heap_torn: int = 0  # version 4: heap-table slots cut mid-write or damaged
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -69,6 +72,7 @@ class Ring:
     crash: str | None = None  # faulthandler's output: the crash region (version 3) or the ``.crash`` sidecar
     owner: int = -1  # uid of the ring file's owner
     strings_cut: int = 0  # bytes of the string region not read: its labels would cost more than scan.MAX_STRING_TEXT
+    heap: HeapScan | None = None  # version 4: the heap table's valid slots
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -154,6 +158,7 @@ def read_ring(path: str | os.PathLike[str], folder: Folder | None = None) -> Rin
                 stacks = scan_stack_spans(nonzero_spans(fd, header.stacks_offset, n), header.stacks_size)
                 n = max(0, min(size - header.crash_offset, MAX_CRASH_BYTES))
                 crash = _text(read_at(fd, n, header.crash_offset) if n else b"")
+            heap = read_heap(fd, header, size)
             slots = read_slots(fd, header, size)
         finally:
             os.close(fd)
@@ -179,8 +184,10 @@ def read_ring(path: str | os.PathLike[str], folder: Folder | None = None) -> Rin
         strings=scan.entries,
         strings_damaged=scan.damaged,
         sidecars_refused=refused,
+        heap_live=len(heap.slots) if heap is not None else 0,
+        heap_torn=heap.torn if heap is not None else 0,
     )
-    return Ring(p, header, records, scan.strings, recovery, size, stacks, crash, st.st_uid, scan.cut)
+    return Ring(p, header, records, scan.strings, recovery, size, stacks, crash, st.st_uid, scan.cut, heap)
 
 
 def _text(data: bytes) -> str | None:

@@ -20,20 +20,23 @@ import sys
 import zlib
 from array import array
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .format import (
+    MAX_ALLOC_STACK_BYTES,
     MAX_FRAME_BYTES,
     MAX_STACK_DEPTH,
     MAX_STRING_BYTES,
+    STACK_ALLOC,
     STACK_ENTRY,
     STACK_FRAME,
     STACK_STACK,
     STRING_ENTRY,
     STRING_ID_STRUCT,
     pad8,
+    parse_alloc_stack,
     stack_crc,
 )
 
@@ -84,6 +87,8 @@ class StackScan:
     stacks: dict[tuple[int, int], array[int]]  # (generation, id) -> frame ids, outermost first (4 bytes each)
     damaged: int
     cut: int = 0  # bytes of the table not read: its entries would have passed MAX_STACK_TEXT
+    # version 4: fingerprint -> [(generation, frame ids outermost first, depth, thread name, source line)]
+    allocs: dict[int, list[tuple[int, array[int], int, str, str]]] = field(default_factory=dict)
 
 
 def frame_text(payload: bytes) -> str:
@@ -271,10 +276,14 @@ def _stack_candidates(buf: Buffer, lo: int, hi: int) -> np.ndarray:
     w, nxt = _u4(buf, lo, hi), _u4(buf, lo + 8, hi + 8)
     pos = lo + np.arange(len(w), dtype=np.int64) * 8
     gen, kind, n = w[:, 0], w[:, 1] & 0xFFFF, nxt[:, 1].astype(np.int64)
-    limit = np.where(kind == STACK_FRAME, MAX_FRAME_BYTES, 4 * MAX_STACK_DEPTH)
-    ok = (gen != 0) & ((kind == STACK_FRAME) | (kind == STACK_STACK)) & (n <= limit)
+    limit = np.where(kind == STACK_FRAME, MAX_FRAME_BYTES, np.where(kind == STACK_ALLOC, MAX_ALLOC_STACK_BYTES,
+                                                                     4 * MAX_STACK_DEPTH))  # fmt: skip
+    ok = (gen != 0) & ((kind == STACK_FRAME) | (kind == STACK_STACK) | (kind == STACK_ALLOC)) & (n <= limit)
     found: np.ndarray = pos[ok & (pos + STACK_ENTRY.size + n <= len(buf))]
     return found
+
+
+_LIMITS = {STACK_FRAME: MAX_FRAME_BYTES, STACK_STACK: 4 * MAX_STACK_DEPTH, STACK_ALLOC: MAX_ALLOC_STACK_BYTES}
 
 
 def _scan_stack_part(part: Buffer, out: StackScan, budget: Budget) -> None:
@@ -289,19 +298,23 @@ def _scan_stack_part(part: Buffer, out: StackScan, budget: Budget) -> None:
             pos = _nonzero_after(part, pos + 8)
             continue
         end = pos + STACK_ENTRY.size + n
-        limit = MAX_FRAME_BYTES if kind == STACK_FRAME else 4 * MAX_STACK_DEPTH
-        if gen and kind in (STACK_FRAME, STACK_STACK) and n <= limit and end <= len(part):
+        limit = _LIMITS.get(kind, 0)
+        if gen and kind in _LIMITS and n <= limit and end <= len(part):
             payload = bytes(part[pos + STACK_ENTRY.size : end])
-            if stack_crc(gen, kind, sid, payload) == crc and (kind == STACK_FRAME or n % 4 == 0):
+            alloc = parse_alloc_stack(payload) if kind == STACK_ALLOC else None
+            if stack_crc(gen, kind, sid, payload) == crc and (kind != STACK_STACK or n % 4 == 0):
                 kept = out.frames if kind == STACK_FRAME else out.stacks
-                if (gen, sid) not in kept:
+                if kind == STACK_ALLOC or (gen, sid) not in kept:
                     if not budget.take(ENTRY_COST + n):
                         budget.cut += tail - pos
                         return
                     if kind == STACK_FRAME:
                         out.frames[(gen, sid)] = frame_text(payload)
-                    else:
+                    elif kind == STACK_STACK:
                         out.stacks[(gen, sid)] = _frame_ids(payload)
+                    elif alloc is not None:
+                        entry = (gen, array(_U4, alloc[2]), alloc[1], alloc[3], alloc[4])
+                        out.allocs.setdefault(alloc[0], []).append(entry)
                 pos, damaged = pad8(end), False
                 continue
         out.damaged += not damaged  # one damaged run counts once, however far the resync walks

@@ -186,5 +186,30 @@ def start() -> None:
         blackbox.arm(os.environ.get("BLACKBOX_DIR") or None, **settings)  # type: ignore[arg-type]
         if helper:
             blackbox.active()._fold_clean = True
+        if not _forks_watched:
+            _forks_watched.append(True)
+            os.register_at_fork(after_in_child=_after_fork)
     except Exception as exc:  # never break the job, even here
         sys.stderr.write(f"blackbox: not armed ({type(exc).__name__}: {exc}); the job runs unrecorded\n")
+
+
+_forks_watched: list[bool] = []
+
+
+class _Anchor:
+    """A weakly referable object for multiprocessing's after-fork registry."""
+
+
+_ANCHOR = _Anchor()
+
+
+def _after_fork() -> None:
+    """In a forked child: a multiprocessing worker started by fork (a DataLoader worker) arms its own
+    helper ring once multiprocessing has made it one (its after-fork callbacks run in the worker's
+    bootstrap, where ``role()`` reads ``worker``), as spawn and forkserver workers arm at start-up."""
+    util = sys.modules.get("multiprocessing.util")
+    if util is not None:
+        try:
+            util.register_after_fork(_ANCHOR, lambda _anchor: start())
+        except Exception:
+            pass

@@ -20,8 +20,10 @@ import pyarrow.compute as pc
 
 from .._errors import one_line
 from .._units import human_bytes
+from ..recovery.allocs import live_sites
 from ..recovery.timeline import of_kind, py_rows, ring_table
 from ..ring.reader import Ring
+from .stacks import short_frame
 
 WINDOW_S = 30.0
 
@@ -90,9 +92,21 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
+def _holders(ring: Ring, last_step: int | None, end_ns: int | None, top: int = 3) -> dict[str, Any] | None:
+    """Who holds the memory now (allocations sampled): the totals and the largest sites, with their error
+    and growth; None where allocations are not sampled or nothing sampled is live."""
+    report = live_sites(ring.heap, ring.stacks, ring.meta, last_step, end_ns)
+    if not report or not report["sites"]:
+        return None
+    keep = ("site", "thread", "live_bytes", "error_bytes", "growth_per_s")
+    return {"live_bytes": report["live_bytes"], "error_bytes": report["error_bytes"],
+            "sites": [{k: site[k] for k in keep} for site in report["sites"][:top]]}  # fmt: skip
+
+
 def ring_state(ring: Ring, running: bool, now_ns: int | None = None) -> dict[str, Any]:
     """What the live view says of one ring, as data (``blackbox watch --json``): who and its state,
-    events, step and pace, memory and its growth per second, each GPU, the last event. Bytes, seconds."""
+    events, step and pace, memory and its growth per second, each GPU, who holds the memory (allocations
+    sampled), the last event. Bytes, seconds."""
     table = ring_table(ring)
     now = now_ns if now_ns is not None else time.time_ns()
     times = table["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
@@ -110,6 +124,7 @@ def ring_state(ring: Ring, running: bool, now_ns: int | None = None) -> dict[str
         "steps_per_s": None,
         "memory": None,
         "gpus": [],
+        "holders": None,
         "last_event": None,
     }
     steps = of_kind(table, "step", columns=["time", "value"])
@@ -136,6 +151,7 @@ def ring_state(ring: Ring, running: bool, now_ns: int | None = None) -> dict[str
             "total": last["device_total"],
             "reserved_per_s": _rate(*_series(rows, "gpu_reserved")),
         })  # fmt: skip
+    state["holders"] = _holders(ring, state["step"], int(times[-1]) if len(times) else None)
     events = of_kind(table, "oom", "exception", "signal", columns=["time", "kind", "label"])
     if events.num_rows:
         e = py_rows(events.slice(events.num_rows - 1))[0]
@@ -170,6 +186,15 @@ def ring_lines(ring: Ring, running: bool, now_ns: int | None = None) -> list[str
         + _headroom("reserved", g["reserved"], g["total"], g["reserved_per_s"])
         for g in s["gpus"]
     ]
+    held = s["holders"]
+    if held is not None:
+        lines.append(f"who holds the memory: {human_bytes(held['live_bytes'])} ± {human_bytes(held['error_bytes'])} "
+                     "sampled")  # fmt: skip
+        for site in held["sites"]:
+            growth = site["growth_per_s"]
+            lines.append(f"  {human_bytes(site['live_bytes'])} ± {human_bytes(site['error_bytes'])} "
+                         f"{one_line(short_frame(site['site']))} [{one_line(site['thread'])}]"
+                         + (f" +{human_bytes(growth)}/s" if growth and growth > 0 else ""))  # fmt: skip
     e = s["last_event"]
     if e is not None:
         lines.append(f"last {e['kind']}: {one_line((e['label'] or '')[:160])}")

@@ -1,6 +1,6 @@
 """Stack samples for people and other tools, as pure functions.
 
-- ``stack_sections``: summary.md's "What it was doing" and "Where memory grew";
+- ``stack_sections``: summary.md's "What it was doing" (time-sampled: what ran, never what allocated);
 - ``folded_stacks``: the folded-stacks text that flamegraph.pl and speedscope read as is
   (one line per distinct stack: frames outermost first joined by ``;``, a space, the count);
 - ``trace_stacks``: Perfetto / Chrome trace events for one process's stack samples.
@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .._units import human_bytes
 from ..recovery.timeline import of_kind
 
 SHOWN_FRAMES = 6  # innermost frames shown per stack in summary.md
@@ -44,35 +43,20 @@ def stack_sections(report: dict[str, Any] | None) -> list[str]:
     """summary.md lines for a ring's ``stacks`` metadata (``recovery.stacks.stack_report``)."""
     if not report:
         return []
+    threads = report.get("threads") or []
+    sampled = ", ".join(f"`{t}`" for t in threads) if threads else "none"
     lines = [
         "## What it was doing",
         "",
         f"Python stacks sampled in the last {report['window_s']:g} s before the last event, by share of "
-        "each thread's samples (innermost frame first):",
+        "each thread's samples (innermost frame first). Time-sampled: they show what ran, not what "
+        f"allocated. Threads sampled: {sampled} (more with `arm(stack_threads=...)`).",
         "",
         "| share | samples | thread | stack |",
         "|---:|---:|---|---|",
     ]
     lines += [f"| {100 * e['share']:.0f}% | {e['samples']} | {e['thread'] or '-'} | {innermost_first(e['stack'])} |"
               for e in report.get("last") or []]  # fmt: skip
-    grew = report.get("memory_growth") or []
-    lines += ["", "## Where memory grew", ""]
-    if not grew:
-        return [*lines, "No stack was sampled while memory grew.", ""]
-    gpu = any(e.get("gpu_allocated_growth") is not None for e in grew)
-    lines += [
-        "Growth of host RSS" + (" and GPU allocated memory" if gpu else "") + " between consecutive samples, "
-        "charged to the stacks sampled in between (net, largest first):",
-        "",
-        "| host RSS | " + ("GPU allocated | " if gpu else "") + "samples | thread | stack |",
-        "|---:|" + ("---:|" if gpu else "") + "---:|---|---|",
-    ]
-    for e in grew:
-        cells = [human_bytes(e["host_rss_growth"])]
-        if gpu:
-            cells.append(human_bytes(e.get("gpu_allocated_growth")))
-        cells += [str(e["intervals"]), e["thread"] or "-", innermost_first(e["stack"])]
-        lines.append("| " + " | ".join(cells) + " |")
     return [*lines, ""]
 
 

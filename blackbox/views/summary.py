@@ -9,6 +9,7 @@ from .._units import human_bytes
 from ..recovery.ranks import rank_rows
 from ..recovery.timeline import COUNTERS, GAUGES
 from .across import across_lines
+from .allocs import allocation_sections, job_allocation_sections
 from .stacks import stack_sections
 from .text import shown
 
@@ -128,6 +129,7 @@ def ring_summary(m: dict[str, Any]) -> str:
         f"- Ending: {_ending(m)}",
         "",
         *_death(m.get("death")),
+        *allocation_sections(m.get("allocations"), m.get("role")),
         *stack_sections(m.get("stacks")),
         "## Last memory figures",
         "",
@@ -227,7 +229,7 @@ def bundle_summary(meta: dict[str, Any]) -> str:
     rows = shown(rank_rows(meta))  # one pass over the rings (they may be read back from disk), for both
     hosts = len({r["host"] for r in rows})
     head = [f"# blackbox: {len(rings)} rings on {hosts} host{'s' if hosts != 1 else ''}, {meta['events']} events", ""]
-    head += [*across_lines(view, rows), *helpers]
+    head += [*across_lines(view, rows), *job_allocation_sections(rings), *helpers]
     detail = _detail_ring(meta, rings)
     title = "the first death" if meta.get("first_death") else "the lowest rank of the last attempt"
     return "\n".join([*head, f"## Detail of {title}", "", _demote(_demote(ring_summary(detail)))])

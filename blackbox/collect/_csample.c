@@ -1,0 +1,1243 @@
+/* blackbox.collect._csample: allocations sampled by bytes, in C (optional; collect/allocs.py drives it).
+ *
+ * Why this mechanism (the choice the issue asks to explain): torch CPU tensors, the commonest host
+ * leak, get their storage from c10's CPU allocator (posix_memalign/free called from libc10.so), not
+ * from PyMem or numpy's handler. Only native interposition reaches them. LD_PRELOAD works only when
+ * blackbox starts the process (`blackbox run`), not under `arm()` in a running job, and it changes
+ * the job's environment for its children. So, like memray, we patch the relocation slots (GOT) of
+ * the loaded shared objects that import malloc, free, calloc, realloc, posix_memalign,
+ * aligned_alloc, memalign, valloc, pvalloc and reallocarray, under both `arm()` and `blackbox run`;
+ * objects loaded later (torch imported after arm) are patched at the next sampler tick; disarm puts
+ * every slot that still holds our hook back. Each hook forwards to the definition the slot resolved
+ * to (the global one: glibc's, or a jemalloc/tcmalloc the job LD_PRELOADs), so which allocator serves
+ * a block never changes: a block allocated before disarm and freed after goes to the same free.
+ * Python's small objects come from pymalloc's arenas, which malloc never sees: for those, the MEM
+ * and OBJ domains are wrapped with PyMem_SetAllocator (the GIL is held there), forwarding to the
+ * allocator found in place (pymalloc, or malloc under PYTHONMALLOC=malloc, or tracemalloc's).
+ *
+ * Sampling (Go's runtime.MemProfileRate, tcmalloc): a per-thread byte countdown drawn from an
+ * exponential distribution of mean R. An allocation that takes it below zero is sampled (so one of
+ * size s is sampled with probability p = 1 - exp(-s/R), each independently) and the countdown is
+ * drawn afresh. A sample stands for w = s / p bytes, so summed weights are an unbiased estimate of
+ * the bytes, and sum((1 - p) w^2) an unbiased estimate of that sum's variance.
+ *
+ * The hook never takes a lock, never waits, never calls the hooked allocators (a thread-local guard
+ * makes every allocation made inside a hook, or inside the allocator a PyMem hook forwards to, go
+ * straight through), never creates a Python object and needs no GIL: the allocating thread's own
+ * Python frames are stable while it runs C code (a torch op that released the GIL included), and are
+ * read from the interpreter's frame structs (code object and instruction only). The fast path is a
+ * thread-local subtraction; the free path a one-byte filter lookup in a table that is never unmapped.
+ *
+ * Where the samples go (FORMAT.md, "Heap table", version 4): each sampled block takes a slot of the
+ * ring file's heap table (address, size, weight, stack, time, thread, step, check word written last
+ * but for the address, which publishes it), and each sample and each free of a sampled block is an
+ * alloc_sample / free_sample record in the ring. The heap table is what was live at the kill, however
+ * long ago it was allocated; the records are the timeline. A record and a slot name their stack by a
+ * 64-bit fingerprint of its (code object, instruction) pairs. The stack's text is formatted here, in
+ * C, the first time a fingerprint is seen, into a pending entry; the sampler tick (Python, with the
+ * GIL) writes it into the stack table (an entry of kind 3 keyed by the fingerprint). So at a kill
+ * the only stacks without text are those first seen since the last tick (at most one sample
+ * interval), plus any that found the pending queue full (retried at their next sample).
+ *
+ * Fork: a pthread_atfork child handler turns every hook into a plain forward before any code runs in
+ * the child (the heap table is the parent's file); the recorder then puts PyMem's allocators back and
+ * leaves the patched slots forwarding (walking the loaded objects again there could wait on a loader
+ * lock a vanished parent thread held); a child that arms its own ring samples through them again.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#if PY_VERSION_HEX >= 0x030B0000
+#define Py_BUILD_CORE 1
+#undef _PyGC_FINALIZED
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#endif
+#include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define RECORD_SIZE 128
+#define PAYLOAD_WORDS 9
+#define FLAG_VALUE 1
+#define KIND_ALLOC_SAMPLE 25
+#define KIND_FREE_SAMPLE 26
+#define DOMAIN_PYTHON 1
+#define DOMAIN_NATIVE 2
+#define DOMAIN_GPU 3
+#define HEAP_SLOT 64
+#define BUCKET 8
+#define MAX_DEPTH 64
+#define MAX_FRAME 1024
+#define FILTER_SIZE (1u << 17)
+#define SEEN_SLOTS (1u << 16)
+#define SEEN_PROBES 64
+#define PENDING 64
+#define PENDING_TEXT (16 << 10)
+#define NO_PYTHON_STACK 1ULL /* fingerprint of a thread with no Python frames (FORMAT.md) */
+#define BUSY 1ULL            /* an index slot being filled or emptied */
+#define GPU_KEY (1ULL << 63) /* index keys of GPU blocks: bit 63 (never set in a host address) */
+#define GPU_DEVICE (0xFFULL << 55) /* and the device, bits 55..62 */
+#define MAX_PATCHED 8192
+#define MAX_OBJECTS 2048
+
+/* ------------------------------------------------------------------ state */
+typedef struct {
+    int64_t countdown;
+    uint64_t rng;
+    uint32_t guard;    /* > 0: inside a hook or a forwarded allocator: go straight through */
+    uint32_t nosample; /* the recorder's own sampler thread: frees are tracked, nothing sampled */
+    uint64_t epoch;    /* the arming this thread's countdown was drawn for */
+} Local;
+/* initial-exec: a thread-pointer-relative load, no __tls_get_addr call on the hot path (the few bytes
+ * come from the static TLS surplus glibc keeps for modules loaded later) */
+static __thread Local tls __attribute__((tls_model("initial-exec")));
+
+typedef struct {
+    int state; /* 0 free, 1 being filled, 2 ready for the tick */
+    uint32_t nframes, depth, used;
+    uint64_t hash, thread;
+    uint16_t off[MAX_DEPTH + 1];
+    char text[PENDING_TEXT];
+} Pending;
+
+static struct {
+    int active;   /* atomic: hooks sample and track */
+    int forked;   /* set in a forked child: hooks only forward */
+    int inflight; /* atomic: slow paths inside the ring mapping */
+    uint64_t epoch;
+    double mean;  /* R, bytes */
+    int64_t step; /* the step in force at the last tick */
+    uint64_t *seq;
+    char *records;
+    uint64_t cap;
+    char *heap;   /* heap table slots in the mapping */
+    uint64_t slots, buckets;
+    Py_buffer view;
+    int have_view;
+    PyObject *seq_ref;
+    /* anonymous, allocated once and never unmapped: safe for a hook that outlives a disarm */
+    uint64_t *index; /* address per heap slot: 0 empty, BUSY, or the block */
+    uint64_t index_slots;
+    uint8_t *filter; /* per hash of an address: how many tracked blocks (saturating) */
+    uint64_t *seen;  /* stack fingerprints whose text is queued or written */
+    Pending *pending;
+    /* counters */
+    uint64_t samples, frees, table_full, stale, pending_full, seen_full;
+} g;
+
+/* ------------------------------------------------------------------ small helpers */
+static inline int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static inline uint64_t mix64(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static inline int dev_of(uint64_t key) { return (int)((key & GPU_DEVICE) >> 55); }
+static inline uint64_t addr_hash(const void *p) { return mix64((uint64_t)(uintptr_t)p >> 4); }
+/* The free path's filter: cheap, from the address alone (blocks are 16-byte aligned). */
+static inline uint32_t filter_of(uint64_t a) { return (uint32_t)((a >> 4) ^ (a >> 21)) & (FILTER_SIZE - 1); }
+
+/* Exponential draw of mean R (at least 1 byte), from a per-thread xorshift64*. */
+static int64_t draw(Local *t) {
+    uint64_t x = t->rng;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    t->rng = x;
+    double u = ((double)((x * 0x2545F4914F6CDD1DULL) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+    double d = -log(u) * g.mean;
+    return d >= 4e18 ? (int64_t)4e18 : (int64_t)d + 1;
+}
+
+static void seed(Local *t) {
+    uint64_t s = mix64((uint64_t)(uintptr_t)t ^ (uint64_t)now_ns() ^ (g.epoch << 32));
+    t->rng = s ? s : 0x9E3779B97F4A7C15ULL;
+    t->epoch = g.epoch;
+}
+
+/* ------------------------------------------------------------------ records */
+static void put_record(int kind, int64_t value, const int64_t *payload, int device) {
+    uint64_t seq = __atomic_add_fetch(g.seq, 1, __ATOMIC_RELAXED);
+    int64_t t = now_ns();
+    uint64_t *q = (uint64_t *)(g.records + (seq % g.cap) * RECORD_SIZE);
+    __atomic_store_n(&q[0], seq, __ATOMIC_RELAXED);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    q[1] = (uint64_t)t;
+    q[2] = (uint64_t)pthread_self();
+    q[3] = (uint64_t)-1; /* the step: readers take it from the record before (FORMAT.md) */
+    q[4] = (uint64_t)value;
+    q[5] = (uint64_t)kind << 32 | (uint64_t)FLAG_VALUE << 40 | ((uint64_t)device & 0xFFFF) << 48;
+    memcpy(&q[6], payload, PAYLOAD_WORDS * 8);
+    __atomic_store_n(&q[15], seq, __ATOMIC_RELEASE);
+}
+
+/* ------------------------------------------------------------------ the heap table
+ * Two-choice buckets of 8 slots; the index (anonymous memory) holds the addresses the free path
+ * looks up, the mapping holds the slot's data, published by its address word (written last). */
+static inline uint64_t heap_check(const uint64_t *s) {
+    uint64_t c = 0;
+    for (int i = 0; i < 7; i++)
+        c = mix64(c ^ s[i]);
+    return c;
+}
+
+static void buckets_of(uint64_t h, uint64_t *b1, uint64_t *b2) {
+    *b1 = h % g.buckets;
+    *b2 = mix64(h) % g.buckets;
+}
+
+/* Claim a slot for block p (an entry already there for p is a block freed where no hook saw it:
+ * replaced). Returns the slot, or -1 when both buckets are full. */
+static int64_t heap_claim(uint64_t p, uint64_t h) {
+    uint64_t b[2];
+    buckets_of(h, &b[0], &b[1]);
+    for (int k = 0; k < 2; k++)
+        for (uint64_t j = b[k] * BUCKET; j < (b[k] + 1) * BUCKET; j++) {
+            uint64_t expect = p;
+            if (__atomic_load_n(&g.index[j], __ATOMIC_RELAXED) == p &&
+                __atomic_compare_exchange_n(&g.index[j], &expect, BUSY, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+                __atomic_store_n((uint64_t *)(g.heap + j * HEAP_SLOT), 0, __ATOMIC_RELEASE);
+                __atomic_add_fetch(&g.stale, 1, __ATOMIC_RELAXED);
+                return (int64_t)j;
+            }
+        }
+    for (int k = 0; k < 2; k++)
+        for (uint64_t j = b[k] * BUCKET; j < (b[k] + 1) * BUCKET; j++) {
+            uint64_t expect = 0;
+            if (__atomic_load_n(&g.index[j], __ATOMIC_RELAXED) == 0 &&
+                __atomic_compare_exchange_n(&g.index[j], &expect, BUSY, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+                uint8_t *f = &g.filter[filter_of(p)];
+                if (__atomic_load_n(f, __ATOMIC_RELAXED) != 255)
+                    __atomic_add_fetch(f, 1, __ATOMIC_RELAXED);
+                return (int64_t)j;
+            }
+        }
+    return -1;
+}
+
+/* key: what the index holds (the address; a GPU block's with GPU_KEY and its device set, so it never
+ * meets a host address); addr: the block's address, written into the slot. */
+static void heap_fill(int64_t j, uint64_t key, uint64_t p, uint64_t size, uint64_t weight, uint64_t stack, int64_t t,
+                      int domain) {
+    uint64_t *s = (uint64_t *)(g.heap + (uint64_t)j * HEAP_SLOT);
+    uint64_t w[8];
+    w[0] = p;
+    w[1] = size;
+    w[2] = weight;
+    w[3] = stack;
+    w[4] = (uint64_t)t;
+    w[5] = (uint64_t)pthread_self();
+    w[6] = (uint64_t)(uint32_t)(int32_t)g.step | (uint64_t)domain << 32;
+    w[7] = heap_check(w);
+    memcpy(&s[1], &w[1], 7 * 8);
+    __atomic_store_n(&s[0], p, __ATOMIC_RELEASE); /* publishes the slot */
+    __atomic_store_n(&g.index[j], key, __ATOMIC_RELEASE);
+}
+
+/* Find and empty p's slot: 1 with its data in out[0..3] (size, weight, stack, domain), else 0. */
+static int heap_take(uint64_t p, uint64_t h, int64_t *slot, uint64_t out[4]) {
+    uint64_t b[2];
+    buckets_of(h, &b[0], &b[1]);
+    for (int k = 0; k < 2; k++)
+        for (uint64_t j = b[k] * BUCKET; j < (b[k] + 1) * BUCKET; j++) {
+            uint64_t expect = p;
+            if (__atomic_load_n(&g.index[j], __ATOMIC_RELAXED) != p ||
+                !__atomic_compare_exchange_n(&g.index[j], &expect, BUSY, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+                continue;
+            uint64_t *s = (uint64_t *)(g.heap + j * HEAP_SLOT);
+            out[0] = s[1];
+            out[1] = s[2];
+            out[2] = s[3];
+            out[3] = (s[6] >> 32) & 0xFFFF;
+            __atomic_store_n(&s[0], 0, __ATOMIC_RELEASE);
+            __atomic_store_n(&g.index[j], 0, __ATOMIC_RELEASE);
+            uint8_t *f = &g.filter[filter_of(p)];
+            if (__atomic_load_n(f, __ATOMIC_RELAXED) != 255)
+                __atomic_sub_fetch(f, 1, __ATOMIC_RELAXED);
+            *slot = (int64_t)j;
+            return 1;
+        }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ Python frames */
+typedef struct {
+    void *code;
+    int lasti; /* bytes */
+} FrameRef;
+
+/* The calling thread's frames, innermost first (at most MAX_DEPTH); returns how many, *depth all. */
+static int walk_frames(FrameRef *out, int *depth) {
+    *depth = 0;
+#if PY_VERSION_HEX >= 0x030D0000
+    if (Py_IsFinalizing())
+        return 0;
+#else
+    if (_Py_IsFinalizing())
+        return 0;
+#endif
+    PyThreadState *ts = PyGILState_GetThisThreadState();
+    if (ts == NULL)
+        return 0;
+    int n = 0, d = 0;
+#if PY_VERSION_HEX >= 0x030D0000
+    _PyInterpreterFrame *f = ts->current_frame;
+    for (; f != NULL; f = f->previous) {
+        if (f->owner == FRAME_OWNED_BY_CSTACK || _PyFrame_IsIncomplete(f) || !PyCode_Check(f->f_executable))
+            continue;
+        if (n < MAX_DEPTH) {
+            PyCodeObject *code = (PyCodeObject *)f->f_executable;
+            out[n].code = code;
+            out[n].lasti = (int)((char *)f->instr_ptr - (char *)_PyCode_CODE(code));
+            n++;
+        }
+        d++;
+    }
+#elif PY_VERSION_HEX >= 0x030B0000
+    _PyCFrame *cf = ts->cframe;
+    _PyInterpreterFrame *f = cf ? cf->current_frame : NULL;
+    for (; f != NULL; f = f->previous) {
+#if PY_VERSION_HEX >= 0x030C0000
+        if (f->owner == FRAME_OWNED_BY_CSTACK)
+            continue;
+#endif
+        if (_PyFrame_IsIncomplete(f))
+            continue;
+        if (n < MAX_DEPTH) {
+            out[n].code = f->f_code;
+            out[n].lasti = _PyInterpreterFrame_LASTI(f) * (int)sizeof(_Py_CODEUNIT);
+            n++;
+        }
+        d++;
+    }
+#else
+    PyFrameObject *f = ts->frame;
+    for (; f != NULL; f = f->f_back) {
+        if (n < MAX_DEPTH) {
+            out[n].code = f->f_code;
+            out[n].lasti = f->f_lasti * 2;
+            n++;
+        }
+        d++;
+    }
+#endif
+    *depth = d;
+    return n;
+}
+
+static uint64_t fingerprint(const FrameRef *frames, int n, int depth) {
+    if (n == 0)
+        return NO_PYTHON_STACK;
+    uint64_t h = 0xCBF29CE484222325ULL ^ (uint64_t)depth;
+    for (int i = 0; i < n; i++)
+        h = mix64(h ^ (uint64_t)(uintptr_t)frames[i].code) ^ (uint64_t)(uint32_t)frames[i].lasti;
+    h = mix64(h);
+    return h <= NO_PYTHON_STACK ? h + 2 : h;
+}
+
+/* UTF-8 of a str into out (at most cap bytes), ';' as ',' and line breaks as spaces (FORMAT.md). */
+static size_t put_text(char *out, size_t cap, PyObject *s) {
+    if (s == NULL || !PyUnicode_Check(s))
+        return 0;
+    int kind = PyUnicode_KIND(s);
+    const void *data = PyUnicode_DATA(s);
+    Py_ssize_t len = PyUnicode_GET_LENGTH(s);
+    size_t n = 0;
+    for (Py_ssize_t i = 0; i < len; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c == ';')
+            c = ',';
+        else if (c == '\n' || c == '\r')
+            c = ' ';
+        char b[4];
+        size_t k;
+        if (c < 0x80) {
+            b[0] = (char)c;
+            k = 1;
+        } else if (c < 0x800) {
+            b[0] = (char)(0xC0 | (c >> 6));
+            b[1] = (char)(0x80 | (c & 0x3F));
+            k = 2;
+        } else if (c < 0x10000) {
+            if (c >= 0xD800 && c <= 0xDFFF)
+                c = '?';
+            b[0] = (char)(0xE0 | (c >> 12));
+            b[1] = (char)(0x80 | ((c >> 6) & 0x3F));
+            b[2] = (char)(0x80 | (c & 0x3F));
+            k = c == '?' ? (b[0] = '?', 1) : 3;
+        } else {
+            b[0] = (char)(0xF0 | (c >> 18));
+            b[1] = (char)(0x80 | ((c >> 12) & 0x3F));
+            b[2] = (char)(0x80 | ((c >> 6) & 0x3F));
+            b[3] = (char)(0x80 | (c & 0x3F));
+            k = 4;
+        }
+        if (n + k > cap)
+            break;
+        memcpy(out + n, b, k);
+        n += k;
+    }
+    return n;
+}
+
+/* "function (file:line)" of one frame, like collect/stacks.py's frame_text (a long file is cut). */
+static size_t frame_text(const FrameRef *f, char *out, size_t cap) {
+    PyCodeObject *code = (PyCodeObject *)f->code;
+    char tail[32];
+    int line = PyCode_Addr2Line(code, f->lasti);
+    int tl = snprintf(tail, sizeof tail, ":%d)", line < 0 ? 0 : line);
+    if (cap > MAX_FRAME)
+        cap = MAX_FRAME;
+    if (cap < (size_t)tl + 8)
+        return 0;
+    size_t room = cap - (size_t)tl;
+#if PY_VERSION_HEX >= 0x030B0000
+    size_t n = put_text(out, room / 2, code->co_qualname);
+#else
+    size_t n = put_text(out, room / 2, code->co_name);
+#endif
+    memcpy(out + n, " (", 2);
+    n += 2;
+    n += put_text(out + n, room - n, code->co_filename);
+    memcpy(out + n, tail, (size_t)tl);
+    return n + (size_t)tl;
+}
+
+/* ------------------------------------------------------------------ stacks awaiting the tick */
+static int seen_has(uint64_t h) {
+    uint64_t i = h & (SEEN_SLOTS - 1);
+    for (int k = 0; k < SEEN_PROBES; k++, i = (i + 1) & (SEEN_SLOTS - 1)) {
+        uint64_t v = __atomic_load_n(&g.seen[i], __ATOMIC_ACQUIRE);
+        if (v == h)
+            return 1;
+        if (v == 0)
+            return 0;
+    }
+    return 1; /* a full neighbourhood: treat as seen (counted at insert) */
+}
+
+static int seen_add(uint64_t h) {
+    uint64_t i = h & (SEEN_SLOTS - 1);
+    for (int k = 0; k < SEEN_PROBES; k++, i = (i + 1) & (SEEN_SLOTS - 1)) {
+        uint64_t expect = 0;
+        if (__atomic_compare_exchange_n(&g.seen[i], &expect, h, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return 1;
+        if (expect == h)
+            return 0;
+    }
+    __atomic_add_fetch(&g.seen_full, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static void queue_stack(uint64_t h, const FrameRef *frames, int n, int depth) {
+    if (n == 0 || seen_has(h))
+        return;
+    for (int i = 0; i < PENDING; i++) {
+        int expect = 0;
+        Pending *e = &g.pending[i];
+        if (__atomic_load_n(&e->state, __ATOMIC_RELAXED) != 0 ||
+            !__atomic_compare_exchange_n(&e->state, &expect, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            continue;
+        if (!seen_add(h)) {
+            __atomic_store_n(&e->state, 0, __ATOMIC_RELEASE);
+            return;
+        }
+        uint32_t used = 0, k = 0;
+        for (; k < (uint32_t)n; k++) {
+            e->off[k] = (uint16_t)used;
+            used += (uint32_t)frame_text(&frames[k], e->text + used, PENDING_TEXT - used);
+            if (PENDING_TEXT - used < 64) {
+                k++;
+                break;
+            }
+        }
+        e->off[k] = (uint16_t)used;
+        e->nframes = k;
+        e->depth = (uint32_t)depth;
+        e->used = used;
+        e->hash = h;
+        e->thread = (uint64_t)pthread_self();
+        __atomic_store_n(&e->state, 2, __ATOMIC_RELEASE);
+        return;
+    }
+    __atomic_add_fetch(&g.pending_full, 1, __ATOMIC_RELAXED);
+}
+
+/* ------------------------------------------------------------------ the slow paths */
+static void on_sample(Local *t, void *ptr, size_t size, int domain) {
+    if (t->epoch != g.epoch || t->rng == 0) { /* this thread's first countdown for this arming */
+        seed(t);
+        t->countdown = draw(t) - (int64_t)size;
+        if (t->countdown >= 0)
+            return;
+    }
+    t->countdown = draw(t);
+    if (ptr == NULL || t->nosample || !__atomic_load_n(&g.active, __ATOMIC_ACQUIRE))
+        return;
+    t->guard++;
+    __atomic_add_fetch(&g.inflight, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&g.active, __ATOMIC_SEQ_CST) && !g.forked) {
+        FrameRef frames[MAX_DEPTH];
+        int depth, n = walk_frames(frames, &depth);
+        uint64_t stack = fingerprint(frames, n, depth);
+        queue_stack(stack, frames, n, depth);
+        double s = (double)size, p = -expm1(-s / g.mean);
+        uint64_t weight = (uint64_t)(p > 0 ? s / p + 0.5 : s);
+        uint64_t addr = (uint64_t)(uintptr_t)ptr, h = addr_hash(ptr);
+        int64_t slot = heap_claim(addr, h), time = now_ns();
+        if (slot >= 0)
+            heap_fill(slot, addr, addr, size, weight, stack, time, domain);
+        else
+            __atomic_add_fetch(&g.table_full, 1, __ATOMIC_RELAXED);
+        int64_t payload[PAYLOAD_WORDS] = {(int64_t)addr, (int64_t)weight, (int64_t)stack, domain, slot, 0, 0, 0, 0};
+        put_record(KIND_ALLOC_SAMPLE, (int64_t)size, payload, -1);
+        __atomic_add_fetch(&g.samples, 1, __ATOMIC_RELAXED);
+    }
+    __atomic_sub_fetch(&g.inflight, 1, __ATOMIC_SEQ_CST);
+    t->guard--;
+}
+
+static void on_free(void *ptr) {
+    Local *t = &tls;
+    t->guard++;
+    __atomic_add_fetch(&g.inflight, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&g.active, __ATOMIC_SEQ_CST) && !g.forked) {
+        uint64_t key = (uint64_t)(uintptr_t)ptr, d[4], addr = key & ~(GPU_KEY | GPU_DEVICE);
+        int64_t slot;
+        if (heap_take(key, addr_hash(ptr), &slot, d)) {
+            int64_t payload[PAYLOAD_WORDS] = {(int64_t)addr, (int64_t)d[1], (int64_t)d[2], (int64_t)d[3], slot,
+                                              0, 0, 0, 0};
+            put_record(KIND_FREE_SAMPLE, (int64_t)d[0], payload, (int)d[3] == DOMAIN_GPU ? dev_of(key) : -1);
+            __atomic_add_fetch(&g.frees, 1, __ATOMIC_RELAXED);
+        }
+    }
+    __atomic_sub_fetch(&g.inflight, 1, __ATOMIC_SEQ_CST);
+    t->guard--;
+}
+
+static inline int tracked(const void *p) {
+    return p != NULL && g.filter[filter_of((uint64_t)(uintptr_t)p)] != 0;
+}
+
+#define AFTER_ALLOC(p, n, domain)                                                                                   \
+    do {                                                                                                           \
+        Local *t_ = &tls;                                                                                          \
+        if (!t_->guard && (t_->countdown -= (int64_t)(n)) < 0)                                                     \
+            on_sample(t_, (p), (n), (domain));                                                                     \
+    } while (0)
+#define BEFORE_FREE(p)                                                                                             \
+    do {                                                                                                           \
+        if (tracked(p) && !tls.guard)                                                                              \
+            on_free(p);                                                                                            \
+    } while (0)
+
+/* ------------------------------------------------------------------ PyMem domains (MEM, OBJ) */
+typedef struct {
+    PyMemAllocatorEx orig;
+    PyMemAllocatorDomain domain;
+    int installed;
+} PyHook;
+static PyHook g_py[2] = {{.domain = PYMEM_DOMAIN_MEM}, {.domain = PYMEM_DOMAIN_OBJ}};
+
+static void *pm_malloc(void *ctx, size_t n) {
+    PyHook *h = ctx;
+    Local *t = &tls;
+    t->guard++;
+    void *p = h->orig.malloc(h->orig.ctx, n);
+    t->guard--;
+    AFTER_ALLOC(p, n, DOMAIN_PYTHON);
+    return p;
+}
+
+static void *pm_calloc(void *ctx, size_t k, size_t n) {
+    PyHook *h = ctx;
+    Local *t = &tls;
+    t->guard++;
+    void *p = h->orig.calloc(h->orig.ctx, k, n);
+    t->guard--;
+    if (n == 0 || k <= SIZE_MAX / n)
+        AFTER_ALLOC(p, k * n, DOMAIN_PYTHON);
+    return p;
+}
+
+static void *pm_realloc(void *ctx, void *old, size_t n) {
+    PyHook *h = ctx;
+    BEFORE_FREE(old);
+    Local *t = &tls;
+    t->guard++;
+    void *p = h->orig.realloc(h->orig.ctx, old, n);
+    t->guard--;
+    AFTER_ALLOC(p, n, DOMAIN_PYTHON);
+    return p;
+}
+
+static void pm_free(void *ctx, void *p) {
+    PyHook *h = ctx;
+    BEFORE_FREE(p);
+    Local *t = &tls;
+    t->guard++;
+    h->orig.free(h->orig.ctx, p);
+    t->guard--;
+}
+
+static void py_install(void) {
+    for (int i = 0; i < 2; i++) {
+        PyHook *h = &g_py[i];
+        if (h->installed)
+            continue;
+        PyMem_GetAllocator(h->domain, &h->orig);
+        PyMemAllocatorEx mine = {h, pm_malloc, pm_calloc, pm_realloc, pm_free};
+        PyMem_SetAllocator(h->domain, &mine);
+        h->installed = 1;
+    }
+}
+
+/* Put the allocators found at install back, where ours is still the one in place (another wrapper
+ * installed since, tracemalloc say, keeps forwarding through ours, which then only forwards). */
+static void py_uninstall(void) {
+    for (int i = 0; i < 2; i++) {
+        PyHook *h = &g_py[i];
+        PyMemAllocatorEx cur;
+        if (!h->installed)
+            continue;
+        PyMem_GetAllocator(h->domain, &cur);
+        if (cur.ctx == h && cur.malloc == pm_malloc) {
+            PyMem_SetAllocator(h->domain, &h->orig);
+            h->installed = 0;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ native hooks */
+static void *(*r_malloc)(size_t);
+static void (*r_free)(void *);
+static void *(*r_calloc)(size_t, size_t);
+static void *(*r_realloc)(void *, size_t);
+static int (*r_posix_memalign)(void **, size_t, size_t);
+static void *(*r_aligned_alloc)(size_t, size_t);
+static void *(*r_memalign)(size_t, size_t);
+static void *(*r_valloc)(size_t);
+static void *(*r_pvalloc)(size_t);
+static void *(*r_reallocarray)(void *, size_t, size_t);
+
+static void *h_malloc(size_t n) {
+    void *p = r_malloc(n);
+    AFTER_ALLOC(p, n, DOMAIN_NATIVE);
+    return p;
+}
+static void h_free(void *p) {
+    BEFORE_FREE(p);
+    r_free(p);
+}
+static void *h_calloc(size_t k, size_t n) {
+    void *p = r_calloc(k, n);
+    if (n == 0 || k <= SIZE_MAX / n)
+        AFTER_ALLOC(p, k * n, DOMAIN_NATIVE);
+    return p;
+}
+static void *h_realloc(void *old, size_t n) {
+    BEFORE_FREE(old);
+    void *p = r_realloc(old, n);
+    AFTER_ALLOC(p, n, DOMAIN_NATIVE);
+    return p;
+}
+static int h_posix_memalign(void **out, size_t align, size_t n) {
+    int r = r_posix_memalign(out, align, n);
+    if (r == 0)
+        AFTER_ALLOC(*out, n, DOMAIN_NATIVE);
+    return r;
+}
+static void *h_aligned_alloc(size_t align, size_t n) {
+    void *p = r_aligned_alloc(align, n);
+    AFTER_ALLOC(p, n, DOMAIN_NATIVE);
+    return p;
+}
+static void *h_memalign(size_t align, size_t n) {
+    void *p = r_memalign(align, n);
+    AFTER_ALLOC(p, n, DOMAIN_NATIVE);
+    return p;
+}
+static void *h_valloc(size_t n) {
+    void *p = r_valloc(n);
+    AFTER_ALLOC(p, n, DOMAIN_NATIVE);
+    return p;
+}
+static void *h_pvalloc(size_t n) {
+    void *p = r_pvalloc(n);
+    AFTER_ALLOC(p, n, DOMAIN_NATIVE);
+    return p;
+}
+static void *h_reallocarray(void *old, size_t k, size_t n) {
+    BEFORE_FREE(old);
+    void *p = r_reallocarray(old, k, n);
+    if (n == 0 || k <= SIZE_MAX / n)
+        AFTER_ALLOC(p, k * n, DOMAIN_NATIVE);
+    return p;
+}
+
+typedef struct {
+    const char *name;
+    void *hook;
+    void **real;
+} HookDef;
+static HookDef g_hooks[] = {
+    {"malloc", (void *)h_malloc, (void **)&r_malloc},
+    {"free", (void *)h_free, (void **)&r_free},
+    {"calloc", (void *)h_calloc, (void **)&r_calloc},
+    {"realloc", (void *)h_realloc, (void **)&r_realloc},
+    {"posix_memalign", (void *)h_posix_memalign, (void **)&r_posix_memalign},
+    {"aligned_alloc", (void *)h_aligned_alloc, (void **)&r_aligned_alloc},
+    {"memalign", (void *)h_memalign, (void **)&r_memalign},
+    {"valloc", (void *)h_valloc, (void **)&r_valloc},
+    {"pvalloc", (void *)h_pvalloc, (void **)&r_pvalloc},
+    {"reallocarray", (void *)h_reallocarray, (void **)&r_reallocarray},
+};
+#define NHOOKS ((int)(sizeof g_hooks / sizeof g_hooks[0]))
+
+static int resolve_reals(void) {
+    for (int i = 0; i < NHOOKS; i++)
+        if (*g_hooks[i].real == NULL)
+            *g_hooks[i].real = dlsym(RTLD_DEFAULT, g_hooks[i].name);
+    return r_malloc != NULL && r_free != NULL && r_calloc != NULL && r_realloc != NULL;
+}
+
+/* ------------------------------------------------------------------ GOT patching */
+typedef struct {
+    uintptr_t slot, orig, base;
+    uint64_t name; /* hash of the object's path: with base, names the object */
+} Patched;
+static Patched g_patched[MAX_PATCHED];
+static int g_npatched;
+static struct {
+    uintptr_t base;
+    uint64_t name;
+} g_done[MAX_OBJECTS];
+static int g_ndone;
+static unsigned long long g_subs = ~0ULL;
+static uintptr_t g_self_base;
+static int g_patching; /* atomic try-lock: the tick and disarm never patch at once (never waited on) */
+static uint64_t g_objects_patched, g_slots_skipped;
+
+static uint64_t name_hash(const char *s) {
+    uint64_t h = 0xCBF29CE484222325ULL;
+    for (; s && *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001B3ULL;
+    return h;
+}
+
+static int skip_object(const struct dl_phdr_info *info) {
+    const char *n = info->dlpi_name ? info->dlpi_name : "";
+    if (info->dlpi_addr == g_self_base && g_self_base != 0)
+        return 1;
+    static const char *const skipped[] = {"linux-vdso", "linux-gate", "/ld-linux", "ld-linux-", "/libc.so",
+                                          "libc.so.", "libc-2.", "/libc-", "libjemalloc", "libtcmalloc",
+                                          "libmimalloc", "libhoard", "_csample"};
+    if (strncmp(n, "libc.so", 7) == 0)
+        return 1;
+    for (size_t i = 0; i < sizeof skipped / sizeof skipped[0]; i++)
+        if (strstr(n, skipped[i]))
+            return 1;
+    return 0;
+}
+
+static int in_object(const struct dl_phdr_info *info, uintptr_t a) {
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+        if (ph->p_type == PT_LOAD && a >= lo && a < lo + ph->p_memsz)
+            return 1;
+    }
+    return 0;
+}
+
+/* Whether the slot's page is one the loader made read-only: PT_GNU_RELRO rounded down at both ends,
+ * as ld.so protects it (a last partial page stays writable, and must stay so). */
+static int in_relro(const struct dl_phdr_info *info, uintptr_t a, uintptr_t page) {
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uintptr_t lo = (info->dlpi_addr + ph->p_vaddr) & ~(page - 1);
+        uintptr_t hi = (info->dlpi_addr + ph->p_vaddr + ph->p_memsz) & ~(page - 1);
+        if (ph->p_type == PT_GNU_RELRO && a >= lo && a < hi)
+            return 1;
+    }
+    return 0;
+}
+
+/* One 8-byte store into a relocation slot, making a RELRO page writable for it. */
+static int write_slot(const struct dl_phdr_info *info, uintptr_t slot, uintptr_t value) {
+    long page = sysconf(_SC_PAGESIZE);
+    int relro = in_relro(info, slot, (uintptr_t)page);
+    void *pg = (void *)(slot & ~(uintptr_t)(page - 1));
+    if (relro && mprotect(pg, (size_t)page, PROT_READ | PROT_WRITE) != 0)
+        return 0;
+    __atomic_store_n((uintptr_t *)slot, value, __ATOMIC_SEQ_CST);
+    if (relro)
+        mprotect(pg, (size_t)page, PROT_READ);
+    return 1;
+}
+
+static uintptr_t dyn_ptr(const struct dl_phdr_info *info, ElfW(Addr) v) {
+    return v < info->dlpi_addr ? info->dlpi_addr + v : v; /* glibc relocates most d_ptr in place */
+}
+
+typedef struct {
+    int undo;
+    int seen;
+    int patched;
+} ScanCtx;
+
+static void patch_relocs(const struct dl_phdr_info *info, const ElfW(Rela) * rel, size_t count,
+                         const ElfW(Sym) * symtab, const char *strtab, uint64_t oname, int undo, int *added) {
+    for (size_t i = 0; i < count; i++) {
+        unsigned long type = ELF64_R_TYPE(rel[i].r_info);
+#if defined(__x86_64__)
+        if (type != R_X86_64_JUMP_SLOT && type != R_X86_64_GLOB_DAT)
+            continue;
+#elif defined(__aarch64__)
+        if (type != R_AARCH64_JUMP_SLOT && type != R_AARCH64_GLOB_DAT)
+            continue;
+#else
+        (void)type;
+        continue;
+#endif
+        const ElfW(Sym) *sym = &symtab[ELF64_R_SYM(rel[i].r_info)];
+        if (sym->st_name == 0 || sym->st_shndx != SHN_UNDEF)
+            continue;
+        const char *name = strtab + sym->st_name;
+        for (int k = 0; k < NHOOKS; k++) {
+            if (strcmp(name, g_hooks[k].name) != 0 || *g_hooks[k].real == NULL)
+                continue;
+            uintptr_t slot = info->dlpi_addr + rel[i].r_offset;
+            uintptr_t cur = __atomic_load_n((uintptr_t *)slot, __ATOMIC_RELAXED);
+            if (undo) {
+                for (int j = 0; j < g_npatched; j++)
+                    if (g_patched[j].slot == slot && g_patched[j].base == info->dlpi_addr &&
+                        cur == (uintptr_t)g_hooks[k].hook)
+                        write_slot(info, slot, g_patched[j].orig);
+                break;
+            }
+            if (cur == (uintptr_t)g_hooks[k].hook)
+                break;
+            /* only a slot bound to the global definition, or not bound yet (a lazy PLT stub inside the
+             * object): one bound elsewhere (RTLD_DEEPBIND) keeps its own allocator, unhooked */
+            if (cur != (uintptr_t)*g_hooks[k].real && !in_object(info, cur)) {
+                g_slots_skipped++;
+                break;
+            }
+            if (g_npatched >= MAX_PATCHED)
+                break;
+            if (write_slot(info, slot, (uintptr_t)g_hooks[k].hook)) {
+                g_patched[g_npatched++] = (Patched){slot, cur, info->dlpi_addr, oname};
+                (*added)++;
+            }
+            break;
+        }
+    }
+}
+
+static int scan_one(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    ScanCtx *ctx = data;
+    if (skip_object(info))
+        return 0;
+    uint64_t oname = name_hash(info->dlpi_name);
+    int known = 0;
+    for (int i = 0; i < g_ndone; i++)
+        if (g_done[i].base == info->dlpi_addr && g_done[i].name == oname)
+            known = 1;
+    if (!ctx->undo && known)
+        return 0;
+    const ElfW(Dyn) *dyn = NULL;
+    for (int i = 0; i < info->dlpi_phnum; i++)
+        if (info->dlpi_phdr[i].p_type == PT_DYNAMIC)
+            dyn = (const ElfW(Dyn) *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+    if (dyn == NULL)
+        return 0;
+    const ElfW(Sym) *symtab = NULL;
+    const char *strtab = NULL;
+    const ElfW(Rela) *jmprel = NULL, *rela = NULL;
+    size_t jmpsz = 0, relasz = 0;
+    long pltrel = DT_RELA;
+    for (const ElfW(Dyn) *d = dyn; d->d_tag != DT_NULL; d++) {
+        switch (d->d_tag) {
+        case DT_SYMTAB: symtab = (const ElfW(Sym) *)dyn_ptr(info, d->d_un.d_ptr); break;
+        case DT_STRTAB: strtab = (const char *)dyn_ptr(info, d->d_un.d_ptr); break;
+        case DT_JMPREL: jmprel = (const ElfW(Rela) *)dyn_ptr(info, d->d_un.d_ptr); break;
+        case DT_PLTRELSZ: jmpsz = d->d_un.d_val; break;
+        case DT_RELA: rela = (const ElfW(Rela) *)dyn_ptr(info, d->d_un.d_ptr); break;
+        case DT_RELASZ: relasz = d->d_un.d_val; break;
+        case DT_PLTREL: pltrel = (long)d->d_un.d_val; break;
+        default: break;
+        }
+    }
+    if (symtab == NULL || strtab == NULL || pltrel != DT_RELA)
+        return 0;
+    int added = 0;
+    if (jmprel)
+        patch_relocs(info, jmprel, jmpsz / sizeof(ElfW(Rela)), symtab, strtab, oname, ctx->undo, &added);
+    if (rela)
+        patch_relocs(info, rela, relasz / sizeof(ElfW(Rela)), symtab, strtab, oname, ctx->undo, &added);
+    if (!ctx->undo && g_ndone < MAX_OBJECTS) {
+        g_done[g_ndone].base = info->dlpi_addr;
+        g_done[g_ndone].name = oname;
+        g_ndone++;
+        ctx->seen++;
+        if (added) {
+            ctx->patched++;
+            g_objects_patched++;
+        }
+    }
+    return 0;
+}
+
+static int subs_now(struct dl_phdr_info *info, size_t size, void *data) {
+    if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof info->dlpi_subs)
+        *(unsigned long long *)data = info->dlpi_subs;
+    return 1;
+}
+
+/* Patch the objects not patched yet (all of them again after an unload: the ones gone are forgotten,
+ * since an undo only ever writes into a slot of an object loaded at that moment). */
+static int native_scan(void) {
+    int expect = 0;
+    if (!__atomic_compare_exchange_n(&g_patching, &expect, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+        return 0;
+    unsigned long long subs = 0;
+    dl_iterate_phdr(subs_now, &subs);
+    if (subs != g_subs) {
+        g_subs = subs;
+        g_ndone = 0;
+    }
+    ScanCtx ctx = {0, 0, 0};
+    dl_iterate_phdr(scan_one, &ctx);
+    __atomic_store_n(&g_patching, 0, __ATOMIC_RELEASE);
+    return ctx.patched;
+}
+
+static void native_undo(void) {
+    int expect = 0; /* the disarming thread (never a hook) waits for a scan in flight on the tick */
+    while (!__atomic_compare_exchange_n(&g_patching, &expect, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+        expect = 0;
+        sched_yield();
+    }
+    ScanCtx ctx = {1, 0, 0};
+    dl_iterate_phdr(scan_one, &ctx); /* each object's slots restored while the loader cannot unload it */
+    g_npatched = 0;
+    g_ndone = 0;
+    g_subs = ~0ULL;
+    __atomic_store_n(&g_patching, 0, __ATOMIC_RELEASE);
+}
+
+/* ------------------------------------------------------------------ fork */
+static void after_fork_child(void) {
+    __atomic_store_n(&g.active, 0, __ATOMIC_SEQ_CST);
+    g.forked = 1;
+    g.inflight = 0;
+    g_patching = 0;
+}
+
+/* ------------------------------------------------------------------ module functions */
+static void *anon(size_t n) {
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void wait_quiet(void) {
+    while (__atomic_load_n(&g.inflight, __ATOMIC_SEQ_CST) != 0)
+        sched_yield();
+}
+
+static void release_view(void) {
+    if (g.have_view) {
+        g.have_view = 0;
+        PyBuffer_Release(&g.view);
+    }
+    Py_CLEAR(g.seq_ref);
+}
+
+/* start(buffer, records_offset, capacity, sequence, heap_offset, heap_slots, mean_bytes, python, native)
+ * -> {"python": bool, "native": bool} */
+static PyObject *start(PyObject *Py_UNUSED(m), PyObject *args) {
+    PyObject *buffer, *seq;
+    Py_ssize_t roff, hoff;
+    unsigned long long cap, slots;
+    double mean;
+    int want_py, want_native;
+    if (!PyArg_ParseTuple(args, "OnKOnKdpp", &buffer, &roff, &cap, &seq, &hoff, &slots, &mean, &want_py,
+                          &want_native))
+        return NULL;
+    if (__atomic_load_n(&g.active, __ATOMIC_SEQ_CST)) {
+        PyErr_SetString(PyExc_RuntimeError, "allocation sampling is already started");
+        return NULL;
+    }
+    if (strcmp(Py_TYPE(seq)->tp_name, "blackbox.ring._cwriter.Sequence") != 0) {
+        PyErr_SetString(PyExc_TypeError, "sequence must be blackbox.ring._cwriter.Sequence");
+        return NULL;
+    }
+    if (cap == 0 || slots < BUCKET || (slots & (slots - 1)) != 0 || slots > (1ULL << 22) || !(mean >= 1.0) ||
+        roff < 0 || hoff < 0) {
+        PyErr_SetString(PyExc_ValueError, "capacity > 0, heap slots a power of two (8..4M), mean >= 1 byte");
+        return NULL;
+    }
+    wait_quiet();
+    release_view();
+    if (PyObject_GetBuffer(buffer, &g.view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    g.have_view = 1;
+    if ((unsigned long long)g.view.len < (unsigned long long)roff + cap * RECORD_SIZE ||
+        (unsigned long long)g.view.len < (unsigned long long)hoff + slots * HEAP_SLOT) {
+        release_view();
+        PyErr_SetString(PyExc_ValueError, "buffer smaller than the records or the heap table");
+        return NULL;
+    }
+    if (g.index == NULL || g.index_slots < slots) { /* grows only: an older one stays mapped (a hook may read it) */
+        uint64_t *index = anon(slots * 8);
+        if (index == NULL) {
+            release_view();
+            return PyErr_NoMemory();
+        }
+        g.index = index;
+        g.index_slots = slots;
+    } else {
+        memset(g.index, 0, g.index_slots * 8);
+    }
+    if (g.filter == NULL)
+        g.filter = anon(FILTER_SIZE);
+    if (g.seen == NULL)
+        g.seen = anon(SEEN_SLOTS * 8);
+    if (g.pending == NULL)
+        g.pending = anon(PENDING * sizeof(Pending));
+    if (g.filter == NULL || g.seen == NULL || g.pending == NULL) {
+        release_view();
+        return PyErr_NoMemory();
+    }
+    memset(g.filter, 0, FILTER_SIZE);
+    memset(g.seen, 0, SEEN_SLOTS * 8);
+    for (int i = 0; i < PENDING; i++)
+        g.pending[i].state = 0;
+    g.seq_ref = Py_NewRef(seq);
+    g.seq = (uint64_t *)((char *)seq + sizeof(PyObject)); /* _cwriter.c: Sequence's first field, the counter */
+    g.records = (char *)g.view.buf + roff;
+    g.cap = cap;
+    g.heap = (char *)g.view.buf + hoff;
+    g.slots = slots;
+    g.buckets = slots / BUCKET;
+    g.mean = mean;
+    g.step = -1;
+    g.samples = g.frees = g.table_full = g.stale = g.pending_full = g.seen_full = 0;
+    g.forked = 0;
+    g.epoch++;
+    int native = 0;
+    if (want_native && resolve_reals()) {
+        Dl_info self;
+        if (dladdr((void *)start, &self))
+            g_self_base = (uintptr_t)self.dli_fbase;
+        native = 1;
+    }
+    __atomic_store_n(&g.active, 1, __ATOMIC_SEQ_CST);
+    if (want_py)
+        py_install();
+    if (native)
+        native_scan();
+    return Py_BuildValue("{sOsO}", "python", want_py ? Py_True : Py_False, "native", native ? Py_True : Py_False);
+}
+
+/* stop(in_child): hooks off, allocators and (not in a forked child) slots put back, then (not in a
+ * forked child) wait for a slow path in flight on another thread, and release the mapping. */
+static PyObject *stop(PyObject *Py_UNUSED(m), PyObject *args) {
+    int in_child = 0;
+    if (!PyArg_ParseTuple(args, "|p", &in_child))
+        return NULL;
+    __atomic_store_n(&g.active, 0, __ATOMIC_SEQ_CST);
+    py_uninstall();
+    if (in_child) { /* no dl_iterate_phdr here: a thread of the parent may have held the loader's lock at
+                     * the fork. The slots stay patched: our hooks only forward now (and sample again if
+                     * this child arms its own ring). */
+        g_patching = 0;
+        g_npatched = g_ndone = 0;
+        g_subs = ~0ULL;
+    } else {
+        native_undo();
+    }
+    if (!in_child)
+        wait_quiet();
+    g.inflight = 0;
+    release_view();
+    Py_RETURN_NONE;
+}
+
+static PyObject *rescan(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
+    if (!__atomic_load_n(&g.active, __ATOMIC_SEQ_CST) || r_malloc == NULL || g_self_base == 0)
+        return PyLong_FromLong(0);
+    int n;
+    Py_BEGIN_ALLOW_THREADS /* the loader's lock may be held by a thread that needs the GIL */
+    n = native_scan();
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(n);
+}
+
+static PyObject *set_step(PyObject *Py_UNUSED(m), PyObject *arg) {
+    long long n = PyLong_AsLongLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    g.step = n < -1 || n > INT32_MAX ? -1 : n;
+    Py_RETURN_NONE;
+}
+
+static PyObject *ignore_thread(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
+    tls.nosample = 1;
+    Py_RETURN_NONE;
+}
+
+/* pending() -> [(fingerprint, thread, depth, [frame text bytes, innermost first])] ready for the table. */
+static PyObject *pending(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
+    PyObject *out = PyList_New(0);
+    if (out == NULL || g.pending == NULL)
+        return out;
+    for (int i = 0; i < PENDING; i++) {
+        Pending *e = &g.pending[i];
+        if (__atomic_load_n(&e->state, __ATOMIC_ACQUIRE) != 2)
+            continue;
+        PyObject *frames = PyList_New(e->nframes);
+        if (frames == NULL)
+            goto fail;
+        for (uint32_t k = 0; k < e->nframes; k++) {
+            PyObject *b = PyBytes_FromStringAndSize(e->text + e->off[k], e->off[k + 1] - e->off[k]);
+            if (b == NULL) {
+                Py_DECREF(frames);
+                goto fail;
+            }
+            PyList_SET_ITEM(frames, k, b);
+        }
+        PyObject *item = Py_BuildValue("(KKIN)", (unsigned long long)e->hash, (unsigned long long)e->thread,
+                                       e->depth, frames);
+        __atomic_store_n(&e->state, 0, __ATOMIC_RELEASE);
+        if (item == NULL || PyList_Append(out, item) < 0) {
+            Py_XDECREF(item);
+            goto fail;
+        }
+        Py_DECREF(item);
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* live_stacks() -> {fingerprint: sampled blocks} of the blocks in the heap table now. */
+static PyObject *live_stacks(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
+    PyObject *out = PyDict_New();
+    if (out == NULL || !__atomic_load_n(&g.active, __ATOMIC_SEQ_CST))
+        return out;
+    for (uint64_t j = 0; j < g.slots; j++) {
+        uint64_t *s = (uint64_t *)(g.heap + j * HEAP_SLOT);
+        if (__atomic_load_n(&s[0], __ATOMIC_ACQUIRE) == 0)
+            continue;
+        PyObject *key = PyLong_FromUnsignedLongLong(s[3]);
+        PyObject *old = key ? PyDict_GetItemWithError(out, key) : NULL;
+        PyObject *n = key && !PyErr_Occurred() ? PyLong_FromLong(old ? PyLong_AsLong(old) + 1 : 1) : NULL;
+        if (n == NULL || PyDict_SetItem(out, key, n) < 0) {
+            Py_XDECREF(key);
+            Py_XDECREF(n);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(key);
+        Py_DECREF(n);
+    }
+    return out;
+}
+
+/* track(address, size, weight, fingerprint, device) -> slot or -1: a GPU block sampled by the tick
+ * (from the allocator's history) into the heap table, with its alloc_sample record. */
+static PyObject *track(PyObject *Py_UNUSED(m), PyObject *args) {
+    unsigned long long addr, size, weight, stack;
+    int device;
+    if (!PyArg_ParseTuple(args, "KKKKi", &addr, &size, &weight, &stack, &device))
+        return NULL;
+    if (!__atomic_load_n(&g.active, __ATOMIC_SEQ_CST) || addr <= BUSY || addr >= (1ULL << 55) || device < 0 ||
+        device > 255)
+        return PyLong_FromLongLong(-1);
+    uint64_t key = addr | GPU_KEY | (uint64_t)device << 55;
+    tls.guard++;
+    int64_t slot = heap_claim(key, addr_hash((void *)(uintptr_t)key));
+    if (slot >= 0)
+        heap_fill(slot, key, addr, size, weight, stack, now_ns(), DOMAIN_GPU);
+    else
+        g.table_full++;
+    int64_t payload[PAYLOAD_WORDS] = {(int64_t)addr, (int64_t)weight, (int64_t)stack, DOMAIN_GPU, slot, 0, 0, 0, 0};
+    put_record(KIND_ALLOC_SAMPLE, (int64_t)size, payload, device);
+    tls.guard--;
+    return PyLong_FromLongLong(slot);
+}
+
+/* untrack(address, device) -> True if it was a tracked GPU block (its free_sample record written). */
+static PyObject *untrack(PyObject *Py_UNUSED(m), PyObject *args) {
+    unsigned long long addr;
+    int device;
+    if (!PyArg_ParseTuple(args, "Ki", &addr, &device))
+        return NULL;
+    if (!__atomic_load_n(&g.active, __ATOMIC_SEQ_CST) || addr <= BUSY || addr >= (1ULL << 55) || device < 0 ||
+        device > 255)
+        Py_RETURN_FALSE;
+    void *key = (void *)(uintptr_t)(addr | GPU_KEY | (uint64_t)device << 55);
+    if (!tracked(key))
+        Py_RETURN_FALSE;
+    uint64_t before = g.frees;
+    on_free(key);
+    return PyBool_FromLong(g.frees != before);
+}
+
+static PyObject *stats(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
+    return Py_BuildValue("{sKsKsKsKsKsKsKsKsi}", "samples", (unsigned long long)g.samples, "frees",
+                         (unsigned long long)g.frees, "table_full", (unsigned long long)g.table_full, "stale",
+                         (unsigned long long)g.stale, "pending_full", (unsigned long long)g.pending_full,
+                         "seen_full", (unsigned long long)g.seen_full, "objects_patched",
+                         (unsigned long long)g_objects_patched, "slots_skipped", (unsigned long long)g_slots_skipped,
+                         "slots_patched", g_npatched);
+}
+
+static PyMethodDef methods[] = {
+    {"start", start, METH_VARARGS,
+     "start(buffer, records_offset, capacity, sequence, heap_offset, heap_slots, mean_bytes, python, native)."},
+    {"stop", stop, METH_VARARGS, "stop(in_child=False): hooks off and put back; the mapping released."},
+    {"rescan", rescan, METH_NOARGS, "Patch shared objects loaded since the last scan; how many."},
+    {"set_step", set_step, METH_O, "The step in force, for the heap table's slots."},
+    {"ignore_thread", ignore_thread, METH_NOARGS, "Never sample the calling thread's allocations."},
+    {"pending", pending, METH_NOARGS, "Stacks seen for the first time: (fingerprint, thread, depth, frames)."},
+    {"live_stacks", live_stacks, METH_NOARGS, "{fingerprint: blocks} in the heap table now."},
+    {"track", track, METH_VARARGS, "track(address, size, weight, fingerprint, device) -> heap slot or -1."},
+    {"untrack", untrack, METH_VARARGS, "untrack(address, device) -> whether it was a tracked GPU block."},
+    {"stats", stats, METH_NOARGS, "Counters since start."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "blackbox.collect._csample",
+                                    "Allocations sampled by bytes (see collect/allocs.py).", -1, methods};
+
+PyMODINIT_FUNC PyInit__csample(void) {
+    static int atfork_done;
+    if (!atfork_done && pthread_atfork(NULL, NULL, after_fork_child) == 0)
+        atfork_done = 1;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "HEAP_SLOT", HEAP_SLOT) < 0 || PyModule_AddIntConstant(m, "MAX_DEPTH", MAX_DEPTH) < 0)
+        return NULL;
+    return m;
+}

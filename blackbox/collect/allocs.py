@@ -1,0 +1,311 @@
+"""Who filled the memory: allocations sampled by bytes, in every process, into the ring.
+
+The sampling itself is the C extension ``_csample`` (its header comment says why
+it patches the loaded libraries' relocation slots and wraps PyMem's MEM and OBJ
+domains, and why that reaches torch CPU tensors under both ``arm()`` and
+``blackbox run``). A block of s bytes is sampled with probability
+``1 - exp(-s/R)`` (R: ``mean_bytes``, a per-thread exponential byte countdown, as
+Go's heap profiler and tcmalloc), and stands for ``s / (1 - exp(-s/R))`` bytes,
+so live bytes per site are an unbiased estimate whose error recovery computes
+(recovery/allocs.py). Each sampled block takes a slot of the ring's heap table
+until it is freed (so what was live at a kill is there however long ago it was
+allocated), and each sample and each free is a record (the timeline).
+
+This module is the sampler tick's half (Python, the GIL held, on the recorder's
+sampler thread): it writes the text of stacks the hooks saw for the first time
+into the stack table (one kind-3 entry per stack fingerprint, with the
+allocating thread's name and the source line of the innermost frame outside
+libraries), writes them again into a new generation when the table turns over
+(for the blocks still live), tells the hooks the step in force, and patches
+libraries loaded since the last tick (torch imported after arm). What a kill
+loses: the text of stacks first seen since the last tick (at most one sample
+interval); their records and heap slots survive and read as
+``format.STACK_UNWRITTEN_TEXT``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import linecache
+import math
+import os
+import random
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..ring import format as fmt
+from .stacks import StackTable
+
+DEFAULT_MEAN_BYTES = 1 << 20  # R: one sample per MiB allocated, on average
+HEAP_SLOTS = 1 << 16  # the main process's heap table: 4 MiB, 64 GiB of live memory at R = 1 MiB
+HELPER_HEAP_SLOTS = 1 << 12  # a helper's (a DataLoader worker): 256 KiB
+MAX_KNOWN = 16384  # stacks whose text is kept to write again after the table turns over
+ENV = "BLACKBOX_ALLOCATIONS"  # "0" off, "1" on, or the mean interval in bytes
+_LIBRARY_MARKS = ("site-packages", "dist-packages", "<frozen")
+_STDLIB = (os.path.dirname(os.__file__) + os.sep, os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+
+
+def sample_module() -> Any:
+    """The compiled sampler, or None where it is not built."""
+    try:
+        from . import _csample  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _csample
+
+
+def mean_bytes(setting: bool | int | None) -> int:
+    """R in bytes for ``arm(allocations=...)``: False/0 off, True the default, an int the interval; None
+    reads ``BLACKBOX_ALLOCATIONS`` (unset: off)."""
+    if setting is None:
+        raw = os.environ.get(ENV, "").strip().lower()
+        if raw in ("", "0", "false", "no", "off"):
+            return 0
+        setting = True if raw in ("1", "true", "yes", "on") else int(raw)
+    if setting is True:
+        return DEFAULT_MEAN_BYTES
+    if setting is False or setting == 0:
+        return 0
+    if isinstance(setting, bool) or not isinstance(setting, int) or setting < 1024:
+        raise ValueError(f"allocations must be True, False or a mean interval of at least 1024 bytes, got {setting!r}")
+    return setting
+
+
+def heap_bytes(role: str, mean: int) -> int:
+    """The heap table's size for a ring: none without sampling, a helper's smaller."""
+    return ((HEAP_SLOTS if role == "main" else HELPER_HEAP_SLOTS) * fmt.HEAP_SLOT) if mean else 0
+
+
+def is_library(path: str) -> bool:
+    """A frame of a library (site-packages, the standard library, blackbox itself), not the job's code."""
+    return path.startswith(_STDLIB) or any(mark in path for mark in _LIBRARY_MARKS)
+
+
+def split_frame(text: str) -> tuple[str, str, int]:
+    """``fn (file:line)`` -> (fn, file, line); line 0 where it does not parse."""
+    name, _, where = text.rpartition(" (")
+    file, _, line = where.rstrip(")").rpartition(":")
+    return name, file, int(line) if line.isdigit() else 0
+
+
+def user_line(texts_inner_first: list[str]) -> str:
+    """The source line of the innermost frame outside libraries (the job's own line), stripped."""
+    for text in texts_inner_first:
+        _, file, line = split_frame(text)
+        if file and not is_library(file):
+            try:
+                return linecache.getline(file, line).strip()[:200]
+            except Exception:
+                return ""
+    return ""
+
+
+def gpu_frame_text(frame: dict[str, Any]) -> str:
+    """A frame of PyTorch's allocator history (``name``, ``filename``, ``line``) as ``fn (file:line)``."""
+    line = frame.get("line")
+    text = f"{frame.get('name', '?')} ({frame.get('filename', '?')}:{line if isinstance(line, int) else 0})"
+    return text.replace(";", ",").replace("\n", " ").replace("\r", " ")[: fmt.MAX_FRAME_BYTES]
+
+
+def intern_alloc(table: StackTable, fingerprint: int, texts: list[bytes], depth: int, thread: str,
+                 line: str, entry_id: int) -> bool:  # fmt: skip
+    """Write one allocation stack (frames innermost first) into the table's current generation, frames
+    shared with the sampled stacks by text; False when it cannot fit even an empty half."""
+    for attempt in (0, 1):
+        entries: list[bytes] = []
+        ids: list[int] = []
+        new_texts: dict[bytes, int] = {}
+        next_frame = table.next_frame
+        for text in reversed(texts):
+            fid = table.text_ids.get(text) or new_texts.get(text)
+            if fid is None:
+                fid = new_texts[text] = next_frame
+                next_frame += 1
+                entries.append(fmt.stack_entry(table.generation, fmt.STACK_FRAME, fid, text))
+            ids.append(fid)
+        payload = fmt.alloc_stack_payload(fingerprint, depth, ids, thread, line)
+        entries.append(fmt.stack_entry(table.generation, fmt.STACK_ALLOC, entry_id, payload))
+        size = sum(map(len, entries))
+        if table.pos + size > table.half:
+            if attempt == 0 and (table.pos or table.frame_ids or table.text_ids):
+                table._flip()
+                continue
+            return False
+        base = ((table.generation - 1) % 2) * table.half
+        for entry in entries:  # each entry complete before the next; the stack's after its frames
+            table.view[base + table.pos : base + table.pos + len(entry)] = entry
+            table.pos += len(entry)
+        table.text_ids.update(new_texts)
+        table.next_frame = next_frame
+        return True
+    return False
+
+
+class AllocSampler:
+    """The sampler tick's side of allocation sampling for one armed ring."""
+
+    def __init__(self, cmod: Any, table: Callable[[], Any], note: Callable[[str], None]) -> None:
+        self._c = cmod
+        self._table = table  # the StackSampler whose table we share, or a StackTable of our own, or None
+        self._note = note
+        self._own_lock = threading.Lock()
+        self._known: dict[int, tuple[list[bytes], int, str, str]] = {}
+        self._generation = 0
+        self._ids = self._ids_generation = 0  # kind-3 entry ids, per generation
+        self._ignored = False  # the sampler thread told the hooks to leave it out
+        self._mean = 1.0
+        self._rng = random.Random()
+        self._gpu_countdown = 0.0  # bytes of GPU allocations before the next sample
+        self._gpu_pending: list[tuple[int, list[bytes], int, str]] = []
+        self.started = False
+        self.unwritten = 0  # stacks that did not fit the table
+
+    @classmethod
+    def start(cls, cmod: Any, mapping: Any, header: fmt.Header, sequence: Any, mean: int,
+              table: Callable[[], Any], note: Callable[[str], None]) -> AllocSampler:  # fmt: skip
+        """Hooks in: raises where they cannot be (the caller notes it and goes on without)."""
+        if sequence is None or type(sequence).__name__ != "Sequence":
+            raise RuntimeError("the C write path's seq counter is not built")
+        self = cls(cmod, table, note)
+        self._mean = float(mean)
+        self._gpu_countdown = self._rng.expovariate(1.0 / mean)
+        got = cmod.start(mapping, header.records_offset, header.capacity, sequence, header.heap_offset,
+                         header.heap_size // fmt.HEAP_SLOT, float(mean), True, True)  # fmt: skip
+        self.started = True
+        if not got.get("native"):
+            note("allocations: native allocations (torch CPU tensors, numpy) not sampled: malloc not found")
+        return self
+
+    def tick(self, step: int) -> None:
+        """Once a sample interval: the step in force, newly loaded libraries, and new stacks' text. A
+        failure stops sampling (the job's allocators put back) with one note, never the recorder. On the
+        recorder's own sampler thread (named ``blackbox-sampler``), its allocations are never samples."""
+        if not self.started:
+            return
+        if not self._ignored and threading.current_thread().name == "blackbox-sampler":
+            self._ignored = True
+            self._c.ignore_thread()
+        try:
+            self._c.set_step(step)
+            self._c.rescan()
+            self.drain()
+        except Exception as exc:
+            self.stop()
+            self._note(f"allocations no longer sampled: {type(exc).__name__}: {exc}")
+
+    def drain(self) -> None:
+        """Write the stacks seen for the first time, and rewrite live ones after the table turned over.
+        Never at once with the stack sampler's interning (a disarm whose sampler thread is late)."""
+        owner = self._table()
+        table, lock = (owner, self._own_lock) if isinstance(owner, StackTable) else (None, None)
+        if owner is not None and table is None:
+            table, lock = getattr(owner, "_table", None), getattr(owner, "_busy", None)
+        if table is None or table.view is None or lock is None or not lock.acquire(blocking=False):
+            return
+        try:
+            self._drain(table)
+        finally:
+            lock.release()
+
+    def _drain(self, table: StackTable) -> None:
+        names = {t.ident: t.name for t in threading.enumerate()}
+        gpu, self._gpu_pending = self._gpu_pending, []
+        for fingerprint, frames, depth, line in gpu:  # GPU blocks' stacks, from the allocator's history
+            info = (frames, depth, "", line)
+            self._remember(fingerprint, info)
+            self._write(table, fingerprint, info)
+        for fingerprint, thread, depth, frames in self._c.pending():
+            texts = [f.decode("utf-8", "replace") for f in frames]
+            info = (frames, int(depth), names.get(thread) or "", user_line(texts))
+            self._remember(fingerprint, info)
+            self._write(table, fingerprint, info)
+        if table.generation != self._generation and self._generation:
+            live = self._c.live_stacks()
+            for fingerprint in sorted(live, key=live.__getitem__, reverse=True):
+                known = self._known.get(fingerprint)
+                if known is not None and not self._write(table, fingerprint, known):
+                    break
+        self._generation = table.generation
+
+    def _write(self, table: StackTable, fingerprint: int, info: tuple[list[bytes], int, str, str]) -> bool:
+        if table.generation != self._ids_generation:
+            self._ids, self._ids_generation = 0, table.generation
+        self._ids += 1
+        ok = intern_alloc(table, fingerprint, info[0], info[1], info[2], info[3], self._ids)
+        self.unwritten += not ok
+        return ok
+
+    def _remember(self, fingerprint: int, info: tuple[list[bytes], int, str, str]) -> None:
+        if len(self._known) >= MAX_KNOWN:
+            live = self._c.live_stacks()
+            self._known = {k: v for k, v in self._known.items() if k in live}
+        if len(self._known) < MAX_KNOWN:
+            self._known[fingerprint] = info
+
+    def gpu_block(self, device: int, entry: dict[str, Any]) -> None:
+        """One entry of PyTorch's CUDA allocator history (drained by torch_hooks): an ``alloc`` is sampled
+        by bytes like a host block (a countdown of the same mean), with the Python stack PyTorch recorded
+        for it (``frames``, innermost first); a completed free of a sampled block empties its slot."""
+        if not self.started:
+            return
+        action, addr, size = entry.get("action"), entry.get("addr"), entry.get("size")
+        if not isinstance(addr, int) or not isinstance(size, int) or size < 0:
+            return
+        if action == "free_completed":
+            self._c.untrack(addr, device)
+            return
+        if action != "alloc":
+            return
+        self._gpu_countdown -= size
+        if self._gpu_countdown >= 0:
+            return
+        self._gpu_countdown = self._rng.expovariate(1.0 / self._mean)
+        p = -math.expm1(-size / self._mean)
+        texts = [gpu_frame_text(f) for f in entry.get("frames") or [] if isinstance(f, dict)][: fmt.MAX_STACK_DEPTH]
+        digest = hashlib.blake2b(b"\n".join(t.encode("utf-8", "replace") for t in texts), digest_size=8).digest()
+        fingerprint = max(int.from_bytes(digest, "little"), 2) if texts else fmt.NO_PYTHON_STACK
+        if texts and fingerprint not in self._known:
+            frames = [t.encode("utf-8", "replace") for t in texts]
+            self._gpu_pending.append((fingerprint, frames, len(entry.get("frames") or []), user_line(texts)))
+        self._c.track(addr, size, int(size / p + 0.5) if p > 0 else size, fingerprint, device)
+
+    def stats(self) -> dict[str, int]:
+        out: dict[str, int] = dict(self._c.stats()) if self.started else {}
+        out["stacks_unwritten"] = self.unwritten
+        return out
+
+    def stop(self, *, in_child: bool = False) -> None:
+        """Hooks out (the job's allocators as they were); not in a forked child: the last stacks first."""
+        if not self.started:
+            return
+        if not in_child:
+            try:
+                self.drain()
+            except Exception:
+                pass
+        self.started = False
+        self._c.stop(in_child)
+        owner = self._table()
+        if isinstance(owner, StackTable) and owner.view is not None:
+            view, owner.view = owner.view, None
+            view.release()
+
+
+def start_allocs(mapping: Any, header: fmt.Header, sequence: Any, mean: int, own: bool,
+                 stacks: Callable[[], Any], note: Callable[[str], None]) -> AllocSampler | None:  # fmt: skip
+    """Allocation sampling for a ring just armed, or None with a note saying why not. ``own``: stacks are
+    not sampled, so the stack table is ours alone; else ``stacks()`` is the stack sampler (its table)."""
+    if not mean:
+        return None
+    try:
+        cmod = sample_module()
+        if cmod is None:
+            raise RuntimeError("the C extension blackbox.collect._csample is not built")
+        table: Any = (
+            StackTable(mapping[header.stacks_offset : header.stacks_offset + header.stacks_size]) if own else None
+        )
+        return AllocSampler.start(cmod, mapping, header, sequence, mean, (lambda: table) if own else stacks, note)
+    except Exception as exc:
+        note(f"allocations not sampled: {type(exc).__name__}: {exc}")
+        return None

@@ -1,0 +1,255 @@
+"""Who holds the memory: allocation sites from a ring's sampled allocations, as pure functions.
+
+The heap table (``ring.heap``) holds every sampled block still live at the
+ring's last write, however long ago it was allocated; the stack table names
+each block's allocating stack by fingerprint (``ring.heap.alloc_stack``). A
+block of s bytes was sampled with probability ``p = 1 - exp(-s/R)`` and weighs
+``w = s / p``, independently of the others, so per site the live bytes are
+estimated by ``sum(w)`` (unbiased) with variance ``sum((1 - p) w^2)``; the
+error given is the 95% half-width, ``1.96 * sqrt(variance)``. Nothing here
+reads files: the caller passes what the reader decoded.
+
+A site is the innermost frame of the job's own code (outside site-packages,
+the standard library and blackbox) in the allocating stack, with the thread
+that allocated; its growth is the least-squares slope of its live bytes
+accumulated by the step (or second) each block was allocated in, so memory
+allocated once at the start and kept is not growth, and a leak is.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..ring import format as fmt
+from ..ring.heap import AllocStack, HeapScan, alloc_stacks
+from ..ring.scan import StackScan
+
+TOP_SITES = 20
+TOP_STACKS = 500  # live bytes per folded stack kept in metadata.json (the export's input from a bundle)
+Z95 = 1.96
+_LIBRARY = re.compile(r"site-packages|dist-packages|<frozen|/lib/python3\.\d+/|/blackbox/(ring|collect)/")
+
+
+def is_library_frame(frame: str) -> bool:
+    """A frame of a library (``fn (path:line)``): site-packages, the standard library, blackbox."""
+    _, _, where = frame.rpartition(" (")
+    return bool(_LIBRARY.search(where))
+
+
+def site_of(folded: str) -> str:
+    """The innermost frame outside libraries (else the innermost frame) of a folded stack."""
+    frames = folded.split(";")
+    for frame in reversed(frames):
+        if not is_library_frame(frame) and not frame.startswith("<blackbox:"):
+            return frame
+    return frames[-1]
+
+
+def _wall(ring_meta: dict[str, Any], mono: np.ndarray) -> np.ndarray:
+    clock = ring_meta.get("clock") or {}
+    wall0, mono0 = clock.get("wall_ns"), clock.get("monotonic_ns")
+    if not isinstance(wall0, int) or not isinstance(mono0, int):
+        return np.asarray(mono, np.int64)
+    return np.asarray(mono, np.int64) + np.int64(wall0 - mono0)
+
+
+def mean_bytes(ring_meta: dict[str, Any]) -> int | None:
+    """R, the mean sampling interval the writer used (None: not recorded)."""
+    value = (ring_meta.get("options") or {}).get("allocations_mean_bytes")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def error95(size: np.ndarray, weight: np.ndarray) -> float:
+    """The 95% half-width of ``sum(weight)`` as an estimate of the bytes the samples stand for."""
+    w = weight.astype(float)
+    p = np.clip(np.divide(size.astype(float), w, out=np.ones_like(w), where=w > 0), 0.0, 1.0)
+    return float(Z95 * math.sqrt(float(((1.0 - p) * w * w).sum())))
+
+
+def _slope(x: np.ndarray, w: np.ndarray, grid: np.ndarray) -> float | None:
+    """Least-squares slope of the bytes accumulated up to each point of ``grid`` (allocated at ``x``)."""
+    if len(grid) < 3 or np.ptp(grid) <= 0:
+        return None
+    order = np.argsort(x, kind="stable")
+    cum = np.concatenate([[0.0], np.cumsum(w[order].astype(float))])
+    y = cum[np.searchsorted(x[order], grid, side="right")]
+    return float(np.polyfit(grid.astype(float), y, 1)[0])
+
+
+def step_records(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(UTC ns, step) of the ring's ``step`` records, in time order: when each step began."""
+    kinds = table["kind"].combine_chunks()
+    if not pa.types.is_dictionary(kinds.type) or "step" not in kinds.dictionary.to_pylist():
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    rows = np.flatnonzero(kinds.indices.to_numpy(zero_copy_only=False) == kinds.dictionary.to_pylist().index("step"))
+    taken = table.select(["time", "value"]).take(pa.array(rows))
+    ok = taken["value"].is_valid().to_numpy(zero_copy_only=False)
+    times = taken["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)[ok]
+    return times, taken["value"].to_numpy(zero_copy_only=False)[ok].astype(np.int64)
+
+
+def _steps(slots: np.ndarray, when: np.ndarray, steps: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """The step each block was allocated in: from the ring's step records where they cover its time (the
+    slot's own step is the sampler's last tick's, up to a sample interval late), else the slot's."""
+    out = slots["step"].astype(np.int64)
+    if steps is None or not len(steps[0]):
+        return out
+    at = np.searchsorted(steps[0], when, side="right") - 1
+    covered = at >= 0
+    out[covered] = steps[1][at[covered]]
+    return out
+
+
+def live_sites(
+    heap: HeapScan | None,
+    stacks: StackScan | None,
+    ring_meta: dict[str, Any],
+    last_step: int | None,
+    end_ns: int | None,
+    main_thread: int | None = None,
+    steps: tuple[np.ndarray, np.ndarray] | None = None,
+) -> dict[str, Any] | None:
+    """``allocations`` of a ring's metadata: live bytes by site (largest first) with their error and
+    growth, the totals, and live bytes by folded stack; None where allocations were not sampled.
+
+    ``last_step``, ``end_ns``: the ring's last step and last event (UTC ns), where growth is measured to;
+    ``main_thread``: the thread that counted the steps (its sites' growth is per step, others' per second);
+    ``steps``: ``step_records`` of the ring's timeline.
+    """
+    if heap is None:
+        return None
+    slots = heap.slots.copy()
+    fingerprints, where = np.unique(slots["stack"], return_inverse=True)
+    weights = np.bincount(where.ravel(), slots["weight"].astype(float), len(fingerprints))
+    resolved = alloc_stacks(stacks, fingerprints[np.argsort(-weights, kind="stable")].tolist())
+    when = _wall(ring_meta, slots["time"])
+    slots["step"] = np.clip(_steps(slots, when, steps), -1, np.iinfo(np.int32).max)
+    end = end_ns if end_ns is not None else (int(when.max()) if len(when) else 0)
+    groups: dict[tuple[str, str], list[int]] = {}
+    by_stack: dict[str, float] = {}
+    for i, (fp, thread) in enumerate(zip(slots["stack"].tolist(), slots["thread"].tolist(), strict=True)):
+        found = resolved[int(fp)]
+        name = found.thread or f"thread {int(thread):#x}"
+        groups.setdefault((site_of(found.folded), name), []).append(i)
+        by_stack[found.folded] = by_stack.get(found.folded, 0.0) + float(slots["weight"][i])
+    sites = [_site(slots, rows, frame, thread, resolved, when, end, last_step, main_thread)
+             for (frame, thread), rows in groups.items()]  # fmt: skip
+    sites.sort(key=lambda s: (-s["live_bytes"], s["site"]))
+    stacks_out = sorted(by_stack.items(), key=lambda kv: -kv[1])
+    return {
+        "mean_bytes": mean_bytes(ring_meta),
+        "live_bytes": int(slots["weight"].sum()),
+        "error_bytes": int(round(error95(slots["size"], slots["weight"]))),
+        "sampled_blocks": len(slots),
+        "torn_slots": heap.torn,
+        "sites": sites[:TOP_SITES],
+        "site_count": len(sites),
+        "stacks": [{"stack": s, "live_bytes": int(round(b))} for s, b in stacks_out[:TOP_STACKS]],
+    }
+
+
+def _site(
+    slots: np.ndarray,
+    rows: list[int],
+    frame: str,
+    thread: str,
+    resolved: dict[int, AllocStack],
+    when: np.ndarray,
+    end_ns: int,
+    last_step: int | None,
+    main_thread: int | None,
+) -> dict[str, Any]:
+    idx = np.asarray(rows, np.int64)
+    mine = slots[idx]
+    w, t, steps = mine["weight"], when[idx], mine["step"].astype(np.int64)
+    heaviest: dict[int, float] = {}
+    for fp, weight in zip(mine["stack"].tolist(), w.tolist(), strict=True):
+        heaviest[int(fp)] = heaviest.get(int(fp), 0.0) + weight
+    top = resolved[max(heaviest, key=heaviest.__getitem__)]
+    stepped = steps >= 0
+    first_step = int(steps[stepped].min()) if stepped.any() else None
+    per_step = None
+    if first_step is not None and last_step is not None and last_step > first_step:
+        per_step = _slope(steps[stepped], w[stepped], np.arange(first_step, last_step + 1))
+    first_ns = int(t.min())
+    per_s = _slope((t - first_ns) / 1e9, w, np.linspace(0.0, max(0.0, (end_ns - first_ns) / 1e9), 50))
+    threads = set(mine["thread"].tolist())
+    by_step = main_thread is not None and main_thread in threads and per_step is not None
+    return {
+        "site": frame,
+        "thread": thread,
+        "line": top.line,
+        "stack": top.folded,
+        "domains": sorted({fmt.ALLOC_DOMAINS.get(int(d), f"code_{int(d)}") for d in mine["domain"].tolist()}),
+        "live_bytes": int(w.sum()),
+        "error_bytes": int(round(error95(mine["size"], w))),
+        "blocks": len(idx),
+        "growth_per_step": None if per_step is None else int(round(per_step)),
+        "growth_per_s": None if per_s is None else int(round(per_s)),
+        "growth_by": "step" if by_step else "second",
+        "first_step": first_step,
+        "first_seen_ns": first_ns,
+    }
+
+
+def main_thread_of(table: pa.Table) -> int | None:
+    """The thread that wrote the ring's step records (the training loop), if any."""
+    kinds = table["kind"].combine_chunks()
+    if not pa.types.is_dictionary(kinds.type):
+        return None
+    words = kinds.dictionary.to_pylist()
+    if "step" not in words:
+        return None
+    rows = np.flatnonzero(kinds.indices.to_numpy(zero_copy_only=False) == words.index("step"))
+    if not len(rows):
+        return None
+    threads = table["thread"].take(pa.array(rows[-1:])).to_pylist()
+    return int(threads[0]) if threads and threads[0] is not None else None
+
+
+def site_lever(site: dict[str, Any], role: str | None) -> str:
+    """What to change, from where the memory is held (the site's function, line and thread)."""
+    name, _, where = site["site"].rpartition(" (")
+    at = f"`{where.rstrip(')')}` (`{name}`)"
+    line = site.get("line") or ""
+    if name.endswith("__getitem__") or role == "worker":
+        why = "the Dataset keeps what __getitem__ makes (a cache in every worker): return it without keeping it"
+    elif ".append(" in line or ".extend(" in line or "+=" in line:
+        why = "a list appended in the loop keeps every step's objects: keep `x.item()` or a bounded deque"
+    elif "cache" in line.lower() or "cache" in name.lower() or re.search(r"\]\s*=", line):
+        why = "a cache that never evicts: bound it (functools.lru_cache(maxsize=...), or evict by size)"
+    elif "gpu" in site.get("domains", []):
+        why = "tensors kept on the GPU across steps: keep `.item()` or `.detach().cpu()` of what you log"
+    else:
+        why = "memory allocated there is kept: find what holds on to it"
+    where_thread = "" if site.get("thread") in (None, "MainThread") else f" in thread `{site['thread']}`"
+    return f"{at}{where_thread} holds most of the sampled memory: {why}"
+
+
+MEMORY_CAUSES = frozenset({"host_oom_kill", "userspace_oom_kill", "oom_exception"})
+
+
+def with_site_lever(death: dict[str, Any], allocations: dict[str, Any] | None, role: str | None) -> dict[str, Any]:
+    """The death with the lever of its largest allocation site first, where it ran out of memory."""
+    sites = (allocations or {}).get("sites") or []
+    if not death or death.get("cause") not in MEMORY_CAUSES or not sites:
+        return death
+    return {**death, "levers": [site_lever(sites[0], role), *(death.get("levers") or [])]}
+
+
+def ring_sites(rings: Iterable[dict[str, Any]], top: int = TOP_SITES) -> list[dict[str, Any]]:
+    """The largest sites of every ring's ``allocations``, each with its process, largest first."""
+    out: list[dict[str, Any]] = []
+    for m in rings:
+        report = m.get("allocations") or {}
+        who = {"pid": m.get("pid"), "role": m.get("role"), "rank": m.get("rank"), "host": m.get("host")}
+        out.extend({**site, **who} for site in report.get("sites") or [])
+        out.sort(key=lambda s: -int(s.get("live_bytes") or 0))
+        del out[top:]
+    return out

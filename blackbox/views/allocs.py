@@ -1,0 +1,157 @@
+"""summary.md's "Who holds the memory": allocation sites by live bytes, as pure functions.
+
+Per ring (``allocation_sections``, from its ``allocations`` metadata) and across
+the rings of a job (``job_allocation_sections``: every process's largest sites,
+workers' included). Sites are named innermost user frame first; the estimate
+comes with its 95% error (recovery/allocs.py says how it is computed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .._units import human_bytes
+from ..recovery.allocs import ring_sites
+from .stacks import innermost_first, short_frame
+from .text import shown
+
+SHOWN = 8
+
+
+def _growth(site: dict[str, Any]) -> str:
+    if site.get("growth_by") == "step" and site.get("growth_per_step") is not None:
+        return f"{human_bytes(site['growth_per_step'])}/step"
+    if site.get("growth_per_s") is not None:
+        return f"{human_bytes(site['growth_per_s'])}/s"
+    return "-"
+
+
+def _cells(site: dict[str, Any]) -> list[str]:
+    line = (site.get("line") or "").replace("|", "\\|").replace("`", "'")
+    where = f"`{short_frame(site['site']).replace('|', chr(92) + '|')}`" + (f": `{line}`" if line else "")
+    return [
+        where,
+        f"{human_bytes(site['live_bytes'])} ± {human_bytes(site['error_bytes'])}",
+        _growth(site),
+        "-" if site.get("first_step") is None else str(site["first_step"]),
+        "/".join(site.get("domains") or []) or "-",
+    ]
+
+
+def allocation_sections(report: dict[str, Any] | None, role: str | None = None) -> list[str]:
+    """summary.md lines for one ring's ``allocations`` (``recovery.allocs.live_sites``)."""
+    if not report:
+        return []
+    sites = report.get("sites") or []
+    lines = [
+        "## Who holds the memory",
+        "",
+        f"Allocations sampled by bytes (one sample per {human_bytes(report.get('mean_bytes'))} on average, each "
+        f"weighted so totals are unbiased): {human_bytes(report['live_bytes'])} ± "
+        f"{human_bytes(report['error_bytes'])} (95%) live in {report['sampled_blocks']} sampled blocks at the "
+        f"end, from {report.get('site_count', len(sites))} sites. Largest first, the job's own line first:",
+        "",
+    ]
+    if not sites:
+        return [*lines, "No sampled allocation was live at the end.", ""]
+    lines += ["| site | live | growth | first step | allocator | thread |", "|---|---:|---:|---:|---|---|"]
+    lines += ["| " + " | ".join([*_cells(s), s.get("thread") or "-"]) + " |" for s in sites[:SHOWN]]
+    lines += ["", f"Allocating stack of the largest: {innermost_first(sites[0]['stack'])}.", ""]
+    return lines
+
+
+def job_allocation_sections(rings: Iterable[dict[str, Any]]) -> list[str]:
+    """summary.md lines across a job's rings: the largest sites of every process, workers' included (their
+    text escaped, ``text``)."""
+    sites = shown(ring_sites(rings))
+    if not sites:
+        return []
+    lines = [
+        "## Who holds the memory, in every process",
+        "",
+        "Allocations sampled by bytes in each process (live at its end, 95% error), largest first:",
+        "",
+        "| site | live | growth | first step | allocator | process | thread |",
+        "|---|---:|---:|---:|---|---|---|",
+    ]
+    for s in sites[:SHOWN]:
+        who = f"{s.get('role') or 'process'} pid {s.get('pid')}" + (f" rank {s['rank']}" if s.get("rank") is not None
+                                                                     else "")  # fmt: skip
+        lines.append("| " + " | ".join([*_cells(s), who, s.get("thread") or "-"]) + " |")
+    return [*lines, ""]
+
+
+def _live_stacks(meta: dict[str, Any]) -> list[tuple[str, int]]:
+    """(folded stack, live bytes) of a ring's metadata, or of every ring of a bundle's (each stack then
+    rooted at a frame naming its process)."""
+    rings = meta.get("rings")
+    if not rings:
+        return [(s["stack"], int(s["live_bytes"])) for s in (meta.get("allocations") or {}).get("stacks") or []]
+    out: list[tuple[str, int]] = []
+    for m in rings:
+        root = f"{m.get('role') or 'process'} pid {m.get('pid')}" + (f" rank {m['rank']}" if m.get("rank") is not None
+                                                                     else "")  # fmt: skip
+        out += [
+            (f"{root};{s['stack']}", int(s["live_bytes"])) for s in (m.get("allocations") or {}).get("stacks") or []
+        ]
+    return out
+
+
+def folded_live(meta: dict[str, Any]) -> str:
+    """Live bytes by allocating stack as folded stacks (``outer;...;inner bytes``), largest first: what
+    flamegraph.pl and speedscope read as is."""
+    stacks = sorted(_live_stacks(meta), key=lambda kv: (-kv[1], kv[0]))
+    return "".join(f"{stack} {n}\n" for stack, n in stacks if n > 0)
+
+
+def _varint(n: int) -> bytes:
+    n &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes | int) -> bytes:
+    """One protobuf field: an int as a varint, bytes length-delimited."""
+    if isinstance(payload, int):
+        return _varint(number << 3) + _varint(payload)
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def pprof_live(meta: dict[str, Any], mean_bytes: int | None = None) -> bytes:
+    """Live bytes by allocating stack as a pprof profile (profile.proto, gzipped): one sample type,
+    ``inuse_space`` in bytes, each location one Python frame (``go tool pprof``, speedscope, Pyroscope)."""
+    import gzip
+    import re
+
+    strings: dict[str, int] = {"": 0}
+    functions: dict[tuple[str, str], int] = {}
+    locations: dict[tuple[int, int], int] = {}
+
+    def sid(text: str) -> int:
+        return strings.setdefault(text, len(strings))
+
+    body = bytearray()
+    body += _field(1, _field(1, sid("inuse_space")) + _field(2, sid("bytes")))
+    for stack, n in _live_stacks(meta):
+        ids = []
+        for frame in reversed(stack.split(";")):  # pprof: the leaf first
+            m = re.fullmatch(r"(.*) \((.*):(\d+)\)", frame)
+            name, file, line = (m.group(1), m.group(2), int(m.group(3))) if m else (frame, "", 0)
+            fid = functions.setdefault((name, file), len(functions) + 1)
+            ids.append(locations.setdefault((fid, line), len(locations) + 1))
+        packed = b"".join(_varint(i) for i in ids)
+        body += _field(2, _field(1, packed) + _field(2, _varint(n)))
+    for (fid, line), lid in locations.items():
+        body += _field(4, _field(1, lid) + _field(4, _field(1, fid) + _field(2, line)))
+    for (name, file), fid in functions.items():
+        body += _field(5, _field(1, fid) + _field(2, sid(name)) + _field(3, sid(name)) + _field(4, sid(file)))
+    body += _field(11, _field(1, sid("space")) + _field(2, sid("bytes")))
+    if mean_bytes:
+        body += _field(12, mean_bytes)
+    body += b"".join(_field(6, text.encode("utf-8")) for text in strings)
+    return gzip.compress(bytes(body), mtime=0)
