@@ -6,6 +6,7 @@ one vocabulary of metavars."""
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import pty
@@ -95,6 +96,27 @@ def test_plot_to_standard_output_is_a_png(killed: tuple[Path, Path]) -> None:
     done = subprocess.run([sys.executable, "-m", "blackbox", "plot", str(killed[1]), "-o", "-"], capture_output=True,
                           cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)  # fmt: skip
     assert done.returncode == 0 and done.stdout.startswith(b"\x89PNG\r\n\x1a\n"), done.stderr
+
+
+@pytest.mark.slow
+def test_live_bytes_to_standard_output_folded_and_as_pprof(tmp_path: Path) -> None:
+    job = JOB.replace("sample_interval=0.02)", "sample_interval=0.02, allocations=True)")
+    assert run_py(job, f"{tmp_path / 'rings'}/", check=False).returncode == -signal.SIGKILL
+    bundle = blackbox.recover(tmp_path / "rings", tmp_path / "bundle")
+    for fmt, file in (("--live", "live.folded"), ("--pprof", "live.pb.gz")):
+        assert cli("export", fmt, str(bundle), "-o", str(tmp_path / file)).returncode == 0
+        piped = subprocess.run([sys.executable, "-m", "blackbox", "export", fmt, str(bundle), "-o", "-"],
+                               capture_output=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                               timeout=120)  # fmt: skip
+        assert piped.returncode == 0 and piped.stderr == b"", piped.stderr
+        written = (tmp_path / file).read_bytes()
+        if fmt == "--pprof":
+            assert piped.stdout[:2] == b"\x1f\x8b", "gzip's bytes as they are"
+            piped_bytes, written = gzip.decompress(piped.stdout), gzip.decompress(written)
+        else:
+            piped_bytes = piped.stdout
+            assert b"leak (<string>:" in piped_bytes
+        assert piped_bytes == written, f"{fmt}: the same profile into the pipe as into the file"
 
 
 # ---------------------------------------------------------------- --json

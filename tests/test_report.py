@@ -344,3 +344,49 @@ def test_stacks_past_the_pages_budget_are_counted_not_drawn(leak_bundle: Path, p
     shown = page.evaluate("document.querySelector('#flame .flame-status').textContent")
     assert shown == f"{len(cut['samples'])} samples over the whole run ({cut['unlisted']} of stacks past the " \
         "page's budget left out)"  # fmt: skip
+
+
+ALLOC_JOB = """
+import os, signal, sys, time, blackbox
+blackbox.arm(sys.argv[1], capacity=1 << 14, sample_interval=0.02, allocations=True)
+held = []
+def big():
+    held.append([bytearray(64 << 10) for _ in range(64)])  # 4 MiB a step, kept
+def small():
+    held.append([bytearray(16 << 10) for _ in range(64)])  # 1 MiB a step, kept
+for step in range(1, 41):
+    blackbox.step(step)
+    big()
+    small()
+    time.sleep(0.02)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_who_holds_the_memory_of_a_really_sampled_job(page: Page, tmp_path: Path) -> None:
+    train = tmp_path / "train.py"  # a file: the sites' source lines are read from it
+    train.write_text(ALLOC_JOB)
+    proc = subprocess.run([sys.executable, str(train), f"{tmp_path / 'rings'}/"], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    bundle = blackbox.recover(tmp_path / "rings", tmp_path / "bundle")
+    out = tmp_path / "report.html"
+    assert blackbox_cmd("report", str(bundle), "-o", str(out)).returncode == 0
+    page.open(out.as_uri())
+    assert_offline(page, out.as_uri())
+    sites = page.evaluate("[...document.querySelectorAll('#alloc table.sites tbody tr')]"
+                          ".map(r => [r.cells[0].textContent, r.cells[1].textContent])")  # fmt: skip
+    assert [line.split("#")[1].strip() for _, line in sites[:2]] == ["4 MiB a step, kept", "1 MiB a step, kept"]
+    assert sites[0][0].startswith("big.") and sites[1][0].startswith("small."), sites
+    page.evaluate("document.getElementById('alloc-flame-fold').click()")
+    widths = dict(page.evaluate("[...document.querySelectorAll('#alloc-flame g.frame')].map(g => "
+                                "[g.textContent, +g.querySelector('rect').getAttribute('width')])"))  # fmt: skip
+    big, small = widths["big (train.py)"], widths["small (train.py)"]
+    assert 2 < big / small < 8, "about 4 MiB kept for each 1 MiB: live bytes sampled, not time"  # fmt: skip
+    meta = json.loads((bundle / "metadata.json").read_text())
+    held = page.evaluate("document.querySelector('#alloc p').textContent")
+    shown = re.match(r"([\d.]+) MiB ± ([\d.]+) MiB \(95%\) live at the end", held)
+    assert shown, held
+    live, error = float(shown.group(1)), float(shown.group(2))
+    assert abs(live * (1 << 20) - meta["allocations"]["live_bytes"]) < 0.01 * live * (1 << 20), "the bundle's figure"
+    assert abs(live - 200) <= error + 5, "40 steps of 5 MiB kept: the truth within the error said"
