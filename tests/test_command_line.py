@@ -198,6 +198,25 @@ def test_watch_flushes_each_frame_into_a_pipe(tmp_path: Path, as_json: bool) -> 
                 p.wait()
 
 
+@pytest.mark.slow
+def test_watch_json_says_who_holds_the_memory(tmp_path: Path) -> None:
+    job = LIVE_JOB.replace("sample_interval=0.05)", "sample_interval=0.05, allocations=True)").replace(
+        'print("armed"', 'kept = [bytearray(1 << 16) for _ in range(800)]  # 50 MiB held here\nprint("armed"'
+    )
+    proc = spawn_py(job, str(tmp_path / "live.ring"), stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "armed"
+        done = cli("watch", str(tmp_path / "live.ring"), "--once", "--json")
+        assert done.returncode == 0, done.stderr
+        (ring,) = json.loads(done.stdout)["rings"]
+        held = ring["holders"]
+        assert held["sites"][0]["site"].startswith("<") and "<string>:5)" in held["sites"][0]["site"], held
+        assert 0.75 * (50 << 20) <= held["sites"][0]["live_bytes"] <= 1.25 * (50 << 20), held
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 # ---------------------------------------------------------------- a terminal, and not
 def _on_pty(args: list[str], which: str, env: dict[str, str] | None = None) -> tuple[bytes, bytes]:
     """Run the command with ``which`` ('stdout' or 'stderr') on a pty, the other on a pipe: (what the pty
