@@ -22,7 +22,6 @@ import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .._errors import BlackboxError, BundleDestinationError, RingNotFoundError, one_line
+from .._times import epoch_ns
 from .._version import __version__
 from ..ring.inputs import Folder, open_folder, open_input
 from .attempts import attempt_metadata, group_attempts
@@ -226,13 +226,7 @@ def _float(v: Any) -> float | None:
 
 def _time(v: Any) -> str | None:
     """An ISO-8601 time that a table can hold, else None."""
-    if not isinstance(v, str) or len(v) > 40:
-        return None
-    try:
-        datetime.fromisoformat(v.replace("Z", "+00:00")).astimezone(timezone.utc)
-    except (ValueError, OverflowError, OSError):
-        return None
-    return v
+    return v if epoch_ns(v) is not None else None
 
 
 def _peaks(v: Any) -> dict[str, Any]:

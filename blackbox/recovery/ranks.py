@@ -12,6 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from .._times import epoch_ns
+
 TIME_COLUMNS = ("started_at", "last_event_at", "death_time")
 SCHEMA = pa.schema(
     [
@@ -79,13 +81,8 @@ def collateral_columns(after: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _micros(iso: Any) -> int | None:
-    if not isinstance(iso, str) or not iso:
-        return None
-    dt = datetime.fromisoformat(iso.replace("Z", "+00:00"))
-    return (dt - datetime(1970, 1, 1, tzinfo=timezone.utc)) // _US
-
-
-_US = datetime.resolution  # one microsecond
+    ns = epoch_ns(iso)
+    return None if ns is None else ns // 1000
 
 
 def iso_micros(us: int | None) -> str | None:
