@@ -36,9 +36,9 @@ BUNDLE_FILES = frozenset({TIMELINE, RANKS, METADATA, SUMMARY, PLOT, OOM_REPORT})
 MAX_METADATA_BYTES = 256 << 20
 # Delta encoding turns seq and time into a few bits per row; dictionaries carry the strings.
 _DELTA = ("seq", "time", "step")
-_DICTIONARY = ["kind", "label", "host", "thread", "pid", "rank", "device"]
+_DICTIONARY = ["kind", "label", "host", "thread", "pid", "rank", "device", "job"]
 # Min/max statistics where queries filter (DuckDB skips row groups with them); the rest skip the cost.
-_STATISTICS = ["seq", "time", "kind", "step", "pid", "rank", "host", "device", "value"]
+_STATISTICS = ["seq", "time", "kind", "step", "pid", "rank", "host", "device", "value", "job"]
 ROW_GROUP = 1 << 17  # rows per row group: the writer holds one row group at a time
 
 

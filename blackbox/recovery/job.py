@@ -220,6 +220,11 @@ def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and abs(v) < 1 << 62 else None
 
 
+def _int32(v: Any) -> int | None:
+    """A rank, local rank or world size: int32 in the ring's header and in both tables."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and -(1 << 31) <= v < 1 << 31 else None
+
+
 def _float(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1e15 else None
 
@@ -261,9 +266,9 @@ def _slim(m: dict[str, Any], at: tuple[int, int]) -> dict[str, Any]:
         "pid": _int(m.get("pid")),
         "ppid": _int(m.get("ppid")),
         "job": _text(m.get("job")),
-        "rank": _int(m.get("rank")),
-        "local_rank": _int(m.get("local_rank")),
-        "world_size": _int(m.get("world_size")),
+        "rank": _int32(m.get("rank")),
+        "local_rank": _int32(m.get("local_rank")),
+        "world_size": _int32(m.get("world_size")),
         "role": _text(m.get("role")),
         "attempt": _int(m.get("attempt")),
         "started_at": _time(m.get("started_at")),

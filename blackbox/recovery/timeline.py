@@ -55,7 +55,7 @@ TIMELINE_SCHEMA = pa.schema(
     ]
     + [(c, _DICT_STR if c in fmt.STRING_COLUMNS | fmt.TEXT_COLUMNS else pa.int64()) for c in fmt.PAYLOAD_COLUMN_ORDER]
     + [(c, pa.int64()) for c in OOM_COLUMNS]
-    + [("stack", _DICT_STR)]
+    + [("stack", _DICT_STR), ("job", _DICT_STR)]
 )
 
 
@@ -192,6 +192,7 @@ def ring_table(ring: Ring, *, release: bool = False) -> pa.Table:
     cols.update(_payload(r, ring.header.version, ring.strings, folded_stacks))
     cols.update(_oom_figures(r["kind"], labels))
     cols["stack"] = stack_in_force(r["kind"], folded_stacks)
+    cols["job"] = _const_str(_str_or_none(ident.get("job")), n)
     return pa.Table.from_pydict(cols, schema=TIMELINE_SCHEMA)
 
 
