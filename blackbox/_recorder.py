@@ -46,7 +46,7 @@ from .ring.file import (
 from .ring.folded import FOLDED, fold_line
 from .ring.liveness import LOCK_LIVENESS, lock_ring
 from .ring.retention import KEEP_ENV, prune_ring_folder
-from .ring.writer import RingWriter, built_module, c_writer_module
+from .ring.writer import NO_C_EXTENSION, NO_C_SAID_ENV, RingWriter, built_module, c_writer_module
 
 DEFAULT_CAPACITY = 1 << 18  # 262,144 slots: 32 MiB of records
 HELPER_CAPACITY = 1 << 13  # 8,192 slots (1 MiB): the default for a helper process (a multiprocessing worker)
@@ -254,10 +254,10 @@ class Recorder:
             )
         self._probe = HostProbe()
         cg = self._probe.cgroup
-        backend = "c" if c_writer_module() is not None else "python"
+        backend, c_ext = "c" if c_writer_module() is not None else "python", built_module() is not None
         meta = {
             "format_version": fmt.FORMAT_VERSION,
-            "writer": {"package": "blackbox", "version": __version__, "backend": backend},
+            "writer": {"package": "blackbox", "version": __version__, "backend": backend, "c_extension": c_ext},
             "identity": ident,
             "clock": {"wall_ns": wall, "monotonic_ns": mono, "error_s": clock_error_s()},
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(wall / 1e9))
@@ -287,6 +287,8 @@ class Recorder:
         if ring.note:
             self.notes.append(ring.note)
             warn(ring.note)
+        if built_module() is None and not os.environ.get(NO_C_SAID_ENV):  # `blackbox run` says it once for all
+            warn(NO_C_EXTENSION)
         hdr = self._header = ring.header
         self.pages_locked = ring.map.lock()
         self._writer = RingWriter(
@@ -315,7 +317,7 @@ class Recorder:
         w, hdr = self._writer, self._header
         assert w is not None and self._probe is not None and hdr is not None and self._ring is not None
         self._exceptions = ExceptionRecorder(w.event, w.intern)
-        self._signals = SignalRecorder(built_module(), w.intern)
+        self._signals = SignalRecorder(built_module(), w.intern, (ring, hdr))
         self._crash = CrashRegion(ring, hdr.crash_offset)
         self._gpu = GpuProbe()
         if self._stack_threads is not None:

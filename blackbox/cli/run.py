@@ -25,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .._errors import BlackboxError
+    from ..ring.writer import NO_C_EXTENSION, NO_C_SAID_ENV, built_module
     from ..run.launcher import end_like, launch, prepare, work_folder
 
     command = args.job[1:] if args.job[:1] == ["--"] else args.job
@@ -33,6 +34,9 @@ def run(args: argparse.Namespace) -> int:
     work = work_folder(args.dir)
     rings, boot = prepare(work)
     say(f"rings in {rings}/")
+    if built_module() is None:  # said once here, not by each of the job's processes
+        say(f"warning: {NO_C_EXTENSION}")
+        os.environ[NO_C_SAID_ENV] = "1"
     ended = launch(command, rings, boot)
     recover(rings, work / "bundle", ended.status, args.quiet)  # never raises: the job's status is what we return
     return end_like(ended)

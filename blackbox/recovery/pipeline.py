@@ -109,6 +109,7 @@ class RecoveryPass:
         table = ring_table(ring, release=True)  # the ring's slots are freed once their columns are taken
         status = self.exit_status if path == self.owner else None
         evidence = gather(ring.path, ring.meta, status, self.kills, ring.crash, window, children)
+        evidence.signal_stacks = ring.signal_stacks  # written by faulthandler where the C extension was not built
         death = diagnose(table, ring.clean, evidence, ring.meta)
         kill = evidence.kernel_kills[-1] if evidence.kernel_kills else None
         if kill is not None:
