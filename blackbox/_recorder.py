@@ -148,7 +148,6 @@ class Recorder:
         self.capacity = 0
         self.sample_interval = 0.0
         self.on_fork = "disarm"
-        self.pages_locked = False
         self.writer_backend: str | None = None
         self.sync_interval: float | None = None
         self.syncs = 0
@@ -290,7 +289,6 @@ class Recorder:
         if built_module() is None and not os.environ.get(NO_C_SAID_ENV):  # `blackbox run` says it once for all
             warn(NO_C_EXTENSION)
         hdr = self._header = ring.header
-        self.pages_locked = ring.map.lock()
         self._writer = RingWriter(
             ring.map.buffer,
             hdr.records_offset,
@@ -299,6 +297,7 @@ class Recorder:
             hdr.strings_size,
             self._on_error,
             backend=backend,
+            file_mapped=True,
         )
         self.writer_backend = backend
         self.capacity, self.sample_interval, self.armed = capacity, interval, True
@@ -384,6 +383,13 @@ class Recorder:
         if gpu is not None:
             for device, payload in gpu.poll():
                 w.event(_KIND_GPU_SAMPLE, None, None, device, payload)
+        self._drop_ring_pages()
+
+    def _drop_ring_pages(self) -> None:
+        """Unmap the ring's pages this process no longer writes (mapping.py, "Residency")."""
+        ring, w, hdr = self._ring, self._writer, self._header
+        if ring is not None and w is not None and hdr is not None:
+            ring.map.drop_idle(hdr.records_offset, hdr.records_offset + hdr.capacity * fmt.RECORD_SIZE, w.sequence)
 
     def _sample_stacks(self) -> None:
         """The tick's stack samples; a failure turns stacks off with one warning, never the recorder."""

@@ -220,8 +220,9 @@ def main() -> int:
     print(f"| msync of the ring after 10,000 events | {sync['seconds'] * 1e3:.2f} ms | sync_interval=1 costs "
           f"{sync['seconds'] * 100:.2f}% of one core at that event rate; a crash loses at most 1 s |")  # fmt: skip
     print(
-        f"| RSS added by arm() | {arm['rss_added'] / (1 << 20):.1f} MiB | the ring's pre-faulted file pages "
-        f"({arm['ring'] / (1 << 20):.0f} MiB, page cache, not anonymous memory) + sampler thread |"
+        f"| RSS added by arm() | {arm['rss_added'] / (1 << 20):.1f} MiB | the modules arm imports, the sampler "
+        f"thread and at most the ring's write window: its {arm['ring'] / (1 << 20):.0f} MiB stay in the page cache, "
+        "out of the RSS |"
     )
     return 0
 

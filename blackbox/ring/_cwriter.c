@@ -27,6 +27,17 @@
  *    have. Python's own handler table is never touched: signal.getsignal()
  *    answers what it would without blackbox. A second signal re-enters it
  *    safely: every step is a syscall or an atomic.
+ *
+ * 4. The write window: the ring is mapped whole, but only the chunk being written
+ *    stays in this process's page tables. Whoever takes the seq of a chunk's
+ *    first slot (either write path or the signal handler) unmaps the previous
+ *    chunk with madvise(MADV_DONTNEED). On a MAP_SHARED file mapping that only
+ *    zaps page-table entries: the written bytes stay in the page cache, which is
+ *    the file, so they survive SIGKILL as before, and the next lap's writes fault
+ *    the pages back in (minor faults: file.py fills the page cache at creation).
+ *    So the ring's pages do not count in this process's RSS, nor in the kernel
+ *    OOM killer's choice of victim (oom_badness counts get_mm_rss). One syscall
+ *    per chunk, no lock (the kernel's own mmap lock, as a page fault takes it).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -76,18 +87,134 @@ static inline void put_record(char *records, uint64_t cap, uint64_t seq, int64_t
 }
 
 /* ------------------------------------------------------------------ Sequence */
+static int g_inflight; /* atomic: signal handlers inside the signal target (see "signals" below) */
+
 typedef struct {
     PyObject_HEAD
     uint64_t value; /* the last seq handed out */
+    /* The write window (see 4. above). records is the on switch: set last (release), cleared first. */
+    char *records;
+    uint64_t cap;
+    uint64_t chunk;   /* slots per chunk: a power of two, a whole number of pages */
+    int cap_chunked;  /* cap is a multiple of chunk: seq's place in its chunk is seq & (chunk - 1) */
+    pid_t pid;        /* the process that set the window (a forked child's copy never waits on it) */
+    Py_buffer view;   /* keeps the mapping from being unmapped while the window is on */
+    int have_view;
 } Sequence;
 
+/* Record seq is the first of its chunk: unmap the previous chunk's pages. */
+static void window_cross(Sequence *s, char *records, uint64_t seq) {
+    uint64_t cap = s->cap, chunk = s->chunk, slot = seq % cap;
+    uint64_t prev = slot ? slot - chunk : (cap - 1) / chunk * chunk;
+    if (prev != slot) {
+        uint64_t n = cap - prev < chunk ? cap - prev : chunk;
+        madvise(records + prev * RECORD_SIZE, n * RECORD_SIZE, MADV_DONTNEED);
+    }
+}
+
+/* After record seq is written (or, on the Python path, just before): at a chunk's first slot, move
+ * the window. An error is ignored: a page left mapped costs RSS, never data. Async-signal-safe: an
+ * atomic load and, once a chunk, one syscall. */
+static inline void window_after(Sequence *s, uint64_t seq) {
+    char *records = __atomic_load_n(&s->records, __ATOMIC_ACQUIRE);
+    if (records == NULL)
+        return;
+    uint64_t place = s->cap_chunked ? seq : seq % s->cap;
+    if ((place & (s->chunk - 1)) == 0)
+        window_cross(s, records, seq);
+}
+
 static PyObject *Sequence_next(Sequence *s) {
-    return PyLong_FromUnsignedLongLong(__atomic_add_fetch(&s->value, 1, __ATOMIC_RELAXED));
+    uint64_t seq = __atomic_add_fetch(&s->value, 1, __ATOMIC_RELAXED);
+    /* The Python write path takes its seq here and writes the slot just after, in the same C-level
+     * call: the window moves a record early, which changes nothing but which call pays for it. */
+    window_after(s, seq);
+    return PyLong_FromUnsignedLongLong(seq);
 }
 
 static PyObject *Sequence_get_value(Sequence *s, void *Py_UNUSED(closure)) {
     return PyLong_FromUnsignedLongLong(__atomic_load_n(&s->value, __ATOMIC_RELAXED));
 }
+
+/* Stop moving the window; wait for a handler of this process that may be moving it (a few
+ * syscalls), then let go of the buffer. */
+static void window_stop(Sequence *s) {
+    __atomic_store_n(&s->records, NULL, __ATOMIC_SEQ_CST);
+    if (s->pid == getpid())
+        while (__atomic_load_n(&g_inflight, __ATOMIC_SEQ_CST) != 0)
+            sched_yield();
+    if (s->have_view) {
+        s->have_view = 0;
+        PyBuffer_Release(&s->view);
+    }
+}
+
+/* window(buffer, records_offset, capacity, chunk_slots): keep only the chunk being written mapped. */
+static PyObject *Sequence_window(Sequence *s, PyObject *args) {
+    PyObject *buffer;
+    Py_ssize_t offset;
+    unsigned long long cap, chunk;
+    if (!PyArg_ParseTuple(args, "OnKK", &buffer, &offset, &cap, &chunk))
+        return NULL;
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0 || chunk == 0 || (chunk & (chunk - 1)) != 0 || (chunk * RECORD_SIZE) % (unsigned long)page != 0 ||
+        cap == 0 || offset < 0) {
+        PyErr_SetString(PyExc_ValueError, "chunk_slots must be a power of two of whole pages, capacity > 0");
+        return NULL;
+    }
+    window_stop(s);
+    if (PyObject_GetBuffer(buffer, &s->view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    s->have_view = 1;
+    char *records = (char *)s->view.buf + offset;
+    if (s->view.len < offset || (unsigned long long)(s->view.len - offset) / RECORD_SIZE < cap ||
+        ((uintptr_t)records % (uintptr_t)page) != 0) {
+        window_stop(s);
+        PyErr_SetString(PyExc_ValueError, "buffer too small or record region not page-aligned");
+        return NULL;
+    }
+    s->cap = cap;
+    s->chunk = chunk;
+    s->cap_chunked = cap % chunk == 0;
+    s->pid = getpid();
+    __atomic_store_n(&s->records, records, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Sequence_close_window(Sequence *s, PyObject *Py_UNUSED(ignored)) {
+    window_stop(s);
+    Py_RETURN_NONE;
+}
+
+/* trim(): drop every record page but the current chunk's (the sampler's tick: pages a late writer
+ * faulted back in behind the window). The GIL is held throughout: no write path moves meanwhile. */
+static PyObject *Sequence_trim(Sequence *s, PyObject *Py_UNUSED(ignored)) {
+    char *records = __atomic_load_n(&s->records, __ATOMIC_ACQUIRE);
+    if (records != NULL) {
+        uint64_t cap = s->cap, chunk = s->chunk;
+        uint64_t head = __atomic_load_n(&s->value, __ATOMIC_RELAXED) % cap / chunk * chunk;
+        uint64_t end = head + chunk < cap ? head + chunk : cap;
+        if (head > 0)
+            madvise(records, head * RECORD_SIZE, MADV_DONTNEED);
+        if (end < cap)
+            madvise(records + end * RECORD_SIZE, (cap - end) * RECORD_SIZE, MADV_DONTNEED);
+    }
+    return PyBool_FromLong(records != NULL);
+}
+
+static void Sequence_dealloc(Sequence *s) {
+    window_stop(s);
+    Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+static PyMethodDef Sequence_methods[] = {
+    {"window", (PyCFunction)Sequence_window, METH_VARARGS,
+     "window(buffer, records_offset, capacity, chunk_slots): keep only the chunk being written mapped."},
+    {"close_window", (PyCFunction)Sequence_close_window, METH_NOARGS, "Stop moving the window; release the buffer."},
+    {"trim", (PyCFunction)Sequence_trim, METH_NOARGS,
+     "Drop every record page but the current chunk's; False when no window is set."},
+    {NULL, NULL, 0, NULL},
+};
 
 static PyGetSetDef Sequence_getset[] = {
     {"value", (getter)Sequence_get_value, NULL, "The last seq handed out (0: none yet).", NULL},
@@ -100,8 +227,10 @@ static PyTypeObject SequenceType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "The ring's seq counter: next() is one atomic fetch-add (safe from signal handlers).",
     .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)Sequence_dealloc,
     .tp_iter = PyObject_SelfIter,
     .tp_iternext = (iternextfunc)Sequence_next,
+    .tp_methods = Sequence_methods,
     .tp_getset = Sequence_getset,
 };
 
@@ -126,6 +255,7 @@ static inline void write_now(Writer *w, int64_t step, int64_t value, uint64_t ta
     uint64_t seq = __atomic_add_fetch(&w->seq->value, 1, __ATOMIC_RELAXED);
     int64_t t = now_ns();
     put_record(w->records, w->cap, seq, t, (uint64_t)PyThread_get_thread_ident(), step, value, tag, payload);
+    window_after(w->seq, seq);
     if (t_out)
         *t_out = t;
 }
@@ -481,7 +611,7 @@ static PyTypeObject WriterType = {
 typedef struct {
     char *records;
     uint64_t cap;
-    uint64_t *seq;
+    Sequence *seq;
     pid_t pid;       /* the armed process: a forked child never writes */
     uint64_t tag[MAX_SIGNAL];     /* label id | kind | flags | device, per signal */
     int64_t detail_default;       /* string id of "default action" */
@@ -496,7 +626,6 @@ typedef struct {
 
 static SigTarget g_target;
 static int g_target_on;  /* atomic */
-static int g_inflight;   /* atomic: handlers inside g_target */
 static SigChain g_chain[MAX_SIGNAL];
 static Py_buffer g_view;
 static int g_have_view;
@@ -553,9 +682,10 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
                 memcpy(&payload[3], comm, 16);
             }
         }
-        uint64_t seq = __atomic_add_fetch(g_target.seq, 1, __ATOMIC_RELAXED);
+        uint64_t seq = __atomic_add_fetch(&g_target.seq->value, 1, __ATOMIC_RELAXED);
         put_record(g_target.records, g_target.cap, seq, now_ns(), (uint64_t)pthread_self(), -1, sig, g_target.tag[sig],
                    payload);
+        window_after(g_target.seq, seq);
     }
     __atomic_sub_fetch(&g_inflight, 1, __ATOMIC_SEQ_CST);
     if (to_default) {
@@ -605,7 +735,7 @@ static PyObject *signals_arm(PyObject *Py_UNUSED(m), PyObject *args) {
     Py_XSETREF(g_seq_ref, Py_NewRef(seq));
     g_target.records = (char *)view.buf + offset;
     g_target.cap = cap;
-    g_target.seq = &((Sequence *)seq)->value;
+    g_target.seq = (Sequence *)seq;
     g_target.pid = getpid();
     g_target.detail_default = detail_default;
     for (int s = 0; s < MAX_SIGNAL; s++) {

@@ -3,10 +3,22 @@
 Creation is all-or-nothing: the file is made under a hidden temporary name with
 ``O_EXCL|O_NOFOLLOW`` and mode 0600, locked (``liveness``), its blocks reserved
 with ``posix_fallocate`` (so a full disk fails here, not as a SIGBUS mid-run),
-mapped ``MAP_SHARED`` with every page faulted in (so the recorder's own writes
-never allocate memory later), its header written, and only then linked under
-its name. On any failure the temporary file is removed and the ``OSError``
-propagates to the recorder, which turns it into one warning.
+its zeros written with ``pwrite`` (so its pages are in the page cache, and the
+writers' first lap faults them in without allocating, as every later lap does),
+mapped ``MAP_SHARED``, its header written, and only then linked under its name.
+On any failure the temporary file is removed and the ``OSError`` propagates to
+the recorder, which turns it into one warning.
+
+The mapping is whole but never resident whole, and never locked: the writers
+keep only the 256 KiB chunk of records being written mapped (``_cwriter.c``, 4.;
+two chunks at the instant one is left, as the page-cache folio of the next may
+reach back), and the sampler unmaps the rest at each tick (mapping.py,
+"Residency"). The pages stay in the page cache (charged to the job's memory
+cgroup as any file it writes, and reclaimable once written back), not in the
+process's RSS: arming does not change which process the kernel's OOM killer
+picks. Before, the whole ring was pre-faulted and locked: 34,884 KiB of the
+main process's RSS, enough to make it the OOM killer's victim instead of a
+leaking DataLoader worker (tests/test_oom_victim.py).
 """
 
 from __future__ import annotations
@@ -32,27 +44,50 @@ from .reader import CRASH_SUFFIX as CRASH_SUFFIX
 from .reader import RING_SUFFIX as RING_SUFFIX
 from .reader import header_of
 
+SLURM_FOLDER_PREFIX = "slurm-"
 SNAPSHOT_SUFFIX = ".oom-snapshot.pickle"  # PyTorch's allocator snapshot at the first CUDA OOM
 SIDECAR_SUFFIXES = (CRASH_SUFFIX, SNAPSHOT_SUFFIX)
 _DISKLESS = {"tmpfs", "ramfs", "devtmpfs", "shm"}
+FILL_PIECE = 256 << 10  # the zeros written at creation per pwrite: at most one write window's chunk
 
 
-def default_dir() -> Path:
-    """``$BLACKBOX_DIR`` if set, else ``/var/tmp/blackbox-<uid>``.
+def user_dir(uid: int | None = None) -> Path:
+    """``/var/tmp/blackbox-<uid>``: a user's own ring folder.
 
     ``/var/tmp`` is disk-backed on Linux distributions that follow the FHS and
     survives reboots, unlike ``/tmp``, which is often a tmpfs.
     """
+    return Path("/var/tmp") / f"blackbox-{os.getuid() if uid is None else uid}"
+
+
+def slurm_job_folder(job_id: str, restart: int | None = None) -> str:
+    """The name of a Slurm job's ring folder inside the user's: ``slurm-<job id>``, and for a requeued
+    job's later attempts ``slurm-<job id>-restart<N>`` (``SLURM_RESTART_COUNT``), so that each attempt's
+    rings stay apart and the epilogue recovers the attempt that just ended."""
+    return f"{SLURM_FOLDER_PREFIX}{job_id}" + (f"-restart{restart}" if restart else "")
+
+
+def default_dir() -> Path:
+    """``$BLACKBOX_DIR`` if set; else, in a Slurm job, a folder of that job's own inside the user's
+    (``/var/tmp/blackbox-<uid>/slurm-<SLURM_JOB_ID>``, see ``slurm_job_folder``), so that the epilogue
+    recovers that job's rings alone; else ``/var/tmp/blackbox-<uid>``."""
     env = os.environ.get("BLACKBOX_DIR")
     if env:
         return Path(env)
-    return Path("/var/tmp") / f"blackbox-{os.getuid()}"
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if job.isdigit() and len(job) <= 20:
+        restart = os.environ.get("SLURM_RESTART_COUNT", "")
+        return user_dir() / slurm_job_folder(job, int(restart) if restart.isdigit() and len(restart) < 6 else None)
+    return user_dir()
 
 
 def safe_folder(folder: Path) -> None:
     """Make (mode 0700) or accept a default ring folder only if it is this user's alone: owned by
     this user, not a symbolic link, not writable by group or others. Raises PermissionError
-    naming what was found (another user could otherwise delete or read the rings, or plant files)."""
+    naming what was found (another user could otherwise delete or read the rings, or plant files).
+    A Slurm job's folder inside the user's (``default_dir``) is checked with the user's folder above it."""
+    if folder.parent == user_dir() and folder != user_dir():
+        safe_folder(folder.parent)
     folder.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.mkdir(folder, 0o700)
@@ -162,8 +197,8 @@ def create_ring(requested: Path, header_for: Callable[[bool], bytes]) -> Created
         decoded = decode_header(header, len(header))
         size = decoded.file_size
         os.posix_fallocate(fd.fd, 0, size)
+        _fill_page_cache(fd.fd, size)
         mm = RingMap(fd.fd, size)
-        mm.prefault()
         mm.write(0, header)
         path, note = _place(temp, requested)
     except BaseException:
@@ -174,6 +209,19 @@ def create_ring(requested: Path, header_for: Callable[[bool], bytes]) -> Created
             os.unlink(temp)
         raise
     return CreatedRing(path, fd, mm, decoded, locked, note)
+
+
+def _fill_page_cache(fd: int, size: int) -> None:
+    """Write the file's zeros through the descriptor, FILL_PIECE at a time: its pages are then in the
+    page cache, so the writers' first lap faults them into the mapping without allocating, as every
+    later lap does, and none is mapped into this process (none counts in its RSS). The pieces'
+    size bounds the page cache's folios, and so what one write fault maps (a kernel with large
+    folios maps the whole folio)."""
+    zeros = bytes(min(size, FILL_PIECE))
+    for off in range(0, size, len(zeros)):
+        n = min(len(zeros), size - off)
+        if os.pwrite(fd, zeros if n == len(zeros) else zeros[:n], off) != n:
+            raise OSError(errno.ENOSPC, "short write filling the ring")
 
 
 def _place(temp: Path, requested: Path) -> tuple[Path, str]:

@@ -8,6 +8,13 @@ alive by itself. ``buffer`` is a writable buffer over the mapped bytes
 (unsigned bytes, as ``bytearray``); every view of it must be released before
 ``close()`` unmaps it, which the recorder's teardown order guarantees (writer,
 signal recorder, stack table, then the mapping).
+
+Residency: the mapping is whole, but its pages are not kept in this process's
+page tables. ``drop()`` unmaps a range's pages with ``MADV_DONTNEED``, which on a
+``MAP_SHARED`` file mapping only zaps the page-table entries: what was written
+stays in the page cache (it is the file), survives the process's death, and is
+faulted back in by the next write. Pages mapped in count in the process's RSS,
+and so in the kernel OOM killer's choice of victim; page cache does not.
 """
 
 from __future__ import annotations
@@ -23,12 +30,14 @@ _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-_libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+# madvise with the GIL held (PyDLL): close() clears ``addr`` under the GIL before it unmaps, so a
+# drop() never runs on an address that another mapping may have taken since.
+_madvise_held = ctypes.PyDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).madvise
+_madvise_held.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _MS_SYNC = 4
 _MAP_FIXED, _MAP_ANONYMOUS, _MAP_NORESERVE = 0x10, 0x20, 0x4000
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14+
+MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", 4)
 
 
 def _check(result: int, what: str) -> None:
@@ -55,17 +64,25 @@ class RingMap:
     def write(self, offset: int, data: bytes) -> None:
         self.buffer[offset : offset + len(data)] = data
 
-    def prefault(self) -> None:
-        """Fault every page in now, so the recorder's own writes never allocate memory later."""
-        if _libc.madvise(self.addr, self.size, MADV_POPULATE_WRITE) == 0:
-            return
-        view = self.buffer  # an older kernel: touch one byte per page instead
-        for off in range(0, self.size, mmap.PAGESIZE):
-            view[off] = view[off]
+    def drop(self, offset: int, length: int) -> None:
+        """Unmap the pages of ``[offset, offset + length)`` from this process (rounded inwards to
+        whole pages): they leave its RSS, their bytes stay in the file. Best effort, never raises."""
+        addr = self.addr
+        start = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = min(offset + length, self.size) // mmap.PAGESIZE * mmap.PAGESIZE
+        if addr is not None and end > start:
+            _madvise_held(addr + start, end - start, MADV_DONTNEED)
 
-    def lock(self) -> bool:
-        """mlock the pages so reclaim never evicts them; best effort (needs RLIMIT_MEMLOCK)."""
-        return bool(_libc.mlock(self.addr, self.size) == 0)
+    def drop_idle(self, records_offset: int, records_end: int, sequence: Any) -> None:
+        """Unmap every page this process no longer writes: the header, the strings and stack entries
+        written since the last call, the crash region's pages that a fault next door mapped, and every
+        record page outside the write window that ``sequence`` (the C seq counter) keeps; without it,
+        all record pages. Between two calls the ring adds to the RSS the window (two chunks; without
+        the C extension, the records written since) and what was written to strings and stacks."""
+        self.drop(0, records_offset)
+        self.drop(records_end, self.size - records_end)
+        if sequence is None or not sequence.trim():
+            self.drop(records_offset, records_end - records_offset)
 
     def flush(self) -> None:
         """msync: what is written so far reaches the disk (survives a kernel crash or power loss)."""

@@ -69,6 +69,7 @@ class Ring:
     crash: str | None = None  # faulthandler's output: the crash region (version 3) or the ``.crash`` sidecar
     owner: int = -1  # uid of the ring file's owner
     signal_stacks: dict[str, str] = field(default_factory=dict)  # signal -> its stack, from its slot (no C)
+    strings_cut: int = 0  # bytes of the string region not read: its labels would cost more than scan.MAX_STRING_TEXT
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -181,7 +182,9 @@ def read_ring(path: str | os.PathLike[str], folder: Folder | None = None) -> Rin
         strings_damaged=scan.damaged,
         sidecars_refused=refused,
     )
-    return Ring(p, header, records, scan.strings, recovery, size, stacks, crash, st.st_uid, signal_stacks)
+    return Ring(
+        p, header, records, scan.strings, recovery, size, stacks, crash, st.st_uid, signal_stacks, scan.cut
+    )
 
 
 def _text(data: bytes) -> str | None:

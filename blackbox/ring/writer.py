@@ -22,6 +22,10 @@ cost. ``BLACKBOX_WRITER=python`` forces this module's write functions (the
 counter stays the C one where it is built, so signals are still recorded).
 ``BLACKBOX_NO_C_EXTENSION=1`` acts as if the extension were not built at all
 (what an install without a C compiler gets: see ``collect.death_signals``).
+That counter also moves the write window (``_cwriter.c``, 4.): taking the seq of
+a chunk's first slot unmaps the previous chunk from the process, so that the
+ring's pages stay out of its RSS; without the extension the sampler's tick
+unmaps them (``Recorder._drop_ring_pages``).
 
 Interning a new label string is the slow path: it takes a lock, appends a
 CRC-checked entry to the string region, and only then publishes the id, so a
@@ -64,6 +68,7 @@ MARK_VALUE_TAG = tag(0, KIND_CODES["mark"], FLAG_VALUE, -1)
 STEP_TAG = tag(0, KIND_CODES["step"], FLAG_VALUE, -1)
 NULL_WORDS = (NULL,) * PAYLOAD_WORDS
 SAMPLE_TAG = tag(0, KIND_CODES["sample"], 0, 0)  # the device bits are added per sample
+WINDOW_SLOTS = 2048  # the write window's chunk: 256 KiB of records mapped at a time (_cwriter.c, 4.)
 assert RECORD_SIZE == 1 << 7
 
 
@@ -140,7 +145,10 @@ class RingWriter:
     the instance (no method binding on the hot path). Errors inside them are
     passed to ``on_error`` and never raised. ``backend`` is ``"c"`` or ``"python"``;
     ``sequence`` is the seq counter (the C ``Sequence`` that the signal handler
-    shares, or None where the extension is not built).
+    shares, or None where the extension is not built). ``file_mapped``: the buffer
+    is a ``MAP_SHARED`` file mapping (mapping.py), so the seq counter may keep
+    only the write window of it mapped (never say so of other memory: unmapping
+    anonymous pages zeroes them).
     """
 
     mark: Callable[..., None]
@@ -163,6 +171,7 @@ class RingWriter:
         on_error: Callable[[BaseException], None],
         *,
         backend: str | None = None,
+        file_mapped: bool = False,
     ) -> None:
         if backend not in (None, "c", "python"):
             raise ValueError(f"backend must be 'c', 'python' or None, got {backend!r}")
@@ -172,6 +181,7 @@ class RingWriter:
             raise ImportError("the C write path blackbox.ring._cwriter is not built (or BLACKBOX_WRITER=python)")
         sequence = new_sequence(built)
         self.sequence = sequence if built is not None else None
+        windowed: Any = self.sequence if file_mapped else None
         whole = memoryview(buffer)
         strings: Any = whole[strings_offset : strings_offset + strings_size]
         records: Any = None if cmod else whole[records_offset : records_offset + capacity * RECORD_SIZE]
@@ -250,10 +260,14 @@ class RingWriter:
                 nonlocal strings, dead
                 dead = True
                 w.kill()
+                if windowed is not None:
+                    windowed.close_window()
                 if strings is not None:
                     view, strings = strings, None
                     view.release()
 
+            if windowed is not None:  # last: nothing after it fails
+                windowed.window(buffer, records_offset, capacity, WINDOW_SLOTS)
             self.mark, self.step, self.event, self.sample = w.mark, w.step, w.event, w.sample
             self.current_step, self.kill, self.backend = w.current_step, kill_c, "c"
             return
@@ -341,11 +355,15 @@ class RingWriter:
         def kill() -> None:
             nonlocal records, strings, dead
             dead = True
+            if windowed is not None:
+                windowed.close_window()
             r, s = records, strings
             records = strings = None
             for view in (r, s):
                 if view is not None:
                     view.release()
 
+        if windowed is not None:  # the C seq counter, where it is built, moves the write window
+            windowed.window(buffer, records_offset, capacity, WINDOW_SLOTS)
         self.mark, self.step, self.event, self.sample = mark, step, event, sample
         self.current_step, self.kill, self.backend = current_step, kill, "python"
