@@ -41,6 +41,7 @@ def arm(
     sync_interval: float | None = None,
     stacks: bool = True,
     stack_threads: Iterable[str | threading.Thread] = (),
+    keep: str | None = None,
 ) -> Recorder:
     """Arm the flight recorder and return it; a second call returns the armed one.
 
@@ -76,6 +77,11 @@ def arm(
             names (every live thread of that name, looked up at each sample,
             so threads started later count) or ``threading.Thread`` objects;
             16 threads at most.
+        keep: the ring folder's retention, applied before the ring is made:
+            ``"count=N,size=SIZE"`` (either part alone too) removes the oldest
+            rings and ``blackbox run`` folders beyond N or SIZE in all, never
+            one still in use (armed, or made in the last 5 minutes); ``"off"``
+            keeps everything. None: ``$BLACKBOX_KEEP``, else ``count=64,size=2G``.
 
     Never raises: if the ring cannot be made, a BlackboxWarning is issued and
     the returned Recorder is disarmed (``recorder.armed`` is False).
@@ -88,7 +94,7 @@ def arm(
     try:
         with _lock:
             return _arm_locked(path, capacity, sample_interval, strings_size, on_fork, allocator_history, modules,
-                               sync_interval, stacks, stack_threads)  # fmt: skip
+                               sync_interval, stacks, stack_threads, keep)  # fmt: skip
     finally:
         _arming.discard(me)
 
@@ -104,6 +110,7 @@ def _arm_locked(
     sync_interval: float | None,
     stacks: bool = True,
     stack_threads: Iterable[str | threading.Thread] = (),
+    keep: str | None = None,
 ) -> Recorder:
     global _active, _atexit_registered
     if _active.armed:
@@ -119,6 +126,7 @@ def _arm_locked(
         sync_interval=sync_interval,
         stacks=stacks,
         stack_threads=stack_threads,
+        keep=keep,
     )
     _active = Recorder.arm(path, **{k: v for k, v in _settings.items() if k != "path"})
     if _active.armed:

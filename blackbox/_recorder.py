@@ -45,7 +45,7 @@ from .ring.file import (
 )
 from .ring.folded import FOLDED, fold_line
 from .ring.liveness import LOCK_LIVENESS, lock_ring
-from .ring.retention import KEEP_ENV, prune_ring_folder
+from .ring.retention import keep_at_arm
 from .ring.writer import NO_C_EXTENSION, NO_C_SAID_ENV, RingWriter, built_module, c_writer_module
 
 DEFAULT_CAPACITY = 1 << 18  # 262,144 slots: 32 MiB of records
@@ -148,6 +148,7 @@ class Recorder:
         self.capacity = 0
         self.sample_interval = 0.0
         self.on_fork = "disarm"
+        self._keep: str | None = None  # arm's keep=: the ring folder's retention (None: $BLACKBOX_KEEP or the default)
         self.writer_backend: str | None = None
         self.sync_interval: float | None = None
         self.syncs = 0
@@ -192,9 +193,10 @@ class Recorder:
         sync_interval: float | None = None,
         stacks: bool = True,
         stack_threads: Iterable[str | threading.Thread] = (),
+        keep: str | None = None,
     ) -> Recorder:
         rec = cls()
-        rec.on_fork = on_fork
+        rec.on_fork, rec._keep = on_fork, keep
         try:
             rec._stack_threads = _thread_tuple(stack_threads) if stacks else None
             if capacity is None:
@@ -237,12 +239,8 @@ class Recorder:
             safe_folder(folder)  # the default folder: ours alone, or we do not arm
         else:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        keep = os.environ.get(KEEP_ENV)
-        if keep:  # the oldest rings go; never one still being written. A bad setting never stops arming.
-            try:
-                prune_ring_folder(folder, keep)
-            except Exception as exc:
-                warn(f"{KEEP_ENV} not applied: {exc}")
+        if (why := keep_at_arm(folder, self._keep)) is not None:  # the oldest rings and runs go, none in use
+            warn(why)
         if is_folder:
             target = folder / ring_name(ident["host"], ident["pid"], ident["rank"], wall)
         self.path = target
