@@ -38,6 +38,7 @@ RECOVERY_ORDER = {
     "spill": 0,
     "attempts": 0,
     "outfolder": 0,
+    "pandas_meta": 0,
     "stacks": 1,
     "facts": 1,
     "relays": 1,

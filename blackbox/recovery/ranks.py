@@ -14,9 +14,10 @@ from typing import Any
 import pyarrow as pa
 
 from .._times import epoch_ns
+from .pandas_meta import with_nullable_ints
 
 TIME_COLUMNS = ("started_at", "last_event_at", "death_time")
-SCHEMA = pa.schema(
+SCHEMA = with_nullable_ints(pa.schema(
     [
         ("host", pa.string()),
         ("rank", pa.int32()),
@@ -42,7 +43,7 @@ SCHEMA = pa.schema(
         ("collateral_of", pa.int64()),
         ("stopped_by", pa.string()),
     ]
-)
+))  # fmt: skip
 COLUMNS = tuple(SCHEMA.names)
 
 

@@ -16,6 +16,7 @@ from ..collect.oom import parse_oom
 from ..ring import format as fmt
 from ..ring.reader import Ring
 from ..ring.scan import StackScan
+from .pandas_meta import with_nullable_ints
 
 GAUGES = tuple(c for c in fmt.SAMPLE_FIELDS + fmt.GPU_SAMPLE_FIELDS if c)
 COUNTERS = frozenset({"cgroup_oom_kills", "psi_some_us", "psi_full_us", "gpu_alloc_retries", "gpu_ooms"})
@@ -46,7 +47,7 @@ OOM_COLUMNS = (
     "oom_private_pools",
 )
 
-TIMELINE_SCHEMA = pa.schema(
+TIMELINE_SCHEMA = with_nullable_ints(pa.schema(
     [
         ("seq", pa.uint64()),
         ("time", pa.timestamp("ns", tz="UTC")),
@@ -63,7 +64,7 @@ TIMELINE_SCHEMA = pa.schema(
     + [(c, _DICT_STR if c in fmt.STRING_COLUMNS | fmt.TEXT_COLUMNS else pa.int64()) for c in fmt.PAYLOAD_COLUMN_ORDER]
     + [(c, pa.int64()) for c in OOM_COLUMNS]
     + [("stack", _DICT_STR), ("job", _DICT_STR)]
-)
+))  # fmt: skip
 
 
 def record_columns(records: np.ndarray) -> dict[str, np.ndarray]:
