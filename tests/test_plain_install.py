@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,9 @@ except MemoryError:
 time.sleep(0.2)
 os.kill(os.getpid(), 9)
 """
+
+
+BUILD_OUTPUTS = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", "*.so")
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +106,11 @@ def no_compiler(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = tmp_path_factory.mktemp("nocc") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     env = dict(os.environ, CC="/bin/false", CXX="/bin/false")
-    pip = subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-cache-dir", str(REPO)],
+    # from a copy without build outputs: setuptools would take the checkout's up-to-date build/ (or a
+    # _cwriter*.so beside its source) as built, and install it without trying the compiler
+    source = venv.parent / "source"
+    shutil.copytree(REPO, source, ignore=BUILD_OUTPUTS, symlinks=True)
+    pip = subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-cache-dir", str(source)],
                          capture_output=True, text=True, timeout=900, env=env)  # fmt: skip
     assert pip.returncode == 0, pip.stderr[-3000:]
     return venv
