@@ -194,3 +194,39 @@ def test_prune_says_what_it_found_in_a_folder_it_does_not_understand(
     (run / "rings").mkdir(parents=True)
     assert main(["prune", str(run), "--max-count", "1"]) == 1
     assert f"found one run's folder: prune {tmp_path}" in capsys.readouterr().err
+
+
+def test_arm_in_a_slurm_job_keeps_the_users_folder_of_job_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from blackbox.ring import file as ring_file
+
+    user = tmp_path / "user"
+    user.mkdir(mode=0o700)
+    monkeypatch.setattr(ring_file, "user_dir", lambda uid=None: user)  # /var/tmp/blackbox-<uid>, here
+    monkeypatch.delenv("BLACKBOX_DIR", raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "1000")
+    # GIVEN the folders of four earlier Slurm jobs, each with its dead ring, and an older one whose ring is
+    # still armed by another process
+    old = []
+    for i in range(4):
+        folder = user / f"slurm-{900 + i}"
+        folder.mkdir(mode=0o700)
+        _old_ring(folder, "rank0.ring", 10_000 - i)
+        _age(folder, 10_000 - i)
+        old.append(folder)
+    (user / "slurm-899").mkdir(mode=0o700)
+    holder, live = _holder(user / "slurm-899")
+    try:
+        _age(user / "slurm-899", 100_000)
+        # WHEN a process of job 1000 arms in its default folder, keeping 3
+        rec = blackbox.Recorder.arm(capacity=64, sample_interval=3600, keep="count=3")
+        try:
+            assert rec.path is not None and rec.path.parent == user / "slurm-1000"
+        finally:
+            rec.disarm()
+        # THEN the user's folder keeps 3 job folders: the live job's, the newest old one and job 1000's
+        assert sorted(p.name for p in user.iterdir()) == ["slurm-1000", "slurm-899", "slurm-903"]
+        assert live.exists()
+    finally:
+        assert _release(holder).strip() == "clean"

@@ -15,10 +15,13 @@ Sidecars left without their ring, empty ones, and temporary files of a writer
 that died while making its ring go too.
 
 A folder may also hold ``blackbox run``'s run folders (``run-*/``, with
-``rings/`` and ``bundle/``): each is one entry, its size all it holds, in use
+``rings/`` and ``bundle/``) and Slurm jobs' folders (``slurm-<job>/``, made by
+arm in a Slurm job, see ``file.default_dir``): each is one entry, its size all it holds, in use
 while its ``blackbox run`` holds the lock on its ``RUN_LOCK`` file (the kernel
-drops it when that process dies, however it dies), while any of its rings is in
-use (a process the job left running), and while it is young. A run's own
+drops it when that process dies, however it dies), while any of its rings (or
+its runs) is in use (a process the job left running), and while it is young.
+Arming in a Slurm job's folder keeps the user's folder around it within the
+limits too. A run's own
 ``rings/`` folder is never pruned at arm: the run is kept or removed whole.
 
 Every ``arm()`` keeps its folder within ``DEFAULT_KEEP`` unless told otherwise
@@ -37,7 +40,7 @@ from pathlib import Path
 
 from .._errors import BlackboxError
 from . import format as fmt
-from .file import RING_SUFFIX, SIDECAR_SUFFIXES, sidecar
+from .file import RING_SUFFIX, SIDECAR_SUFFIXES, SLURM_FOLDER_PREFIX, sidecar
 from .liveness import ring_locked, writer_alive
 from .reader import read_header
 
@@ -126,15 +129,17 @@ def _sidecars(ring: Path) -> list[Path]:
     return [sidecar(ring, s) for s in SIDECAR_SUFFIXES]
 
 
-def run_entries(folder: Path, now: float | None = None) -> list[Entry]:
-    """Every ``blackbox run`` folder (``run-*`` holding ``rings/`` or ``RUN_LOCK``) in a folder, each one entry."""
+def run_entries(folder: Path, now: float | None = None, depth: int = 0) -> list[Entry]:
+    """Every job folder in a folder, each one entry: ``blackbox run``'s (``run-*`` holding ``rings/`` or
+    ``RUN_LOCK``) and a Slurm job's (``slurm-*``, its rings inside, and its ``blackbox run`` folders)."""
     now = time.time() if now is None else now
     out = []
-    for d in sorted(folder.glob(f"{RUN_PREFIX}*")):
+    for d in sorted([*folder.glob(f"{RUN_PREFIX}*"), *folder.glob(f"{SLURM_FOLDER_PREFIX}*")]):
         try:
             st = os.lstat(d)
             rings, lock = _lstat(d / "rings"), _lstat(d / RUN_LOCK)
-            if not stat.S_ISDIR(st.st_mode) or not (rings and stat.S_ISDIR(rings.st_mode) or lock):
+            slurm = d.name.startswith(SLURM_FOLDER_PREFIX) and depth == 0
+            if not stat.S_ISDIR(st.st_mode) or not (slurm or rings and stat.S_ISDIR(rings.st_mode) or lock):
                 continue  # not a run folder (one being made holds its lock file before its rings folder)
             newest, size = st.st_mtime, 0
             for top, dirs, files in os.walk(d):  # never follows a link
@@ -144,6 +149,8 @@ def run_entries(folder: Path, now: float | None = None) -> list[Entry]:
                         size += s.st_size if stat.S_ISREG(s.st_mode) else 0
             in_use = ring_locked(d / RUN_LOCK) is True or now - newest < YOUNG_S
             in_use = in_use or bool(rings and any(e.in_use for e in ring_entries(d / "rings", now)))
+            if slurm and not in_use:
+                in_use = any(e.in_use for e in ring_entries(d, now) + run_entries(d, now, depth + 1))
             out.append(Entry(d, newest, size, in_use))
         except OSError:
             continue  # gone since the listing, or not ours to read
@@ -262,6 +269,8 @@ def keep_at_arm(folder: Path, keep: str | None, new: int = 1) -> str | None:
     try:
         if not in_run_folder(folder):
             prune_ring_folder(folder, keep_setting(keep), new)
+        if folder.name.startswith(SLURM_FOLDER_PREFIX):  # a Slurm job's own folder: the user's folder around it
+            prune_ring_folder(folder.parent, keep_setting(keep), 0)
     except Exception as exc:
         return f"{'keep=' if keep is not None else KEEP_ENV} not applied: {exc}"
     return None
