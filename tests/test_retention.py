@@ -230,3 +230,14 @@ def test_arm_in_a_slurm_job_keeps_the_users_folder_of_job_folders(
         assert live.exists()
     finally:
         assert _release(holder).strip() == "clean"
+
+
+@pytest.mark.slow
+def test_a_bad_keep_setting_only_warns_and_the_job_runs_as_unarmed(tmp_path: Path) -> None:
+    job = ["sh", "-c", "echo out; echo err >&2; exit 7"]
+    env = dict(os.environ, BLACKBOX_KEEP="forever")
+    unarmed = subprocess.run(job, capture_output=True, text=True, env=env, timeout=60)
+    armed = _blackbox_run(tmp_path, *job, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = armed.communicate(timeout=180)
+    assert (armed.returncode, out) == (unarmed.returncode, unarmed.stdout) == (7, "out\n")
+    assert "err\n" in err and err.count("BLACKBOX_KEEP not applied") == 1
