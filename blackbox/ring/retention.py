@@ -16,13 +16,13 @@ that died while making its ring go too.
 
 A folder may also hold ``blackbox run``'s run folders (``run-*/``, with
 ``rings/`` and ``bundle/``) and Slurm jobs' folders (``slurm-<job>/``, made by
-arm in a Slurm job, see ``file.default_dir``): each is one entry, its size all it holds, in use
-while its ``blackbox run`` holds the lock on its ``RUN_LOCK`` file (the kernel
-drops it when that process dies, however it dies), while any of its rings (or
-its runs) is in use (a process the job left running), and while it is young.
-Arming in a Slurm job's folder keeps the user's folder around it within the
-limits too. A run's own
-``rings/`` folder is never pruned at arm: the run is kept or removed whole.
+arm in a Slurm job, see ``file.default_dir``): each is one entry, its size all
+it holds, in use while its ``blackbox run`` holds the lock on its ``RUN_LOCK``
+file (the kernel drops it when that process dies, however it dies), while any
+of its rings (or its runs) is in use (a process the job left running), and
+while it is young. Arming in a Slurm job's folder keeps the user's folder
+around it within the limits too. A run's own ``rings/`` folder is never pruned
+at arm: the run is kept or removed whole.
 
 Every ``arm()`` keeps its folder within ``DEFAULT_KEEP`` unless told otherwise
 (``keep=`` or ``BLACKBOX_KEEP``; ``off`` keeps everything).
@@ -230,9 +230,7 @@ def parse_keep(text: str) -> tuple[int | None, int | None]:
         elif key == "size":
             size = parse_size(value)
         else:
-            raise BlackboxError(
-                f"{KEEP_ENV}: expected count=N and/or size=SIZE (e.g. count=20,size=20G) or off, found {part!r}"
-            )
+            raise BlackboxError(f"expected count=N and/or size=SIZE (e.g. count=20,size=20G) or off, found {part!r}")
     return count, size
 
 
@@ -260,7 +258,15 @@ def keep_setting(keep: str | None) -> str:
 
 def in_run_folder(folder: Path) -> bool:
     """``folder`` is a ``blackbox run``'s rings folder (its run is kept or removed whole, never pruned inside)."""
-    return folder.name == "rings" and folder.parent.name.startswith(RUN_PREFIX) and (folder.parent / RUN_LOCK).exists()
+    run = folder.parent
+    return (
+        folder.name == "rings"
+        and run.name.startswith(RUN_PREFIX)
+        and any(
+            os.path.lexists(run / marker)
+            for marker in (RUN_LOCK, ".boot")  # .boot: where its sitecustomize is
+        )
+    )
 
 
 def keep_at_arm(folder: Path, keep: str | None, new: int = 1) -> str | None:
