@@ -9,6 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 from conftest import run_py, spawn_py
 
 from blackbox.ring.reader import read_ring
@@ -100,6 +101,7 @@ sys.stdin.read()  # stay alive (armed) until told
 """
 
 
+@pytest.mark.slow
 def test_ranks_arming_together_with_retention_never_delete_a_live_ring(tmp_path: Path) -> None:
     # GIVEN old dead rings beyond the limit, and 8 ranks arming into the folder at the same instant
     for i in range(6):
