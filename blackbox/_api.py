@@ -43,6 +43,7 @@ def arm(
     stacks: bool = True,
     stack_threads: Iterable[str | threading.Thread] = (),
     allocations: bool | int | None = None,
+    keep: str | None = None,
 ) -> Recorder:
     """Arm the flight recorder and return it; a second call returns the armed one.
 
@@ -87,6 +88,11 @@ def arm(
             table, so they survive SIGKILL and the OOM killer. None (the
             default) reads ``BLACKBOX_ALLOCATIONS`` (``1``, ``0`` or bytes;
             unset: off). Its cost is in README.
+        keep: the ring folder's retention, applied before the ring is made:
+            ``"count=N,size=SIZE"`` (either part alone too) removes the oldest
+            rings and ``blackbox run`` folders beyond N or SIZE in all, never
+            one still in use (armed, or made in the last 5 minutes); ``"off"``
+            keeps everything. None: ``$BLACKBOX_KEEP``, else ``count=64,size=2G``.
 
     Never raises: if the ring cannot be made, a BlackboxWarning is issued and
     the returned Recorder is disarmed (``recorder.armed`` is False).
@@ -100,7 +106,7 @@ def arm(
     try:
         with _lock:
             return _arm_locked(path, capacity, sample_interval, strings_size, on_fork, allocator_history, modules,
-                               sync_interval, stacks, stack_threads, allocations)  # fmt: skip
+                                sync_interval, stacks, stack_threads, allocations, keep)  # fmt: skip
     finally:
         _arming.discard(me)
 
@@ -117,6 +123,7 @@ def _arm_locked(
     stacks: bool = True,
     stack_threads: Iterable[str | threading.Thread] = (),
     allocations: bool | int | None = None,
+    keep: str | None = None,
 ) -> Recorder:
     global _active, _atexit_registered
     if _active.armed:
@@ -133,6 +140,7 @@ def _arm_locked(
         stacks=stacks,
         stack_threads=stack_threads,
         allocations=allocations,
+        keep=keep,
     )
     _active = Recorder.arm(path, **{k: v for k, v in _settings.items() if k != "path"})
     if _active.armed:

@@ -44,8 +44,8 @@ from .ring.file import (
 )
 from .ring.folded import FOLDED, fold_line
 from .ring.liveness import LOCK_LIVENESS, lock_ring
-from .ring.retention import KEEP_ENV, prune_ring_folder
-from .ring.writer import RingWriter, built_module, c_writer_module
+from .ring.retention import keep_at_arm
+from .ring.writer import NO_C_EXTENSION, NO_C_SAID_ENV, RingWriter, built_module, c_writer_module
 
 DEFAULT_CAPACITY = 1 << 18  # 262,144 slots: 32 MiB of records
 HELPER_CAPACITY = 1 << 13  # 8,192 slots (1 MiB): the default for a helper process (a multiprocessing worker)
@@ -118,6 +118,7 @@ class Recorder:
         self.capacity = 0
         self.sample_interval = 0.0
         self.on_fork = "disarm"
+        self._keep: str | None = None  # arm's keep=: the ring folder's retention (None: $BLACKBOX_KEEP or the default)
         self.writer_backend: str | None = None
         self.sync_interval: float | None = None
         self.syncs = 0
@@ -165,9 +166,10 @@ class Recorder:
         stacks: bool = True,
         stack_threads: Iterable[str | threading.Thread] = (),
         allocations: bool | int | None = None,
+        keep: str | None = None,
     ) -> Recorder:
         rec = cls()
-        rec.on_fork = on_fork
+        rec.on_fork, rec._keep = on_fork, keep
         try:
             rec.allocations = mean_bytes(allocations)
             rec._stack_threads = thread_tuple(stack_threads) if stacks else None
@@ -211,12 +213,8 @@ class Recorder:
             safe_folder(folder)  # the default folder: ours alone, or we do not arm
         else:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        keep = os.environ.get(KEEP_ENV)
-        if keep:  # the oldest rings go; never one still being written. A bad setting never stops arming.
-            try:
-                prune_ring_folder(folder, keep)
-            except Exception as exc:
-                warn(f"{KEEP_ENV} not applied: {exc}")
+        if (why := keep_at_arm(folder, self._keep)) is not None:  # the oldest rings and runs go, none in use
+            warn(why)
         if is_folder:
             target = folder / ring_name(ident["host"], ident["pid"], ident["rank"], wall)
         self.path = target
@@ -227,10 +225,10 @@ class Recorder:
             )
         self._probe = HostProbe()
         cg = self._probe.cgroup
-        backend = "c" if c_writer_module() is not None else "python"
+        backend, c_ext = "c" if c_writer_module() is not None else "python", built_module() is not None
         meta = {
             "format_version": fmt.FORMAT_VERSION,
-            "writer": {"package": "blackbox", "version": __version__, "backend": backend},
+            "writer": {"package": "blackbox", "version": __version__, "backend": backend, "c_extension": c_ext},
             "identity": ident,
             "clock": {"wall_ns": wall, "monotonic_ns": mono, "error_s": clock_error_s()},
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(wall / 1e9))
@@ -261,6 +259,8 @@ class Recorder:
         if ring.note:
             self.notes.append(ring.note)
             warn(ring.note)
+        if built_module() is None and not os.environ.get(NO_C_SAID_ENV):  # `blackbox run` says it once for all
+            warn(NO_C_EXTENSION)
         hdr = self._header = ring.header
         self._writer = RingWriter(
             ring.map.buffer,
@@ -289,7 +289,7 @@ class Recorder:
         w, hdr = self._writer, self._header
         assert w is not None and self._probe is not None and hdr is not None and self._ring is not None
         self._exceptions = ExceptionRecorder(w.event, w.intern)
-        self._signals = SignalRecorder(built_module(), w.intern)
+        self._signals = SignalRecorder(built_module(), w.intern, (ring, hdr))
         self._crash = CrashRegion(ring, hdr.crash_offset)
         self._gpu = GpuProbe()
         if self._stack_threads is not None:

@@ -99,6 +99,16 @@ class MemoryCgroup:
         raise AssertionError(f"no oom_kill counter in {self.directory / name}")
 
 
+@pytest.fixture(autouse=True)
+def _default_ring_folders_left_clean() -> Iterator[None]:
+    """What a test leaves in /var/tmp/blackbox-<uid> goes after it (tests/leftovers.py), never a live ring."""
+    from leftovers import clean, snapshot
+
+    before = snapshot()
+    yield
+    clean(before)
+
+
 @pytest.fixture
 def memory_cgroup(tmp_path: Path) -> Iterator[Callable[[int], MemoryCgroup]]:
     """Make a memory cgroup with a limit (v1 or v2); skip only where the kernel refuses."""

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -58,12 +57,18 @@ def test_a_requeued_command_is_recovered_with_both_attempts(tmp_path: Path) -> N
 
 
 TORCHRUN_JOB = """
-import os, sys, time, blackbox
+import os, pathlib, sys, time, blackbox
 rank, attempt = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 blackbox.arm(os.path.join(sys.argv[1], f"rank{rank}.ring"), capacity=4096, sample_interval=0.05)
+armed = pathlib.Path(sys.argv[1], f"rank0-attempt{attempt}.armed")
 for step in range(40):
     blackbox.step(step)
+    if rank == 0 and step == 0:
+        armed.touch()  # rank 1 dies only once rank 0 records: under load rank 0 may start seconds later
     if attempt == 0 and rank == 1 and step == 25:
+        deadline = time.monotonic() + 240
+        while not armed.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         os.kill(os.getpid(), 9)  # rank 1 is killed in the first attempt
     time.sleep(0.01)
 """
@@ -74,14 +79,13 @@ def test_a_torchrun_restart_is_recovered_with_both_attempts(tmp_path: Path) -> N
     pytest.importorskip("torch.distributed")
     script, rings = tmp_path / "train.py", tmp_path / "rings"
     script.write_text(TORCHRUN_JOB)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # GIVEN a torchrun job allowed one restart, whose rank 1 is SIGKILLed in the first attempt
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--max-restarts=1",
-           f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-backend=c10d", str(script), str(rings)]  # fmt: skip
+    # GIVEN a torchrun job allowed one restart, whose rank 1 is SIGKILLed in the first attempt (once rank 0
+    # records); --standalone: torchrun's store takes a free port itself (a port picked here and released
+    # may be taken by another process on a busy machine before torchrun binds it)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=1",
+           str(script), str(rings)]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # WHEN its ring folder (the killed attempt's ring kept aside by the second) is recovered
     assert len(list(rings.glob("*.ring"))) == 4

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 from conftest import REPO, run_py
 
@@ -125,3 +126,26 @@ def test_a_written_bundle_says_whether_it_is_whole_as_the_commit_rule_says(tmp_p
     assert set(written) == set(recover_rings([tmp_path / "r.ring"]).meta) | {"complete"}
     assert "complete" in names("Bundle metadata")
     assert "`complete`" in SPEC.split("## Commit rule", 1)[1].split("\n## ", 1)[0]
+
+
+def test_ranks_and_timeline_give_a_column_they_share_one_type_and_carry_the_job(tmp_path: Path) -> None:
+    # GIVEN rank 3 of a Slurm job, SIGKILLed
+    code = ("import os, sys, blackbox; blackbox.arm(sys.argv[1], capacity=256, sample_interval=3600); "
+            "blackbox.step(1); os.kill(os.getpid(), 9)")  # fmt: skip
+    env = {"SLURM_JOB_ID": "4242", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}
+    run_py(code, str(tmp_path / "r.ring"), env=env, check=False)
+    # WHEN it is recovered
+    write_postmortem([tmp_path / "r.ring"], tmp_path / "b", plot=False)
+    timeline, by_rank = (
+        pq.read_table(tmp_path / "b" / "timeline.parquet"),
+        pq.read_table(tmp_path / "b" / "ranks.parquet"),
+    )
+    # THEN every column the two tables share has one type (dictionaries compared by their values), times in ns
+    plain = {f.name: getattr(f.type, "value_type", f.type) for f in timeline.schema}
+    shared = [f.name for f in by_rank.schema if f.name in plain]
+    assert {"rank", "pid", "host", "job"} <= set(shared)
+    assert [(n, by_rank.schema.field(n).type) for n in shared] == [(n, plain[n]) for n in shared]
+    assert by_rank.schema.field("death_time").type == timeline.schema.field("time").type
+    # AND both name the job, so the two join on (job, rank) as they are
+    assert set(timeline["job"].to_pylist()) == {"4242"} and by_rank["job"].to_pylist() == ["4242"]
+    assert by_rank["rank"].to_pylist() == [3] and set(timeline["rank"].to_pylist()) == {3}

@@ -105,6 +105,7 @@ for step in range(1, 61):
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("leak", [0, 3 << 20], ids=["no leak", "3 MiB a step"])
 def test_growth_per_step_is_said_only_beyond_the_noise(tmp_path: Path, leak: int) -> None:
     # GIVEN a real job of 60 steps with a warm-up and per-step temporaries, leaking a known amount a step
@@ -131,6 +132,7 @@ def test_gpu_oom_fragmentation_or_exhaustion() -> None:
     assert gpu_oom_kind({"oom_requested": None, "oom_reserved_unallocated": None}) is None
 
 
+@pytest.mark.slow
 def test_summary_names_the_module_that_grew_and_shows_the_last_seconds(tmp_path: Path) -> None:
     code = ARM.replace("sample_interval=0.02)", "sample_interval=0.01, modules=True)") + (
         "import time, torch\n"

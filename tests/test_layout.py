@@ -29,7 +29,7 @@ STAGES = {
     "cli": 7,
     "entry": 8,
 }
-LEAVES = {"blackbox._errors", "blackbox._version", "blackbox._units", "blackbox._fds"}
+LEAVES = {"blackbox._errors", "blackbox._version", "blackbox._units", "blackbox._times", "blackbox._fds"}
 RECOVERY_ORDER = {
     "timeline": 0,
     "evidence": 0,
@@ -38,6 +38,7 @@ RECOVERY_ORDER = {
     "spill": 0,
     "attempts": 0,
     "outfolder": 0,
+    "pandas_meta": 0,
     "stacks": 1,
     "allocs": 1,
     "facts": 1,

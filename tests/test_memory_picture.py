@@ -91,6 +91,7 @@ def _gib(recovered: Any, column: str) -> float:
     return float(pc.max(recovered.table[column]).as_py()) / GiB
 
 
+@pytest.mark.slow
 def test_a_leak_beside_a_large_page_cache_spans_the_job_axis(tmp_path: Path, memory_cgroup) -> None:  # type: ignore[no-untyped-def]
     # GIVEN a CPU job in a memory cgroup whose usage is mostly page cache (256 MiB) that leaks 64 MiB
     cg = memory_cgroup(1 << 30)

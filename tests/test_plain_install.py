@@ -1,10 +1,11 @@
 """The plain install is the product: a fresh virtual environment with the package and its declared
-dependencies only (numpy, pyarrow, zstandard: no pandas, no torch, no matplotlib), every command end to end."""
+dependencies only (numpy and pyarrow: no pandas, no torch, no matplotlib), every command end to end."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,9 @@ except MemoryError:
 time.sleep(0.2)
 os.kill(os.getpid(), 9)
 """
+
+
+BUILD_OUTPUTS = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", "*.so")
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +87,53 @@ def test_every_command_works_with_only_the_declared_dependencies(plain: Path, tm
     assert run.returncode == 3 and run.stdout == "job\n" and "cause:" in run.stderr, run.stderr
     (folder,) = (tmp_path / "r").glob("run-*")
     assert (folder / "bundle" / "metadata.json").is_file() and (folder / "bundle" / "summary.md").is_file()
+
+
+SIGTERM_IN_C = """
+import ctypes, sys, blackbox
+blackbox.arm(sys.argv[1] + "/", capacity=4096, sample_interval=0.05)
+libc = ctypes.CDLL(None)
+mutex = ctypes.create_string_buffer(64)
+libc.pthread_mutex_lock(mutex)
+print("READY", flush=True)
+libc.pthread_mutex_lock(mutex)  # blocked in C for ever
+"""
+
+
+@pytest.fixture(scope="module")
+def no_compiler(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtual environment where the install found no C compiler (CC and CXX fail)."""
+    venv = tmp_path_factory.mktemp("nocc") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    env = dict(os.environ, CC="/bin/false", CXX="/bin/false")
+    # from a copy without build outputs: setuptools would take the checkout's up-to-date build/ (or a
+    # _cwriter*.so beside its source) as built, and install it without trying the compiler
+    source = venv.parent / "source"
+    shutil.copytree(REPO, source, ignore=BUILD_OUTPUTS, symlinks=True)
+    pip = subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-cache-dir", str(source)],
+                         capture_output=True, text=True, timeout=900, env=env)  # fmt: skip
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    return venv
+
+
+@pytest.mark.slow
+def test_an_install_without_a_c_compiler_says_so_and_still_names_a_sigterm(no_compiler: Path, tmp_path: Path) -> None:
+    python = str(no_compiler / "bin/python")
+    assert not list(no_compiler.rglob("_cwriter*.so"))  # the lane really has no extension
+    version = blackbox(no_compiler, "--version", cwd=tmp_path)
+    assert "(C extension: NOT built)" in version.stdout and "not recorded" in version.stdout
+    # GIVEN a job blocked in C; WHEN SIGTERM arrives THEN it dies of it at once, after one warning at arm
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    proc = subprocess.Popen([python, "-c", SIGTERM_IN_C, str(tmp_path / "rings")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "READY"
+    proc.send_signal(15)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == -15 and err.count("BlackboxWarning") == 1 and "C extension" in err, err
+    # AND the verdict is the one the C extension gives, with what is not known said
+    out = blackbox(no_compiler, "recover", "rings", "-o", "bundle", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    death = json.loads((tmp_path / "bundle" / "metadata.json").read_text())["death"]
+    assert (death["cause"], death["confidence"]) == ("signal", "certain"), death
+    assert any(e.startswith("SIGTERM with its default action") for e in death["evidence"])
+    assert "## What the recorder could not do" in (tmp_path / "bundle" / "summary.md").read_text()

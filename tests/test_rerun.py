@@ -9,6 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 from conftest import run_py, spawn_py
 
 from blackbox.ring.reader import read_ring
@@ -100,6 +101,7 @@ sys.stdin.read()  # stay alive (armed) until told
 """
 
 
+@pytest.mark.slow
 def test_ranks_arming_together_with_retention_never_delete_a_live_ring(tmp_path: Path) -> None:
     # GIVEN old dead rings beyond the limit, and 8 ranks arming into the folder at the same instant
     for i in range(6):
@@ -115,7 +117,10 @@ def test_ranks_arming_together_with_retention_never_delete_a_live_ring(tmp_path:
         # THEN every live rank's ring is still there (the old ones went, the live ones were kept)
         live = {read_ring(p).meta["identity"]["pid"] for p in tmp_path.glob("*.ring") if not read_ring(p).clean}
         assert live == {p.pid for p in procs}
-        assert not list(tmp_path.glob("old*.ring"))
+        # AND the old ones beyond the limit went: each rank keeps what it lists within count=3 with its own new
+        # ring, so a rank that lists before any other has made its ring keeps the newest two old ones
+        # (under load all eight may: "none left" failed 1 run in 3 with arm's longer listing, runs and rings)
+        assert {p.name for p in tmp_path.glob("old*.ring")} <= {"old0.ring", "old1.ring"}
     finally:
         for p in procs:
             p.kill()

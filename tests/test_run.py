@@ -84,6 +84,7 @@ def test_run_around_a_script_the_kernel_oom_kills(tmp_path: Path, memory_cgroup)
     ],
     ids=["exit-3", "sigterm", "exception", "sigkill"],
 )
+@pytest.mark.slow
 def test_run_ends_as_the_job_ended(tmp_path: Path, code: str, status: int) -> None:
     unarmed = subprocess.run(["sh", "-c", '"$@"; echo "shell-status=$?" >&2', "sh", sys.executable, "-c", code],
                              capture_output=True, text=True, timeout=60)  # fmt: skip
@@ -101,6 +102,7 @@ def test_stdout_is_the_jobs_alone(tmp_path: Path) -> None:
     assert "# blackbox:" in proc.stderr  # the summary went to stderr
 
 
+@pytest.mark.slow
 def test_the_launcher_stays_small_while_the_job_runs(tmp_path: Path) -> None:
     # GIVEN a job that says it is up and then sleeps
     code = "import time; print('up', flush=True); time.sleep(2)"
@@ -118,6 +120,7 @@ def test_the_launcher_stays_small_while_the_job_runs(tmp_path: Path) -> None:
     assert launcher.returncode == 0 and "cause: clean_exit" in err
 
 
+@pytest.mark.slow
 def test_reusing_dir_never_merges_an_earlier_runs_rings(tmp_path: Path) -> None:
     for k in range(2):
         blackbox_run(tmp_path / "d", sys.executable, "-c", f"print({k})")
@@ -136,6 +139,7 @@ def test_exit_status_survives_a_recovery_that_fails(tmp_path: Path) -> None:
     assert shell_status(proc) == 5 and "recovery failed" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_run_chains_the_jobs_own_sitecustomize(tmp_path: Path) -> None:
     own = tmp_path / "site"
     own.mkdir()
@@ -211,6 +215,7 @@ def _start(tmp_path: Path, *cmd: str, **kw) -> tuple[subprocess.Popen[str], int]
     ["pid", "group", "pid-sigint"],
     ids=["SIGTERM to blackbox run's pid", "SIGTERM to its process group", "SIGINT to its pid"],
 )
+@pytest.mark.slow
 def test_a_signal_reaches_the_job_exactly_once(tmp_path: Path, how: str) -> None:
     script = tmp_path / "job.py"
     script.write_text(COUNTER)
@@ -256,6 +261,7 @@ def test_slurmstepd_signalling_every_process_is_not_relayed_again(tmp_path: Path
     assert out.strip() == "got [15]", err
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_a_terminal_reaches_the_job_exactly_once(tmp_path: Path) -> None:
     script = tmp_path / "job.py"
     script.write_text(COUNTER.replace("time.sleep(0.5)", "time.sleep(0.5); print(input('say: '), flush=True)"))
@@ -286,6 +292,7 @@ def test_ctrl_c_in_a_terminal_reaches_the_job_exactly_once(tmp_path: Path) -> No
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
+@pytest.mark.slow
 def test_a_signal_after_the_job_ended_changes_neither_status_nor_bundle(tmp_path: Path) -> None:
     # GIVEN a job that exits 3 by itself
     script = tmp_path / "job.py"
@@ -323,6 +330,7 @@ def test_a_relative_dir_arms_python_children_started_after_a_chdir(tmp_path: Pat
     assert _meta(tmp_path / "rel")["helpers"][0]["count"] == 1
 
 
+@pytest.mark.slow
 def test_processes_the_job_left_running_are_named(tmp_path: Path) -> None:
     # GIVEN a job whose worker outlives it: the main process dies (SIGKILL), its worker sleeps on
     code = (

@@ -72,6 +72,7 @@ def _kill_after(ring: Path, capacity: int, seconds: float) -> dict[int, int]:
     return acked
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("capacity,seconds", [(1 << 20, 0.2), (4096, 0.2)], ids=["no-wrap", "wrapped"])
 def test_sigkill_loses_no_acknowledged_event(
     tmp_path: Path, capacity: int, seconds: float, writer_backend: str

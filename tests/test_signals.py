@@ -79,6 +79,7 @@ dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, w
 """
 
 
+@pytest.mark.slow
 @needs_c
 @pytest.mark.parametrize("armed", [False, True], ids=["unarmed", "armed"])
 def test_gloo_rank_waiting_for_a_peer_dies_of_sigterm_at_once(tmp_path: Path, armed: bool) -> None:

@@ -13,10 +13,12 @@ import grp
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,8 +102,41 @@ def local_users(*roles: str) -> Iterator[list[User]]:
             made.append(User(name, pw.pw_uid, pw.pw_gid))
         yield made
     finally:
+        left = []
         for user in made:
-            subprocess.run(["userdel", user.name], capture_output=True)
+            try:
+                remove_user(user)
+            except AssertionError as exc:
+                left.append(str(exc))
+        assert not left, left
+
+
+def _pids_of(uid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def remove_user(user: User) -> None:
+    """userdel, which refuses while the user has a process: a background attack left running (``start``)
+    is SIGKILLed first (the uid is this test's alone). Fails the test if the user is still there."""
+    for _ in range(50):
+        for pid in _pids_of(user.uid):
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        subprocess.run(["userdel", user.name], capture_output=True)
+        try:
+            pwd.getpwnam(user.name)
+        except KeyError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"could not remove the test user {user.name}")
 
 
 @contextmanager
@@ -120,6 +155,9 @@ def local_group(role: str, members: Sequence[User]) -> Iterator[int]:
         yield grp.getgrnam(name).gr_gid
     finally:
         subprocess.run(["groupdel", name], capture_output=True)
+        with suppress(KeyError):
+            grp.getgrnam(name)
+            raise AssertionError(f"could not remove the test group {name}")
 
 
 @contextmanager

@@ -34,9 +34,22 @@ COMMANDS: dict[str, ModuleType] = {
 }
 
 
+class _Version(argparse.Action):
+    """``--version``: the version and whether the C extension is built (without it, what goes unrecorded)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        from ..ring.writer import NO_C_EXTENSION, built_module
+
+        built = built_module() is not None
+        print(f"blackbox {__version__} (C extension: {'built' if built else 'NOT built'})")
+        if not built:
+            print(NO_C_EXTENSION)
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="blackbox", description="Crash-survivable flight recorder for training jobs.")
-    parser.add_argument("--version", action="version", version=f"blackbox {__version__}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="the version, and whether its C extension is built")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module in COMMANDS.items():
         doc = help_line(module)

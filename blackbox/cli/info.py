@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def ring_facts(path: str) -> dict[str, Any]:
     from ..recovery.metadata import iso, writer_state
     from ..ring.liveness import writer_alive
-    from ..ring.reader import read_ring
+    from ..ring.reader import read_ring, without_c_extension
 
     ring = read_ring(path)
     h, rec = ring.header, ring.recovery
@@ -51,6 +51,8 @@ def ring_facts(path: str) -> dict[str, Any]:
         "strings_not_read": ring.strings_cut,
         "stack_table": _stack_table(ring.stacks, h.stacks_size),
         "writer": writer_state(ring, writer_alive(ring.path, ring.meta)),
+        "c_extension": not without_c_extension(ring.meta),
+        "signals_that_ended_it": sorted(ring.signal_stacks),
     }
 
 
@@ -100,6 +102,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"stacks:     {st['stacks']} stacks, {st['frames']} frames in generations {st['generations'] or '-'} "
               f"({st['bytes'] // 1024} KiB table, {st['damaged_entries']} damaged entries{cut})")  # fmt: skip
     print(f"writer:     {f['writer']}")
+    if not f["c_extension"]:
+        from ..ring.writer import NO_C_EXTENSION
+
+        print(f"recorder:   {NO_C_EXTENSION}")
+    if f["signals_that_ended_it"]:
+        print(f"signal:     {', '.join(f['signals_that_ended_it'])} with its default action (faulthandler's stack "
+              "in its slot)")  # fmt: skip
     return 0
 
 

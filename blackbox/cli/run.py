@@ -41,7 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .._errors import BlackboxError
-    from ..run.folder import work_folder
+    from ..ring.retention import keep_at_arm
+    from ..ring.writer import NO_C_EXTENSION, NO_C_SAID_ENV, built_module
+    from ..run.folder import hold_run_lock, work_folder
     from ..run.launcher import end_like, launch, prepare
     from ..run.leftovers import still_running
 
@@ -51,10 +53,16 @@ def run(args: argparse.Namespace) -> int:
     if args.allocations:
         os.environ[ALLOCATIONS_ENV] = "1"  # the job's environment is a copy of ours (launcher.job_environment)
     work = work_folder(args.dir)
+    hold_run_lock(work)  # in use while we live: no retention removes this run
+    if (why := keep_at_arm(work.parent, None, new=0)) is not None:  # the oldest runs and rings beside it go
+        say(f"warning: {why}")
     rings, boot = prepare(work)
     under_torchrun = torchelastic.rank() is not None
     if not under_torchrun:  # under torchrun, each rank's one line at the end names its bundle
         say(f"rings in {rings}/")
+    if built_module() is None:  # said once here, not by each of the job's processes
+        say(f"warning: {NO_C_EXTENSION}")
+        os.environ[NO_C_SAID_ENV] = "1"
 
     def on_end(ended: Ended) -> None:
         if under_torchrun and ended.status != 0:

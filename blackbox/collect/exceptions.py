@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import Any
 
 from ..ring import format as fmt
+from ..ring.writer import NO_C_EXTENSION
 from .oom import classify
 
 KIND_OOM = fmt.KIND_CODES["oom"]
@@ -171,7 +172,7 @@ NO_EXIT_RECORD = ("the status of an exit that never calls sys.exit (a top-level 
 def exit_status_unrecorded(cmod: Any) -> str:
     """Why the process's exit status cannot be written at exit() (a note), or "" where it can."""
     if cmod is None:
-        return NO_EXIT_RECORD.format("the C extension blackbox.ring._cwriter is not built")
+        return NO_C_EXTENSION  # says this, and what else goes unrecorded
     if not getattr(cmod, "EXIT_RECORD", 0):
         return NO_EXIT_RECORD.format("this C library has no on_exit()")
     return ""

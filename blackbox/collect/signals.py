@@ -13,7 +13,8 @@ arm, Python replaces ours at the OS level: ``signal.signal`` is wrapped (it
 returns and raises exactly what it would) so the new handler is wrapped again at
 once, and ``watch()`` (each sampler tick) catches code that bound the original
 ``signal.signal`` before arm. Where the extension is not built, nothing is
-installed and signals are not recorded.
+installed: ``collect.death_signals`` has faulthandler record the signals that
+end the process (``SignalRecorder`` hands every call to it), and no others.
 
 Native crashes (SIGSEGV, SIGFPE, SIGABRT, SIGBUS, SIGILL): ``faulthandler``
 writes every thread's traceback into the ring's crash region (version 3), so a
@@ -35,6 +36,7 @@ from typing import Any
 
 from .._fds import OwnedFd
 from ..ring import format as fmt
+from .death_signals import DeathSignals
 
 KIND_SIGNAL = fmt.KIND_CODES["signal"]
 RECORDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
@@ -53,7 +55,10 @@ def _how(python_handler: Any) -> str:
 class SignalRecorder:
     """Records signals into one ring through the C handler, and puts the dispositions back at the end."""
 
-    def __init__(self, cmod: Any, intern: Callable[[Any], int]) -> None:
+    def __init__(
+        self, cmod: Any, intern: Callable[[Any], int], ring: tuple[Path, fmt.Header] | None = None
+    ) -> None:
+        self._fallback = DeathSignals(*ring) if cmod is None and ring is not None else None
         self._cmod = cmod
         self._intern = intern
         self._tags: dict[int, int] = {}
@@ -65,6 +70,10 @@ class SignalRecorder:
 
     def install(self, buffer: Any, records_offset: int, capacity: int, sequence: Any) -> str:
         """Start recording; returns why not, or "" when the handler is in place."""
+        if self._fallback is not None:
+            why = self._fallback.install()
+            self.active, self.installed = not why, self._fallback.installed
+            return why
         if self._cmod is None or sequence is None:
             return "the C extension blackbox.ring._cwriter is not built: signals are not recorded"
         try:
@@ -100,6 +109,10 @@ class SignalRecorder:
         """(Re)wrap each recorded signal's disposition where the job has changed it (a cheap no-op otherwise)."""
         if not self.active:
             return
+        if self._fallback is not None:
+            self._fallback.watch()
+            self.installed = self._fallback.installed
+            return
         self.installed = [signal.Signals(s).name for s in self._tags if self._watch_one(s)]
 
     def _watch_one(self, signum: int) -> bool:
@@ -112,6 +125,9 @@ class SignalRecorder:
         """Put back every disposition we wrapped (where ours is still the one in force); stop recording."""
         if self.active:
             self.active = False
+            if self._fallback is not None:
+                self._fallback.uninstall()
+                return
             self._unwrap_signal_function()
             self._cmod.signals_release()
 
@@ -124,6 +140,9 @@ class SignalRecorder:
         """In a forked child: the parent's ring is not ours; the job's dispositions come back."""
         if self.active:
             self.active = False
+            if self._fallback is not None:
+                self._fallback.forget_after_fork()
+                return
             self._unwrap_signal_function()
             self._cmod.signals_forget()
 

@@ -37,9 +37,9 @@ as the sender), and is never the first death nor counted among the deaths.
 
 from __future__ import annotations
 
-import re
-from datetime import datetime, timezone
 from typing import Any
+
+from .._times import epoch_ns
 
 # Launchers that tear a job's other processes down when one fails, by their command (as a signal's sender
 # records it) -> the name said: torchrun's agent names its main thread pt_elastic, which /proc shows.
@@ -180,18 +180,10 @@ def _who(m: dict[str, Any]) -> dict[str, Any]:
 
 
 def _epoch(iso: str) -> float | None:
-    """Seconds since the epoch of a UTC ISO-8601 time (any number of fractional digits)."""
-    match = _ISO.match(iso)
-    if match is None:
-        return None
-    try:
-        whole = datetime.fromisoformat(match[1]).replace(tzinfo=timezone.utc).timestamp()
-    except ValueError:  # a month 13, a day 32: an edited field
-        return None
-    return whole + float(f"0.{match[2] or 0}")
-
-
-_ISO = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?")
+    """Seconds since the epoch of a UTC ISO-8601 time (any number of fractional digits); None for an
+    edited field (a month 13, a day 32)."""
+    ns = epoch_ns(iso)
+    return None if ns is None else ns / 1e9
 
 
 def _error(m: dict[str, Any]) -> float:

@@ -38,9 +38,9 @@ MAX_METADATA_BYTES = 256 << 20
 # stacks too: written plain, a row group repeating one 64 KiB stack was decoded to 8 GB, past what Arrow can
 # hold ("Take operation overflowed binary array capacity").
 _DELTA = ("seq", "time", "step")
-_DICTIONARY = ["kind", "label", "host", "thread", "pid", "rank", "device", "detail", "stack"]
+_DICTIONARY = ["kind", "label", "host", "thread", "pid", "rank", "device", "detail", "stack", "job"]
 # Min/max statistics where queries filter (DuckDB skips row groups with them); the rest skip the cost.
-_STATISTICS = ["seq", "time", "kind", "step", "pid", "rank", "host", "device", "value"]
+_STATISTICS = ["seq", "time", "kind", "step", "pid", "rank", "host", "device", "value", "job"]
 ROW_GROUP = 1 << 17  # rows per row group: the writer holds one row group at a time
 
 

@@ -19,7 +19,8 @@ last signal's sender, where one was recorded), and the analysis (``host_growth``
 4. no clean end: the kernel logged this pid's OOM kill after its last event: ``host_oom_kill``
    (certain); the process called ``os._exit``: by its status, as in 3; the cgroup's oom_kill counter
    rose after the last sample: ``host_oom_kill`` (strong); a native crash: ``signal``; a fatal signal
-   recorded: ``signal`` (``interrupted`` for SIGINT, ``userspace_oom_kill`` from earlyoom or
+   recorded (by the C handler, or without the C extension faulthandler's stack in its slot of
+   ``<ring>.signals``): ``signal`` (``interrupted`` for SIGINT, ``userspace_oom_kill`` from earlyoom or
    systemd-oomd); ``blackbox run`` saw it exit (not die of a signal; C code calling ``_exit``): by its
    status, as in 3; SIGKILL (seen by ``blackbox run``, or no handler ran on this boot):
    ``userspace_oom_kill`` after such a daemon's SIGTERM, ``host_oom_kill`` (probable) with memory at 95%
@@ -37,6 +38,7 @@ record; for a child's, at the main process's last record before the kernel's kil
 
 from __future__ import annotations
 
+import re
 import signal as signals
 from typing import Any
 
@@ -44,6 +46,7 @@ import pyarrow as pa
 
 from .._units import human_bytes
 from ..ring import format as fmt
+from ..ring.reader import without_c_extension
 from .evidence import Evidence, KernelKill
 from .facts import Facts, facts
 from .levers import analysis
@@ -59,6 +62,9 @@ DEFAULT_ACTION = "default action"  # the detail collect.signals writes for a sig
 SCHEDULERS = ("slurmstepd", "slurmd", "srun", "scancel", "kubelet", "containerd-shim", "timeout", "systemd", "torchrun",
               "pt_elastic", "torch.distributed.run")  # fmt: skip
 RUN_SAW = "run"  # the exit status came from `blackbox run`'s wait
+NOT_KNOWN_WITHOUT_C = ("not known: this process ran without blackbox's C extension, which records a signal's sender, "
+                       "a signal the job's own handler takes, and the status of an exit that calls neither sys.exit "
+                       "nor os._exit")  # fmt: skip
 HOW_KNOWN = {fmt.EXIT_PROCESS: "recorded by the process as it exited", fmt.EXIT_OS: "its os._exit call",
              fmt.EXIT_SYS: "its sys.exit call", RUN_SAW: "as `blackbox run` saw it"}  # fmt: skip
 ROLE = {"main": "main process", "worker": "DataLoader worker", "mp_service": "multiprocessing service process",
@@ -71,6 +77,8 @@ def diagnose(table: pa.Table, clean: bool, ev: Evidence, meta: dict[str, Any]) -
     ident = meta.get("identity") or {}
     d = _Death(f, ev, ident)
     d.decide(clean)
+    if without_c_extension(meta) and not (ev.writer_alive and not clean):
+        d.evidence.append(NOT_KNOWN_WITHOUT_C)
     return d.result()
 
 
@@ -204,6 +212,10 @@ class _Death:
             self._set("host_oom_kill", "strong", rose)
         elif ev.crash:
             self._set("signal", "certain", f"native crash (faulthandler): {_first_line(ev.crash)}")
+        elif ev.signal_stacks:  # faulthandler's stack in the slot of the signal that ended it (no C extension)
+            name, stack = next(iter(ev.signal_stacks.items()))
+            why = f"{name} with its default action, in {_innermost(stack)} (its stack then, by faulthandler)"
+            self._set("interrupted" if name == "SIGINT" else "signal", "certain", why)
         elif fatal:
             s = fatal[-1]
             self.killed_by = _sender(s)
@@ -371,6 +383,12 @@ def _sender(row: dict[str, Any]) -> dict[str, Any]:
 def _short(text: str | None, n: int = 300) -> str:
     text = (text or "").replace("\n", " ")
     return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _innermost(stack: str) -> str:
+    """The innermost frame of faulthandler's stack (``  File "x.py", line 5 in f``) as ``f (x.py:5)``."""
+    m = re.search(r'File "(.*)", line (\d+) in (.*)', stack)
+    return f"{m[3]} ({m[1]}:{m[2]})" if m else "a frame faulthandler could not name"
 
 
 def _first_line(text: str | None) -> str:

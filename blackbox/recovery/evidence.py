@@ -61,6 +61,7 @@ class Evidence:
     cgroup_oom_kills_now: int | None = None
     exit_status: int | None = None  # as a shell reports it (128 + signal), from `blackbox run`
     crash: str | None = None  # faulthandler's tracebacks left beside the ring (a native crash)
+    signal_stacks: dict[str, str] = field(default_factory=dict)  # a signal that ended it -> its stack (no C)
     now_ns: int | None = None  # the monotonic clock at recovery
     slurm: str | None = None  # why Slurm ended the job, from its own account (``slurm``), where readable
     slurm_mem_limit: int | None = None  # the job's memory limit per node in Slurm's account (bytes)

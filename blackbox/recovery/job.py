@@ -22,7 +22,6 @@ import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .._errors import BlackboxError, BundleDestinationError, RingNotFoundError, one_line
+from .._times import epoch_ns
 from .._version import __version__
 from ..ring.inputs import Folder, open_folder, open_input
 from .attempts import attempt_metadata, group_attempts
@@ -234,19 +234,18 @@ def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and abs(v) < 1 << 62 else None
 
 
+def _int32(v: Any) -> int | None:
+    """A rank, local rank or world size: int32 in the ring's header and in both tables."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and -(1 << 31) <= v < 1 << 31 else None
+
+
 def _float(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1e15 else None
 
 
 def _time(v: Any) -> str | None:
     """An ISO-8601 time that a table can hold, else None."""
-    if not isinstance(v, str) or len(v) > 40:
-        return None
-    try:
-        datetime.fromisoformat(v.replace("Z", "+00:00")).astimezone(timezone.utc)
-    except (ValueError, OverflowError, OSError):
-        return None
-    return v
+    return v if epoch_ns(v) is not None else None
 
 
 def _peaks(v: Any) -> dict[str, Any]:
@@ -281,9 +280,9 @@ def _slim(m: dict[str, Any], at: tuple[int, int]) -> dict[str, Any]:
         "pid": _int(m.get("pid")),
         "ppid": _int(m.get("ppid")),
         "job": _text(m.get("job")),
-        "rank": _int(m.get("rank")),
-        "local_rank": _int(m.get("local_rank")),
-        "world_size": _int(m.get("world_size")),
+        "rank": _int32(m.get("rank")),
+        "local_rank": _int32(m.get("local_rank")),
+        "world_size": _int32(m.get("world_size")),
         "role": _text(m.get("role")),
         "attempt": _int(m.get("attempt")),
         "started_at": _time(m.get("started_at")),

@@ -16,7 +16,8 @@ import pyarrow.compute as pc
 
 from .._version import __version__
 from ..ring import format as fmt
-from ..ring.reader import Ring
+from ..ring.reader import Ring, without_c_extension
+from ..ring.writer import NO_C_EXTENSION
 from .allocs import live_sites, main_thread_of, step_records, with_site_lever
 from .attempts import attempt_metadata, group_attempts, slim
 from .evidence import Evidence
@@ -139,7 +140,7 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
         "signals": _events(table, ("signal",), ("label", "value", "detail"), 10),
         "native_crash": native,
         "death": death,
-        "notes": _notes(table),
+        "notes": _notes(table, ring.meta),
         "recovery": ring.recovery.as_dict(),
         "recovered_by": {"blackbox": __version__},
     }
@@ -203,14 +204,17 @@ def _module_growth(table: pa.Table, top: int) -> list[dict[str, Any]]:
     return [{"module": k, "calls": v[0], "gpu_growth": v[1], "host_growth": v[2]} for k, v in ranked]
 
 
-def _notes(table: pa.Table) -> list[str]:
-    """The recorder's own notes (marks labelled ``blackbox: ...``): collectors that could not attach."""
+def _notes(table: pa.Table, header: dict[str, Any]) -> list[str]:
+    """The recorder's own notes (marks labelled ``blackbox: ...``): collectors that could not attach; the
+    header's word that the C extension was not built first, even where wrap-around overwrote its mark."""
     labels = of_kind(table, "mark", columns=["label"])["label"]
     notes: list[str] = []
     for chunk in labels.chunks:  # through the dictionary: the notes are few, the marks may be many
         words = chunk.dictionary.to_pylist()
         used = set(chunk.indices.drop_null().to_pylist()) if len(words) < len(chunk) else set(range(len(words)))
         notes += [words[i][len(fmt.NOTE_PREFIX) :] for i in sorted(used) if words[i].startswith(fmt.NOTE_PREFIX)]
+    if without_c_extension(header):
+        notes = [NO_C_EXTENSION, *(n for n in notes if n != NO_C_EXTENSION)]
     return notes
 
 

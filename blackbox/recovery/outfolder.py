@@ -23,7 +23,6 @@ import errno
 import fcntl
 import os
 import secrets
-import shutil
 import stat
 import time
 from collections.abc import Callable
@@ -214,24 +213,36 @@ def clean_stale(parent: int, name: str) -> list[str]:
     return removed
 
 
-def _empty(fd: int) -> None:
-    """Remove everything in the folder open at ``fd``, never following a link."""
+def _empty(fd: int, depth: int = 0) -> None:
+    """Remove everything in the folder open at ``fd``, never following a link (at most MAX_DEPTH deep)."""
     try:
         names = os.listdir(fd)
     except OSError:
         return
     for name in names:
         with contextlib.suppress(OSError):
-            _remove(fd, name)
+            _remove(fd, name, depth)
 
 
-def _remove(fd: int, name: str) -> None:
-    """Remove ``name`` in the folder open at ``fd``: a folder tree through descriptors, else the entry."""
+MAX_DEPTH = 32  # a bundle is two levels deep; deeper trees in a holder are left (and so is the holder)
+
+
+def _remove(fd: int, name: str, depth: int = 0) -> None:
+    """Remove ``name`` in the folder open at ``fd``: a folder tree through descriptors (shutil.rmtree takes
+    ``dir_fd`` only from Python 3.11), else the entry."""
     try:
-        if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
-            shutil.rmtree(name, ignore_errors=True, dir_fd=fd)
-        else:
+        if not stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
             os.unlink(name, dir_fd=fd)
+            return
+        if depth >= MAX_DEPTH:
+            return
+        with contextlib.suppress(OSError):  # as shutil.rmtree(ignore_errors=True): what cannot go stays
+            sub = os.open(name, _DIR, dir_fd=fd)
+            try:
+                _empty(sub, depth + 1)
+            finally:
+                os.close(sub)
+            os.rmdir(name, dir_fd=fd)
     except FileNotFoundError:
         pass
 

@@ -119,6 +119,7 @@ class RecoveryPass:
         table = self.relays.attribute(table, ring.path, ring.owner)
         status = self.exit_status if path == self.owner else None
         evidence = gather(ring.path, ring.meta, status, self.kills, ring.crash, window, children)
+        evidence.signal_stacks = ring.signal_stacks  # written by faulthandler where the C extension was not built
         death = diagnose(table, ring.clean, evidence, ring.meta)
         kill = evidence.kernel_kills[-1] if evidence.kernel_kills else None
         if kill is not None:

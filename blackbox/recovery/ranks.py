@@ -2,7 +2,8 @@
 
 Pure functions: rows from a bundle's metadata, the Arrow table of those rows, and
 rows back from a table (a job-wide view reads only these tables, never timelines).
-Times are UTC timestamps in microseconds (the precision of metadata.json).
+Types agree with timeline.parquet's: ``rank``, ``local_rank`` and ``world_size`` int32 (as the ring's
+header holds them), ``pid`` int64, times UTC timestamps in nanoseconds.
 """
 
 from __future__ import annotations
@@ -12,21 +13,24 @@ from typing import Any
 
 import pyarrow as pa
 
+from .._times import epoch_ns
+from .pandas_meta import with_nullable_ints
+
 TIME_COLUMNS = ("started_at", "last_event_at", "death_time")
-SCHEMA = pa.schema(
+SCHEMA = with_nullable_ints(pa.schema(
     [
         ("host", pa.string()),
-        ("rank", pa.int64()),
-        ("local_rank", pa.int64()),
-        ("world_size", pa.int64()),
+        ("rank", pa.int32()),
+        ("local_rank", pa.int32()),
+        ("world_size", pa.int32()),
         ("pid", pa.int64()),
         ("role", pa.string()),
         ("attempt", pa.int64()),
         ("cause", pa.string()),
         ("confidence", pa.string()),
-        ("started_at", pa.timestamp("us", tz="UTC")),
-        ("last_event_at", pa.timestamp("us", tz="UTC")),
-        ("death_time", pa.timestamp("us", tz="UTC")),
+        ("started_at", pa.timestamp("ns", tz="UTC")),
+        ("last_event_at", pa.timestamp("ns", tz="UTC")),
+        ("death_time", pa.timestamp("ns", tz="UTC")),
         ("last_step", pa.int64()),
         ("last_step_s", pa.float64()),
         ("peak_host_rss", pa.int64()),
@@ -39,7 +43,7 @@ SCHEMA = pa.schema(
         ("collateral_of", pa.int64()),
         ("stopped_by", pa.string()),
     ]
-)
+))  # fmt: skip
 COLUMNS = tuple(SCHEMA.names)
 
 
@@ -78,14 +82,10 @@ def collateral_columns(after: dict[str, Any] | None) -> dict[str, Any]:
     return {"collateral_of": pid if isinstance(pid, int) else None, "stopped_by": by if isinstance(by, str) else None}
 
 
-def _micros(iso: Any) -> int | None:
-    if not isinstance(iso, str) or not iso:
-        return None
-    dt = datetime.fromisoformat(iso.replace("Z", "+00:00"))
-    return (dt - datetime(1970, 1, 1, tzinfo=timezone.utc)) // _US
-
-
-_US = datetime.resolution  # one microsecond
+def _nanos(iso: Any) -> int | None:
+    """Nanoseconds since the epoch, where a timestamp[ns] holds them (years 1677 to 2262), else None."""
+    ns = epoch_ns(iso)
+    return ns if ns is not None and -(1 << 63) <= ns < 1 << 63 else None
 
 
 def iso_micros(us: int | None) -> str | None:
@@ -102,7 +102,7 @@ def ranks_table(rows: list[dict[str, Any]]) -> pa.Table:
     """The rows as a table with the ranks.parquet schema."""
     columns = {c: [r.get(c) for r in rows] for c in COLUMNS}
     for c in TIME_COLUMNS:
-        columns[c] = [_micros(v) for v in columns[c]]
+        columns[c] = [_nanos(v) for v in columns[c]]
     arrays = [
         pa.array(columns[f.name], type=pa.int64()).cast(f.type)
         if f.name in TIME_COLUMNS
@@ -113,13 +113,14 @@ def ranks_table(rows: list[dict[str, Any]]) -> pa.Table:
 
 
 def table_rows(table: pa.Table) -> list[dict[str, Any]]:
-    """Rows of a ranks table (any subset of its columns), times back as ISO strings; no pandas needed."""
+    """Rows of a ranks table (any subset of its columns), times back as ISO strings to the microsecond
+    (as metadata.json writes ``started_at``); no pandas needed."""
     columns: dict[str, list[Any]] = {}
     for name in table.column_names:
         col = table[name]
         if pa.types.is_timestamp(col.type):
-            us = col.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_pylist()
-            columns[name] = [iso_micros(v) for v in us]
+            ns = col.cast(pa.timestamp("ns", tz="UTC")).cast(pa.int64()).to_pylist()
+            columns[name] = [None if t is None else iso_micros(t // 1000) for t in ns]
         else:
             columns[name] = col.to_pylist()
     return [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]

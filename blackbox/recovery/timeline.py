@@ -17,6 +17,7 @@ from ..ring import format as fmt
 from ..ring.heap import alloc_stacks
 from ..ring.reader import Ring
 from ..ring.scan import StackScan
+from .pandas_meta import with_nullable_ints
 
 GAUGES = tuple(c for c in fmt.SAMPLE_FIELDS + fmt.GPU_SAMPLE_FIELDS if c)
 COUNTERS = frozenset({"cgroup_oom_kills", "psi_some_us", "psi_full_us", "gpu_alloc_retries", "gpu_ooms"})
@@ -49,7 +50,7 @@ OOM_COLUMNS = (
     "oom_private_pools",
 )
 
-TIMELINE_SCHEMA = pa.schema(
+TIMELINE_SCHEMA = with_nullable_ints(pa.schema(
     [
         ("seq", pa.uint64()),
         ("time", pa.timestamp("ns", tz="UTC")),
@@ -68,8 +69,8 @@ TIMELINE_SCHEMA = pa.schema(
         for c in fmt.PAYLOAD_COLUMN_ORDER
     ]
     + [(c, pa.int64()) for c in OOM_COLUMNS]
-    + [("stack", _DICT_STR)]
-)
+    + [("stack", _DICT_STR), ("job", _DICT_STR)]
+))  # fmt: skip
 
 
 def record_columns(records: np.ndarray) -> dict[str, np.ndarray]:
@@ -209,6 +210,7 @@ def ring_table(ring: Ring, *, release: bool = False) -> pa.Table:
     cols.update(_payload(r, ring.header.version, ring.strings, details, cut))
     cols.update(_oom_figures(r["kind"], labels))
     cols["stack"] = stack_in_force(r["kind"], folded_stacks)
+    cols["job"] = _const_str(_str_or_none(ident.get("job")), n)
     return pa.Table.from_pydict(cols, schema=TIMELINE_SCHEMA)
 
 

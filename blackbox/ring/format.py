@@ -383,6 +383,18 @@ def heap_slot_bytes(address: int, size: int, weight: int, stack: int, time: int,
     return slot.tobytes()
 
 
+# ---------------------------------------------------------------- signal slots
+# A writer without the C extension has faulthandler write the Python stack into slot i, past the end of
+# the ring, when SIGNAL_SLOTS[i] arrives with its default action (which then ends the process): FORMAT.md.
+CRASH_TEXT_MAX = 1 << 20  # readers take at most this much crash text from the crash region's start
+SIGNAL_SLOTS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
+SIGNAL_SLOT_SIZE = 128 << 10  # faulthandler's stack of one thread: at most 100 frames of about 1 KiB
+
+
+def signal_slot_offset(header: Header, i: int) -> int:
+    """Where slot i starts: past the most crash text readers take, so none of them reads it as a crash."""
+    return header.crash_offset + CRASH_TEXT_MAX + i * SIGNAL_SLOT_SIZE
+
 # ---------------------------------------------------------------- header
 DEFAULT_CRASH_SIZE = 64 << 10
 

@@ -12,7 +12,7 @@ import contextlib
 import os
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from .scan import StackScan, scan_stack_spans, scan_string_spans
 
 MAX_STRINGS_SIZE = 1 << 30
 MAX_STACKS_SIZE = 1 << 30
-MAX_CRASH_BYTES = 1 << 20  # faulthandler's output for up to 100 threads fits easily
+MAX_CRASH_BYTES = fmt.CRASH_TEXT_MAX  # faulthandler's output for up to 100 threads fits easily
 CHUNK_SLOTS = 1 << 16  # slots read at a time (8 MiB)
 RING_SUFFIX = ".ring"
 CRASH_SUFFIX = ".crash"  # faulthandler's tracebacks of a native crash, beside a version-1/2 ring
@@ -71,6 +71,7 @@ class Ring:
     stacks: StackScan | None = None  # version 3: the stack table
     crash: str | None = None  # faulthandler's output: the crash region (version 3) or the ``.crash`` sidecar
     owner: int = -1  # uid of the ring file's owner
+    signal_stacks: dict[str, str] = field(default_factory=dict)  # signal -> its stack, from its slot (no C)
     strings_cut: int = 0  # bytes of the string region not read: its labels would cost more than scan.MAX_STRING_TEXT
     heap: HeapScan | None = None  # version 4: the heap table's valid slots
 
@@ -159,6 +160,7 @@ def read_ring(path: str | os.PathLike[str], folder: Folder | None = None) -> Rin
                 n = max(0, min(size - header.crash_offset, MAX_CRASH_BYTES))
                 crash = _text(read_at(fd, n, header.crash_offset) if n else b"")
             heap = read_heap(fd, header, size)
+            signal_stacks = _signal_slots(fd, header) if without_c_extension(header.meta) else {}
             slots = read_slots(fd, header, size)
         finally:
             os.close(fd)
@@ -187,7 +189,10 @@ def read_ring(path: str | os.PathLike[str], folder: Folder | None = None) -> Rin
         heap_live=len(heap.slots) if heap is not None else 0,
         heap_torn=heap.torn if heap is not None else 0,
     )
-    return Ring(p, header, records, scan.strings, recovery, size, stacks, crash, st.st_uid, scan.cut, heap)
+    return Ring(
+        p, header, records, scan.strings, recovery, size, stacks, crash, st.st_uid,
+        signal_stacks=signal_stacks, strings_cut=scan.cut, heap=heap,
+    )
 
 
 def _text(data: bytes) -> str | None:
@@ -208,6 +213,22 @@ def _sidecar_crash(folder: Folder, ring_name: str, owner: int) -> tuple[str | No
         return _text(read_at(fd, MAX_CRASH_BYTES, 0)), 0
     finally:
         os.close(fd)
+
+
+def without_c_extension(meta: dict[str, Any]) -> bool:
+    """The writer said it ran without the C extension (``writer.c_extension`` false): it recorded a signal
+    only where its default action ended the process, in its slot past the ring's end, and no exit record."""
+    writer = meta.get("writer")
+    return isinstance(writer, dict) and writer.get("c_extension") is False
+
+
+def _signal_slots(fd: int, header: fmt.Header) -> dict[str, str]:
+    """{signal: the stack faulthandler wrote in its slot} (a version-3 ring without the C extension)."""
+    if header.version < 3:
+        return {}
+    slots = {n: _text(read_at(fd, fmt.SIGNAL_SLOT_SIZE, fmt.signal_slot_offset(header, i)))
+             for i, n in enumerate(fmt.SIGNAL_SLOTS)}  # fmt: skip
+    return {name: text for name, text in slots.items() if text is not None}
 
 
 @dataclass

@@ -13,6 +13,19 @@ same time: an entry that vanishes between listing and deleting is skipped,
 links are never followed, and the pass never gives up because one entry is odd.
 Sidecars left without their ring, empty ones, and temporary files of a writer
 that died while making its ring go too.
+
+A folder may also hold ``blackbox run``'s run folders (``run-*/``, with
+``rings/`` and ``bundle/``) and Slurm jobs' folders (``slurm-<job>/``, made by
+arm in a Slurm job, see ``file.default_dir``): each is one entry, its size all
+it holds, in use while its ``blackbox run`` holds the lock on its ``RUN_LOCK``
+file (the kernel drops it when that process dies, however it dies), while any
+of its rings (or its runs) is in use (a process the job left running), and
+while it is young. Arming in a Slurm job's folder keeps the user's folder
+around it within the limits too. A run's own ``rings/`` folder is never pruned
+at arm: the run is kept or removed whole.
+
+Every ``arm()`` keeps its folder within ``DEFAULT_KEEP`` unless told otherwise
+(``keep=`` or ``BLACKBOX_KEEP``; ``off`` keeps everything).
 """
 
 from __future__ import annotations
@@ -27,14 +40,18 @@ from pathlib import Path
 
 from .._errors import BlackboxError
 from . import format as fmt
-from .file import RING_SUFFIX, SIDECAR_SUFFIXES, sidecar
-from .liveness import writer_alive
+from .file import RING_SUFFIX, SIDECAR_SUFFIXES, SLURM_FOLDER_PREFIX, sidecar
+from .liveness import ring_locked, writer_alive
 from .reader import read_header
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 YOUNG_S = 300.0  # a ring this recent is never removed: a rank may be arming it
 STALE_S = 3600.0  # a header-less ring, or a temporary file, this old belongs to nobody
 KEEP_ENV = "BLACKBOX_KEEP"
+DEFAULT_KEEP = "count=64,size=2G"  # per ring folder: the newest 64 rings and run folders, 2 GiB in all
+KEEP_OFF = "off"
+RUN_PREFIX = "run-"
+RUN_LOCK = "run.lock"  # in a run folder: locked by its `blackbox run` for as long as it lives
 
 
 @dataclass(frozen=True)
@@ -112,6 +129,41 @@ def _sidecars(ring: Path) -> list[Path]:
     return [sidecar(ring, s) for s in SIDECAR_SUFFIXES]
 
 
+def run_entries(folder: Path, now: float | None = None, depth: int = 0) -> list[Entry]:
+    """Every job folder in a folder, each one entry: ``blackbox run``'s (``run-*`` holding ``rings/`` or
+    ``RUN_LOCK``) and a Slurm job's (``slurm-*``, its rings inside, and its ``blackbox run`` folders)."""
+    now = time.time() if now is None else now
+    out = []
+    for d in sorted([*folder.glob(f"{RUN_PREFIX}*"), *folder.glob(f"{SLURM_FOLDER_PREFIX}*")]):
+        try:
+            st = os.lstat(d)
+            rings, lock = _lstat(d / "rings"), _lstat(d / RUN_LOCK)
+            slurm = d.name.startswith(SLURM_FOLDER_PREFIX) and depth == 0
+            if not stat.S_ISDIR(st.st_mode) or not (slurm or rings and stat.S_ISDIR(rings.st_mode) or lock):
+                continue  # not a run folder (one being made holds its lock file before its rings folder)
+            newest, size = st.st_mtime, 0
+            for top, dirs, files in os.walk(d):  # never follows a link
+                for name in dirs + files:
+                    if (s := _lstat(Path(top, name))) is not None:
+                        newest = max(newest, s.st_mtime)
+                        size += s.st_size if stat.S_ISREG(s.st_mode) else 0
+            in_use = ring_locked(d / RUN_LOCK) is True or now - newest < YOUNG_S
+            in_use = in_use or bool(rings and any(e.in_use for e in ring_entries(d / "rings", now)))
+            if slurm and not in_use:
+                in_use = any(e.in_use for e in ring_entries(d, now) + run_entries(d, now, depth + 1))
+            out.append(Entry(d, newest, size, in_use))
+        except OSError:
+            continue  # gone since the listing, or not ours to read
+    return out
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
+
+
 def bundle_entries(folder: Path, marker: str = "metadata.json") -> list[Entry]:
     """Every bundle (a sub-folder holding ``marker``) in a folder."""
     out = []
@@ -167,8 +219,10 @@ def _in_use(ring: Path, now: float) -> bool:
 
 
 def parse_keep(text: str) -> tuple[int | None, int | None]:
-    """``BLACKBOX_KEEP="count=20,size=20G"`` -> (20, 20 GiB); either part may be left out."""
+    """``BLACKBOX_KEEP="count=20,size=20G"`` -> (20, 20 GiB); either part may be left out; ``off``: no limit."""
     count = size = None
+    if text.strip().lower() == KEEP_OFF:
+        return None, None
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, _, value = part.partition("=")
         if key == "count" and value.strip().isdigit():
@@ -176,17 +230,53 @@ def parse_keep(text: str) -> tuple[int | None, int | None]:
         elif key == "size":
             size = parse_size(value)
         else:
-            raise BlackboxError(
-                f"{KEEP_ENV}: expected count=N and/or size=SIZE (e.g. count=20,size=20G), found {part!r}"
-            )
+            raise BlackboxError(f"expected count=N and/or size=SIZE (e.g. count=20,size=20G) or off, found {part!r}")
     return count, size
 
 
-def prune_ring_folder(folder: Path, keep: str) -> list[Path]:
-    """At arm: make room in the ring folder by ``BLACKBOX_KEEP`` (the new ring counts as one more)."""
+def folder_entries(folder: Path, now: float | None = None) -> list[Entry]:
+    """The rings and the run folders of a ring folder."""
+    return ring_entries(folder, now) + run_entries(folder, now)
+
+
+def prune_ring_folder(folder: Path, keep: str, new: int = 1) -> list[Path]:
+    """Make room in a ring folder by a keep setting (``new``: entries about to be made count already)."""
     count, size = parse_keep(keep)
-    doomed = plan(ring_entries(folder), None if count is None else max(0, count - 1), size)
+    if count is None and size is None:
+        return []
+    doomed = plan(folder_entries(folder), None if count is None else max(0, count - new), size)
     for e in doomed:
         delete(e)
     sweep(folder)
     return [e.path for e in doomed]
+
+
+def keep_setting(keep: str | None) -> str:
+    """The keep setting in force: ``keep`` as given to arm, else ``$BLACKBOX_KEEP``, else ``DEFAULT_KEEP``."""
+    return keep if keep is not None else os.environ.get(KEEP_ENV) or DEFAULT_KEEP
+
+
+def in_run_folder(folder: Path) -> bool:
+    """``folder`` is a ``blackbox run``'s rings folder (its run is kept or removed whole, never pruned inside)."""
+    run = folder.parent
+    return (
+        folder.name == "rings"
+        and run.name.startswith(RUN_PREFIX)
+        and any(
+            os.path.lexists(run / marker)
+            for marker in (RUN_LOCK, ".boot")  # .boot: where its sitecustomize is
+        )
+    )
+
+
+def keep_at_arm(folder: Path, keep: str | None, new: int = 1) -> str | None:
+    """At arm: keep the ring folder within the keep setting in force (``new``: entries about to be made).
+    Never raises: what went wrong comes back as a warning's text (a bad setting never stops arming)."""
+    try:
+        if not in_run_folder(folder):
+            prune_ring_folder(folder, keep_setting(keep), new)
+        if folder.name.startswith(SLURM_FOLDER_PREFIX):  # a Slurm job's own folder: the user's folder around it
+            prune_ring_folder(folder.parent, keep_setting(keep), 0)
+    except Exception as exc:
+        return f"{'keep=' if keep is not None else KEEP_ENV} not applied: {exc}"
+    return None

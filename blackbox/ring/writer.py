@@ -20,6 +20,8 @@ seq counter is its ``Sequence``, an atomic fetch-add shared with the signal
 handler, and the write functions come from it too: same bytes, a third of the
 cost. ``BLACKBOX_WRITER=python`` forces this module's write functions (the
 counter stays the C one where it is built, so signals are still recorded).
+``BLACKBOX_NO_C_EXTENSION=1`` acts as if the extension were not built at all
+(what an install without a C compiler gets: see ``collect.death_signals``).
 That counter also moves the write window (``_cwriter.c``, 4.): taking the seq of
 a chunk's first slot unmaps the previous chunk from the process, so that the
 ring's pages stay out of its RSS; without the extension the sampler's tick
@@ -70,19 +72,29 @@ WINDOW_SLOTS = 2048  # the write window's chunk: 256 KiB of records mapped at a 
 assert RECORD_SIZE == 1 << 7
 
 
+NO_C_ENV = "BLACKBOX_NO_C_EXTENSION"  # "1": behave as an install without a C compiler (tests, comparisons)
+NO_C_SAID_ENV = "BLACKBOX_NO_C_EXTENSION_SAID"  # set by `blackbox run` once it has said NO_C_EXTENSION for its job
+NO_C_EXTENSION = (
+    "blackbox's C extension (blackbox.ring._cwriter) is not built, as after an install without a C compiler: "
+    "a signal is recorded only where its default action ends the process, and without its sender; a signal "
+    "the job's own handler takes, and the status of an exit that calls neither sys.exit nor os._exit (a "
+    "top-level `raise SystemExit(n)`), are not recorded. Reinstall blackbox where a C compiler and Python's "
+    "headers are present to record them"
+)
+
+
 def c_writer_module() -> Any:
     """The compiled write path, or None when it is not built or BLACKBOX_WRITER=python."""
     if os.environ.get("BLACKBOX_WRITER", "").lower() == "python":
         return None
-    try:
-        from . import _cwriter  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _cwriter
+    return built_module()
 
 
 def built_module() -> Any:
-    """The C extension where it is built, whatever BLACKBOX_WRITER says (its seq counter serves both paths)."""
+    """The C extension where it is built, whatever BLACKBOX_WRITER says (its seq counter serves both paths);
+    None where it is not, or where BLACKBOX_NO_C_EXTENSION=1 says to act as if it were not."""
+    if os.environ.get(NO_C_ENV, "") not in ("", "0"):
+        return None
     try:
         from . import _cwriter  # type: ignore[attr-defined]
     except ImportError:

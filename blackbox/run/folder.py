@@ -15,6 +15,7 @@ line naming the folder and who else can write it.
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import os
 import pwd
@@ -25,6 +26,10 @@ from pathlib import Path
 
 from .._errors import BlackboxError
 from ..ring.file import default_dir, safe_folder
+from ..ring.liveness import lock_ring
+from ..ring.retention import RUN_LOCK
+
+_held: list[int] = []  # the run lock's descriptor, open (and locked) until this process ends
 
 
 class UnsafeRunFolderError(BlackboxError):
@@ -106,3 +111,16 @@ def work_folder(requested: str | None) -> Path:
     parent = run_parent(requested)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     return Path(tempfile.mkdtemp(prefix=f"run-{stamp}-", dir=parent))
+
+
+def hold_run_lock(work: Path) -> None:
+    """Lock the run folder's ``RUN_LOCK`` for as long as this process lives (the kernel drops the lock when
+    it dies, however it dies): retention never removes a run while its ``blackbox run`` lives. Not
+    inherited by the job (close-on-exec). Where it cannot be taken, the run's rings and its age still
+    keep it."""
+    with contextlib.suppress(OSError):
+        fd = os.open(work / RUN_LOCK, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        if lock_ring(fd):
+            _held.append(fd)
+        else:
+            os.close(fd)

@@ -9,9 +9,9 @@ ranks.parquet.
 from __future__ import annotations
 
 import statistics
-from datetime import datetime
 from typing import Any
 
+from .._times import epoch_ns
 from .._units import human_bytes
 from ..recovery.attempts import group_attempts
 
@@ -21,7 +21,8 @@ MAX_MISSING = 20
 
 
 def _t(iso: str | None) -> float | None:
-    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() if iso else None
+    ns = epoch_ns(iso)
+    return None if ns is None else ns / 1e9
 
 
 def _who(r: dict[str, Any]) -> str:

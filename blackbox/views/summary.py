@@ -170,6 +170,9 @@ def ring_summary(m: dict[str, Any]) -> str:
         lines += ["", "## Peaks", "", "| gauge | peak | at |", "|---|---:|---|"]
         for g, p in peaks.items():
             lines.append(f"| {g} | {human_bytes(p['bytes'])} | {p['time']} |")
+    notes = m.get("notes") or []
+    if notes:
+        lines += ["", "## What the recorder could not do", "", *[f"- {n}" for n in notes]]
     lines += [
         "",
         "## Recovery",
