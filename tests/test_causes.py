@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_py, spawn_py
 
+from blackbox.collect.exceptions import exit_status_unrecorded
 from blackbox.recovery import pipeline
 from blackbox.recovery.pipeline import recover_rings
 from blackbox.ring import format as fmt
 from blackbox.ring.reader import find_rings, read_ring
+from blackbox.ring.writer import built_module
 
 ENV = dict(os.environ, PYTHONPATH=str(REPO))
 LEAKY_WORKERS = """
@@ -386,6 +388,78 @@ def test_a_graceful_shutdown_on_sigterm_is_told_not_hidden_by_the_exit(tmp_path:
     assert death["headline"].endswith(told)
     assert any(e.startswith("SIGTERM from slurmstepd (pid ") and "(a scheduler: time limit or preemption)" in e
                and "handled by the job's handler" in e for e in death["evidence"]), death["evidence"]  # fmt: skip
+
+
+CAUGHT_CTRL_C = ("import signal, sys, time, blackbox; blackbox.arm(sys.argv[1] + '/', sample_interval=0.02)\n"
+                 "print('up', flush=True)\nstep = 0\n"
+                 "def train(n):\n    global step\n"
+                 "    for _ in range(n): blackbox.step(step); step += 1; time.sleep(0.01)\n"
+                 "try:\n    train(10**9)\n"
+                 "except KeyboardInterrupt:\n    print('Detected KeyboardInterrupt', flush=True)\n"
+                 "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                 "    train(int(sys.argv[2]))\n    sys.exit(1)\n")  # fmt: skip
+
+
+@pytest.mark.parametrize("steps_after,cause", [(0, "interrupted"), (20, "nonzero_exit")],
+                         ids=["stops at once (Lightning)", "goes on training"])  # fmt: skip
+def test_an_interrupt_the_job_catches_and_turns_into_exit_1_is_named(tmp_path: Path, steps_after: int,
+                                                                       cause: str) -> None:  # fmt: skip
+    # GIVEN a job that catches KeyboardInterrupt, as Lightning's Trainer does, and then exits 1 (at once, or
+    # after training on: then the interrupt did not end it), sent SIGINT by this process
+    job = spawn_py(CAUGHT_CTRL_C, str(tmp_path / "rings"), str(steps_after), stdout=subprocess.PIPE)
+    assert job.stdout is not None and job.stdout.readline().strip() == "up"
+    time.sleep(0.3)
+    os.kill(job.pid, signal.SIGINT)
+    assert job.stdout.readline().strip() == "Detected KeyboardInterrupt" and job.wait(timeout=30) == 1
+    death = death_of(tmp_path / "rings")
+    assert (death["cause"], death["exit_status"]) == (cause, 1), death
+    if cause == "interrupted":
+        # THEN the interrupt, its sender and the job's own handling of it are what the verdict says
+        assert death["confidence"] == "certain"
+        assert (death["killed_by"]["signal"], death["killed_by"]["sender_pid"]) == ("SIGINT", os.getpid())
+        assert death["headline"].startswith("The job was interrupted by SIGINT from ")
+        assert death["headline"].endswith("; it caught the KeyboardInterrupt and exited with status 1.")
+        assert any("raised KeyboardInterrupt, which the job caught" in e for e in death["evidence"]), death
+    else:
+        assert death["headline"] == "The job exited with status 1." and death["killed_by"] is None
+
+
+SLOW_SHUTDOWN = ("import atexit, os, signal, sys, time\n"
+                 "atexit.register(lambda: (print('shutting down', flush=True), time.sleep(float(sys.argv[2]))))\n"
+                 "import blackbox; blackbox.arm(sys.argv[1] + '/', sample_interval=0.02)\n"  # its end runs first
+                 "stop = []\nsignal.signal(signal.SIGTERM, lambda s, f: stop.append(s))\nprint('up', flush=True)\n"
+                 "while not stop: time.sleep(0.01)\n")  # fmt: skip
+
+
+@pytest.mark.skipif(not exit_status_unrecorded(built_module()) == "", reason="needs the C extension's exit record")
+@pytest.mark.parametrize("killed", [True, False], ids=["SIGKILL while it shuts down", "it shuts down"])
+def test_a_process_killed_during_its_graceful_shutdown_is_killed_not_a_clean_exit(tmp_path: Path,
+                                                                                   killed: bool) -> None:  # fmt: skip
+    # GIVEN a job whose SIGTERM handler ends its loop, whose shutdown then takes long (an exit handler that runs
+    # after blackbox's clean end), sent SIGTERM by slurmstepd, and SIGKILL while it shuts down (or not)
+    job = spawn_py(SLOW_SHUTDOWN, str(tmp_path / "rings"), "60" if killed else "0.2", stdout=subprocess.PIPE)
+    assert job.stdout is not None and job.stdout.readline().strip() == "up"
+    time.sleep(0.3)
+    fake = tmp_path / "slurmstepd"
+    shutil.copy(sys.executable, fake)
+    kill = f"import os, signal; os.kill({job.pid}, signal.SIGTERM)"
+    subprocess.run([str(fake), "-c", kill], check=True, env={"PYTHONHOME": sys.base_prefix})
+    assert job.stdout.readline().strip() == "shutting down"  # the clean end is recorded by now
+    if killed:
+        job.kill()
+    assert job.wait(timeout=30) == (-signal.SIGKILL if killed else 0)
+    rings = tmp_path / "rings"
+    assert read_ring(next(iter(find_rings([rings])))).clean
+    death = death_of(rings)
+    if not killed:
+        assert (death["cause"], death["confidence"], death["exit_status"]) == ("clean_exit", "certain", 0), death
+        return
+    # THEN it was killed while it shut down, after the scheduler's SIGTERM: not a clean exit
+    assert (death["cause"], death["confidence"], death["exit_status"]) == ("killed", "strong", None), death
+    assert death["killed_by"]["signal"] == "SIGTERM" and death["killed_by"]["sender"] == "slurmstepd"
+    assert death["headline"] == (f"The main process (pid {job.pid}) was killed with SIGKILL while it shut down, "
+                                 "after SIGTERM from slurmstepd, before it could exit.")  # fmt: skip
+    assert any("never reached exit()" in e for e in death["evidence"]), death["evidence"]
 
 
 @pytest.mark.slow
