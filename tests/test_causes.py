@@ -90,6 +90,58 @@ def test_a_dataloader_worker_killed_by_the_oom_killer_is_named(tmp_path: Path, m
     assert len({int(p) for p in kids["p0"]}) >= 2 and int(kids["p1"].max()) > 100 << 20
 
 
+LEAKY_WORKER_0 = """
+import os, sys, time, blackbox, torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+# batches by shared-memory file name (in the workers too, which import this again): the main process never reads
+# from a dying worker's socket, so it notices the death by PyTorch's own check ("exited unexpectedly"), not by a
+# ConnectionResetError that names no worker
+torch.multiprocessing.set_sharing_strategy("file_system")
+
+class Leaky(Dataset):
+    def __init__(self): self.kept = []
+    def __len__(self): return 100000
+    def __getitem__(self, i):
+        if get_worker_info().id == 0:  # the bug, in worker 0 alone: it keeps 8 MiB per item
+            if not self.kept:
+                with open(sys.argv[1] + "/worker0.pid", "w") as f:
+                    f.write(str(os.getpid()))
+            self.kept.append(bytearray(8 << 20))
+        return torch.tensor([float(i)])
+
+if __name__ == "__main__":
+    blackbox.arm(sys.argv[1] + "/rings/", sample_interval=0.05)  # as the job's first line: its workers are not armed
+    loader = DataLoader(Leaky(), batch_size=4, num_workers=2, multiprocessing_context="forkserver")
+    for step, batch in enumerate(loader):
+        blackbox.step(step)
+        time.sleep(0.02)
+"""
+
+
+@pytest.mark.slow
+def test_a_forkserver_worker_killed_by_the_oom_killer_is_named(tmp_path: Path, memory_cgroup) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    # GIVEN a job whose forkserver DataLoader worker 0 leaks until the kernel kills it (a forkserver's child is
+    # no child of the job's: the ring never samples it; PyTorch says only that it "exited unexpectedly")
+    cg = memory_cgroup(900 << 20)
+    script = tmp_path / "job.py"
+    script.write_text(LEAKY_WORKER_0)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300,
+                          env=ENV, preexec_fn=cg.join)  # fmt: skip
+    worker0 = int((tmp_path / "worker0.pid").read_text())  # the planted truth: the leaking worker
+    assert proc.returncode == 1 and cg.oom_kills() == 1, proc.stderr[-2000:]
+    assert f"DataLoader worker (pid(s) {worker0}) exited unexpectedly" in proc.stderr, proc.stderr[-2000:]
+    if not any(k.pid == worker0 for k in pipeline.kernel_oom_kills()):
+        pytest.skip("the kernel log cannot be read here: its logged kill is what this test is about")
+    death = death_of(tmp_path / "rings")
+    # THEN the kernel's logged kill of that worker is the cause, certain, and it is the victim
+    assert (death["cause"], death["confidence"]) == ("host_oom_kill", "certain"), death
+    assert (death["victim"]["pid"], death["victim"]["role"]) == (worker0, "DataLoader worker"), death["victim"]
+    assert death["victim"]["anon_rss"] > 100 << 20
+    assert death["headline"] == f"The DataLoader worker (pid {worker0}) was killed by the kernel OOM killer."
+
+
 FAST_STEPS = """
 import sys, time, blackbox
 blackbox.arm(sys.argv[1] + "/", sample_interval=0.2)  # many steps between two memory samples

@@ -9,7 +9,8 @@ last signal's sender, where one was recorded), and the analysis (``host_growth``
 
 1. the writer is still alive: ``unknown`` (a snapshot, not a death);
 2. the kernel logged an OOM kill, inside this ring's life, of one of its children (a DataLoader
-   worker), and the job then ended abnormally: ``host_oom_kill`` with that child as the victim;
+   worker) or of a worker its job's errors name as dead (a forkserver's worker, no child of the job's),
+   and the job then ended abnormally: ``host_oom_kill`` with that process as the victim;
 3. a clean end was recorded (the job's own exit path ran):
    an uncaught ``KeyboardInterrupt``: ``interrupted``; PyTorch's "DataLoader worker (pid N) is killed by
    signal" with OOM evidence (the cgroup's oom_kill counter rose, memory at the limit): ``host_oom_kill``

@@ -165,6 +165,18 @@ def _ns(table: pa.Table) -> np.ndarray:
     return stamps
 
 
+def named_workers(table: pa.Table) -> set[int]:
+    """The pids of the DataLoader workers the job's own errors name as dead (PyTorch's "DataLoader worker
+    (pid N) is killed by signal" or "exited unexpectedly"): the kernel's OOM kill of one is this ring's
+    evidence, though the ring may never have sampled it (a forkserver's worker is no child of the job's)."""
+    out: set[int] = set()
+    for text in Rows.of_kind(table, "oom", "exception", columns=["label"]).column("label").unique().to_pylist():
+        m = _WORKER_KILLED.search(text or "")
+        if m:
+            out.update(int(p) for p in re.findall(r"\d+", m.group(1)))
+    return out
+
+
 def _exit_armed(table: pa.Table) -> bool:
     """The last ``disarm`` record says the exit record was armed (value 1, FORMAT.md "Kinds")."""
     rows = rows_of_kind(table, "disarm")
