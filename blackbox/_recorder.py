@@ -506,7 +506,7 @@ class Recorder:
             self._uninstall_collectors(in_child=False, signals=True)
             if exit_record:
                 self._record_status_at_exit()
-            self._teardown(flush=True)
+            self._teardown(flush=self.sync_interval is not None)  # else no msync: the page cache outlives us
             if self._fold_clean:
                 self._fold()
         finally:
