@@ -5,8 +5,9 @@ Attached lazily, from the sampler thread, once the job has imported torch:
 - steps: torch's global optimizer step hooks count optimizer steps (the first
   optimizer seen leads, so several optimizers per step count once); a job
   that calls ``blackbox.step()`` itself takes over and the count stops;
-- phases: ``optimizer`` (the same hooks) and ``backward`` (a transparent
-  wrapper around ``torch.autograd.backward``, which ``Tensor.backward`` calls);
+- phases: ``optimizer`` (the same hooks) and ``backward`` (the C extension's
+  ``PhaseCall`` around ``torch.autograd.backward``, which ``Tensor.backward``
+  calls: it adds no Python frame to the job's tracebacks or stacks);
   ``forward`` and per-module events with ``modules=True`` (global module
   forward hooks, cost measured in tools/bench_overhead.py).
 
@@ -25,7 +26,6 @@ Every hook swallows its own errors: the job's call always proceeds.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import pickle
 import threading
@@ -37,7 +37,7 @@ from typing import Any
 
 from ..ring import format as fmt
 from ..ring.file import write_new_file
-from ..ring.writer import RingWriter
+from ..ring.writer import RingWriter, built_module
 from .gpu import NULL, loaded_torch
 
 PHASE_BEGIN = fmt.KIND_CODES["phase_begin"]
@@ -158,20 +158,18 @@ class TorchHooks:
             pass
 
     def _attach_backward(self, torch: Any) -> None:
+        """``torch.autograd.backward`` (which ``Tensor.backward`` calls) inside the C extension's PhaseCall:
+        the phase's events around the call, with no Python frame of blackbox's in the job's tracebacks or
+        stacks. Without the extension the phase is not recorded (a Python wrapper would show there)."""
+        cmod = built_module()
+        if cmod is None or not hasattr(cmod, "PhaseCall"):
+            raise RuntimeError("the C extension blackbox.ring._cwriter is not built, and a Python wrapper would "
+                               "add a frame to the job's tracebacks")  # fmt: skip
         autograd = torch.autograd
         original = autograd.backward
-        event = self._w.event
-
-        @functools.wraps(original)
-        def backward(*args: Any, **kwargs: Any) -> Any:
-            t0 = event(PHASE_BEGIN, "backward")
-            try:
-                return original(*args, **kwargs)
-            finally:
-                event(PHASE_END, "backward", time.monotonic_ns() - t0 if t0 else None)
-
-        autograd.backward = backward
-        self._orig_backward, self._our_backward = original, backward
+        ours = cmod.PhaseCall(original, self._w.event, PHASE_BEGIN, PHASE_END, "backward")
+        autograd.backward = ours
+        self._orig_backward, self._our_backward = original, ours
 
     def _attach_modules(self, torch: Any) -> None:
         hooks = importlib.import_module("torch.nn.modules.module")

@@ -47,6 +47,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -1112,6 +1113,132 @@ static PyObject *exit_record_release(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ the phase around a call
+ * PhaseCall(function, event, begin_kind, end_kind, name): a callable that writes a phase_begin event
+ * (event(begin_kind, name), which returns the monotonic ns it read), calls `function` with its own
+ * arguments, then writes the phase_end event (event(end_kind, name, duration)) whatever that returned or
+ * raised, and hands back exactly its result or its exception. In C so that it adds no Python frame: a
+ * traceback through it, and a stack sampled while it runs, are the job's own (torch_hooks.py puts one
+ * around torch.autograd.backward). The events never raise (the writer swallows its errors); an error
+ * there is cleared, never the job's. Attributes it does not hold go to `function`; __wrapped__ is it. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *function, *event, *begin, *end, *name;
+    vectorcallfunc vectorcall;
+} PhaseCall;
+
+static PyObject *PhaseCall_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    PhaseCall *p = (PhaseCall *)self;
+    PyObject *begin_args[2] = {p->begin, p->name};
+    PyObject *stamp = PyObject_Vectorcall(p->event, begin_args, 2, NULL);
+    long long t0 = 0;
+    if (stamp != NULL) {
+        t0 = PyLong_AsLongLong(stamp);
+        Py_DECREF(stamp);
+    }
+    if (stamp == NULL || (t0 == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        t0 = 0;
+    }
+    PyObject *result = PyObject_Vectorcall(p->function, args, nargsf, kwnames);
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb); /* the job's exception, if any, kept aside while the end is written */
+    PyObject *duration = t0 > 0 ? PyLong_FromLongLong(now_ns() - t0) : Py_NewRef(Py_None);
+    if (duration != NULL) {
+        PyObject *end_args[3] = {p->end, p->name, duration};
+        PyObject *done = PyObject_Vectorcall(p->event, end_args, 3, NULL);
+        Py_XDECREF(done);
+        Py_DECREF(duration);
+    }
+    PyErr_Clear();
+    PyErr_Restore(type, value, tb);
+    return result;
+}
+
+static int PhaseCall_init(PhaseCall *self, PyObject *args, PyObject *kwds) {
+    PyObject *function, *event, *begin, *end, *name;
+    static char *kwlist[] = {"function", "event", "begin_kind", "end_kind", "name", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!O!U", kwlist, &function, &event, &PyLong_Type, &begin,
+                                     &PyLong_Type, &end, &name))
+        return -1;
+    if (!PyCallable_Check(function) || !PyCallable_Check(event)) {
+        PyErr_SetString(PyExc_TypeError, "PhaseCall: function and event must be callable");
+        return -1;
+    }
+    Py_XSETREF(self->function, Py_NewRef(function));
+    Py_XSETREF(self->event, Py_NewRef(event));
+    Py_XSETREF(self->begin, Py_NewRef(begin));
+    Py_XSETREF(self->end, Py_NewRef(end));
+    Py_XSETREF(self->name, Py_NewRef(name));
+    self->vectorcall = PhaseCall_call;
+    return 0;
+}
+
+static int PhaseCall_traverse(PhaseCall *self, visitproc visit, void *arg) {
+    Py_VISIT(self->function);
+    Py_VISIT(self->event);
+    Py_VISIT(self->begin);
+    Py_VISIT(self->end);
+    Py_VISIT(self->name);
+    return 0;
+}
+
+static int PhaseCall_clear(PhaseCall *self) {
+    Py_CLEAR(self->function);
+    Py_CLEAR(self->event);
+    Py_CLEAR(self->begin);
+    Py_CLEAR(self->end);
+    Py_CLEAR(self->name);
+    return 0;
+}
+
+static void PhaseCall_dealloc(PhaseCall *self) {
+    PyObject_GC_UnTrack(self);
+    PhaseCall_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *PhaseCall_getattro(PyObject *self, PyObject *name) {
+    PhaseCall *p = (PhaseCall *)self;
+    if (p->function == NULL)
+        return PyObject_GenericGetAttr(self, name);
+    if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, "__wrapped__") == 0)
+        return Py_NewRef(p->function);
+    /* the function's own words first: __name__, __qualname__, __module__, __doc__, __dict__, __code__... */
+    if (PyUnicode_Check(name) && PyUnicode_READ_CHAR(name, 0) == '_' &&
+        PyUnicode_CompareWithASCIIString(name, "__class__") != 0) {
+        PyObject *got = PyObject_GetAttr(p->function, name);
+        if (got != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError))
+            return got;
+        PyErr_Clear();
+    }
+    PyObject *got = PyObject_GenericGetAttr(self, name);
+    if (got != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError))
+        return got;
+    PyErr_Clear();
+    return PyObject_GetAttr(p->function, name);
+}
+
+static PyObject *PhaseCall_repr(PhaseCall *self) {
+    return self->function != NULL ? PyObject_Repr(self->function) : PyUnicode_FromString("<PhaseCall>");
+}
+
+static PyTypeObject PhaseCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "blackbox.ring._cwriter.PhaseCall",
+    .tp_basicsize = sizeof(PhaseCall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A phase's begin and end events around a call, with no Python frame of its own.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)PhaseCall_init,
+    .tp_dealloc = (destructor)PhaseCall_dealloc,
+    .tp_traverse = (traverseproc)PhaseCall_traverse,
+    .tp_clear = (inquiry)PhaseCall_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(PhaseCall, vectorcall),
+    .tp_getattro = PhaseCall_getattro,
+    .tp_repr = (reprfunc)PhaseCall_repr,
+};
+
 static PyMethodDef module_methods[] = {
     {"signals_arm", signals_arm, METH_VARARGS,
      "signals_arm(buffer, records_offset, capacity, sequence, detail_default): record signals into this ring."},
@@ -1136,13 +1263,14 @@ static struct PyModuleDef cwriter_module = {
 };
 
 PyMODINIT_FUNC PyInit__cwriter(void) {
-    if (PyType_Ready(&SequenceType) < 0 || PyType_Ready(&WriterType) < 0)
+    if (PyType_Ready(&SequenceType) < 0 || PyType_Ready(&WriterType) < 0 || PyType_Ready(&PhaseCallType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&cwriter_module);
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "Sequence", (PyObject *)&SequenceType) < 0 ||
         PyModule_AddObjectRef(m, "Writer", (PyObject *)&WriterType) < 0 ||
+        PyModule_AddObjectRef(m, "PhaseCall", (PyObject *)&PhaseCallType) < 0 ||
 #if defined(__GLIBC__)
         PyModule_AddIntConstant(m, "EXIT_RECORD", 1) < 0) {
 #else
