@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import Any
 
 from .._fds import OwnedFd
+from .._jobsignal import raised_by_signal_handler
 from ..ring import format as fmt
 from ..ring.writer import RingWriter, built_module
 from .oom import classify
@@ -70,7 +71,9 @@ class ExceptionRecorder:
             sid = self._intern(detail[:MAX_DETAIL])
             self._event(code, label, None, -1, (sid, fmt.NULL, fmt.NULL) if code == KIND_OOM else (sid,))
             return kind
-        except Exception:
+        except Exception as exc:
+            if raised_by_signal_handler(exc):  # the job's handler ran meanwhile: its exception is the job's
+                raise
             return ""
 
     def install(self) -> None:
@@ -128,8 +131,9 @@ class ExceptionRecorder:
                 self._event(KIND_EXIT, None, int(status or 0) & 0xFF, -1, detail)
             else:
                 self._event(KIND_EXIT, str(status)[:MAX_DETAIL], 1, -1, detail)
-        except Exception:
-            pass
+        except Exception as exc:
+            if raised_by_signal_handler(exc):
+                raise
 
     def uninstall(self) -> None:
         """Put the previous hooks back, where ours are still the ones installed."""

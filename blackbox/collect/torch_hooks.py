@@ -21,7 +21,8 @@ observer would initialise it):
   PyTorch's snapshot pickle beside the ring for its memory viewer
   (https://pytorch.org/memory_viz).
 
-Every hook swallows its own errors: the job's call always proceeds.
+Every hook swallows its own errors: the job's call always proceeds. An exception raised by the job's
+own signal handler while a hook ran is the job's: it propagates (``_jobsignal.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .._jobsignal import raised_by_signal_handler
 from ..ring import format as fmt
 from ..ring.file import write_new_file
 from ..ring.writer import RingWriter, built_module
@@ -139,8 +141,9 @@ class TorchHooks:
                 self._leader = weakref.ref(optimizer)
             if self._leader() is optimizer:
                 self._opt_t0 = self._w.event(PHASE_BEGIN, "optimizer")
-        except Exception:
-            pass
+        except Exception as exc:
+            if raised_by_signal_handler(exc):  # the job's exception: it propagates, as unarmed
+                raise
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
@@ -154,8 +157,9 @@ class TorchHooks:
                     return
                 self._count += 1
                 self._w.step(self._count)
-        except Exception:
-            pass
+        except Exception as exc:
+            if raised_by_signal_handler(exc):  # the job's exception: it propagates, as unarmed
+                raise
 
     def _attach_backward(self, torch: Any) -> None:
         """``torch.autograd.backward`` (which ``Tensor.backward`` calls) inside the C extension's PhaseCall:
@@ -186,8 +190,9 @@ class TorchHooks:
             if torch is not None and self._cuda_attached:
                 d = torch.cuda.current_device()
                 return int(torch._C._cuda_memoryStats(d)["allocated_bytes"]["all"]["current"])
-        except Exception:
-            pass
+        except Exception as exc:
+            if raised_by_signal_handler(exc):  # the job's exception: it propagates, as unarmed
+                raise
         return NULL
 
     def _name(self, module: Any, depth: int) -> str:
@@ -198,8 +203,9 @@ class TorchHooks:
                 try:
                     for qual, sub in module.named_modules():
                         self._names.setdefault(sub, f"{root}.{qual}" if qual else root)
-                except Exception:
-                    pass
+                except Exception as exc:
+                    if raised_by_signal_handler(exc):
+                        raise
             name = self._names.get(module) or root
         return name
 
@@ -212,8 +218,9 @@ class TorchHooks:
             if depth == 0:
                 local.t0 = self._w.event(PHASE_BEGIN, "forward")
             self._w.event(MODULE_BEGIN, name, None, -1, (self._gpu_allocated(), self._rss()))
-        except Exception:
-            pass
+        except Exception as exc:
+            if raised_by_signal_handler(exc):  # the job's exception: it propagates, as unarmed
+                raise
 
     def _module_post(self, module: Any, args: Any, output: Any) -> None:
         try:
@@ -224,8 +231,9 @@ class TorchHooks:
             if depth == 0:
                 t0 = getattr(local, "t0", 0)
                 self._w.event(PHASE_END, "forward", time.monotonic_ns() - t0 if t0 else None)
-        except Exception:
-            pass
+        except Exception as exc:
+            if raised_by_signal_handler(exc):  # the job's exception: it propagates, as unarmed
+                raise
 
     # ------------------------------------------------------------ CUDA
     def _attach_cuda(self, torch: Any) -> None:
@@ -250,8 +258,9 @@ class TorchHooks:
             if self._history_on:
                 self.drain()
                 self._dump_snapshot()
-        except Exception:
-            pass
+        except Exception as exc:
+            if raised_by_signal_handler(exc):  # the job's exception: it propagates, as unarmed
+                raise
 
     def _start_history(self, torch: Any) -> None:
         torch.cuda.memory._record_memory_history(

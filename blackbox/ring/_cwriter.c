@@ -261,16 +261,39 @@ static inline void write_now(Writer *w, int64_t step, int64_t value, uint64_t ta
         *t_out = t;
 }
 
+/* The job's exception test (blackbox._jobsignal.raised_by_signal_handler, set by writer.py): an
+ * exception it answers True for was raised by the job's own signal handler while we ran Python code. */
+static PyObject *g_job_exception;
+
 /* Report the pending exception through on_error (once the writer is dead, drop it). Only an
  * Exception: a KeyboardInterrupt or SystemExit raised by the job's signal handler while we ran
- * Python code (the intern callable, __index__) propagates to the job, as it would without us. */
+ * Python code (the intern callable, __index__) propagates to the job, as it would without us, and
+ * so does any exception the job's test names as raised by its signal handler. */
 static PyObject *report(Writer *w) {
     if (!PyErr_ExceptionMatches(PyExc_Exception))
         return NULL;
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL)
+        PyException_SetTraceback(value, tb);
+    if (g_job_exception != NULL && value != NULL) {
+        PyObject *answer = PyObject_CallOneArg(g_job_exception, value);
+        if (answer == NULL) { /* the test itself raised: the job's handler again, it propagates */
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            return NULL;
+        }
+        int jobs = PyObject_IsTrue(answer);
+        Py_DECREF(answer);
+        if (jobs > 0) {
+            PyErr_Restore(type, value, tb);
+            return NULL;
+        }
+        PyErr_Clear();
+    }
     if (!w->dead && w->on_error != NULL) {
-        PyErr_NormalizeException(&type, &value, &tb);
         PyObject *r = PyObject_CallOneArg(w->on_error, value ? value : Py_None);
         if (r == NULL)
             PyErr_Clear();
@@ -1119,8 +1142,9 @@ static PyObject *exit_record_release(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED
  * arguments, then writes the phase_end event (event(end_kind, name, duration)) whatever that returned or
  * raised, and hands back exactly its result or its exception. In C so that it adds no Python frame: a
  * traceback through it, and a stack sampled while it runs, are the job's own (torch_hooks.py puts one
- * around torch.autograd.backward). The events never raise (the writer swallows its errors); an error
- * there is cleared, never the job's. Attributes it does not hold go to `function`; __wrapped__ is it. */
+ * around torch.autograd.backward). The writer swallows its own errors, so an event that raises raised
+ * the job's exception (its signal handler ran meanwhile): that one reaches the job (the call is not
+ * made where the begin event raised). Attributes it does not hold go to `function`; __wrapped__ is it. */
 typedef struct {
     PyObject_HEAD
     PyObject *function, *event, *begin, *end, *name;
@@ -1131,12 +1155,11 @@ static PyObject *PhaseCall_call(PyObject *self, PyObject *const *args, size_t na
     PhaseCall *p = (PhaseCall *)self;
     PyObject *begin_args[2] = {p->begin, p->name};
     PyObject *stamp = PyObject_Vectorcall(p->event, begin_args, 2, NULL);
-    long long t0 = 0;
-    if (stamp != NULL) {
-        t0 = PyLong_AsLongLong(stamp);
-        Py_DECREF(stamp);
-    }
-    if (stamp == NULL || (t0 == -1 && PyErr_Occurred())) {
+    if (stamp == NULL) /* the writer swallows its own errors: this is the job's (its signal handler's) */
+        return NULL;
+    long long t0 = PyLong_AsLongLong(stamp);
+    Py_DECREF(stamp);
+    if (t0 == -1 && PyErr_Occurred()) {
         PyErr_Clear();
         t0 = 0;
     }
@@ -1144,12 +1167,34 @@ static PyObject *PhaseCall_call(PyObject *self, PyObject *const *args, size_t na
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb); /* the job's exception, if any, kept aside while the end is written */
     PyObject *duration = t0 > 0 ? PyLong_FromLongLong(now_ns() - t0) : Py_NewRef(Py_None);
+    PyObject *done = NULL;
     if (duration != NULL) {
         PyObject *end_args[3] = {p->end, p->name, duration};
-        PyObject *done = PyObject_Vectorcall(p->event, end_args, 3, NULL);
-        Py_XDECREF(done);
+        done = PyObject_Vectorcall(p->event, end_args, 3, NULL);
         Py_DECREF(duration);
     }
+    if (done == NULL && duration != NULL) {
+        /* The job's signal handler raised while the end was written: that exception reaches the job,
+         * with the call's own exception, if any, as its context (as Python chains one raised while
+         * another is handled). */
+        Py_XDECREF(result);
+        if (value != NULL) {
+            PyObject *t2, *v2, *tb2;
+            PyErr_Fetch(&t2, &v2, &tb2);
+            PyErr_NormalizeException(&t2, &v2, &tb2);
+            PyErr_NormalizeException(&type, &value, &tb);
+            if (tb != NULL)
+                PyException_SetTraceback(value, tb);
+            if (v2 != NULL && value != NULL)
+                PyException_SetContext(v2, Py_NewRef(value));
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            PyErr_Restore(t2, v2, tb2);
+        }
+        return NULL;
+    }
+    Py_XDECREF(done);
     PyErr_Clear();
     PyErr_Restore(type, value, tb);
     return result;
@@ -1239,7 +1284,18 @@ static PyTypeObject PhaseCallType = {
     .tp_repr = (reprfunc)PhaseCall_repr,
 };
 
+/* job_exception_test(callable or None): the test report() asks before it swallows an exception. */
+static PyObject *job_exception_test(PyObject *Py_UNUSED(m), PyObject *test) {
+    if (test != Py_None && !PyCallable_Check(test)) {
+        PyErr_SetString(PyExc_TypeError, "job_exception_test takes a callable or None");
+        return NULL;
+    }
+    Py_XSETREF(g_job_exception, test == Py_None ? NULL : Py_NewRef(test));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
+    {"job_exception_test", job_exception_test, METH_O, "set the test of the job's own exceptions"},
     {"signals_arm", signals_arm, METH_VARARGS,
      "signals_arm(buffer, records_offset, capacity, sequence, detail_default): record signals into this ring."},
     {"signals_watch", signals_watch, METH_VARARGS,
