@@ -12,6 +12,8 @@ from __future__ import annotations
 def one_line(text: str) -> str:
     """``text`` with control characters escaped: file names in a message may hold newlines or
     terminal escapes, and a message is one line."""
+    if text.isprintable():
+        return text
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 

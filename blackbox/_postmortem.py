@@ -53,6 +53,7 @@ def write_postmortem(
     *,
     plot: bool = True,
     launcher_pid: int | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Recover every ring named (files, or folders of ``*.ring``) into the bundle ``out`` (a folder
     or a pyarrow filesystem URI), a ring at a time, the verdict first; returns the metadata written.
@@ -60,8 +61,9 @@ def write_postmortem(
     ``exit_status``: how the job ended, where the caller saw it (``blackbox run``, whose pid is
     ``launcher_pid``).
     ``plot``: also render memory.png when matplotlib is installed.
+    ``extra``: fields added to the bundle's metadata (``blackbox run``: ``left_running``).
     """
-    recovery = RecoveryPass(inputs, exit_status, launcher_pid)
+    recovery = RecoveryPass(inputs, exit_status, launcher_pid, extra)
     named = [shlex.quote(str(p)) for p in inputs[:3]] + (["..."] if len(inputs) > 3 else [])
     again = one_line(f"blackbox recover {' '.join(named)} -o {shlex.quote(os.fspath(out))}").replace("`", "'")
     return stream_bundle(

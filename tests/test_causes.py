@@ -289,8 +289,8 @@ def test_without_the_c_extension_a_note_says_which_exits_go_unrecorded(tmp_path:
 
 def test_a_bundle_of_several_rings_keeps_the_exit_status_run_saw(tmp_path: Path) -> None:
     code = (
-        "import subprocess, sys\n"
-        "child = subprocess.run([sys.executable, '-c', 'import os; os.kill(os.getpid(), 9)'])\n"  # armed too
+        "import subprocess, sys, numpy\n"  # a Python process of the job arms at numpy's import
+        "child = subprocess.run([sys.executable, '-c', 'import os, numpy; os.kill(os.getpid(), 9)'])\n"  # armed too
         "sys.exit(3)\n"
     )
     proc = subprocess.run([sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path), "--quiet", "--",

@@ -22,7 +22,7 @@ DIES = "import os, time; time.sleep(0.3); os.kill(os.getpid(), 9)"
 # The job and a child it starts, both armed by `blackbox run`, both alive until the file named exists.
 TWO_PROCESSES = """
 import os, subprocess, sys, time
-wait = "import os, sys, time\\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)"
+wait = "import os, sys, time, numpy\\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)"  # numpy: a child arms
 child = subprocess.Popen([sys.executable, "-c", wait, sys.argv[1]])
 exec(wait)
 child.wait()

@@ -236,14 +236,22 @@ def test_a_shell_wrapped_job_is_reached_and_not_orphaned(tmp_path: Path) -> None
 
 
 def test_slurmstepd_signalling_every_process_is_not_relayed_again(tmp_path: Path) -> None:
-    # A sender named slurmstepd signals each process of the step itself: blackbox run must not add one.
+    # A sender named slurmstepd that signals every process of the step itself (proctrack/linuxproc: the whole
+    # tree below it, deepest first, blackbox run's witness included): blackbox run must not add one.
     script = tmp_path / "job.py"
     script.write_text(COUNTER)
     proc, job_pid = _start(tmp_path, sys.executable, str(script))
     fake = tmp_path / "slurmstepd"
     shutil.copy(sys.executable, fake)
-    kill_both = f"import os; os.kill({proc.pid}, 15); os.kill({job_pid}, 15)"
-    subprocess.run([str(fake), "-c", kill_both], check=True, timeout=30, env={"PYTHONHOME": sys.base_prefix})
+    kill_tree = (
+        "import os\n"
+        "def tree(pid):\n"
+        "    kids = [int(c) for t in os.listdir(f'/proc/{pid}/task')\n"
+        "            for c in open(f'/proc/{pid}/task/{t}/children').read().split()]\n"
+        "    return [p for k in kids for p in tree(k)] + [pid]\n"
+        f"for p in tree({proc.pid}): os.kill(p, 15)\n"
+    )
+    subprocess.run([str(fake), "-c", kill_tree], check=True, timeout=30, env={"PYTHONHOME": sys.base_prefix})
     out, err = proc.communicate(timeout=30)
     assert out.strip() == "got [15]", err
 
@@ -295,3 +303,46 @@ def test_a_signal_after_the_job_ended_changes_neither_status_nor_bundle(tmp_path
     proc.communicate(timeout=30)
     assert proc.returncode == 3
     assert (run_folder(tmp_path / "run") / "bundle" / "metadata.json").is_file()
+
+
+# ------------------------------------------------------------------ paths, leftovers
+def test_a_relative_dir_arms_python_children_started_after_a_chdir(tmp_path: Path) -> None:
+    # GIVEN `blackbox run --dir rel` from tmp_path, and a job that changes folder, then starts a Python child
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code = (
+        "import os, subprocess, sys\nos.chdir(sys.argv[1])\n"
+        "subprocess.run([sys.executable, '-c', 'import numpy, blackbox; print(blackbox.active().armed)'], check=True)\n"
+    )
+    proc = subprocess.run([*BLACKBOX, "--dir", "rel", "--", sys.executable, "-c", code, str(elsewhere)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=ENV)  # fmt: skip
+    # THEN the child armed (its sitecustomize and ring folder are absolute paths) and wrote nowhere else
+    assert proc.returncode == 0 and proc.stdout == "True\n", proc.stderr
+    (child,) = [json.loads(line) for line in (run_folder(tmp_path / "rel") / "rings" / "folded.jsonl").open()]
+    assert child["role"] == "child" and list(elsewhere.iterdir()) == []
+    assert _meta(tmp_path / "rel")["helpers"][0]["count"] == 1
+
+
+def test_processes_the_job_left_running_are_named(tmp_path: Path) -> None:
+    # GIVEN a job whose worker outlives it: the main process dies (SIGKILL), its worker sleeps on
+    code = (
+        "import os, subprocess, sys\n"
+        "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', 'left-behind'],\n"
+        "                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "open(sys.argv[1], 'w').write(str(w.pid))\nos.kill(os.getpid(), 9)\n"
+    )
+    worker = tmp_path / "worker"
+    try:
+        proc = blackbox_run(tmp_path / "run", sys.executable, "-c", code, str(worker))
+        # THEN blackbox run ends as the job did, naming the worker left running, on stderr and in the bundle
+        pid = int(worker.read_text())
+        assert shell_status(proc) == 137, proc.stderr
+        assert "1 process of the job still running after it ended" in proc.stderr
+        assert f"pid {pid}: {sys.executable} -c import time; time.sleep(120) left-behind" in proc.stderr
+        assert _meta(tmp_path / "run")["left_running"] == [
+            {"pid": pid, "command": f"{sys.executable} -c import time; time.sleep(120) left-behind"}
+        ]
+        assert Path(f"/proc/{pid}").exists()  # named, never signalled
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(worker.read_text()), signal.SIGKILL)

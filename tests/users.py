@@ -9,12 +9,13 @@ no ``useradd``).
 
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,16 +30,16 @@ class User:
     uid: int
     gid: int
 
-    def run(self, step: Callable[[], Any]) -> str:
-        """Run ``step`` as this user in a forked child; return what it returns, as text, or raise
-        AssertionError with the child's error."""
+    def run(self, step: Callable[[], Any], groups: Sequence[int] = ()) -> str:
+        """Run ``step`` as this user (and member of ``groups``) in a forked child; return what it returns,
+        as text, or raise AssertionError with the child's error."""
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: drop to the user, do the step, report, leave without cleanup
             code = 1
             try:
                 os.close(r)
-                os.setgroups([])
+                os.setgroups(list(groups))
                 os.setresgid(self.gid, self.gid, self.gid)
                 os.setresuid(self.uid, self.uid, self.uid)
                 result = step()
@@ -101,6 +102,24 @@ def local_users(*roles: str) -> Iterator[list[User]]:
     finally:
         for user in made:
             subprocess.run(["userdel", user.name], capture_output=True)
+
+
+@contextmanager
+def local_group(role: str, members: Sequence[User]) -> Iterator[int]:
+    """A new local group (``bb<role><n>``) with ``members`` in it, removed afterwards: its gid. A member's
+    steps run in it with ``User.run(step, groups=[gid])``."""
+    if os.geteuid() != 0 or shutil.which("groupadd") is None or shutil.which("usermod") is None:
+        pytest.skip("making a local group needs root, groupadd and usermod")
+    name = f"bb{role[:10]}{os.getpid() % 100_000}"
+    proc = subprocess.run(["groupadd", name], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"groupadd refused to make a group: {proc.stderr.strip()}")
+    try:
+        for user in members:
+            subprocess.run(["usermod", "-a", "-G", name, user.name], check=True, capture_output=True)
+        yield grp.getgrnam(name).gr_gid
+    finally:
+        subprocess.run(["groupdel", name], capture_output=True)
 
 
 @contextmanager

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 import zlib
@@ -94,6 +95,123 @@ def craft(
                 f.seek(h.records_offset + int(at[0]) * fmt.RECORD_SIZE)
                 f.write(part.tobytes())
     return path
+
+
+def craft_v3(
+    path: Path,
+    strings: dict[int, str],
+    frames: dict[tuple[int, int], str],
+    stacks: dict[tuple[int, int], list[int]],
+    records: np.ndarray,
+    *,
+    stacks_size: int = 8192,
+    identity: dict[str, Any] | None = None,
+) -> Path:
+    """A version-3 ring holding exactly these strings (id -> text), stack-table entries ((generation, id)
+    -> a frame's text, or a stack's frame ids; generation g in half (g - 1) % 2, frames first) and
+    ``records`` (``fmt.RECORD_DTYPE``, seq 1..n, one slot each: capacity n), nothing else: a hostile
+    writer's ring. Payloads are written raw: a frame may hold ``;``, escapes, anything."""
+    m = meta()
+    if identity is not None:
+        m["identity"] = identity
+    region = b"".join(fmt.string_entry(sid, text) for sid, text in strings.items())
+    halves: list[list[bytes]] = [[], []]
+    for (gen, fid), text in frames.items():
+        payload = text.encode("utf-8", "surrogateescape")
+        halves[(gen - 1) % 2].append(fmt.stack_entry(gen, fmt.STACK_FRAME, fid, payload))
+    for (gen, sid), ids in stacks.items():
+        payload = np.asarray(ids, "<u4").tobytes()
+        halves[(gen - 1) % 2].append(fmt.stack_entry(gen, fmt.STACK_STACK, sid, payload))
+    table = [b"".join(h) for h in halves]
+    half = max(4096, -(-max(map(len, table)) // 4096) * 4096, stacks_size // 2)
+    capacity = max(1, len(records))
+    header = fmt.encode_header(capacity, max(len(region), 4096), m, stacks_size=2 * half, crash_size=4096)
+    h = fmt.decode_header(header, len(header))
+    rec = records.copy()
+    rec["seq"] = rec["commit"] = np.arange(1, len(rec) + 1, dtype=np.uint64)
+    with open(path, "wb") as f:
+        f.write(header)
+        f.write(region)
+        f.seek(h.stacks_offset)
+        f.write(table[0])
+        f.seek(h.stacks_offset + half)
+        f.write(table[1])
+        f.seek(h.records_offset + fmt.RECORD_SIZE)  # seq k lives in slot k % capacity
+        f.write(rec[: capacity - 1].tobytes() if len(rec) else b"")
+        f.seek(h.records_offset)
+        f.write(rec[capacity - 1 :].tobytes() if len(rec) else b"")
+        f.truncate(h.file_size)
+    return path
+
+
+def records_of(kind: str, n: int, **words: Any) -> np.ndarray:
+    """``n`` records of one kind, a microsecond apart, steps and devices unset; ``words``: a field
+    (``label``, ``p0`` ...) set to a value or an array of ``n``."""
+    rec = np.zeros(n, fmt.RECORD_DTYPE)
+    rec["time"] = time.monotonic_ns() + np.arange(n, dtype=np.int64) * 1000
+    rec["step"] = -1
+    rec["device"] = -1
+    rec["kind"] = fmt.KIND_CODES[kind]
+    for i in range(fmt.PAYLOAD_WORDS):
+        rec[f"p{i}"] = -1
+    for name, value in words.items():
+        rec[name] = value
+    return rec
+
+
+def stack_bomb(
+    path: Path, stacks_size: int = 8 << 20, frame_bytes: int = 1000, depth: int = fmt.MAX_STACK_DEPTH, hot: int = 0
+) -> Path:
+    """A version-3 ring whose every record names a different stack of ``depth`` frames of ``frame_bytes``
+    bytes, as many as a table of ``stacks_size`` bytes holds (both halves): little on disk, a
+    gigabyte or more once each stack is folded into text. ``hot``: the last stack is sampled that many
+    times more, at the end (the one a reader must render)."""
+    entry = fmt.pad8(fmt.STACK_ENTRY.size + 4 * depth)
+    frames: dict[tuple[int, int], str] = {}
+    stacks: dict[tuple[int, int], list[int]] = {}
+    keys = []
+    for gen in (1, 2):
+        for fid in range(1, 2 * depth + 1):  # two frames per position: 2**depth stacks to pick from
+            frames[(gen, fid)] = f"f{fid}_".ljust(frame_bytes - 12, "x") + f" (m.py:{fid})"
+        room = stacks_size // 2 - 2 * depth * fmt.pad8(fmt.STACK_ENTRY.size + frame_bytes)
+        for sid in range(1, room // entry + 1):
+            stacks[(gen, sid)] = [1 + j + depth * ((sid >> (j % 20)) & 1) for j in range(depth)]
+            keys.append((gen, sid))
+    keys += keys[-1:] * hot
+    gens, sids = np.array(keys, np.int64).T
+    rec = records_of("stack_sample", len(keys), label=2, p0=1, p1=sids, p2=gens, p3=depth)
+    return craft_v3(path, {2: "MainThread"}, frames, stacks, rec, stacks_size=stacks_size)
+
+
+def label_bomb(path: Path, labels: int = 30_000, size: int = fmt.MAX_STRING_BYTES) -> Path:
+    """A version-3 ring of ``labels`` marks, each with its own label of ``size`` bytes, the labels alike
+    but for their last digits (as a job that puts a counter in a long label would write them)."""
+    strings = {2 + i: f"{'x' * (size - 12)}{i:012d}" for i in range(labels)}
+    rec = records_of("mark", labels, label=np.arange(2, 2 + labels), value=1, flags=fmt.FLAG_VALUE)
+    return craft_v3(path, strings, {}, {}, rec)
+
+
+def text_ring(path: Path, text: str) -> Path:
+    """A version-3 ring whose every piece of text holds ``text`` (escape sequences, a newline, a bidi
+    override, a ``;``, as a hostile writer chooses): the host name, argv, a thread name, two frames of the
+    stack sampled, a mark's label, an uncaught exception's message, a signal's sender; then no clean end."""
+    child = subprocess.Popen(["true"])
+    child.wait()  # its pid: a writer that is no more
+    ident = dict(identity(), host=f"host{text}", argv=["train.py", f"--name={text}"], pid=child.pid)
+    strings = {2: f"thread{text}", 3: f"mark{text}", 4: f"ValueError: boom{text}", 5: "uncaught", 6: "SIGTERM"}
+    frames = {(1, 1): f"outer{text} (train.py:1)", (1, 2): f"inner{text} (train.py:2)"}
+    comm = f"kill{text}".encode("utf-8", "surrogateescape")[:16].ljust(16, b"\0")
+    sender = np.frombuffer(comm, "<i8")
+    parts = [
+        records_of("mark", 3, label=3, value=7, flags=fmt.FLAG_VALUE),
+        records_of("stack_sample", 4, label=2, p0=1, p1=1, p2=1, p3=2),
+        records_of("sample", 4, label=0, p0=100 << 20),
+        records_of("exception", 1, label=4, p0=5),
+        records_of("signal", 1, label=6, value=15, flags=fmt.FLAG_VALUE, p1=4242, p3=sender[0], p4=sender[1]),
+    ]
+    rec = np.concatenate(parts)
+    rec["time"] = time.monotonic_ns() + np.arange(len(rec), dtype=np.int64) * 1_000_000
+    return craft_v3(path, strings, frames, {(1, 1): [1, 2]}, rec, identity=ident)
 
 
 def with_meta(data: bytes, blob: bytes) -> bytes:

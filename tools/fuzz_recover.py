@@ -1,6 +1,6 @@
 """A longer fuzzing harness for recover than the hypothesis tests: mutate real rings, read them back.
 
-    .venv/bin/python tools/fuzz_recover.py [--mode bytes|header|folder] [--iterations 20000] [--seed S]
+    .venv/bin/python tools/fuzz_recover.py [--mode bytes|header|folder|stacks|bundles] [--iterations N] [--seed S]
 
 Inputs are the golden rings of every format version plus a freshly recorded ring.
 
@@ -18,6 +18,17 @@ Inputs are the golden rings of every format version plus a freshly recorded ring
   folder named ``x.ring``, empty and truncated rings), recovered as root would:
   it must end, recover the good rings, list the others in one line each, and
   never put the bytes of a file it was not meant to read into the bundle.
+- ``stacks``: a ring whose stack table is shaped to cost the reader (``hostile_cases.stack_case``:
+  distinct deep stacks of 1 KiB frames, tables packed with tiny entries, one deep stack on every record,
+  frames holding ``;``, escapes and broken UTF-8, damage), recovered by ``blackbox recover`` in a fresh
+  process: exit 0, peak RSS (``VmHWM``) within the ring's size + 300 MiB, the distinct folded stacks
+  within their bound, no frame split by a ``;``, nothing raw in summary.md.
+- ``bundles``: two genuine node bundles in a job folder with traps planted (``hostile_cases.bundle_case``:
+  ranks.parquet decoding to gigabytes, huge ``recovered_by``, metadata.json of millions of values or
+  nested deep, a FIFO or a link for it, a bundle claiming another's rings), the job-wide bundle made by
+  ``blackbox recover`` in a fresh process: exit 0, every other line on stderr one ``blackbox:`` line, peak
+  RSS within 300 MiB + the largest metadata.json read (32 MiB), the genuine first death still named,
+  nothing raw in summary.md, a job metadata.json of a few KiB.
 
 Anything else (another exception, a hang past ``--timeout`` seconds) is a
 failure, saved under fuzz-failures/ for replay (``folder``: the seed and
@@ -29,16 +40,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import random
 import shutil
 import signal
 import stat
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -46,12 +62,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 from craft_ring import meta_with, with_meta  # noqa: E402
+from hostile_cases import bundle_case, node_bundles, stack_case  # noqa: E402
 
 import blackbox  # noqa: E402
 from blackbox._errors import BlackboxError  # noqa: E402
 from blackbox._postmortem import write_postmortem  # noqa: E402
 from blackbox.cli import main as cli  # noqa: E402
-from blackbox.recovery.timeline import ring_table  # noqa: E402
+from blackbox.recovery.job import MAX_JSON_BYTES  # noqa: E402
+from blackbox.recovery.timeline import MAX_FOLDED_TEXT, ring_table  # noqa: E402
 from blackbox.ring import format as fmt  # noqa: E402
 from blackbox.ring.reader import read_header, read_ring  # noqa: E402
 
@@ -217,6 +235,65 @@ def check_folder(folder: Path, out: Path, good: int, maybe: int) -> str:
     return f"ok:{len(meta.get('unread_rings', []))} unread"
 
 
+# ---------------------------------------------------------------- stacks, bundles: a fresh process each
+MiB = 1 << 20
+_CHILD = """
+import sys
+from blackbox.cli import main
+code = main(sys.argv[1:])
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+print(int(status["VmHWM"].split()[0]) * 1024)
+sys.exit(code)
+"""
+PEAKS: list[tuple[int, int, float]] = []  # (peak RSS, allowance, wall) of every fresh-process case
+
+
+def recover_child(target: Path, out: Path, timeout: int) -> tuple[subprocess.CompletedProcess[str], int]:
+    shutil.rmtree(out, ignore_errors=True)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg")
+    proc = subprocess.run([sys.executable, "-c", _CHILD, "recover", str(target), "-o", str(out)], env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    lines = proc.stdout.split()
+    return proc, int(lines[-1]) if lines and lines[-1].isdigit() else 0
+
+
+def raw_text(text: str) -> bool:
+    return any(c in text for c in ("\x1b", "\x07", "\x9b", "\r", "\u202e"))
+
+
+def check_stacks(path: Path, out: Path, timeout: int) -> str:
+    t0 = time.perf_counter()
+    proc, peak = recover_child(path, out, timeout)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-300:]}"
+    allowance = os.stat(path).st_blocks * 512 + 300 * MiB
+    PEAKS.append((peak, allowance, time.perf_counter() - t0))
+    assert peak <= allowance, f"peak RSS {peak / MiB:.0f} MiB over the ring + 300 MiB ({allowance / MiB:.0f})"
+    detail = pq.read_table(out / "timeline.parquet", columns=["detail", "kind"])
+    stacks = list(detail["detail"].chunks)
+    text = sum(c.dictionary.nbytes for c in stacks)  # per row group: each distinct stack once
+    assert text <= len(stacks) * (MAX_FOLDED_TEXT + (8 << 20)), f"{text / MiB:.0f} MiB of folded stacks"
+    assert not any("\n" in (w or "") for c in stacks for w in c.dictionary.to_pylist()[:1000]), "a frame split a line"
+    assert not raw_text((out / "summary.md").read_text()), "raw control characters in summary.md"
+    return "ok"
+
+
+def check_bundles(job: Path, out: Path, timeout: int) -> str:
+    t0 = time.perf_counter()
+    proc, peak = recover_child(job, out, timeout)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-300:]}"
+    allowance = 300 * MiB + MAX_JSON_BYTES
+    PEAKS.append((peak, allowance, time.perf_counter() - t0))
+    assert peak <= allowance, f"peak RSS {peak / MiB:.0f} MiB over 300 MiB + the largest metadata.json read"
+    lines = proc.stderr.splitlines()
+    assert all(ln.startswith("blackbox: ") for ln in lines), f"stderr: {proc.stderr[-300:]}"
+    summary = (out / "summary.md").read_text()
+    assert "**First death: rank 5 (host node001," in summary, "the genuine first death is not named"
+    assert not raw_text(summary + proc.stdout + proc.stderr), "raw control characters shown"
+    assert (out / "metadata.json").stat().st_size < 1 * MiB, "the job's metadata.json grew with what bundles said"
+    meta = json.loads((out / "metadata.json").read_text())
+    return f"ok:{len(meta['unread_bundles'])} unread, {len(meta['claimed_twice'])} held twice"
+
+
 class Hang(Exception):
     pass
 
@@ -227,11 +304,13 @@ def _alarm(_signum: int, _frame: object) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=["bytes", "header", "folder"], default="bytes")
-    ap.add_argument("--iterations", type=int, default=20_000)
+    ap.add_argument("--mode", choices=["bytes", "header", "folder", "stacks", "bundles"], default="bytes")
+    ap.add_argument("--iterations", type=int, default=None, help="default: 20000, or 100 for stacks and bundles")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--timeout", type=int, default=60, help="seconds one case may take before it counts as a hang")
     args = ap.parse_args()
+    if args.iterations is None:
+        args.iterations = 100 if args.mode in ("stacks", "bundles") else 20_000
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
     failures_dir = ROOT / "fuzz-failures"
@@ -246,6 +325,7 @@ def main() -> int:
         with contextlib.suppress(PermissionError):  # as root: another user's file, as it would be for real
             os.chown(outside / "secret.ring", 65534, 65534)
         (outside / "ring.ring").write_bytes(seeds[-1])
+        good = node_bundles(tmp / "genuine") if args.mode == "bundles" else tmp
         outcomes: dict[str, int] = {}
         failures = 0
         slowest = 0.0
@@ -264,6 +344,15 @@ def main() -> int:
                     data = header_case(rng.choice(seeds), rng)
                     path.write_bytes(data)
                     outcome = "exit " + check_header(path, tmp / "bundle")
+                elif args.mode == "stacks":
+                    shape = stack_case(path, rng)
+                    outcome = check_stacks(path, tmp / "bundle", args.timeout) + f":{shape['shape']}"
+                elif args.mode == "bundles":
+                    job = tmp / f"job{i}"
+                    job.mkdir()
+                    traps = bundle_case(job, good, outside / "secret.ring", rng)
+                    outcome = check_bundles(job, tmp / "bundle", args.timeout) + f" ({', '.join(sorted(traps))})"
+                    shutil.rmtree(job)
                 else:
                     case = tmp / f"case{i}"
                     outcome = check_folder(case, tmp / "bundle", *folder_case(case, outside, seeds, rng))
@@ -287,6 +376,13 @@ def main() -> int:
     print(f"mode {args.mode}, seed {seed}: {args.iterations} cases in {total:.1f} s (slowest {slowest * 1e3:.1f} ms)")
     for k, v in sorted(outcomes.items(), key=lambda kv: -kv[1]):
         print(f"  {k}: {v}")
+    if PEAKS:
+        peaks = sorted(p for p, _, _ in PEAKS)
+        spare = min(a - p for p, a, _ in PEAKS)
+        walls = [w for _, _, w in PEAKS]
+        print(f"peak RSS per case: median {statistics.median(peaks) / MiB:.0f} MiB, largest {peaks[-1] / MiB:.0f} "
+              f"MiB; closest to the allowance: {spare / MiB:.0f} MiB under; wall per case: median "
+              f"{statistics.median(walls):.1f} s, slowest {max(walls):.1f} s")  # fmt: skip
     print(f"failures: {failures}")
     return 1 if failures else 0
 

@@ -14,7 +14,7 @@ from types import ModuleType
 
 from .._errors import BlackboxError, one_line
 from .._version import __version__
-from . import demo, export, info, plot, prune, recover, run, summary, watch
+from . import demo, epilog, export, info, plot, prune, recover, run, summary, watch
 from ._common import command_process, os_error_line
 from ._common import one_line as help_line
 
@@ -27,6 +27,7 @@ COMMANDS: dict[str, ModuleType] = {
     "export": export,
     "watch": watch,
     "prune": prune,
+    "epilog": epilog,
     "demo": demo,
 }
 

@@ -48,6 +48,7 @@ def ring_facts(path: str) -> dict[str, Any]:
         "oldest_seq": rec.first_seq,
         "overwritten": rec.overwritten,
         "strings": rec.strings,
+        "strings_not_read": ring.strings_cut,
         "stack_table": _stack_table(ring.stacks, h.stacks_size),
         "writer": writer_state(ring, writer_alive(ring.path, ring.meta)),
     }
@@ -59,14 +60,17 @@ def _stack_table(scan: Any, size: int) -> dict[str, Any] | None:
         return None
     generations = sorted({g for g, _ in scan.frames} | {g for g, _ in scan.stacks})
     return {"bytes": size, "generations": generations, "frames": len(scan.frames), "stacks": len(scan.stacks),
-            "damaged_entries": scan.damaged}  # fmt: skip
+            "damaged_entries": scan.damaged, "bytes_not_read": scan.cut}  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..views.text import shown
+
     f = ring_facts(args.ring)
     if args.json:
-        print(json.dumps(f, indent=2))
+        print(json.dumps(f, indent=2))  # ASCII: JSON escapes every control character
         return 0
+    f = shown(f)  # the host, argv and path were written by the ring's owner: no escape reaches the terminal
     mib = f["capacity"] * f["record_size"] / 2**20
     size_note = ""
     if f["file_size"] < f["expected_file_size"]:
@@ -86,11 +90,15 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"seq:        newest {f['newest_seq']}, oldest {f['oldest_seq']}, {f['overwritten']} overwritten by wrap-around"
     )
-    print(f"strings:    {f['strings']} interned")
+    print(
+        f"strings:    {f['strings']} interned"
+        + (f" ({f['strings_not_read'] // 1024} KiB past what a reader keeps not read)" if f["strings_not_read"] else "")
+    )
     st = f["stack_table"]
     if st is not None:
+        cut = f", {st['bytes_not_read'] // 1024} KiB past what a reader keeps not read" if st["bytes_not_read"] else ""
         print(f"stacks:     {st['stacks']} stacks, {st['frames']} frames in generations {st['generations'] or '-'} "
-              f"({st['bytes'] // 1024} KiB table, {st['damaged_entries']} damaged entries)")  # fmt: skip
+              f"({st['bytes'] // 1024} KiB table, {st['damaged_entries']} damaged entries{cut})")  # fmt: skip
     print(f"writer:     {f['writer']}")
     return 0
 

@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from .._postmortem import printable, write_job, write_postmortem
     from ..recovery.bundle import read_summary
     from ..recovery.job import kind_of
+    from ..views.summary import claimed_lines
 
     out = args.out
     targets = [str(t) for t in args.rings]  # a URI never goes through Path
@@ -45,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
               f"from {_count(len(meta['bundles']), 'bundle')})")  # fmt: skip
         for unread in meta["unread_bundles"]:
             print(f"blackbox: not read: {one_line(unread['reason'])}", file=sys.stderr)
+        for line in claimed_lines(meta["claimed_twice"])[2:-1]:  # the summary's lines, without the heading
+            print(f"blackbox: held twice:{line[1:]}", file=sys.stderr)
         if args.summary:
             sys.stdout.write(printable(read_summary(out)))
         return 0
@@ -56,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     for unread in meta.get("unread_rings", []):  # recovered without them: say which and why, one line each
         print(f"blackbox: not recovered: {unread['reason']}", file=sys.stderr)
     if args.summary:
-        sys.stdout.write(read_summary(out))
+        sys.stdout.write(printable(read_summary(out)))  # rendered escaped; read back, it is a file like any other
     return 0
 
 

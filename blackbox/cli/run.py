@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .._errors import one_line
+from ..run import torchelastic
 from ._common import own_process, standalone
+
+if TYPE_CHECKING:
+    from ..run.launcher import Ended
+
+LEFT_NAMED = 10  # processes left running named on stderr (all of them, up to 64, in metadata.json)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dir",
         metavar="D",
         help="folder for the run folders (default: $BLACKBOX_DIR or /var/tmp/blackbox-<uid>); each run gets "
-        "a fresh run-<UTC time>-XXXX inside it, with rings/ and bundle/",
+        "a fresh run-<UTC time>-XXXX inside it, with rings/ and bundle/; D and every folder above it must be "
+        "changeable by no other user (sticky folders such as /tmp excepted)",
     )
     parser.add_argument("--quiet", action="store_true", help="do not print the summary")
     parser.add_argument("job", nargs=argparse.REMAINDER, metavar="-- CMD...", help="the job to run")
@@ -25,43 +34,99 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .._errors import BlackboxError
-    from ..run.launcher import end_like, launch, prepare, work_folder
+    from ..run.folder import work_folder
+    from ..run.launcher import end_like, launch, prepare
+    from ..run.leftovers import still_running
 
     command = args.job[1:] if args.job[:1] == ["--"] else args.job
     if not command:
         raise BlackboxError("expected a command after `--` (blackbox run -- python train.py ...), found none")
     work = work_folder(args.dir)
     rings, boot = prepare(work)
-    say(f"rings in {rings}/")
-    ended = launch(command, rings, boot)
-    recover(rings, work / "bundle", ended.status, args.quiet)  # never raises: the job's status is what we return
+    under_torchrun = torchelastic.rank() is not None
+    if not under_torchrun:  # under torchrun, each rank's one line at the end names its bundle
+        say(f"rings in {rings}/")
+
+    def on_end(ended: Ended) -> None:
+        if under_torchrun and ended.status != 0:
+            torchelastic.note_end(work.parent, ended.end_ns)
+
+    ended = launch(command, rings, boot, on_end)
+    count, left = still_running(os.getpid())
+    name_leftovers(count, left)
+    recover(rings, work / "bundle", ended, args.quiet, left)  # never raises: the job's status is what we return
     return end_like(ended)
 
 
 def say(text: str) -> None:
-    """One line on stderr: stdout is the job's."""
-    print(f"blackbox run: {text}", file=sys.stderr, flush=True)
+    """One line on stderr: stdout is the job's. A stderr that is gone (a terminal hung up) changes nothing."""
+    with contextlib.suppress(OSError, ValueError):
+        print(f"blackbox run: {text}", file=sys.stderr, flush=True)
 
 
-def recover(rings: Path, bundle: Path, status: int, quiet: bool) -> dict[str, Any] | None:
+def account_here(ended: Ended, parent: Path) -> bool:
+    """Whether this `blackbox run` prints the full account. Alone, always. Under torchrun, where every rank
+    has its own `blackbox run` writing into one log, once (``run.torchelastic``): the rank that failed first,
+    or rank 0 when it exited cleanly; every other rank prints its one line (cause and bundle)."""
+    rank = torchelastic.rank()
+    if rank is None:
+        return True
+    if ended.status == 0:
+        return rank == "0"
+    return torchelastic.first_to_fail(parent, ended.end_ns)
+
+
+def name_leftovers(count: int, left: list[dict[str, Any]]) -> None:
+    """Say which processes of the job are still running (they go on without it)."""
+    if not count:
+        return
+    say(f"{count} process{'es' if count > 1 else ''} of the job still running after it ended (not signalled):")
+    for p in left[:LEFT_NAMED]:
+        say(f"  pid {p['pid']}: {one_line(p['command'])}")  # a command line may hold terminal escapes
+    if count > LEFT_NAMED:
+        say(f"  and {count - LEFT_NAMED} more (metadata.json lists up to {len(left)})")
+
+
+def no_ring(status: int, rings: Path) -> str:
+    """What to say when no ring is left to recover: the job's own process is not Python (or not armed), and
+    its Python helpers either never armed or ended cleanly and were folded into one line each."""
+    from ..ring.folded import read_folded
+
+    folded = len(read_folded(rings))
+    why = "is not Python, ran with -S or -I, or could not arm: see above"
+    if folded:
+        return (f"exit status {status}; the job's own process left no ring (it {why}); {folded} Python "
+                f"process{'es' if folded > 1 else ''} of the job ended cleanly and were recorded, one line "
+                f"each, in {rings}/folded.jsonl")  # fmt: skip
+    return (f"exit status {status}; the job left no ring in {rings}/ (its own process {why}; its other "
+            "Python processes arm once they import numpy or torch)")  # fmt: skip
+
+
+def recover(rings: Path, bundle: Path, ended: Ended, quiet: bool, left: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Recover every ring the job left into ``bundle`` and say what killed it (on stderr)."""
+    status = ended.status
     try:
         from .._postmortem import write_postmortem
         from ..recovery.bundle import SUMMARY
-        from ..run.torchelastic import write_error_file
 
+        rank = torchelastic.rank()
+        of_rank = "" if rank is None else f"rank {rank}: "
         if not any(rings.glob("*.ring")):
-            why = "not a Python job, run with -S or -I, or not armed: see above"
-            say(f"exit status {status}; the job left no ring in {rings}/ ({why})")
+            say(of_rank + no_ring(status, rings))
             return None
         own_process()  # the job has ended: the launcher's memory is now the recovery's
-        meta = write_postmortem([rings], bundle, exit_status=status, launcher_pid=os.getpid())
+        extra = {"left_running": left} if left else None
+        meta = write_postmortem([rings], bundle, exit_status=status, launcher_pid=os.getpid(), extra=extra)
         death = meta.get("first_death") or meta.get("death") or {}
-        say(f"exit status {status}; cause: {meta['cause']}; {death.get('headline', '')} bundle in {bundle}/")
-        if write_error_file(meta, status, bundle):
-            say("the verdict is in torchrun's error file (its Root Cause table)")
-        if not quiet:
-            sys.stderr.write((bundle / SUMMARY).read_text())
+        headline = one_line(str(death.get("headline", "")))  # the job's own text (an exception message)
+        line = f"exit status {status}; cause: {meta['cause']}; {headline} bundle in {bundle}/"
+        if torchelastic.write_error_file(meta, status, bundle):
+            line += " (the verdict is in torchrun's error file: its Root Cause table)"
+        say(of_rank + line)
+        if not quiet and account_here(ended, bundle.parent.parent):
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write((bundle / SUMMARY).read_text())
+                sys.stderr.flush()
         return meta
     except Exception as exc:  # recovery must never change how the job ended
         say(f"exit status {status}; recovery failed ({type(exc).__name__}: {exc}); the rings are in {rings}/")

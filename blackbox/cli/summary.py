@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from ..recovery.bundle import read_summary
     from ..recovery.job import kind_of
     from ..recovery.pipeline import RecoveryPass
-    from ..views.summary import bundle_summary
+    from ..views.summary import bundle_summary, claimed_lines
 
     targets = [str(t) for t in args.target]  # a URI never goes through Path (s3:// would lose a slash)
     kind = kind_of(targets)
@@ -39,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         for unread in meta["unread_bundles"]:
             print(f"blackbox: not read: {one_line(unread['reason'])}", file=sys.stderr)
+        for line in claimed_lines(meta["claimed_twice"])[2:-1]:  # the summary's lines, without the heading
+            print(f"blackbox: held twice:{line[1:]}", file=sys.stderr)
         return 0
     recovery = RecoveryPass([Path(t) for t in targets])  # nothing written; each timeline dropped once diagnosed
     for _ in recovery.tables():

@@ -115,9 +115,14 @@ def parse_limit(text: str) -> int | None:
 
 
 def oom_counter_file(cg: CgroupPaths, limit_file: Path | None) -> Path:
-    """Where the kernel counts OOM kills for this job: in the cgroup that owns the effective limit."""
+    """Where the kernel counts OOM kills of this process and its children. cgroup v2 counts a kill in
+    the victim's cgroup and every ancestor (``memory.events``): read it where the effective limit is.
+    cgroup v1 counts it in the victim's own cgroup alone (``memory.oom_control``), not where the limit
+    sits: under Slurm the limit is on ``job_J`` and ``step_S``, the kill counted in ``task_T``, ours."""
+    if cg.version == 1:
+        return cg.directory / "memory.oom_control"
     owner = limit_file.parent if limit_file else cg.directory
-    return owner / ("memory.events" if cg.version == 2 else "memory.oom_control")
+    return owner / "memory.events"
 
 
 def oom_kill_count(text: str) -> int | None:
@@ -230,7 +235,7 @@ class HostProbe:
         self._usage = Source(self.cgroup.usage if self.cgroup else None)
         self._limit = Source(limit_file)
         self._meminfo = Source(f"{proc}/meminfo")
-        # the OOM is counted where the limit is: the cgroup that owns the effective limit
+        # where the kernel counts the OOM kills of our processes (see oom_counter_file)
         self._events = Source(oom_counter_file(self.cgroup, limit_file) if self.cgroup else None)
         psi = self.cgroup.directory / "memory.pressure" if self.cgroup and self.cgroup.version == 2 else None
         self._psi = Source(psi)

@@ -46,7 +46,13 @@ from typing import Any
 
 # Launchers that tear a job's other processes down when one fails, by their command (as a signal's sender
 # records it) -> the name said: torchrun's agent names its main thread pt_elastic, which /proc shows.
-LAUNCHERS = {"pt_elastic": "torchrun", "torchrun": "torchrun", "slurmstepd": "slurmstepd"}
+LAUNCHERS = {
+    "pt_elastic": "torchrun",  # the agent's thread name, what a ring's own signal record shows
+    "torchrun": "torchrun",
+    "torch.distributed.run": "torchrun",  # `python -m torch.distributed.run`: a relayed signal names the module
+    "torch.distributed.launch": "torchrun",
+    "slurmstepd": "slurmstepd",
+}
 SLIM = ("rank", "host", "pid", "ppid", "role", "job", "attempt", "started_at", "last_event_at", "last_step",
         "clock_error_s")  # fmt: skip
 DEFAULT_CLOCK_ERROR_S = 0.1  # assumed where a host's time service did not say how far off its clock may be

@@ -34,9 +34,11 @@ PLOT = "memory.png"
 RANKS = "ranks.parquet"
 BUNDLE_FILES = frozenset({TIMELINE, RANKS, METADATA, SUMMARY, PLOT, OOM_REPORT})  # and crash-<pid>.txt
 MAX_METADATA_BYTES = 256 << 20
-# Delta encoding turns seq and time into a few bits per row; dictionaries carry the strings.
+# Delta encoding turns seq and time into a few bits per row; dictionaries carry the strings. The folded
+# stacks too: written plain, a row group repeating one 64 KiB stack was decoded to 8 GB, past what Arrow can
+# hold ("Take operation overflowed binary array capacity").
 _DELTA = ("seq", "time", "step")
-_DICTIONARY = ["kind", "label", "host", "thread", "pid", "rank", "device"]
+_DICTIONARY = ["kind", "label", "host", "thread", "pid", "rank", "device", "detail", "stack"]
 # Min/max statistics where queries filter (DuckDB skips row groups with them); the rest skip the cost.
 _STATISTICS = ["seq", "time", "kind", "step", "pid", "rank", "host", "device", "value"]
 ROW_GROUP = 1 << 17  # rows per row group: the writer holds one row group at a time

@@ -52,6 +52,7 @@ from ..ring import format as fmt
 from .evidence import Evidence, KernelKill
 from .facts import Facts, facts
 from .levers import analysis
+from .slurm import SENDERS as SLURM_SENDERS
 from .timeline import iso_ns
 
 CAUSES = ("clean_exit", "nonzero_exit", "interrupted", "exception", "oom_exception", "host_oom_kill",
@@ -60,7 +61,8 @@ CONFIDENCE = ("certain", "strong", "probable", "unknown")
 NEAR_LIMIT = 0.95
 OOM_DAEMONS = ("earlyoom", "systemd-oomd", "oomd", "nohang", "low-memory-mon")
 DEFAULT_ACTION = "default action"  # the detail collect.signals writes for a signal that ended the process
-SCHEDULERS = ("slurmstepd", "slurmd", "srun", "scancel", "kubelet", "containerd-shim", "timeout", "systemd", "torchrun")
+SCHEDULERS = ("slurmstepd", "slurmd", "srun", "scancel", "kubelet", "containerd-shim", "timeout", "systemd", "torchrun",
+              "pt_elastic", "torch.distributed.run")  # fmt: skip
 RUN_SAW = "run"  # the exit status came from `blackbox run`'s wait
 HOW_KNOWN = {fmt.EXIT_PROCESS: "recorded by the process as it exited", fmt.EXIT_OS: "its os._exit call",
              fmt.EXIT_SYS: "its sys.exit call", RUN_SAW: "as `blackbox run` saw it"}  # fmt: skip
@@ -273,7 +275,7 @@ class _Death:
                 self._set("userspace_oom_kill", "certain", f"{s['label']}{who}, a userspace OOM killer")
             else:
                 cause = "interrupted" if s["label"] == "SIGINT" else "signal"
-                self._set(cause, "certain", f"{s['label']}{who} with its default action at {s['time']}")
+                self._set(cause, "certain", f"{s['label']}{who}{self._role(s)} with its default action at {s['time']}")
             self.when = s
         elif sig is not None and sig != signals.SIGKILL:
             self._set("signal", "certain", f"`blackbox run` saw the job end by {signals.Signals(sig).name}")
@@ -298,13 +300,16 @@ class _Death:
             self._set(
                 "host_oom_kill", "probable", f"{how}, with memory at the cgroup's limit (no kernel log to confirm)"
             )
+        elif (over := self._at_slurm_limit()) is not None:
+            self.killed_by = {"signal": "SIGKILL", "sender": "slurmstepd", "sender_pid": None, "time": None,
+                              "reason": "Slurm's memory limit (JobAcctGatherParams=OverMemoryKill)"}  # fmt: skip
+            self._set("userspace_oom_kill", "strong", f"{how}; {over}")
         else:
             self._set("killed", "certain" if seen else "strong", how)
             if recent:
                 self.killed_by = _sender(recent)
                 who = f" from {recent['sender']} (pid {recent['sender_pid']})" if recent["sender"] else ""
-                role = " (a scheduler: time limit or preemption)" if (recent["sender"] or "") in SCHEDULERS else ""
-                self.evidence.append(f"{recent['label']}{who}{role} came first, at {recent['time']}")
+                self.evidence.append(f"{recent['label']}{who}{self._role(recent)} came first, at {recent['time']}")
 
     def _handled_signal(self) -> None:
         """A signal the job's own handler took before it ended by itself: a graceful shutdown (Lightning's
@@ -315,12 +320,34 @@ class _Death:
             return
         s = handled[-1]
         who = f" from {s['sender']} (pid {s['sender_pid']})" if s["sender"] else ""
-        role = " (a scheduler: time limit or preemption)" if (s["sender"] or "") in SCHEDULERS else ""
-        self.evidence.append(f"{s['label']}{who}{role} at {s['time']} was {s['detail'] or 'handled'}, "
+        self.evidence.append(f"{s['label']}{who}{self._role(s)} at {s['time']} was {s['detail'] or 'handled'}, "
                              "and the job then ended by itself (a graceful shutdown)")  # fmt: skip
         self.handled = s
 
     # ---------------------------------------------------------------- helpers
+    def _at_slurm_limit(self) -> str | None:
+        """Slurm's OverMemoryKill: it polls the step's RSS and SIGKILLs a step over the job's ``--mem``
+        ("exceeded memory limit (X > Y), being killed"), with no kernel OOM kill and no cgroup limit."""
+        limit, last = self.ev.slurm_mem_limit, self.f.samples[-1] if self.f.samples else None
+        if not limit or not last or last.get("host_rss") is None:
+            return None
+        rss = last["host_rss"] + max(0, last.get("children_rss") or 0)
+        if rss < NEAR_LIMIT * limit:
+            return None
+        return (f"RSS {human_bytes(rss)} (with its children) at the last sample, at the job's memory limit "
+                f"{human_bytes(limit)} in Slurm's account (--mem): "
+                "Slurm's OverMemoryKill SIGKILLs a step over it")  # fmt: skip
+
+    def _role(self, row: dict[str, Any]) -> str:
+        """What a scheduler's signal meant: Slurm's own account where it was read (and the sender is
+        Slurm's), else that it was a scheduler's; the reason also goes into ``killed_by``."""
+        sender = row["sender"] or ""
+        if sender in SLURM_SENDERS and self.ev.slurm:
+            if self.killed_by is not None and self.killed_by.get("sender") == sender:
+                self.killed_by["reason"] = self.ev.slurm
+            return f" (Slurm: {self.ev.slurm})"
+        return " (a scheduler: time limit or preemption)" if sender in SCHEDULERS else ""
+
     def _signal_ns(self, row: dict[str, Any]) -> int:
         i = self.f.signals.index(row)
         return int(self.f.signal_ns[i])
@@ -372,6 +399,8 @@ def headline(
     """One plain sentence: who died of what."""
     who = f"The {victim.get('role', 'process')} (pid {victim.get('pid')})"
     by = f" {killed_by['signal']} from {killed_by['sender']}" if killed_by and killed_by.get("sender") else ""
+    if by and killed_by and killed_by.get("reason"):
+        by += f": {str(killed_by['reason']).split(' (Slurm')[0]}"
     if in_shutdown and cause == "killed":
         return f"{who} was killed with SIGKILL while it shut down{', after' + by if by else ''}, before it could exit."
     if handled is not None:

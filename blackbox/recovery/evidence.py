@@ -23,6 +23,7 @@ from typing import Any
 from ..collect.host import CgroupPaths, effective_limit_file, oom_counter_file, oom_kill_count
 from ..ring.file import filesystem_type
 from ..ring.liveness import boot_id, same_machine, writer_alive
+from .slurm import slurm_account
 
 MAX_KMSG_BYTES = 8 << 20
 MAX_REPORT_LINES = 400
@@ -61,6 +62,8 @@ class Evidence:
     exit_status: int | None = None  # as a shell reports it (128 + signal), from `blackbox run`
     crash: str | None = None  # faulthandler's tracebacks left beside the ring (a native crash)
     now_ns: int | None = None  # the monotonic clock at recovery
+    slurm: str | None = None  # why Slurm ended the job, from its own account (``slurm``), where readable
+    slurm_mem_limit: int | None = None  # the job's memory limit per node in Slurm's account (bytes)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -88,6 +91,7 @@ def gather(
     """
     ident = meta.get("identity") or {}
     ev = Evidence(exit_status=exit_status, crash=crash)
+    ev.slurm, ev.slurm_mem_limit = slurm_account(ident)
     ring_boot, now_boot = ident.get("boot_id"), boot_id()
     ev.same_host = same_machine(ident) or ident.get("host") == socket.gethostname()
     if not ev.same_host:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -34,7 +35,7 @@ from .._errors import BlackboxError, BundleDestinationError, RingNotFoundError, 
 from .._version import __version__
 from ..ring.inputs import Folder, open_folder, open_input
 from .attempts import attempt_metadata, group_attempts
-from .bundle import MAX_METADATA_BYTES, METADATA, RANKS, SUMMARY, Destination, parse_metadata
+from .bundle import METADATA, RANKS, SUMMARY, Destination, parse_metadata
 from .ranks import SCHEMA, collateral_columns, rank_rows, ranks_table, table_rows
 
 MAX_RANKS_BYTES = 64 << 20  # a ranks.parquet of a million rings is far smaller
@@ -208,12 +209,25 @@ def kind_of(targets: list[str]) -> str:
 # ---------------------------------------------------------------------------------------------- reading
 
 MAX_RINGS_PER_BUNDLE = 25_000
-MAX_JSON_CONTAINERS = 2_000_000  # objects and lists in one metadata.json: a ring has 36 to 80 or so
+# What parsing one metadata.json may build, checked on its bytes before it is parsed: a ring's metadata
+# holds 20 to 80 objects and lists and 200 to 700 values, a few KiB; a planted one could hold a 191 MB
+# list of floats (2.4 GB parsed). Values are counted from above: commas, colons and containers.
+MAX_JSON_BYTES = 32 << 20
+MAX_JSON_CONTAINERS = 2_000_000
+MAX_JSON_VALUES = 4_000_000
+MAX_RANKS_DECODED = 64 << 20  # a ranks table's columns once decoded (25,000 rings of 2.6 KiB)
 GAUGES = ("host_rss", "cgroup_usage", "gpu_allocated", "gpu_reserved")
+# The longest text kept of each field read from a bundle, once escaped: the job's account holds a few
+# fields per ring of every bundle, and names longer than these are not names.
+TEXT_LIMITS = {"host": 256, "role": 64, "cause": 64, "confidence": 64, "headline": 1024, "ring": 1024}
 
 
-def _text(v: Any) -> str | None:
-    return one_line(v) if isinstance(v, str) else None  # host names reach a terminal: no escapes
+def _text(v: Any, limit: int = 64) -> str | None:
+    """Text as the account keeps it: escaped (it reaches a terminal) and at most ``limit`` characters."""
+    if not isinstance(v, str):
+        return None
+    text = one_line(v[: limit + 1])  # a character more: cut text ends with an ellipsis
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def _int(v: Any) -> int | None:
@@ -254,7 +268,7 @@ def _slim(m: dict[str, Any], at: tuple[int, int]) -> dict[str, Any]:
     death = {
         "cause": _text(d.get("cause")) or "unknown",
         "confidence": _text(d.get("confidence")),
-        "headline": _text(d.get("headline")),
+        "headline": _text(d.get("headline"), TEXT_LIMITS["headline"]),
         "time": _time(d.get("time")),
         "step": _int(d.get("step")),
         "victim": {k: _int(victim.get(k)) if k != "role" else _text(victim.get(k)) for k in ("pid", "role", "rss")}
@@ -263,7 +277,7 @@ def _slim(m: dict[str, Any], at: tuple[int, int]) -> dict[str, Any]:
         "killed_by": _killer(d.get("killed_by")),
     }
     return {
-        "host": _text(m.get("host")),
+        "host": _text(m.get("host"), TEXT_LIMITS["host"]),
         "pid": _int(m.get("pid")),
         "ppid": _int(m.get("ppid")),
         "job": _text(m.get("job")),
@@ -278,7 +292,7 @@ def _slim(m: dict[str, Any], at: tuple[int, int]) -> dict[str, Any]:
         "last_step_s": _float(m.get("last_step_s")),
         "clock_error_s": _float(m.get("clock_error_s")),
         "peaks": _peaks(m.get("peaks")),
-        "ring": _text(m.get("ring")),
+        "ring": _text(m.get("ring"), TEXT_LIMITS["ring"]),
         "events": _int(m.get("events")) or 0,
         "death": death,
         "_at": at,
@@ -305,11 +319,16 @@ def _rings_of(meta: dict[str, Any], where: Place) -> list[dict[str, Any]]:
 
 
 def _read_meta(where: Place) -> dict[str, Any]:
-    raw = where.read(METADATA, MAX_METADATA_BYTES)
+    raw = where.read(METADATA, MAX_JSON_BYTES)
     containers = raw.count(b"{") + raw.count(b"[")  # bounds what parsing can build, before it builds it
     if containers > MAX_JSON_CONTAINERS:
         raise BundleDestinationError(
             f"{where}/{METADATA}: expected at most {MAX_JSON_CONTAINERS} JSON objects and lists, found {containers}"
+        )
+    values = raw.count(b",") + raw.count(b":") + containers + 1  # each value but a container's first follows one
+    if values > MAX_JSON_VALUES:
+        raise BundleDestinationError(
+            f"{where}/{METADATA}: expected at most {MAX_JSON_VALUES} JSON values, found up to {values}"
         )
     meta = parse_metadata(raw, f"{where}/{METADATA}")
     if meta.get("scope") == "job":
@@ -323,10 +342,7 @@ def _read_ranks(where: Place, rings: list[dict[str, Any]]) -> pa.Table:
     planted file), the same rows from the metadata."""
     try:
         buf = pa.BufferReader(where.read(RANKS, MAX_RANKS_BYTES))
-        if pq.ParquetFile(buf).metadata.num_rows != len(rings):
-            raise BundleDestinationError(f"{where}/{RANKS}: expected one row per ring")
-        buf.seek(0)
-        table = pq.read_table(buf, use_threads=False)  # threads: apache/arrow#34314 aborts, rarely
+        table = _ranks_columns(buf, len(rings), f"{where}/{RANKS}")
         columns = [
             table[f.name].cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
             for f in SCHEMA
@@ -336,6 +352,45 @@ def _read_ranks(where: Place, rings: list[dict[str, Any]]) -> pa.Table:
         return out
     except (BlackboxError, pa.ArrowException, OSError, ValueError, OverflowError):
         return ranks_table(rank_rows({"rings": rings}))
+
+
+def _identity(m: dict[str, Any]) -> tuple[Any, ...]:
+    """What names a ring across bundles: its host, pid and start."""
+    return m["host"], m["pid"], m["started_at"]
+
+
+def _recovered_by(v: Any) -> dict[str, str | None] | None:
+    """The version that wrote a bundle, checked like any field (it was copied whole: 8 bundles of a
+    100 MB one made a job metadata.json of 839 MB)."""
+    return {"blackbox": _text(v.get("blackbox"))} if isinstance(v, dict) else None
+
+
+def _ranks_columns(buf: pa.BufferReader, rows: int, where: str) -> pa.Table:
+    """The columns of the ranks schema that a ranks.parquet holds, nothing else, each checked against
+    MAX_RANKS_DECODED before it is decoded: as its footer declares them, then, for text, as its values
+    would be once a dictionary's are repeated (a 2 MB string in a dictionary page of a few bytes, on every
+    row, is 2.5 GB on 1,250 rows)."""
+    meta = pq.ParquetFile(buf).metadata
+    if meta.num_rows != rows:
+        raise BundleDestinationError(f"{where}: expected one row per ring ({rows}), found {meta.num_rows}")
+    names = [n for n in SCHEMA.names if n in set(meta.schema.to_arrow_schema().names)]
+    leaves = [i for i in range(meta.num_columns) if meta.schema.column(i).path.split(".")[0] in names]
+    declared = sum(meta.row_group(g).column(i).total_uncompressed_size for g in range(meta.num_row_groups)
+                   for i in leaves)  # fmt: skip
+    if declared > MAX_RANKS_DECODED:
+        raise BundleDestinationError(f"{where}: expected at most {MAX_RANKS_DECODED} column bytes, found {declared}")
+    text = [n for n in names if pa.types.is_string(SCHEMA.field(n).type)]
+    buf.seek(0)
+    table = pq.read_table(buf, columns=names, use_threads=False, read_dictionary=text)  # threads: apache/arrow#34314
+    size = 0
+    for name in text:
+        for chunk in table[name].chunks:
+            if pa.types.is_dictionary(chunk.type):  # the bytes each row's value takes once repeated
+                lengths = pc.binary_length(chunk.dictionary.cast(pa.large_binary()))
+                size += pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0
+    if size > MAX_RANKS_DECODED:
+        raise BundleDestinationError(f"{where}: expected at most {MAX_RANKS_DECODED} bytes of text, found {size}")
+    return table
 
 
 @dataclass
@@ -348,7 +403,8 @@ class JobPass:
     _rings: list[dict[str, Any]] = field(default_factory=list)
     _bundles: list[dict[str, Any]] = field(default_factory=list)
     _ranks: list[pa.Table] = field(default_factory=list)
-    _seen: dict[tuple[Any, ...], str] = field(default_factory=dict)  # ring identity -> the bundle read with it
+    claimed_twice: list[dict[str, Any]] = field(default_factory=list)  # rings two bundles hold, both named
+    _seen: dict[tuple[Any, ...], list[int]] = field(default_factory=dict)  # ring identity -> where in _rings
     _next: int = 0  # places read so far
     _finished: bool = False
 
@@ -381,27 +437,54 @@ class JobPass:
             try:
                 meta = _read_meta(where)
                 rings = [_slim(m, (i, j)) for j, m in enumerate(_rings_of(meta, where))]
-                ids = [(m["host"], m["pid"], m["started_at"]) for m in rings]
-                copy = next((self._seen[k] for k in ids if k in self._seen), None)
-                if copy is not None:
-                    raise BundleDestinationError(f"{where}: expected new rings, found those of {copy} (a copy)")
                 ranks = _read_ranks(where, rings)
+                keep = self._claims(where, rings)
             except BlackboxError as exc:
                 self.unread.append({"bundle": one_line(str(where)), "reason": one_line(str(exc))})
                 continue
-            self._seen.update(dict.fromkeys(ids, one_line(str(where))))
-            self._rings += rings
-            self._ranks.append(ranks)
+            rings = [rings[k] for k in keep]
+            for m in rings:
+                if None not in _identity(m):  # a ring whose identity cannot be read is no other's
+                    self._seen.setdefault(_identity(m), []).append(len(self._rings))
+                self._rings.append(m)
+            self._ranks.append(ranks.take(pa.array(keep, pa.int64())) if len(keep) < ranks.num_rows else ranks)
             self._bundles.append({
                 "bundle": one_line(str(where)),
                 "hosts": sorted({m["host"] for m in rings if m["host"]}),
                 "rings": len(rings),
                 "events": sum(m["events"] for m in rings),
                 "cause": _text(meta.get("cause")),
-                "recovered_by": meta.get("recovered_by") if isinstance(meta.get("recovered_by"), dict) else None,
+                "recovered_by": _recovered_by(meta.get("recovered_by")),
             })  # fmt: skip
             del meta
             yield where
+
+    def _claims(self, where: Place, rings: list[dict[str, Any]]) -> list[int]:
+        """Which of a bundle's rings to read: a ring another bundle read already (same host, pid and start)
+        is read once where both hold the same account of it, and twice where they differ, both bundles named
+        in ``claimed_twice`` either way: a planted bundle that claims another's rings drops nothing silently
+        (it once made the real one "a copy", and its SIGKILLs left the verdict). A bundle holding nothing but
+        the same accounts as another is a copy, not read, and named so."""
+        keep, same = [], []
+        for k, m in enumerate(rings):
+            earlier = [self._rings[e] for e in self._seen.get(_identity(m), [])]
+            if not earlier:
+                keep.append(k)
+                continue
+            other = next((e for e in earlier if {**m, "_at": None} == {**e, "_at": None}), None)
+            same.append((m, other or earlier[0], other is not None))
+            if other is None:
+                keep.append(k)
+        first = one_line(str(self.places[same[0][1]["_at"][0]])) if same else ""
+        if same and not keep:
+            raise BundleDestinationError(f"{where}: expected new rings, found those of {first} (a copy)")
+        for m, other, equal in same:
+            self.claimed_twice.append({
+                "ring": f"host {m['host']} pid {m['pid']} started {m['started_at']}",
+                "bundles": [one_line(str(self.places[other["_at"][0]])), one_line(str(where))],
+                "same": equal,
+            })  # fmt: skip
+        return keep
 
     def ranks(self) -> pa.Table:
         """Every bundle's rows; ``collateral_of`` and ``stopped_by`` as the job-wide account decided them
@@ -437,6 +520,7 @@ class JobPass:
             "events": sum(m["events"] for m in self._rings),
             "bundles": self._bundles,
             "unread_bundles": self.unread,
+            "claimed_twice": self.claimed_twice,
             "recovered_by": {"blackbox": __version__},
         }
 

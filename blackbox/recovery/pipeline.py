@@ -27,6 +27,7 @@ from .diagnosis import diagnose
 from .evidence import KernelKill, gather, kernel_oom_kills
 from .facts import named_workers
 from .metadata import bundle_metadata, helper_groups, ring_metadata
+from .relays import RelayIndex
 from .spill import SpilledRings
 from .timeline import merge_tables, ring_table
 
@@ -52,12 +53,11 @@ def _window_and_children(ring: Ring) -> tuple[tuple[int, int], set[int]]:
 
 
 def _status_owner(paths: list[Path], launcher_pid: int | None) -> Path | None:
-    """The ring of the process whose exit status the launcher saw: its direct child (else the only ring).
-    Decided from the headers alone, before any ring is decoded."""
-    if len(paths) == 1:
-        return paths[0]
+    """The ring of the process whose exit status the launcher saw: its direct child (the only ring where
+    the launcher is unknown). A ring of a grandchild (a shell's Python child) never takes the job's
+    status: its process may have died otherwise. Decided from the headers alone, before any decoding."""
     if launcher_pid is None:
-        return None
+        return paths[0] if len(paths) == 1 else None
     direct = []
     for p in paths:
         try:
@@ -92,8 +92,15 @@ class RecoveryPass:
     Rings that cannot be read are listed with their reason (``unread_rings``); only when none can be
     read does ``finish()`` raise."""
 
-    def __init__(self, inputs: list[Path], exit_status: int | None = None, launcher_pid: int | None = None) -> None:
+    def __init__(
+        self,
+        inputs: list[Path],
+        exit_status: int | None = None,
+        launcher_pid: int | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         self.inputs = inputs
+        self.extra = extra or {}  # fields the caller adds to the bundle's metadata (`blackbox run`: left_running)
         self.paths, self.unread = list_rings(inputs)
         self.kills = kernel_oom_kills()  # one pass over the kernel log for every ring
         self.exit_status = exit_status
@@ -103,11 +110,13 @@ class RecoveryPass:
         self._owners: set[int] = set()
         self._reports: list[tuple[int, str]] = []
         self.last = False  # the table ``tables()`` just yielded is the last: ``finish()`` may be called now
+        self.relays = RelayIndex()  # the real senders of the signals `blackbox run` relayed
 
     def _one(self, path: Path) -> tuple[pa.Table, dict[str, Any], KernelKill | None, str | None, int]:
         ring = read_ring(path)
         window, children = _window_and_children(ring)
         table = ring_table(ring, release=True)  # the ring's slots are freed once their columns are taken
+        table = self.relays.attribute(table, ring.path, ring.owner)
         status = self.exit_status if path == self.owner else None
         pids = children | named_workers(table)  # a forkserver's worker is sampled by none, named by the job
         evidence = gather(ring.path, ring.meta, status, self.kills, ring.crash, window, pids)
@@ -165,6 +174,7 @@ class RecoveryPass:
         meta = bundle_metadata(self.metas)
         if self.exit_status is not None:
             meta["exit_status"] = self.exit_status
+        meta.update(self.extra)
         folded = [entry for p in self.inputs if p.is_dir() for entry in read_folded(p, self._owners)]
         if folded:
             meta["helpers"] = helper_groups(folded)

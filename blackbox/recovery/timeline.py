@@ -29,6 +29,13 @@ _MEMORY_KINDS = np.array([fmt.KIND_CODES[k] for k in ("sample", "gpu_sample", "c
 _VIRTUAL_IDS = 1 << 33  # string ids above any u4 id: folded stacks joined into ``detail``
 STACK_LOST = "<blackbox: stack lost (its table entry was overwritten or damaged)>"
 FRAME_LOST = "<blackbox: frame lost>"
+# The distinct folded stacks of one ring are rendered, the most sampled first, while their text stays within
+# this; the rest keep their id. A table of 1 MiB (the writer's) of 64 frames of 1 KiB folds to 200 MB at
+# worst, and a crafted table of 8 MiB to 2 GB: each copy of the text (the timeline's dictionaries, Parquet's
+# pages) would cost that much.
+MAX_FOLDED_TEXT = 8 << 20
+STACK_NOT_RENDERED = "<blackbox: stack {}:{} not rendered (the ring's distinct stacks pass 8 MiB of folded text)>"
+LABEL_CUT = "<blackbox: label #{} lost (damaged, or past the 16 MiB of labels a ring may hold)>"
 # Figures parsed from the message of an ``oom`` event (see _oom.parse_oom), bytes.
 OOM_COLUMNS = (
     "oom_requested",
@@ -108,8 +115,9 @@ def _dense_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return uniq, inverse.astype(np.int32)
 
 
-def _labels(ids: np.ndarray, strings: dict[int, str]) -> tuple[pa.Array, int]:
-    """Dictionary-encoded labels; ids whose string is missing become a placeholder."""
+def _labels(ids: np.ndarray, strings: dict[int, str], cut: bool = False) -> tuple[pa.Array, int]:
+    """Dictionary-encoded labels; ids whose string is missing become a placeholder (``cut``: the string
+    region was not read to its end)."""
     uniq, indices = _dense_codes(ids)
     counts = np.bincount(indices, minlength=len(uniq)) if len(uniq) else np.zeros(0, np.int64)
     lost = 0
@@ -125,7 +133,7 @@ def _labels(ids: np.ndarray, strings: dict[int, str]) -> tuple[pa.Array, int]:
         elif sid == fmt.STRING_BUSY_ID:
             words.append(fmt.STRING_BUSY_TEXT)
         else:
-            words.append(strings.get(sid, f"<blackbox: label #{sid} lost>"))
+            words.append(strings.get(sid, LABEL_CUT.format(sid) if cut else f"<blackbox: label #{sid} lost>"))
     mask = None
     if len(uniq) and uniq[0] == 0:
         mask = indices == 0
@@ -164,7 +172,8 @@ def ring_table(ring: Ring, *, release: bool = False) -> pa.Table:
         ring.release()
     ident = ring.meta.get("identity") or {}
     times, clamped = ring_times(ring, r["time"])
-    labels, lost = _labels(r["label"], ring.strings)
+    cut = ring.strings_cut > 0
+    labels, lost = _labels(r["label"], ring.strings, cut)
     ring.recovery.time_clamped = clamped
     ring.recovery.labels_lost = lost
     has_value = (r["flags"] & fmt.FLAG_VALUE) != 0
@@ -189,7 +198,7 @@ def ring_table(ring: Ring, *, release: bool = False) -> pa.Table:
         "device": pa.array(device, pa.int16(), mask=device < 0),
     }
     folded_stacks = _stacks(r, stack_rows, ring.stacks)
-    cols.update(_payload(r, ring.header.version, ring.strings, folded_stacks))
+    cols.update(_payload(r, ring.header.version, ring.strings, folded_stacks, cut))
     cols.update(_oom_figures(r["kind"], labels))
     cols["stack"] = stack_in_force(r["kind"], folded_stacks)
     return pa.Table.from_pydict(cols, schema=TIMELINE_SCHEMA)
@@ -212,7 +221,9 @@ def _stacks(
     r: dict[str, np.ndarray], rows: np.ndarray, table: StackScan | None
 ) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
     """(rows, a string id per row, id -> text): the folded stack (outermost frame first, ``;``-joined)
-    of each stack_sample row, each distinct one resolved once; the ids lie above any u4 string id."""
+    of each stack_sample row, each distinct one resolved once, the most sampled first, while their text
+    stays within MAX_FOLDED_TEXT (the rest: ``STACK_NOT_RENDERED``, naming its id); the ids lie above any
+    u4 string id."""
     if not len(rows):
         return rows, np.zeros(0, np.int64), {}
     keys = (r["p2"][rows].astype(np.uint64) << np.uint64(32)) | (
@@ -221,15 +232,23 @@ def _stacks(
     uniq, inverse = np.unique(keys, return_inverse=True)
     # a depth past the cap reads like the cap plus one (the "outer frames cut" marker), one below 0 like 0
     depth = np.clip(r["p3"].view(np.int64)[rows], 0, fmt.MAX_STACK_DEPTH + 1)
-    pairs, inverse = np.unique(
-        inverse.ravel().astype(np.int64) * (fmt.MAX_STACK_DEPTH + 2) + depth, return_inverse=True
+    pairs, inverse, counts = np.unique(
+        inverse.ravel().astype(np.int64) * (fmt.MAX_STACK_DEPTH + 2) + depth, return_inverse=True, return_counts=True
     )
     ids: dict[str, int] = {}
-    per_pair = []
-    for pair in pairs.tolist():
+    per_pair = np.zeros(len(pairs), np.int64)
+    budget = MAX_FOLDED_TEXT
+    for i in np.argsort(-counts, kind="stable").tolist():
+        pair = int(pairs[i])
         key, d = int(uniq[pair // (fmt.MAX_STACK_DEPTH + 2)]), pair % (fmt.MAX_STACK_DEPTH + 2)
-        per_pair.append(ids.setdefault(folded(table, key >> 32, key & 0xFFFFFFFF, d), _VIRTUAL_IDS + len(ids)))
-    return rows, np.asarray(per_pair, np.int64)[inverse.ravel()], {v: k for k, v in ids.items()}
+        gen, sid = key >> 32, key & 0xFFFFFFFF
+        text = folded(table, gen, sid, d, budget)
+        if text is None:
+            text = STACK_NOT_RENDERED.format(gen, sid)
+        elif text not in ids:
+            budget -= len(text) if text.isascii() else 4 * len(text)  # its bytes in UTF-8, at most
+        per_pair[i] = ids.setdefault(text, _VIRTUAL_IDS + len(ids))
+    return rows, per_pair[inverse.ravel()], {v: k for k, v in ids.items()}
 
 
 def stack_in_force(kinds: np.ndarray, stacks: tuple[np.ndarray, np.ndarray, dict[int, str]]) -> pa.Array:
@@ -257,14 +276,17 @@ def stack_in_force(kinds: np.ndarray, stacks: tuple[np.ndarray, np.ndarray, dict
     return pa.DictionaryArray.from_arrays(pa.array(index, pa.int32(), mask=~valid), words)
 
 
-def folded(table: StackScan | None, gen: int, sid: int, depth: int) -> str:
-    """One stack as ``outer (file:line);...;inner (file:line)``, from the ring's stack table."""
+def folded(table: StackScan | None, gen: int, sid: int, depth: int, budget: int | None = None) -> str | None:
+    """One stack as ``outer (file:line);...;inner (file:line)``, from the ring's stack table; None where
+    its text would take more than ``budget`` bytes (UTF-8), which is then not built."""
     frames = table.stacks.get((gen, sid)) if table is not None else None
     if frames is None:
         return STACK_LOST
     names = [table.frames.get((gen, f), FRAME_LOST) for f in frames] if table is not None else []
     if depth > len(names):
         names.insert(0, fmt.STACK_TRUNCATED_TEXT)
+    if budget is not None and sum(len(n) if n.isascii() else 4 * len(n) for n in names) + len(names) > budget:
+        return None
     return ";".join(names)
 
 
@@ -273,6 +295,7 @@ def _payload(
     version: int,
     strings: dict[int, str],
     stacks: tuple[np.ndarray, np.ndarray, dict[int, str]],
+    cut: bool = False,
 ) -> dict[str, pa.Array]:
     """Payload words to columns: each kind fills the columns its layout names, others are null.
     ``stacks``: the folded stack of each stack_sample row, which fills its ``detail``.
@@ -308,7 +331,7 @@ def _payload(
         if name in fmt.TEXT_COLUMNS:
             out[name] = _text_column(r, n, texts[name]) if name in texts else null_strings
         elif name in fmt.STRING_COLUMNS:
-            out[name] = _strings_column(*detail, strings) if detail is not None else null_strings
+            out[name] = _strings_column(*detail, strings, cut) if detail is not None else null_strings
         else:
             column = _word_column(r, n, sources.get(name, []))
             out[name] = pa.array(column[0], pa.int64(), mask=~column[1]) if column is not None else null_ints
@@ -352,9 +375,9 @@ def _text_column(r: dict[str, np.ndarray], n: int, spans: list[tuple[np.ndarray,
     return pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32(), mask=~valid), dictionary)
 
 
-def _strings_column(ids: np.ndarray, present: np.ndarray, strings: dict[int, str]) -> pa.Array:
+def _strings_column(ids: np.ndarray, present: np.ndarray, strings: dict[int, str], cut: bool) -> pa.Array:
     ids = np.where(present, ids, 0).astype(np.int64)
-    arr, _ = _labels(ids, strings)
+    arr, _ = _labels(ids, strings, cut)
     return arr
 
 

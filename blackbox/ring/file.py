@@ -44,28 +44,50 @@ from .reader import CRASH_SUFFIX as CRASH_SUFFIX
 from .reader import RING_SUFFIX as RING_SUFFIX
 from .reader import header_of
 
+SLURM_FOLDER_PREFIX = "slurm-"
 SNAPSHOT_SUFFIX = ".oom-snapshot.pickle"  # PyTorch's allocator snapshot at the first CUDA OOM
 SIDECAR_SUFFIXES = (CRASH_SUFFIX, SNAPSHOT_SUFFIX)
 _DISKLESS = {"tmpfs", "ramfs", "devtmpfs", "shm"}
 FILL_PIECE = 256 << 10  # the zeros written at creation per pwrite: at most one write window's chunk
 
 
-def default_dir() -> Path:
-    """``$BLACKBOX_DIR`` if set, else ``/var/tmp/blackbox-<uid>``.
+def user_dir(uid: int | None = None) -> Path:
+    """``/var/tmp/blackbox-<uid>``: a user's own ring folder.
 
     ``/var/tmp`` is disk-backed on Linux distributions that follow the FHS and
     survives reboots, unlike ``/tmp``, which is often a tmpfs.
     """
+    return Path("/var/tmp") / f"blackbox-{os.getuid() if uid is None else uid}"
+
+
+def slurm_job_folder(job_id: str, restart: int | None = None) -> str:
+    """The name of a Slurm job's ring folder inside the user's: ``slurm-<job id>``, and for a requeued
+    job's later attempts ``slurm-<job id>-restart<N>`` (``SLURM_RESTART_COUNT``), so that each attempt's
+    rings stay apart and the epilogue recovers the attempt that just ended."""
+    return f"{SLURM_FOLDER_PREFIX}{job_id}" + (f"-restart{restart}" if restart else "")
+
+
+def default_dir() -> Path:
+    """``$BLACKBOX_DIR`` if set; else, in a Slurm job, a folder of that job's own inside the user's
+    (``/var/tmp/blackbox-<uid>/slurm-<SLURM_JOB_ID>``, see ``slurm_job_folder``), so that the epilogue
+    recovers that job's rings alone; else ``/var/tmp/blackbox-<uid>``."""
     env = os.environ.get("BLACKBOX_DIR")
     if env:
         return Path(env)
-    return Path("/var/tmp") / f"blackbox-{os.getuid()}"
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if job.isdigit() and len(job) <= 20:
+        restart = os.environ.get("SLURM_RESTART_COUNT", "")
+        return user_dir() / slurm_job_folder(job, int(restart) if restart.isdigit() and len(restart) < 6 else None)
+    return user_dir()
 
 
 def safe_folder(folder: Path) -> None:
     """Make (mode 0700) or accept a default ring folder only if it is this user's alone: owned by
     this user, not a symbolic link, not writable by group or others. Raises PermissionError
-    naming what was found (another user could otherwise delete or read the rings, or plant files)."""
+    naming what was found (another user could otherwise delete or read the rings, or plant files).
+    A Slurm job's folder inside the user's (``default_dir``) is checked with the user's folder above it."""
+    if folder.parent == user_dir() and folder != user_dir():
+        safe_folder(folder.parent)
     folder.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.mkdir(folder, 0o700)

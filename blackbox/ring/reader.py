@@ -68,6 +68,7 @@ class Ring:
     stacks: StackScan | None = None  # version 3: the stack table
     crash: str | None = None  # faulthandler's output: the crash region (version 3) or the ``.crash`` sidecar
     owner: int = -1  # uid of the ring file's owner
+    strings_cut: int = 0  # bytes of the string region not read: its labels would cost more than scan.MAX_STRING_TEXT
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -179,7 +180,7 @@ def read_ring(path: str | os.PathLike[str], folder: Folder | None = None) -> Rin
         strings_damaged=scan.damaged,
         sidecars_refused=refused,
     )
-    return Ring(p, header, records, scan.strings, recovery, size, stacks, crash, st.st_uid)
+    return Ring(p, header, records, scan.strings, recovery, size, stacks, crash, st.st_uid, scan.cut)
 
 
 def _text(data: bytes) -> str | None:

@@ -7,13 +7,18 @@ candidates are found at once with numpy, zeroed runs are skipped at once, and
 the checksums tried while resynchronising are capped (``RESYNC_WORK``), so
 hostile input (a region of near-miss entries) costs time in proportion to its
 size; the numpy work goes a window at a time, so memory stays that of the
-region itself. Pure functions over bytes, like ``format``.
+region itself. What the entries kept cost once decoded is bounded too
+(``MAX_STRING_TEXT``, ``MAX_STACK_TEXT``): a hostile region packed with long or
+tiny entries would otherwise decode to several times its size. Past the bound the
+rest of a region is not read, as a writer drops what does not fit. Pure
+functions over bytes, like ``format``.
 """
 
 from __future__ import annotations
 
-import struct
+import sys
 import zlib
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -35,18 +40,57 @@ from .format import (
 Buffer = bytes | bytearray | memoryview
 
 
+# What the entries kept from one region may cost once decoded: their bytes plus ENTRY_COST each (a Python
+# object and a dict slot). The writer's regions are 1 MiB each (the string region by default), so a ring
+# of its own stays far below; past the bound the rest of the region is not read (counted in ``cut``), as
+# a writer drops a label once its region is full.
+MAX_STRING_TEXT = 16 << 20
+MAX_STACK_TEXT = 8 << 20  # the whole stack table: half of it per half
+ENTRY_COST = 96
+
+
+@dataclass
+class Budget:
+    """Memory the entries kept from a region may still take; ``cut``: bytes of the region left unread once
+    it was spent."""
+
+    left: int
+    cut: int = 0
+
+    def take(self, cost: int) -> bool:
+        """Charge one entry; False (and nothing charged) once it would not fit."""
+        if cost > self.left:
+            self.left = -1
+            return False
+        self.left -= cost
+        return True
+
+    @property
+    def spent(self) -> bool:
+        return self.left < 0
+
+
 @dataclass
 class StringScan:
     strings: dict[int, str]
     entries: int
     damaged: int  # entries skipped because their CRC or bounds did not hold
+    cut: int = 0  # bytes of the region not read: its entries would have passed MAX_STRING_TEXT
 
 
 @dataclass
 class StackScan:
-    frames: dict[tuple[int, int], str]  # (generation, id) -> "function (file:line)"
-    stacks: dict[tuple[int, int], tuple[int, ...]]  # (generation, id) -> frame ids, outermost first
+    frames: dict[tuple[int, int], str]  # (generation, id) -> "function (file:line)", never holding ";" or a line break
+    stacks: dict[tuple[int, int], array[int]]  # (generation, id) -> frame ids, outermost first (4 bytes each)
     damaged: int
+    cut: int = 0  # bytes of the table not read: its entries would have passed MAX_STACK_TEXT
+
+
+def frame_text(payload: bytes) -> str:
+    """A frame's text as folded stacks need it: the writer writes a ``;`` in a name as ``,`` and line
+    breaks as spaces (FORMAT.md), and so does the reader, whoever wrote the ring, so that a frame never
+    splits in two nor a folded line in two."""
+    return payload.decode("utf-8", "replace").replace(";", ",").replace("\n", " ").replace("\r", " ")
 
 
 # Resynchronising past damage tries each later 8-byte position whose header could be an entry. Hostile
@@ -124,16 +168,18 @@ def _string_candidates(buf: Buffer, lo: int, hi: int) -> np.ndarray:
     return found
 
 
-def scan_strings(region: Buffer) -> StringScan:
-    """Read every intact entry of a string region, resynchronising past damage (with bounded work)."""
+def scan_strings(region: Buffer, budget: Budget | None = None) -> StringScan:
+    """Read every intact entry of a string region, resynchronising past damage (with bounded work), while
+    the entries kept fit ``budget`` (MAX_STRING_TEXT when not given)."""
     buf = region
     size = len(buf)
+    budget = budget if budget is not None else Budget(MAX_STRING_TEXT)
     tail = _tail(buf)  # from here on every byte is zero: nothing was ever written
     out: dict[int, str] = {}
     damaged = 0
     pos = 0
     resync = _Resync(buf, _string_candidates)
-    while pos + STRING_ENTRY.size <= size:
+    while pos + STRING_ENTRY.size <= size and not budget.spent:
         sid, n, crc, _ = STRING_ENTRY.unpack_from(buf, pos)
         if sid == 0 and n == 0 and crc == 0:
             if pos >= tail:
@@ -144,12 +190,16 @@ def scan_strings(region: Buffer) -> StringScan:
         if 0 < sid and n <= MAX_STRING_BYTES and end <= size:
             data = bytes(buf[pos + STRING_ENTRY.size : end])
             if zlib.crc32(data, zlib.crc32(STRING_ID_STRUCT.pack(sid, n))) == crc:
-                out.setdefault(sid, data.decode("utf-8", "replace"))
+                if sid not in out:
+                    if not budget.take(n + ENTRY_COST):
+                        budget.cut += tail - pos
+                        break
+                    out[sid] = data.decode("utf-8", "replace")
                 pos = pad8(end)
                 continue
         damaged += 1
         pos = _next_string(buf, pos + 8, tail, resync)
-    return StringScan(out, len(out), damaged)
+    return StringScan(out, len(out), damaged, budget.cut)
 
 
 def _next_string(buf: Buffer, start: int, tail: int, resync: _Resync) -> int:
@@ -166,15 +216,20 @@ def _next_string(buf: Buffer, start: int, tail: int, resync: _Resync) -> int:
 
 
 def scan_string_spans(spans: list[tuple[int, bytearray]]) -> StringScan:
-    """``scan_strings`` over a region given as its non-zero spans (``inputs.nonzero_spans``)."""
+    """``scan_strings`` over a region given as its non-zero spans (``inputs.nonzero_spans``), within one
+    budget: a span met once it is spent is not read."""
     out: dict[int, str] = {}
     damaged = 0
+    budget = Budget(MAX_STRING_TEXT)
     for _, span in spans:
-        part = scan_strings(span)
+        if budget.spent:
+            budget.cut += _tail(span)
+            continue
+        part = scan_strings(span, budget)
         for sid, text in part.strings.items():
             out.setdefault(sid, text)
         damaged += part.damaged
-    return StringScan(out, len(out), damaged)
+    return StringScan(out, len(out), damaged, budget.cut)
 
 
 def scan_stacks(region: Buffer) -> StackScan:
@@ -183,7 +238,9 @@ def scan_stacks(region: Buffer) -> StackScan:
     half = len(view) // 2
     out = StackScan({}, {}, 0)
     for lo in (0, half):
-        _scan_stack_part(view[lo : lo + half], out)
+        budget = Budget(MAX_STACK_TEXT // 2)
+        _scan_stack_part(view[lo : lo + half], out, budget)
+        out.cut += budget.cut
     return out
 
 
@@ -192,11 +249,18 @@ def scan_stack_spans(spans: list[tuple[int, bytearray]], size: int) -> StackScan
     which cuts at page boundaries, so no span's entry crosses the halves' boundary once split there)."""
     half = size // 2
     out = StackScan({}, {}, 0)
+    budgets = (Budget(MAX_STACK_TEXT // 2), Budget(MAX_STACK_TEXT // 2))  # one per half
     for at, span in spans:
         view = memoryview(span)
-        for lo, hi in ((at, min(at + len(span), half)), (max(at, half), min(at + len(span), 2 * half))):
-            if lo < hi:
-                _scan_stack_part(view[lo - at : hi - at], out)
+        for which, (lo, hi) in enumerate(((at, min(at + len(span), half)),
+                                          (max(at, half), min(at + len(span), 2 * half)))):  # fmt: skip
+            if lo >= hi:
+                continue
+            if budgets[which].spent:
+                budgets[which].cut += _tail(view[lo - at : hi - at])
+                continue
+            _scan_stack_part(view[lo - at : hi - at], out, budgets[which])
+    out.cut = sum(b.cut for b in budgets)
     return out
 
 
@@ -213,11 +277,11 @@ def _stack_candidates(buf: Buffer, lo: int, hi: int) -> np.ndarray:
     return found
 
 
-def _scan_stack_part(part: Buffer, out: StackScan) -> None:
+def _scan_stack_part(part: Buffer, out: StackScan, budget: Budget) -> None:
     tail = _tail(part)
     pos, damaged = 0, False
     resync = _Resync(part, _stack_candidates)
-    while pos + STACK_ENTRY.size <= len(part):
+    while pos + STACK_ENTRY.size <= len(part) and not budget.spent:
         gen, kind, _, sid, n, crc, _ = STACK_ENTRY.unpack_from(part, pos)
         if gen == 0 and n == 0 and crc == 0:
             if pos >= tail:
@@ -229,15 +293,31 @@ def _scan_stack_part(part: Buffer, out: StackScan) -> None:
         if gen and kind in (STACK_FRAME, STACK_STACK) and n <= limit and end <= len(part):
             payload = bytes(part[pos + STACK_ENTRY.size : end])
             if stack_crc(gen, kind, sid, payload) == crc and (kind == STACK_FRAME or n % 4 == 0):
-                if kind == STACK_FRAME:
-                    out.frames.setdefault((gen, sid), payload.decode("utf-8", "replace"))
-                else:
-                    out.stacks.setdefault((gen, sid), struct.unpack(f"<{n // 4}I", payload))
+                kept = out.frames if kind == STACK_FRAME else out.stacks
+                if (gen, sid) not in kept:
+                    if not budget.take(ENTRY_COST + n):
+                        budget.cut += tail - pos
+                        return
+                    if kind == STACK_FRAME:
+                        out.frames[(gen, sid)] = frame_text(payload)
+                    else:
+                        out.stacks[(gen, sid)] = _frame_ids(payload)
                 pos, damaged = pad8(end), False
                 continue
         out.damaged += not damaged  # one damaged run counts once, however far the resync walks
         damaged = True
         pos = _next_stack_entry(part, pos + 8, tail, resync)
+
+
+_U4 = "I" if array("I").itemsize == 4 else "L"
+
+
+def _frame_ids(payload: bytes) -> array[int]:
+    """A stack's u4 frame ids, kept as 4 bytes each (a tuple of ints would take 9 times its bytes)."""
+    ids = array(_U4, payload)
+    if sys.byteorder == "big":
+        ids.byteswap()
+    return ids
 
 
 def _next_stack_entry(buf: Buffer, start: int, tail: int, resync: _Resync) -> int:

@@ -1,12 +1,22 @@
 """``sitecustomize`` for ``blackbox run``: arms the recorder in every Python process of a job.
 
-``blackbox run`` puts a folder holding a ``sitecustomize.py`` that imports this
-module (and a link to the blackbox package, nothing else) first on
-``PYTHONPATH``. Python imports it at start-up (unless run with ``-S`` or
-``-I``), so the job, its torchrun workers and any Python subprocess arm a ring
-in ``$BLACKBOX_DIR`` with no code change. The job's own process gets a full
-ring; helpers (multiprocessing workers, torch.compile's workers, other Python
-subprocesses) get small ones, and a helper that ends cleanly is folded into one
+``blackbox run`` puts a folder holding a ``sitecustomize.py`` (and a link to the
+blackbox package, nothing else) first on ``PYTHONPATH``. Python imports it at
+start-up (unless run with ``-S`` or ``-I``); it loads this file on its own (the
+standard library alone, not the blackbox package) and calls :func:`boot`:
+
+- The job's own process (the one ``blackbox run`` started, or a rank torchrun
+  started, with ``RANK`` set) arms a full ring in ``$BLACKBOX_DIR`` at once.
+  So do multiprocessing's workers and services and torch.compile's workers,
+  with small rings.
+- Any other Python process of the job (a script a shell loop runs, a tool the
+  job calls) arms a small ring once it has imported numpy or torch, the moment
+  it starts doing array work: importing blackbox and arming costs about 0.2 s
+  of CPU (numpy's import about half of it), eight times what a short Python
+  process costs without it, and a job of hundreds of short scripts would pay
+  that for each. One that never imports either is not recorded.
+
+A helper (any process but the job's own) that ends cleanly is folded into one
 line of ``folded.jsonl`` and its ring removed, so hundreds of short-lived
 helpers leave a bounded footprint. The ``sitecustomize`` that ours shadows (a
 distribution's, a virtualenv's) is then imported too. Where this interpreter
@@ -16,24 +26,42 @@ line on stderr.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
+TYPE_CHECKING = False  # typing is not imported: every Python process of the job loads this file
+if TYPE_CHECKING:
+    import importlib.machinery
+    from collections.abc import Callable, Sequence
+    from types import ModuleType
+    from typing import Any
+
 BOOT_ENV = "BLACKBOX_RUN_BOOT"  # the folder holding our sitecustomize.py (the template below names it too)
+RUN_PID_ENV = "BLACKBOX_RUN_PID"  # as collect.identity.RUN_PID_ENV (this file imports no blackbox module)
 HELPER_CAPACITY = 8192  # slots: 1 MiB of records
 HELPER_STRINGS = 64 << 10
+TRIGGERS = ("numpy", "torch")  # a child process arms once it has imported one of these
+# Command-line marks of the helpers that arm at start (collect.identity.role names them).
+ARM_AT_START = ("compile_worker", "multiprocessing.forkserver", "multiprocessing.resource_tracker",
+                "--multiprocessing-fork")  # fmt: skip
 SITECUSTOMIZE = """\
 # Written by `blackbox run`: arm the flight recorder in this Python process, then run the
 # sitecustomize this one shadows. Standard library only until blackbox imports: an interpreter
 # that cannot run blackbox (another Python, no numpy) says so in one line and runs the job as is.
-import importlib, os, sys
+import importlib, importlib.util, os, sys
 
-try:
-    import blackbox.run.bootstrap
-except Exception as exc:
-    sys.stderr.write(f"blackbox: not armed ({type(exc).__name__}: {exc}); the job runs unrecorded\\n")
-else:
-    blackbox.run.bootstrap.start()
+
+def _boot():
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "_blackbox_run_boot", os.path.join(here, "blackbox", "run", "bootstrap.py"))
+        early = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(early)
+        early.boot()
+    except Exception as exc:
+        sys.stderr.write(f"blackbox: not armed ({type(exc).__name__}: {exc}); the job runs unrecorded\\n")
 
 
 def _chain():
@@ -54,8 +82,96 @@ def _chain():
         sys.path[:] = saved
 
 
+_boot()
 _chain()
 """
+
+
+def _int_env(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def arms_at_start() -> bool:
+    """The job's own process, a rank, multiprocessing's and torch.compile's helpers: arm at start-up."""
+    if _int_env("RANK") is not None:
+        return True
+    launcher = _int_env(RUN_PID_ENV)
+    if launcher is None or os.getppid() == launcher:
+        return True
+    command = " ".join(getattr(sys, "orig_argv", sys.argv))
+    return any(mark in command for mark in ARM_AT_START)
+
+
+class ArmAfterImport:
+    """A ``sys.meta_path`` finder that finds nothing itself: it calls ``arm`` once the first of TRIGGERS
+    this process imports has been imported (torch imports numpy: the outermost import, done), then
+    leaves ``sys.meta_path``."""
+
+    def __init__(self, arm: Callable[[], None]) -> None:
+        self._arm = arm
+        self._finding = False
+        self._depth = 0
+        self.done = False
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in TRIGGERS or self._finding or self.done:
+            return None
+        self._finding = True
+        try:
+            spec = importlib.util.find_spec(fullname)  # the finders after us (we answer None meanwhile)
+        except Exception:
+            return None  # let the import system find it (and fail) as it would without us
+        finally:
+            self._finding = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        self._wrap(spec.loader, fullname)
+        return spec
+
+    def _wrap(self, loader: Any, name: str) -> None:
+        run = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            if self.done or module.__name__ != name:
+                run(module)
+                return
+            self._depth += 1
+            try:
+                run(module)
+            finally:
+                self._depth -= 1
+            if self._depth == 0:
+                self.finish()
+
+        try:
+            loader.exec_module = exec_module
+        except (AttributeError, TypeError):  # a loader we cannot wrap: arm now rather than never
+            self.finish()
+
+    def finish(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        self._arm()
+
+
+def boot() -> None:
+    """Arm now (the job's own process and the helpers that arm at start), or once this process has
+    imported numpy or torch. Never raises."""
+    try:
+        if arms_at_start():
+            start()
+        else:
+            sys.meta_path.insert(0, ArmAfterImport(start))
+    except Exception as exc:  # never break the job
+        sys.stderr.write(f"blackbox: not armed ({type(exc).__name__}: {exc}); the job runs unrecorded\n")
 
 
 def start() -> None:

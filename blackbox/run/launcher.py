@@ -12,8 +12,14 @@ The job runs as it would without us:
 - Every signal sent to us is passed to it exactly once (read with
   ``sigtimedwait``, so we run no handler): a signal sent to our pid or our
   process group reaches the job once; a terminal's Ctrl-C reaches the job
-  alone; a sender that signals every process of the job itself (Slurm's
-  ``slurmstepd``, ``systemd``) is not relayed again.
+  alone; a signal from a sender that may signal every process of the job
+  itself (Slurm's ``slurmstepd``, ``systemd``) is relayed unless it reached
+  the job already, which a witness process placed like the job tells
+  (``witness``: under ``proctrack/linuxproc`` a cancel reaches the job
+  directly, under ``proctrack/cgroup`` only us). Each relay is written
+  down first, with its original sender (pid, uid, command, ``si_code``), in
+  ``relayed.jsonl`` beside the rings: the job's rings name us as the sender,
+  and recovery gives the signal back to whoever really sent it.
 - We are its processes' subreaper: what it starts and leaves behind (a shell
   wrapper's python, once the shell has died) is ours to wait for, and we
   recover only once its process group has ended (or after ``GRACE_S``).
@@ -31,15 +37,17 @@ import resource
 import signal
 import subprocess
 import sys
-import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..collect.identity import RUN_ID_ENV, RUN_PID_ENV
-from ..ring.file import default_dir, safe_folder
+from ..ring.relayed import MAX_RELAYED_BYTES, RELAYED, Relay, relay_line
 from .bootstrap import BOOT_ENV, SITECUSTOMIZE
+from .proc import argv_of, comm_of, command_of, program_of
+from .witness import Witness
 
 FORWARDED = (
     signal.SIGINT,
@@ -50,11 +58,10 @@ FORWARDED = (
     signal.SIGUSR2,
     signal.SIGWINCH,
 )
-SIGNALS_EVERY_PROCESS = ("slurmstepd", "systemd")  # they signal each process of the job themselves
+SIGNALS_EVERY_PROCESS = ("slurmstepd", "systemd")  # they may signal each process of the job themselves
 GRACE_S = 10.0  # after the job's process ends, how long its process group may take to follow
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
-_SI_KERNEL = 0x80
 
 
 @dataclass
@@ -63,18 +70,7 @@ class Ended:
 
     status: int
     signal: int | None  # the signal that killed it, or None when it exited
-
-
-def work_folder(requested: str | None) -> Path:
-    """A fresh run folder (mode 0700), ``run-<UTC time>-XXXX``, inside ``--dir`` or the default ring folder.
-    Each run gets its own: rings of an earlier run in the same ``--dir`` never join this run's bundle."""
-    parent = Path(requested) if requested else default_dir()
-    if requested:
-        parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    else:
-        safe_folder(parent)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    return Path(tempfile.mkdtemp(prefix=f"run-{stamp}-", dir=parent))
+    end_ns: int = 0  # UTC ns when we saw its process end
 
 
 def prepare(work: Path) -> tuple[Path, Path]:
@@ -135,28 +131,51 @@ def _child_setup(mask: set[int], tty: int | None, parent: int) -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def _sender(info: Any) -> str:
-    try:
-        if info.si_code <= 0 and info.si_pid > 0:
-            return Path(f"/proc/{info.si_pid}/comm").read_text().strip()
-    except OSError:
-        pass
-    return ""
+class Relayer:
+    """Passes signals on to the job's process group, each written down first with its real sender."""
+
+    def __init__(self, rings: Path, witness: Witness) -> None:
+        self.pgrp = 0
+        self.witness = witness
+        self._log = -1
+        self._room = MAX_RELAYED_BYTES  # what recovery reads; a signal storm must not fill the disk
+        with contextlib.suppress(OSError):  # unrecorded, a relay still happens: the job comes first
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            self._log = os.open(rings / RELAYED, flags, 0o600)
+
+    def relay(self, info: Any) -> None:
+        if info.si_code > 0 or info.si_pid <= 0:  # sent by the kernel (a terminal's hang-up)
+            relay = Relay(info.si_signo, info.si_code, None, None, None, None, os.getpid(), time.time_ns())
+        else:  # by a process (kill, sigqueue): who, read now, while it is most likely still there
+            comm = comm_of(info.si_pid)
+            if comm in SIGNALS_EVERY_PROCESS and self.witness.saw(info.si_signo):
+                return  # its sender signalled every process below us: the job has it already
+            argv = argv_of(info.si_pid)
+            name = program_of(argv, comm) or None  # None: it ended before it could be named (its pid stays)
+            relay = Relay(info.si_signo, info.si_code, info.si_pid, info.si_uid, name,
+                          command_of(info.si_pid) if name else None, os.getpid(), time.time_ns())  # fmt: skip
+        line = relay_line(relay)
+        if self._log >= 0 and len(line) <= self._room:
+            with contextlib.suppress(OSError):
+                self._room -= os.write(self._log, line)  # one O_APPEND write: a line is never split
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgrp, info.si_signo)
+
+    def close(self) -> None:
+        self.witness.close()
+        if self._log >= 0:
+            os.close(self._log)
+            self._log = -1
 
 
-def _relay(info: Any, pgrp: int) -> None:
-    if _sender(info) in SIGNALS_EVERY_PROCESS:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgrp, info.si_signo)
-
-
-def launch(command: list[str], rings: Path, boot: Path) -> Ended:
-    """Run ``command`` armed until it ends; returns how it ended."""
+def launch(command: list[str], rings: Path, boot: Path, on_end: Callable[[Ended], None] | None = None) -> Ended:
+    """Run ``command`` armed until it ends; returns how it ended. ``on_end`` is called as soon as the job's
+    process has ended, before the rest of its process group is waited for."""
     watched: set[int] = {int(s) for s in (*FORWARDED, signal.SIGCHLD)}
     before = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
     tty = _terminal()
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    relayer = Relayer(rings, Witness(FORWARDED))
     try:
         try:
             child = subprocess.Popen(
@@ -167,11 +186,16 @@ def launch(command: list[str], rings: Path, boot: Path) -> Ended:
         except OSError as exc:
             print(f"blackbox run: cannot start {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
             return Ended(127 if isinstance(exc, FileNotFoundError) else 126, None)
+        relayer.pgrp = child.pid
         _hand_terminal(tty, child.pid)
-        ended = _wait(child.pid, watched, tty)
-        _wait_for_the_group(child.pid, watched)
+        ended = _wait(child.pid, watched, tty, relayer)
+        ended.end_ns = time.time_ns()
+        if on_end is not None:
+            on_end(ended)
+        _wait_for_the_group(child.pid, watched, relayer)
         return ended
     finally:
+        relayer.close()
         _hand_terminal(tty, os.getpgrp())
         # The forwarded signals stay blocked: once the job has ended, a signal has nobody to reach and
         # must not end us with another status while we recover (unarmed, the process is already gone).
@@ -179,11 +203,11 @@ def launch(command: list[str], rings: Path, boot: Path) -> Ended:
         signal.pthread_sigmask(signal.SIG_SETMASK, set(before) | {int(s) for s in FORWARDED})
 
 
-def _wait(pid: int, watched: set[int], tty: int | None) -> Ended:
+def _wait(pid: int, watched: set[int], tty: int | None, relayer: Relayer) -> Ended:
     while True:
         info = signal.sigtimedwait(watched, 0.5)
         if info is not None and info.si_signo != signal.SIGCHLD:
-            _relay(info, pid)
+            relayer.relay(info)
             continue
         done, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
         if done == 0:
@@ -201,7 +225,7 @@ def _wait(pid: int, watched: set[int], tty: int | None) -> Ended:
         return Ended(os.WEXITSTATUS(status), None)
 
 
-def _wait_for_the_group(pgrp: int, watched: set[int]) -> None:
+def _wait_for_the_group(pgrp: int, watched: set[int], relayer: Relayer) -> None:
     """Reap the job's leftovers (reparented to us) until its process group is empty, or GRACE_S passed;
     signals sent meanwhile are still relayed to the group."""
     deadline = time.monotonic() + GRACE_S
@@ -215,15 +239,16 @@ def _wait_for_the_group(pgrp: int, watched: set[int]) -> None:
             return
         info = signal.sigtimedwait(watched, 0.05)
         if info is not None and info.si_signo != signal.SIGCHLD:
-            _relay(info, pgrp)
+            relayer.relay(info)
 
 
 def end_like(ended: Ended) -> int:
     """End this process the way the job ended: killed by its signal (a shell or a scheduler then sees
     exactly that), else its exit status. Returns the status for callers that cannot die here."""
     if ended.signal is not None:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        with contextlib.suppress(OSError, ValueError):  # a terminal that hung up
+            sys.stdout.flush()
+            sys.stderr.flush()
         with contextlib.suppress(OSError, ValueError):
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the job's core dump, if any, is the job's
         with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP need (and allow) no reset

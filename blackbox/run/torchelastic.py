@@ -1,4 +1,18 @@
-"""The verdict in torchrun's own report: ``TORCHELASTIC_ERROR_FILE``.
+"""Running under torchrun: the verdict in torchrun's own report, and one account per job in its log.
+
+Under torchrun (``torchrun --no-python ... blackbox run -- python train.py``)
+every rank has its own ``blackbox run``, all writing into torchrun's log. Each
+prints one line (its cause and bundle); the full account is printed once: by
+the rank whose failure came first (its ``blackbox run`` saw its job end first),
+or, when every rank exited cleanly, by rank 0. The ranks sharing a ``--dir`` (the
+ranks of a node, every rank where it is a shared filesystem) learn which came
+first from one file there, ``torchrun-<run id>-attempt<n>.ends``: each failed
+rank appends one line (its end's time and its rank) when its job ends, before
+its recovery; after it, the rank whose line is the earliest prints the account.
+A rank's collateral death (a peer gone from a collective, torchrun tearing the
+ranks down) comes after the failure that caused it.
+
+The error file: ``TORCHELASTIC_ERROR_FILE``.
 
 Run as a torchrun worker (``torchrun --no-python ... blackbox run -- python
 train.py``), each rank's ``blackbox run`` sees torchrun's error-file path in its
@@ -15,11 +29,62 @@ from __future__ import annotations
 import calendar
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
 
+from .._errors import one_line
+
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
+RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
+MAX_ENDS_BYTES = 1 << 20
+
+
+def rank() -> str | None:
+    """This rank's number when torchrun started this `blackbox run`, else None."""
+    if RUN_ID_ENV not in os.environ:
+        return None
+    return os.environ.get("RANK", "?")
+
+
+def ends_file(parent: Path) -> Path:
+    """Where the failed ranks of this torchrun attempt note their ends (in the folder of the run folders)."""
+    run_id = re.sub(r"[^A-Za-z0-9._-]", "_", os.environ.get(RUN_ID_ENV, ""))[:64] or "none"
+    attempt = re.sub(r"[^0-9]", "", os.environ.get(RESTART_ENV, ""))[:9] or "0"
+    return parent / f"torchrun-{run_id}-attempt{attempt}.ends"
+
+
+def note_end(parent: Path, end_ns: int) -> None:
+    """Append this rank's failed end (one O_APPEND write); never raises."""
+    try:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(ends_file(parent), flags, 0o600)
+        try:
+            os.write(fd, f"{end_ns} {rank()}\n".encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def first_to_fail(parent: Path, end_ns: int) -> bool:
+    """Whether no other rank of this attempt noted a failed end before ``end_ns`` (ties: the lower rank)."""
+    me = (end_ns, rank() or "")
+    try:
+        fd = os.open(ends_file(parent), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, MAX_ENDS_BYTES)
+        finally:
+            os.close(fd)
+    except OSError:
+        return True
+    for line in data.decode("utf-8", "replace").splitlines():
+        when, _, who = line.partition(" ")
+        if when.isdigit() and (int(when), who) < me:
+            return False
+    return True
 
 
 def _epoch_seconds(iso: str | None) -> int:
@@ -42,8 +107,11 @@ def _death(meta: dict[str, Any]) -> dict[str, Any]:
 def verdict(meta: dict[str, Any], bundle: Path) -> dict[str, Any]:
     """The error-file document: one line (cause, step, headline, the deciding evidence), then the evidence."""
     death = _death(meta)
-    evidence = [e for e in death.get("evidence", []) if not e.startswith(("a clean end", "no clean end"))]
-    line = f"blackbox: {death.get('cause')} at step {death.get('step')}: {death.get('headline', '')}"
+    evidence = [
+        one_line(str(e)) for e in death.get("evidence", []) if not str(e).startswith(("a clean end", "no clean end"))
+    ]
+    # torchrun prints these to the terminal: the job's own text (an exception message) escaped, one line each
+    line = one_line(f"blackbox: {death.get('cause')} at step {death.get('step')}: {death.get('headline', '')}")
     if evidence:
         line += f" {evidence[-1]}"
     return {

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._errors import BlackboxError
+from .._errors import BlackboxError, one_line
 from .._units import human_bytes
 from ..recovery.timeline import of_kind, rows_of_kind
 
@@ -155,7 +155,7 @@ def memory_figure(table: pa.Table, meta: dict[str, Any]) -> Any:
     for ax in axes:
         ax.grid(alpha=0.3)
         _legend(ax)
-    fig.suptitle(_clip(_title(meta), 120))  # a ring names its host: matplotlib lays out every character
+    fig.suptitle(_clip(one_line(_title(meta)), 120))  # a ring names its host: matplotlib lays out every character
     bottom = 0.0
     if notes:
         text = "\n".join(textwrap.fill(n, 150) for n in notes)

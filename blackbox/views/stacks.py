@@ -12,6 +12,7 @@ import os
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from .._units import human_bytes
@@ -77,9 +78,19 @@ def stack_sections(report: dict[str, Any] | None) -> list[str]:
 
 def folded_stacks(table: pa.Table) -> str:
     """Every stack sample of a timeline as folded stacks: ``outer;...;inner count`` per distinct stack,
-    most sampled first. Samples whose stack was lost keep their placeholder frame."""
-    rows = of_kind(table, "stack_sample", columns=["detail"])
-    counts = Counter(s for s in rows["detail"].to_pylist() if s)
+    most sampled first. Samples whose stack was lost keep their placeholder frame. Counted through the
+    column's dictionary: each distinct stack's text is taken once, not once per sample."""
+    column = of_kind(table, "stack_sample", columns=["detail"]).unify_dictionaries().combine_chunks()["detail"]
+    counts: Counter[str] = Counter()
+    for chunk in column.chunks:
+        if not pa.types.is_dictionary(chunk.type):
+            chunk = chunk.dictionary_encode()
+        codes = chunk.indices.drop_null().to_numpy(zero_copy_only=False)
+        per_code = np.bincount(codes, minlength=len(chunk.dictionary))
+        for code in np.flatnonzero(per_code).tolist():
+            stack = chunk.dictionary[code].as_py()
+            if stack:
+                counts[stack] += int(per_code[code])
     return "".join(f"{stack} {n}\n" for stack, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 

@@ -10,6 +10,7 @@ from ..recovery.ranks import rank_rows
 from ..recovery.timeline import COUNTERS, GAUGES
 from .across import across_lines
 from .stacks import stack_sections
+from .text import shown
 
 
 def _ending(m: dict[str, Any]) -> str:
@@ -113,7 +114,8 @@ def _per_step(growth: dict[str, Any]) -> str:
 
 
 def ring_summary(m: dict[str, Any]) -> str:
-    """Markdown for one ring's metadata (as built by ``ring_metadata``)."""
+    """Markdown for one ring's metadata (as built by ``ring_metadata``); text from the ring escaped."""
+    m = shown(m)
     rec = m["recovery"]
     argv = " ".join(m.get("argv") or []) or "n/a"
     lines = [
@@ -216,15 +218,16 @@ def unread_section(meta: dict[str, Any]) -> list[str]:
 def bundle_summary(meta: dict[str, Any]) -> str:
     """summary.md: one ring's account; for several, the account across them (the same length at any
     count: attempts, first death, how the others ended, outliers) and the detail of one ring, the
-    first death's (else the lowest rank of the last attempt)."""
+    first death's (else the lowest rank of the last attempt). Text from the rings is escaped (``text``)."""
     rings = meta.get("rings")
-    helpers = helpers_section(meta) + unread_section(meta)
+    view = shown({k: v for k, v in meta.items() if k != "rings"})  # the rings are read one at a time
+    helpers = helpers_section(view) + unread_section(view)
     if not rings:
         return ring_summary(meta) + ("\n" + "\n".join(helpers) if helpers else "")
-    rows = rank_rows(meta)  # one pass over the rings (they may be read back from disk), for both
+    rows = shown(rank_rows(meta))  # one pass over the rings (they may be read back from disk), for both
     hosts = len({r["host"] for r in rows})
     head = [f"# blackbox: {len(rings)} rings on {hosts} host{'s' if hosts != 1 else ''}, {meta['events']} events", ""]
-    head += [*across_lines(meta, rows), *helpers]
+    head += [*across_lines(view, rows), *helpers]
     detail = _detail_ring(meta, rings)
     title = "the first death" if meta.get("first_death") else "the lowest rank of the last attempt"
     return "\n".join([*head, f"## Detail of {title}", "", _demote(_demote(ring_summary(detail)))])
@@ -235,7 +238,9 @@ MAX_LISTED = 20  # bundles listed by name where some could not be read
 
 def job_summary(meta: dict[str, Any], rows: list[dict[str, Any]], detail: dict[str, Any] | None) -> str:
     """summary.md of a job read from its node bundles (``recovery.job``): the account across every
-    host, the bundles that could not be read, and the detail of the first death's ring."""
+    host, the bundles that could not be read, and the detail of the first death's ring. Text from the
+    bundles is escaped (``text``)."""
+    meta, rows = shown(meta), shown(rows)
     bundles = meta.get("bundles") or []
     hosts = meta.get("hosts") or 0
     lines = [
@@ -251,6 +256,7 @@ def job_summary(meta: dict[str, Any], rows: list[dict[str, Any]], detail: dict[s
         if len(unread) > MAX_LISTED:
             lines.append(f"- ... and {len(unread) - MAX_LISTED} more (metadata.json: unread_bundles)")
         lines.append("")
+    lines += claimed_lines(meta.get("claimed_twice") or [])
     first = meta.get("first_death")
     if first and detail is not None:
         lines += ["## Detail of the first death", "", f"Its timeline: `{first['bundle']}/timeline.parquet`.", ""]
@@ -258,6 +264,24 @@ def job_summary(meta: dict[str, Any], rows: list[dict[str, Any]], detail: dict[s
     elif first:
         lines += [f"Its timeline: `{first['bundle']}/timeline.parquet`.", ""]
     return "\n".join(lines)
+
+
+def claimed_lines(claimed: list[dict[str, Any]]) -> list[str]:
+    """Rings that two bundles hold (``recovery.job``), grouped by the two bundles: read once where both
+    hold the same account, twice where they differ (one may be planted: both are in the account)."""
+    if not claimed:
+        return []
+    groups: dict[tuple[str, str, bool], int] = {}
+    for c in claimed:
+        key = (c["bundles"][0], c["bundles"][1], bool(c.get("same")))
+        groups[key] = groups.get(key, 0) + 1
+    lines = [f"## Rings that two bundles hold ({len(claimed)})", ""]
+    for (first, second, same), n in list(groups.items())[:MAX_LISTED]:
+        how = "the same account: read once" if same else "different accounts: both read, one may be planted"
+        lines.append(f"- {n} ring{'s' if n != 1 else ''} in `{first}` and `{second}` ({how})")
+    if len(groups) > MAX_LISTED:
+        lines.append(f"- ... and {len(groups) - MAX_LISTED} more pairs of bundles (metadata.json: claimed_twice)")
+    return [*lines, ""]
 
 
 def _detail_ring(meta: dict[str, Any], rings: Sequence[dict[str, Any]]) -> dict[str, Any]:

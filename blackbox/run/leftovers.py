@@ -1,0 +1,63 @@
+"""Processes of the job still running when ``blackbox run`` is done waiting for it.
+
+When the job's process ends, ``blackbox run`` waits for the rest of its process
+group (``GRACE_S``), then recovers and exits with the job's status. Whatever
+the job started and left running by then (a DataLoader worker whose main
+process was killed, a daemon it started in a session of its own) goes on
+without it: those processes are named (pid and command line, secrets redacted
+as in a ring's identity), on stderr and in the bundle's ``left_running``, never
+signalled. Found by walking ``/proc`` down from ``blackbox run``'s own pid: as
+the job's subreaper, every process the job left is ours or a descendant of ours.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .proc import command_of
+
+MAX_LISTED = 64  # processes named in the metadata; the count says how many there were
+
+
+def _parent_and_state(pid: str) -> tuple[int, str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[-1].split()  # the command name may hold spaces and brackets
+    try:
+        return int(fields[1]), fields[0]
+    except (IndexError, ValueError):
+        return None
+
+
+def descendants(ancestor: int) -> list[int]:
+    """The live (not zombie) processes below ``ancestor``, in pid order."""
+    children: dict[int, list[int]] = {}
+    zombies: set[int] = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        found = _parent_and_state(name)
+        if found is None:
+            continue
+        ppid, state = found
+        children.setdefault(ppid, []).append(int(name))
+        if state in ("Z", "X"):
+            zombies.add(int(name))
+    out, todo = [], [ancestor]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.append(child)
+                todo.append(child)
+    return sorted(p for p in out if p not in zombies)
+
+
+def still_running(ancestor: int) -> tuple[int, list[dict[str, Any]]]:
+    """(how many processes the job left running below ``ancestor``, ``{"pid", "command"}`` of the first
+    MAX_LISTED of them)."""
+    pids = descendants(ancestor)
+    return len(pids), [{"pid": pid, "command": command_of(pid)} for pid in pids[:MAX_LISTED]]

@@ -1,0 +1,96 @@
+"""The Python children of a `blackbox run` job: which arm, when, and what is said of them.
+
+The job's own process arms at start; any other Python process arms once it has
+imported numpy or torch (a short script that never does is not recorded, and
+costs what it costs unarmed). A job whose own process is not Python (a shell
+loop) is told as such, with the children it recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from blackbox.collect import identity
+from blackbox.run import bootstrap
+
+ENV = dict(os.environ, PYTHONPATH=str(REPO))
+
+
+def _run(work: Path, script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "blackbox", "run", "--dir", str(work), "--", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=600, env=ENV)  # fmt: skip
+
+
+def _folded(work: Path) -> list[dict]:  # type: ignore[type-arg]
+    (run,) = work.glob("run-*")
+    path = run / "rings" / "folded.jsonl"
+    return [json.loads(line) for line in path.open()] if path.exists() else []
+
+
+def test_a_shell_job_of_300_short_python_children(tmp_path: Path) -> None:
+    # GIVEN a shell loop of 300 short Python children, the last 10 of which import numpy
+    py = sys.executable
+    loop = f"for i in $(seq 290); do {py} -c pass; done; for i in $(seq 10); do {py} -c 'import numpy'; done"
+    proc = _run(tmp_path / "run", loop)
+    # THEN the 10 that did array work were armed and recorded (each folded into one line at its clean end),
+    # the 290 others ran unarmed, and blackbox run says what happened, not that the job is not Python
+    assert proc.returncode == 0, proc.stderr
+    folded = _folded(tmp_path / "run")
+    assert len(folded) == 10 and {f["role"] for f in folded} == {"child"}, folded
+    assert "10 Python processes of the job ended cleanly and were recorded, one line each" in proc.stderr, proc.stderr
+    assert "not a Python job" not in proc.stderr
+
+
+def test_a_child_armed_by_its_import_keeps_its_ring_when_it_is_killed(tmp_path: Path) -> None:
+    # GIVEN a shell job whose Python child imports numpy, then dies of SIGKILL
+    code = "import os, numpy, blackbox; print(blackbox.active().armed, flush=True); os.kill(os.getpid(), 9)"
+    proc = _run(tmp_path / "run", f"{sys.executable} -c '{code}'; exit 0")
+    # THEN its ring was kept and recovered: the bundle names the child's death
+    assert proc.returncode == 0 and proc.stdout == "True\n", proc.stderr
+    (run,) = (tmp_path / "run").glob("run-*")
+    meta = json.loads((run / "bundle" / "metadata.json").read_text())
+    assert meta["death"]["cause"] == "killed" and meta["death"]["victim"]["role"] == "child process", meta["death"]
+    assert meta["recovery"]["slots"] == bootstrap.HELPER_CAPACITY  # a helper's small ring
+
+
+def test_a_child_that_imports_torch_arms_once_torch_is_imported(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    code = "import torch, sys, blackbox; print(blackbox.active().armed, 'torch' in sys.modules, flush=True)"
+    proc = _run(tmp_path / "run", f'{sys.executable} -c "{code}"')
+    assert proc.returncode == 0 and proc.stdout == "True True\n", proc.stderr
+    (child,) = _folded(tmp_path / "run")
+    assert child["role"] == "child"
+
+
+@pytest.mark.parametrize(
+    "argv,arms_at_start",
+    [
+        (["python", "-c", "pass"], False),
+        (["python", "tool.py", "--x"], False),
+        (["python", "-c", "from multiprocessing.spawn import spawn_main", "--multiprocessing-fork"], True),
+        (["python", "-m", "multiprocessing.forkserver"], True),
+        (["python", "-c", "from multiprocessing.resource_tracker import main"], True),
+        (["python", "-m", "torch._inductor.compile_worker", "--workers=4"], True),
+    ],
+)
+def test_who_arms_at_start_is_who_collect_identity_calls_a_helper_other_than_a_child(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], arms_at_start: bool
+) -> None:
+    # The bootstrap decides with the standard library alone, before blackbox is imported: the same answer
+    # as the role the ring will record (a child of the job, under blackbox run, not the launcher's own)
+    assert bootstrap.RUN_PID_ENV == identity.RUN_PID_ENV
+    monkeypatch.setenv(identity.RUN_PID_ENV, str(os.getppid() + 1))
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(sys, "orig_argv", argv)
+    assert bootstrap.arms_at_start() is arms_at_start
+    assert (identity.role() != "child") is arms_at_start
+    if not arms_at_start:
+        monkeypatch.setenv("RANK", "3")  # a rank torchrun started is a job's own process
+        assert bootstrap.arms_at_start() and identity.role() == "main"

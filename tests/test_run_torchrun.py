@@ -1,0 +1,80 @@
+"""`torchrun --no-python blackbox run -- python train.py`: each rank under its own `blackbox run`.
+
+When one rank dies, torchrun tears the others down with SIGTERM, through their
+`blackbox run`: their records name torchrun (and its pid) as the sender, never
+blackbox. In torchrun's log, each rank's `blackbox run` prints one line (its
+cause and bundle) and the full account is printed once, by the rank that failed
+first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+pytest.importorskip("torch.distributed", reason="torchrun needs torch")
+
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+SCRIPT = Path(sys.executable).parent / "blackbox"
+BLACKBOX = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "blackbox"]
+TRAIN = """\
+import os, signal, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+for step in range(5):
+    x = torch.ones(1)
+    dist.all_reduce(x)
+dist.barrier()
+if rank == 1:
+    os.kill(os.getpid(), signal.SIGKILL)  # the rank that dies of its own cause
+time.sleep(120)  # the others wait outside any collective: torchrun tears them down
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="no torchrun beside this Python")
+def test_torchrun_teardown_names_torchrun_and_the_account_is_printed_once(tmp_path: Path) -> None:
+    # GIVEN three gloo ranks under torchrun, each in its own blackbox run; rank 1 SIGKILLs itself
+    (tmp_path / "train.py").write_text(TRAIN)
+    work = tmp_path / "runs"
+    cmd = [str(TORCHRUN), "--nproc-per-node", "3", "--max-restarts=0", f"--rdzv-endpoint=127.0.0.1:{_free_port()}",
+           "--rdzv-backend=c10d", "--no-python", *BLACKBOX, "run", "--dir", str(work), "--", sys.executable,
+           str(tmp_path / "train.py")]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    _, log = proc.communicate(timeout=300)
+    assert proc.returncode != 0, log[-3000:]
+    metas = {}
+    for run in work.glob("run-*"):
+        meta = json.loads((run / "bundle" / "metadata.json").read_text())
+        metas[meta["rank"]] = meta
+    assert set(metas) == {0, 1, 2}, log[-3000:]
+    # THEN rank 1 died of its SIGKILL; ranks 0 and 2 of torchrun's SIGTERM, sent by torchrun (its own pid)
+    assert metas[1]["death"]["cause"] == "killed"
+    for r in (0, 2):
+        death = metas[r]["death"]
+        assert death["cause"] == "signal", death
+        assert (death["killed_by"]["sender"], death["killed_by"]["sender_pid"]) == ("torchrun", proc.pid), death
+        assert "SIGTERM from torchrun" in death["headline"]
+    assert "from blackbox" not in log
+    # AND the log holds one line per rank and the full account once: rank 1's, the first to fail
+    for r in (0, 1, 2):
+        assert log.count(f"blackbox run: rank {r}: exit status ") == 1, log[-3000:]
+    assert log.count("# blackbox: ") == 1, log[-5000:]
+    account = log[log.index("# blackbox: ") :]
+    assert f"pid {metas[1]['pid']} rank 1" in account.splitlines()[0], account[:300]
+    assert "blackbox run: rings in" not in log  # the rank's one line names its bundle
