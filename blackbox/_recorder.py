@@ -24,7 +24,7 @@ from ._version import __version__
 from ._warn import warn
 from .collect.allocs import AllocSampler, heap_bytes, mean_bytes, start_allocs
 from .collect.clock import clock_error_s
-from .collect.exceptions import ExceptionRecorder, exit_status_unrecorded, record_status_at_exit
+from .collect.exceptions import ExceptionRecorder, exit_record_possible, exit_status_unrecorded, record_status_at_exit
 from .collect.gpu import GpuProbe
 from .collect.host import HostProbe
 from .collect.identity import identity, role, versions
@@ -472,29 +472,30 @@ class Recorder:
             if sampler is not None and sampler is not threading.current_thread():
                 sampler.join(timeout=max(1.0, 2 * self.sample_interval))
             self._uninstall_collectors(in_child=False, signals=False)
+            ring, w = self._ring, self._writer  # the exit record: where the process will reach libc's exit()
+            exit_record = at_exit and not self._fold_clean and ring is not None and exit_record_possible(ring.fd, w)
             try:
                 self.sample_now()
-                if self._writer is not None:
-                    self._writer.event(fmt.KIND_CODES["disarm"])
+                if self._writer is not None:  # value 1: the exit record is armed (FORMAT.md, "Kinds")
+                    self._writer.event(fmt.KIND_CODES["disarm"], None, 1 if exit_record else None)
                 if self._ring is not None:
                     fmt.STATE_STRUCT.pack_into(self._ring.map.buffer, fmt.STATE_OFFSET, fmt.STATE_CLEAN)
             except Exception as exc:
                 self._on_error(exc)
             # Signals last: one that lands while the job shuts down is still recorded (after the clean end).
             self._uninstall_collectors(in_child=False, signals=True)
-            if at_exit and not self._fold_clean:
+            if exit_record:
                 self._record_status_at_exit()
-            self._teardown(flush=True)
+            self._teardown(flush=self.sync_interval is not None)  # else no msync: the page cache outlives us
             if self._fold_clean:
                 self._fold()
         finally:
             self._ending.release()
 
     def _record_status_at_exit(self) -> None:
-        ring, w, hdr = self._ring, self._writer, self._header
-        if ring is None or w is None or hdr is None or w.sequence is None or not ring.fd.intact():
-            return  # no seq counter shared with C, or the job closed our descriptor
+        ring, w, hdr = self._ring, self._writer, self._header  # exit_record_possible said they are there
         try:
+            assert ring is not None and w is not None and hdr is not None and w.sequence is not None
             record_status_at_exit(built_module(), ring.fd.fd, hdr, w.sequence.value, w.current_step(), w.intern)
         except Exception as exc:
             self._on_error(exc)

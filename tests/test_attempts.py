@@ -13,12 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import REPO, run_py, spawn_py
 
-from blackbox.recovery.attempts import group_attempts
+from blackbox.recovery.attempts import deaths, group_attempts, slim
 from blackbox.recovery.metadata import bundle_metadata
 from blackbox.recovery.pipeline import recover_rings
+from blackbox.recovery.timeline import iso_ns
 from blackbox.ring.reader import read_ring
 from blackbox.ring.retention import YOUNG_S
 from blackbox.views.summary import bundle_summary
@@ -309,3 +311,57 @@ def test_blackbox_run_gives_its_job_the_run_folders_name_as_job_id(tmp_path: Pat
     (run,) = tmp_path.glob("run-*")
     meta = json.loads((run / "bundle" / "metadata.json").read_text())
     assert meta["job"] == run.name and meta["attempts"][0]["job"] == run.name
+
+
+LAUNCHER = """
+import os, subprocess, sys, blackbox
+blackbox.arm(sys.argv[1] + "/", capacity=4096, sample_interval=0.05)
+rank = subprocess.Popen([sys.executable, "-c", sys.argv[2], sys.argv[1]],
+                        env=dict(os.environ, RANK="1", LOCAL_RANK="1", WORLD_SIZE="2"))
+print(rank.pid, flush=True)
+status = rank.wait()
+raise RuntimeError(f"rank 1 failed with {status}")  # as torchrun's agent: ChildFailedError, uncaught, exit 1
+"""
+LEAKING_RANK = """
+import sys, time, blackbox
+blackbox.arm(sys.argv[1] + "/", capacity=4096, sample_interval=0.05)
+kept = []
+for step in range(100000):
+    blackbox.step(step)
+    kept.append(b"\\x01" * (4 << 20))
+    time.sleep(0.02)
+"""
+
+
+@pytest.mark.slow
+def test_a_ranks_kernel_oom_kill_is_the_first_death_not_its_launchers_reading_of_it(
+    tmp_path: Path,
+    memory_cgroup: Any,
+) -> None:
+    # GIVEN a launcher (its own process armed, no rank, as torchrun's agent under `blackbox run`) whose rank 1
+    # leaks until the kernel's OOM killer kills it in their memory cgroup; the launcher then exits 1
+    cg = memory_cgroup(256 << 20)
+    kills = cg.oom_kills()
+    rings = tmp_path / "rings"
+    proc = spawn_py(LAUNCHER, str(rings), LEAKING_RANK, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    preexec_fn=cg.join)  # fmt: skip
+    out, err = proc.communicate(timeout=120)
+    rank_pid = int(out.split()[0])
+    assert proc.returncode == 1 and cg.oom_kills() == kills + 1, err[-2000:]
+    # WHEN the rings are recovered: both tell of the one kill, the rank's ring of its own death, the launcher's
+    # of its child's, each converting the kernel's one stamp with its own clock pair
+    meta = recover_rings([rings]).meta
+    by_pid = {m["pid"]: m for m in meta["rings"]}
+    launcher = next(m for pid, m in by_pid.items() if pid != rank_pid)
+    assert launcher["death"]["cause"] == by_pid[rank_pid]["death"]["cause"] == "host_oom_kill"
+    assert launcher["death"]["victim"]["pid"] == rank_pid
+    # THEN the first death is rank 1's, from its own ring (its step, its role)
+    first = meta["first_death"]
+    assert (first["pid"], first["rank"], first["victim"]["role"]) == (rank_pid, 1, "main process"), first
+    assert first["step"] is not None
+    # AND so it is whichever way the two clocks round the stamp: the launcher's reading made the earlier
+    slims = [slim(m) for m in meta["rings"]]
+    own = next(m for m in slims if m["pid"] == rank_pid)
+    other = next(m for m in slims if m["pid"] != rank_pid)
+    other["death"]["time"] = iso_ns(int(np.datetime64(own["death"]["time"].rstrip("Z"), "ns").astype(np.int64)) - 1)
+    assert deaths(slims)[0] is own

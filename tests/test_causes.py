@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_py, spawn_py
 
+from blackbox.collect.exceptions import exit_status_unrecorded
 from blackbox.recovery import pipeline
 from blackbox.recovery.pipeline import recover_rings
 from blackbox.ring import format as fmt
 from blackbox.ring.reader import find_rings, read_ring
+from blackbox.ring.writer import built_module
 
 ENV = dict(os.environ, PYTHONPATH=str(REPO))
 LEAKY_WORKERS = """
@@ -86,6 +88,58 @@ def test_a_dataloader_worker_killed_by_the_oom_killer_is_named(tmp_path: Path, m
     ring = read_ring(find_rings([tmp_path / "rings"])[0])
     kids = ring.records[ring.records["kind"] == fmt.KIND_CODES["child_sample"]]
     assert len({int(p) for p in kids["p0"]}) >= 2 and int(kids["p1"].max()) > 100 << 20
+
+
+LEAKY_WORKER_0 = """
+import os, sys, time, blackbox, torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+# batches by shared-memory file name (in the workers too, which import this again): the main process never reads
+# from a dying worker's socket, so it notices the death by PyTorch's own check ("exited unexpectedly"), not by a
+# ConnectionResetError that names no worker
+torch.multiprocessing.set_sharing_strategy("file_system")
+
+class Leaky(Dataset):
+    def __init__(self): self.kept = []
+    def __len__(self): return 100000
+    def __getitem__(self, i):
+        if get_worker_info().id == 0:  # the bug, in worker 0 alone: it keeps 8 MiB per item
+            if not self.kept:
+                with open(sys.argv[1] + "/worker0.pid", "w") as f:
+                    f.write(str(os.getpid()))
+            self.kept.append(bytearray(8 << 20))
+        return torch.tensor([float(i)])
+
+if __name__ == "__main__":
+    blackbox.arm(sys.argv[1] + "/rings/", sample_interval=0.05)  # as the job's first line: its workers are not armed
+    loader = DataLoader(Leaky(), batch_size=4, num_workers=2, multiprocessing_context="forkserver")
+    for step, batch in enumerate(loader):
+        blackbox.step(step)
+        time.sleep(0.02)
+"""
+
+
+@pytest.mark.slow
+def test_a_forkserver_worker_killed_by_the_oom_killer_is_named(tmp_path: Path, memory_cgroup) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    # GIVEN a job whose forkserver DataLoader worker 0 leaks until the kernel kills it (a forkserver's child is
+    # no child of the job's: the ring never samples it; PyTorch says only that it "exited unexpectedly")
+    cg = memory_cgroup(900 << 20)
+    script = tmp_path / "job.py"
+    script.write_text(LEAKY_WORKER_0)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300,
+                          env=ENV, preexec_fn=cg.join)  # fmt: skip
+    worker0 = int((tmp_path / "worker0.pid").read_text())  # the planted truth: the leaking worker
+    assert proc.returncode == 1 and cg.oom_kills() == 1, proc.stderr[-2000:]
+    assert f"DataLoader worker (pid(s) {worker0}) exited unexpectedly" in proc.stderr, proc.stderr[-2000:]
+    if not any(k.pid == worker0 for k in pipeline.kernel_oom_kills()):
+        pytest.skip("the kernel log cannot be read here: its logged kill is what this test is about")
+    death = death_of(tmp_path / "rings")
+    # THEN the kernel's logged kill of that worker is the cause, certain, and it is the victim
+    assert (death["cause"], death["confidence"]) == ("host_oom_kill", "certain"), death
+    assert (death["victim"]["pid"], death["victim"]["role"]) == (worker0, "DataLoader worker"), death["victim"]
+    assert death["victim"]["anon_rss"] > 100 << 20
+    assert death["headline"] == f"The DataLoader worker (pid {worker0}) was killed by the kernel OOM killer."
 
 
 FAST_STEPS = """
@@ -386,6 +440,78 @@ def test_a_graceful_shutdown_on_sigterm_is_told_not_hidden_by_the_exit(tmp_path:
     assert death["headline"].endswith(told)
     assert any(e.startswith("SIGTERM from slurmstepd (pid ") and "(a scheduler: time limit or preemption)" in e
                and "handled by the job's handler" in e for e in death["evidence"]), death["evidence"]  # fmt: skip
+
+
+CAUGHT_CTRL_C = ("import signal, sys, time, blackbox; blackbox.arm(sys.argv[1] + '/', sample_interval=0.02)\n"
+                 "print('up', flush=True)\nstep = 0\n"
+                 "def train(n):\n    global step\n"
+                 "    for _ in range(n): blackbox.step(step); step += 1; time.sleep(0.01)\n"
+                 "try:\n    train(10**9)\n"
+                 "except KeyboardInterrupt:\n    print('Detected KeyboardInterrupt', flush=True)\n"
+                 "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                 "    train(int(sys.argv[2]))\n    sys.exit(1)\n")  # fmt: skip
+
+
+@pytest.mark.parametrize("steps_after,cause", [(0, "interrupted"), (20, "nonzero_exit")],
+                         ids=["stops at once (Lightning)", "goes on training"])  # fmt: skip
+def test_an_interrupt_the_job_catches_and_turns_into_exit_1_is_named(tmp_path: Path, steps_after: int,
+                                                                       cause: str) -> None:  # fmt: skip
+    # GIVEN a job that catches KeyboardInterrupt, as Lightning's Trainer does, and then exits 1 (at once, or
+    # after training on: then the interrupt did not end it), sent SIGINT by this process
+    job = spawn_py(CAUGHT_CTRL_C, str(tmp_path / "rings"), str(steps_after), stdout=subprocess.PIPE)
+    assert job.stdout is not None and job.stdout.readline().strip() == "up"
+    time.sleep(0.3)
+    os.kill(job.pid, signal.SIGINT)
+    assert job.stdout.readline().strip() == "Detected KeyboardInterrupt" and job.wait(timeout=30) == 1
+    death = death_of(tmp_path / "rings")
+    assert (death["cause"], death["exit_status"]) == (cause, 1), death
+    if cause == "interrupted":
+        # THEN the interrupt, its sender and the job's own handling of it are what the verdict says
+        assert death["confidence"] == "certain"
+        assert (death["killed_by"]["signal"], death["killed_by"]["sender_pid"]) == ("SIGINT", os.getpid())
+        assert death["headline"].startswith("The job was interrupted by SIGINT from ")
+        assert death["headline"].endswith("; it caught the KeyboardInterrupt and exited with status 1.")
+        assert any("raised KeyboardInterrupt, which the job caught" in e for e in death["evidence"]), death
+    else:
+        assert death["headline"] == "The job exited with status 1." and death["killed_by"] is None
+
+
+SLOW_SHUTDOWN = ("import atexit, os, signal, sys, time\n"
+                 "atexit.register(lambda: (print('shutting down', flush=True), time.sleep(float(sys.argv[2]))))\n"
+                 "import blackbox; blackbox.arm(sys.argv[1] + '/', sample_interval=0.02)\n"  # its end runs first
+                 "stop = []\nsignal.signal(signal.SIGTERM, lambda s, f: stop.append(s))\nprint('up', flush=True)\n"
+                 "while not stop: time.sleep(0.01)\n")  # fmt: skip
+
+
+@pytest.mark.skipif(not exit_status_unrecorded(built_module()) == "", reason="needs the C extension's exit record")
+@pytest.mark.parametrize("killed", [True, False], ids=["SIGKILL while it shuts down", "it shuts down"])
+def test_a_process_killed_during_its_graceful_shutdown_is_killed_not_a_clean_exit(tmp_path: Path,
+                                                                                   killed: bool) -> None:  # fmt: skip
+    # GIVEN a job whose SIGTERM handler ends its loop, whose shutdown then takes long (an exit handler that runs
+    # after blackbox's clean end), sent SIGTERM by slurmstepd, and SIGKILL while it shuts down (or not)
+    job = spawn_py(SLOW_SHUTDOWN, str(tmp_path / "rings"), "60" if killed else "0.2", stdout=subprocess.PIPE)
+    assert job.stdout is not None and job.stdout.readline().strip() == "up"
+    time.sleep(0.3)
+    fake = tmp_path / "slurmstepd"
+    shutil.copy(sys.executable, fake)
+    kill = f"import os, signal; os.kill({job.pid}, signal.SIGTERM)"
+    subprocess.run([str(fake), "-c", kill], check=True, env={"PYTHONHOME": sys.base_prefix})
+    assert job.stdout.readline().strip() == "shutting down"  # the clean end is recorded by now
+    if killed:
+        job.kill()
+    assert job.wait(timeout=30) == (-signal.SIGKILL if killed else 0)
+    rings = tmp_path / "rings"
+    assert read_ring(next(iter(find_rings([rings])))).clean
+    death = death_of(rings)
+    if not killed:
+        assert (death["cause"], death["confidence"], death["exit_status"]) == ("clean_exit", "certain", 0), death
+        return
+    # THEN it was killed while it shut down, after the scheduler's SIGTERM: not a clean exit
+    assert (death["cause"], death["confidence"], death["exit_status"]) == ("killed", "strong", None), death
+    assert death["killed_by"]["signal"] == "SIGTERM" and death["killed_by"]["sender"] == "slurmstepd"
+    assert death["headline"] == (f"The main process (pid {job.pid}) was killed with SIGKILL while it shut down, "
+                                 "after SIGTERM from slurmstepd, before it could exit.")  # fmt: skip
+    assert any("never reached exit()" in e for e in death["evidence"]), death["evidence"]
 
 
 @pytest.mark.slow

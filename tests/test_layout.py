@@ -29,7 +29,9 @@ STAGES = {
     "cli": 7,
     "entry": 8,
 }
-LEAVES = {"blackbox._errors", "blackbox._version", "blackbox._units", "blackbox._times", "blackbox._fds"}
+LEAVES = {
+    "blackbox._errors", "blackbox._version", "blackbox._units", "blackbox._times", "blackbox._fds", "blackbox._jobsignal"
+}
 RECOVERY_ORDER = {
     "timeline": 0,
     "evidence": 0,

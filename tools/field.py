@@ -9,6 +9,7 @@ details to OUT/field.json and OUT/cells/JOB/DEATH/MODE/cell.json.
     tools/field_setup.sh /tmp/field/venv /tmp/field/src      # once: venvs and third-party sources
     python tools/field.py --tree /work/main --out /tmp/field/out
     python tools/field.py --tree T --cells hf:oom:arm          # one cell again (with its unarmed run)
+    python tools/field.py --cells hf:workers-spawn --unarmed 3 # a job whose own error path races: 3 unarmed runs
     python tools/field.py --out /tmp/field/out --report        # the table again from the saved cells
 """
 
@@ -26,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fieldlib.compare import differences, files_of, judge, load_meta, outputs, truth, verdict  # noqa: E402
+from fieldlib.compare import capped, differences, files_of, judge, load_meta, outputs, truth, verdict  # noqa: E402
 from fieldlib.deaths import DEATHS  # noqa: E402
 from fieldlib.jobs import JOBS, Env, Job  # noqa: E402
 from fieldlib.runner import run_once  # noqa: E402
@@ -84,10 +85,10 @@ def signal_rows(run: Path, mode: str) -> list[dict[str, Any]]:
     return table.filter(pc.equal(table["kind"], "signal")).to_pylist()  # type: ignore[no-any-return]
 
 
-def run_cell(job: Job, death_name: str, mode: str, env: Env, pkg: Path, out: Path) -> dict[str, Any]:
+def run_cell(job: Job, death_name: str, mode: str, env: Env, pkg: Path, out: Path, folder: str = "") -> dict[str, Any]:
     """Run one cell (a rerun: twice into the same folders), recover it; cell.json holds what was seen."""
     death = DEATHS[death_name]
-    run = out / "cells" / job.name / death_name / mode
+    run = out / "cells" / job.name / death_name / (folder or mode)
     shutil.rmtree(run, ignore_errors=True)
     run.mkdir(parents=True)
     obs = run_once(job, death, mode, env, pkg, run, True, "a")
@@ -126,12 +127,22 @@ def assess(cell: dict[str, Any], run: Path, env: Env) -> dict[str, Any]:
     return cell
 
 
-def row(cell: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
+def row(cell: dict[str, Any], bases: list[dict[str, Any]]) -> dict[str, Any]:
+    """One armed run against the unarmed runs: a difference counts only where it is one from every unarmed
+    run (what the job does by itself in one of them, a race in its own error path, is no change)."""
     timed = DEATHS[cell["death"]].timeout
-    diffs = differences(_sets(base["seen"]), _sets(cell["seen"]), timed) if base else ["no unarmed run to compare"]
+    if bases:
+        each = [differences(_sets(b["seen"]), _sets(cell["seen"]), timed, cap=None) for b in bases]
+        diffs = capped([d for d in each[0] if all(d in other for other in each[1:])])
+    else:
+        diffs = ["no unarmed run to compare"]
     cell["differences"] = diffs
     return {"job": cell["job"], "death": cell["death"], "mode": cell["mode"], "unchanged": not diffs,
             "right": not cell["wrong"], "what": cell["wrong"] + diffs + cell["notes"]}  # fmt: skip
+
+
+def _unarmed_folder(i: int) -> str:
+    return "unarmed" if i == 0 else f"unarmed-{i + 1}"
 
 
 def _sets(seen: dict[str, Any]) -> dict[str, Any]:
@@ -169,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", action="store_true", help="judge the cells saved under --out again (no job runs): "
                    "the table, and OUT/report.json")
     p.add_argument("--list", action="store_true", help="list jobs and deaths")
+    p.add_argument("--unarmed", type=int, default=1, help="unarmed runs per cell (the job's own variance: an "
+                   "armed run differs only where it differs from each of them)")  # fmt: skip
     a = p.parse_args(argv)
     if a.list:
         for job in JOBS.values():
@@ -196,10 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     rows, started = [], time.monotonic()
     for (job_name, death_name), modes in plan.items():
         job = JOBS[job_name]
-        base = run_cell(job, death_name, "unarmed", env, pkg, env.data.parent)
+        bases = [run_cell(job, death_name, "unarmed", env, pkg, env.data.parent, _unarmed_folder(i))
+                 for i in range(max(1, a.unarmed))]  # fmt: skip
         for mode in modes:
             cell = run_cell(job, death_name, mode, env, pkg, env.data.parent)
-            rows.append(row(cell, base))
+            rows.append(row(cell, bases))
             (env.data.parent / "cells" / job_name / death_name / mode / "cell.json").write_text(
                 json.dumps(cell, indent=1, default=str))
             r = rows[-1]
@@ -214,11 +228,12 @@ def report(out: Path, env: Env) -> int:
     """The table again from the saved cells, each judged again (no job is run)."""
     rows = []
     for unarmed in sorted(out.glob("cells/*/*/unarmed/cell.json")):
-        base = assess(json.loads(unarmed.read_text()), unarmed.parent, env)
+        paths = [unarmed, *sorted(unarmed.parent.parent.glob("unarmed-*/cell.json"))]
+        bases = [assess(json.loads(u.read_text()), u.parent, env) for u in paths]
         for mode in MODES:
             path = unarmed.parent.parent / mode / "cell.json"
             if path.exists():
-                rows.append(row(assess(json.loads(path.read_text()), path.parent, env), base))
+                rows.append(row(assess(json.loads(path.read_text()), path.parent, env), bases))
     (out / "report.json").write_text(json.dumps({"rows": rows}, indent=1, default=str))
     print(table(rows))
     return 0

@@ -9,7 +9,6 @@ privilege. None where the clock is not synchronised or the call is not available
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 _TIME_ERROR = 5  # adjtimex's return when the clock is not synchronised
 _STA_UNSYNC = 0x0040
@@ -32,7 +31,7 @@ def clock_error_s() -> float | None:
     """The kernel's bound on this host's wall-clock error in seconds, or None (not synchronised,
     or unknown). Reads only (``modes`` 0)."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)  # the interpreter's own symbols: find_library would run ldconfig
         timex = _Timex()
         state = libc.adjtimex(ctypes.byref(timex))
     except (OSError, AttributeError):

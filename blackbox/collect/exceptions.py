@@ -27,8 +27,10 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
+from .._fds import OwnedFd
+from .._jobsignal import raised_by_signal_handler
 from ..ring import format as fmt
-from ..ring.writer import NO_C_EXTENSION
+from ..ring.writer import NO_C_EXTENSION, RingWriter, built_module
 from .oom import classify
 
 KIND_OOM = fmt.KIND_CODES["oom"]
@@ -69,7 +71,9 @@ class ExceptionRecorder:
             sid = self._intern(detail[:MAX_DETAIL])
             self._event(code, label, None, -1, (sid, fmt.NULL, fmt.NULL) if code == KIND_OOM else (sid,))
             return kind
-        except Exception:
+        except Exception as exc:
+            if raised_by_signal_handler(exc):  # the job's handler ran meanwhile: its exception is the job's
+                raise
             return ""
 
     def install(self) -> None:
@@ -127,8 +131,9 @@ class ExceptionRecorder:
                 self._event(KIND_EXIT, None, int(status or 0) & 0xFF, -1, detail)
             else:
                 self._event(KIND_EXIT, str(status)[:MAX_DETAIL], 1, -1, detail)
-        except Exception:
-            pass
+        except Exception as exc:
+            if raised_by_signal_handler(exc):
+                raise
 
     def uninstall(self) -> None:
         """Put the previous hooks back, where ours are still the ones installed."""
@@ -187,3 +192,27 @@ def record_status_at_exit(cmod: Any, fd: int, header: fmt.Header, last_seq: int,
         return
     cmod.exit_record_arm(fd, header.records_offset, header.capacity, last_seq + 1, EXIT_TAG, step,
                          intern(fmt.EXIT_PROCESS))  # fmt: skip
+
+
+def ends_by_os_exit() -> bool:
+    """This process is a multiprocessing child started by fork or forkserver: after its finalizers (which
+    disarm) it ends with ``os._exit``, never reaching libc's exit(). A spawn child ends by ``sys.exit``."""
+    process = sys.modules.get("multiprocessing.process")
+    try:
+        if process is None or process.parent_process() is None:
+            return False
+        method = getattr(process.current_process(), "_start_method", None)
+        if method is None:  # a Process of the default context
+            method = sys.modules["multiprocessing"].get_start_method(allow_none=True)
+        return bool(method != "spawn")
+    except Exception:
+        return False
+
+
+def exit_record_possible(fd: OwnedFd, writer: RingWriter | None) -> bool:
+    """The process's exit status can be written at exit() (``record_status_at_exit``), and will be unless
+    it is killed first: the extension is built with on_exit(), its seq counter is the ring's, the ring's
+    descriptor is still ours (the job may have closed it), and the process ends through libc's exit()."""
+    if exit_status_unrecorded(built_module()) or writer is None or writer.sequence is None:
+        return False
+    return fd.intact() and not ends_by_os_exit()

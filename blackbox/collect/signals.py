@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .._fds import OwnedFd
+from .._jobsignal import raised_by_signal_handler
 from ..ring import format as fmt
 from .death_signals import DeathSignals
 
@@ -98,8 +99,9 @@ class SignalRecorder:
             if self.active and signalnum in self._tags:
                 try:
                     self._watch_one(signalnum)
-                except Exception:
-                    pass
+                except Exception as exc:
+                    if raised_by_signal_handler(exc):  # the job's, raised by its handler meanwhile
+                        raise
             return previous
 
         self._original_signal, self._our_signal = original, signal_function

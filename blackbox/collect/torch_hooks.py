@@ -5,8 +5,9 @@ Attached lazily, from the sampler thread, once the job has imported torch:
 - steps: torch's global optimizer step hooks count optimizer steps (the first
   optimizer seen leads, so several optimizers per step count once); a job
   that calls ``blackbox.step()`` itself takes over and the count stops;
-- phases: ``optimizer`` (the same hooks) and ``backward`` (a transparent
-  wrapper around ``torch.autograd.backward``, which ``Tensor.backward`` calls);
+- phases: ``optimizer`` (the same hooks) and ``backward`` (the C extension's
+  ``PhaseCall`` around ``torch.autograd.backward``, which ``Tensor.backward``
+  calls: it adds no Python frame to the job's tracebacks or stacks);
   ``forward`` and per-module events with ``modules=True`` (global module
   forward hooks, cost measured in tools/bench_overhead.py).
 
@@ -20,12 +21,12 @@ observer would initialise it):
   PyTorch's snapshot pickle beside the ring for its memory viewer
   (https://pytorch.org/memory_viz).
 
-Every hook swallows its own errors: the job's call always proceeds.
+Every hook swallows its own errors: the job's call always proceeds. An exception raised by the job's
+own signal handler while a hook ran is the job's: it propagates (``_jobsignal.py``).
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 import pickle
 import threading
@@ -35,9 +36,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .._jobsignal import raised_by_signal_handler
 from ..ring import format as fmt
 from ..ring.file import write_new_file
-from ..ring.writer import RingWriter
+from ..ring.writer import RingWriter, built_module
 from .gpu import NULL, loaded_torch
 
 PHASE_BEGIN = fmt.KIND_CODES["phase_begin"]
@@ -141,8 +143,9 @@ class TorchHooks:
                 self._leader = weakref.ref(optimizer)
             if self._leader() is optimizer:
                 self._opt_t0 = self._w.event(PHASE_BEGIN, "optimizer")
-        except Exception:
-            pass
+        except Exception as exc:
+            if raised_by_signal_handler(exc):  # the job's exception: it propagates, as unarmed
+                raise
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
@@ -156,24 +159,23 @@ class TorchHooks:
                     return
                 self._count += 1
                 self._w.step(self._count)
-        except Exception:
-            pass
+        except Exception as exc:
+            if raised_by_signal_handler(exc):  # the job's exception: it propagates, as unarmed
+                raise
 
     def _attach_backward(self, torch: Any) -> None:
+        """``torch.autograd.backward`` (which ``Tensor.backward`` calls) inside the C extension's PhaseCall:
+        the phase's events around the call, with no Python frame of blackbox's in the job's tracebacks or
+        stacks. Without the extension the phase is not recorded (a Python wrapper would show there)."""
+        cmod = built_module()
+        if cmod is None or not hasattr(cmod, "PhaseCall"):
+            raise RuntimeError("the C extension blackbox.ring._cwriter is not built, and a Python wrapper would "
+                               "add a frame to the job's tracebacks")  # fmt: skip
         autograd = torch.autograd
         original = autograd.backward
-        event = self._w.event
-
-        @functools.wraps(original)
-        def backward(*args: Any, **kwargs: Any) -> Any:
-            t0 = event(PHASE_BEGIN, "backward")
-            try:
-                return original(*args, **kwargs)
-            finally:
-                event(PHASE_END, "backward", time.monotonic_ns() - t0 if t0 else None)
-
-        autograd.backward = backward
-        self._orig_backward, self._our_backward = original, backward
+        ours = cmod.PhaseCall(original, self._w.event, PHASE_BEGIN, PHASE_END, "backward")
+        autograd.backward = ours
+        self._orig_backward, self._our_backward = original, ours
 
     def _attach_modules(self, torch: Any) -> None:
         hooks = importlib.import_module("torch.nn.modules.module")
@@ -190,8 +192,9 @@ class TorchHooks:
             if torch is not None and self._cuda_attached:
                 d = torch.cuda.current_device()
                 return int(torch._C._cuda_memoryStats(d)["allocated_bytes"]["all"]["current"])
-        except Exception:
-            pass
+        except Exception as exc:
+            if raised_by_signal_handler(exc):  # the job's exception: it propagates, as unarmed
+                raise
         return NULL
 
     def _name(self, module: Any, depth: int) -> str:
@@ -202,8 +205,9 @@ class TorchHooks:
                 try:
                     for qual, sub in module.named_modules():
                         self._names.setdefault(sub, f"{root}.{qual}" if qual else root)
-                except Exception:
-                    pass
+                except Exception as exc:
+                    if raised_by_signal_handler(exc):
+                        raise
             name = self._names.get(module) or root
         return name
 
@@ -216,8 +220,9 @@ class TorchHooks:
             if depth == 0:
                 local.t0 = self._w.event(PHASE_BEGIN, "forward")
             self._w.event(MODULE_BEGIN, name, None, -1, (self._gpu_allocated(), self._rss()))
-        except Exception:
-            pass
+        except Exception as exc:
+            if raised_by_signal_handler(exc):  # the job's exception: it propagates, as unarmed
+                raise
 
     def _module_post(self, module: Any, args: Any, output: Any) -> None:
         try:
@@ -228,8 +233,9 @@ class TorchHooks:
             if depth == 0:
                 t0 = getattr(local, "t0", 0)
                 self._w.event(PHASE_END, "forward", time.monotonic_ns() - t0 if t0 else None)
-        except Exception:
-            pass
+        except Exception as exc:
+            if raised_by_signal_handler(exc):  # the job's exception: it propagates, as unarmed
+                raise
 
     # ------------------------------------------------------------ CUDA
     def _attach_cuda(self, torch: Any) -> None:
@@ -254,8 +260,9 @@ class TorchHooks:
             if self._history_on:
                 self.drain()
                 self._dump_snapshot()
-        except Exception:
-            pass
+        except Exception as exc:
+            if raised_by_signal_handler(exc):  # the job's exception: it propagates, as unarmed
+                raise
 
     def _start_history(self, torch: Any) -> None:
         # context="alloc", stacks="python": each alloc entry carries the Python stack that made it, which

@@ -33,6 +33,9 @@ the teardown first). It keeps its cause, is marked
 name where the sender is a known one, else None: a parent may be ``blackbox
 run`` passing on a signal whose sender it did not record, and it is never named
 as the sender), and is never the first death nor counted among the deaths.
+
+A ring telling of a child's death that the child's own ring tells too (a launcher's ring, of the
+kernel's OOM kill of its rank) is never the first death: the child's ring is.
 """
 
 from __future__ import annotations
@@ -205,19 +208,31 @@ def _after(m: dict[str, Any], signalled: str | None, first: dict[str, Any]) -> b
     return a is not None and b is not None and a - b > margin
 
 
+def _told_by_its_own(m: dict[str, Any], dead: list[dict[str, Any]]) -> bool:
+    """Ring ``m``'s death is another process's (its child: a rank under torchrun's agent, a worker) whose
+    own ring, dead too, tells it: the kernel's kill of that child, stamped once, read by both."""
+    victim = (m["death"].get("victim") or {}).get("pid")
+    if not isinstance(victim, int) or isinstance(victim, bool) or victim == m.get("pid"):
+        return False
+    return any(o is not m and o.get("pid") == victim and o.get("host") == m.get("host") for o in dead)
+
+
 def deaths(group: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """An attempt's first death (None: none) and its collateral rings (see the module docstring). Marks
-    each collateral ring's slim death with ``collateral_of``."""
+    each collateral ring's slim death with ``collateral_of``. A ring telling of a child's death that the
+    child's own ring tells too (a launcher's, of its rank's kernel OOM kill) is never the first death:
+    both carry the kernel's one stamp, and which converts it to the earlier time is their clocks' rounding."""
     dead = [m for m in group if m["death"].get("cause") != "clean_exit" and m["death"].get("time")]
     when = {id(m): _when(m) for m in dead}
     torn = {id(m): k for m in dead if (k := _teardown(m)) is not None}
-    own = [m for m in dead if id(m) not in torn]
+    told = {id(m) for m in dead if _told_by_its_own(m, dead)}
+    own = [m for m in dead if id(m) not in torn and id(m) not in told]
     collateral = []
     if own:
         first_own = min(own, key=lambda m: when[id(m)])
         collateral = [m for m in dead if id(m) in torn and _after(m, torn[id(m)].get("time"), first_own)]
     gone = {id(m) for m in collateral}
-    rest = [m for m in dead if id(m) not in gone]
+    rest = [m for m in dead if id(m) not in gone and id(m) not in told] or [m for m in dead if id(m) not in gone]
     first = min(rest, key=lambda m: when[id(m)]) if rest else None
     for m in collateral:
         m["death"]["collateral_of"] = _who(first or {}) | {"by": LAUNCHERS.get(torn[id(m)].get("sender") or "")}

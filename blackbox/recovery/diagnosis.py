@@ -9,13 +9,18 @@ last signal's sender, where one was recorded), and the analysis (``host_growth``
 
 1. the writer is still alive: ``unknown`` (a snapshot, not a death);
 2. the kernel logged an OOM kill, inside this ring's life, of one of its children (a DataLoader
-   worker), and the job then ended abnormally: ``host_oom_kill`` with that child as the victim;
+   worker) or of a worker its job's errors name as dead (a forkserver's worker, no child of the job's),
+   and the job then ended abnormally: ``host_oom_kill`` with that process as the victim;
 3. a clean end was recorded (the job's own exit path ran):
    an uncaught ``KeyboardInterrupt``: ``interrupted``; PyTorch's "DataLoader worker (pid N) is killed by
    signal" with OOM evidence (the cgroup's oom_kill counter rose, memory at the limit): ``host_oom_kill``
    (the worker the victim), else ``killed`` or ``signal``; an out-of-memory exception: ``oom_exception``;
-   another uncaught exception: ``exception``; else by the exit status: 0 ``clean_exit``, 130
-   ``interrupted``, others ``nonzero_exit``;
+   another uncaught exception: ``exception``; the exit record that clean end armed (a ``disarm`` of
+   value 1) never came: the process died while it shut down, told as in 4 (the kernel's kill of it, a
+   signal ``blackbox run`` saw, else SIGKILL); a SIGINT that raised a KeyboardInterrupt the job caught,
+   the last signal, no step after it, then a nonzero exit: ``interrupted`` (the job's own handling turned
+   it into that status); else by the exit status: 0 ``clean_exit``, 130 ``interrupted``, others
+   ``nonzero_exit``;
 4. no clean end: the kernel logged this pid's OOM kill after its last event: ``host_oom_kill``
    (certain); the process called ``os._exit``: by its status, as in 3; the cgroup's oom_kill counter
    rose after the last sample: ``host_oom_kill`` (strong); a native crash: ``signal``; a fatal signal
@@ -92,6 +97,7 @@ class _Death:
         self.victim: dict[str, Any] = {"pid": self.pid, "role": ROLE.get(str(ident.get("role")), "main process")}
         self.killed_by: dict[str, Any] | None = None
         self.handled: dict[str, Any] | None = None  # a signal the job's own handler took before its end
+        self.in_shutdown = False  # the process died after its clean end, before libc's exit()
         self.stat_at_end = f.stats[-1] if f.stats else None
         self.death_ns: int | None = None  # the monotonic time of the death, where the kernel stamped it
         self.status, self.exit_how = exit_status(f, ev)
@@ -106,7 +112,7 @@ class _Death:
         child_kill = next((k for k in reversed(ev.kernel_kills) if k.pid != self.pid), None)
         if clean:
             self.evidence.insert(0, "a clean end was recorded (the process ran its exit handlers)")
-            self._clean(child_kill)
+            self._clean(child_kill, near)
         else:
             self.evidence.insert(0, "no clean end: the process ended without running its exit handlers")
             self._not_clean(near)
@@ -119,7 +125,7 @@ class _Death:
         if memory is not None:
             self.evidence.insert(1, memory[1].replace("last sample", "the last sample before the death"))
 
-    def _clean(self, child_kill: KernelKill | None) -> None:
+    def _clean(self, child_kill: KernelKill | None, near: tuple[float, str] | None) -> None:
         f = self.f
         uncaught = f.main_uncaught
         if uncaught and uncaught[-1]["label"] and uncaught[-1]["label"].startswith("KeyboardInterrupt"):
@@ -140,6 +146,12 @@ class _Death:
             self.evidence.append(f"uncaught {exc['kind']} at step {exc['step']}: {_short(exc['label'])}")
             self.when = exc
             return
+        if self._died_in_shutdown(near):
+            return
+        caught = self._caught_interrupt()
+        if self.status not in (None, 0) and caught is not None:
+            self._interrupt_caught(caught)
+            return
         if self.status not in (None, 0):
             self._exited(f"the process exited by itself: exit status {self.status} "
                          f"({HOW_KNOWN.get(self.exit_how or '', 'recorded')})")  # fmt: skip
@@ -147,6 +159,57 @@ class _Death:
         self.cause, self.confidence = "clean_exit", "certain" if self.status == 0 else "strong"
         if child_kill is not None:
             self.evidence.append(f"a child process, pid {child_kill.pid}, was OOM-killed meanwhile: {child_kill.line}")
+        if self.status is None and not f.exit_armed:
+            self.evidence.append("no exit status was recorded (a note says why): a kill while the process shut "
+                                 "down, after this clean end, would read the same")  # fmt: skip
+
+    def _died_in_shutdown(self, near: tuple[float, str] | None) -> bool:
+        """The clean end armed the exit record (written inside libc's exit()) and none came: the process
+        never reached exit(); it died while it shut down (later exit handlers, finalization). What ended it
+        is told as for a death with no clean end: the kernel's OOM kill of it, a signal `blackbox run`
+        saw, else SIGKILL (or os._exit or a crash in a later exit handler: no record tells those apart)."""
+        f, ev = self.f, self.ev
+        run_saw = _signal_of(ev.exit_status)
+        if not f.exit_armed or self.exit_how == fmt.EXIT_PROCESS or (ev.exit_status is not None and run_saw is None):
+            return False  # it reached exit(), or `blackbox run` saw it exit by itself (C calling _exit)
+        self.in_shutdown = True
+        self.status, self.exit_how = (ev.exit_status, RUN_SAW) if ev.exit_status is not None else (None, None)
+        self.evidence.append("but no exit record, which that clean end armed: the process never reached exit(), "
+                             "it died while it shut down")  # fmt: skip
+        own = next((k for k in reversed(ev.kernel_kills) if k.pid == self.pid), None)
+        if own is not None:
+            self.victim.update(name=own.name, **own.rss)
+            self._set("host_oom_kill", "certain", f"kernel log: {own.line}")
+            self._at(own.time_ns, own=True)
+        elif run_saw is not None and run_saw != signals.SIGKILL:
+            self._set("signal", "certain", f"`blackbox run` saw the job end by {signals.Signals(run_saw).name}")
+        elif run_saw == signals.SIGKILL or ev.same_boot:
+            how = ("`blackbox run` saw the job end by SIGKILL" if run_saw else
+                   "same boot, no exit record: SIGKILL (or os._exit or a crash in a later exit handler)")  # fmt: skip
+            self._sigkill(near, self.f.signals[-1] if self.f.signals else None, seen=run_saw is not None, how=how)
+        else:
+            self.evidence.append("the host rebooted or could not be checked: SIGKILL, power loss or kernel crash")
+        return True
+
+    def _caught_interrupt(self) -> dict[str, Any] | None:
+        """The last signal, where it is a SIGINT that raised KeyboardInterrupt which the job caught (none
+        went uncaught) and no step began after it: the job's own handling of the interrupt ended it."""
+        f = self.f
+        if not len(f.signals):
+            return None
+        s = f.signals[-1]
+        if s["label"] != "SIGINT" or s["detail"] != "raised KeyboardInterrupt":
+            return None
+        return s if s["step"] == (f.last_event or {}).get("step") else None
+
+    def _interrupt_caught(self, s: dict[str, Any]) -> None:
+        """Ended by an interrupt the job caught and turned into its exit status (Lightning: exit 1)."""
+        self.handled, self.killed_by = s, _sender(s)
+        who = f" from {s['sender']} (pid {s['sender_pid']})" if s["sender"] else ""
+        self._set("interrupted", "certain", f"SIGINT{who} at {s['time']} raised KeyboardInterrupt, which the job "
+                  f"caught; it then exited by itself with status {self.status} "
+                  f"({HOW_KNOWN.get(self.exit_how or '', 'recorded')}): its own handling of the interrupt")  # fmt: skip
+        self.when = s
 
     def _exited(self, why: str) -> None:
         """The process ended by itself with ``self.status``: 0 clean, 130 an interrupt, else nonzero."""
@@ -236,9 +299,11 @@ class _Death:
         else:
             self.evidence.append("the host rebooted or could not be checked: SIGKILL, power loss or kernel crash")
 
-    def _sigkill(self, near: tuple[float, str] | None, last_signal: dict[str, Any] | None, *, seen: bool) -> None:
-        how = "`blackbox run` saw the job end by SIGKILL" if seen else (
-            "same boot, no exception, no handler ran: SIGKILL (or os._exit)")  # fmt: skip
+    def _sigkill(
+        self, near: tuple[float, str] | None, last_signal: dict[str, Any] | None, *, seen: bool, how: str = ""
+    ) -> None:
+        how = how or ("`blackbox run` saw the job end by SIGKILL" if seen else
+                      "same boot, no exception, no handler ran: SIGKILL (or os._exit)")  # fmt: skip
         recent = last_signal if last_signal and self.f.last_ns - self._signal_ns(last_signal) < 120 * 10**9 else None
         if recent and (recent["sender"] or "") in OOM_DAEMONS:
             self.killed_by = _sender(recent)
@@ -314,7 +379,9 @@ class _Death:
         d: dict[str, Any] = {
             "cause": self.cause,
             "confidence": self.confidence,
-            "headline": headline(self.cause, self.victim, self.killed_by, self.status, self.handled),
+            "headline": headline(
+                self.cause, self.victim, self.killed_by, self.status, self.handled, in_shutdown=self.in_shutdown
+            ),
             "evidence": self.evidence,
             "time": self.when["time"] if self.when else None,
             "step": self.when["step"] if self.when else None,
@@ -338,14 +405,21 @@ def headline(
     killed_by: dict[str, Any] | None,
     status: int | None,
     handled: dict[str, Any] | None = None,
+    *,
+    in_shutdown: bool = False,
 ) -> str:
     """One plain sentence: who died of what."""
     who = f"The {victim.get('role', 'process')} (pid {victim.get('pid')})"
     by = f" {killed_by['signal']} from {killed_by['sender']}" if killed_by and killed_by.get("sender") else ""
     if by and killed_by and killed_by.get("reason"):
         by += f": {str(killed_by['reason']).split(' (Slurm')[0]}"
+    if in_shutdown and cause == "killed":
+        return f"{who} was killed with SIGKILL while it shut down{', after' + by if by else ''}, before it could exit."
     if handled is not None:
         sent = f" from {handled['sender']}" if handled.get("sender") else ""
+        if cause == "interrupted":
+            return (f"The job was interrupted by {handled['label']}{sent}; it caught the KeyboardInterrupt and "
+                    f"exited with status {status}.")  # fmt: skip
         after = f" after {handled['label']}{sent}, which its own handler took (a graceful shutdown)."
         if cause == "clean_exit":
             return "The job exited cleanly" + after

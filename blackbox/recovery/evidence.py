@@ -85,9 +85,10 @@ def gather(
     ``.crash`` sidecar older rings left, as the reader found them), and what this machine says of its writer.
 
     ``kills``: the kernel log's OOM kills (``kernel_oom_kills``, read once for all rings; None reads it
-    here). ``window``: (first, last) monotonic ns of the ring's events; ``pids``: the ring's own pid and
-    the children it sampled. A kill counts when its victim is one of ``pids`` and it happened after the
-    ring started and, for the ring's own pid, not before its last event (less SLACK_NS).
+    here). ``window``: (first, last) monotonic ns of the ring's events; ``pids``: the ring's own pid, the
+    children it sampled and the DataLoader workers its job's errors name as dead. A kill counts when its
+    victim is one of ``pids`` and it happened after the ring started and, for the ring's own pid, not
+    before its last event (less SLACK_NS).
     """
     ident = meta.get("identity") or {}
     ev = Evidence(exit_status=exit_status, crash=crash)

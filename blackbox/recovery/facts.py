@@ -121,6 +121,7 @@ class Facts:
     signals: Rows
     signal_ns: np.ndarray
     exits: Rows  # exit events: value = the status
+    exit_armed: bool = False  # the last clean end armed the exit record (a disarm record of value 1)
     children: dict[int, Series] = field(default_factory=dict)
     steps: pa.Table | None = None  # every record's time and step (the step in force when it was written)
     last_event: dict[str, Any] | None = None
@@ -164,6 +165,24 @@ def _ns(table: pa.Table) -> np.ndarray:
     return stamps
 
 
+def named_workers(table: pa.Table) -> set[int]:
+    """The pids of the DataLoader workers the job's own errors name as dead (PyTorch's "DataLoader worker
+    (pid N) is killed by signal" or "exited unexpectedly"): the kernel's OOM kill of one is this ring's
+    evidence, though the ring may never have sampled it (a forkserver's worker is no child of the job's)."""
+    out: set[int] = set()
+    for text in Rows.of_kind(table, "oom", "exception", columns=["label"]).column("label").unique().to_pylist():
+        m = _WORKER_KILLED.search(text or "")
+        if m:
+            out.update(int(p) for p in re.findall(r"\d+", m.group(1)))
+    return out
+
+
+def _exit_armed(table: pa.Table) -> bool:
+    """The last ``disarm`` record says the exit record was armed (value 1, FORMAT.md "Kinds")."""
+    rows = rows_of_kind(table, "disarm")
+    return bool(len(rows)) and table["value"][int(rows[-1])].as_py() == 1
+
+
 def facts(table: pa.Table, clock: dict[str, Any]) -> Facts:
     """The end-of-life facts of one ring's timeline; ``clock`` is the ring's (wall_ns, monotonic_ns) pair."""
     wall0, mono0 = int(clock.get("wall_ns") or 0), int(clock.get("monotonic_ns") or 0)
@@ -181,6 +200,7 @@ def facts(table: pa.Table, clock: dict[str, Any]) -> Facts:
         signals=signals,
         signal_ns=signals.ns() - to_wall,
         exits=Rows.of_kind(table, "exit", columns=["time", "step", "value", "label", "detail"]),
+        exit_armed=_exit_armed(table),
         steps=table.select(["time", "step"]),
         last_event=ends[-1] if ends else None,
         first_ns=int(ends.ns()[0]) - to_wall if ends else 0,

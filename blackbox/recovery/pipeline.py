@@ -25,6 +25,7 @@ from ..ring.folded import read_folded
 from ..ring.reader import Ring, Unread, list_rings, nothing_read, read_header, read_ring
 from .diagnosis import diagnose
 from .evidence import KernelKill, gather, kernel_oom_kills
+from .facts import named_workers
 from .metadata import bundle_metadata, helper_groups, ring_metadata
 from .relays import RelayIndex
 from .spill import SpilledRings
@@ -118,7 +119,8 @@ class RecoveryPass:
         table = ring_table(ring, release=True)  # the ring's slots are freed once their columns are taken
         table = self.relays.attribute(table, ring.path, ring.owner)
         status = self.exit_status if path == self.owner else None
-        evidence = gather(ring.path, ring.meta, status, self.kills, ring.crash, window, children)
+        pids = children | named_workers(table)  # a forkserver's worker is sampled by none, named by the job
+        evidence = gather(ring.path, ring.meta, status, self.kills, ring.crash, window, pids)
         evidence.signal_stacks = ring.signal_stacks  # written by faulthandler where the C extension was not built
         death = diagnose(table, ring.clean, evidence, ring.meta)
         kill = evidence.kernel_kills[-1] if evidence.kernel_kills else None

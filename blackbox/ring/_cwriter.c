@@ -47,6 +47,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -260,16 +261,39 @@ static inline void write_now(Writer *w, int64_t step, int64_t value, uint64_t ta
         *t_out = t;
 }
 
+/* The job's exception test (blackbox._jobsignal.raised_by_signal_handler, set by writer.py): an
+ * exception it answers True for was raised by the job's own signal handler while we ran Python code. */
+static PyObject *g_job_exception;
+
 /* Report the pending exception through on_error (once the writer is dead, drop it). Only an
  * Exception: a KeyboardInterrupt or SystemExit raised by the job's signal handler while we ran
- * Python code (the intern callable, __index__) propagates to the job, as it would without us. */
+ * Python code (the intern callable, __index__) propagates to the job, as it would without us, and
+ * so does any exception the job's test names as raised by its signal handler. */
 static PyObject *report(Writer *w) {
     if (!PyErr_ExceptionMatches(PyExc_Exception))
         return NULL;
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL)
+        PyException_SetTraceback(value, tb);
+    if (g_job_exception != NULL && value != NULL) {
+        PyObject *answer = PyObject_CallOneArg(g_job_exception, value);
+        if (answer == NULL) { /* the test itself raised: the job's handler again, it propagates */
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            return NULL;
+        }
+        int jobs = PyObject_IsTrue(answer);
+        Py_DECREF(answer);
+        if (jobs > 0) {
+            PyErr_Restore(type, value, tb);
+            return NULL;
+        }
+        PyErr_Clear();
+    }
     if (!w->dead && w->on_error != NULL) {
-        PyErr_NormalizeException(&type, &value, &tb);
         PyObject *r = PyObject_CallOneArg(w->on_error, value ? value : Py_None);
         if (r == NULL)
             PyErr_Clear();
@@ -1112,7 +1136,166 @@ static PyObject *exit_record_release(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ the phase around a call
+ * PhaseCall(function, event, begin_kind, end_kind, name): a callable that writes a phase_begin event
+ * (event(begin_kind, name), which returns the monotonic ns it read), calls `function` with its own
+ * arguments, then writes the phase_end event (event(end_kind, name, duration)) whatever that returned or
+ * raised, and hands back exactly its result or its exception. In C so that it adds no Python frame: a
+ * traceback through it, and a stack sampled while it runs, are the job's own (torch_hooks.py puts one
+ * around torch.autograd.backward). The writer swallows its own errors, so an event that raises raised
+ * the job's exception (its signal handler ran meanwhile): that one reaches the job (the call is not
+ * made where the begin event raised). Attributes it does not hold go to `function`; __wrapped__ is it. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *function, *event, *begin, *end, *name;
+    vectorcallfunc vectorcall;
+} PhaseCall;
+
+static PyObject *PhaseCall_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    PhaseCall *p = (PhaseCall *)self;
+    PyObject *begin_args[2] = {p->begin, p->name};
+    PyObject *stamp = PyObject_Vectorcall(p->event, begin_args, 2, NULL);
+    if (stamp == NULL) /* the writer swallows its own errors: this is the job's (its signal handler's) */
+        return NULL;
+    long long t0 = PyLong_AsLongLong(stamp);
+    Py_DECREF(stamp);
+    if (t0 == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        t0 = 0;
+    }
+    PyObject *result = PyObject_Vectorcall(p->function, args, nargsf, kwnames);
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb); /* the job's exception, if any, kept aside while the end is written */
+    PyObject *duration = t0 > 0 ? PyLong_FromLongLong(now_ns() - t0) : Py_NewRef(Py_None);
+    PyObject *done = NULL;
+    if (duration != NULL) {
+        PyObject *end_args[3] = {p->end, p->name, duration};
+        done = PyObject_Vectorcall(p->event, end_args, 3, NULL);
+        Py_DECREF(duration);
+    }
+    if (done == NULL && duration != NULL) {
+        /* The job's signal handler raised while the end was written: that exception reaches the job,
+         * with the call's own exception, if any, as its context (as Python chains one raised while
+         * another is handled). */
+        Py_XDECREF(result);
+        if (value != NULL) {
+            PyObject *t2, *v2, *tb2;
+            PyErr_Fetch(&t2, &v2, &tb2);
+            PyErr_NormalizeException(&t2, &v2, &tb2);
+            PyErr_NormalizeException(&type, &value, &tb);
+            if (tb != NULL)
+                PyException_SetTraceback(value, tb);
+            if (v2 != NULL && value != NULL)
+                PyException_SetContext(v2, Py_NewRef(value));
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            PyErr_Restore(t2, v2, tb2);
+        }
+        return NULL;
+    }
+    Py_XDECREF(done);
+    PyErr_Clear();
+    PyErr_Restore(type, value, tb);
+    return result;
+}
+
+static int PhaseCall_init(PhaseCall *self, PyObject *args, PyObject *kwds) {
+    PyObject *function, *event, *begin, *end, *name;
+    static char *kwlist[] = {"function", "event", "begin_kind", "end_kind", "name", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!O!U", kwlist, &function, &event, &PyLong_Type, &begin,
+                                     &PyLong_Type, &end, &name))
+        return -1;
+    if (!PyCallable_Check(function) || !PyCallable_Check(event)) {
+        PyErr_SetString(PyExc_TypeError, "PhaseCall: function and event must be callable");
+        return -1;
+    }
+    Py_XSETREF(self->function, Py_NewRef(function));
+    Py_XSETREF(self->event, Py_NewRef(event));
+    Py_XSETREF(self->begin, Py_NewRef(begin));
+    Py_XSETREF(self->end, Py_NewRef(end));
+    Py_XSETREF(self->name, Py_NewRef(name));
+    self->vectorcall = PhaseCall_call;
+    return 0;
+}
+
+static int PhaseCall_traverse(PhaseCall *self, visitproc visit, void *arg) {
+    Py_VISIT(self->function);
+    Py_VISIT(self->event);
+    Py_VISIT(self->begin);
+    Py_VISIT(self->end);
+    Py_VISIT(self->name);
+    return 0;
+}
+
+static int PhaseCall_clear(PhaseCall *self) {
+    Py_CLEAR(self->function);
+    Py_CLEAR(self->event);
+    Py_CLEAR(self->begin);
+    Py_CLEAR(self->end);
+    Py_CLEAR(self->name);
+    return 0;
+}
+
+static void PhaseCall_dealloc(PhaseCall *self) {
+    PyObject_GC_UnTrack(self);
+    PhaseCall_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *PhaseCall_getattro(PyObject *self, PyObject *name) {
+    PhaseCall *p = (PhaseCall *)self;
+    if (p->function == NULL)
+        return PyObject_GenericGetAttr(self, name);
+    if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, "__wrapped__") == 0)
+        return Py_NewRef(p->function);
+    /* the function's own words first: __name__, __qualname__, __module__, __doc__, __dict__, __code__... */
+    if (PyUnicode_Check(name) && PyUnicode_READ_CHAR(name, 0) == '_' &&
+        PyUnicode_CompareWithASCIIString(name, "__class__") != 0) {
+        PyObject *got = PyObject_GetAttr(p->function, name);
+        if (got != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError))
+            return got;
+        PyErr_Clear();
+    }
+    PyObject *got = PyObject_GenericGetAttr(self, name);
+    if (got != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError))
+        return got;
+    PyErr_Clear();
+    return PyObject_GetAttr(p->function, name);
+}
+
+static PyObject *PhaseCall_repr(PhaseCall *self) {
+    return self->function != NULL ? PyObject_Repr(self->function) : PyUnicode_FromString("<PhaseCall>");
+}
+
+static PyTypeObject PhaseCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "blackbox.ring._cwriter.PhaseCall",
+    .tp_basicsize = sizeof(PhaseCall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A phase's begin and end events around a call, with no Python frame of its own.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)PhaseCall_init,
+    .tp_dealloc = (destructor)PhaseCall_dealloc,
+    .tp_traverse = (traverseproc)PhaseCall_traverse,
+    .tp_clear = (inquiry)PhaseCall_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(PhaseCall, vectorcall),
+    .tp_getattro = PhaseCall_getattro,
+    .tp_repr = (reprfunc)PhaseCall_repr,
+};
+
+/* job_exception_test(callable or None): the test report() asks before it swallows an exception. */
+static PyObject *job_exception_test(PyObject *Py_UNUSED(m), PyObject *test) {
+    if (test != Py_None && !PyCallable_Check(test)) {
+        PyErr_SetString(PyExc_TypeError, "job_exception_test takes a callable or None");
+        return NULL;
+    }
+    Py_XSETREF(g_job_exception, test == Py_None ? NULL : Py_NewRef(test));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
+    {"job_exception_test", job_exception_test, METH_O, "set the test of the job's own exceptions"},
     {"signals_arm", signals_arm, METH_VARARGS,
      "signals_arm(buffer, records_offset, capacity, sequence, detail_default): record signals into this ring."},
     {"signals_watch", signals_watch, METH_VARARGS,
@@ -1136,13 +1319,14 @@ static struct PyModuleDef cwriter_module = {
 };
 
 PyMODINIT_FUNC PyInit__cwriter(void) {
-    if (PyType_Ready(&SequenceType) < 0 || PyType_Ready(&WriterType) < 0)
+    if (PyType_Ready(&SequenceType) < 0 || PyType_Ready(&WriterType) < 0 || PyType_Ready(&PhaseCallType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&cwriter_module);
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "Sequence", (PyObject *)&SequenceType) < 0 ||
         PyModule_AddObjectRef(m, "Writer", (PyObject *)&WriterType) < 0 ||
+        PyModule_AddObjectRef(m, "PhaseCall", (PyObject *)&PhaseCallType) < 0 ||
 #if defined(__GLIBC__)
         PyModule_AddIntConstant(m, "EXIT_RECORD", 1) < 0) {
 #else

@@ -20,19 +20,20 @@ and so in the kernel OOM killer's choice of victim; page cache does not.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 import os
 from typing import Any
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# libc from the symbols the interpreter already has (dlopen(NULL)): ctypes.util.find_library would run
+# `ldconfig -p` (and gcc where that fails) in a child process at every import, inside the job being armed
+_libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 # madvise with the GIL held (PyDLL): close() clears ``addr`` under the GIL before it unmaps, so a
 # drop() never runs on an address that another mapping may have taken since.
-_madvise_held = ctypes.PyDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).madvise
+_madvise_held = ctypes.PyDLL(None, use_errno=True).madvise
 _madvise_held.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _MS_SYNC = 4

@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterator
 from itertools import count, repeat, starmap, tee
 from typing import Any
 
+from .._jobsignal import raised_by_signal_handler
 from .format import (
     FLAG_VALUE,
     KIND_CODES,
@@ -237,11 +238,15 @@ class RingWriter:
             """A string id for a payload word (0 if the writer is dead)."""
             try:
                 return lookup(label) or intern(label)
-            except Exception:
+            except Exception as exc:
+                if raised_by_signal_handler(exc):
+                    raise
                 return 0
 
         self.intern = safe_intern
         if cmod is not None:
+            if hasattr(cmod, "job_exception_test"):  # what the C writer must never swallow (_jobsignal.py)
+                cmod.job_exception_test(raised_by_signal_handler)
             w = cmod.Writer(
                 buffer,
                 records_offset,
@@ -290,6 +295,8 @@ class RingWriter:
                     push_event((get_ident(), step_now, v, lid | MARK_VALUE_TAG))
                 write_event()
             except Exception as exc:
+                if raised_by_signal_handler(exc):  # the job's signal handler ran meanwhile: the job's
+                    raise
                 if not dead:
                     on_error(exc)
 
@@ -304,6 +311,8 @@ class RingWriter:
                 push_event((get_ident(), new, new, STEP_TAG))
                 write_event()
             except Exception as exc:
+                if raised_by_signal_handler(exc):  # the job's signal handler ran meanwhile: the job's
+                    raise
                 if not dead:
                     on_error(exc)
 
@@ -332,6 +341,8 @@ class RingWriter:
                     write_sample()
                 return monotonic_ns()  # at or after the record's own stamp: durations from it never exceed the gap
             except Exception as exc:
+                if raised_by_signal_handler(exc):  # the job's signal handler ran meanwhile: the job's
+                    raise
                 if not dead:
                     on_error(exc)
                 return 0
@@ -346,6 +357,8 @@ class RingWriter:
                 push_sample((get_ident(), step_now, 0, SAMPLE_TAG | (device & 0xFFFF) << 48, *payload))
                 write_sample()
             except Exception as exc:
+                if raised_by_signal_handler(exc):  # the job's signal handler ran meanwhile: the job's
+                    raise
                 if not dead:
                     on_error(exc)
 

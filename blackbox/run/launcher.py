@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import resource
 import signal
@@ -117,7 +116,7 @@ def _hand_terminal(tty: int | None, pgrp: int) -> None:
 
 def _prctl(option: int, value: int) -> None:
     with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)  # not find_library: it runs ldconfig in a child
         libc.prctl(option, value, 0, 0, 0)
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import select
 import signal
@@ -130,5 +129,5 @@ class Witness:
 
 def _die_with_parent() -> None:
     with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)  # not find_library: it runs ldconfig in a child
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

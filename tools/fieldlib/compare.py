@@ -64,9 +64,10 @@ def outputs(run: Path, parts: list[str], replace: dict[str, str], progress: str)
     }  # fmt: skip
 
 
-def differences(base: dict[str, Any], other: dict[str, Any], timed: bool) -> list[str]:
+def differences(base: dict[str, Any], other: dict[str, Any], timed: bool, cap: int | None = 4) -> list[str]:
     """What differs between the unarmed run and an armed one (empty: the job is unchanged). A death dealt
-    by the clock (``timed``) may find either run further along: only what the armed run adds counts."""
+    by the clock (``timed``) may find either run further along: only what the armed run adds counts.
+    ``cap``: output lines named per stream and sign (None: all, for :func:`capped` to cut later)."""
     said = [f"{key} {base[key]} -> {other[key]}" for key in ("status", "oom_kills") if base[key] != other[key]]
     said += [
         f"{key} {sorted(base[key])} -> {sorted(other[key])}"
@@ -77,13 +78,31 @@ def differences(base: dict[str, Any], other: dict[str, Any], timed: bool) -> lis
         plus = {x for x in other[stream] - base[stream] if not _interleaved(x, base[stream])}
         minus = {x for x in base[stream] - other[stream] if not _interleaved(x, other[stream])}
         for sign, lines in (("+", plus), ("-", set() if timed else minus)):
-            said += [f"{stream} {sign} {line[:110]}" for line in sorted(lines)[:4]]
-            if len(lines) > 4:
-                said.append(f"{stream} {sign} ... {len(lines) - 4} more lines")
+            said += [f"{stream} {sign} {line[:110]}" for line in sorted(lines)[:cap]]
+            if cap is not None and len(lines) > cap:
+                said.append(f"{stream} {sign} ... {len(lines) - cap} more lines")
     fewer = set() if timed else base["files"] - other["files"]
     for sign, names in (("+", other["files"] - base["files"]), ("-", fewer)):
         said += [f"files {sign} {n}" for n in sorted(names)[:4]]
     return said
+
+
+def capped(said: list[str], cap: int = 4) -> list[str]:
+    """``differences(..., cap=None)``'s list with at most ``cap`` output lines per stream and sign."""
+    out: list[str] = []
+    counts: dict[str, int] = {}
+    for line in said:
+        key = line[:8] if line.startswith(("stdout ", "stderr ")) else ""
+        if not key:
+            out.append(line)
+            continue
+        counts[key] = counts.get(key, 0) + 1
+        if counts[key] <= cap:
+            out.append(line)
+    for key, n in counts.items():
+        if n > cap:
+            out.append(f"{key} ... {n - cap} more lines")
+    return out
 
 
 def _interleaved(line: str, lines: set[str]) -> bool:
