@@ -140,6 +140,31 @@ def test_rings_decoded_at_once_stay_within_the_byte_budget(
     assert any(s == {tmp_path / "big" / "big.ring"} for s in seen)
 
 
+def test_over_the_ring_limit_the_newest_are_recovered_and_the_rest_named(
+    hosts: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN one host's 12 rings, modified one a minute apart in an order that is not their names', and a
+    # limit of 9 rings per recovery
+    folder = tmp_path / "rings"
+    folder.mkdir()
+    rings = sorted(hosts[0].glob("*.ring"))
+    order = rings[5:] + rings[:5]  # oldest first
+    for age, ring in enumerate(order):
+        (folder / ring.name).write_bytes(ring.read_bytes())
+        os.utime(folder / ring.name, ns=(1_700_000_000 * 10**9 + age * 60 * 10**9,) * 2)
+    monkeypatch.setattr(pipeline, "MAX_RINGS", 9)
+    # WHEN the folder is recovered
+    meta = write_postmortem([folder], tmp_path / "b", plot=False)
+    # THEN the 9 last modified are recovered (in their names' order), the 3 oldest are named, oldest first
+    kept = sorted(r.name for r in order[3:])
+    assert [Path(m["ring"]).name for m in meta["rings"]] == kept
+    pids = {int(r.name.split("-pid")[1].split("-")[0]) for r in order[3:]}
+    assert set(pq.read_table(tmp_path / "b" / "timeline.parquet", columns=["pid"])["pid"].to_pylist()) == pids
+    left = json.loads((tmp_path / "b" / "metadata.json").read_text())["rings_left_out"]
+    assert left == {"limit": 9, "count": 3, "rings": [str(folder / r.name) for r in order[:3]]}
+    assert "## Rings left out (3)" in (tmp_path / "b" / "summary.md").read_text()
+
+
 def test_the_picture_draws_every_death_in_one_collection_per_panel(hosts: list[Path]) -> None:
     pytest.importorskip("matplotlib", reason="memory.png is drawn only where matplotlib is installed")
     from matplotlib.collections import LineCollection
