@@ -220,8 +220,10 @@ def left_out_section(meta: dict[str, Any]) -> list[str]:
     left = meta.get("rings_left_out")
     if not left:
         return []
-    text = (f"More rings than one recovery reads ({left['limit']}): the {left['limit']} last modified were "
-            f"recovered; `metadata.json` names the {left['count']} others (`rings_left_out`), oldest first.")  # fmt: skip
+    text = (
+        f"More rings than one recovery reads ({left['limit']}): the {left['limit']} last modified were "
+        f"recovered; `metadata.json` names the {left['count']} others (`rings_left_out`), oldest first."
+    )
     return [f"## Rings left out ({left['count']})", "", text, ""]
 
 
