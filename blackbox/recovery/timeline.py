@@ -438,10 +438,12 @@ def iso_ns(ns: int | None) -> str | None:
 def py_rows(table: pa.Table) -> list[dict[str, Any]]:
     """The rows as dicts, timestamps as ISO-8601 strings. pyarrow turns a nanosecond timestamp into a
     Python value only through pandas, which a plain install does not have."""
+    if not table.num_rows:
+        return []
     for i, field in enumerate(table.schema):
         if pa.types.is_timestamp(field.type):
-            texts = [iso_ns(s) for s in table.column(i).cast(pa.int64()).to_pylist()]
-            table = table.set_column(i, field.name, pa.array(texts, pa.string()))
+            stamps = [s for chunk in table.column(i).chunks for s in chunk.view(pa.int64()).to_pylist()]
+            table = table.set_column(i, field.name, pa.array([iso_ns(s) for s in stamps], pa.string()))
     rows: list[dict[str, Any]] = table.to_pylist()
     return rows
 
@@ -451,9 +453,9 @@ def kind_mask(table: pa.Table, *kinds: str) -> pa.ChunkedArray:
     chunks = []
     for chunk in table["kind"].chunks:
         words = chunk.dictionary.to_pylist()
-        codes = [i for i, w in enumerate(words) if w in kinds]
+        wanted = np.fromiter((w in kinds for w in words), bool, len(words))  # a lookup table by code
         indices = chunk.indices.to_numpy(zero_copy_only=False)
-        chunks.append(pa.array(np.isin(indices, codes)))
+        chunks.append(pa.array(wanted[indices] if wanted.any() else np.zeros(len(indices), bool)))
     return pa.chunked_array(chunks, pa.bool_())
 
 
@@ -472,4 +474,8 @@ def last_of_kind(table: pa.Table, *kinds: str, columns: list[str], n: int) -> pa
     """The last ``n`` rows of these kinds (only ``columns``): taken by row number, never through a filtered
     copy of every row of the kind (a ring may hold a million samples)."""
     rows = rows_of_kind(table, *kinds)
-    return table.select(columns).take(rows[len(rows) - n :] if n > 0 else rows[:0])
+    rows = rows[len(rows) - n :] if n > 0 else rows[:0]
+    picked = table.select(columns)
+    if not len(rows) or rows[-1] - rows[0] == len(rows) - 1:  # consecutive rows: a slice, no take
+        return picked.slice(int(rows[0]) if len(rows) else 0, len(rows))
+    return picked.take(rows)
