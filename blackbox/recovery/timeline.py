@@ -103,16 +103,30 @@ def ring_times(ring: Ring, mono: np.ndarray) -> tuple[np.ndarray, int]:
     return fixed, int((fixed != t).sum())
 
 
+_DENSE = 1 << 22  # ids below this are counted in a table, not sorted
+
+
 def _dense_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(distinct values ascending, index of each value among them): np.unique without a sort
-    when the values are small non-negative ids, as kinds and label ids are."""
-    if len(values) and int(values.max()) < (1 << 22):
-        present = np.bincount(values, minlength=1) > 0
-        uniq = np.flatnonzero(present)
-        position = np.cumsum(present) - 1
-        return uniq, position[values].astype(np.int32)
+    when the values are small non-negative ids, as kinds and label ids are, or such ids and
+    folded stacks' ids (``_VIRTUAL_IDS`` up), as the ``detail`` column holds."""
+    if len(values) and int(values.max()) < _DENSE:
+        return _counted(values)
+    if len(values) and int(values.min()) >= 0:
+        high = values >= _DENSE
+        if int(values[high].min()) >= _VIRTUAL_IDS and int(values.max()) < _VIRTUAL_IDS + _DENSE:
+            shift = _VIRTUAL_IDS - _DENSE
+            uniq, codes = _counted(np.where(high, values - shift, values))  # the same order, all below 2 * _DENSE
+            return np.where(uniq >= _DENSE, uniq + shift, uniq), codes
     uniq, inverse = np.unique(values, return_inverse=True)
     return uniq, inverse.astype(np.int32)
+
+
+def _counted(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    present = np.bincount(values, minlength=1) > 0
+    uniq = np.flatnonzero(present)
+    position = np.cumsum(present) - 1
+    return uniq, position[values].astype(np.int32)
 
 
 def _labels(ids: np.ndarray, strings: dict[int, str], cut: bool = False) -> tuple[pa.Array, int]:
