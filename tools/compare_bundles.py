@@ -59,8 +59,11 @@ def differences(a: Path, b: Path) -> list[str]:
             elif tx.to_pylist() != ty.to_pylist():
                 found.append(f"{name}: rows differ ({tx.num_rows} and {ty.num_rows} rows)")
         elif name == "metadata.json":
-            if steady(json.loads(x.read_text())) != steady(json.loads(y.read_text())):
+            text = x.read_text()
+            if steady(json.loads(text)) != steady(json.loads(y.read_text())):
                 found.append(f"{name}: differs")
+            elif text != json.dumps(json.loads(text), indent=2) + "\n":
+                found.append(f"{name}: not the text json.dumps(indent=2) writes")
         elif name.endswith(".png"):
             continue  # drawn by matplotlib: compared through the rows it draws (timeline.parquet)
         elif x.read_bytes() != y.read_bytes():
