@@ -308,7 +308,8 @@ def _write_row_groups(writer: pq.ParquetWriter, tables: Iterator[pa.Table]) -> N
     held: list[pa.Table] = []
     rows = 0
     for table in tables:
-        held.append(table.cast(TIMELINE_SCHEMA))
+        same = table.schema.equals(TIMELINE_SCHEMA, check_metadata=True)
+        held.append(table if same else table.cast(TIMELINE_SCHEMA))  # a cast is a call per column
         rows += table.num_rows
         del table
         if rows >= ROW_GROUP:
