@@ -308,8 +308,7 @@ def _write_row_groups(writer: pq.ParquetWriter, tables: Iterator[pa.Table]) -> N
     held: list[pa.Table] = []
     rows = 0
     for table in tables:
-        same = table.schema.equals(TIMELINE_SCHEMA, check_metadata=True)
-        held.append(table if same else table.cast(TIMELINE_SCHEMA))  # a cast is a call per column
+        held.append(table.cast(TIMELINE_SCHEMA))
         rows += table.num_rows
         del table
         if rows >= ROW_GROUP:
