@@ -113,11 +113,15 @@ def _dense_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if len(values) and int(values.max()) < _DENSE:
         return _counted(values)
     if len(values) > 4096 and int(values.min()) >= 0:  # (a sort of fewer costs less than the steps below)
-        high = values >= _DENSE
-        if int(values[high].min()) >= _VIRTUAL_IDS and int(values.max()) < _VIRTUAL_IDS + _DENSE:
-            top = int(values[~high].max()) + 1 if not high.all() else 0  # the high ids go just above the low ones
+        high = values >= _DENSE  # no copies of the values but one: a ring may hold a million rows
+        if int(np.min(values, where=high, initial=_VIRTUAL_IDS)) >= _VIRTUAL_IDS and int(values.max()) < (
+            _VIRTUAL_IDS + _DENSE
+        ):
+            top = int(np.max(values, where=~high, initial=-1)) + 1  # the high ids go just above the low ones
             shift = _VIRTUAL_IDS - top
-            uniq, codes = _counted(np.where(high, values - shift, values))  # the same order, all below 2 * _DENSE
+            shifted = values.copy()
+            np.subtract(shifted, shift, out=shifted, where=high)  # the same order, all below 2 * _DENSE
+            uniq, codes = _counted(shifted)
             return np.where(uniq >= top, uniq + shift, uniq), codes
     uniq, inverse = np.unique(values, return_inverse=True)
     return uniq, inverse.astype(np.int32)
@@ -126,8 +130,8 @@ def _dense_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _counted(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     present = np.bincount(values, minlength=1) > 0
     uniq = np.flatnonzero(present)
-    position = np.cumsum(present) - 1
-    return uniq, position[values].astype(np.int32)
+    position = (np.cumsum(present) - 1).astype(np.int32)
+    return uniq, position[values]
 
 
 def _labels(ids: np.ndarray, strings: dict[int, str], cut: bool = False) -> tuple[pa.Array, int]:
