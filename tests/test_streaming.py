@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from conftest import REPO
+from users import local_users, shared_folder
 
 import blackbox
 from blackbox._postmortem import write_postmortem
@@ -163,6 +164,31 @@ def test_over_the_ring_limit_the_newest_are_recovered_and_the_rest_named(
     left = json.loads((tmp_path / "b" / "metadata.json").read_text())["rings_left_out"]
     assert left == {"limit": 9, "count": 3, "rings": [str(folder / r.name) for r in order[:3]]}
     assert "## Rings left out (3)" in (tmp_path / "b" / "summary.md").read_text()
+
+
+def test_over_the_ring_limit_another_users_newer_rings_do_not_push_out_the_owners(
+    hosts: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with local_users("ringowner", "planter") as (owner, planter), shared_folder() as shared:
+        # GIVEN a team folder of the owner's, writable by all, holding 3 of her rings (an hour old), and 4
+        # copies of real rings the planter, another user, wrote there just now
+        folder = shared / "team"
+        folder.mkdir()
+        rings = sorted(hosts[0].glob("*.ring"))
+        for ring in rings[:3]:
+            (folder / ring.name).write_bytes(ring.read_bytes())
+            os.utime(folder / ring.name, ns=(time.time_ns() - 3600 * 10**9,) * 2)
+        owner.give(folder)
+        os.chmod(folder, 0o777)
+        data = {ring.name: ring.read_bytes() for ring in rings[3:7]}
+        planter.run(lambda: [(folder / name).write_bytes(raw) for name, raw in data.items()])
+        monkeypatch.setattr(pipeline, "MAX_RINGS", 3)
+        # WHEN root recovers the folder, 3 rings at most
+        meta = write_postmortem([folder], tmp_path / "b", plot=False)
+    # THEN the owner's 3 are recovered and the planter's 4, newer, are the ones named
+    assert [Path(m["ring"]).name for m in meta["rings"]] == [r.name for r in rings[:3]]
+    left = json.loads((tmp_path / "b" / "metadata.json").read_text())["rings_left_out"]
+    assert sorted(Path(p).name for p in left["rings"]) == sorted(data)
 
 
 def test_the_picture_draws_every_death_in_one_collection_per_panel(hosts: list[Path]) -> None:

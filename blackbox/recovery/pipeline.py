@@ -77,17 +77,23 @@ MAX_RINGS = 4096  # rings recovered at most in one pass: above it, the newest (R
 
 def newest(paths: list[Path], limit: int) -> tuple[list[Path], list[Path]]:
     """(the ``limit`` rings last modified, in their order; the others, oldest first): a folder any user
-    can fill with rings costs recovery at most ``limit`` rings' time. Ties go to the later name."""
+    can fill with rings costs recovery at most ``limit`` rings' time. The rings of the folder's owner
+    go before any other user's, whatever their times (another user who can write there cannot push
+    them out with newer ones); ties go to the later name."""
     if len(paths) <= limit:
         return paths, []
+    owners: dict[Path, int] = {}
 
-    def modified(path: Path) -> int:
+    def rank(path: Path) -> tuple[bool, int, str]:
         try:
-            return os.lstat(path).st_mtime_ns
+            st = os.lstat(path)
+            if path.parent not in owners:
+                owners[path.parent] = os.lstat(path.parent).st_uid
         except OSError:
-            return 0
+            return False, 0, str(path)
+        return st.st_uid == owners[path.parent], st.st_mtime_ns, str(path)
 
-    order = sorted(range(len(paths)), key=lambda i: (modified(paths[i]), str(paths[i])))
+    order = sorted(range(len(paths)), key=lambda i: rank(paths[i]))
     cut = len(paths) - limit
     kept = set(order[cut:])
     return [p for i, p in enumerate(paths) if i in kept], [paths[i] for i in order[:cut]]
