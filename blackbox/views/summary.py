@@ -222,7 +222,7 @@ def left_out_section(meta: dict[str, Any]) -> list[str]:
         return []
     text = (
         f"More rings than one recovery reads ({left['limit']}): the {left['limit']} last modified were "
-        f"recovered; `metadata.json` names the {left['count']} others (`rings_left_out`), oldest first."
+        f"recovered (the folder owner's first); `metadata.json` names the {left['count']} others (`rings_left_out`)."
     )
     return [f"## Rings left out ({left['count']})", "", text, ""]
 
