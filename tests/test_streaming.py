@@ -324,3 +324,17 @@ def test_a_trace_export_reads_each_rings_metadata_once(hosts: list[Path]) -> Non
     assert Counted.reads == RANKS
     names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
     assert len(names) == RANKS and any(n.startswith("rank 7 pid") for n in names)
+
+
+def test_rows_of_a_kind_are_found_in_a_table_with_null_or_unknown_kind_codes() -> None:
+    # GIVEN a timeline read from a file (a bundle's timeline.parquet is the user's): kinds with a null and a
+    # code past the dictionary, in two chunks
+    from blackbox.recovery.timeline import kind_mask
+
+    words = pa.array(["mark", "sample", "step"])
+    bad = pa.DictionaryArray.from_arrays(pa.array([0, 1, None, 2, 7, 0], pa.int32()), words, safe=False)
+    good = pa.DictionaryArray.from_arrays(pa.array([2, 1], pa.int32()), words)
+    table = pa.table({"kind": pa.chunked_array([bad, good])})
+    # WHEN the rows of some kinds are asked for THEN those rows, and no others, and no error
+    assert kind_mask(table, "mark", "step").to_pylist() == [True, False, False, True, False, True, True, False]
+    assert not any(kind_mask(table, "gpu_sample").to_pylist())

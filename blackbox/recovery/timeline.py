@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..collect.oom import parse_oom
 from ..ring import format as fmt
@@ -472,9 +473,12 @@ def kind_mask(table: pa.Table, *kinds: str) -> pa.ChunkedArray:
     chunks = []
     for chunk in table["kind"].chunks:
         words = chunk.dictionary.to_pylist()
-        wanted = np.fromiter((w in kinds for w in words), bool, len(words))  # a lookup table by code
-        indices = chunk.indices.to_numpy(zero_copy_only=False)
-        chunks.append(pa.array(wanted[indices] if wanted.any() else np.zeros(len(indices), bool)))
+        wanted = np.fromiter((w in kinds for w in [*words, None]), bool, len(words) + 1)  # a lookup table by code
+        indices = chunk.indices if not chunk.indices.null_count else pc.fill_null(chunk.indices, -1)
+        codes = indices.to_numpy(zero_copy_only=False)
+        if len(codes) and (int(codes.min()) < 0 or int(codes.max()) >= len(words)):  # a null, or a file's bad code
+            codes = np.where((codes >= 0) & (codes < len(words)), codes, len(words))
+        chunks.append(pa.array(wanted[codes] if wanted.any() else np.zeros(len(codes), bool)))
     return pa.chunked_array(chunks, pa.bool_())
 
 
