@@ -22,6 +22,7 @@ from typing import Any
 from ._recorder import DEFAULT_SAMPLE_INTERVAL, DEFAULT_STRINGS_SIZE, Phase, Recorder
 from ._warn import note_arm_site
 from .collect.exceptions import capture
+from .ring.writer import built_module
 
 _lock = threading.Lock()
 _arming: set[int] = set()  # threads inside arm(): a signal handler re-entering it never waits on itself
@@ -201,11 +202,28 @@ def step(n: int | None = None) -> None:
     _active.step(n)
 
 
-_forward_mark, _forward_step = mark, step
+def _forwarders() -> tuple[Any, Any]:
+    """What ``blackbox.mark`` / ``blackbox.step`` are while nothing is armed (and what a reference taken
+    before arm() keeps): the C extension's ``Forward`` objects where it is built (a call with no ring is
+    one C call that returns at once; armed, it hands its arguments to the ring's function), else the
+    two functions above."""
+    cmod = built_module()
+    forward = getattr(cmod, "Forward", None)
+    if forward is None:
+        return mark, step
+    return forward(), forward()
+
+
+_forward_mark, _forward_step = _forwarders()
+_C_FORWARDERS = _forward_mark is not mark  # their target is set by _bind
 
 
 def _bind(mark_fn: Any, step_fn: Any) -> None:
-    """Point ``blackbox.mark`` / ``blackbox.step`` (and this module's) at these functions."""
+    """Point ``blackbox.mark`` / ``blackbox.step`` (and this module's) at these functions, and the
+    forwarders taken before arm() at them too (at nothing when they are the forwarders)."""
+    if _C_FORWARDERS:
+        _forward_mark.target = None if mark_fn is _forward_mark else mark_fn
+        _forward_step.target = None if step_fn is _forward_step else step_fn
     targets = [sys.modules[__name__]]
     package = sys.modules.get(__package__ or "blackbox")
     if package is not None:
@@ -213,6 +231,9 @@ def _bind(mark_fn: Any, step_fn: Any) -> None:
     for module in targets:
         module.__dict__["mark"] = mark_fn
         module.__dict__["step"] = step_fn
+
+
+_bind(_forward_mark, _forward_step)
 
 
 def phase(name: str) -> Phase:

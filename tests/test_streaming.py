@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from conftest import REPO
+from users import local_users, shared_folder
 
 import blackbox
 from blackbox._postmortem import write_postmortem
@@ -138,6 +139,56 @@ def test_rings_decoded_at_once_stay_within_the_byte_budget(
     for at_once in seen:
         assert len(at_once) == 1 or sum(pipeline._bytes_there(p) for p in at_once) <= pipeline.IN_FLIGHT_BYTES
     assert any(s == {tmp_path / "big" / "big.ring"} for s in seen)
+
+
+def test_over_the_ring_limit_the_newest_are_recovered_and_the_rest_named(
+    hosts: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN one host's 12 rings, modified one a minute apart in an order that is not their names', and a
+    # limit of 9 rings per recovery
+    folder = tmp_path / "rings"
+    folder.mkdir()
+    rings = sorted(hosts[0].glob("*.ring"))
+    order = rings[5:] + rings[:5]  # oldest first
+    for age, ring in enumerate(order):
+        (folder / ring.name).write_bytes(ring.read_bytes())
+        os.utime(folder / ring.name, ns=(1_700_000_000 * 10**9 + age * 60 * 10**9,) * 2)
+    monkeypatch.setattr(pipeline, "MAX_RINGS", 9)
+    # WHEN the folder is recovered
+    meta = write_postmortem([folder], tmp_path / "b", plot=False)
+    # THEN the 9 last modified are recovered (in their names' order), the 3 oldest are named, oldest first
+    kept = sorted(r.name for r in order[3:])
+    assert [Path(m["ring"]).name for m in meta["rings"]] == kept
+    pids = {int(r.name.split("-pid")[1].split("-")[0]) for r in order[3:]}
+    assert set(pq.read_table(tmp_path / "b" / "timeline.parquet", columns=["pid"])["pid"].to_pylist()) == pids
+    left = json.loads((tmp_path / "b" / "metadata.json").read_text())["rings_left_out"]
+    assert left == {"limit": 9, "count": 3, "rings": [str(folder / r.name) for r in order[:3]]}
+    assert "## Rings left out (3)" in (tmp_path / "b" / "summary.md").read_text()
+
+
+def test_over_the_ring_limit_another_users_newer_rings_do_not_push_out_the_owners(
+    hosts: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with local_users("ringowner", "planter") as (owner, planter), shared_folder() as shared:
+        # GIVEN a team folder of the owner's, writable by all, holding 3 of her rings (an hour old), and 4
+        # copies of real rings the planter, another user, wrote there just now
+        folder = shared / "team"
+        folder.mkdir()
+        rings = sorted(hosts[0].glob("*.ring"))
+        for ring in rings[:3]:
+            (folder / ring.name).write_bytes(ring.read_bytes())
+            os.utime(folder / ring.name, ns=(time.time_ns() - 3600 * 10**9,) * 2)
+        owner.give(folder)
+        os.chmod(folder, 0o777)
+        data = {ring.name: ring.read_bytes() for ring in rings[3:7]}
+        planter.run(lambda: [(folder / name).write_bytes(raw) for name, raw in data.items()])
+        monkeypatch.setattr(pipeline, "MAX_RINGS", 3)
+        # WHEN root recovers the folder, 3 rings at most
+        meta = write_postmortem([folder], tmp_path / "b", plot=False)
+    # THEN the owner's 3 are recovered and the planter's 4, newer, are the ones named
+    assert [Path(m["ring"]).name for m in meta["rings"]] == [r.name for r in rings[:3]]
+    left = json.loads((tmp_path / "b" / "metadata.json").read_text())["rings_left_out"]
+    assert sorted(Path(p).name for p in left["rings"]) == sorted(data)
 
 
 def test_the_picture_draws_every_death_in_one_collection_per_panel(hosts: list[Path]) -> None:
@@ -273,3 +324,17 @@ def test_a_trace_export_reads_each_rings_metadata_once(hosts: list[Path]) -> Non
     assert Counted.reads == RANKS
     names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
     assert len(names) == RANKS and any(n.startswith("rank 7 pid") for n in names)
+
+
+def test_rows_of_a_kind_are_found_in_a_table_with_null_or_unknown_kind_codes() -> None:
+    # GIVEN a timeline read from a file (a bundle's timeline.parquet is the user's): kinds with a null and a
+    # code past the dictionary, in two chunks
+    from blackbox.recovery.timeline import kind_mask
+
+    words = pa.array(["mark", "sample", "step"])
+    bad = pa.DictionaryArray.from_arrays(pa.array([0, 1, None, 2, 7, 0], pa.int32()), words, safe=False)
+    good = pa.DictionaryArray.from_arrays(pa.array([2, 1], pa.int32()), words)
+    table = pa.table({"kind": pa.chunked_array([bad, good])})
+    # WHEN the rows of some kinds are asked for THEN those rows, and no others, and no error
+    assert kind_mask(table, "mark", "step").to_pylist() == [True, False, False, True, False, True, True, False]
+    assert not any(kind_mask(table, "gpu_sample").to_pylist())

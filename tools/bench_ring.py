@@ -2,7 +2,9 @@
 
     .venv/bin/python tools/bench_ring.py [--quick] [--mark]
 
-``--mark`` measures only the write path. Each write path is measured twice, side by side: as armed (the
+``--mark`` measures only the write path. ``blackbox.mark`` is also measured while no ring is armed (never
+armed, and after ``disarm()``), beside an empty two-argument call into the C extension and beside the armed
+call, in the same run. Each write path is measured twice, side by side: as armed (the
 ring mapped through a 256 KiB write window, ring/_cwriter.c) and with the whole ring mapped, as it was
 before the window (pre-faulted, never unmapped): the difference is what the window costs per event.
 
@@ -22,13 +24,20 @@ import statistics
 import sys
 import tempfile
 import time
+import types
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
 import blackbox  # noqa: E402
 from blackbox._postmortem import write_postmortem  # noqa: E402
 from blackbox.recovery.bundle import TIMELINE  # noqa: E402
+from blackbox.ring.reader import read_header  # noqa: E402
 
 
 def per_call_ns(fn, n: int) -> float:
@@ -49,6 +58,59 @@ def whole_ring_mapped(rec: blackbox.Recorder) -> blackbox.Recorder:
         for off in range(0, len(ring.map), mmap.PAGESIZE):
             view[off] = view[off]
     return rec
+
+
+_empty_c = types.ModuleType("empty_c")
+EMPTY_C_CALL = "empty call into the C extension, two args (a disarmed Writer.mark)"
+
+
+def interleaved(cases: dict[str, Callable[[int], None]], n: int, runs: int) -> dict[str, float]:
+    """Median ns per call of each case, the cases interleaved run by run so drift hits every case alike."""
+    results: dict[str, list[float]] = {name: [] for name in cases}
+    for fn in cases.values():
+        fn(10_000)  # warm-up
+    for _ in range(runs):
+        for name, fn in cases.items():
+            results[name].append(per_call_ns(fn, n))
+    return {name: statistics.median(v) for name, v in results.items()}
+
+
+def bench_unarmed(tmp: Path, n: int, runs: int) -> dict[str, float]:
+    """``blackbox.mark`` never armed, then after ``disarm()``, each beside the same two-argument call into the
+    C extension that returns at once, and beside the armed call (``blackbox.mark`` armed is ``Recorder.mark``)."""
+    armed = blackbox.Recorder.arm(tmp / "armed.ring", capacity=1 << 18, sample_interval=3600)
+    dead = blackbox.Recorder.arm(tmp / "dead.ring", capacity=1 << 18, sample_interval=3600)
+    _empty_c.mark = dead.mark  # called as blackbox.mark is: a module global's attribute
+    dead.disarm()  # its writer is dead: a call checks that and returns None
+
+    def module_mark(k: int) -> None:
+        for i in range(k):
+            blackbox.mark("loss", i)
+
+    def armed_mark(k: int) -> None:
+        mark = armed.mark
+        for i in range(k):
+            mark("loss", i)
+
+    def empty_c_call(k: int) -> None:
+        for i in range(k):
+            _empty_c.mark("loss", i)
+
+    figures = {}
+    assert not blackbox.active().armed
+    for when, case in (("never armed", "blackbox.mark(label, value), never armed"),
+                       ("after disarm()", "blackbox.mark(label, value), after disarm()")):  # fmt: skip
+        if when == "after disarm()":
+            blackbox.arm(tmp / "module.ring", capacity=1 << 18, sample_interval=3600)
+            blackbox.mark("loss", 1)
+            blackbox.disarm()
+        got = interleaved({case: module_mark, EMPTY_C_CALL: empty_c_call, "armed": armed_mark}, n, runs)
+        figures[case] = got[case]
+        figures[f"{case}: ratio to the empty C call, same run"] = got[case] / got[EMPTY_C_CALL]
+        figures[f"{case}: ratio to the armed call, same run"] = got[case] / got["armed"]
+        figures[f"{EMPTY_C_CALL} ({when} run)"] = got[EMPTY_C_CALL]
+    armed.disarm()
+    return figures
 
 
 def bench_mark(tmp: Path, n: int, runs: int) -> dict[str, float]:
@@ -103,16 +165,11 @@ def bench_mark(tmp: Path, n: int, runs: int) -> dict[str, float]:
         "deque.append(dict) (in memory, not crash-safe)": deque_dict,
         "empty loop": empty,
     }
-    results: dict[str, list[float]] = {name: [] for name in cases}
-    for fn in cases.values():
-        fn(10_000)  # warm-up
-    for _ in range(runs):  # interleaved, so drift hits every case alike
-        for name, fn in cases.items():
-            results[name].append(per_call_ns(fn, n))
+    results = interleaved(cases, n, runs)
     blackbox.disarm()
     for other in (whole, py_rec, py_whole):
         other.disarm()
-    return {name: statistics.median(v) for name, v in results.items()}
+    return results
 
 
 def typical_ring(path: Path, events: int) -> Path:
@@ -132,16 +189,30 @@ def typical_ring(path: Path, events: int) -> Path:
     return path
 
 
+def parquet_floor(ring: Path, rows: int, path: Path) -> float:
+    """The floor recovery is held to: the same number of rows, 12 int64 columns (the first 12 words of the
+    ring's slots, as they lie in the file), written by pyarrow to Parquet (zstd) from memory: nothing
+    validated, decoded or diagnosed. Seconds (the write only)."""
+    header = read_header(ring)
+    words = np.fromfile(ring, np.int64, rows * 16, offset=header.records_offset).reshape(-1, 16)
+    table = pa.table({f"w{i}": np.ascontiguousarray(words[:, i]) for i in range(12)})
+    del words
+    t0 = time.perf_counter()
+    pq.write_table(table, path, compression="zstd")
+    return time.perf_counter() - t0
+
+
 def bench_recover(tmp: Path, runs: int, events: int) -> dict[str, float]:
     ring = typical_ring(tmp / "full.ring", events)
-    times, plotted, sizes, counts = [], [], [], []
-    for r in range(runs):  # interleaved: without and with the picture (matplotlib is an optional extra)
+    times, plotted, sizes, counts, floors = [], [], [], [], []
+    for r in range(runs):  # interleaved: without and with the picture (matplotlib is an optional extra), the floor
         out = tmp / f"bundle{r}"
         t0 = time.perf_counter()
         meta = write_postmortem([ring], out, plot=False)
         times.append(time.perf_counter() - t0)
         counts.append(meta["events"])
         sizes.append((out / TIMELINE).stat().st_size)
+        floors.append(parquet_floor(ring, meta["events"], tmp / f"floor{r}.parquet"))
         if importlib.util.find_spec("matplotlib") is not None:
             t0 = time.perf_counter()
             write_postmortem([ring], tmp / f"plotted{r}", plot=True)
@@ -149,10 +220,13 @@ def bench_recover(tmp: Path, runs: int, events: int) -> dict[str, float]:
     n = counts[0]
     t = statistics.median(times)
     tp = statistics.median(plotted) if plotted else float("nan")
+    ratios = [ours / floor for ours, floor in zip(times, floors, strict=True)]  # each run beside its own floor
     return {
         "events": n,
         "seconds": t,
         "events_per_s": n / t,
+        "floor_seconds": statistics.median(floors),
+        "times_floor": statistics.median(ratios),
         "seconds_with_png": tp,
         "parquet_bytes_per_event": statistics.median(sizes) / n,
     }
@@ -176,6 +250,7 @@ def main() -> int:
     n, runs = (50_000, 3) if quick else (300_000, 9)
     with tempfile.TemporaryDirectory(dir=os.environ.get("BLACKBOX_DIR") or "/var/tmp") as d:
         tmp = Path(d)
+        unarmed = bench_unarmed(tmp, n, runs)
         marks = bench_mark(tmp, n, runs)
         if not only_mark:
             rec = bench_recover(tmp, 3 if quick else 5, 100_000 if quick else 1_000_000)
@@ -189,11 +264,20 @@ def main() -> int:
     for name, v in marks.items():
         note = f"{v / base:.2f}x deque" if "deque" not in name else "reference"
         print(f"| {name} | {v:.0f} ns/call | {note} |")
+    for name, v in unarmed.items():
+        if "ratio" in name:
+            print(f"| {name} | {v:.2f}x | measured side by side |")
+        else:
+            print(f"| {name} | {v:.0f} ns/call | {v / base:.2f}x deque |")
     if only_mark:
         return 0
     print(
         f"| recover {rec['events']:,.0f} events (ring to bundle, no picture) | {rec['seconds']:.2f} s | "
         f"{rec['events_per_s'] / 1e6:.2f} M events/s |"
+    )
+    print(
+        f"| the floor: {rec['events']:,.0f} rows of 12 int64 columns to Parquet (zstd) by pyarrow | "
+        f"{rec['floor_seconds']:.2f} s | recover is {rec['times_floor']:.2f}x the floor (median of per-run ratios) |"
     )
     print(
         f"| recover with memory.png (matplotlib installed) | {rec['seconds_with_png']:.2f} s | "

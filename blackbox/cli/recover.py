@@ -68,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {out}/ ({meta['events']} events, {rec.get('torn', 0)} torn slots dropped, {state})")
     for unread in meta.get("unread_rings", []):  # recovered without them: say which and why, one line each
         print(f"blackbox: not recovered: {unread['reason']}", file=sys.stderr)
+    if meta.get("rings_left_out"):
+        left = meta["rings_left_out"]
+        print(f"blackbox: not recovered: {left['count']} rings over the limit of {left['limit']} (the newest were "
+              "recovered); metadata.json names them (rings_left_out)", file=sys.stderr)  # fmt: skip
     if args.summary:
         sys.stdout.write(printable(read_summary(out)))  # rendered escaped; read back, it is a file like any other
     return 0

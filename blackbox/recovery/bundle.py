@@ -326,7 +326,7 @@ def _write_row_groups(writer: pq.ParquetWriter, tables: Iterator[pa.Table]) -> N
 
 def _dump(meta: dict[str, Any], sink: Any) -> None:
     """metadata.json (``json.dump(meta, indent=2)``'s text) into ``sink`` (any binary writer), a MiB per
-    write; the rings of a ``SpilledRings`` are read back and written one at a time."""
+    write; the rings of a ``SpilledRings`` are copied one at a time."""
     held: list[str] = []
     size = 0
 
@@ -345,8 +345,8 @@ def _dump(meta: dict[str, Any], sink: Any) -> None:
     for n, (key, value) in enumerate(meta.items()):
         put(("," if n else "") + f"\n  {json.dumps({key: None})[1:-7]}: ")  # the key as json writes one
         if isinstance(value, SpilledRings):
-            for i, ring in enumerate(value):
-                put(("[" if not i else ",") + "\n    " + indented(ring, 2))
+            for i in range(len(value)):  # kept as json writes it: copied, not parsed and encoded again
+                put(("[" if not i else ",") + "\n    " + value.text(i).replace("\n", "\n    "))
             put("\n  ]" if len(value) else "[]")
         else:
             put(indented(value, 1))

@@ -90,6 +90,8 @@ class Rows(Sequence[dict[str, Any]]):
         raise ValueError("row not found")
 
     def column(self, name: str) -> pa.ChunkedArray:
+        if not len(self.rows):
+            return self.table[name].slice(0, 0)
         return self.table[name].take(self.rows)
 
     def keep(self, mask: pa.ChunkedArray) -> Rows:
@@ -102,11 +104,15 @@ class Rows(Sequence[dict[str, Any]]):
 
     def floats(self, column: str) -> np.ndarray:
         """A column as float64, NaN where null."""
+        if not len(self.rows):
+            return np.zeros(0, np.float64)
         values: np.ndarray = self.column(column).cast(pa.float64()).to_numpy(zero_copy_only=False)
         return values
 
     def ns(self) -> np.ndarray:
         """The rows' times as int64 ns."""
+        if not len(self.rows):
+            return np.zeros(0, np.int64)
         stamps: np.ndarray = self.column("time").cast(pa.int64()).to_numpy(zero_copy_only=False).astype(np.int64)
         return stamps
 

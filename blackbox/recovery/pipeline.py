@@ -72,6 +72,33 @@ def _workers() -> int:
     return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
+MAX_RINGS = 4096  # rings recovered at most in one pass: above it, the newest (README, "Running recover as root")
+
+
+def newest(paths: list[Path], limit: int) -> tuple[list[Path], list[Path]]:
+    """(the ``limit`` rings last modified, in their order; the others, oldest first): a folder any user
+    can fill with rings costs recovery at most ``limit`` rings' time. The rings of the folder's owner
+    go before any other user's, whatever their times (another user who can write there cannot push
+    them out with newer ones); ties go to the later name."""
+    if len(paths) <= limit:
+        return paths, []
+    owners: dict[Path, int] = {}
+
+    def rank(path: Path) -> tuple[bool, int, str]:
+        try:
+            st = os.lstat(path)
+            if path.parent not in owners:
+                owners[path.parent] = os.lstat(path.parent).st_uid
+        except OSError:
+            return False, 0, str(path)
+        return st.st_uid == owners[path.parent], st.st_mtime_ns, str(path)
+
+    order = sorted(range(len(paths)), key=lambda i: rank(paths[i]))
+    cut = len(paths) - limit
+    kept = set(order[cut:])
+    return [p for i, p in enumerate(paths) if i in kept], [paths[i] for i in order[:cut]]
+
+
 IN_FLIGHT_BYTES = 64 << 20  # ring bytes decoded at once, beyond one ring alone (which always goes)
 
 
@@ -102,6 +129,7 @@ class RecoveryPass:
         self.inputs = inputs
         self.extra = extra or {}  # fields the caller adds to the bundle's metadata (`blackbox run`: left_running)
         self.paths, self.unread = list_rings(inputs)
+        self.paths, self.left_out = newest(self.paths, MAX_RINGS)  # named in the metadata, not read
         self.kills = kernel_oom_kills()  # one pass over the kernel log for every ring
         self.exit_status = exit_status
         self.owner = _status_owner(self.paths, launcher_pid) if exit_status is not None else None
@@ -184,6 +212,9 @@ class RecoveryPass:
             meta["helpers"] = helper_groups(folded)
         if self.unread:
             meta["unread_rings"] = [{"ring": str(u.path), "reason": u.reason} for u in self.unread]
+        if self.left_out:
+            meta["rings_left_out"] = {"limit": MAX_RINGS, "count": len(self.left_out),
+                                      "rings": [str(p) for p in self.left_out]}  # fmt: skip
         return meta
 
 

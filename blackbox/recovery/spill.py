@@ -4,7 +4,9 @@ A recovery of thousands of rings keeps each ring's full metadata (its death and
 evidence, last events, peaks, stacks: a few KiB as Python objects) until
 metadata.json is written. ``SpilledRings`` holds them as JSON in an unnamed
 temporary file instead, and reads one back at a time: a read-only sequence of
-dicts, each as metadata.json will hold it.
+dicts, each as metadata.json will hold it. The JSON is kept as metadata.json
+writes it (``indent=2``), so writing it there is a copy (``text``), not a parse
+and an encode per ring.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ class SpilledRings(Sequence[dict[str, Any]]):
     """Rings' metadata, appended one at a time and read back in order (``rings[i]``, iteration).
 
     Kept in an unnamed temporary file (gone with its last reference or the process); where none can be
-    made (a read-only or full temporary folder), in memory, as compact JSON."""
+    made (a read-only or full temporary folder), in memory."""
 
     def __init__(self, metas: Sequence[dict[str, Any]] = ()) -> None:
         self._file: BinaryIO
@@ -35,7 +37,7 @@ class SpilledRings(Sequence[dict[str, Any]]):
             self.append(m)
 
     def append(self, meta: dict[str, Any]) -> None:
-        data = json.dumps(meta, separators=(",", ":")).encode("utf-8")
+        data = json.dumps(meta, indent=2).encode("utf-8")
         try:
             self._put(data)
         except OSError:  # the temporary folder filled up: these rings and the rest are kept in memory
@@ -71,10 +73,18 @@ class SpilledRings(Sequence[dict[str, Any]]):
         n = len(self)
         if not -n <= index < n:
             raise IndexError("ring index out of range")
-        i = index % n
-        self._file.seek(self._ends[i])
-        meta: dict[str, Any] = json.loads(self._file.read(self._ends[i + 1] - self._ends[i]))
+        meta: dict[str, Any] = json.loads(self._read(index % n))
         return meta
+
+    def _read(self, i: int) -> bytes:
+        self._file.seek(self._ends[i])
+        return self._file.read(self._ends[i + 1] - self._ends[i])
+
+    def text(self, index: int) -> str:
+        """Ring ``index``'s metadata as ``json.dumps(meta, indent=2)`` writes it."""
+        if not 0 <= index < len(self):
+            raise IndexError("ring index out of range")
+        return self._read(index).decode("utf-8")
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         i = 0

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..collect.oom import parse_oom
 from ..ring import format as fmt
@@ -110,16 +111,35 @@ def ring_times(ring: Ring, mono: np.ndarray) -> tuple[np.ndarray, int]:
     return fixed, int((fixed != t).sum())
 
 
+_DENSE = 1 << 22  # ids below this are counted in a table, not sorted
+
+
 def _dense_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(distinct values ascending, index of each value among them): np.unique without a sort
-    when the values are small non-negative ids, as kinds and label ids are."""
-    if len(values) and int(values.max()) < (1 << 22):
-        present = np.bincount(values, minlength=1) > 0
-        uniq = np.flatnonzero(present)
-        position = np.cumsum(present) - 1
-        return uniq, position[values].astype(np.int32)
+    when the values are small non-negative ids, as kinds and label ids are, or such ids and
+    folded stacks' ids (``_VIRTUAL_IDS`` up), as the ``detail`` column holds."""
+    if len(values) and int(values.max()) < _DENSE:
+        return _counted(values)
+    if len(values) > 4096 and int(values.min()) >= 0:  # (a sort of fewer costs less than the steps below)
+        high = values >= _DENSE  # no copies of the values but one: a ring may hold a million rows
+        if int(np.min(values, where=high, initial=_VIRTUAL_IDS)) >= _VIRTUAL_IDS and int(values.max()) < (
+            _VIRTUAL_IDS + _DENSE
+        ):
+            top = int(np.max(values, where=~high, initial=-1)) + 1  # the high ids go just above the low ones
+            shift = _VIRTUAL_IDS - top
+            shifted = values.copy()
+            np.subtract(shifted, shift, out=shifted, where=high)  # the same order, all below 2 * _DENSE
+            uniq, codes = _counted(shifted)
+            return np.where(uniq >= top, uniq + shift, uniq), codes
     uniq, inverse = np.unique(values, return_inverse=True)
     return uniq, inverse.astype(np.int32)
+
+
+def _counted(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    present = np.bincount(values, minlength=1) > 0
+    uniq = np.flatnonzero(present)
+    position = (np.cumsum(present) - 1).astype(np.int32)
+    return uniq, position[values]
 
 
 def _labels(ids: np.ndarray, strings: dict[int, str], cut: bool = False) -> tuple[pa.Array, int]:
@@ -497,10 +517,12 @@ def iso_ns(ns: int | None) -> str | None:
 def py_rows(table: pa.Table) -> list[dict[str, Any]]:
     """The rows as dicts, timestamps as ISO-8601 strings. pyarrow turns a nanosecond timestamp into a
     Python value only through pandas, which a plain install does not have."""
+    if not table.num_rows:
+        return []
     for i, field in enumerate(table.schema):
         if pa.types.is_timestamp(field.type):
-            texts = [iso_ns(s) for s in table.column(i).cast(pa.int64()).to_pylist()]
-            table = table.set_column(i, field.name, pa.array(texts, pa.string()))
+            stamps = [s for chunk in table.column(i).chunks for s in chunk.view(pa.int64()).to_pylist()]
+            table = table.set_column(i, field.name, pa.array([iso_ns(s) for s in stamps], pa.string()))
     rows: list[dict[str, Any]] = table.to_pylist()
     return rows
 
@@ -510,9 +532,12 @@ def kind_mask(table: pa.Table, *kinds: str) -> pa.ChunkedArray:
     chunks = []
     for chunk in table["kind"].chunks:
         words = chunk.dictionary.to_pylist()
-        codes = [i for i, w in enumerate(words) if w in kinds]
-        indices = chunk.indices.to_numpy(zero_copy_only=False)
-        chunks.append(pa.array(np.isin(indices, codes)))
+        wanted = np.fromiter((w in kinds for w in [*words, None]), bool, len(words) + 1)  # a lookup table by code
+        indices = chunk.indices if not chunk.indices.null_count else pc.fill_null(chunk.indices, -1)
+        codes = indices.to_numpy(zero_copy_only=False)
+        if len(codes) and (int(codes.min()) < 0 or int(codes.max()) >= len(words)):  # a null, or a file's bad code
+            codes = np.where((codes >= 0) & (codes < len(words)), codes, len(words))
+        chunks.append(pa.array(wanted[codes] if wanted.any() else np.zeros(len(codes), bool)))
     return pa.chunked_array(chunks, pa.bool_())
 
 
@@ -531,4 +556,8 @@ def last_of_kind(table: pa.Table, *kinds: str, columns: list[str], n: int) -> pa
     """The last ``n`` rows of these kinds (only ``columns``): taken by row number, never through a filtered
     copy of every row of the kind (a ring may hold a million samples)."""
     rows = rows_of_kind(table, *kinds)
-    return table.select(columns).take(rows[len(rows) - n :] if n > 0 else rows[:0])
+    rows = rows[len(rows) - n :] if n > 0 else rows[:0]
+    picked = table.select(columns)
+    if not len(rows) or rows[-1] - rows[0] == len(rows) - 1:  # consecutive rows: a slice, no take
+        return picked.slice(int(rows[0]) if len(rows) else 0, len(rows))
+    return picked.take(rows)

@@ -38,6 +38,12 @@
  *    So the ring's pages do not count in this process's RSS, nor in the kernel
  *    OOM killer's choice of victim (oom_badness counts get_mm_rss). One syscall
  *    per chunk, no lock (the kernel's own mmap lock, as a page fault takes it).
+ *
+ * 5. Forward: what ``blackbox.mark`` and ``blackbox.step`` are while no ring is
+ *    armed (and what a reference taken before arm() keeps): a call hands its
+ *    arguments on to the armed writer's function, or, with none, returns None
+ *    at once. Library code marks whether or not the job is armed, so the call
+ *    that records nothing costs one C call, not two Python frames.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -624,6 +630,83 @@ static PyTypeObject WriterType = {
     .tp_traverse = (traverseproc)Writer_traverse,
     .tp_clear = (inquiry)Writer_clear,
     .tp_methods = Writer_methods,
+};
+
+/* ------------------------------------------------------------------ Forward (5.) */
+typedef struct {
+    PyObject_HEAD
+    PyObject *target; /* the armed write function; NULL: nothing armed */
+    vectorcallfunc vectorcall;
+} Forward;
+
+static PyObject *Forward_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    PyObject *target = ((Forward *)self)->target;
+    if (target == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(target); /* the call may run Python code that sets another target */
+    PyObject *result = PyObject_Vectorcall(target, args, nargsf, kwnames);
+    Py_DECREF(target);
+    return result;
+}
+
+static PyObject *Forward_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    if (PyTuple_GET_SIZE(args) != 0 || (kwds != NULL && PyDict_GET_SIZE(kwds) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "Forward() takes no arguments");
+        return NULL;
+    }
+    Forward *f = (Forward *)type->tp_alloc(type, 0);
+    if (f != NULL)
+        f->vectorcall = Forward_vectorcall;
+    return (PyObject *)f;
+}
+
+static int Forward_traverse(Forward *f, visitproc visit, void *arg) {
+    Py_VISIT(f->target);
+    return 0;
+}
+
+static int Forward_clear(Forward *f) {
+    Py_CLEAR(f->target);
+    return 0;
+}
+
+static void Forward_dealloc(Forward *f) {
+    PyObject_GC_UnTrack(f);
+    Forward_clear(f);
+    Py_TYPE(f)->tp_free((PyObject *)f);
+}
+
+static PyObject *Forward_get_target(Forward *f, void *Py_UNUSED(closure)) {
+    PyObject *t = f->target != NULL ? f->target : Py_None;
+    Py_INCREF(t);
+    return t;
+}
+
+static int Forward_set_target(Forward *f, PyObject *value, void *Py_UNUSED(closure)) {
+    PyObject *t = (value == NULL || value == Py_None) ? NULL : value;
+    Py_XINCREF(t);
+    Py_XSETREF(f->target, t);
+    return 0;
+}
+
+static PyGetSetDef Forward_getset[] = {
+    {"target", (getter)Forward_get_target, (setter)Forward_set_target,
+     "The function calls are handed to (None: each call returns None at once).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ForwardType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "blackbox.ring._cwriter.Forward",
+    .tp_basicsize = sizeof(Forward),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Forward(): a callable that hands its arguments to .target, or returns None when it is None.",
+    .tp_new = Forward_new,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Forward, vectorcall),
+    .tp_dealloc = (destructor)Forward_dealloc,
+    .tp_traverse = (traverseproc)Forward_traverse,
+    .tp_clear = (inquiry)Forward_clear,
+    .tp_getset = Forward_getset,
 };
 
 /* ------------------------------------------------------------------ signals
@@ -1319,7 +1402,8 @@ static struct PyModuleDef cwriter_module = {
 };
 
 PyMODINIT_FUNC PyInit__cwriter(void) {
-    if (PyType_Ready(&SequenceType) < 0 || PyType_Ready(&WriterType) < 0 || PyType_Ready(&PhaseCallType) < 0)
+    if (PyType_Ready(&SequenceType) < 0 || PyType_Ready(&WriterType) < 0 || PyType_Ready(&PhaseCallType) < 0 ||
+        PyType_Ready(&ForwardType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&cwriter_module);
     if (m == NULL)
@@ -1327,6 +1411,7 @@ PyMODINIT_FUNC PyInit__cwriter(void) {
     if (PyModule_AddObjectRef(m, "Sequence", (PyObject *)&SequenceType) < 0 ||
         PyModule_AddObjectRef(m, "Writer", (PyObject *)&WriterType) < 0 ||
         PyModule_AddObjectRef(m, "PhaseCall", (PyObject *)&PhaseCallType) < 0 ||
+        PyModule_AddObjectRef(m, "Forward", (PyObject *)&ForwardType) < 0 ||
 #if defined(__GLIBC__)
         PyModule_AddIntConstant(m, "EXIT_RECORD", 1) < 0) {
 #else

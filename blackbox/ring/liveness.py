@@ -22,13 +22,18 @@ _FLOCK = struct.Struct("@hhqqi4x")  # struct flock: l_type, l_whence, l_start, l
 LOCK_LIVENESS = "ofd-lock"
 
 
+_boot_id: list[str | None] = []  # read once: a process outlives no boot
+
+
 def boot_id() -> str | None:
     """This boot's id: tells whether a ring's writer pid can still be the same process."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip()
-    except OSError:
-        return None
+    if not _boot_id:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+                _boot_id.append(f.read().strip())
+        except OSError:
+            _boot_id.append(None)
+    return _boot_id[0]
 
 
 def same_machine(ident: dict[str, Any]) -> bool:

@@ -220,13 +220,25 @@ def unread_section(meta: dict[str, Any]) -> list[str]:
     return [*lines, *[f"- `{u['ring']}`: {u['reason']}" for u in unread], ""]
 
 
+def left_out_section(meta: dict[str, Any]) -> list[str]:
+    """Rings over the count one recovery reads: how many, and where they are named."""
+    left = meta.get("rings_left_out")
+    if not left:
+        return []
+    text = (
+        f"More rings than one recovery reads ({left['limit']}): the {left['limit']} last modified were "
+        f"recovered (the folder owner's first); `metadata.json` names the {left['count']} others (`rings_left_out`)."
+    )
+    return [f"## Rings left out ({left['count']})", "", text, ""]
+
+
 def bundle_summary(meta: dict[str, Any]) -> str:
     """summary.md: one ring's account; for several, the account across them (the same length at any
     count: attempts, first death, how the others ended, outliers) and the detail of one ring, the
     first death's (else the lowest rank of the last attempt). Text from the rings is escaped (``text``)."""
     rings = meta.get("rings")
     view = shown({k: v for k, v in meta.items() if k != "rings"})  # the rings are read one at a time
-    helpers = helpers_section(view) + unread_section(view)
+    helpers = helpers_section(view) + unread_section(view) + left_out_section(view)
     if not rings:
         return ring_summary(meta) + ("\n" + "\n".join(helpers) if helpers else "")
     rows = shown(rank_rows(meta))  # one pass over the rings (they may be read back from disk), for both
