@@ -30,7 +30,12 @@ STAGES = {
     "entry": 8,
 }
 LEAVES = {
-    "blackbox._errors", "blackbox._version", "blackbox._units", "blackbox._times", "blackbox._fds", "blackbox._jobsignal"
+    "blackbox._errors",
+    "blackbox._version",
+    "blackbox._units",
+    "blackbox._times",
+    "blackbox._fds",
+    "blackbox._jobsignal",
 }
 RECOVERY_ORDER = {
     "timeline": 0,

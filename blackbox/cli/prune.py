@@ -16,7 +16,9 @@ from ._common import standalone
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "folder", metavar="DIR", help="a ring folder (*.ring files and blackbox run's run-* folders) or a folder of bundles"
+        "folder",
+        metavar="DIR",
+        help="a ring folder (*.ring files and blackbox run's run-* folders) or a folder of bundles",
     )
     parser.add_argument("--max-count", type=int, metavar="N", help="keep at most N rings, runs or bundles")
     parser.add_argument("--max-size", metavar="SIZE", help="keep at most SIZE in total (500M, 20G)")
