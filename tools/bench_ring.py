@@ -9,7 +9,7 @@ ring mapped through a 256 KiB write window, ring/_cwriter.c) and with the whole 
 before the window (pre-faulted, never unmapped): the difference is what the window costs per event.
 
 Everything is measured side by side in one run; each figure is the median of
-several runs. Prints a Markdown table at the end (the one in README).
+several runs. Prints a Markdown table at the end (the one in docs/performance.md).
 """
 
 from __future__ import annotations
