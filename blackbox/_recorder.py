@@ -97,6 +97,8 @@ class Phase:
         self._event(_KIND_PHASE_END, self._name, time.monotonic_ns() - t0 if t0 else None)
 
 
+_said = {"no_c": False}  # what the recorder has said once in this process
+
 class Recorder:
     """An armed (or, after a failure or ``disarm()``, inert) flight recorder.
 
@@ -259,7 +261,8 @@ class Recorder:
         if ring.note:
             self.notes.append(ring.note)
             warn(ring.note)
-        if built_module() is None and not os.environ.get(NO_C_SAID_ENV):  # `blackbox run` says it once for all
+        if built_module() is None and not os.environ.get(NO_C_SAID_ENV) and not _said["no_c"]:  # once a process
+            _said["no_c"] = True  # (`blackbox run` says it once for the whole job)
             warn(NO_C_EXTENSION)
         hdr = self._header = ring.header
         self._writer = RingWriter(
