@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from .._errors import BundleDestinationError
 from ..ring.inputs import open_folder, open_input
-from ..ring.packed import MAX_KEPT_BYTES, MAX_KEPT_RINGS, KeptRings, pack, stored_name
+from ..ring.packed import KeptRings, pack, stored_name
 from .outfolder import OutFolder
 from .pipeline import OOM_REPORT, RecoveryPass, recover_rings
 from .ranks import rank_rows, ranks_table
@@ -392,7 +392,7 @@ def _put_raw_rings(folder: _Folder, kept: KeptRings) -> dict[str, Any]:
                               "compressed_bytes": packed.compressed_bytes, "sha256": packed.sha256})  # fmt: skip
     finally:
         kept.close()
-    return {"kept": kept_rows, "skipped": skipped, "max_rings": MAX_KEPT_RINGS, "max_bytes": MAX_KEPT_BYTES}
+    return {"kept": kept_rows, "skipped": skipped, "max_rings": kept.max_rings, "max_bytes": kept.max_bytes}
 
 
 def _bundle_file(name: str) -> bool:

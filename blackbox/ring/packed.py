@@ -89,14 +89,15 @@ class KeptRings:
         self.held: list[tuple[Path, int, int]] = []  # (the ring, its descriptor, its size)
         self.skipped: list[dict[str, Any]] = []
         self.bytes = 0
+        self.max_rings, self.max_bytes = MAX_KEPT_RINGS, MAX_KEPT_BYTES
 
     def offer(self, path: Path, fd: int) -> None:
         """Keep the ring read at ``path`` (a descriptor of it, from now on this object's), or skip it."""
         size = os.fstat(fd).st_size
-        if len(self.held) >= MAX_KEPT_RINGS:
-            why = f"beyond the first {MAX_KEPT_RINGS} rings"
-        elif self.bytes + size > MAX_KEPT_BYTES:
-            why = f"beyond {MAX_KEPT_BYTES >> 20} MiB of rings"
+        if len(self.held) >= self.max_rings:
+            why = f"beyond the first {self.max_rings} rings"
+        elif self.bytes + size > self.max_bytes:
+            why = f"beyond {self.max_bytes} bytes of rings"
         else:
             self.held.append((path, fd, size))
             self.bytes += size
