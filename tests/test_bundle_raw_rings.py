@@ -22,7 +22,6 @@ from conftest import REPO, run_py
 from blackbox.cli import main
 from blackbox.recovery import bundle
 from blackbox.recovery.pipeline import RecoveryPass
-from blackbox.ring import packed
 from blackbox.ring.reader import read_header
 
 _KILLED = """
@@ -126,7 +125,7 @@ def test_rings_beyond_the_cap_are_skipped_and_named(
 ) -> None:
     # GIVEN two SIGKILLed children's rings, and a cap of one ring
     other = killed_ring(tmp_path / "other", 10)
-    monkeypatch.setattr(packed, "MAX_KEPT_RINGS", 1)
+    monkeypatch.setattr("blackbox.ring.packed.MAX_KEPT_RINGS", 1)
     out = tmp_path / "b"
     # WHEN both are recovered into one bundle
     assert main(["recover", str(ring), str(other), "-o", str(out)]) == 0
@@ -174,8 +173,11 @@ def test_a_zstd_bomb_is_refused_in_one_line_and_no_file_grows_past_the_cap(ring:
 @pytest.mark.parametrize(
     ("content", "found"),
     [
-        (b"not zstd at all\n" * 64, "expected a zstd-compressed ring, found data that is not zstd"),
-        (zstandard.ZstdCompressor().compress(b"plain text, not a ring\n" * 64), "expected a blackbox ring"),
+        (b"not zstd at all\n" * 64, ": expected a zstd-compressed ring, found data that is not zstd"),
+        (
+            zstandard.ZstdCompressor().compress(b"plain text, not a ring\n" * 64),
+            " (decompressed): expected a blackbox ring",
+        ),
     ],
     ids=["not zstd", "zstd of no ring"],
 )
@@ -186,4 +188,4 @@ def test_a_zst_that_is_not_a_compressed_ring_is_refused_in_one_line(
     planted.write_bytes(content)
     assert main(["recover", str(planted), "-o", str(tmp_path / "b")]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"{planted}: {found}" in err, err
+    assert err.count("\n") == 1 and f"{planted}{found}" in err, err

@@ -181,4 +181,4 @@ def _decompress(src: int, dst: int, name: str) -> int:
 
 def _header(head: bytes, name: str) -> fmt.Header:
     """The header at the start of the decompressed bytes ``head`` (raises NotARingError and its kin)."""
-    return fmt.decode_header(head, len(head), name)
+    return fmt.decode_header(head, len(head), f"{name} (decompressed)")
