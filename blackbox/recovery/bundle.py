@@ -168,7 +168,8 @@ class _Prefix:
         """Nothing to move: metadata.json, written last, makes the prefix a bundle."""
 
     def create(self, name: str) -> BinaryIO:
-        return cast(BinaryIO, self.dest.fs.open_output_stream(self.dest.path(name)))
+        # compression=None: by default pyarrow compresses a stream whose name ends in .zst (rings/*.zst) again
+        return cast(BinaryIO, self.dest.fs.open_output_stream(self.dest.path(name), compression=None))
 
     def open_back(self, name: str) -> BinaryIO:
         return cast(BinaryIO, self.dest.fs.open_input_file(self.dest.path(name)))
