@@ -116,19 +116,10 @@ class RecoveryPass:
         self.relays = RelayIndex()  # the real senders of the signals `blackbox run` relayed
         self.kept = KeptRings() if keep_raw else None  # the rings read, held open for the bundle's rings/
 
-    _Result = tuple[pa.Table, dict[str, Any], "KernelKill | None", "str | None", int, int]
-
-    def _one(self, path: Path) -> _Result:
+    def _one(self, path: Path) -> tuple[pa.Table, dict[str, Any], KernelKill | None, str | None, int]:
         ring = read_ring(path, keep_open=self.kept is not None)
-        try:
-            return self._diagnosed(ring)
-        except BaseException:
-            if ring.fd >= 0:
-                os.close(ring.fd)
-            raise
-
-    def _diagnosed(self, ring: Ring) -> _Result:
-        path = ring.path
+        if self.kept is not None:
+            self.kept.hold(path, ring.fd)  # closed by it, whatever happens next
         window, children = _window_and_children(ring)
         table = ring_table(ring, release=True)  # the ring's slots are freed once their columns are taken
         table = self.relays.attribute(table, ring.path, ring.owner)
@@ -140,7 +131,7 @@ class RecoveryPass:
         if kill is not None:
             death["kernel_report"] = {"file": OOM_REPORT, "tasks": kill.tasks}
         meta = ring_metadata(ring, table, evidence, death)
-        return table, meta, kill, evidence.crash, ring.owner, ring.fd
+        return table, meta, kill, evidence.crash, ring.owner
 
     def tables(self) -> Iterator[pa.Table]:
         """Each readable ring's timeline, in the order the rings were found. Up to ``_workers()`` rings
@@ -148,8 +139,9 @@ class RecoveryPass:
         alone), so memory is bounded by the largest ring whatever the count. With the last one, ``last``
         is set: every ring has been diagnosed, so the verdict can be written before its rows."""
         workers = _workers()
+        Result = tuple[pa.Table, dict[str, Any], KernelKill | None, str | None, int]
         with ThreadPoolExecutor(workers) as pool:
-            pending: deque[tuple[Path, int, Future[RecoveryPass._Result]]] = deque()
+            pending: deque[tuple[Path, int, Future[Result]]] = deque()
             waiting = deque((path, _bytes_there(path)) for path in self.paths)
             in_flight = 0
             while waiting or pending:
@@ -161,7 +153,7 @@ class RecoveryPass:
                     in_flight += size
                 path, size, future = pending.popleft()
                 try:
-                    table, meta, kill, crash, owner, fd = future.result()
+                    table, meta, kill, crash, owner = future.result()
                 except BlackboxError as exc:
                     self.unread.append(Unread(path, exc))
                     continue
@@ -176,8 +168,8 @@ class RecoveryPass:
                 if crash is not None and meta["native_crash"]:
                     self.files[meta["native_crash"]["file"]] = crash
                 self._owners.add(owner)
-                if self.kept is not None and fd >= 0:
-                    self.kept.offer(path, fd)
+                if self.kept is not None:
+                    self.kept.offer(path)
                 self.metas.append(meta)
                 self.last = not waiting and not pending
                 yield table

@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import os
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -83,16 +84,25 @@ def stored_name(path: Path, taken: set[str]) -> str:
 class KeptRings:
     """The rings a recovery keeps raw, each held by a descriptor from its reading until the bundle
     packs it: the first ``MAX_KEPT_RINGS`` rings read, within ``MAX_KEPT_BYTES`` bytes; the others
-    closed and listed in ``skipped`` with the reason."""
+    closed and listed in ``skipped`` with the reason. ``close()`` closes every descriptor it was given."""
 
     def __init__(self) -> None:
         self.held: list[tuple[Path, int, int]] = []  # (the ring, its descriptor, its size)
         self.skipped: list[dict[str, Any]] = []
         self.bytes = 0
         self.max_rings, self.max_bytes = MAX_KEPT_RINGS, MAX_KEPT_BYTES
+        self._read: dict[Path, list[int]] = {}  # descriptors of rings read, not yet offered (from threads)
+        self._lock = threading.Lock()
 
-    def offer(self, path: Path, fd: int) -> None:
-        """Keep the ring read at ``path`` (a descriptor of it, from now on this object's), or skip it."""
+    def hold(self, path: Path, fd: int) -> None:
+        """A descriptor of the ring just read at ``path``, from now on this object's to close."""
+        with self._lock:
+            self._read.setdefault(path, []).append(fd)
+
+    def offer(self, path: Path) -> None:
+        """Keep the ring at ``path`` (recovered: its descriptor was given to ``hold``), or skip it."""
+        with self._lock:
+            fd = self._read[path].pop(0)
         size = os.fstat(fd).st_size
         if len(self.held) >= self.max_rings:
             why = f"beyond the first {self.max_rings} rings"
@@ -106,10 +116,12 @@ class KeptRings:
         self.skipped.append({"ring": str(path), "raw_bytes": size, "reason": f"not kept: {why}"})
 
     def close(self) -> None:
-        for _, fd, _ in self.held:
+        with self._lock:
+            fds = [fd for _, fd, _ in self.held] + [fd for read in self._read.values() for fd in read]
+            self.held, self._read = [], {}
+        for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self.held = []
 
 
 def unpack(fd: int, name: str) -> tuple[int, int]:
