@@ -170,16 +170,32 @@ def test_a_zstd_bomb_is_refused_in_one_line_and_no_file_grows_past_the_cap(ring:
     assert os.listdir(private) == [] and not (tmp_path / "b").exists()
 
 
+def _frame_with_window(log: int) -> bytes:
+    """A zstd frame of a few bytes that asks its decompressor for a window of 2**log bytes."""
+    params = zstandard.ZstdCompressionParameters.from_level(3, window_log=log)
+    stream = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    return stream.compress(b"x" * 100) + stream.flush()
+
+
 @pytest.mark.parametrize(
     ("content", "found"),
     [
-        (b"not zstd at all\n" * 64, ": expected a zstd-compressed ring, found data that is not zstd"),
+        (
+            b"not zstd at all\n" * 64,
+            ": expected a zstd-compressed ring (a window of at most 32 MiB), found data zstd "
+            "refuses (zstd decompress error: Unknown frame descriptor)",
+        ),
+        (
+            _frame_with_window(27),
+            ": expected a zstd-compressed ring (a window of at most 32 MiB), found data zstd refuses "
+            "(zstd decompress error: Frame requires too much memory for decoding)",
+        ),
         (
             zstandard.ZstdCompressor().compress(b"plain text, not a ring\n" * 64),
             " (decompressed): expected a blackbox ring",
         ),
     ],
-    ids=["not zstd", "zstd of no ring"],
+    ids=["not zstd", "a 128 MiB window", "zstd of no ring"],
 )
 def test_a_zst_that_is_not_a_compressed_ring_is_refused_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, found: str
