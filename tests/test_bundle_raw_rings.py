@@ -205,3 +205,21 @@ def test_a_zst_that_is_not_a_compressed_ring_is_refused_in_one_line(
     assert main(["recover", str(planted), "-o", str(tmp_path / "b")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{planted}{found}" in err, err
+
+
+def test_a_frame_cut_short_is_recovered_as_a_truncated_ring(ring: Path, tmp_path: Path) -> None:
+    # GIVEN the ring's .zst cut short (a copy interrupted) where its first thousand slots end
+    header = read_header(ring)
+    data = ring.read_bytes()
+    stream = zstandard.ZstdCompressor(level=1).compressobj()
+    cut = stream.compress(data[: header.records_offset + 1000 * 128]) + stream.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+    planted = tmp_path / "cut.ring.zst"
+    planted.write_bytes(cut)
+    # WHEN it is recovered
+    out = tmp_path / "b"
+    assert main(["recover", str(planted), "-o", str(out), "--no-raw"]) == 0
+    # THEN the events of those slots are salvaged, and the recovery says the rest was missing
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["recovery"]["slots_read"] == 1000 and meta["recovery"]["slots"] == header.capacity
+    seqs = pq.read_table(out / "timeline.parquet", columns=["seq"])["seq"].to_pylist()
+    assert len(seqs) == meta["events"] == 999 and max(seqs) == 999

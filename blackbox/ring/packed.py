@@ -170,7 +170,7 @@ def _decompress(src: int, dst: int, name: str) -> int:
                         f"{name}: expected a zstd-compressed ring (a window of at most {MAX_WINDOW >> 20} MiB), "
                         f"found data zstd refuses ({exc})"
                     ) from None
-                break  # a frame cut short (a copy interrupted): salvage the ring as far as it goes
+                break  # damaged past the header: the ring is salvaged as far as it was decompressed
             if limit < 0:
                 head += chunk
                 if chunk and len(head) < fmt.MAX_HEADER_SIZE:
