@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from conftest import REPO, run_py
+from conftest import REPO, run_py, spawn_py
 
 from blackbox.cli import main
 from blackbox.recovery import bundle
@@ -223,3 +223,37 @@ def test_a_frame_cut_short_is_recovered_as_a_truncated_ring(ring: Path, tmp_path
     assert meta["recovery"]["slots_read"] == 1000 and meta["recovery"]["slots"] == header.capacity
     seqs = pq.read_table(out / "timeline.parquet", columns=["seq"])["seq"].to_pylist()
     assert len(seqs) == meta["events"] == 999 and max(seqs) == 999
+
+
+_PACKING_STALLS = """
+import sys, time
+from pathlib import Path
+import blackbox.recovery.bundle as bundle
+from blackbox._postmortem import write_postmortem
+
+def stalls(fd, size, sink):
+    print("packing", flush=True)
+    time.sleep(120)
+
+bundle.pack = stalls
+write_postmortem([Path(sys.argv[1])], sys.argv[2], plot=False)
+"""
+
+
+def test_a_recovery_killed_while_packing_the_rings_leaves_the_verdict(ring: Path, tmp_path: Path) -> None:
+    # GIVEN a recovery whose packing of the raw ring stalls, SIGKILLed there
+    out = tmp_path / "b"
+    proc = spawn_py(_PACKING_STALLS, str(ring), str(out), stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "packing\n"
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    # THEN OUT holds the verdict: its metadata (complete: false) and summary, no rings/ yet
+    verdict = json.loads((out / "metadata.json").read_text())
+    assert verdict["complete"] is False and verdict["cause"] == "killed" and "raw_rings" not in verdict
+    assert sorted(p.name for p in out.iterdir()) == ["metadata.json", "ranks.parquet", "summary.md"]
+    # AND the next recovery into OUT writes the whole bundle, its raw ring with it
+    assert main(["recover", str(ring), "-o", str(out)]) == 0
+    assert raw_of(out)["kept"][0]["file"] == f"rings/{ring.name}.zst"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # the killed one's holder removed
