@@ -257,3 +257,22 @@ def test_a_recovery_killed_while_packing_the_rings_leaves_the_verdict(ring: Path
     assert main(["recover", str(ring), "-o", str(out)]) == 0
     assert raw_of(out)["kept"][0]["file"] == f"rings/{ring.name}.zst"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # the killed one's holder removed
+
+
+def test_blackbox_run_keeps_the_rings_of_the_job_it_recovers(tmp_path: Path) -> None:
+    # GIVEN a job run under `blackbox run` that SIGKILLs itself after a marked step
+    job = "import os, blackbox; blackbox.step(7); blackbox.mark('planted-label', 1); os.kill(os.getpid(), 9)"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path), "--", sys.executable, "-c", job],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stderr  # it ends as its job did
+    # THEN its bundle keeps the job's ring, byte for byte, beside the verdict
+    (run,) = tmp_path.glob("run-*")
+    (ring,) = (run / "rings").glob("*.ring")
+    (kept,) = raw_of(run / "bundle")["kept"]
+    assert kept["file"] == f"rings/{ring.name}.zst"
+    packed = (run / "bundle" / kept["file"]).read_bytes()
+    assert zstandard.ZstdDecompressor().stream_reader(packed).read() == ring.read_bytes()
+    assert json.loads((run / "bundle" / "metadata.json").read_text())["cause"] == "killed"
