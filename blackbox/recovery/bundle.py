@@ -133,6 +133,8 @@ class _Folder(Protocol):
 
     def mkdir(self, name: str) -> None: ...  # a new folder in it
 
+    def remove(self, name: str) -> None: ...  # a file written into it, removed
+
 
 class _Out(Protocol):
     def folder(self) -> _Folder: ...  # where the next bundle is made
@@ -176,6 +178,9 @@ class _Prefix:
 
     def mkdir(self, name: str) -> None:
         self.dest.fs.create_dir(self.dest.path(name))
+
+    def remove(self, name: str) -> None:
+        self.dest.fs.delete_file(self.dest.path(name))
 
 
 def _last_files(create: Callable[[str], BinaryIO], ranks: pa.Table, files: dict[str, bytes],
@@ -378,22 +383,35 @@ def _put_raw_rings(folder: _Folder, kept: KeptRings) -> dict[str, Any]:
     skipped = list(kept.skipped)
     taken: set[str] = set()
     try:
-        if kept.held:
-            folder.mkdir(RAW_RINGS)
+        made = _made(folder) if kept.held else None
         for path, fd, size in kept.held:
             name = f"{RAW_RINGS}/{stored_name(path, taken)}"
             try:
+                if made is not None:
+                    raise made
                 with folder.create(name) as sink:
                     packed = pack(fd, size, sink)
             except OSError as exc:  # a full disk, a read error: the rest of the bundle still goes
-                why = f"{name}: not written ({exc.strerror})"
+                why = f"{name}: not written ({exc.strerror or exc})"
                 skipped.append({"ring": str(path), "raw_bytes": size, "reason": why})
+                if made is None:
+                    with contextlib.suppress(OSError):
+                        folder.remove(name)  # what it holds so far, so that the rest has room
                 continue
             kept_rows.append({"ring": str(path), "file": name, "raw_bytes": packed.raw_bytes,
                               "compressed_bytes": packed.compressed_bytes, "sha256": packed.sha256})  # fmt: skip
     finally:
         kept.close()
     return {"kept": kept_rows, "skipped": skipped, "max_rings": kept.max_rings, "max_bytes": kept.max_bytes}
+
+
+def _made(folder: _Folder) -> OSError | None:
+    """Make ``rings/`` in ``folder``: None, or why it could not be made."""
+    try:
+        folder.mkdir(RAW_RINGS)
+    except OSError as exc:
+        return exc
+    return None
 
 
 def _bundle_file(name: str) -> bool:
