@@ -251,17 +251,18 @@ def capture_oom(context: str = "", **metadata: Any) -> AbstractContextManager[No
     return capture(lambda: _active.exception_recorder, context, metadata)
 
 
-def recover(ring_or_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> Path:
+def recover(ring_or_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, raw: bool = True) -> Path:
     """Turn a ring (or every ring in a folder) into a bundle folder; returns its path.
 
-    The bundle holds ``timeline.parquet``, ``metadata.json`` and ``summary.md``.
+    The bundle holds ``timeline.parquet``, ``metadata.json`` and ``summary.md``, and (``raw``, within
+    a cap) each ring read, zstd-compressed, in ``rings/``: ``recover`` reads a ``.ring.zst`` again.
     ``out_dir`` may also be a pyarrow filesystem URI (``s3://bucket/run1``).
     Raises a BlackboxError subclass for input that is not a readable ring.
     pyarrow is imported here, not when the recorder is armed.
     """
     from ._postmortem import write_postmortem
 
-    write_postmortem([Path(ring_or_dir)], out_dir)
+    write_postmortem([Path(ring_or_dir)], out_dir, raw=raw)
     return Path(out_dir)
 
 

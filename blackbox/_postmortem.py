@@ -56,6 +56,7 @@ def write_postmortem(
     launcher_pid: int | None = None,
     extra: dict[str, Any] | None = None,
     progress: Callable[[int, int, str], None] | None = None,
+    raw: bool = True,
 ) -> dict[str, Any]:
     """Recover every ring named (files, or folders of ``*.ring``) into the bundle ``out`` (a folder
     or a pyarrow filesystem URI), a ring at a time, the verdict first; returns the metadata written.
@@ -65,8 +66,9 @@ def write_postmortem(
     ``plot``: also render memory.png when matplotlib is installed.
     ``extra``: fields added to the bundle's metadata (``blackbox run``: ``left_running``).
     ``progress``: called with (rings done, rings in all, the ring) as each ring is diagnosed.
+    ``raw``: also keep each ring read, zstd-compressed, in the bundle's ``rings/`` (within a cap).
     """
-    recovery = RecoveryPass(inputs, exit_status, launcher_pid, extra)
+    recovery = RecoveryPass(inputs, exit_status, launcher_pid, extra, keep_raw=raw)
     recovery.progress = progress
     named = [shlex.quote(str(p)) for p in inputs[:3]] + (["..."] if len(inputs) > 3 else [])
     again = one_line(f"blackbox recover {' '.join(named)} -o {shlex.quote(os.fspath(out))}").replace("`", "'")

@@ -48,6 +48,13 @@ def ring_with(folder: Path, name: str, label: str, events: int, crash: str | Non
     return rec.path
 
 
+def files_of(out: Path) -> list[Path]:
+    """The bundle's entries, and those of its rings/ (which must be a folder, not a link)."""
+    rings = out / "rings"
+    assert not rings.is_symlink() and (not rings.exists() or stat.S_IMODE(os.lstat(rings).st_mode) == 0o700)
+    return [p for p in out.iterdir() if p != rings] + (list(rings.iterdir()) if rings.exists() else [])
+
+
 def mark_labels(table: pa.Table) -> set[str]:
     """The labels of the rings' marks (stack samples carry their thread's name)."""
     return {r["label"] for r in table.select(["kind", "label"]).to_pylist() if r["kind"] == "mark"}
@@ -75,7 +82,9 @@ def test_a_bundle_is_private_and_made_only_of_new_files(ring: Path, tmp_path: Pa
     write_postmortem([ring], out, plot=False)
     assert stat.S_IMODE(os.lstat(out).st_mode) == 0o700
     modes = {p.name: stat.S_IMODE(os.lstat(p).st_mode) for p in out.iterdir()}
-    assert modes == dict.fromkeys(["timeline.parquet", "ranks.parquet", "metadata.json", "summary.md"], 0o600)
+    files = dict.fromkeys(["timeline.parquet", "ranks.parquet", "metadata.json", "summary.md"], 0o600)
+    assert modes == {**files, "rings": 0o700}
+    assert {p.name: stat.S_IMODE(os.lstat(p).st_mode) for p in (out / "rings").iterdir()} == {"r.ring.zst": 0o600}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left
 
 
@@ -101,7 +110,7 @@ def test_links_planted_in_out_redirect_no_write(
     assert all(path.read_text() == "root's own\n" for path in keep.values())
     st = os.lstat(out)
     assert stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700
-    assert all(stat.S_ISREG(os.lstat(p).st_mode) for p in out.iterdir())
+    assert all(stat.S_ISREG(os.lstat(p).st_mode) for p in files_of(out))
     assert read_bundle(out)[1]["events"] > 0
 
 
@@ -176,8 +185,9 @@ def test_concurrent_recoveries_into_one_folder_leave_one_bundle_never_a_mix(tmp_
             assert f"pid {meta['pid']}" in read_summary(out)
             crash = [f"crash-{meta['pid']}.txt"] if which == "a" else []
             assert sorted(p.name for p in out.iterdir()) == sorted(
-                ["timeline.parquet", "ranks.parquet", "metadata.json", "summary.md", *crash]
+                ["timeline.parquet", "ranks.parquet", "metadata.json", "summary.md", "rings", *crash]
             )
+            assert [p.name for p in (out / "rings").iterdir()] == [f"{which}.ring.zst"]
     finally:
         for p in procs:
             assert p.stdin is not None
@@ -239,7 +249,7 @@ def test_swapping_the_private_folder_for_a_link_makes_root_create_nothing_outsid
             if os.path.lexists(out):
                 st = os.lstat(out)
                 assert stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700
-                assert all(stat.S_ISREG(os.lstat(p).st_mode) and os.lstat(p).st_uid == 0 for p in out.iterdir())
+                assert all(stat.S_ISREG(os.lstat(p).st_mode) and os.lstat(p).st_uid == 0 for p in files_of(out))
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)

@@ -35,7 +35,7 @@ def names(heading: str) -> list[str]:
 
 
 def test_files_table_names_every_bundle_file() -> None:
-    assert set(names("Files")) == set(bundle.BUNDLE_FILES) | {"crash-<pid>.txt"}
+    assert set(names("Files")) == set(bundle.BUNDLE_FILES) | {"crash-<pid>.txt", f"{bundle.RAW_RINGS}/<ring>.zst"}
 
 
 def test_causes_table_matches_the_diagnosis() -> None:

@@ -4,6 +4,7 @@ a folder of them or a URI prefix (a local S3-compatible server), reading only me
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -17,6 +18,7 @@ from typing import Any
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+import zstandard
 from conftest import REPO, readme_fleet_query
 
 from blackbox._postmortem import job_account, write_postmortem
@@ -215,6 +217,31 @@ def test_a_bundle_rewritten_on_object_storage_never_shows_earlier_metadata(
     assert seen[1] is not None and seen[1]["complete"] is False and seen[1]["rings"][0]["host"] == "node001"
     now = json.loads(dest.fs.open_input_file(dest.path("metadata.json")).read())
     assert now["complete"] is True and now["rings"][0]["host"] == "node001"
+
+
+def test_a_bundle_rewritten_on_object_storage_keeps_only_its_own_raw_rings(
+    node_bundles: Path, s3: dict[str, str]
+) -> None:
+    # GIVEN a bundle of host node000's rings, raw rings kept, at a prefix
+    rings = next(node_bundles.parent.glob("rings*"))
+    prefix = f"s3://{BUCKET}/raw"
+    write_postmortem([rings / "node000"], prefix, plot=False)
+    dest = bundle.Destination(prefix)
+
+    def kept() -> list[str]:
+        listing = dest.fs.get_file_info(pafs.FileSelector(dest.path("rings"), allow_not_found=True))
+        return sorted(i.base_name for i in listing if i.type == pafs.FileType.File)
+
+    assert kept() == sorted(f"{p.name}.zst" for p in (rings / "node000").glob("*.ring"))
+    # WHEN node001's rings are recovered to the same prefix
+    meta = write_postmortem([rings / "node001"], prefix, plot=False)
+    # THEN rings/ holds node001's rings alone, each the bytes metadata.json names
+    assert kept() == sorted(f"{p.name}.zst" for p in (rings / "node001").glob("*.ring"))
+    for row in meta["raw_rings"]["kept"]:
+        packed = dest.fs.open_input_file(dest.path(row["file"])).read()
+        data = zstandard.ZstdDecompressor().stream_reader(packed).read()
+        original = Path(row["ring"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == row["sha256"] == hashlib.sha256(original).hexdigest()
 
 
 # ------------------------------------------------------------------ clocks: an order the hosts cannot tell

@@ -1,5 +1,5 @@
 """The plain install is the product: a fresh virtual environment with the package and its declared
-dependencies only (numpy and pyarrow: no pandas, no torch, no matplotlib), every command end to end."""
+dependencies only (numpy, pyarrow, zstandard: no pandas, no torch, no matplotlib), every command end to end."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ echo "torch==2.13.0" >"$PIN"
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 "$VENV/bin/python" -m pip install -q torch==2.13.0
 # -c keeps every later resolution on the torch already there (never a newer, CUDA-laden build)
-"$VENV/bin/python" -m pip install -q -c "$PIN" "numpy>=1.24" "pyarrow>=14" \
+"$VENV/bin/python" -m pip install -q -c "$PIN" "numpy>=1.24" "pyarrow>=14" "zstandard>=0.21" \
     transformers accelerate lightning setuptools
 "$VENV/bin/python" -c "import torch, transformers, lightning; print('field venv:', torch.__version__, transformers.__version__, lightning.__version__)"
 # pytorch/examples mnist needs torchvision, which PyPI builds only beside a newer torch than 2.13.0:
@@ -27,7 +27,7 @@ TV="$VENV-tv"
 "$TV/bin/python" -m pip install -q --upgrade pip >/dev/null
 "$TV/bin/python" -m pip install -q torch==2.14.1 torchvision==0.29.1
 echo "torch==2.14.1" >"$TV/torch-pin.txt"
-"$TV/bin/python" -m pip install -q -c "$TV/torch-pin.txt" "numpy>=1.24" "pyarrow>=14" setuptools
+"$TV/bin/python" -m pip install -q -c "$TV/torch-pin.txt" "numpy>=1.24" "pyarrow>=14" "zstandard>=0.21" setuptools
 "$TV/bin/python" -c "import torch, torchvision; print('field venv-tv:', torch.__version__, torchvision.__version__)"
 # only the files the jobs run (a snapshot may lack the blobs of large data files)
 unpack() {  # NAME GIT_DIR PATH...

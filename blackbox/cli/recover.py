@@ -18,8 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "rings",
         nargs="+",
         metavar="RING|DIR|BUNDLE|URI",
-        help="ring files or folders holding *.ring files (a bundle: timeline.parquet, ranks.parquet, "
-        "metadata.json, summary.md); or node bundles, folders or URI prefixes of them (a job-wide bundle: "
+        help="ring files or folders holding *.ring files, or a bundle's rings/ folder or one of its *.ring.zst "
+        "(a bundle: timeline.parquet, ranks.parquet, metadata.json, summary.md, rings/); or node bundles, "
+        "folders or URI prefixes of them (a job-wide bundle: "
         "ranks.parquet of every host, metadata.json, summary.md)",
     )
     parser.add_argument(
@@ -30,6 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bundle folder, or a pyarrow filesystem URI (s3://, gs://, hdfs://, file://)",
     )
     parser.add_argument("--summary", action="store_true", help="print summary.md after writing")
+    parser.add_argument(
+        "--no-raw",
+        dest="raw",
+        action="store_false",
+        help="keep no copy of the rings read in the bundle (by default each goes to rings/<ring>.zst, zstd-compressed)",
+    )
     parser.add_argument(
         "--json", action="store_true", help="print what was written as one JSON object (--summary: summary.md in it)"
     )
@@ -60,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(printable(read_summary(out)))
         return 0
     with writing(out, "the bundle", reads_too=True), progress("recovering") as tick:
-        meta = write_postmortem([Path(p) for p in targets], out, progress=tick)
+        meta = write_postmortem([Path(p) for p in targets], out, progress=tick, raw=args.raw)
     if args.json:
         return _json(out, meta, args.summary)
     rec = meta["recovery"]

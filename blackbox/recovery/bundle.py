@@ -1,5 +1,6 @@
 """The bundle: a folder (or URI prefix) holding timeline.parquet, ranks.parquet, metadata.json,
-summary.md, memory.png, and ``crash-<pid>.txt`` where faulthandler left a native crash's tracebacks.
+summary.md, memory.png, ``crash-<pid>.txt`` where faulthandler left a native crash's tracebacks, and
+the rings it read, zstd-compressed, in ``rings/``.
 
 The only module that writes a bundle, and the one that reads it back. What the
 views render is handed in as bytes: this module imports no view.
@@ -21,6 +22,7 @@ import pyarrow.parquet as pq
 
 from .._errors import BundleDestinationError
 from ..ring.inputs import open_folder, open_input
+from ..ring.packed import KeptRings, pack, stored_name
 from .outfolder import OutFolder
 from .pipeline import OOM_REPORT, RecoveryPass, recover_rings
 from .ranks import rank_rows, ranks_table
@@ -33,6 +35,7 @@ SUMMARY = "summary.md"
 PLOT = "memory.png"
 RANKS = "ranks.parquet"
 BUNDLE_FILES = frozenset({TIMELINE, RANKS, METADATA, SUMMARY, PLOT, OOM_REPORT})  # and crash-<pid>.txt
+RAW_RINGS = "rings"  # the folder of the rings read, each <ring>.zst
 MAX_METADATA_BYTES = 256 << 20
 # Delta encoding turns seq and time into a few bits per row; dictionaries carry the strings. The folded
 # stacks too: written plain, a row group repeating one 64 KiB stack was decoded to 8 GB, past what Arrow can
@@ -116,13 +119,21 @@ def stream_bundle(recovery: RecoveryPass, out_dir: str | os.PathLike[str], views
     opened for writing, concurrent recoveries into one folder leave one of their bundles, never a mix,
     and no file of an earlier bundle survives. On object storage metadata.json is written last each time.
     """
-    return _write(out_dir, lambda out: _fill(recovery, views, out))
+    try:
+        return _write(out_dir, lambda out: _fill(recovery, views, out))
+    finally:
+        if recovery.kept is not None:  # the rings held open for rings/, whatever happened
+            recovery.kept.close()
 
 
 class _Folder(Protocol):
     def create(self, name: str) -> BinaryIO: ...  # a new file of the bundle being written, open for writing
 
     def open_back(self, name: str) -> BinaryIO: ...  # a file already written into it, open for reading
+
+    def mkdir(self, name: str) -> None: ...  # a new folder in it
+
+    def remove(self, name: str) -> None: ...  # a file written into it, removed
 
 
 class _Out(Protocol):
@@ -159,10 +170,17 @@ class _Prefix:
         """Nothing to move: metadata.json, written last, makes the prefix a bundle."""
 
     def create(self, name: str) -> BinaryIO:
-        return cast(BinaryIO, self.dest.fs.open_output_stream(self.dest.path(name)))
+        # compression=None: by default pyarrow compresses a stream whose name ends in .zst (rings/*.zst) again
+        return cast(BinaryIO, self.dest.fs.open_output_stream(self.dest.path(name), compression=None))
 
     def open_back(self, name: str) -> BinaryIO:
         return cast(BinaryIO, self.dest.fs.open_input_file(self.dest.path(name)))
+
+    def mkdir(self, name: str) -> None:
+        self.dest.fs.create_dir(self.dest.path(name))
+
+    def remove(self, name: str) -> None:
+        self.dest.fs.delete_file(self.dest.path(name))
 
 
 def _last_files(create: Callable[[str], BinaryIO], ranks: pa.Table, files: dict[str, bytes],
@@ -188,6 +206,8 @@ def _retire_remote(dest: Destination) -> None:
     for name in sorted(names, key=lambda n: n != METADATA):  # metadata.json first
         with contextlib.suppress(FileNotFoundError):
             dest.fs.delete_file(dest.path(name))
+    if any(i.base_name == RAW_RINGS and i.type == pafs.FileType.Directory for i in infos):
+        dest.fs.delete_dir_contents(dest.path(RAW_RINGS), missing_dir_ok=True)
 
 
 def write_job_bundle(out_dir: str | os.PathLike[str], ranks: pa.Table, meta: dict[str, Any],
@@ -279,6 +299,8 @@ def _fill(recovery: RecoveryPass, views: Views, out: _Out) -> dict[str, Any]:
         return table if len(meta.get("rings") or []) < 2 else table.sort_by("time")  # rings' rows interleave
 
     meta["complete"] = True
+    if recovery.kept is not None:  # after the timeline: the verdict is out, the rest waits for the rings
+        meta["raw_rings"] = _put_raw_rings(whole, recovery.kept)
     _last_files(whole.create, ranks, {**texts, **views(meta, read)}, meta)
     out.put(whole)
     return meta
@@ -354,8 +376,46 @@ def _dump(meta: dict[str, Any], sink: Any) -> None:
     sink.write("".join(held).encode("utf-8"))
 
 
+def _put_raw_rings(folder: _Folder, kept: KeptRings) -> dict[str, Any]:
+    """Each ring the recovery kept, zstd-compressed into ``rings/<ring>.zst`` from the descriptor it was
+    read through (then closed); what ``metadata.json`` says of them (``raw_rings``)."""
+    kept_rows: list[dict[str, Any]] = []
+    skipped = list(kept.skipped)
+    taken: set[str] = set()
+    try:
+        made = _made(folder) if kept.held else None
+        for path, fd, size in kept.held:
+            name = f"{RAW_RINGS}/{stored_name(path, taken)}"
+            try:
+                if made is not None:
+                    raise made
+                with folder.create(name) as sink:
+                    packed = pack(fd, size, sink)
+            except OSError as exc:  # a full disk, a read error: the rest of the bundle still goes
+                why = f"{name}: not written ({exc.strerror or exc})"
+                skipped.append({"ring": str(path), "raw_bytes": size, "reason": why})
+                if made is None:
+                    with contextlib.suppress(OSError):
+                        folder.remove(name)  # what it holds so far, so that the rest has room
+                continue
+            kept_rows.append({"ring": str(path), "file": name, "raw_bytes": packed.raw_bytes,
+                              "compressed_bytes": packed.compressed_bytes, "sha256": packed.sha256})  # fmt: skip
+    finally:
+        kept.close()
+    return {"kept": kept_rows, "skipped": skipped, "max_rings": kept.max_rings, "max_bytes": kept.max_bytes}
+
+
+def _made(folder: _Folder) -> OSError | None:
+    """Make ``rings/`` in ``folder``: None, or why it could not be made."""
+    try:
+        folder.mkdir(RAW_RINGS)
+    except OSError as exc:
+        return exc
+    return None
+
+
 def _bundle_file(name: str) -> bool:
-    return name in BUNDLE_FILES or (name.startswith("crash-") and name.endswith(".txt"))
+    return name in BUNDLE_FILES or name == RAW_RINGS or (name.startswith("crash-") and name.endswith(".txt"))
 
 
 def read_bundle(bundle: str | os.PathLike[str]) -> tuple[pa.Table, dict[str, Any]]:

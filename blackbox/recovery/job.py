@@ -41,7 +41,7 @@ from .ranks import SCHEMA, collateral_columns, rank_rows, ranks_table, table_row
 MAX_RANKS_BYTES = 64 << 20  # a ranks.parquet of a million rings is far smaller
 MAX_BUNDLES = 100_000
 MAX_DEPTH = 3  # job/host/run-*/bundle: how deep below a named folder bundles are looked for
-RING_SUFFIX = ".ring"
+RING_SUFFIXES = (".ring", ".ring.zst")  # a ring, and one a bundle keeps in rings/
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -167,14 +167,14 @@ def _find_local(target: str, problems: list[dict[str, str]]) -> list[tuple[str, 
 
 
 def holds_rings(target: str) -> bool:
-    """A ring file, or a folder with ``*.ring`` entries (what ring recovery reads, not bundles)."""
+    """A ring file, or a folder with ``*.ring`` (or ``*.ring.zst``) entries (what ring recovery reads, not bundles)."""
     if is_uri(target):
         return False
     try:
         st = os.stat(target)
         if stat.S_ISREG(st.st_mode):
             return True
-        return stat.S_ISDIR(st.st_mode) and any(n.endswith(RING_SUFFIX) for n in os.listdir(target))
+        return stat.S_ISDIR(st.st_mode) and any(n.endswith(RING_SUFFIXES) for n in os.listdir(target))
     except OSError:
         return False
 

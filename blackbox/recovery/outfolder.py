@@ -54,6 +54,14 @@ class Folder:
         """A file written into it, for reading."""
         return os.fdopen(os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd), "rb")
 
+    def mkdir(self, name: str) -> None:
+        """A new folder in it, mode 0700 (its files are then created as ``<name>/<file>``)."""
+        os.mkdir(name, 0o700, dir_fd=self.fd)
+
+    def remove(self, name: str) -> None:
+        """A file made in it, removed."""
+        os.unlink(name, dir_fd=self.fd)
+
 
 class OutFolder:
     """OUT's private holder, for one recovery: ``folder()`` makes a folder in it, ``put(folder)`` puts it

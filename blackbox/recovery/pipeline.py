@@ -22,6 +22,7 @@ import pyarrow as pa
 from .._errors import BlackboxError
 from ..ring import format as fmt
 from ..ring.folded import read_folded
+from ..ring.packed import KeptRings
 from ..ring.reader import Ring, Unread, list_rings, nothing_read, read_header, read_ring
 from .diagnosis import diagnose
 from .evidence import KernelKill, gather, kernel_oom_kills
@@ -125,6 +126,8 @@ class RecoveryPass:
         exit_status: int | None = None,
         launcher_pid: int | None = None,
         extra: dict[str, Any] | None = None,
+        *,
+        keep_raw: bool = False,
     ) -> None:
         self.inputs = inputs
         self.extra = extra or {}  # fields the caller adds to the bundle's metadata (`blackbox run`: left_running)
@@ -140,9 +143,12 @@ class RecoveryPass:
         self.last = False  # the table ``tables()`` just yielded is the last: ``finish()`` may be called now
         self.progress: Callable[[int, int, str], None] | None = None  # told (done, all, ring) per ring read
         self.relays = RelayIndex()  # the real senders of the signals `blackbox run` relayed
+        self.kept = KeptRings() if keep_raw else None  # the rings read, held open for the bundle's rings/
 
     def _one(self, path: Path) -> tuple[pa.Table, dict[str, Any], KernelKill | None, str | None, int]:
-        ring = read_ring(path)
+        ring = read_ring(path, keep_open=self.kept is not None)
+        if self.kept is not None:
+            self.kept.hold(path, ring.fd)  # closed by it, whatever happens next
         window, children = _window_and_children(ring)
         table = ring_table(ring, release=True)  # the ring's slots are freed once their columns are taken
         table = self.relays.attribute(table, ring.path, ring.owner)
@@ -192,6 +198,8 @@ class RecoveryPass:
                 if crash is not None and meta["native_crash"]:
                     self.files[meta["native_crash"]["file"]] = crash
                 self._owners.add(owner)
+                if self.kept is not None:
+                    self.kept.offer(path)
                 self.metas.append(meta)
                 self.last = not waiting and not pending
                 yield table

@@ -22,6 +22,7 @@ from .._errors import BlackboxError, NotARingError, RingNotFoundError, UnsafeInp
 from . import format as fmt
 from .heap import HeapScan, read_heap
 from .inputs import Folder, data_ranges, nonzero_spans, open_folder, open_input, read_at, what_is
+from .packed import PACKED_SUFFIX, unpack
 from .scan import StackScan, scan_stack_spans, scan_string_spans
 
 MAX_STRINGS_SIZE = 1 << 30
@@ -29,6 +30,7 @@ MAX_STACKS_SIZE = 1 << 30
 MAX_CRASH_BYTES = fmt.CRASH_TEXT_MAX  # faulthandler's output for up to 100 threads fits easily
 CHUNK_SLOTS = 1 << 16  # slots read at a time (8 MiB)
 RING_SUFFIX = ".ring"
+RING_SUFFIXES = (RING_SUFFIX, RING_SUFFIX + PACKED_SUFFIX)  # a ring, and one a bundle keeps (rings/*.ring.zst)
 CRASH_SUFFIX = ".crash"  # faulthandler's tracebacks of a native crash, beside a version-1/2 ring
 
 
@@ -74,6 +76,7 @@ class Ring:
     signal_stacks: dict[str, str] = field(default_factory=dict)  # signal -> its stack, from its slot (no C)
     strings_cut: int = 0  # bytes of the string region not read: its labels would cost more than scan.MAX_STRING_TEXT
     heap: HeapScan | None = None  # version 4: the heap table's valid slots
+    fd: int = -1  # ``read_ring(keep_open=True)``: a descriptor of the file read, the caller's to close
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -138,18 +141,27 @@ def _parent(path: Path, folder: Folder | None) -> contextlib.AbstractContextMana
         raise RingNotFoundError(f"{path}: expected a ring file, found nothing at that path") from None
 
 
-def read_ring(path: str | os.PathLike[str], folder: Folder | None = None) -> Ring:
+def read_ring(path: str | os.PathLike[str], folder: Folder | None = None, *, keep_open: bool = False) -> Ring:
     """Read and validate one ring file, as untrusted input (see ``inputs``): never through a link,
-    never blocking on a FIFO, memory and time bounded by the bytes the file really holds.
+    never blocking on a FIFO, memory and time bounded by the bytes the file really holds. A
+    ``*.zst`` is decompressed first into a private file (``packed.unpack``: its header bounds it).
 
     ``folder``: the folder holding it, already open (``path``'s name is looked up in it).
+    ``keep_open``: leave a descriptor of what was read in ``Ring.fd`` (the decompressed file of a ``.zst``).
     """
     p = Path(path)
     name = str(p)
+    kept = -1
     with _parent(p, folder) as where:
         fd, st = open_input(where, p.name, None, "a ring file")
         try:
             size = st.st_size
+            if p.name.endswith(PACKED_SUFFIX):
+                packed, fd = fd, -1
+                try:
+                    fd, size = unpack(packed, name)
+                finally:
+                    os.close(packed)
             header = header_of(fd, size, name)
             region = max(0, min(header.strings_size, size - header.strings_offset, MAX_STRINGS_SIZE))
             scan = scan_string_spans(nonzero_spans(fd, header.strings_offset, region))
@@ -162,8 +174,10 @@ def read_ring(path: str | os.PathLike[str], folder: Folder | None = None) -> Rin
             heap = read_heap(fd, header, size)
             signal_stacks = _signal_slots(fd, header) if without_c_extension(header.meta) else {}
             slots = read_slots(fd, header, size)
+            kept = os.dup(fd) if keep_open else -1
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
         refused = 0
         if crash is None:
             crash, refused = _sidecar_crash(where, p.name, st.st_uid)
@@ -191,7 +205,7 @@ def read_ring(path: str | os.PathLike[str], folder: Folder | None = None) -> Rin
     )
     return Ring(
         p, header, records, scan.strings, recovery, size, stacks, crash, st.st_uid,
-        signal_stacks=signal_stacks, strings_cut=scan.cut, heap=heap,
+        signal_stacks=signal_stacks, strings_cut=scan.cut, heap=heap, fd=kept,
     )
 
 
@@ -369,8 +383,8 @@ def nothing_read(unread: list[Unread]) -> BlackboxError:
 
 
 def list_rings(paths: list[Path]) -> tuple[list[Path], list[Unread]]:
-    """The ring files named (ring files, or the ``*.ring`` entries of folders), read by nobody yet, and
-    those that cannot be read with their reason: a folder entry named ``*.ring`` that is a link or a
+    """The ring files named (ring files, or the ``*.ring`` and ``*.ring.zst`` entries of folders), read by
+    nobody yet, and those that cannot be read with their reason: a folder entry named ``*.ring`` that is a link or a
     special file is reported, never opened through. Each ring is then read with ``read_ring``, which
     opens it as untrusted input again."""
     rings: list[Path] = []
@@ -381,9 +395,9 @@ def list_rings(paths: list[Path]) -> tuple[list[Path], list[Unread]]:
                 rings.append(p)
                 continue
             with open_folder(p) as folder:
-                names = [(n, st) for n, st in folder.entries() if n.endswith(RING_SUFFIX)]
+                names = [(n, st) for n, st in folder.entries() if n.endswith(RING_SUFFIXES)]
             if not names:
-                raise RingNotFoundError(f"{p}: expected a folder holding *.ring files, found none")
+                raise RingNotFoundError(f"{p}: expected a folder holding *.ring (or *.ring.zst) files, found none")
             for n, st in sorted(names):
                 if stat.S_ISREG(st.st_mode):
                     rings.append(p / n)

@@ -232,13 +232,29 @@ def left_out_section(meta: dict[str, Any]) -> list[str]:
     return [f"## Rings left out ({left['count']})", "", text, ""]
 
 
+def raw_rings_section(meta: dict[str, Any]) -> list[str]:
+    """The rings the bundle keeps in ``rings/`` and those it does not, each with its reason."""
+    raw = meta.get("raw_rings")
+    if not isinstance(raw, dict):
+        return []
+    kept, skipped = raw.get("kept") or [], raw.get("skipped") or []
+    lines = [f"## Raw rings ({len(kept)} kept, {len(skipped)} not kept)", ""]
+    if kept:
+        packed = human_bytes(sum(int(k.get("compressed_bytes") or 0) for k in kept))
+        whole = human_bytes(sum(int(k.get("raw_bytes") or 0) for k in kept))
+        lines += [f"`rings/` keeps them zstd-compressed ({packed} of {whole}); "
+                  "`blackbox recover BUNDLE/rings -o NEW` reads them again.", ""]  # fmt: skip
+    lines += [f"- `{s.get('ring')}`: {s.get('reason')}" for s in skipped[:MAX_LISTED]]
+    return [*lines, *([f"- and {len(skipped) - MAX_LISTED} more"] if len(skipped) > MAX_LISTED else []), ""]
+
+
 def bundle_summary(meta: dict[str, Any]) -> str:
     """summary.md: one ring's account; for several, the account across them (the same length at any
     count: attempts, first death, how the others ended, outliers) and the detail of one ring, the
     first death's (else the lowest rank of the last attempt). Text from the rings is escaped (``text``)."""
     rings = meta.get("rings")
     view = shown({k: v for k, v in meta.items() if k != "rings"})  # the rings are read one at a time
-    helpers = helpers_section(view) + unread_section(view) + left_out_section(view)
+    helpers = helpers_section(view) + unread_section(view) + left_out_section(view) + raw_rings_section(view)
     if not rings:
         return ring_summary(meta) + ("\n" + "\n".join(helpers) if helpers else "")
     rows = shown(rank_rows(meta))  # one pass over the rings (they may be read back from disk), for both

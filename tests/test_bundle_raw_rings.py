@@ -1,0 +1,326 @@
+"""The raw rings a bundle keeps (rings/<ring>.zst): byte for byte the rings recovered, read from the
+descriptor they were recovered through, within a cap; read again by `recover` as rings, a planted
+decompression bomb or a file that is not zstd refused in one line."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+from conftest import REPO, run_py, spawn_py
+
+from blackbox.cli import main
+from blackbox.recovery import bundle
+from blackbox.recovery.pipeline import RecoveryPass
+from blackbox.ring.reader import read_header
+
+_KILLED = """
+import os, sys, blackbox
+blackbox.arm(sys.argv[1] + "/", sample_interval=0.01)
+for i in range(int(sys.argv[2])):
+    blackbox.step(i)
+    blackbox.mark("planted-label", i)
+os.kill(os.getpid(), 9)
+"""
+
+
+def killed_ring(folder: Path, steps: int) -> Path:
+    """The ring of a real armed child (default size) that marked ``steps`` steps and was SIGKILLed."""
+    folder.mkdir(parents=True)
+    proc = run_py(_KILLED, str(folder), str(steps), check=False)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    (ring,) = folder.glob("*.ring")
+    return ring
+
+
+@pytest.fixture(scope="module")
+def ring(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return killed_ring(tmp_path_factory.mktemp("killed") / "rings", 3000)
+
+
+def raw_of(out: Path) -> dict[str, Any]:
+    raw: dict[str, Any] = json.loads((out / "metadata.json").read_text())["raw_rings"]
+    return raw
+
+
+def test_the_bundle_keeps_each_ring_byte_for_byte_with_its_sha256(ring: Path, tmp_path: Path) -> None:
+    # WHEN the SIGKILLed child's ring folder is recovered
+    out = tmp_path / "b"
+    assert main(["recover", str(ring.parent), "-o", str(out)]) == 0
+    # THEN rings/ holds one zstd frame that decompresses to the ring file exactly, as metadata.json says
+    (kept,) = raw_of(out)["kept"]
+    zst = out / kept["file"]
+    assert zst.parent == out / "rings" and zst.name == ring.name + ".zst"
+    original = ring.read_bytes()
+    assert zstandard.ZstdDecompressor().stream_reader(zst.read_bytes()).read() == original
+    assert kept["sha256"] == hashlib.sha256(original).hexdigest()
+    assert (kept["raw_bytes"], kept["compressed_bytes"]) == (len(original), zst.stat().st_size)
+    assert kept["ring"] == str(ring) and raw_of(out)["skipped"] == []
+    assert zst.stat().st_size < len(original) // 20
+
+
+@pytest.mark.parametrize("named", ["rings folder", "one .ring.zst"])
+def test_recovering_the_kept_ring_gives_the_same_verdict_and_rows(ring: Path, tmp_path: Path, named: str) -> None:
+    # GIVEN the bundle of the ring
+    first = tmp_path / "first"
+    assert main(["recover", str(ring), "-o", str(first)]) == 0
+    # WHEN its kept ring is recovered again, the rings/ folder or the file named
+    target = first / "rings" if named == "rings folder" else next((first / "rings").iterdir())
+    again = tmp_path / "again"
+    assert main(["recover", str(target), "-o", str(again), "--no-raw"]) == 0
+    # THEN the verdict and every timeline row are the same as the original ring's
+    before, after = (json.loads((b / "metadata.json").read_text()) for b in (first, again))
+    assert after["death"] == before["death"] and after["cause"] == before["cause"] == "killed"
+    assert after["recovery"] == before["recovery"] and after["events"] == before["events"] > 3000
+    rows = [pq.read_table(b / "timeline.parquet") for b in (first, again)]
+    assert rows[1].equals(rows[0])
+    assert "planted-label" in rows[1]["label"].to_pylist()
+
+
+def test_the_ring_kept_is_the_one_read_even_if_its_name_is_swapped_meanwhile(ring: Path, tmp_path: Path) -> None:
+    # GIVEN a copy of the ring, recovered; once every ring is read (the verdict), its name is given to other bytes
+    folder = tmp_path / "rings"
+    folder.mkdir()
+    copy = folder / "job.ring"
+    copy.write_bytes(ring.read_bytes())
+    decoy = folder / "decoy"
+    decoy.write_bytes(b"\xff" * 4096)
+    out = tmp_path / "b"
+
+    def views(meta: dict[str, Any], read: bundle.Reader | None) -> dict[str, bytes]:
+        if read is None:
+            os.replace(decoy, copy)
+        return {"summary.md": b"# s\n"}
+
+    bundle.stream_bundle(RecoveryPass([copy], keep_raw=True), out, views)
+    # THEN rings/ holds the ring that was recovered, never what the name held later
+    assert copy.read_bytes() == b"\xff" * 4096
+    kept = zstandard.ZstdDecompressor().stream_reader((out / "rings" / "job.ring.zst").read_bytes()).read()
+    assert kept == ring.read_bytes()
+    assert raw_of(out)["kept"][0]["sha256"] == hashlib.sha256(ring.read_bytes()).hexdigest()
+
+
+def test_no_raw_keeps_no_ring(ring: Path, tmp_path: Path) -> None:
+    out = tmp_path / "b"
+    assert main(["recover", str(ring), "-o", str(out), "--no-raw"]) == 0
+    assert not (out / "rings").exists()
+    assert "raw_rings" not in json.loads((out / "metadata.json").read_text())
+    with_raw = tmp_path / "with"
+    assert main(["recover", str(ring), "-o", str(with_raw)]) == 0
+    assert [p.name for p in (with_raw / "rings").iterdir()] == [ring.name + ".zst"]
+
+
+def test_rings_beyond_the_cap_are_skipped_and_named(
+    ring: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN two SIGKILLed children's rings, and a cap of one ring
+    other = killed_ring(tmp_path / "other", 10)
+    monkeypatch.setattr("blackbox.ring.packed.MAX_KEPT_RINGS", 1)
+    out = tmp_path / "b"
+    # WHEN both are recovered into one bundle
+    assert main(["recover", str(ring), str(other), "-o", str(out)]) == 0
+    # THEN the first is kept, the second is named as not kept, in metadata.json and summary.md
+    raw = raw_of(out)
+    assert [k["ring"] for k in raw["kept"]] == [str(ring)] and raw["max_rings"] == 1
+    ((skipped),) = raw["skipped"]
+    assert skipped["ring"] == str(other) and skipped["reason"] == "not kept: beyond the first 1 rings"
+    assert [p.name for p in (out / "rings").iterdir()] == [ring.name + ".zst"]
+    summary = (out / "summary.md").read_text()
+    assert "## Raw rings (1 kept, 1 not kept)" in summary and f"`{other}`: not kept" in summary
+
+
+def _limit_file_size(limit: int) -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past it fails with EFBIG, it does not kill
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def test_a_zstd_bomb_is_refused_in_one_line_and_no_file_grows_past_the_cap(ring: Path, tmp_path: Path) -> None:
+    # GIVEN a small .zst: the ring's real header (declaring 34 MiB) followed by 1 GiB of ones
+    declared = read_header(ring).file_size
+    head = ring.read_bytes()[: 1 << 20]
+    compressor = zstandard.ZstdCompressor(level=3).compressobj()
+    parts = [compressor.compress(head), *(compressor.compress(b"\x01" * (1 << 20)) for _ in range(1023))]
+    bomb = tmp_path / "bomb.ring.zst"
+    bomb.write_bytes(b"".join([*parts, compressor.flush()]))
+    assert bomb.stat().st_size < 1 << 20
+    private = tmp_path / "tmp"
+    private.mkdir()
+    # WHEN it is recovered, no process allowed to write a file past the declared size and a MiB
+    env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(private))
+    proc = subprocess.run(
+        [sys.executable, "-m", "blackbox", "recover", str(bomb), "-o", str(tmp_path / "b")],
+        capture_output=True, text=True, env=env, timeout=120,
+        preexec_fn=lambda: _limit_file_size(declared + (1 << 20)),
+    )  # fmt: skip
+    # THEN one line names what was expected and what was found, and nothing is left behind
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert f"{bomb}: expected at most {declared} bytes once decompressed" in proc.stderr
+    assert "found more" in proc.stderr
+    assert os.listdir(private) == [] and not (tmp_path / "b").exists()
+
+
+def _frame_with_window(log: int) -> bytes:
+    """A zstd frame of a few bytes that asks its decompressor for a window of 2**log bytes."""
+    params = zstandard.ZstdCompressionParameters.from_level(3, window_log=log)
+    stream = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    return stream.compress(b"x" * 100) + stream.flush()
+
+
+@pytest.mark.parametrize(
+    ("content", "found"),
+    [
+        (
+            b"not zstd at all\n" * 64,
+            ": expected a zstd-compressed ring (a window of at most 32 MiB), found data zstd "
+            "refuses (zstd decompress error: Unknown frame descriptor)",
+        ),
+        (
+            _frame_with_window(27),
+            ": expected a zstd-compressed ring (a window of at most 32 MiB), found data zstd refuses "
+            "(zstd decompress error: Frame requires too much memory for decoding)",
+        ),
+        (
+            zstandard.ZstdCompressor().compress(b"plain text, not a ring\n" * 64),
+            " (decompressed): expected a blackbox ring",
+        ),
+    ],
+    ids=["not zstd", "a 128 MiB window", "zstd of no ring"],
+)
+def test_a_zst_that_is_not_a_compressed_ring_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, found: str
+) -> None:
+    planted = tmp_path / "planted.ring.zst"
+    planted.write_bytes(content)
+    assert main(["recover", str(planted), "-o", str(tmp_path / "b")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{planted}{found}" in err, err
+
+
+def test_a_frame_cut_short_is_recovered_as_a_truncated_ring(ring: Path, tmp_path: Path) -> None:
+    # GIVEN the ring's .zst cut short (a copy interrupted) where its first thousand slots end
+    header = read_header(ring)
+    data = ring.read_bytes()
+    stream = zstandard.ZstdCompressor(level=1).compressobj()
+    cut = stream.compress(data[: header.records_offset + 1000 * 128]) + stream.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+    planted = tmp_path / "cut.ring.zst"
+    planted.write_bytes(cut)
+    # WHEN it is recovered
+    out = tmp_path / "b"
+    assert main(["recover", str(planted), "-o", str(out), "--no-raw"]) == 0
+    # THEN the events of those slots are salvaged, and the recovery says the rest was missing
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["recovery"]["slots_read"] == 1000 and meta["recovery"]["slots"] == header.capacity
+    seqs = pq.read_table(out / "timeline.parquet", columns=["seq"])["seq"].to_pylist()
+    assert len(seqs) == meta["events"] == 999 and max(seqs) == 999
+
+
+_PACKING_STALLS = """
+import sys, time
+from pathlib import Path
+import blackbox.recovery.bundle as bundle
+from blackbox._postmortem import write_postmortem
+
+def stalls(fd, size, sink):
+    print("packing", flush=True)
+    time.sleep(120)
+
+bundle.pack = stalls
+write_postmortem([Path(sys.argv[1])], sys.argv[2], plot=False)
+"""
+
+
+def test_a_recovery_killed_while_packing_the_rings_leaves_the_verdict(ring: Path, tmp_path: Path) -> None:
+    # GIVEN a recovery whose packing of the raw ring stalls, SIGKILLed there
+    out = tmp_path / "b"
+    proc = spawn_py(_PACKING_STALLS, str(ring), str(out), stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "packing\n"
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    # THEN OUT holds the verdict: its metadata (complete: false) and summary, no rings/ yet
+    verdict = json.loads((out / "metadata.json").read_text())
+    assert verdict["complete"] is False and verdict["cause"] == "killed" and "raw_rings" not in verdict
+    assert sorted(p.name for p in out.iterdir()) == ["metadata.json", "ranks.parquet", "summary.md"]
+    # AND the next recovery into OUT writes the whole bundle, its raw ring with it
+    assert main(["recover", str(ring), "-o", str(out)]) == 0
+    assert raw_of(out)["kept"][0]["file"] == f"rings/{ring.name}.zst"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # the killed one's holder removed
+
+
+def test_blackbox_run_keeps_the_rings_of_the_job_it_recovers(tmp_path: Path) -> None:
+    # GIVEN a job run under `blackbox run` that SIGKILLs itself after a marked step
+    job = "import os, blackbox; blackbox.step(7); blackbox.mark('planted-label', 1); os.kill(os.getpid(), 9)"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path), "--", sys.executable, "-c", job],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stderr  # it ends as its job did
+    # THEN its bundle keeps the job's ring, byte for byte, beside the verdict
+    (run,) = tmp_path.glob("run-*")
+    (ring,) = (run / "rings").glob("*.ring")
+    (kept,) = raw_of(run / "bundle")["kept"]
+    assert kept["file"] == f"rings/{ring.name}.zst"
+    packed = (run / "bundle" / kept["file"]).read_bytes()
+    assert zstandard.ZstdDecompressor().stream_reader(packed).read() == ring.read_bytes()
+    assert json.loads((run / "bundle" / "metadata.json").read_text())["cause"] == "killed"
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 48 MiB ext4 filesystem, loop-mounted (skipped only where mounting is refused)."""
+    image, mount = tmp_path / "fs.img", tmp_path / "mnt"
+    mount.mkdir()
+    try:
+        subprocess.run(["truncate", "-s", "48M", str(image)], check=True)
+        subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
+        subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot mount a small ext4 filesystem here: {exc}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def _fill(folder: Path, leave: int) -> None:
+    """Fill ``folder``'s filesystem until ``leave`` bytes are free."""
+    filler = folder / "filler"
+    with open(filler, "wb") as f:
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(bytes(1 << 20))
+                f.flush()
+                os.fsync(f.fileno())
+    st = os.statvfs(folder)
+    os.truncate(filler, filler.stat().st_size - leave + st.f_bavail * st.f_frsize)
+
+
+def test_a_disk_too_full_for_a_raw_ring_still_gets_the_whole_bundle(small_disk: Path, tmp_path: Path) -> None:
+    # GIVEN a full default ring (its .zst about 1.8 MiB) and 1.2 MiB left on the bundle's disk
+    ring = killed_ring(tmp_path / "full", 300_000)
+    _fill(small_disk, 1200 << 10)
+    out = small_disk / "b"
+    # WHEN it is recovered there
+    assert main(["recover", str(ring), "-o", str(out)]) == 0
+    # THEN the whole bundle is written; the ring is named as not kept, with the reason, and no part of it left
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["complete"] is True and meta["raw_rings"]["kept"] == []
+    ((skipped),) = meta["raw_rings"]["skipped"]
+    assert skipped["ring"] == str(ring) and "No space left on device" in skipped["reason"]
+    assert list((out / "rings").iterdir()) == []
+    assert "## Raw rings (0 kept, 1 not kept)" in (out / "summary.md").read_text()
