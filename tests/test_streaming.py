@@ -141,6 +141,40 @@ def test_rings_decoded_at_once_stay_within_the_byte_budget(
     assert any(s == {tmp_path / "big" / "big.ring"} for s in seen)
 
 
+def test_a_compressed_ring_is_decoded_alone_whatever_its_size_on_disk(
+    hosts: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a bundle's rings kept zstd-compressed (a quarter of a ring or less on disk),
+    # four workers, and a budget of many compressed files but two and a half decompressed rings
+    out = tmp_path / "b"
+    write_postmortem([hosts[0]], out, plot=False)
+    packed = sorted((out / "rings").glob("*.zst"))
+    small = pipeline._bytes_there(next(hosts[0].glob("*.ring")))
+    assert len(packed) > 4 and all(4 * p.stat().st_size < small for p in packed)  # by disk, four would fit
+    monkeypatch.setattr(pipeline, "_workers", lambda: 4)
+    monkeypatch.setattr(pipeline, "IN_FLIGHT_BYTES", int(2.5 * small))
+    lock, active, most = threading.Lock(), set(), [0]
+    one = RecoveryPass._one
+
+    def watched(self: RecoveryPass, path: Path) -> Any:
+        with lock:
+            active.add(path)
+            most[0] = max(most[0], len(active))
+        time.sleep(0.05)
+        try:
+            return one(self, path)
+        finally:
+            with lock:
+                active.discard(path)
+
+    monkeypatch.setattr(RecoveryPass, "_one", watched)
+    # WHEN they are recovered again
+    recovered = recover_rings([out / "rings"])
+    # THEN every ring is read back, one at a time (their decompressed bytes are not known beforehand)
+    assert len(recovered.meta["rings"]) == len(packed)
+    assert most[0] == 1
+
+
 def test_over_the_ring_limit_the_newest_are_recovered_and_the_rest_named(
     hosts: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

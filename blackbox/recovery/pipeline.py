@@ -104,7 +104,11 @@ IN_FLIGHT_BYTES = 64 << 20  # ring bytes decoded at once, beyond one ring alone 
 
 
 def _bytes_there(path: Path) -> int:
-    """The bytes a ring really holds on disk (the reader skips its holes): its decoding's cost."""
+    """The bytes a ring really holds on disk (the reader skips its holes): its decoding's cost. A ring
+    kept zstd-compressed (``*.zst``) costs what it decompresses to, unknown until it is read: it is
+    decoded alone, as a ring larger than the whole budget is."""
+    if path.name.endswith(".zst"):
+        return IN_FLIGHT_BYTES + 1
     try:
         st = os.lstat(path)
     except OSError:
