@@ -308,7 +308,9 @@ def _write_row_groups(writer: pq.ParquetWriter, tables: Iterator[pa.Table]) -> N
     held: list[pa.Table] = []
     rows = 0
     for table in tables:
-        held.append(table.cast(TIMELINE_SCHEMA))
+        # a ring's table has the schema already (a cast would cost a call per column): a new table, same buffers
+        same = table.schema.equals(TIMELINE_SCHEMA, check_metadata=True)
+        held.append(table.slice(0) if same else table.cast(TIMELINE_SCHEMA))
         rows += table.num_rows
         del table
         if rows >= ROW_GROUP:

@@ -7,6 +7,7 @@ The column set and types are specified in FORMAT.md ("Timeline columns");
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -527,29 +528,54 @@ def py_rows(table: pa.Table) -> list[dict[str, Any]]:
     return rows
 
 
-def kind_mask(table: pa.Table, *kinds: str) -> pa.ChunkedArray:
-    """Rows whose kind is one of ``kinds``, through the dictionary codes (no string decode)."""
+_KIND_CODES: dict[int, tuple[weakref.ref[pa.Table], list[tuple[list[str], np.ndarray]]]] = {}
+
+
+def _kind_codes(table: pa.Table) -> list[tuple[list[str], np.ndarray]]:
+    """Per chunk of ``kind``: (its words, each row's code; a null or a file's bad code: ``len(words)``), worked
+    out once per table (the diagnosis asks for a dozen kinds of each ring) and kept while the table lives."""
+    held = _KIND_CODES.get(id(table))
+    if held is not None and held[0]() is table:
+        return held[1]
     chunks = []
     for chunk in table["kind"].chunks:
         words = chunk.dictionary.to_pylist()
-        wanted = np.fromiter((w in kinds for w in [*words, None]), bool, len(words) + 1)  # a lookup table by code
         indices = chunk.indices if not chunk.indices.null_count else pc.fill_null(chunk.indices, -1)
         codes = indices.to_numpy(zero_copy_only=False)
         if len(codes) and (int(codes.min()) < 0 or int(codes.max()) >= len(words)):  # a null, or a file's bad code
             codes = np.where((codes >= 0) & (codes < len(words)), codes, len(words))
+        chunks.append((words, codes))
+    key = id(table)  # the entry goes with the table (a later table may get its id)
+    _KIND_CODES[key] = (weakref.ref(table, lambda _: _KIND_CODES.pop(key, None)), chunks)
+    return chunks
+
+
+def kind_mask(table: pa.Table, *kinds: str) -> pa.ChunkedArray:
+    """Rows whose kind is one of ``kinds``, through the dictionary codes (no string decode)."""
+    chunks = []
+    for words, codes in _kind_codes(table):
+        wanted = np.fromiter((w in kinds for w in [*words, None]), bool, len(words) + 1)  # a lookup table by code
         chunks.append(pa.array(wanted[codes] if wanted.any() else np.zeros(len(codes), bool)))
     return pa.chunked_array(chunks, pa.bool_())
 
 
 def of_kind(table: pa.Table, *kinds: str, columns: list[str] | None = None) -> pa.Table:
     """The rows of these kinds (only ``columns``, when given: filtering fewer columns is faster)."""
-    mask = kind_mask(table, *kinds)
-    return (table.select(columns) if columns else table).filter(mask)
+    picked = table.select(columns) if columns else table
+    if not any(w in kinds for words, _ in _kind_codes(table) for w in words):
+        return picked.slice(0, 0)  # no row of these kinds: no mask, no filter
+    return picked.filter(kind_mask(table, *kinds))
 
 
 def rows_of_kind(table: pa.Table, *kinds: str) -> np.ndarray:
     """The row numbers of these kinds (int64), found through the dictionary codes."""
-    return np.flatnonzero(kind_mask(table, *kinds).to_numpy(zero_copy_only=False))
+    found, start = [], 0
+    for words, codes in _kind_codes(table):
+        wanted = np.fromiter((w in kinds for w in [*words, None]), bool, len(words) + 1)
+        if wanted.any():
+            found.append(np.flatnonzero(wanted[codes]) + start)
+        start += len(codes)
+    return np.concatenate(found).astype(np.int64) if found else np.zeros(0, np.int64)
 
 
 def last_of_kind(table: pa.Table, *kinds: str, columns: list[str], n: int) -> pa.Table:
