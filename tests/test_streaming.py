@@ -141,6 +141,37 @@ def test_rings_decoded_at_once_stay_within_the_byte_budget(
     assert any(s == {tmp_path / "big" / "big.ring"} for s in seen)
 
 
+def test_tiny_rings_are_decoded_in_turn_by_the_caller_and_large_ones_by_the_workers(
+    hosts: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN six crafted rings of 3 marks (about 20 KiB each, under INLINE_BYTES), one host's 1 MiB rings (over
+    # it), and four workers
+    sys.path.insert(0, str(REPO / "tools"))
+    from bench_many_rings import make_rings
+
+    make_rings(tmp_path / "tiny", 6, 3)
+    tiny = [p.name for p in (tmp_path / "tiny").glob("*.ring")]
+    large = [p.name for p in hosts[0].glob("*.ring")]
+    assert max(pipeline._bytes_there(tmp_path / "tiny" / n) for n in tiny) < pipeline.INLINE_BYTES
+    assert min(pipeline._bytes_there(hosts[0] / n) for n in large) >= pipeline.INLINE_BYTES
+    monkeypatch.setattr(pipeline, "_workers", lambda: 4)
+    decoded_on: dict[str, int] = {}
+    one = RecoveryPass._one
+
+    def watched(self: RecoveryPass, path: Path) -> Any:
+        decoded_on[path.name] = threading.get_ident()
+        return one(self, path)
+
+    monkeypatch.setattr(RecoveryPass, "_one", watched)
+    # WHEN they are recovered together
+    recovered = recover_rings([tmp_path / "tiny", hosts[0]])
+    # THEN every ring is recovered: the tiny ones in the calling thread (no hand-off to a worker and back),
+    # the large ones by the workers
+    assert len(recovered.meta["rings"]) == len(tiny) + len(large) == len(decoded_on)
+    assert {decoded_on[n] for n in tiny} == {threading.get_ident()}
+    assert threading.get_ident() not in {decoded_on[n] for n in large}
+
+
 def test_over_the_ring_limit_the_newest_are_recovered_and_the_rest_named(
     hosts: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
