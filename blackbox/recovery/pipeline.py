@@ -135,6 +135,7 @@ class RecoveryPass:
         self.paths, self.unread = list_rings(inputs)
         self.paths, self.left_out = newest(self.paths, MAX_RINGS)  # named in the metadata, not read
         self.kills = kernel_oom_kills()  # one pass over the kernel log for every ring
+        self.cgroups: dict[tuple[str, int], int | None] = {}  # each cgroup's oom_kill counter, read once
         self.exit_status = exit_status
         self.owner = _status_owner(self.paths, launcher_pid) if exit_status is not None else None
         self.metas = SpilledRings()  # each ring's metadata, on disk until metadata.json is written
@@ -152,7 +153,7 @@ class RecoveryPass:
         table = self.relays.attribute(table, ring.path, ring.owner)
         status = self.exit_status if path == self.owner else None
         pids = children | named_workers(table)  # a forkserver's worker is sampled by none, named by the job
-        evidence = gather(ring.path, ring.meta, status, self.kills, ring.crash, window, pids)
+        evidence = gather(ring.path, ring.meta, status, self.kills, ring.crash, window, pids, self.cgroups)
         evidence.signal_stacks = ring.signal_stacks  # written by faulthandler where the C extension was not built
         death = diagnose(table, ring.clean, evidence, ring.meta)
         kill = evidence.kernel_kills[-1] if evidence.kernel_kills else None
