@@ -43,6 +43,7 @@ _DICTIONARY = ["kind", "label", "host", "thread", "pid", "rank", "device", "deta
 _STATISTICS = ["seq", "time", "kind", "step", "pid", "rank", "host", "device", "value", "job"]
 ROW_GROUP = 1 << 17  # rows per row group: the writer holds one row group at a time
 _FEW_ROWS = 1024  # rings of fewer rows than this, on average, are combined into one chunk before writing
+_COMPACT = 64  # such rings' tables held at most before they are combined (memory flat in the ring count)
 
 
 class Destination:
@@ -323,6 +324,8 @@ def _write_row_groups(writer: pq.ParquetWriter, tables: Iterator[pa.Table]) -> N
             if rows:  # a copy of the rest: a slice would keep every buffer of the ring it came from
                 held.append(whole.slice(full).take(pa.array(range(rows), type=pa.int64())))
             del whole
+        elif len(held) >= _COMPACT and rows < len(held) * _FEW_ROWS:  # many small rings: their rows copied into
+            held = [pa.concat_tables(held).combine_chunks()]  # one chunk per column (a ring's own buffers: ~40 KiB)
     if rows:
         last = pa.concat_tables(held)
         if len(held) > 1 and rows < len(held) * _FEW_ROWS:  # many small rings: one chunk per column, copied
