@@ -138,3 +138,48 @@ def test_readme_fleet_queries_run_over_many_bundles(killed_bundle: Path, tmp_pat
         exec(compile(code, "README.md", "exec"), {})
     lines = [ln for ln in printed.getvalue().splitlines() if " killed " in ln]
     assert len(lines) == 2, printed.getvalue()  # the rank of each of the two bundles, by death time
+
+
+def test_a_cgroups_oom_kill_counter_is_read_once_for_all_its_rings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from blackbox.recovery import evidence
+    from blackbox.recovery.pipeline import recover_rings
+    from blackbox.ring.reader import read_header
+
+    # GIVEN three rings armed by this process: one memory cgroup, on the cgroup filesystem
+    for i in range(3):
+        ring = blackbox.Recorder.arm(tmp_path / f"r{i}.ring", capacity=64, sample_interval=3600)
+        ring.mark("loss", i)
+        ring.disarm()
+    cgroup = read_header(tmp_path / "r0.ring").meta.get("cgroup")
+    if not cgroup or not evidence.on_cgroupfs(cgroup["path"]):
+        pytest.skip("this process's memory cgroup is not named or not on a cgroup filesystem here")
+    reads: list[Path] = []
+    counter = evidence.cgroup_oom_kills
+    monkeypatch.setattr(evidence, "cgroup_oom_kills", lambda d, v: reads.append(d) or counter(d, v))
+    # WHEN they are recovered in one pass
+    recovered = recover_rings([tmp_path])
+    # THEN every ring is recovered, and the cgroup's counter (and the mount table) was read once, not per ring
+    assert len(recovered.meta["rings"]) == 3
+    assert reads == [Path(cgroup["path"])]
+
+
+def test_kind_lookups_belong_to_their_table_and_go_with_it() -> None:
+    import gc
+
+    from blackbox.recovery import timeline
+
+    # GIVEN tables made and freed one after another (a freed table's address is often reused by the next)
+    for kinds in (["mark", "sample", "mark"], ["sample", "exit", "sample", "mark"]) * 50:
+        table = pa.table({"kind": pa.array(kinds).dictionary_encode()})
+        # WHEN rows of a kind are asked for, twice (the second from what the first worked out)
+        first, again = timeline.rows_of_kind(table, "mark"), timeline.rows_of_kind(table, "mark", "exit")
+        # THEN each answer is this table's, never an earlier table's
+        assert first.tolist() == [i for i, k in enumerate(kinds) if k == "mark"]
+        assert again.tolist() == [i for i, k in enumerate(kinds) if k in ("mark", "exit")]
+        assert timeline.of_kind(table, "nothing").num_rows == 0
+        del table
+    # AND nothing is kept once the tables are gone
+    gc.collect()
+    assert not timeline._KIND_CODES

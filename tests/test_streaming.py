@@ -173,6 +173,65 @@ def test_a_compressed_ring_is_decoded_alone_whatever_its_size_on_disk(
     # THEN every ring is read back, one at a time (their decompressed bytes are not known beforehand)
     assert len(recovered.meta["rings"]) == len(packed)
     assert most[0] == 1
+def test_tiny_rings_are_decoded_in_turn_by_the_caller_and_large_ones_by_the_workers(
+    hosts: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN six crafted rings of 3 marks (about 20 KiB each, under INLINE_BYTES), one host's 1 MiB rings (over
+    # it), and four workers
+    sys.path.insert(0, str(REPO / "tools"))
+    from bench_many_rings import make_rings
+
+    make_rings(tmp_path / "tiny", 6, 3)
+    tiny = [p.name for p in (tmp_path / "tiny").glob("*.ring")]
+    large = [p.name for p in hosts[0].glob("*.ring")]
+    assert max(pipeline._bytes_there(tmp_path / "tiny" / n) for n in tiny) < pipeline.INLINE_BYTES
+    assert min(pipeline._bytes_there(hosts[0] / n) for n in large) >= pipeline.INLINE_BYTES
+    monkeypatch.setattr(pipeline, "_workers", lambda: 4)
+    decoded_on: dict[str, int] = {}
+    one = RecoveryPass._one
+
+    def watched(self: RecoveryPass, path: Path) -> Any:
+        decoded_on[path.name] = threading.get_ident()
+        return one(self, path)
+
+    monkeypatch.setattr(RecoveryPass, "_one", watched)
+    # WHEN they are recovered together
+    recovered = recover_rings([tmp_path / "tiny", hosts[0]])
+    # THEN every ring is recovered: the tiny ones in the calling thread (no hand-off to a worker and back),
+    # the large ones by the workers
+    assert len(recovered.meta["rings"]) == len(tiny) + len(large) == len(decoded_on)
+    assert {decoded_on[n] for n in tiny} == {threading.get_ident()}
+    assert threading.get_ident() not in {decoded_on[n] for n in large}
+
+
+def test_the_writer_holds_small_rings_rows_in_memory_that_does_not_grow_with_their_count(tmp_path: Path) -> None:
+    # GIVEN 1,280 timelines of 3 rows each (a crafted tiny ring's, each a copy with buffers of its own)
+    sys.path.insert(0, str(REPO / "tools"))
+    from bench_many_rings import make_rings
+
+    make_rings(tmp_path / "tiny", 1, 3)
+    (ring,) = (tmp_path / "tiny").glob("*.ring")
+    template = recover_rings([ring]).table
+    before = pa.total_allocated_bytes()
+    one = template.take(pa.array(range(3), type=pa.int64()))
+    per_table = pa.total_allocated_bytes() - before  # a 3-row table's own buffers (a few KiB: one per column)
+    del one
+    held_bytes: list[int] = []
+
+    def tables() -> Iterator[pa.Table]:
+        for i in range(1280):
+            if i % 128 == 0:
+                gc.collect()
+                held_bytes.append(pa.total_allocated_bytes())
+            yield template.take(pa.array(range(3), type=pa.int64()))
+
+    # WHEN the writer takes them (fewer rows than a row group: all are held until the end)
+    with pq.ParquetWriter(tmp_path / "t.parquet", TIMELINE_SCHEMA) as writer:
+        bundle._write_row_groups(writer, tables())
+    # THEN every row is written, and the writer held the rows, not each table as it came: under a third
+    # of what 1,280 such tables take (their rows are about a fifth)
+    assert pq.ParquetFile(tmp_path / "t.parquet").metadata.num_rows == 3 * 1280
+    assert max(held_bytes) - held_bytes[0] < 1280 * per_table / 3
 
 
 def test_over_the_ring_limit_the_newest_are_recovered_and_the_rest_named(

@@ -80,6 +80,7 @@ def gather(
     crash: str | None = None,
     window: tuple[int, int] | None = None,
     pids: set[int] | None = None,
+    cgroups: dict[tuple[str, int], int | None] | None = None,
 ) -> Evidence:
     """Evidence for one ring: a native crash's tracebacks (``crash``: the ring's crash region, or the
     ``.crash`` sidecar older rings left, as the reader found them), and what this machine says of its writer.
@@ -88,7 +89,8 @@ def gather(
     here). ``window``: (first, last) monotonic ns of the ring's events; ``pids``: the ring's own pid, the
     children it sampled and the DataLoader workers its job's errors name as dead. A kill counts when its
     victim is one of ``pids`` and it happened after the ring started and, for the ring's own pid, not
-    before its last event (less SLACK_NS).
+    before its last event (less SLACK_NS). ``cgroups``: the ``oom_kill`` counters read so far in this
+    recovery, by (cgroup path, version): each cgroup's is read once for all its rings (None: read here).
     """
     ident = meta.get("identity") or {}
     ev = Evidence(exit_status=exit_status, crash=crash)
@@ -116,8 +118,12 @@ def gather(
             and (k.pid != pid or k.time_ns >= last - SLACK_NS)
         ]
     cg = meta.get("cgroup") or {}
-    if isinstance(cg.get("path"), str) and cg.get("version") in (1, 2) and on_cgroupfs(cg["path"]):
-        ev.cgroup_oom_kills_now = cgroup_oom_kills(Path(cg["path"]), int(cg["version"]))
+    if isinstance(cg.get("path"), str) and cg.get("version") in (1, 2):
+        key = (cg["path"], int(cg["version"]))
+        read = cgroups if cgroups is not None else {}
+        if key not in read:  # mountinfo and the counter: two reads of /proc and /sys per cgroup, not per ring
+            read[key] = cgroup_oom_kills(Path(key[0]), key[1]) if on_cgroupfs(key[0]) else None
+        ev.cgroup_oom_kills_now = read[key]
     return ev
 
 

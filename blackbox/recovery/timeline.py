@@ -7,6 +7,7 @@ The column set and types are specified in FORMAT.md ("Timeline columns");
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ _ALLOC_KINDS = np.array([fmt.KIND_CODES["alloc_sample"], fmt.KIND_CODES["free_sa
 _NO_STEP_KINDS = np.array([_KIND_SIGNAL, *_ALLOC_KINDS.tolist()])  # written where the step cannot be read
 # The kinds a sampler tick writes after its stack samples: they get the tick's stack in ``stack``.
 _MEMORY_KINDS = np.array([fmt.KIND_CODES[k] for k in ("sample", "gpu_sample", "cgroup_sample", "child_sample")])
+_IS_ALLOC, _IS_NO_STEP, _IS_MEMORY = (np.isin(np.arange(256), k) for k in (_ALLOC_KINDS, _NO_STEP_KINDS, _MEMORY_KINDS))
 _VIRTUAL_IDS = 1 << 33  # string ids above any u4 id: folded stacks joined into ``detail``
 STACK_LOST = "<blackbox: stack lost (its table entry was overwritten or damaged)>"
 FRAME_LOST = "<blackbox: frame lost>"
@@ -237,7 +239,7 @@ def ring_table(ring: Ring, *, release: bool = False) -> pa.Table:
 def _step_in_force(kinds: np.ndarray, step: np.ndarray) -> np.ndarray:
     """Steps, with a signal's and an allocation sample's filled in from the record before it: the signal
     handler and the allocation hooks cannot read the step."""
-    signals = np.isin(kinds, _NO_STEP_KINDS)
+    signals = _IS_NO_STEP[kinds]  # a lookup by the u1 code: np.isin costs more on a small ring
     if not (signals & (step < 0)).any():
         return step
     index = np.arange(len(step))
@@ -286,7 +288,7 @@ def _alloc_stacks(r: dict[str, np.ndarray], table: StackScan | None) -> tuple[np
                                                                              dict[int, str]] | None:  # fmt: skip
     """(rows, a string id per row, id -> folded stack, id -> thread name) of the alloc_sample and free_sample
     rows, each distinct fingerprint resolved once (ids above the stack samples' virtual ids)."""
-    rows = np.flatnonzero(np.isin(r["kind"], _ALLOC_KINDS))
+    rows = np.flatnonzero(_IS_ALLOC[r["kind"]])
     if not len(rows):
         return None
     uniq, inverse, counts = np.unique(r["p2"][rows].view(np.uint64), return_inverse=True, return_counts=True)
@@ -332,7 +334,7 @@ def stack_in_force(kinds: np.ndarray, stacks: tuple[np.ndarray, np.ndarray, dict
         return pa.nulls(n, _DICT_STR)
     tick = np.cumsum(kinds == _KIND_SAMPLE)  # at or after the k-th sample: k
     ticks, first = np.unique(tick[rows] + 1, return_index=True)  # a stack sample precedes its tick's sample
-    memory = np.flatnonzero(np.isin(kinds, _MEMORY_KINDS))
+    memory = np.flatnonzero(_IS_MEMORY[kinds])
     pos = np.minimum(np.searchsorted(ticks, tick[memory]), len(ticks) - 1)
     found = ticks[pos] == tick[memory]
     uniq, local = np.unique(ids[first[pos[found]]], return_inverse=True)
@@ -373,10 +375,11 @@ def _payload(
     n = len(r["kind"])
     sources: dict[str, list[tuple[np.ndarray, int]]] = {}  # column -> (rows of a kind, its word) per kind
     texts: dict[str, list[tuple[np.ndarray, int]]] = {}  # text column -> (rows, first word) per kind
+    present = np.bincount(r["kind"], minlength=256)  # the kinds a ring holds: no pass for the others
     for code, words in fmt.payload_columns(version).items():
-        rows = r["kind"] == code
-        if not rows.any():
+        if not present[code]:
             continue
+        rows = r["kind"] == code
         for i, name in enumerate(words):
             if name is None or name in fmt.RESOLVED_WORDS:
                 continue
@@ -527,29 +530,54 @@ def py_rows(table: pa.Table) -> list[dict[str, Any]]:
     return rows
 
 
-def kind_mask(table: pa.Table, *kinds: str) -> pa.ChunkedArray:
-    """Rows whose kind is one of ``kinds``, through the dictionary codes (no string decode)."""
+_KIND_CODES: dict[int, tuple[weakref.ref[pa.Table], list[tuple[list[str], np.ndarray]]]] = {}
+
+
+def _kind_codes(table: pa.Table) -> list[tuple[list[str], np.ndarray]]:
+    """Per chunk of ``kind``: (its words, each row's code; a null or a file's bad code: ``len(words)``), worked
+    out once per table (the diagnosis asks for a dozen kinds of each ring) and kept while the table lives."""
+    held = _KIND_CODES.get(id(table))
+    if held is not None and held[0]() is table:
+        return held[1]
     chunks = []
     for chunk in table["kind"].chunks:
         words = chunk.dictionary.to_pylist()
-        wanted = np.fromiter((w in kinds for w in [*words, None]), bool, len(words) + 1)  # a lookup table by code
         indices = chunk.indices if not chunk.indices.null_count else pc.fill_null(chunk.indices, -1)
         codes = indices.to_numpy(zero_copy_only=False)
         if len(codes) and (int(codes.min()) < 0 or int(codes.max()) >= len(words)):  # a null, or a file's bad code
             codes = np.where((codes >= 0) & (codes < len(words)), codes, len(words))
+        chunks.append((words, codes))
+    key = id(table)  # the entry goes with the table (a later table may get its id)
+    _KIND_CODES[key] = (weakref.ref(table, lambda _: _KIND_CODES.pop(key, None)), chunks)
+    return chunks
+
+
+def kind_mask(table: pa.Table, *kinds: str) -> pa.ChunkedArray:
+    """Rows whose kind is one of ``kinds``, through the dictionary codes (no string decode)."""
+    chunks = []
+    for words, codes in _kind_codes(table):
+        wanted = np.fromiter((w in kinds for w in [*words, None]), bool, len(words) + 1)  # a lookup table by code
         chunks.append(pa.array(wanted[codes] if wanted.any() else np.zeros(len(codes), bool)))
     return pa.chunked_array(chunks, pa.bool_())
 
 
 def of_kind(table: pa.Table, *kinds: str, columns: list[str] | None = None) -> pa.Table:
     """The rows of these kinds (only ``columns``, when given: filtering fewer columns is faster)."""
-    mask = kind_mask(table, *kinds)
-    return (table.select(columns) if columns else table).filter(mask)
+    picked = table.select(columns) if columns else table
+    if not any(w in kinds for words, _ in _kind_codes(table) for w in words):
+        return picked.slice(0, 0)  # no row of these kinds: no mask, no filter
+    return picked.filter(kind_mask(table, *kinds))
 
 
 def rows_of_kind(table: pa.Table, *kinds: str) -> np.ndarray:
     """The row numbers of these kinds (int64), found through the dictionary codes."""
-    return np.flatnonzero(kind_mask(table, *kinds).to_numpy(zero_copy_only=False))
+    found, start = [], 0
+    for words, codes in _kind_codes(table):
+        wanted = np.fromiter((w in kinds for w in [*words, None]), bool, len(words) + 1)
+        if wanted.any():
+            found.append(np.flatnonzero(wanted[codes]) + start)
+        start += len(codes)
+    return np.concatenate(found).astype(np.int64) if found else np.zeros(0, np.int64)
 
 
 def last_of_kind(table: pa.Table, *kinds: str, columns: list[str], n: int) -> pa.Table:
