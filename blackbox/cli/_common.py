@@ -45,8 +45,11 @@ def standalone(module: ModuleType, prog: str, argv: Sequence[str] | None) -> int
 
 def run_rings(target: str) -> Path | None:
     """The rings/ folder of a ``blackbox run`` folder (a real folder, not a link; empty until the job's
-    first process arms), else None."""
+    first process arms), else None. A bundle's rings/ (the rings it keeps, compressed) is not one: a folder
+    with a metadata.json is a bundle."""
     rings = Path(target) / RUN_RINGS
+    if os.path.lexists(Path(target) / "metadata.json"):
+        return None
     return rings if os.path.isdir(rings) and not os.path.islink(rings) else None
 
 
