@@ -7,6 +7,7 @@ distinct stacks the table never held; ``tools/fuzz_recover.py --mode allocs`` ma
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -14,9 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import REPO
+from test_allocations import _fields
 from test_bounded import FIXED, MiB, recover_in_child
 
 from blackbox._postmortem import write_postmortem
+from blackbox.cli import main
 from blackbox.recovery.timeline import ring_table
 from blackbox.ring import format as fmt
 from blackbox.ring.reader import read_ring
@@ -49,6 +52,20 @@ def test_weights_summing_past_two_to_the_64_give_the_exact_total(tmp_path: Path)
     assert report["live_bytes"] == 1 << 65
     assert report["sites"][0]["live_bytes"] == 1 << 65 and report["sites"][0]["site"] == "leak (/job/train.py:9)"
     assert report["error_bytes"] >= 0
+
+
+def test_a_pprof_of_weights_past_int64_holds_no_wrapped_sample(tmp_path: Path) -> None:
+    # GIVEN a bundle whose one stack holds 2**65 live bytes (four blocks of weight 2**63)
+    heap = heap_slots(4, weight=1 << 63, size=64, stack=STACK, thread=7).tobytes()
+    allocs = {(1, 100): alloc_payload(STACK, 2, [1, 2], b"MainThread", b"")}
+    ring = craft_v4(tmp_path / "r.ring", {2: "MainThread"}, FRAMES, allocs, heap, steps([0, 1, 2]))
+    write_postmortem([ring], tmp_path / "bundle", plot=False)
+    # WHEN it is exported as a pprof profile
+    assert main(["export", "--pprof", str(tmp_path / "bundle"), "-o", str(tmp_path / "live.pb.gz")]) == 0
+    # THEN its sample holds the most an int64 holds, not what is left of 2**65 modulo 2**64 (0)
+    profile = _fields(gzip.decompress((tmp_path / "live.pb.gz").read_bytes()))
+    (sample,) = [dict(_fields(v)) for k, v in profile if k == 2 and isinstance(v, bytes)]
+    assert _fields(b"\x08" + sample[2]) == [(1, (1 << 63) - 1)]  # its one value (packed), read as a varint
 
 
 def test_a_step_of_two_to_the_62_does_not_ask_for_an_array_of_every_step(tmp_path: Path) -> None:

@@ -320,6 +320,45 @@ def _strict_json(text: str) -> object:
     return json.loads(text, parse_constant=refuse)
 
 
+def _varints(data: bytes, at: int = 0) -> list[tuple[int, int]]:
+    """(field number << 3 | wire type, value or (offset, length)) of a protobuf message's fields, in order."""
+    out = []
+    while at < len(data):
+        key, at = _varint(data, at)
+        if key & 7 == 0:
+            value, at = _varint(data, at)
+        else:
+            n, at = _varint(data, at)
+            value, at = at << 32 | n, at + n
+        out.append((key, value))
+    return out
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at, shift = at + 1, shift + 7
+        if not byte & 0x80:
+            return value, at
+
+
+def pprof_values(data: bytes) -> list[int]:
+    """The values of a profile's samples (Profile.sample, field 2; Sample.value, field 2, packed), as int64."""
+    values = []
+    for key, where in _varints(data):
+        if key == (2 << 3 | 2):
+            sample = data[where >> 32 : (where >> 32) + (where & 0xFFFFFFFF)]
+            for k, packed in _varints(sample):
+                if k == (2 << 3 | 2):
+                    blob, at = sample[packed >> 32 : (packed >> 32) + (packed & 0xFFFFFFFF)], 0
+                    while at < len(blob):
+                        v, at = _varint(blob, at)
+                        values.append(v - (1 << 64) if v >= 1 << 63 else v)
+    return values
+
+
 def check_allocs(path: Path, out: Path, timeout: int, planted: int) -> str:
     allowance = os.stat(path).st_blocks * 512 + 300 * MiB
     codes, largest, t_case = "", 0, time.perf_counter()
@@ -353,6 +392,8 @@ def check_allocs(path: Path, out: Path, timeout: int, planted: int) -> str:
         elif proc.returncode == 0 and argv[0] == "export" and argv[2] == "--pprof":
             data = gzip.decompress((out / "live.pb.gz").read_bytes())
             assert data[:1] == b"\x0a", "the pprof does not start with its sample_type field"
+            for value in pprof_values(data):
+                assert 0 <= value < 1 << 63, f"a pprof sample of {value} bytes (an int64 in the profile)"
         elif proc.returncode == 0 and argv[0] == "export":
             for line in (out / "live.folded").read_text().splitlines():
                 _finite_count(int(line.rpartition(" ")[2]), "a folded stack's bytes")

@@ -151,24 +151,27 @@ def live_sites(
     del at
     resolved = alloc_stacks(stacks, fingerprints[written[np.argsort(-weights[written], kind="stable")]].tolist())
     found = {int(i): resolved[int(fingerprints[i])] for i in written.tolist()}
-    groups, names = _groups(slots, where, len(fingerprints), found)
     by_stack: dict[str, float] = {}
     if len(written) < len(fingerprints):
         by_stack[UNWRITTEN.folded] = float(weights.sum() - weights[written].sum())
     for i, stack in found.items():
         by_stack[stack.folded] = by_stack.get(stack.folded, 0.0) + float(weights[i])
+    count = len(fingerprints)
+    del fingerprints, weights  # (each array a slot's worth is 8 MiB in a hostile heap: none kept past its use)
+    groups, names = _groups(slots, where, count, found)
     del where
     keys, rows_of = _codes(groups)
     del groups
-    when = _wall(ring_meta, slots["time"])
-    step_of = np.clip(_steps(slots, when, steps), -1, np.iinfo(np.int32).max)
-    end = end_ns if end_ns is not None else (int(when.max()) if len(when) else 0)
     group_weight = np.bincount(rows_of, slots["weight"].astype(float), len(keys))
+    order = np.argsort(rows_of, kind="stable")
+    starts = np.searchsorted(rows_of[order], np.arange(len(keys) + 1))
+    del rows_of
     site_names = [names[0][int(k) // len(names[1])] for k in keys.tolist()]
     rank = np.argsort(np.argsort(np.array(site_names, dtype=object), kind="stable"), kind="stable")
     top = np.lexsort((rank, -group_weight))[:TOP_SITES]  # by live bytes, then by site
-    order = np.argsort(rows_of, kind="stable")
-    starts = np.searchsorted(rows_of[order], np.arange(len(keys) + 1))
+    when = _wall(ring_meta, slots["time"])
+    step_of = np.clip(_steps(slots, when, steps), -1, np.iinfo(np.int32).max).astype(np.int32)
+    end = end_ns if end_ns is not None else (int(when.max()) if len(when) else 0)
     sites = [_site(slots, step_of, order[starts[g] : starts[g + 1]], site_names[g],
                    names[1][int(keys[g]) % len(names[1])], resolved, when, end, last_step, main_thread)
              for g in top.tolist()]  # fmt: skip
@@ -248,7 +251,7 @@ def _site(
     last_step: int | None,
     main_thread: int | None,
 ) -> dict[str, Any]:
-    w, t, steps = slots["weight"][idx], when[idx], step_of[idx]  # a field at a time: not 64 B a row
+    w, t, steps = slots["weight"][idx], when[idx], step_of[idx].astype(np.int64)  # a field at a time
     fps, inverse = _codes(slots["stack"][idx])
     top = resolved.get(int(fps[int(np.argmax(np.bincount(inverse, w, len(fps))))]), UNWRITTEN)
     del fps, inverse

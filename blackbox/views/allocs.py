@@ -17,6 +17,7 @@ from .stacks import innermost_first, short_frame
 from .text import shown
 
 SHOWN = 8
+INT64_MAX = (1 << 63) - 1  # a pprof sample's value is an int64: more (a hostile ring's weights) would wrap
 
 
 def _growth(site: dict[str, Any]) -> str:
@@ -145,7 +146,7 @@ def pprof_live(meta: dict[str, Any], mean_bytes: int | None = None) -> bytes:
             fid = functions.setdefault((name, file), len(functions) + 1)
             ids.append(locations.setdefault((fid, line), len(locations) + 1))
         packed = b"".join(_varint(i) for i in ids)
-        body += _field(2, _field(1, packed) + _field(2, _varint(n)))
+        body += _field(2, _field(1, packed) + _field(2, _varint(min(n, INT64_MAX))))  # an int64 there
     for (fid, line), lid in locations.items():
         body += _field(4, _field(1, lid) + _field(4, _field(1, fid) + _field(2, line)))
     for (name, file), fid in functions.items():
