@@ -68,6 +68,18 @@ def test_a_pprof_of_weights_past_int64_holds_no_wrapped_sample(tmp_path: Path) -
     assert _fields(b"\x08" + sample[2]) == [(1, (1 << 63) - 1)]  # its one value (packed), read as a varint
 
 
+def test_a_thread_name_holding_a_pipe_opens_no_column_in_summary_md(tmp_path: Path) -> None:
+    # GIVEN an allocation stack whose thread name holds "|" (a hostile writer names its threads)
+    heap = heap_slots(2, weight=1 << 20, stack=STACK, thread=7).tobytes()
+    allocs = {(1, 100): alloc_payload(STACK, 2, [1, 2], b"loader|forged cell", b"x.append(y)")}
+    ring = craft_v4(tmp_path / "r.ring", {2: "MainThread"}, FRAMES, allocs, heap, steps([0, 1, 2]))
+    # WHEN it is recovered; THEN the site's row of "Who holds the memory" has its six cells, no more
+    write_postmortem([ring], tmp_path / "bundle", plot=False)
+    summary = (tmp_path / "bundle" / "summary.md").read_text()
+    (row,) = [line for line in summary.splitlines() if line.startswith("| `leak (")]
+    assert row.endswith("| loader\\|forged cell |") and len(row.replace("\\|", "").split("|")) == 8
+
+
 def test_a_step_of_two_to_the_62_does_not_ask_for_an_array_of_every_step(tmp_path: Path) -> None:
     # GIVEN blocks allocated in step 0 of a ring whose last step record says 2**62
     heap = heap_slots(3, weight=1 << 20, stack=STACK, thread=7, step=0).tobytes()

@@ -40,6 +40,11 @@ def _cells(site: dict[str, Any]) -> list[str]:
     ]
 
 
+def _thread(site: dict[str, Any]) -> str:
+    """The allocating thread's name as a table cell: a ``|`` in it (the writer's to choose) opens no column."""
+    return (site.get("thread") or "-").replace("|", "\\|")
+
+
 def allocation_sections(report: dict[str, Any] | None, role: str | None = None) -> list[str]:
     """summary.md lines for one ring's ``allocations`` (``recovery.allocs.live_sites``)."""
     if not report:
@@ -57,7 +62,7 @@ def allocation_sections(report: dict[str, Any] | None, role: str | None = None) 
     if not sites:
         return [*lines, "No sampled allocation was live at the end.", ""]
     lines += ["| site | live | growth | first step | allocator | thread |", "|---|---:|---:|---:|---|---|"]
-    lines += ["| " + " | ".join([*_cells(s), s.get("thread") or "-"]) + " |" for s in sites[:SHOWN]]
+    lines += ["| " + " | ".join([*_cells(s), _thread(s)]) + " |" for s in sites[:SHOWN]]
     lines += ["", f"Allocating stack of the largest: {innermost_first(sites[0]['stack'])}.", ""]
     return lines
 
@@ -79,7 +84,7 @@ def job_allocation_sections(rings: Iterable[dict[str, Any]]) -> list[str]:
     for s in sites[:SHOWN]:
         who = f"{s.get('role') or 'process'} pid {s.get('pid')}" + (f" rank {s['rank']}" if s.get("rank") is not None
                                                                      else "")  # fmt: skip
-        lines.append("| " + " | ".join([*_cells(s), who, s.get("thread") or "-"]) + " |")
+        lines.append("| " + " | ".join([*_cells(s), who, _thread(s)]) + " |")
     return [*lines, ""]
 
 
