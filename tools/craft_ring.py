@@ -106,6 +106,10 @@ def craft_v3(
     *,
     stacks_size: int = 8192,
     identity: dict[str, Any] | None = None,
+    allocs: dict[tuple[int, int], bytes] | None = None,
+    heap: bytes = b"",
+    heap_size: int = 0,
+    file_size: int | None = None,
 ) -> Path:
     """A version-3 ring holding exactly these strings (id -> text), stack-table entries ((generation, id)
     -> a frame's text, or a stack's frame ids; generation g in half (g - 1) % 2, frames first) and
@@ -122,10 +126,13 @@ def craft_v3(
     for (gen, sid), ids in stacks.items():
         payload = np.asarray(ids, "<u4").tobytes()
         halves[(gen - 1) % 2].append(fmt.stack_entry(gen, fmt.STACK_STACK, sid, payload))
+    for (gen, sid), payload in (allocs or {}).items():  # version 4 (``craft_v4``): kind-3 entries, raw
+        halves[(gen - 1) % 2].append(fmt.stack_entry(gen, fmt.STACK_ALLOC, sid, payload))
     table = [b"".join(h) for h in halves]
     half = max(4096, -(-max(map(len, table)) // 4096) * 4096, stacks_size // 2)
     capacity = max(1, len(records))
-    header = fmt.encode_header(capacity, max(len(region), 4096), m, stacks_size=2 * half, crash_size=4096)
+    header = fmt.encode_header(capacity, max(len(region), 4096), m, stacks_size=2 * half, crash_size=4096,
+                               heap_size=heap_size)  # fmt: skip
     h = fmt.decode_header(header, len(header))
     rec = records.copy()
     rec["seq"] = rec["commit"] = np.arange(1, len(rec) + 1, dtype=np.uint64)
@@ -140,8 +147,33 @@ def craft_v3(
         f.write(rec[: capacity - 1].tobytes() if len(rec) else b"")
         f.seek(h.records_offset)
         f.write(rec[capacity - 1 :].tobytes() if len(rec) else b"")
-        f.truncate(h.file_size)
+        if heap:
+            f.seek(h.heap_offset)
+            f.write(heap)
+        f.truncate(h.file_size if file_size is None else file_size)
     return path
+
+
+def craft_v4(
+    path: Path,
+    strings: dict[int, str],
+    frames: dict[tuple[int, int], str],
+    allocs: dict[tuple[int, int], bytes],
+    heap: bytes,
+    records: np.ndarray,
+    *,
+    heap_size: int | None = None,
+    stacks_size: int = 8192,
+    file_size: int | None = None,
+) -> Path:
+    """A version-4 ring (``craft_v3``'s, plus its allocation sampling): kind-3 stack-table entries
+    ((generation, id) -> a raw payload, ``format.alloc_stack_payload`` or anything), ``heap`` written at
+    the heap table's start (``format.heap_slot_bytes`` slots, or anything) of a table declared
+    ``heap_size`` bytes (default: ``heap``'s size), and the file cut at ``file_size`` (default: the size
+    its header declares; a hostile writer may declare a terabyte of table on a small file)."""
+    size = len(heap) if heap_size is None else heap_size
+    return craft_v3(path, strings, frames, {}, records, stacks_size=stacks_size, allocs=allocs, heap=heap,
+                    heap_size=max(fmt.PAGE, size), file_size=file_size)  # fmt: skip
 
 
 def records_of(kind: str, n: int, **words: Any) -> np.ndarray:

@@ -29,6 +29,14 @@ Inputs are the golden rings of every format version plus a freshly recorded ring
   ``blackbox recover`` in a fresh process: exit 0, every other line on stderr one ``blackbox:`` line, peak
   RSS within 300 MiB + the largest metadata.json read (32 MiB), the genuine first death still named,
   nothing raw in summary.md, a job metadata.json of a few KiB.
+- ``allocs``: a version-4 ring whose heap table and allocation stacks are hostile (``hostile_allocs.alloc_case``:
+  weights and sizes of u64 max or 0, times and steps at i64 extremes, stacks and threads resolving to nothing
+  or to kind-3 entries holding escapes, ``;`` and broken UTF-8, depths that lie, a million distinct stacks,
+  a terabyte of table declared on a small file, garbage alloc_sample / free_sample records), recovered by
+  ``blackbox recover`` in a fresh process, then ``export --live``, ``export --pprof`` and ``report`` over
+  its bundle, each in a fresh process: exit 0 (or 1 with one ``blackbox:`` line), peak RSS within the ring's
+  size + 300 MiB, nothing raw in summary.md or metadata.json, live bytes and errors finite, non-negative
+  and equal to the weights planted (no sum wrapped), the pprof a gzip'd protobuf.
 
 Anything else (another exception, a hang past ``--timeout`` seconds) is a
 failure, saved under fuzz-failures/ for replay (``folder``: the seed and
@@ -39,10 +47,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import io
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import stat
@@ -62,6 +72,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 from craft_ring import meta_with, with_meta  # noqa: E402
+from hostile_allocs import alloc_case  # noqa: E402
 from hostile_cases import bundle_case, node_bundles, stack_case  # noqa: E402
 
 import blackbox  # noqa: E402
@@ -248,10 +259,13 @@ sys.exit(code)
 PEAKS: list[tuple[int, int, float]] = []  # (peak RSS, allowance, wall) of every fresh-process case
 
 
-def recover_child(target: Path, out: Path, timeout: int) -> tuple[subprocess.CompletedProcess[str], int]:
-    shutil.rmtree(out, ignore_errors=True)
+def recover_child(target: Path, out: Path, timeout: int, command: list[str] | None = None
+                  ) -> tuple[subprocess.CompletedProcess[str], int]:  # fmt: skip
+    if command is None:
+        shutil.rmtree(out, ignore_errors=True)
     env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg")
-    proc = subprocess.run([sys.executable, "-c", _CHILD, "recover", str(target), "-o", str(out)], env=env,
+    argv = command or ["recover", str(target), "-o", str(out)]
+    proc = subprocess.run([sys.executable, "-c", _CHILD, *argv], env=env,
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
     lines = proc.stdout.split()
     return proc, int(lines[-1]) if lines and lines[-1].isdigit() else 0
@@ -294,6 +308,102 @@ def check_bundles(job: Path, out: Path, timeout: int) -> str:
     return f"ok:{len(meta['unread_bundles'])} unread, {len(meta['claimed_twice'])} held twice"
 
 
+def _finite_count(value: object, what: str) -> int:
+    assert isinstance(value, int) and not isinstance(value, bool), f"{what} is {value!r}, not an int"
+    assert value >= 0, f"{what} is negative: {value}"
+    return value
+
+
+def _strict_json(text: str) -> object:
+    def refuse(token: str) -> object:
+        raise AssertionError(f"metadata.json holds {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _varints(data: bytes, at: int = 0) -> list[tuple[int, int]]:
+    """(field number << 3 | wire type, value or (offset, length)) of a protobuf message's fields, in order."""
+    out = []
+    while at < len(data):
+        key, at = _varint(data, at)
+        if key & 7 == 0:
+            value, at = _varint(data, at)
+        else:
+            n, at = _varint(data, at)
+            value, at = at << 32 | n, at + n
+        out.append((key, value))
+    return out
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at, shift = at + 1, shift + 7
+        if not byte & 0x80:
+            return value, at
+
+
+def pprof_values(data: bytes) -> list[int]:
+    """The values of a profile's samples (Profile.sample, field 2; Sample.value, field 2, packed), as int64."""
+    values = []
+    for key, where in _varints(data):
+        if key == (2 << 3 | 2):
+            sample = data[where >> 32 : (where >> 32) + (where & 0xFFFFFFFF)]
+            for k, packed in _varints(sample):
+                if k == (2 << 3 | 2):
+                    blob, at = sample[packed >> 32 : (packed >> 32) + (packed & 0xFFFFFFFF)], 0
+                    while at < len(blob):
+                        v, at = _varint(blob, at)
+                        values.append(v - (1 << 64) if v >= 1 << 63 else v)
+    return values
+
+
+def check_allocs(path: Path, out: Path, timeout: int, planted: int) -> str:
+    allowance = os.stat(path).st_blocks * 512 + 300 * MiB
+    codes, largest, t_case = "", 0, time.perf_counter()
+    for argv in (None, ["export", str(out), "--live", "-o", str(out / "live.folded")],
+                 ["export", str(out), "--pprof", "-o", str(out / "live.pb.gz")],
+                 ["report", str(out), "-o", str(out / "report.html")]):  # fmt: skip
+        proc, peak = recover_child(path, out, timeout, argv)
+        largest = max(largest, peak)
+        what = (argv or ["recover"])[0] + (f" {argv[2]}" if argv and argv[0] == "export" else "")
+        assert peak <= allowance, f"{what}: peak RSS {peak / MiB:.0f} MiB over the ring + 300 MiB"
+        err = proc.stderr.strip().splitlines()
+        assert proc.returncode in (0, 1), f"{what}: exit {proc.returncode}: {proc.stderr[-300:]}"
+        one_line = len(err) == 1 and re.match(r"blackbox( [a-z]+)?: ", err[0]) is not None  # (or "blackbox export:")
+        assert proc.returncode == 0 or one_line, f"{what}: {err[-3:]}"
+        assert not raw_text(proc.stderr), f"{what}: raw control characters on stderr"
+        if argv is None and proc.returncode:
+            PEAKS.append((largest, allowance, time.perf_counter() - t_case))
+            return "error:recover exit 1:" + err[0][:100]
+        if argv is None:
+            assert not raw_text((out / "summary.md").read_text()), "raw control characters in summary.md"
+            text = (out / "metadata.json").read_text()
+            assert not raw_text(text), "raw control characters in metadata.json"
+            report = _strict_json(text).get("allocations")  # type: ignore[union-attr]
+            assert isinstance(report, dict), "no allocations in metadata.json"
+            live = _finite_count(report["live_bytes"], "live_bytes")
+            _finite_count(report["error_bytes"], "error_bytes")
+            assert abs(live - planted) <= planted * 1e-9 + 1, f"live_bytes {live}, yet {planted} planted"
+            for site in report["sites"]:
+                assert _finite_count(site["live_bytes"], "a site's live_bytes") <= live * (1 + 1e-9) + 1
+                _finite_count(site["error_bytes"], "a site's error_bytes")
+                assert ";" not in (site["thread"] or ""), "a thread name holding ';'"
+        elif proc.returncode == 0 and argv[0] == "export" and argv[2] == "--pprof":
+            data = gzip.decompress((out / "live.pb.gz").read_bytes())
+            assert data[:1] == b"\x0a", "the pprof does not start with its sample_type field"
+            for value in pprof_values(data):
+                assert 0 <= value < 1 << 63, f"a pprof sample of {value} bytes (an int64 in the profile)"
+        elif proc.returncode == 0 and argv[0] == "export":
+            for line in (out / "live.folded").read_text().splitlines():
+                _finite_count(int(line.rpartition(" ")[2]), "a folded stack's bytes")
+        codes += str(proc.returncode)
+    PEAKS.append((largest, allowance, time.perf_counter() - t_case))  # one case: the largest of its commands
+    return f"ok:exit {codes}"
+
+
 class Hang(Exception):
     pass
 
@@ -304,13 +414,13 @@ def _alarm(_signum: int, _frame: object) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=["bytes", "header", "folder", "stacks", "bundles"], default="bytes")
-    ap.add_argument("--iterations", type=int, default=None, help="default: 20000, or 100 for stacks and bundles")
+    ap.add_argument("--mode", choices=["bytes", "header", "folder", "stacks", "bundles", "allocs"], default="bytes")
+    ap.add_argument("--iterations", type=int, default=None, help="default: 20000, or 100 for stacks, bundles, allocs")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--timeout", type=int, default=60, help="seconds one case may take before it counts as a hang")
     args = ap.parse_args()
     if args.iterations is None:
-        args.iterations = 100 if args.mode in ("stacks", "bundles") else 20_000
+        args.iterations = 100 if args.mode in ("stacks", "bundles", "allocs") else 20_000
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
     failures_dir = ROOT / "fuzz-failures"
@@ -332,7 +442,7 @@ def main() -> int:
         path = tmp / "case.ring"
         t_start = time.perf_counter()
         for i in range(args.iterations):
-            data = b""
+            data, note = b"", ""
             t0 = time.perf_counter()
             signal.alarm(args.timeout)
             try:
@@ -347,6 +457,11 @@ def main() -> int:
                 elif args.mode == "stacks":
                     shape = stack_case(path, rng)
                     outcome = check_stacks(path, tmp / "bundle", args.timeout) + f":{shape['shape']}"
+                elif args.mode == "allocs":
+                    shape = alloc_case(path, rng)
+                    note = f" ({', '.join(shape['traps'])}, {shape['slots']} slots)"
+                    outcome = check_allocs(path, tmp / "bundle", args.timeout, shape["planted"])
+                    outcome += f":{', '.join(shape['traps'])}, {shape['slots']} slots"
                 elif args.mode == "bundles":
                     job = tmp / f"job{i}"
                     job.mkdir()
@@ -362,7 +477,7 @@ def main() -> int:
                 failures_dir.mkdir(exist_ok=True)
                 (failures_dir / f"case-{args.mode}-{seed}-{i}.ring").write_bytes(data)
                 outcome = f"FAILURE:{type(exc).__name__}: {exc}"
-                print(f"iteration {i}: {outcome}")
+                print(f"iteration {i}: {outcome}{note}")
             finally:
                 signal.alarm(0)
             took = time.perf_counter() - t0

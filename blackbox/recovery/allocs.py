@@ -31,6 +31,7 @@ from ..ring.heap import AllocStack, HeapScan, alloc_stacks
 from ..ring.scan import StackScan
 
 TOP_SITES = 20
+UNWRITTEN = AllocStack(fmt.STACK_UNWRITTEN_TEXT, "", "")  # a fingerprint the stack table does not hold
 TOP_STACKS = 500  # live bytes per folded stack kept in metadata.json (the export's input from a bundle)
 Z95 = 1.96
 _LIBRARY = re.compile(r"site-packages|dist-packages|<frozen|/lib/python3\.\d+/|/blackbox/(ring|collect)/")
@@ -68,8 +69,12 @@ def mean_bytes(ring_meta: dict[str, Any]) -> int | None:
 def error95(size: np.ndarray, weight: np.ndarray) -> float:
     """The 95% half-width of ``sum(weight)`` as an estimate of the bytes the samples stand for."""
     w = weight.astype(float)
-    p = np.clip(np.divide(size.astype(float), w, out=np.ones_like(w), where=w > 0), 0.0, 1.0)
-    return float(Z95 * math.sqrt(float(((1.0 - p) * w * w).sum())))
+    p = np.divide(size.astype(float), w, out=np.ones_like(w), where=w > 0)
+    np.clip(p, 0.0, 1.0, out=p)
+    q = np.subtract(1.0, p, out=p)  # in place: a million slots' temporaries add up
+    q *= w
+    q *= w
+    return float(Z95 * math.sqrt(float(q.sum())))
 
 
 def _slope(x: np.ndarray, w: np.ndarray, grid: np.ndarray) -> float | None:
@@ -77,9 +82,21 @@ def _slope(x: np.ndarray, w: np.ndarray, grid: np.ndarray) -> float | None:
     if len(grid) < 3 or np.ptp(grid) <= 0:
         return None
     order = np.argsort(x, kind="stable")
-    cum = np.concatenate([[0.0], np.cumsum(w[order].astype(float))])
+    cum = np.zeros(len(w) + 1)
+    np.cumsum(w[order], out=cum[1:], dtype=float)
     y = cum[np.searchsorted(x[order], grid, side="right")]
-    return float(np.polyfit(grid.astype(float), y, 1)[0])
+    slope = float(np.polyfit(grid.astype(float), y, 1)[0])
+    return slope if math.isfinite(slope) else None
+
+
+MAX_GRID = 1 << 20  # steps the growth is fitted over, at most (a hostile ring's steps span 2**63)
+
+
+def _step_grid(first: int, last: int) -> np.ndarray:
+    """Every step from ``first`` to ``last``, or MAX_GRID of them evenly spread where there are more."""
+    if last - first < MAX_GRID:
+        return np.arange(first, last + 1, dtype=np.int64)
+    return first + np.arange(MAX_GRID, dtype=np.int64) * ((last - first) // (MAX_GRID - 1))
 
 
 def step_records(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
@@ -124,39 +141,108 @@ def live_sites(
     """
     if heap is None:
         return None
-    slots = heap.slots.copy()
-    fingerprints, where = np.unique(slots["stack"], return_inverse=True)
-    weights = np.bincount(where.ravel(), slots["weight"].astype(float), len(fingerprints))
-    resolved = alloc_stacks(stacks, fingerprints[np.argsort(-weights, kind="stable")].tolist())
-    when = _wall(ring_meta, slots["time"])
-    slots["step"] = np.clip(_steps(slots, when, steps), -1, np.iinfo(np.int32).max)
-    end = end_ns if end_ns is not None else (int(when.max()) if len(when) else 0)
-    groups: dict[tuple[str, str], list[int]] = {}
+    slots = heap.slots
+    fingerprints, where = _codes(slots["stack"])
+    weights = np.bincount(where, slots["weight"].astype(float), len(fingerprints))
+    # only fingerprints the table holds are looked up (the rest, a million in a hostile heap, are unwritten)
+    known = np.unique(np.array([*(stacks.allocs if stacks is not None else ()), fmt.NO_PYTHON_STACK], np.uint64))
+    at = np.searchsorted(known, fingerprints)  # (np.isin would sort the million fingerprints again)
+    written = np.flatnonzero(known[np.minimum(at, len(known) - 1)] == fingerprints)
+    del at
+    resolved = alloc_stacks(stacks, fingerprints[written[np.argsort(-weights[written], kind="stable")]].tolist())
+    found = {int(i): resolved[int(fingerprints[i])] for i in written.tolist()}
     by_stack: dict[str, float] = {}
-    for i, (fp, thread) in enumerate(zip(slots["stack"].tolist(), slots["thread"].tolist(), strict=True)):
-        found = resolved[int(fp)]
-        name = found.thread or f"thread {int(thread):#x}"
-        groups.setdefault((site_of(found.folded), name), []).append(i)
-        by_stack[found.folded] = by_stack.get(found.folded, 0.0) + float(slots["weight"][i])
-    sites = [_site(slots, rows, frame, thread, resolved, when, end, last_step, main_thread)
-             for (frame, thread), rows in groups.items()]  # fmt: skip
+    if len(written) < len(fingerprints):
+        by_stack[UNWRITTEN.folded] = float(weights.sum() - weights[written].sum())
+    for i, stack in found.items():
+        by_stack[stack.folded] = by_stack.get(stack.folded, 0.0) + float(weights[i])
+    count = len(fingerprints)
+    del fingerprints, weights  # (each array a slot's worth is 8 MiB in a hostile heap: none kept past its use)
+    groups, names = _groups(slots, where, count, found)
+    del where
+    keys, rows_of = _codes(groups)
+    del groups
+    group_weight = np.bincount(rows_of, slots["weight"].astype(float), len(keys))
+    order = np.argsort(rows_of, kind="stable")
+    starts = np.searchsorted(rows_of[order], np.arange(len(keys) + 1))
+    del rows_of
+    site_names = [names[0][int(k) // len(names[1])] for k in keys.tolist()]
+    rank = np.argsort(np.argsort(np.array(site_names, dtype=object), kind="stable"), kind="stable")
+    top = np.lexsort((rank, -group_weight))[:TOP_SITES]  # by live bytes, then by site
+    when = _wall(ring_meta, slots["time"])
+    step_of = np.clip(_steps(slots, when, steps), -1, np.iinfo(np.int32).max).astype(np.int32)
+    end = end_ns if end_ns is not None else (int(when.max()) if len(when) else 0)
+    sites = [_site(slots, step_of, order[starts[g] : starts[g + 1]], site_names[g],
+                   names[1][int(keys[g]) % len(names[1])], resolved, when, end, last_step, main_thread)
+             for g in top.tolist()]  # fmt: skip
     sites.sort(key=lambda s: (-s["live_bytes"], s["site"]))
     stacks_out = sorted(by_stack.items(), key=lambda kv: -kv[1])
     return {
         "mean_bytes": mean_bytes(ring_meta),
-        "live_bytes": int(slots["weight"].sum()),
+        "live_bytes": total_bytes(slots["weight"]),
         "error_bytes": int(round(error95(slots["size"], slots["weight"]))),
         "sampled_blocks": len(slots),
         "torn_slots": heap.torn,
-        "sites": sites[:TOP_SITES],
-        "site_count": len(sites),
+        "sites": sites,
+        "site_count": len(keys),
         "stacks": [{"stack": s, "live_bytes": int(round(b))} for s, b in stacks_out[:TOP_STACKS]],
     }
 
 
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """np.unique by a sort: numpy 2's hashing np.unique takes 7 times the values' memory."""
+    ordered = np.sort(values)
+    keep = np.ones(len(ordered), bool)
+    np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
+    out: np.ndarray = ordered[keep]
+    return out
+
+
+def _codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct values ascending, the index of each value among them), in a fraction of np.unique's memory
+    (a million slots' worth, in a hostile heap)."""
+    uniq = _distinct(values)
+    return uniq, np.searchsorted(uniq, values)
+
+
+def total_bytes(weights: np.ndarray) -> int:
+    """The exact sum of u8 weights (numpy's wraps past 2**64, as a hostile ring's weights make it): the
+    high and low 32 bits summed apart, each exact below 2**32 weights."""
+    w = np.asarray(weights, np.uint64)
+    return (int((w >> np.uint64(32)).sum()) << 32) + int((w & np.uint64(0xFFFFFFFF)).sum())
+
+
+def _groups(slots: np.ndarray, where: np.ndarray, count: int, found: dict[int, AllocStack]
+            ) -> tuple[np.ndarray, tuple[list[str], list[str]]]:  # fmt: skip
+    """A (site, thread) key per slot, and the sites' and threads' names the keys index (key = site *
+    len(threads) + thread): ``found``, the stacks of the fingerprints (by index) the table holds, the
+    others unwritten; each site found once, a thread named by the stack where it was written there, else by
+    the slot's thread id. A million slots of distinct stacks cost numpy, not Python."""
+    site_index = {site_of(UNWRITTEN.folded): 0}
+    folded_site = {UNWRITTEN.folded: 0}
+    thread_index: dict[str, int] = {}
+    fp_site = np.zeros(count, np.int64)
+    fp_thread = np.full(count, -1, np.int64)
+    for i, stack in found.items():
+        if stack.folded not in folded_site:
+            folded_site[stack.folded] = site_index.setdefault(site_of(stack.folded), len(site_index))
+        fp_site[i] = folded_site[stack.folded]
+        if stack.thread:
+            fp_thread[i] = thread_index.setdefault(stack.thread, len(thread_index))
+    thread = fp_thread[where]
+    unnamed = thread < 0
+    ids, inverse = _codes(slots["thread"][unnamed])
+    for tid in ids.tolist():
+        thread_index.setdefault(f"thread {int(tid):#x}", len(thread_index))
+    thread[unnamed] = np.array([thread_index[f"thread {int(t):#x}"] for t in ids.tolist()], np.int64)[inverse.ravel()]
+    threads = list(thread_index)
+    return fp_site[where] * max(1, len(threads)) + thread, (list(site_index), threads or [""])
+
+
 def _site(
     slots: np.ndarray,
-    rows: list[int],
+    step_of: np.ndarray,
+    idx: np.ndarray,
     frame: str,
     thread: str,
     resolved: dict[int, AllocStack],
@@ -165,30 +251,30 @@ def _site(
     last_step: int | None,
     main_thread: int | None,
 ) -> dict[str, Any]:
-    idx = np.asarray(rows, np.int64)
-    mine = slots[idx]
-    w, t, steps = mine["weight"], when[idx], mine["step"].astype(np.int64)
-    heaviest: dict[int, float] = {}
-    for fp, weight in zip(mine["stack"].tolist(), w.tolist(), strict=True):
-        heaviest[int(fp)] = heaviest.get(int(fp), 0.0) + weight
-    top = resolved[max(heaviest, key=heaviest.__getitem__)]
+    w, t, steps = slots["weight"][idx], when[idx], step_of[idx].astype(np.int64)  # a field at a time
+    fps, inverse = _codes(slots["stack"][idx])
+    top = resolved.get(int(fps[int(np.argmax(np.bincount(inverse, w, len(fps))))]), UNWRITTEN)
+    del fps, inverse
     stepped = steps >= 0
     first_step = int(steps[stepped].min()) if stepped.any() else None
     per_step = None
     if first_step is not None and last_step is not None and last_step > first_step:
-        per_step = _slope(steps[stepped], w[stepped], np.arange(first_step, last_step + 1))
+        per_step = _slope(steps[stepped], w[stepped], _step_grid(first_step, last_step))
     first_ns = int(t.min())
-    per_s = _slope((t - first_ns) / 1e9, w, np.linspace(0.0, max(0.0, (end_ns - first_ns) / 1e9), 50))
-    threads = set(mine["thread"].tolist())
-    by_step = main_thread is not None and main_thread in threads and per_step is not None
+    seconds = t.astype(float)
+    seconds -= first_ns
+    seconds /= 1e9
+    del t
+    per_s = _slope(seconds, w, np.linspace(0.0, max(0.0, (end_ns - first_ns) / 1e9), 50))
+    by_step = main_thread is not None and bool((slots["thread"][idx] == main_thread).any()) and per_step is not None
     return {
         "site": frame,
         "thread": thread,
         "line": top.line,
         "stack": top.folded,
-        "domains": sorted({fmt.ALLOC_DOMAINS.get(int(d), f"code_{int(d)}") for d in mine["domain"].tolist()}),
-        "live_bytes": int(w.sum()),
-        "error_bytes": int(round(error95(mine["size"], w))),
+        "domains": sorted(fmt.ALLOC_DOMAINS.get(d, f"code_{d}") for d in _distinct(slots["domain"][idx]).tolist()),
+        "live_bytes": total_bytes(w),
+        "error_bytes": int(round(error95(slots["size"][idx], w))),
         "blocks": len(idx),
         "growth_per_step": None if per_step is None else int(round(per_step)),
         "growth_per_s": None if per_s is None else int(round(per_s)),

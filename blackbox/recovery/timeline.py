@@ -296,11 +296,14 @@ def _alloc_stacks(r: dict[str, np.ndarray], table: StackScan | None) -> tuple[np
     names: dict[int, str] = {}
     fingerprints = uniq.tolist()
     resolved = alloc_stacks(table, [fingerprints[i] for i in np.argsort(-counts, kind="stable").tolist()])
+    ids: dict[tuple[str, str], int] = {}  # one id per distinct text: a million unwritten stacks are one
+    per_fingerprint = np.empty(len(fingerprints), np.int64)
     for i, fingerprint in enumerate(fingerprints):
         found = resolved[int(fingerprint)]
-        texts[2 * _VIRTUAL_IDS + i] = found.folded
-        names[2 * _VIRTUAL_IDS + i] = found.thread
-    return rows, (2 * _VIRTUAL_IDS + inverse.ravel()).astype(np.int64), texts, names
+        per_fingerprint[i] = at = ids.setdefault((found.folded, found.thread), 2 * _VIRTUAL_IDS + len(ids))
+        texts[at] = found.folded
+        names[at] = found.thread
+    return rows, per_fingerprint[inverse.ravel()], texts, names
 
 
 def _alloc_labels(ids: np.ndarray, strings: dict[int, str], allocs: tuple[Any, ...] | None

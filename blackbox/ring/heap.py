@@ -11,13 +11,14 @@ really in the file.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import format as fmt
-from .inputs import nonzero_spans
+from .inputs import data_ranges
 from .scan import StackScan
 
 MAX_ALLOC_TEXT = 8 << 20  # folded text of a ring's allocation stacks rendered, at most
@@ -25,6 +26,7 @@ ALLOC_NOT_RENDERED = (
     "<blackbox: allocation stack {:#018x} not rendered (the ring's allocation stacks pass 8 MiB of folded text)>"
 )
 MAX_HEAP_SIZE = 1 << 26  # 1 M slots read at most (a writer makes 64 K): a hostile header's size buys nothing more
+HEAP_CHUNK = 1 << 20  # bytes of the table read and decoded at a time
 
 
 @dataclass
@@ -47,10 +49,20 @@ def read_heap(fd: int, header: fmt.Header, size: int) -> HeapScan | None:
     if header.version < 4 or header.heap_size <= 0:
         return None
     n = max(0, min(header.heap_size, size - header.heap_offset, MAX_HEAP_SIZE))
-    parts = [decode_heap(span) for _, span in nonzero_spans(fd, header.heap_offset, n)]
-    if not parts:
-        return HeapScan(np.zeros(0, fmt.HEAP_DTYPE), 0)
-    return HeapScan(np.concatenate([p.slots for p in parts]), sum(p.torn for p in parts))
+    start, end = header.heap_offset, header.heap_offset + n - n % fmt.HEAP_SLOT
+    # decoded a chunk at a time into one array, which only its valid slots touch: memory follows the
+    # valid slots, not the table's bytes read (a whole table held, then copied, took four times it)
+    slots = np.empty(n // fmt.HEAP_SLOT, fmt.HEAP_DTYPE)
+    kept = torn = 0
+    done = start
+    for lo, hi in data_ranges(fd, start, end):
+        lo = max(done, lo - (lo - start) % fmt.HEAP_SLOT)
+        done = min(end, hi + (start - hi) % fmt.HEAP_SLOT)  # a slot cut by a hole: its zeros read too
+        for at in range(lo, done, HEAP_CHUNK):
+            part = decode_heap(os.pread(fd, min(HEAP_CHUNK, done - at), at))
+            slots[kept : kept + len(part.slots)] = part.slots
+            kept, torn = kept + len(part.slots), torn + part.torn
+    return HeapScan(slots[:kept], torn)
 
 
 @dataclass
@@ -74,9 +86,13 @@ def alloc_stacks(table: StackScan | None, fingerprints: Iterable[int]) -> dict[i
     tens of thousands of entries); the rest read ``ALLOC_NOT_RENDERED``, naming their fingerprint."""
     out: dict[int, AllocStack] = {}
     budget = [MAX_ALLOC_TEXT]
+    written = table.allocs if table is not None else {}
+    unwritten = AllocStack(fmt.STACK_UNWRITTEN_TEXT, "", "")  # one for all (a million, in a hostile heap)
     for fingerprint in fingerprints:
         fingerprint &= (1 << 64) - 1
-        if fingerprint not in out:
+        if fingerprint not in written and fingerprint != fmt.NO_PYTHON_STACK:
+            out[fingerprint] = unwritten
+        elif fingerprint not in out:
             found = _rendered(table, fingerprint, budget)
             out[fingerprint] = found or AllocStack(ALLOC_NOT_RENDERED.format(fingerprint), "", "")
     return out

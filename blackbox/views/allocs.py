@@ -17,6 +17,7 @@ from .stacks import innermost_first, short_frame
 from .text import shown
 
 SHOWN = 8
+INT64_MAX = (1 << 63) - 1  # a pprof sample's value is an int64: more (a hostile ring's weights) would wrap
 
 
 def _growth(site: dict[str, Any]) -> str:
@@ -39,6 +40,11 @@ def _cells(site: dict[str, Any]) -> list[str]:
     ]
 
 
+def _thread(site: dict[str, Any]) -> str:
+    """The allocating thread's name as a table cell: a ``|`` in it (the writer's to choose) opens no column."""
+    return (site.get("thread") or "-").replace("|", "\\|")
+
+
 def allocation_sections(report: dict[str, Any] | None, role: str | None = None) -> list[str]:
     """summary.md lines for one ring's ``allocations`` (``recovery.allocs.live_sites``)."""
     if not report:
@@ -56,7 +62,7 @@ def allocation_sections(report: dict[str, Any] | None, role: str | None = None) 
     if not sites:
         return [*lines, "No sampled allocation was live at the end.", ""]
     lines += ["| site | live | growth | first step | allocator | thread |", "|---|---:|---:|---:|---|---|"]
-    lines += ["| " + " | ".join([*_cells(s), s.get("thread") or "-"]) + " |" for s in sites[:SHOWN]]
+    lines += ["| " + " | ".join([*_cells(s), _thread(s)]) + " |" for s in sites[:SHOWN]]
     lines += ["", f"Allocating stack of the largest: {innermost_first(sites[0]['stack'])}.", ""]
     return lines
 
@@ -78,7 +84,7 @@ def job_allocation_sections(rings: Iterable[dict[str, Any]]) -> list[str]:
     for s in sites[:SHOWN]:
         who = f"{s.get('role') or 'process'} pid {s.get('pid')}" + (f" rank {s['rank']}" if s.get("rank") is not None
                                                                      else "")  # fmt: skip
-        lines.append("| " + " | ".join([*_cells(s), who, s.get("thread") or "-"]) + " |")
+        lines.append("| " + " | ".join([*_cells(s), who, _thread(s)]) + " |")
     return [*lines, ""]
 
 
@@ -145,7 +151,7 @@ def pprof_live(meta: dict[str, Any], mean_bytes: int | None = None) -> bytes:
             fid = functions.setdefault((name, file), len(functions) + 1)
             ids.append(locations.setdefault((fid, line), len(locations) + 1))
         packed = b"".join(_varint(i) for i in ids)
-        body += _field(2, _field(1, packed) + _field(2, _varint(n)))
+        body += _field(2, _field(1, packed) + _field(2, _varint(min(n, INT64_MAX))))  # an int64 there
     for (fid, line), lid in locations.items():
         body += _field(4, _field(1, lid) + _field(4, _field(1, fid) + _field(2, line)))
     for (name, file), fid in functions.items():
