@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,7 @@ def gather(
     crash: str | None = None,
     window: tuple[int, int] | None = None,
     pids: set[int] | None = None,
-    cgroups: dict[tuple[str, int], int | None] | None = None,
+    cgroups: CgroupCounters | None = None,
 ) -> Evidence:
     """Evidence for one ring: a native crash's tracebacks (``crash``: the ring's crash region, or the
     ``.crash`` sidecar older rings left, as the reader found them), and what this machine says of its writer.
@@ -90,7 +91,7 @@ def gather(
     children it sampled and the DataLoader workers its job's errors name as dead. A kill counts when its
     victim is one of ``pids`` and it happened after the ring started and, for the ring's own pid, not
     before its last event (less SLACK_NS). ``cgroups``: the ``oom_kill`` counters read so far in this
-    recovery, by (cgroup path, version): each cgroup's is read once for all its rings (None: read here).
+    recovery (:class:`CgroupCounters`): each cgroup's is read once for all its rings (None: read here).
     """
     ident = meta.get("identity") or {}
     ev = Evidence(exit_status=exit_status, crash=crash)
@@ -119,12 +120,24 @@ def gather(
         ]
     cg = meta.get("cgroup") or {}
     if isinstance(cg.get("path"), str) and cg.get("version") in (1, 2):
-        key = (cg["path"], int(cg["version"]))
-        read = cgroups if cgroups is not None else {}
-        if key not in read:  # mountinfo and the counter: two reads of /proc and /sys per cgroup, not per ring
-            read[key] = cgroup_oom_kills(Path(key[0]), key[1]) if on_cgroupfs(key[0]) else None
-        ev.cgroup_oom_kills_now = read[key]
+        ev.cgroup_oom_kills_now = (cgroups or CgroupCounters()).read(cg["path"], int(cg["version"]))
     return ev
+
+
+class CgroupCounters:
+    """Each memory cgroup's ``oom_kill`` counter, read once in a recovery (mountinfo and the counter: two
+    reads of /proc and /sys per cgroup, not per ring), shared by the threads that decode rings."""
+
+    def __init__(self) -> None:
+        self._read: dict[tuple[str, int], int | None] = {}
+        self._lock = threading.Lock()
+
+    def read(self, path: str, version: int) -> int | None:
+        with self._lock:  # two rings of one cgroup decoded at once: one read, not two
+            key = (path, version)
+            if key not in self._read:
+                self._read[key] = cgroup_oom_kills(Path(path), version) if on_cgroupfs(path) else None
+            return self._read[key]
 
 
 def on_cgroupfs(path: str) -> bool:

@@ -25,7 +25,7 @@ from ..ring.folded import read_folded
 from ..ring.packed import KeptRings
 from ..ring.reader import Ring, Unread, list_rings, nothing_read, read_header, read_ring
 from .diagnosis import diagnose
-from .evidence import KernelKill, gather, kernel_oom_kills
+from .evidence import CgroupCounters, KernelKill, gather, kernel_oom_kills
 from .facts import named_workers
 from .metadata import bundle_metadata, helper_groups, ring_metadata
 from .relays import RelayIndex
@@ -142,7 +142,7 @@ class RecoveryPass:
         self.paths, self.unread = list_rings(inputs)
         self.paths, self.left_out = newest(self.paths, MAX_RINGS)  # named in the metadata, not read
         self.kills = kernel_oom_kills()  # one pass over the kernel log for every ring
-        self.cgroups: dict[tuple[str, int], int | None] = {}  # each cgroup's oom_kill counter, read once
+        self.cgroups = CgroupCounters()  # each cgroup's oom_kill counter, read once
         self.exit_status = exit_status
         self.owner = _status_owner(self.paths, launcher_pid) if exit_status is not None else None
         self.metas = SpilledRings()  # each ring's metadata, on disk until metadata.json is written
