@@ -62,15 +62,23 @@ class User:
     def start(self, step: Callable[[], Any]) -> int:
         """Run ``step`` as this user in a forked child, in the background (an attack looping while the
         test goes on): the child's pid, for the caller to SIGKILL and reap."""
+        ready_r, ready_w = os.pipe()
         pid = os.fork()
         if pid == 0:
             try:
+                os.close(ready_r)
                 os.setgroups([])
                 os.setresgid(self.gid, self.gid, self.gid)
                 os.setresuid(self.uid, self.uid, self.uid)
+                os.close(ready_w)  # the child is the user's now: a cleanup that looks for the uid finds it
                 step()
             finally:
                 os._exit(0)
+        os.close(ready_w)
+        try:
+            os.read(ready_r, 1)  # returns at the child's close (or its death), never before its uid changed
+        finally:
+            os.close(ready_r)
         return pid
 
     def give(self, path: Path) -> Path:
