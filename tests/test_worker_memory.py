@@ -47,3 +47,16 @@ def test_a_steady_leak_is_grown_inside() -> None:
     rng = np.random.default_rng(5)
     rss = 100 + 1.0 * np.arange(100) + rng.normal(0, 0.5, 100)
     assert _worker(rss, np.arange(100))["pattern"] == "grew_inside"
+
+
+def test_a_leak_that_rose_fastest_while_the_prefetch_filled_is_grown_inside() -> None:
+    # GIVEN a forked worker's series from a real run (tests/test_causes.py's leaky Dataset, 8 MiB kept an item,
+    # batches of 4, under load): 81 MiB at once as the prefetch filled, then about 15 MiB a step until killed
+    t = np.array([5.626, 5.677, 5.728, 5.779, 5.830, 5.881, 5.932, 5.986, 6.037, 6.087, 6.138, 6.189, 6.241, 6.544])
+    steps = np.array([np.nan, 0, 2, 5, 7, 9, 10, 11, 12, 13, 14, 14, 16, 16])
+    rss = np.array([227.0, 308.4, 340.4, 372.4, 404.4, 428.8, 443.9, 460.7, 473.1, 489.1, 503.7, 517.9, 533.0, 546.3])
+    series = Series(pid=7, name="pt_data_worker", times=(t * 1e9).astype(np.int64), rss=(rss * MIB).astype(np.int64),
+                    steps=steps)  # fmt: skip
+    w = worker_memory(SimpleNamespace(children={7: series}), 7)  # type: ignore[arg-type]
+    # THEN the leak is seen (the old burst rule took the window of fastest rise out and joined the sides: held)
+    assert w is not None and w["pattern"] == "grew_inside", w

@@ -151,30 +151,43 @@ def worker_memory(f: Facts, pid: int | None) -> dict[str, Any] | None:
     grew = fit[0] > error and steady >= STEADY_SHARE * (out["peak_rss"] - out["first_rss"])
     if grew:  # what rose with the steps once its one largest burst (a load, its imports) is set aside
         known = ~np.isnan(steps)  # while it served: its start-up before the first step is no burst of its own
-        keep, lowered = _without_burst(series.times[known], rss[known])
-        rest = trend(steps[known][keep], lowered[keep])
-        grew = rest is not None and rest[0] > rest[1] and rest[0] * float(np.nanmax(steps) - np.nanmin(steps)) >= (
-            STEADY_SHARE * (out["peak_rss"] - out["first_rss"])
+        k_steps, k_rss = steps[known], rss[known]
+        i, j = _burst(series.times[known], k_rss)
+        # read twice, and a leak in either reading: the burst cut out and the sides joined (the part after it
+        # lowered by its rise: a spawn worker's few steps after its prefetch), or the side of it that served
+        # more steps alone (a forked worker whose fastest rise was its leak while the prefetch filled, after
+        # which the joined sides show a step of the job with no rise). A copy loaded once is flat both ways.
+        joined = np.ones(len(k_rss), dtype=bool)
+        joined[i + 1 : j + 1] = False
+        lowered = k_rss.copy()
+        lowered[j + 1 :] -= k_rss[j] - k_rss[i]
+        side = max((slice(j + 1, None), slice(0, i + 1)), key=lambda part: len(np.unique(k_steps[part])))
+        readings = [(k_steps[joined], lowered[joined]), (k_steps[side], k_rss[side])]
+        need = (
+            STEADY_SHARE * (out["peak_rss"] - out["first_rss"]) / max(float(np.nanmax(steps) - np.nanmin(steps)), 1.0)
         )
+        grew = any(_rises(s, r, need) for s, r in readings)
     return out | {"pattern": "grew_inside" if grew else "held_copies"}
 
 
-def _without_burst(t: np.ndarray, rss: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(samples kept, RSS) with the worker's largest rise within LOAD_SPAN of the time sampled taken
-    out: the samples inside it dropped, those after it lowered by that rise. A copy loaded once leaves
-    a flat series; a leak still rises. A load that spans a few samples on a loaded machine, while
+def _rises(steps: np.ndarray, rss: np.ndarray, need: float) -> bool:
+    """RSS rises with the steps beyond the fit's error, by at least ``need`` bytes a step, over at least
+    MIN_STEPS_SERVED distinct steps."""
+    if len(np.unique(steps)) < MIN_STEPS_SERVED:
+        return False
+    fit = trend(steps, rss)
+    return fit is not None and fit[0] > fit[1] and fit[0] >= need
+
+
+def _burst(t: np.ndarray, rss: np.ndarray) -> tuple[int, int]:
+    """(i, j): the worker's largest rise within LOAD_SPAN of the time sampled, from sample i to sample j:
+    set aside before the trend is judged. A load that spans a few samples on a loaded machine, while
     siblings serve steps, would otherwise fit as a rise per step."""
     if len(t) < 2:
-        return np.ones(len(t), dtype=bool), rss
+        return 0, 0
     ends = np.searchsorted(t, t + LOAD_SPAN * float(t[-1] - t[0]), side="right") - 1
-    rises = rss[ends] - rss
-    i = int(np.argmax(rises))
-    j, rise = int(ends[i]), float(rises[i])
-    keep = np.ones(len(rss), dtype=bool)
-    keep[i + 1 : j + 1] = False
-    lowered = rss.copy()
-    lowered[j + 1 :] -= rise
-    return keep, lowered
+    i = int(np.argmax(rss[ends] - rss))
+    return i, int(ends[i])
 
 
 def worker_levers(w: dict[str, Any] | None) -> list[str]:
