@@ -104,18 +104,8 @@ def test_metadata_json_holds_every_rings_metadata_written_a_ring_at_a_time(share
     assert sorted(m["rank"] for m in json.loads(text)["rings"]) == list(range(RANKS))
 
 
-def test_rings_decoded_at_once_stay_within_the_byte_budget(
-    hosts: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # GIVEN the fleet's 1 MiB rings and one ring larger than the whole budget, four workers, and a budget
-    # of two and a half small rings
-    big = blackbox.Recorder.arm(tmp_path / "big" / "big.ring", capacity=1 << 17, sample_interval=3600)
-    big.mark("big", 1)
-    big.disarm()
-    small = pipeline._bytes_there(next(hosts[0].glob("*.ring")))
-    assert pipeline._bytes_there(tmp_path / "big" / "big.ring") > 3 * small
-    monkeypatch.setattr(pipeline, "_workers", lambda: 4)
-    monkeypatch.setattr(pipeline, "IN_FLIGHT_BYTES", int(2.5 * small))
+def _decoded_at_once(monkeypatch: pytest.MonkeyPatch) -> list[set[Path]]:
+    """Each ring's decoding (made to last 50 ms) notes which rings were being decoded at that moment."""
     lock, active, seen = threading.Lock(), set(), []
     one = RecoveryPass._one
 
@@ -131,6 +121,22 @@ def test_rings_decoded_at_once_stay_within_the_byte_budget(
                 active.discard(path)
 
     monkeypatch.setattr(RecoveryPass, "_one", watched)
+    return seen
+
+
+def test_rings_decoded_at_once_stay_within_the_byte_budget(
+    hosts: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN the fleet's 1 MiB rings and one ring larger than the whole budget, four workers, and a budget
+    # of two and a half small rings
+    big = blackbox.Recorder.arm(tmp_path / "big" / "big.ring", capacity=1 << 17, sample_interval=3600)
+    big.mark("big", 1)
+    big.disarm()
+    small = pipeline._bytes_there(next(hosts[0].glob("*.ring")))
+    assert pipeline._bytes_there(tmp_path / "big" / "big.ring") > 3 * small
+    monkeypatch.setattr(pipeline, "_workers", lambda: 4)
+    monkeypatch.setattr(pipeline, "IN_FLIGHT_BYTES", int(2.5 * small))
+    seen = _decoded_at_once(monkeypatch)
     # WHEN they are recovered together
     recovered = recover_rings([hosts[0], tmp_path / "big", hosts[1]])
     # THEN every ring is recovered, at most two small ones decoded at once, the large one alone
@@ -153,26 +159,14 @@ def test_a_compressed_ring_is_decoded_alone_whatever_its_size_on_disk(
     assert len(packed) > 4 and all(4 * p.stat().st_size < small for p in packed)  # by disk, four would fit
     monkeypatch.setattr(pipeline, "_workers", lambda: 4)
     monkeypatch.setattr(pipeline, "IN_FLIGHT_BYTES", int(2.5 * small))
-    lock, active, most = threading.Lock(), set(), [0]
-    one = RecoveryPass._one
-
-    def watched(self: RecoveryPass, path: Path) -> Any:
-        with lock:
-            active.add(path)
-            most[0] = max(most[0], len(active))
-        time.sleep(0.05)
-        try:
-            return one(self, path)
-        finally:
-            with lock:
-                active.discard(path)
-
-    monkeypatch.setattr(RecoveryPass, "_one", watched)
+    seen = _decoded_at_once(monkeypatch)
     # WHEN they are recovered again
     recovered = recover_rings([out / "rings"])
     # THEN every ring is read back, one at a time (their decompressed bytes are not known beforehand)
     assert len(recovered.meta["rings"]) == len(packed)
-    assert most[0] == 1
+    assert max(len(s) for s in seen) == 1
+
+
 def test_tiny_rings_are_decoded_in_turn_by_the_caller_and_large_ones_by_the_workers(
     hosts: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
