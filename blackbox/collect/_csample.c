@@ -51,6 +51,8 @@
 #undef _PyGC_FINALIZED
 #include <internal/pycore_frame.h>
 #undef Py_BUILD_CORE
+#else
+#include <frameobject.h> /* 3.10: PyFrameObject's fields (f_back, f_code, f_lasti) */
 #endif
 #include <dlfcn.h>
 #include <elf.h>
@@ -58,6 +60,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
