@@ -433,7 +433,8 @@ def test_a_graceful_shutdown_on_sigterm_is_told_not_hidden_by_the_exit(tmp_path:
     time.sleep(0.3)
     fake = tmp_path / "slurmstepd"
     shutil.copy(sys.executable, fake)
-    kill = f"import os, signal; os.kill({job.pid}, signal.SIGTERM)"
+    # a daemon like slurmstepd outlives its signal: the recorder names the sender from /proc a moment later
+    kill = f"import os, signal, time; os.kill({job.pid}, signal.SIGTERM); time.sleep(1)"
     subprocess.run([str(fake), "-c", kill], check=True, env={"PYTHONHOME": sys.base_prefix})
     assert job.stdout.readline().strip() == "checkpoint saved" and job.wait(timeout=30) == status
     # THEN the death says the job ended by itself after the scheduler's SIGTERM, which its handler took
@@ -497,7 +498,8 @@ def test_a_process_killed_during_its_graceful_shutdown_is_killed_not_a_clean_exi
     time.sleep(0.3)
     fake = tmp_path / "slurmstepd"
     shutil.copy(sys.executable, fake)
-    kill = f"import os, signal; os.kill({job.pid}, signal.SIGTERM)"
+    # a daemon like slurmstepd outlives its signal: the recorder names the sender from /proc a moment later
+    kill = f"import os, signal, time; os.kill({job.pid}, signal.SIGTERM); time.sleep(1)"
     subprocess.run([str(fake), "-c", kill], check=True, env={"PYTHONHOME": sys.base_prefix})
     assert job.stdout.readline().strip() == "shutting down"  # the clean end is recorded by now
     if killed:
