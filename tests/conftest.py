@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -41,6 +42,14 @@ def run_py(
     if check and proc.returncode != 0:
         raise AssertionError(f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+# Tests send SIGINT to their jobs as a terminal's Ctrl-C does. A suite started in the background by a
+# non-interactive shell (`cmd &`, nohup) inherits SIGINT ignored, and so would every job it starts: Python
+# then installs no KeyboardInterrupt handler, the job never sees the signal, and the test waits for ever.
+# Jobs get the disposition a terminal gives them (an exec resets a handled signal to its default).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def spawn_py(code: str, *args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen[str]:
