@@ -44,12 +44,15 @@ def run_py(
     return proc
 
 
-# Tests send SIGINT to their jobs as a terminal's Ctrl-C does. A suite started in the background by a
-# non-interactive shell (`cmd &`, nohup) inherits SIGINT ignored, and so would every job it starts: Python
-# then installs no KeyboardInterrupt handler, the job never sees the signal, and the test waits for ever.
-# Jobs get the disposition a terminal gives them (an exec resets a handled signal to its default).
-if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+# Tests send SIGINT, SIGQUIT and SIGHUP to their jobs as a terminal does. A suite started in the background
+# by a non-interactive shell (`cmd &`) inherits SIGINT and SIGQUIT ignored, under nohup SIGHUP too, and so
+# would every job it starts: a job then never sees the signal (Python installs no KeyboardInterrupt handler
+# for an ignored SIGINT), the test waits, and the job lives on as a child of this process, sampled by every
+# recorder armed here after it. The suite keeps ignoring them, through a handler that does nothing; an exec
+# resets a handled signal to its default, so the jobs get the dispositions a terminal gives them.
+for _sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+    if signal.getsignal(_sig) is signal.SIG_IGN:
+        signal.signal(_sig, lambda signum, frame: None)
 
 
 def spawn_py(code: str, *args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen[str]:
