@@ -158,6 +158,23 @@ def memory_cgroup(tmp_path: Path) -> Iterator[Callable[[int], MemoryCgroup]]:
                 time.sleep(0.1)
 
 
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A real 48 MiB ext4 filesystem, loop-mounted (skipped only where mounting is refused)."""
+    image, mount = tmp_path / "fs.img", tmp_path / "mnt"
+    mount.mkdir()
+    try:
+        subprocess.run(["truncate", "-s", "48M", str(image)], check=True)
+        subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
+        subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot mount a small ext4 filesystem here: {exc}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
 def readme_fleet_query() -> str:
     """README's fleet query: the Python block that follows the marker ``<!-- fleet query -->``."""
     text = (REPO / "README.md").read_text()

@@ -12,7 +12,6 @@ import resource
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -280,23 +279,6 @@ def test_blackbox_run_keeps_the_rings_of_the_job_it_recovers(tmp_path: Path) -> 
     assert json.loads((run / "bundle" / "metadata.json").read_text())["cause"] == "killed"
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real 48 MiB ext4 filesystem, loop-mounted (skipped only where mounting is refused)."""
-    image, mount = tmp_path / "fs.img", tmp_path / "mnt"
-    mount.mkdir()
-    try:
-        subprocess.run(["truncate", "-s", "48M", str(image)], check=True)
-        subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
-        subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True, capture_output=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"cannot mount a small ext4 filesystem here: {exc}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
-
-
 def _fill(folder: Path, leave: int) -> None:
     """Fill ``folder``'s filesystem until ``leave`` bytes are free."""
     filler = folder / "filler"
@@ -310,11 +292,11 @@ def _fill(folder: Path, leave: int) -> None:
     os.truncate(filler, filler.stat().st_size - leave + st.f_bavail * st.f_frsize)
 
 
-def test_a_disk_too_full_for_a_raw_ring_still_gets_the_whole_bundle(small_disk: Path, tmp_path: Path) -> None:
+def test_a_disk_too_full_for_a_raw_ring_still_gets_the_whole_bundle(small_fs: Path, tmp_path: Path) -> None:
     # GIVEN a full default ring (its .zst about 1.8 MiB) and 1.2 MiB left on the bundle's disk
     ring = killed_ring(tmp_path / "full", 300_000)
-    _fill(small_disk, 1200 << 10)
-    out = small_disk / "b"
+    _fill(small_fs, 1200 << 10)
+    out = small_fs / "b"
     # WHEN it is recovered there
     assert main(["recover", str(ring), "-o", str(out)]) == 0
     # THEN the whole bundle is written; the ring is named as not kept, with the reason, and no part of it left

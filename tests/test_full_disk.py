@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,22 +25,6 @@ def fill(folder, leave):
     if leave and free < leave:
         os.truncate(os.path.join(folder, "filler"), os.path.getsize(os.path.join(folder, "filler")) - leave + free)
 """
-
-
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    image, mount = tmp_path / "fs.img", tmp_path / "mnt"
-    mount.mkdir()
-    try:
-        subprocess.run(["truncate", "-s", "48M", str(image)], check=True)
-        subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
-        subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True, capture_output=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"cannot mount a small ext4 filesystem here: {exc}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
 
 
 def test_disk_full_at_arm_is_one_warning_and_the_job_runs_on(small_fs: Path) -> None:
