@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_py, spawn_py
+from conftest import REPO, MemoryCgroup, run_py, spawn_py
 
 from blackbox.collect.exceptions import exit_status_unrecorded
 from blackbox.recovery import pipeline
@@ -44,6 +44,14 @@ if __name__ == "__main__":
 """
 
 
+def run_job_in(cg: MemoryCgroup, tmp_path: Path, code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` as the script job.py (DataLoader workers import it again) in the memory cgroup ``cg``."""
+    script = tmp_path / "job.py"
+    script.write_text(code)
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300,
+                          env=ENV, preexec_fn=cg.join)  # fmt: skip
+
+
 def death_of(folder: Path) -> dict:  # type: ignore[type-arg]
     meta = recover_rings([folder]).meta
     return meta["death"] if "death" in meta else meta  # type: ignore[no-any-return]
@@ -55,17 +63,14 @@ def test_a_dataloader_worker_killed_by_the_oom_killer_is_named(tmp_path: Path, m
     pytest.importorskip("torch")
     # GIVEN a job whose DataLoader workers leak, in a memory cgroup of 900 MB
     cg = memory_cgroup(900_000_000)
-    script = tmp_path / "job.py"
-    script.write_text(LEAKY_WORKERS)
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "rings"), context], capture_output=True,
-                          text=True, timeout=300, env=ENV, preexec_fn=cg.join)  # fmt: skip
+    proc = run_job_in(cg, tmp_path, LEAKY_WORKERS, str(tmp_path / "rings"), context)
     assert proc.returncode == 1  # PyTorch's "DataLoader worker ... exited unexpectedly", or a broken pipe to it
     assert cg.oom_kills() >= 1
     # WHEN its ring is recovered
     out = subprocess.run([sys.executable, "-m", "blackbox", "recover", str(tmp_path / "rings"), "-o",
                           str(tmp_path / "bundle"), "--summary"], capture_output=True, text=True, env=ENV)  # fmt: skip
     meta = json.loads((tmp_path / "bundle" / "metadata.json").read_text())
-    main = next(m for m in meta.get("rings", [meta]) if m["argv"][:1] == [str(script)])
+    main = next(m for m in meta.get("rings", [meta]) if m["argv"][:1] == [str(tmp_path / "job.py")])
     death = main["death"]
     # THEN the cause is the kernel's OOM kill of the worker, named, with its memory and the worker levers
     assert death["cause"] == "host_oom_kill" and death["confidence"] == "certain"
@@ -128,10 +133,7 @@ def test_a_forkserver_worker_killed_by_the_oom_killer_is_named(tmp_path: Path, m
     # GIVEN a job whose forkserver DataLoader worker 0 leaks until the kernel kills it (a forkserver's child is
     # no child of the job's: the ring never samples it; PyTorch says only that it "exited unexpectedly")
     cg = memory_cgroup(900 << 20)
-    script = tmp_path / "job.py"
-    script.write_text(LEAKY_WORKER_0)
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300,
-                          env=ENV, preexec_fn=cg.join)  # fmt: skip
+    proc = run_job_in(cg, tmp_path, LEAKY_WORKER_0, str(tmp_path))
     worker0 = int((tmp_path / "worker0.pid").read_text())  # the planted truth: the leaking worker
     assert proc.returncode == 1 and cg.oom_kills() == 1, proc.stderr[-2000:]
     assert f"DataLoader worker (pid(s) {worker0}) exited unexpectedly" in proc.stderr, proc.stderr[-2000:]
@@ -222,10 +224,7 @@ def test_workers_that_each_hold_a_copy_get_fewer_workers_first_not_a_leak_hunt(t
     # copies, not the kernel's choice (test_oom_victim.py), so the workers raise their oom_score_adj (as any
     # process may; lowering the main process's needs CAP_SYS_RESOURCE) and the cascade takes them all first.
     cg = memory_cgroup(500 << 20)
-    script = tmp_path / "job.py"
-    script.write_text(WORKER_COPIES)
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "rings")], capture_output=True, text=True,
-                          timeout=300, env=ENV, preexec_fn=cg.join)  # fmt: skip
+    proc = run_job_in(cg, tmp_path, WORKER_COPIES, str(tmp_path / "rings"))
     assert proc.returncode == 1 and cg.oom_kills() >= 1, proc.stderr[-2000:]
     meta = recover_rings([tmp_path / "rings"]).meta
     death = meta["death"]
