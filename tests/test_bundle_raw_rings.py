@@ -12,6 +12,7 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,11 @@ import pytest
 import zstandard
 from conftest import REPO, run_py, spawn_py
 
+from blackbox._errors import NotARingError
 from blackbox.cli import main
 from blackbox.recovery import bundle
 from blackbox.recovery.pipeline import RecoveryPass
+from blackbox.ring import reader
 from blackbox.ring.reader import read_header
 
 _KILLED = """
@@ -140,6 +143,60 @@ def test_rings_beyond_the_cap_are_skipped_and_named(
     assert "## Raw rings (1 kept, 1 not kept)" in summary and f"`{other}`: not kept" in summary
 
 
+def test_a_ring_compressed_after_the_timeline_is_the_same_as_one_compressed_ahead(
+    ring: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN the ring's bundle, its ring compressed ahead while it was decoded (a full default ring fits)
+    ahead = tmp_path / "ahead"
+    assert main(["recover", str(ring), "-o", str(ahead)]) == 0
+    # WHEN it is recovered again with no memory to compress ahead in (an incompressible ring's case)
+    monkeypatch.setattr("blackbox.ring.packed.MAX_AHEAD_BYTES", 1024)
+    after = tmp_path / "after"
+    assert main(["recover", str(ring), "-o", str(after)]) == 0
+    # THEN the ring is packed after the timeline, into the same bytes, with the same figures
+    assert raw_of(after)["kept"] == raw_of(ahead)["kept"]
+    name = f"rings/{ring.name}.zst"
+    assert (after / name).read_bytes() == (ahead / name).read_bytes()
+
+
+def test_rings_not_kept_leave_no_descriptor_or_thread_behind(
+    ring: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN three rings, a cap of one kept, and a fourth ring whose slots cannot be read (its header can)
+    others = [killed_ring(tmp_path / f"other{i}", 10) for i in range(2)]
+    bad = tmp_path / "bad.ring"
+    bad.write_bytes(ring.read_bytes())
+    read_slots = reader.read_slots
+
+    def refused(fd: int, header: Any, size: int) -> Any:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(bad):
+            raise NotARingError(f"{bad}: planted")
+        return read_slots(fd, header, size)
+
+    monkeypatch.setattr(reader, "read_slots", refused)
+    monkeypatch.setattr("blackbox.ring.packed.MAX_KEPT_RINGS", 1)
+    rings = {str(p) for p in (ring, *others, bad)}
+    # WHEN they are recovered into one bundle
+    assert main(["recover", str(ring), *map(str, others), str(bad), "-o", str(tmp_path / "b")]) == 0
+    # THEN every descriptor opened for them is closed, and the thread that compressed them ahead is gone
+    assert not [fd for fd, file in _open_files().items() if file in rings]
+    assert not [t for t in threading.enumerate() if t.name.startswith("blackbox-pack")]
+    raw = raw_of(tmp_path / "b")
+    assert [k["ring"] for k in raw["kept"]] == [str(ring)]
+    assert [s["ring"] for s in raw["skipped"]] == list(map(str, others))
+    unread = json.loads((tmp_path / "b" / "metadata.json").read_text())["unread_rings"]
+    assert unread == [{"ring": str(bad), "reason": f"{bad}: planted"}]
+
+
+def _open_files() -> dict[str, str]:
+    """This process's descriptors and what each is open on (the listing's own descriptor left out)."""
+    files = {}
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            files[fd] = os.readlink(f"/proc/self/fd/{fd}")
+    return files
+
+
 def _limit_file_size(limit: int) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past it fails with EFBIG, it does not kill
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
@@ -232,11 +289,11 @@ from pathlib import Path
 import blackbox.recovery.bundle as bundle
 from blackbox._postmortem import write_postmortem
 
-def stalls(fd, size, sink):
+def stalls(*args):
     print("packing", flush=True)
     time.sleep(120)
 
-bundle.pack = stalls
+bundle._pack_kept = stalls
 write_postmortem([Path(sys.argv[1])], sys.argv[2], plot=False)
 """
 

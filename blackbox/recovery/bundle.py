@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from .._errors import BundleDestinationError
 from ..ring.inputs import open_folder, open_input
-from ..ring.packed import KeptRings, pack, stored_name
+from ..ring.packed import KeptRings, Packed, pack, stored_name
 from .outfolder import OutFolder
 from .pipeline import OOM_REPORT, RecoveryPass, recover_rings
 from .ranks import rank_rows, ranks_table
@@ -399,7 +399,7 @@ def _put_raw_rings(folder: _Folder, kept: KeptRings) -> dict[str, Any]:
                 if made is not None:
                     raise made
                 with folder.create(name) as sink:
-                    packed = pack(fd, size, sink)
+                    packed = _pack_kept(kept, fd, size, sink)
             except OSError as exc:  # a full disk, a read error: the rest of the bundle still goes
                 why = f"{name}: not written ({exc.strerror or exc})"
                 skipped.append({"ring": str(path), "raw_bytes": size, "reason": why})
@@ -412,6 +412,16 @@ def _put_raw_rings(folder: _Folder, kept: KeptRings) -> dict[str, Any]:
     finally:
         kept.close()
     return {"kept": kept_rows, "skipped": skipped, "max_rings": kept.max_rings, "max_bytes": kept.max_bytes}
+
+
+def _pack_kept(kept: KeptRings, fd: int, size: int, sink: BinaryIO) -> Packed:
+    """The ring at ``fd`` into ``sink``: as compressed ahead while the rings were decoded, or now."""
+    done = kept.take(fd, size)
+    if done is None:
+        return pack(fd, size, sink)
+    for piece in done.pieces:
+        sink.write(piece)
+    return done.packed
 
 
 def _made(folder: _Folder) -> OSError | None:

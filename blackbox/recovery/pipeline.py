@@ -155,9 +155,8 @@ class RecoveryPass:
         self.kept = KeptRings() if keep_raw else None  # the rings read, held open for the bundle's rings/
 
     def _one(self, path: Path) -> tuple[pa.Table, dict[str, Any], KernelKill | None, str | None, int]:
-        ring = read_ring(path, keep_open=self.kept is not None)
-        if self.kept is not None:
-            self.kept.hold(path, ring.fd)  # closed by it, whatever happens next
+        kept = self.kept
+        ring = read_ring(path, hold=None if kept is None else lambda fd: kept.hold(path, fd))  # closed by it
         window, children = _window_and_children(ring)
         table = ring_table(ring, release=True)  # the ring's slots are freed once their columns are taken
         table = self.relays.attribute(table, ring.path, ring.owner)

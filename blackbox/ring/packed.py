@@ -18,6 +18,8 @@ import hashlib
 import os
 import tempfile
 import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -34,6 +36,7 @@ MAX_UNPACKED_BYTES = 4 << 30  # the largest ring read back from a .zst, whatever
 MAX_WINDOW = 1 << 25  # a frame asking the decompressor for a larger window is refused (LEVEL uses 512 KiB)
 MAX_KEPT_RINGS = 64  # rings one bundle keeps raw (their descriptors are held until the bundle is written)
 MAX_KEPT_BYTES = 2 << 30  # raw bytes one bundle keeps (some 60 default rings); the rest are skipped, and named
+MAX_AHEAD_BYTES = 16 << 20  # compressed bytes held in memory by the compression ahead (a full default ring: 1.8 MiB)
 _ZEROS = bytes(CHUNK)
 
 
@@ -50,20 +53,49 @@ def pack(fd: int, size: int, sink: BinaryIO) -> Packed:
     """Compress the first ``size`` bytes of the file open at ``fd`` (fewer where it shrank meanwhile)
     into ``sink`` as one zstd frame, CHUNK bytes at a time."""
     digest = hashlib.sha256()
-    compressor = zstandard.ZstdCompressor(level=LEVEL).compressobj()
     raw = written = 0
+    for piece, done in _frame(fd, size, digest):
+        raw = done
+        sink.write(piece)
+        written += len(piece)
+    return Packed(raw, written, digest.hexdigest())
+
+
+@dataclass
+class Compressed:
+    """A ring compressed ahead, in memory: its frame's pieces, and what :func:`pack` would have said."""
+
+    pieces: list[bytes]
+    packed: Packed
+
+
+def compress(fd: int, size: int, room: int) -> Compressed | None:
+    """:func:`pack` into memory; None (nothing kept) once the frame passes ``room`` bytes."""
+    digest = hashlib.sha256()
+    pieces: list[bytes] = []
+    raw = written = 0
+    for piece, done in _frame(fd, size, digest):
+        raw = done
+        written += len(piece)
+        if written > room:
+            return None
+        pieces.append(piece)
+    return Compressed(pieces, Packed(raw, written, digest.hexdigest()))
+
+
+def _frame(fd: int, size: int, digest: Any) -> Iterator[tuple[bytes, int]]:
+    """(a piece of the zstd frame, the ring's bytes read so far), CHUNK bytes of the ring at a time;
+    ``digest`` is updated with them. zstd and hashlib let go of the GIL while they work."""
+    compressor = zstandard.ZstdCompressor(level=LEVEL).compressobj()
+    raw = 0
     while raw < size:
         chunk = os.pread(fd, min(CHUNK, size - raw), raw)
         if not chunk:
             break
         raw += len(chunk)
         digest.update(chunk)
-        out = compressor.compress(chunk)
-        sink.write(out)
-        written += len(out)
-    out = compressor.flush()
-    sink.write(out)
-    return Packed(raw, written + len(out), digest.hexdigest())
+        yield compressor.compress(chunk), raw
+    yield compressor.flush(), raw
 
 
 def stored_name(path: Path, taken: set[str]) -> str:
@@ -84,7 +116,11 @@ def stored_name(path: Path, taken: set[str]) -> str:
 class KeptRings:
     """The rings a recovery keeps raw, each held by a descriptor from its reading until the bundle
     packs it: the first ``MAX_KEPT_RINGS`` rings read, within ``MAX_KEPT_BYTES`` bytes; the others
-    closed and listed in ``skipped`` with the reason. ``close()`` closes every descriptor it was given."""
+    closed and listed in ``skipped`` with the reason. ``close()`` closes every descriptor it was given.
+
+    While the rings are decoded, one thread compresses them ahead into memory (at most ``MAX_AHEAD_BYTES``
+    of compressed bytes in all): the bundle then only writes them, after its timeline as before, where a
+    full disk still takes the raw rings before the rest. A ring that compresses worse is packed then."""
 
     def __init__(self) -> None:
         self.held: list[tuple[Path, int, int]] = []  # (the ring, its descriptor, its size)
@@ -93,11 +129,34 @@ class KeptRings:
         self.max_rings, self.max_bytes = MAX_KEPT_RINGS, MAX_KEPT_BYTES
         self._read: dict[Path, list[int]] = {}  # descriptors of rings read, not yet offered (from threads)
         self._lock = threading.Lock()
+        self._ahead: dict[int, Future[Compressed | None]] = {}  # descriptor -> its compression ahead
+        self._ahead_rings = self._ahead_bytes = 0  # rings (and their bytes) ever sent to be compressed ahead
+        self._room = MAX_AHEAD_BYTES  # compressed bytes the compression ahead may still hold
+        self._pool: ThreadPoolExecutor | None = None
 
     def hold(self, path: Path, fd: int) -> None:
-        """A descriptor of the ring just read at ``path``, from now on this object's to close."""
+        """A descriptor of the ring being read at ``path``, from now on this object's to close."""
         with self._lock:
             self._read.setdefault(path, []).append(fd)
+            try:
+                size = os.fstat(fd).st_size
+            except OSError:
+                return
+            if self._ahead_rings < self.max_rings and self._ahead_bytes + size <= self.max_bytes:
+                self._ahead_rings += 1
+                self._ahead_bytes += size
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="blackbox-pack")
+                self._ahead[fd] = self._pool.submit(self._compress, fd, size)
+
+    def _compress(self, fd: int, size: int) -> Compressed | None:
+        with self._lock:
+            room = self._room
+        done = compress(fd, size, room)
+        if done is not None:
+            with self._lock:
+                self._room -= done.packed.compressed_bytes
+        return done
 
     def offer(self, path: Path) -> None:
         """Keep the ring at ``path`` (recovered: its descriptor was given to ``hold``), or skip it."""
@@ -112,13 +171,35 @@ class KeptRings:
             self.held.append((path, fd, size))
             self.bytes += size
             return
+        self.take(fd, size)  # (its compression ahead waited for, and dropped)
         os.close(fd)
         self.skipped.append({"ring": str(path), "raw_bytes": size, "reason": f"not kept: {why}"})
+
+    def take(self, fd: int, size: int) -> Compressed | None:
+        """The ring at ``fd`` compressed ahead, once that is done, where it holds ``size`` bytes: None where
+        it was not compressed ahead, failed, did not fit in memory, or the ring's size changed since."""
+        with self._lock:
+            future = self._ahead.pop(fd, None)
+        if future is None or future.cancel():
+            return None
+        try:
+            done = future.result()
+        except Exception:  # noqa: BLE001 (a read error: the ring is packed again, and says why there)
+            return None
+        if done is None:
+            return None
+        with self._lock:
+            self._room += done.packed.compressed_bytes  # held by the caller only while it writes them
+        return done if done.packed.raw_bytes == size else None
 
     def close(self) -> None:
         with self._lock:
             fds = [fd for _, fd, _ in self.held] + [fd for read in self._read.values() for fd in read]
             self.held, self._read = [], {}
+            pool, self._pool = self._pool, None
+        if pool is not None:  # no descriptor is closed under a compression still reading it
+            pool.shutdown(wait=True, cancel_futures=True)
+        self._ahead.clear()
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,7 +76,6 @@ class Ring:
     signal_stacks: dict[str, str] = field(default_factory=dict)  # signal -> its stack, from its slot (no C)
     strings_cut: int = 0  # bytes of the string region not read: its labels would cost more than scan.MAX_STRING_TEXT
     heap: HeapScan | None = None  # version 4: the heap table's valid slots
-    fd: int = -1  # ``read_ring(keep_open=True)``: a descriptor of the file read, the caller's to close
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -141,17 +140,19 @@ def _parent(path: Path, folder: Folder | None) -> contextlib.AbstractContextMana
         raise RingNotFoundError(f"{path}: expected a ring file, found nothing at that path") from None
 
 
-def read_ring(path: str | os.PathLike[str], folder: Folder | None = None, *, keep_open: bool = False) -> Ring:
+def read_ring(
+    path: str | os.PathLike[str], folder: Folder | None = None, *, hold: Callable[[int], None] | None = None
+) -> Ring:
     """Read and validate one ring file, as untrusted input (see ``inputs``): never through a link,
     never blocking on a FIFO, memory and time bounded by the bytes the file really holds. A
     ``*.zst`` is decompressed first into a private file (``packed.unpack``: its header bounds it).
 
     ``folder``: the folder holding it, already open (``path``'s name is looked up in it).
-    ``keep_open``: leave a descriptor of what was read in ``Ring.fd`` (the decompressed file of a ``.zst``).
+    ``hold``: given a descriptor of the file read (the decompressed file of a ``.zst``), the callee's to close,
+    once its header is valid and before its slots are read (so that it can be copied meanwhile).
     """
     p = Path(path)
     name = str(p)
-    kept = -1
     with _parent(p, folder) as where:
         fd, st = open_input(where, p.name, None, "a ring file")
         try:
@@ -163,6 +164,8 @@ def read_ring(path: str | os.PathLike[str], folder: Folder | None = None, *, kee
                 finally:
                     os.close(packed)
             header = header_of(fd, size, name)
+            if hold is not None:
+                hold(os.dup(fd))
             region = max(0, min(header.strings_size, size - header.strings_offset, MAX_STRINGS_SIZE))
             scan = scan_string_spans(nonzero_spans(fd, header.strings_offset, region))
             stacks = crash = None
@@ -174,7 +177,6 @@ def read_ring(path: str | os.PathLike[str], folder: Folder | None = None, *, kee
             heap = read_heap(fd, header, size)
             signal_stacks = _signal_slots(fd, header) if without_c_extension(header.meta) else {}
             slots = read_slots(fd, header, size)
-            kept = os.dup(fd) if keep_open else -1
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -205,8 +207,8 @@ def read_ring(path: str | os.PathLike[str], folder: Folder | None = None, *, kee
     )
     return Ring(
         p, header, records, scan.strings, recovery, size, stacks, crash, st.st_uid,
-        signal_stacks=signal_stacks, strings_cut=scan.cut, heap=heap, fd=kept,
-    )
+        signal_stacks=signal_stacks, strings_cut=scan.cut, heap=heap,
+    )  # fmt: skip
 
 
 def _text(data: bytes) -> str | None:
@@ -288,7 +290,10 @@ def read_slots(fd: int, header: fmt.Header, size: int) -> Slots:
     records = np.empty(len(seq), fmt.RECORD_DTYPE)
     copied = np.zeros(len(seq), bool)
     for at, chunk in slots.chunks(index):
-        lo, hi = np.searchsorted(index, [at, at + len(chunk)])
+        lo, hi = np.searchsorted(index, _bounds(at, len(chunk)))
+        if _copied_in_place(chunk, at, index[lo:hi], seq[lo:hi], dest[lo:hi], records):
+            copied[lo:hi] = True
+            continue
         rows = _words(chunk)[(index[lo:hi] - np.uint64(at)).astype(np.intp)]  # whole slots, not field by field
         same = (rows[:, _SEQ] == seq[lo:hi]) & (rows[:, _COMMIT] == rows[:, _SEQ])
         _words(records)[dest[lo:hi][same]] = rows[same]
@@ -297,6 +302,32 @@ def read_slots(fd: int, header: fmt.Header, size: int) -> Slots:
         torn += int((~copied).sum())
         records = records[np.sort(dest[copied])]
     return Slots(records, slots.present, empty, torn, stale)
+
+
+def _copied_in_place(
+    chunk: np.ndarray, at: int, index: np.ndarray, seq: np.ndarray, dest: np.ndarray, records: np.ndarray
+) -> bool:
+    """The common case of the second pass, done as one block copy: the chunk's valid slots are one run of
+    neighbours that go to neighbouring places (a full ring's chunks, but for the one where its seqs wrap),
+    and none changed since the first pass. False (nothing copied) otherwise: the caller copies row by row.
+    A full 128 MiB ring: 0.10 s to 0.03 s."""
+    n = len(index)
+    if n == 0 or int(index[-1]) - int(index[0]) != n - 1 or int(dest[-1]) - int(dest[0]) != n - 1:
+        return False  # ``index`` ascends without repeats: a span of n - 1 is a run; ``dest`` is checked below
+    if n > 1 and not bool((np.diff(dest) == 1).all()):
+        return False
+    first = int(index[0]) - at
+    rows = _words(chunk)[first : first + n]
+    if not bool(((rows[:, _SEQ] == seq) & (rows[:, _COMMIT] == seq)).all()):
+        return False
+    _words(records)[int(dest[0]) : int(dest[0]) + n] = rows
+    return True
+
+
+def _bounds(at: int, count: int) -> np.ndarray:
+    """[at, at + count] as slot indices (uint64): searched among uint64 indices, a list of Python ints
+    would make numpy compare in float64, converting all the ring's indices at each call (0.6 ms a chunk)."""
+    return np.array([at, at + count], np.uint64)
 
 
 def _word(field: str) -> int:
@@ -347,7 +378,7 @@ class _SlotFile:
             for at in range(first, end, CHUNK_SLOTS):
                 count = min(CHUNK_SLOTS, end - at)
                 if wanted is not None:
-                    lo_i, hi_i = np.searchsorted(wanted, [at, at + count])
+                    lo_i, hi_i = np.searchsorted(wanted, _bounds(at, count))
                     if lo_i == hi_i:
                         continue
                 view: Any = self.buf[:count].view(np.uint8)  # numpy arrays are buffers; the stubs disagree

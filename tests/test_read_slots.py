@@ -1,0 +1,85 @@
+"""The reader's pass over a ring's slots (``reader.read_slots``): a wrapped ring of several chunks read
+as block copies gives exactly what the slot-by-slot copy gives, and a slot a live writer changes between
+the two passes is dropped and counted torn, in a chunk otherwise copied whole."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import blackbox
+from blackbox.ring import format as fmt
+from blackbox.ring import reader
+from blackbox.ring.reader import read_header, read_slots
+
+CAPACITY = 2 * reader.CHUNK_SLOTS  # two chunks of slots
+
+
+@pytest.fixture(scope="module")
+def wrapped(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ring of two chunks' capacity, written once and a half round: its seqs wrap mid-file."""
+    path = tmp_path_factory.mktemp("slots") / "wrapped.ring"
+    rec = blackbox.Recorder.arm(path, capacity=CAPACITY, sample_interval=3600)
+    for i in range(CAPACITY * 3 // 2):
+        rec.mark("m", i)
+    rec.disarm()
+    return path
+
+
+def _read(path: Path) -> reader.Slots:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return read_slots(fd, read_header(path), os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
+def test_a_wrapped_ring_reads_its_last_window_in_seq_order(wrapped: Path) -> None:
+    slots = _read(wrapped)
+    seqs = slots.records["seq"]
+    head = int(seqs[-1])
+    assert head > CAPACITY  # it did wrap
+    assert seqs.tolist() == list(range(head - CAPACITY + 1, head + 1))
+    assert (slots.records["commit"] == seqs).all() and slots.torn == slots.empty == 0
+
+
+def test_block_copies_give_what_the_slot_by_slot_copy_gives(wrapped: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = _read(wrapped)
+    monkeypatch.setattr(reader, "_copied_in_place", lambda *args: False)
+    slow = _read(wrapped)
+    assert fast.records.tobytes() == slow.records.tobytes()
+    assert (fast.read, fast.empty, fast.torn, fast.stale) == (slow.read, slow.empty, slow.torn, slow.stale)
+
+
+def test_a_slot_changed_between_the_passes_is_dropped_and_counted_torn(
+    wrapped: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a copy of the ring, and a writer that rewrites one slot (in the chunk whose slots are one run of
+    # neighbours: the seqs wrap in the other) after the first pass classified it intact
+    ring = tmp_path / "live.ring"
+    ring.write_bytes(wrapped.read_bytes())
+    header = read_header(ring)
+    oldest = (int(_read(ring).records["seq"][0])) % CAPACITY  # where the seqs wrap
+    slot = 123 if oldest >= reader.CHUNK_SLOTS else reader.CHUNK_SLOTS + 123  # in the chunk they do not
+    at = header.records_offset + slot * fmt.RECORD_SIZE
+    words = np.frombuffer(ring.read_bytes()[at : at + fmt.RECORD_SIZE], "<u8")
+    victim = int(words[reader._SEQ])
+    seq_positions = reader._seq_positions
+
+    def writer_meanwhile(seq: np.ndarray) -> np.ndarray:
+        with open(ring, "r+b") as f:  # a new seq, its commit word not yet written
+            f.seek(at)
+            f.write((victim + CAPACITY).to_bytes(8, "little"))
+        return seq_positions(seq)
+
+    monkeypatch.setattr(reader, "_seq_positions", writer_meanwhile)
+    # WHEN its slots are read
+    slots = _read(ring)
+    # THEN that one slot is dropped and counted torn; every other record is there, in seq order
+    seqs = slots.records["seq"].tolist()
+    assert slots.torn == 1 and victim not in seqs
+    assert len(seqs) == CAPACITY - 1 and seqs == sorted(seqs)
+    assert set(seqs) | {victim} == set(range(seqs[0], seqs[-1] + 1))
