@@ -46,11 +46,11 @@ class Recovered:
 
 def _window_and_children(ring: Ring) -> tuple[tuple[int, int], set[int]]:
     """(first, last) monotonic ns of the ring's events, and the pids of the children it sampled."""
-    r = ring.records
-    if not len(r):
+    if not ring.count:
         return (0, 0), set()
-    children = r["p0"][r["kind"] == fmt.KIND_CODES["child_sample"]] if ring.header.version >= 3 else np.zeros(0)
-    return (int(r["time"].min()), int(r["time"].max())), {int(p) for p in np.unique(children)}
+    times, kinds = ring.field("time"), ring.field("kind")
+    children = ring.field("p0")[kinds == fmt.KIND_CODES["child_sample"]] if ring.header.version >= 3 else np.zeros(0)
+    return (int(times.min()), int(times.max())), {int(p) for p in np.unique(children)}
 
 
 def _status_owner(paths: list[Path], launcher_pid: int | None) -> Path | None:

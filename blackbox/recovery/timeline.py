@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..collect.oom import parse_oom
+from ..ring import columns
 from ..ring import format as fmt
 from ..ring.heap import alloc_stacks
 from ..ring.reader import Ring
@@ -74,29 +75,6 @@ TIMELINE_SCHEMA = with_nullable_ints(pa.schema(
     + [(c, pa.int64()) for c in OOM_COLUMNS]
     + [("stack", _DICT_STR), ("job", _DICT_STR)]
 ))  # fmt: skip
-
-
-def record_columns(records: np.ndarray) -> dict[str, np.ndarray]:
-    """Each record field as a contiguous array (Arrow converts strided views slowly).
-
-    One cache-blocked transpose of the 8-byte words replaces a strided pass per field.
-    """
-    n = len(records)
-    width = fmt.RECORD_SIZE // 8 - 1  # every word but the last, the commit word (the reader checked it)
-    words = np.ascontiguousarray(records).view("<u8").reshape(n, width + 1)
-    rows = np.empty((width, n), np.uint64)
-    for lo in range(0, n, 8192):
-        rows[:, lo : lo + 8192] = words[lo : lo + 8192, :width].T
-    out: dict[str, np.ndarray] = {}
-    fields: dict[str, Any] = dict(fmt.RECORD_DTYPE.fields or {})
-    fields.pop("commit")
-    for name, (dt, offset, *_) in fields.items():
-        if dt.itemsize == 8:
-            out[name] = rows[offset // 8].view(dt)
-        else:
-            word = np.dtype({"names": [name], "formats": [dt], "offsets": [offset % 8], "itemsize": 8})
-            out[name] = np.ascontiguousarray(rows[offset // 8].view(word)[name])
-    return out
 
 
 def ring_times(ring: Ring, mono: np.ndarray) -> tuple[np.ndarray, int]:
@@ -195,8 +173,8 @@ def ring_table(ring: Ring, *, release: bool = False) -> pa.Table:
     Updates ``ring.recovery.labels_lost`` and ``time_clamped`` as it goes. ``release``: drop the ring's
     records (``Ring.release``) as soon as their columns are taken, so a big ring is not held twice.
     """
-    n = len(ring.records)
-    r = record_columns(ring.records)
+    n = ring.count
+    r = columns.fields(ring.words)
     if release:
         ring.release()
     ident = ring.meta.get("identity") or {}

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import BlackboxError, NotARingError, RingNotFoundError, UnsafeInputError, one_line
+from . import columns
 from . import format as fmt
 from .heap import HeapScan, read_heap
 from .inputs import Folder, data_ranges, nonzero_spans, open_folder, open_input, read_at, what_is
@@ -66,7 +67,7 @@ class Ring:
 
     path: Path
     header: fmt.Header
-    records: np.ndarray
+    words: np.ndarray  # the valid records in seq order, column-major (``columns``): words[w] is word w of each
     strings: dict[int, str]
     recovery: Recovery
     file_size: int
@@ -82,16 +83,30 @@ class Ring:
         """The header's metadata JSON (identity, clock, versions)."""
         return self.header.meta
 
+    @property
+    def count(self) -> int:
+        """How many valid records."""
+        return int(self.words.shape[1])
+
+    def field(self, name: str) -> np.ndarray:
+        """One field of every valid record (``columns.field``)."""
+        return columns.field(self.words, name)
+
+    @property
+    def records(self) -> np.ndarray:
+        """The valid records as the ring's structured dtype: a copy, made on each call."""
+        return columns.records(self.words)
+
     def release(self) -> None:
         """Drop the records but the last few once a timeline holds them (a big ring's slots are most of
         the memory recovery uses); ``clean`` still answers."""
-        self.records = self.records[-8:].copy()
+        self.words = self.words[:, -8:].copy()
 
     @property
     def clean(self) -> bool:
         """True when the writer recorded a clean end (disarm); a signal that landed while the job shut
         down may be recorded after it."""
-        kinds = self.records["kind"]
+        kinds = self.field("kind")
         return bool((kinds[-8:] == fmt.KIND_CODES["disarm"]).any()) or self.header.state == fmt.STATE_CLEAN
 
 
@@ -183,15 +198,14 @@ def read_ring(
         refused = 0
         if crash is None:
             crash, refused = _sidecar_crash(where, p.name, st.st_uid)
-    records = slots.records
-    seqs = records["seq"]
+    seqs = columns.field(slots.words, "seq")
     first = int(seqs[0]) if len(seqs) else None
     last = int(seqs[-1]) if len(seqs) else None
     holes = (last - first + 1 - len(seqs)) if first is not None and last is not None else 0
     recovery = Recovery(
         slots=header.capacity,
         slots_read=slots.read,
-        valid=len(records),
+        valid=len(seqs),
         empty=slots.empty,
         torn=slots.torn,
         stale=slots.stale,
@@ -206,7 +220,7 @@ def read_ring(
         heap_torn=heap.torn if heap is not None else 0,
     )
     return Ring(
-        p, header, records, scan.strings, recovery, size, stacks, crash, st.st_uid,
+        p, header, slots.words, scan.strings, recovery, size, stacks, crash, st.st_uid,
         signal_stacks=signal_stacks, strings_cut=scan.cut, heap=heap,
     )  # fmt: skip
 
@@ -249,9 +263,9 @@ def _signal_slots(fd: int, header: fmt.Header) -> dict[str, str]:
 
 @dataclass
 class Slots:
-    """The valid records of a ring in seq order, and the census of every slot."""
+    """The valid records of a ring in seq order (column-major, ``columns``), and the census of every slot."""
 
-    records: np.ndarray
+    words: np.ndarray
     read: int  # slots present in the file (fewer than the capacity if it was truncated)
     empty: int
     torn: int
@@ -262,9 +276,9 @@ def read_slots(fd: int, header: fmt.Header, size: int) -> Slots:
     """Apply the commit rule (see ``format.classify``) to every slot, CHUNK_SLOTS at a time, skipping holes.
 
     Two passes over the file: the first classifies every slot and keeps only the seq of the intact
-    ones (8 bytes each); the second copies the valid slots straight to their place in seq order. So
-    memory is the valid records plus a chunk, whatever the capacity a header declares. A slot that
-    changed between the passes (a live writer) is dropped and counted as torn.
+    ones (8 bytes each); the second copies the valid slots straight to their place in seq order,
+    column-major (``columns``). So memory is the valid records plus a chunk, whatever the capacity a
+    header declares. A slot that changed between the passes (a live writer) is dropped and counted as torn.
     """
     cap, base = header.capacity, header.records_offset
     slots = _SlotFile(fd, base, min(cap, max(0, size - base) // fmt.RECORD_SIZE))
@@ -287,25 +301,25 @@ def read_slots(fd: int, header: fmt.Header, size: int) -> Slots:
     stale = int((~inside).sum())
     index, seq = index[inside], seq[inside]
     dest = _seq_positions(seq)
-    records = np.empty(len(seq), fmt.RECORD_DTYPE)
+    words = columns.empty(len(seq))
     copied = np.zeros(len(seq), bool)
     for at, chunk in slots.chunks(index):
         lo, hi = np.searchsorted(index, _bounds(at, len(chunk)))
-        if _copied_in_place(chunk, at, index[lo:hi], seq[lo:hi], dest[lo:hi], records):
+        if _copied_in_place(chunk, at, index[lo:hi], seq[lo:hi], dest[lo:hi], words):
             copied[lo:hi] = True
             continue
         rows = _words(chunk)[(index[lo:hi] - np.uint64(at)).astype(np.intp)]  # whole slots, not field by field
         same = (rows[:, _SEQ] == seq[lo:hi]) & (rows[:, _COMMIT] == rows[:, _SEQ])
-        _words(records)[dest[lo:hi][same]] = rows[same]
+        words[:, dest[lo:hi][same]] = rows[same][:, : columns.WIDTH].T
         copied[lo:hi] = same
     if not copied.all():  # changed since the first pass: drop them
         torn += int((~copied).sum())
-        records = records[np.sort(dest[copied])]
-    return Slots(records, slots.present, empty, torn, stale)
+        words = words[:, np.sort(dest[copied])]
+    return Slots(words, slots.present, empty, torn, stale)
 
 
 def _copied_in_place(
-    chunk: np.ndarray, at: int, index: np.ndarray, seq: np.ndarray, dest: np.ndarray, records: np.ndarray
+    chunk: np.ndarray, at: int, index: np.ndarray, seq: np.ndarray, dest: np.ndarray, words: np.ndarray
 ) -> bool:
     """The common case of the second pass, done as one block copy: the chunk's valid slots are one run of
     neighbours that go to neighbouring places (a full ring's chunks, but for the one where its seqs wrap),
@@ -320,7 +334,7 @@ def _copied_in_place(
     rows = _words(chunk)[first : first + n]
     if not bool(((rows[:, _SEQ] == seq) & (rows[:, _COMMIT] == seq)).all()):
         return False
-    _words(records)[int(dest[0]) : int(dest[0]) + n] = rows
+    columns.put(words, int(dest[0]), rows)
     return True
 
 
