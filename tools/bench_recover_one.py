@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[tuple[str, bool], list[dict[str, float]]] = {(t, r): [] for t in trees for r in (True, False)}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BLACKBOX_DIR") or "/var/tmp") as d:
         ring = typical_ring(Path(d) / "full.ring", args.events)
-        for _ in range(args.runs):
-            for raw in (True, False):
+        for run in range(args.runs):
+            for raw in (True, False) if run % 2 else (False, True):  # neither always first
                 for name, tree in trees.items():
                     results[name, raw].append(one_run(tree, ring, raw))
     print(f"machine: {os.cpu_count()} cores; {args.runs} runs each, medians; ratio: each run over its own floor\n")
