@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Recover the same rings with this tree and another (an earlier commit) and compare the bundles:
-timeline.parquet row for row, metadata.json and summary.md text, ranks.parquet. A change that makes
+timeline.parquet row for row, metadata.json and summary.md text, ranks.parquet, the raw rings kept. A change that makes
 recovery faster must not change what it recovers.
 
     python tools/compare_bundles.py --baseline SRC RING_OR_FOLDER [...]
@@ -52,6 +52,8 @@ def differences(a: Path, b: Path) -> list[str]:
         x, y = a / name, b / name
         if not x.exists() or not y.exists():
             found.append(f"{name}: only in {'this tree' if x.exists() else 'the baseline'}")
+        elif x.is_dir() and y.is_dir():  # rings/: the raw rings kept, byte for byte
+            found += [f"{name}/{d}" for d in differences(x, y)]
         elif name.endswith(".parquet"):
             tx, ty = pq.read_table(x), pq.read_table(y)
             if tx.schema != ty.schema:
