@@ -25,7 +25,7 @@ from blackbox._errors import NotARingError
 from blackbox.cli import main
 from blackbox.recovery import bundle
 from blackbox.recovery.pipeline import RecoveryPass
-from blackbox.ring import reader
+from blackbox.ring import packed, reader
 from blackbox.ring.reader import read_header
 
 _KILLED = """
@@ -157,6 +157,51 @@ def test_a_ring_compressed_after_the_timeline_is_the_same_as_one_compressed_ahea
     assert raw_of(after)["kept"] == raw_of(ahead)["kept"]
     name = f"rings/{ring.name}.zst"
     assert (after / name).read_bytes() == (ahead / name).read_bytes()
+
+
+def test_once_the_memory_ahead_is_full_each_ring_is_still_read_once(
+    ring: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN four copies of the ring, and memory ahead for one and a half of them compressed
+    folder = tmp_path / "rings"
+    folder.mkdir()
+    for i in range(4):
+        (folder / f"rank{i}.ring").write_bytes(ring.read_bytes())
+    one = len(zstandard.ZstdCompressor(level=packed.LEVEL).compress(ring.read_bytes()))
+    monkeypatch.setattr(packed, "MAX_AHEAD_BYTES", one * 3 // 2)
+    read: list[str] = []
+    compress, pack = packed.compress, bundle.pack
+
+    def counted_compress(fd: int, size: int, room: int) -> Any:
+        read.append("ahead")
+        return compress(fd, size, room)
+
+    def counted_pack(fd: int, size: int, sink: Any) -> Any:
+        read.append("after")
+        return pack(fd, size, sink)
+
+    monkeypatch.setattr(packed, "compress", counted_compress)
+    monkeypatch.setattr(bundle, "pack", counted_pack)
+    # WHEN they are recovered
+    out = tmp_path / "b"
+    assert main(["recover", str(folder), "-o", str(out)]) == 0
+    # THEN the first is compressed ahead, the others (which would not fit) once each as they are written
+    assert read == ["ahead", "after", "after", "after"]
+    for kept in raw_of(out)["kept"]:
+        assert zstandard.ZstdDecompressor().stream_reader((out / kept["file"]).read_bytes()).read() == ring.read_bytes()
+
+
+def test_a_descriptor_handed_over_after_close_is_closed_not_kept(ring: Path) -> None:
+    # GIVEN the rings kept by a bundle that has given up (closed), and a decode still running
+    kept = packed.KeptRings()
+    kept.close()
+    fd = os.open(ring, os.O_RDONLY)
+    # WHEN that decode hands its descriptor over
+    kept.hold(ring, fd)
+    # THEN it is closed at once, and nothing is compressed for it
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    assert not [t for t in threading.enumerate() if t.name.startswith("blackbox-pack")]
 
 
 def test_rings_not_kept_leave_no_descriptor_or_thread_behind(

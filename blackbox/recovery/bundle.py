@@ -419,9 +419,12 @@ def _pack_kept(kept: KeptRings, fd: int, size: int, sink: BinaryIO) -> Packed:
     done = kept.take(fd, size)
     if done is None:
         return pack(fd, size, sink)
-    for piece in done.pieces:
-        sink.write(piece)
-    return done.packed
+    try:
+        for piece in done.pieces:
+            sink.write(piece)
+        return done.packed
+    finally:
+        kept.release(done)
 
 
 def _made(folder: _Folder) -> OSError | None:

@@ -120,7 +120,8 @@ class KeptRings:
 
     While the rings are decoded, one thread compresses them ahead into memory (at most ``MAX_AHEAD_BYTES``
     of compressed bytes in all): the bundle then only writes them, after its timeline as before, where a
-    full disk still takes the raw rings before the rest. A ring that compresses worse is packed then."""
+    full disk still takes the raw rings before the rest. Once a ring does not fit (or would not, at the
+    ratio seen so far), no more are compressed ahead: the rest are packed as they are written, none twice."""
 
     def __init__(self) -> None:
         self.held: list[tuple[Path, int, int]] = []  # (the ring, its descriptor, its size)
@@ -132,17 +133,22 @@ class KeptRings:
         self._ahead: dict[int, Future[Compressed | None]] = {}  # descriptor -> its compression ahead
         self._ahead_rings = self._ahead_bytes = 0  # rings (and their bytes) ever sent to be compressed ahead
         self._room = MAX_AHEAD_BYTES  # compressed bytes the compression ahead may still hold
+        self._seen = [0, 0]  # raw and compressed bytes of the rings compressed ahead: the ratio to expect
+        self._full = self._closed = False  # no more compressing ahead; no more descriptors taken
         self._pool: ThreadPoolExecutor | None = None
 
     def hold(self, path: Path, fd: int) -> None:
         """A descriptor of the ring being read at ``path``, from now on this object's to close."""
         with self._lock:
+            if self._closed:  # a decode still running when the bundle gave up
+                os.close(fd)
+                return
             self._read.setdefault(path, []).append(fd)
             try:
                 size = os.fstat(fd).st_size
             except OSError:
                 return
-            if self._ahead_rings < self.max_rings and self._ahead_bytes + size <= self.max_bytes:
+            if not self._full and self._ahead_rings < self.max_rings and self._ahead_bytes + size <= self.max_bytes:
                 self._ahead_rings += 1
                 self._ahead_bytes += size
                 if self._pool is None:
@@ -151,11 +157,17 @@ class KeptRings:
 
     def _compress(self, fd: int, size: int) -> Compressed | None:
         with self._lock:
-            room = self._room
+            room, (raw, packed) = self._room, self._seen
+            if self._full or room <= 0 or (raw and size * packed > room * raw):  # it would not fit
+                self._full = True
+                return None
         done = compress(fd, size, room)
-        if done is not None:
-            with self._lock:
+        with self._lock:
+            if done is None:
+                self._full = True  # what it read is lost: no other ring is read twice
+            else:
                 self._room -= done.packed.compressed_bytes
+                self._seen = [raw + done.packed.raw_bytes, packed + done.packed.compressed_bytes]
         return done
 
     def offer(self, path: Path) -> None:
@@ -171,13 +183,14 @@ class KeptRings:
             self.held.append((path, fd, size))
             self.bytes += size
             return
-        self.take(fd, size)  # (its compression ahead waited for, and dropped)
+        self.release(self.take(fd, size))  # (its compression ahead waited for, and dropped)
         os.close(fd)
         self.skipped.append({"ring": str(path), "raw_bytes": size, "reason": f"not kept: {why}"})
 
     def take(self, fd: int, size: int) -> Compressed | None:
         """The ring at ``fd`` compressed ahead, once that is done, where it holds ``size`` bytes: None where
-        it was not compressed ahead, failed, did not fit in memory, or the ring's size changed since."""
+        it was not compressed ahead, failed, did not fit in memory, or the ring's size changed since. Give
+        it to ``release`` once written."""
         with self._lock:
             future = self._ahead.pop(fd, None)
         if future is None or future.cancel():
@@ -186,14 +199,21 @@ class KeptRings:
             done = future.result()
         except Exception:  # noqa: BLE001 (a read error: the ring is packed again, and says why there)
             return None
-        if done is None:
+        if done is not None and done.packed.raw_bytes != size:
+            self.release(done)
             return None
-        with self._lock:
-            self._room += done.packed.compressed_bytes  # held by the caller only while it writes them
-        return done if done.packed.raw_bytes == size else None
+        return done
+
+    def release(self, done: Compressed | None) -> None:
+        """The memory of a ring compressed ahead, written (or dropped): room for the next."""
+        if done is not None:
+            with self._lock:
+                self._room += done.packed.compressed_bytes
+            done.pieces.clear()
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             fds = [fd for _, fd, _ in self.held] + [fd for read in self._read.values() for fd in read]
             self.held, self._read = [], {}
             pool, self._pool = self._pool, None

@@ -314,7 +314,7 @@ def read_slots(fd: int, header: fmt.Header, size: int) -> Slots:
         copied[lo:hi] = same
     if not copied.all():  # changed since the first pass: drop them
         torn += int((~copied).sum())
-        words = words[:, np.sort(dest[copied])]
+        words = np.take(words, np.sort(dest[copied]), axis=1)  # (C order: each word's row stays contiguous)
     return Slots(words, slots.present, empty, torn, stale)
 
 
