@@ -1,37 +1,70 @@
-"""A ring's valid records held column-major: one row of 64-bit words per word of a slot.
+"""A ring's valid records held column-major: one array of 64-bit words per word of a slot.
 
-The reader writes each chunk of slots into this layout as it reads them (a transposed copy), so the
-timeline takes every field as a contiguous array without a second copy of the ring: a full 128 MiB
-ring is held once, not as records and then as columns. The commit word is not kept: the reader
-only keeps a slot whose commit word equals its seq.
+The reader writes each chunk of slots into this layout as it reads them, so the timeline takes every
+field as a contiguous array without a second copy of the ring: a full 128 MiB ring is held once, not as
+records and then as columns. Each word is an array of its own, so the words no column keeps (the
+clock, once turned into times; the label, kind, flags and device word, once split) are freed as soon
+as the timeline is built. The commit word is not kept: the reader only keeps a slot whose commit word
+equals its seq.
 """
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 from typing import Any
 
 import numpy as np
 
 from . import format as fmt
 
+_MAPPED = 1 << 20  # a row of at least this many bytes gets a mapping of its own
 WIDTH = fmt.RECORD_SIZE // 8 - 1  # the words of a slot kept: all but the last, the commit word
 _FIELDS: dict[str, Any] = {name: spec for name, spec in (fmt.RECORD_DTYPE.fields or {}).items() if name != "commit"}
-_BLOCK = 8192  # slots transposed at a time (cache-sized blocks: a strided pass per word costs twice as much)
+
+Words = list[np.ndarray]  # WIDTH arrays of uint64: words[w][i] is word w of record i
 
 
-def empty(n: int) -> np.ndarray:
+def empty(n: int) -> Words:
     """Room for ``n`` records' words."""
-    return np.empty((WIDTH, n), np.uint64)
+    return [_row(n) for _ in range(WIDTH)]
 
 
-def put(words: np.ndarray, at: int, slots: np.ndarray) -> None:
+def _row(n: int) -> np.ndarray:
+    """``n`` uint64 words; a large row in an anonymous mapping of its own, unmapped once no array uses it.
+    From malloc, rows of a few MiB each were kept by the allocator once freed (its mmap threshold rises
+    to the size of the last block it unmapped), and recovery's later peak rose by the rows it had
+    freed (77 MiB more after a full ring's timeline was written)."""
+    if n * 8 < _MAPPED:
+        return np.empty(n, np.uint64)
+    mapped = mmap.mmap(-1, n * 8)
+    with contextlib.suppress(AttributeError, OSError):  # huge pages where the kernel offers them (fewer faults)
+        mapped.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(mapped, np.uint64)
+
+
+def put(words: Words, at: int, slots: np.ndarray) -> None:
     """Write ``slots`` (rows of a slot's 16 words) into ``words`` from record ``at`` on."""
-    for lo in range(0, len(slots), _BLOCK):
-        block = slots[lo : lo + _BLOCK, :WIDTH]
-        words[:, at + lo : at + lo + len(block)] = block.T
+    for w, row in enumerate(words):
+        row[at : at + len(slots)] = slots[:, w]
 
 
-def field(words: np.ndarray, name: str) -> np.ndarray:
+def put_at(words: Words, places: np.ndarray, slots: np.ndarray) -> None:
+    """Write ``slots`` (rows of a slot's 16 words) into ``words`` at the records ``places``."""
+    for w, row in enumerate(words):
+        row[places] = slots[:, w]
+
+
+def take(words: Words, records: np.ndarray) -> Words:
+    """The words of the records at ``records`` (indices), in that order."""
+    return [row[records] for row in words]
+
+
+def count(words: Words) -> int:
+    return len(words[0])
+
+
+def field(words: Words, name: str) -> np.ndarray:
     """One record field of every record, as a contiguous array of its dtype."""
     dt, offset, *_ = _FIELDS[name]
     row = words[offset // 8]
@@ -39,19 +72,20 @@ def field(words: np.ndarray, name: str) -> np.ndarray:
         out: np.ndarray = row.view(dt)
         return out
     word = np.dtype({"names": [name], "formats": [dt], "offsets": [offset % 8], "itemsize": 8})
-    return np.ascontiguousarray(np.ascontiguousarray(row).view(word)[name])
+    return np.ascontiguousarray(row.view(word)[name])
 
 
-def fields(words: np.ndarray) -> dict[str, np.ndarray]:
+def fields(words: Words) -> dict[str, np.ndarray]:
     """Every record field (but commit) by name."""
     return {name: field(words, name) for name in _FIELDS}
 
 
-def records(words: np.ndarray) -> np.ndarray:
+def records(words: Words) -> np.ndarray:
     """The records as the ring's structured dtype (a copy; its commit words equal the seqs)."""
-    n = words.shape[1]
+    n = count(words)
     out = np.empty(n, fmt.RECORD_DTYPE)
     rows = out.view("<u8").reshape(n, WIDTH + 1)
-    rows[:, :WIDTH] = words.T
+    for w, row in enumerate(words):
+        rows[:, w] = row
     rows[:, WIDTH] = words[int(_FIELDS["seq"][1]) // 8]
     return out

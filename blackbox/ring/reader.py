@@ -67,7 +67,7 @@ class Ring:
 
     path: Path
     header: fmt.Header
-    words: np.ndarray  # the valid records in seq order, column-major (``columns``): words[w] is word w of each
+    words: columns.Words  # the valid records in seq order, column-major: words[w] is word w of each
     strings: dict[int, str]
     recovery: Recovery
     file_size: int
@@ -86,7 +86,7 @@ class Ring:
     @property
     def count(self) -> int:
         """How many valid records."""
-        return int(self.words.shape[1])
+        return columns.count(self.words)
 
     def field(self, name: str) -> np.ndarray:
         """One field of every valid record (``columns.field``)."""
@@ -100,7 +100,7 @@ class Ring:
     def release(self) -> None:
         """Drop the records but the last few once a timeline holds them (a big ring's slots are most of
         the memory recovery uses); ``clean`` still answers."""
-        self.words = self.words[:, -8:].copy()
+        self.words = [row[-8:].copy() for row in self.words]
 
     @property
     def clean(self) -> bool:
@@ -265,7 +265,7 @@ def _signal_slots(fd: int, header: fmt.Header) -> dict[str, str]:
 class Slots:
     """The valid records of a ring in seq order (column-major, ``columns``), and the census of every slot."""
 
-    words: np.ndarray
+    words: columns.Words
     read: int  # slots present in the file (fewer than the capacity if it was truncated)
     empty: int
     torn: int
@@ -310,16 +310,16 @@ def read_slots(fd: int, header: fmt.Header, size: int) -> Slots:
             continue
         rows = _words(chunk)[(index[lo:hi] - np.uint64(at)).astype(np.intp)]  # whole slots, not field by field
         same = (rows[:, _SEQ] == seq[lo:hi]) & (rows[:, _COMMIT] == rows[:, _SEQ])
-        words[:, dest[lo:hi][same]] = rows[same][:, : columns.WIDTH].T
+        columns.put_at(words, dest[lo:hi][same], rows[same])
         copied[lo:hi] = same
     if not copied.all():  # changed since the first pass: drop them
         torn += int((~copied).sum())
-        words = np.take(words, np.sort(dest[copied]), axis=1)  # (C order: each word's row stays contiguous)
+        words = columns.take(words, np.sort(dest[copied]))
     return Slots(words, slots.present, empty, torn, stale)
 
 
 def _copied_in_place(
-    chunk: np.ndarray, at: int, index: np.ndarray, seq: np.ndarray, dest: np.ndarray, words: np.ndarray
+    chunk: np.ndarray, at: int, index: np.ndarray, seq: np.ndarray, dest: np.ndarray, words: columns.Words
 ) -> bool:
     """The common case of the second pass, done as one block copy: the chunk's valid slots are one run of
     neighbours that go to neighbouring places (a full ring's chunks, but for the one where its seqs wrap),
