@@ -43,14 +43,8 @@ def _row(n: int) -> np.ndarray:
     return np.frombuffer(mapped, np.uint64)
 
 
-def put(words: Words, at: int, slots: np.ndarray) -> None:
-    """Write ``slots`` (rows of a slot's 16 words) into ``words`` from record ``at`` on."""
-    for w, row in enumerate(words):
-        row[at : at + len(slots)] = slots[:, w]
-
-
-def put_at(words: Words, places: np.ndarray, slots: np.ndarray) -> None:
-    """Write ``slots`` (rows of a slot's 16 words) into ``words`` at the records ``places``."""
+def put(words: Words, places: slice | np.ndarray, slots: np.ndarray) -> None:
+    """Write ``slots`` (rows of a slot's 16 words) into ``words`` at the records ``places`` (a run, or indices)."""
     for w, row in enumerate(words):
         row[places] = slots[:, w]
 

@@ -18,11 +18,10 @@ import hashlib
 import os
 import tempfile
 import threading
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import zstandard
 
@@ -51,51 +50,58 @@ class Packed:
 
 def pack(fd: int, size: int, sink: BinaryIO) -> Packed:
     """Compress the first ``size`` bytes of the file open at ``fd`` (fewer where it shrank meanwhile)
-    into ``sink`` as one zstd frame, CHUNK bytes at a time."""
+    into ``sink`` as one zstd frame, CHUNK bytes at a time. zstd and hashlib let go of the GIL meanwhile."""
     digest = hashlib.sha256()
-    raw = written = 0
-    for piece, done in _frame(fd, size, digest):
-        raw = done
-        sink.write(piece)
-        written += len(piece)
-    return Packed(raw, written, digest.hexdigest())
-
-
-@dataclass
-class Compressed:
-    """A ring compressed ahead, in memory: its frame's pieces, and what :func:`pack` would have said."""
-
-    pieces: list[bytes]
-    packed: Packed
-
-
-def compress(fd: int, size: int, room: int) -> Compressed | None:
-    """:func:`pack` into memory; None (nothing kept) once the frame passes ``room`` bytes."""
-    digest = hashlib.sha256()
-    pieces: list[bytes] = []
-    raw = written = 0
-    for piece, done in _frame(fd, size, digest):
-        raw = done
-        written += len(piece)
-        if written > room:
-            return None
-        pieces.append(piece)
-    return Compressed(pieces, Packed(raw, written, digest.hexdigest()))
-
-
-def _frame(fd: int, size: int, digest: Any) -> Iterator[tuple[bytes, int]]:
-    """(a piece of the zstd frame, the ring's bytes read so far), CHUNK bytes of the ring at a time;
-    ``digest`` is updated with them. zstd and hashlib let go of the GIL while they work."""
     compressor = zstandard.ZstdCompressor(level=LEVEL).compressobj()
-    raw = 0
+    raw = written = 0
     while raw < size:
         chunk = os.pread(fd, min(CHUNK, size - raw), raw)
         if not chunk:
             break
         raw += len(chunk)
         digest.update(chunk)
-        yield compressor.compress(chunk), raw
-    yield compressor.flush(), raw
+        out = compressor.compress(chunk)
+        sink.write(out)
+        written += len(out)
+    out = compressor.flush()
+    sink.write(out)
+    return Packed(raw, written + len(out), digest.hexdigest())
+
+
+@dataclass
+class Compressed:
+    """A ring compressed ahead, in memory: its frame's pieces, and what :func:`pack` said."""
+
+    pieces: list[bytes]
+    packed: Packed
+
+
+class _NoRoom(Exception):
+    pass
+
+
+class _Pieces:
+    """A sink for :func:`pack` that keeps what it is given, up to ``room`` bytes."""
+
+    def __init__(self, room: int) -> None:
+        self.pieces: list[bytes] = []
+        self.room = room
+
+    def write(self, piece: bytes) -> None:
+        self.room -= len(piece)
+        if self.room < 0:
+            raise _NoRoom
+        self.pieces.append(piece)
+
+
+def compress(fd: int, size: int, room: int) -> Compressed | None:
+    """:func:`pack` into memory; None (nothing kept) once the frame passes ``room`` bytes."""
+    sink = _Pieces(room)
+    try:
+        packed = pack(fd, size, cast(BinaryIO, sink))
+    except _NoRoom:
+        return None
+    return Compressed(sink.pieces, packed)
 
 
 def stored_name(path: Path, taken: set[str]) -> str:

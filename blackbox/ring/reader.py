@@ -310,7 +310,7 @@ def read_slots(fd: int, header: fmt.Header, size: int) -> Slots:
             continue
         rows = _words(chunk)[(index[lo:hi] - np.uint64(at)).astype(np.intp)]  # whole slots, not field by field
         same = (rows[:, _SEQ] == seq[lo:hi]) & (rows[:, _COMMIT] == rows[:, _SEQ])
-        columns.put_at(words, dest[lo:hi][same], rows[same])
+        columns.put(words, dest[lo:hi][same], rows[same])
         copied[lo:hi] = same
     if not copied.all():  # changed since the first pass: drop them
         torn += int((~copied).sum())
@@ -334,7 +334,7 @@ def _copied_in_place(
     rows = _words(chunk)[first : first + n]
     if not bool(((rows[:, _SEQ] == seq) & (rows[:, _COMMIT] == seq)).all()):
         return False
-    columns.put(words, int(dest[0]), rows)
+    columns.put(words, slice(int(dest[0]), int(dest[0]) + n), rows)
     return True
 
 
