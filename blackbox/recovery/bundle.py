@@ -332,9 +332,14 @@ def _write_row_groups(writer: pq.ParquetWriter, tables: Iterator[pa.Table]) -> N
     held: list[pa.Table] = []
     rows = 0
     for table in tables:
-        # a ring's table has the schema already (a cast would cost a call per column): a new table, same buffers
-        same = table.schema.equals(TIMELINE_SCHEMA, check_metadata=True)
-        held.append(table.slice(0) if same else table.cast(TIMELINE_SCHEMA))
+        # a ring's table has the schema already (a cast would cost a call per column). A large one is held as a
+        # new table on the same buffers, so that what is cached for the ring's own table goes with it; a small one
+        # as it is (a slice costs more than the rest of a tiny ring's row-group work)
+        if not table.schema.equals(TIMELINE_SCHEMA, check_metadata=True):
+            table = table.cast(TIMELINE_SCHEMA)
+        elif table.num_rows > _FEW_ROWS:
+            table = table.slice(0)
+        held.append(table)
         rows += table.num_rows
         del table
         if rows >= ROW_GROUP:

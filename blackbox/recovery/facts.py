@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .timeline import of_kind, py_rows, rows_of_kind
+from .timeline import of_kind, py_rows, rows_of_kind, stamps_ns
 
 SAMPLE_COLUMNS = ["time", "step", "host_rss", "children_rss", "cgroup_usage", "cgroup_limit", "cgroup_oom_kills",
                   "mem_available"]  # fmt: skip
@@ -100,6 +100,8 @@ class Rows(Sequence[dict[str, Any]]):
 
     def where(self, column: str, value: Any) -> Rows:
         """The rows whose ``column`` equals ``value``."""
+        if not len(self.rows):
+            return self
         return self.keep(pc.equal(self.column(column), value))
 
     def floats(self, column: str) -> np.ndarray:
@@ -113,7 +115,7 @@ class Rows(Sequence[dict[str, Any]]):
         """The rows' times as int64 ns."""
         if not len(self.rows):
             return np.zeros(0, np.int64)
-        stamps: np.ndarray = self.column("time").cast(pa.int64()).to_numpy(zero_copy_only=False).astype(np.int64)
+        stamps: np.ndarray = stamps_ns(self.table["time"])[self.rows]
         return stamps
 
 
@@ -137,6 +139,8 @@ class Facts:
 
     @property
     def main_uncaught(self) -> Rows:
+        if not len(self.errors):
+            return self.errors
         detail = self.errors.column("detail").cast(pa.string())
         return self.errors.keep(pc.or_(pc.equal(detail, "uncaught"), pc.starts_with(detail, "uncaught;")))
 
@@ -167,8 +171,7 @@ class Facts:
 
 
 def _ns(table: pa.Table) -> np.ndarray:
-    stamps: np.ndarray = table["time"].cast(pa.int64()).to_numpy(zero_copy_only=False).astype(np.int64)
-    return stamps
+    return stamps_ns(table["time"])
 
 
 def named_workers(table: pa.Table) -> set[int]:
@@ -197,6 +200,7 @@ def facts(table: pa.Table, clock: dict[str, Any]) -> Facts:
     stats = Rows.of_kind(table, "cgroup_sample", columns=STAT_COLUMNS)
     signals = Rows.of_kind(table, "signal", columns=SIGNAL_COLUMNS)
     ends = Rows(table.select(["time", "step"]), np.array([0, table.num_rows - 1])) if table.num_rows else None
+    end_ns = ends.ns() - to_wall if ends else np.zeros(2, np.int64)
     out = Facts(
         samples=samples,
         sample_ns=samples.ns() - to_wall,
@@ -209,8 +213,8 @@ def facts(table: pa.Table, clock: dict[str, Any]) -> Facts:
         exit_armed=_exit_armed(table),
         steps=table.select(["time", "step"]),
         last_event=ends[-1] if ends else None,
-        first_ns=int(ends.ns()[0]) - to_wall if ends else 0,
-        last_ns=int(ends.ns()[-1]) - to_wall if ends else 0,
+        first_ns=int(end_ns[0]),
+        last_ns=int(end_ns[-1]),
         to_wall=to_wall,
     )
     kids = of_kind(table, "child_sample", columns=["time", "step", "label", "child_pid", "child_rss"])

@@ -23,7 +23,7 @@ from .attempts import attempt_metadata, group_attempts, slim
 from .evidence import Evidence
 from .spill import SpilledRings
 from .stacks import stack_report
-from .timeline import BYTE_GAUGES, GAUGES, OOM_COLUMNS, last_of_kind, of_kind, py_rows
+from .timeline import BYTE_GAUGES, GAUGES, OOM_COLUMNS, last_of_kind, of_kind, py_rows, stamps_ns
 
 
 def iso(ns: int | None) -> str | None:
@@ -63,7 +63,7 @@ def _last_sample(table: pa.Table) -> dict[str, Any] | None:
 
 def _peaks(table: pa.Table) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    times = table["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
+    times = stamps_ns(table["time"])
     for g in BYTE_GAUGES:
         col = table[g]
         if col.null_count == len(col):
@@ -95,7 +95,7 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
     """
     native = native_crash(ring.meta.get("identity", {}).get("pid"), evidence.crash)
     ident = ring.meta.get("identity") or {}
-    times = table["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
+    times = stamps_ns(table["time"])
     steps = table["step"].drop_null()
     clock = ring.meta.get("clock") or {}
     start_ns = clock.get("wall_ns") if isinstance(clock.get("wall_ns"), int) else None

@@ -189,7 +189,8 @@ def nonzero_spans(fd: int, start: int, size: int) -> list[tuple[int, bytearray]]
             if not len(used):
                 continue
             breaks = np.flatnonzero(np.diff(used) != 1)
-            firsts, lasts = used[np.r_[0, breaks + 1]].tolist(), used[np.r_[breaks, len(used) - 1]].tolist()
+            firsts = [int(used[0]), *used[breaks + 1].tolist()]  # (np.r_ costs more than the rest of a small region)
+            lasts = [*used[breaks].tolist(), int(used[-1])]
             for first, last in zip(firsts, lasts, strict=True):
                 piece = chunk[first * PAGE : (last + 1) * PAGE]
                 offset = at - start + first * PAGE

@@ -196,7 +196,7 @@ def read_ring(
             if fd >= 0:
                 os.close(fd)
         refused = 0
-        if crash is None:
+        if header.version < 3:  # a version-3 writer's faulthandler writes into the crash region, never a sidecar
             crash, refused = _sidecar_crash(where, p.name, st.st_uid)
     seqs = columns.field(slots.words, "seq")
     first = int(seqs[0]) if len(seqs) else None
@@ -284,7 +284,9 @@ def read_slots(fd: int, header: fmt.Header, size: int) -> Slots:
     slots = _SlotFile(fd, base, min(cap, max(0, size - base) // fmt.RECORD_SIZE))
     indices, seqs = [], []
     empty = torn = 0
+    read: list[tuple[int, np.ndarray]] = []  # the chunks of the first pass (views of one reused buffer)
     for at, chunk in slots.chunks():
+        read.append((at, chunk))
         seq = chunk["seq"]
         index = np.arange(at, at + len(chunk), dtype=np.uint64)
         intact = (seq != 0) & (chunk["commit"] == seq) & (seq % np.uint64(cap) == index)
@@ -303,7 +305,10 @@ def read_slots(fd: int, header: fmt.Header, size: int) -> Slots:
     dest = _seq_positions(seq)
     words = columns.empty(len(seq))
     copied = np.zeros(len(seq), bool)
-    for at, chunk in slots.chunks(index):
+    # a ring read in one chunk is copied from that read (the buffer still holds it): one snapshot, so nothing
+    # can change between the passes (a tiny ring's second read cost as much as the rest of its decode)
+    second = read if len(read) == 1 and len(index) else slots.chunks(index)
+    for at, chunk in second:
         lo, hi = np.searchsorted(index, _bounds(at, len(chunk)))
         if _copied_in_place(chunk, at, index[lo:hi], seq[lo:hi], dest[lo:hi], words):
             copied[lo:hi] = True

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 MAX_DEPTH = 16  # the metadata written today nests 3 deep
@@ -86,22 +87,42 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number")
 
 
+class _NotFinite(ValueError):
+    pass
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999
+        raise _NotFinite(text)
+    return value
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape: the only way JSON text holds one
+
+
 def parse_meta(blob: bytes) -> tuple[dict[str, Any], list[str]]:
     """The metadata JSON as a dict, and what is wrong with it (empty when it can be used)."""
     try:
-        meta = json.loads(blob, parse_constant=_no_constant)
+        meta = json.loads(blob, parse_constant=_no_constant, parse_float=_finite)
+    except _NotFinite:
+        return {}, [_NOT_FINITE]
     except (ValueError, RecursionError) as exc:  # bad JSON, NaN/Infinity, an int of over 4300 digits, depth
         return {}, [f"metadata JSON ({type(exc).__name__})"]
     if not isinstance(meta, dict):
         return {}, ["metadata that is not a JSON object"]
-    problems = _document_problems(meta)
+    problems = _document_problems(meta, text=_SURROGATE_ESCAPE.search(blob) is not None)
     if not problems:
         _check_fields(meta, SCHEMA, "", problems)
     return (meta if not problems else {}), problems
 
 
-def _document_problems(meta: dict[str, Any]) -> list[str]:
-    """Depth, numbers and text of the whole document, walked without recursion."""
+_NOT_FINITE = "a metadata number that is not finite"
+
+
+def _document_problems(meta: dict[str, Any], *, text: bool = True) -> list[str]:
+    """Depth, numbers and text of the whole document, walked without recursion. ``text``: also look for
+    lone surrogates in its strings (only where the JSON held a surrogate escape: UTF-8 bytes cannot)."""
     stack: list[tuple[Any, int]] = [(meta, 1)]
     while stack:
         node, depth = stack.pop()
@@ -109,9 +130,12 @@ def _document_problems(meta: dict[str, Any]) -> list[str]:
             if depth > MAX_DEPTH:
                 return [f"metadata nested deeper than {MAX_DEPTH} levels"]
             items = [*node.keys(), *node.values()] if isinstance(node, dict) else node
-            stack.extend((item, depth + 1) for item in items)
+            if text:
+                stack.extend((item, depth + 1) for item in items)
+            else:  # only the containers: numbers were checked as they were parsed
+                stack.extend((item, depth + 1) for item in items if isinstance(item, (dict, list)))
         elif isinstance(node, float) and not math.isfinite(node):
-            return ["a metadata number that is not finite"]
+            return [_NOT_FINITE]
         elif isinstance(node, str):
             try:
                 node.encode("utf-8")
