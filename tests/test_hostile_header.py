@@ -205,3 +205,29 @@ def test_blackbox_run_bundles_the_good_rings_when_one_has_no_header(tmp_path: Pa
     (unread,) = meta["unread_rings"]
     assert unread["ring"].endswith("killed-in-arm.ring") and "does not start with it" in unread["reason"]
     assert meta["events"] > 0 and "killed-in-arm.ring" in proc.stderr  # the summary run prints lists it
+
+
+@pytest.mark.parametrize(
+    ("host", "problem"),
+    [
+        ('"\\ud800"', "metadata text that is not valid Unicode (a lone surrogate)"),
+        ('"a\\uDFFFb"', "metadata text that is not valid Unicode (a lone surrogate)"),
+        ('"\\ud83d\\ude00"', None),  # a pair: one character, valid
+        ('"\\\\ud800"', None),  # an escaped backslash, then the letters: no surrogate
+        ('"\xf0\x9f\x98\x80 \xc3\xa9"', None),  # UTF-8 bytes: never a lone surrogate
+        ("1e999", "a metadata number that is not finite"),
+        ("-1e400", "a metadata number that is not finite"),
+        ("[1.5e308]", None),
+        ("[" * 15 + "]" * 15, "metadata nested deeper than 16 levels"),
+        ("[" * 14 + "]" * 14, None),  # 16 deep with the two objects around it
+    ],
+)
+def test_header_numbers_text_and_depth_are_checked_as_parsed(host: str, problem: str | None) -> None:
+    """Numbers are checked as the JSON is parsed, and strings walked only where the JSON holds a surrogate
+    escape (UTF-8 bytes cannot hold a lone surrogate): the same answers as a walk of the whole document."""
+    from blackbox.ring.schema import parse_meta
+
+    blob = ('{"extra": {"deep": ' + host + "}}").encode("latin-1")
+    meta, problems = parse_meta(blob)
+    assert problems == ([problem] if problem else [])
+    assert (meta == {}) == bool(problem)

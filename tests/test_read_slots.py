@@ -83,3 +83,31 @@ def test_a_slot_changed_between_the_passes_is_dropped_and_counted_torn(
     assert slots.torn == 1 and victim not in seqs
     assert len(seqs) == CAPACITY - 1 and seqs == sorted(seqs)
     assert set(seqs) | {victim} == set(range(seqs[0], seqs[-1] + 1))
+
+
+def test_a_ring_of_one_chunk_is_read_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ring read in one chunk has its slots copied from that read (one snapshot), not read a second time;
+    a ring of several chunks still reads its slots twice (what changed between the passes is dropped)."""
+    path = tmp_path / "small.ring"
+    rec = blackbox.Recorder.arm(path, capacity=256, sample_interval=3600)
+    for i in range(300):
+        rec.mark("m", i)
+    rec.disarm()
+    reads: list[int] = []
+    real = os.preadv
+    monkeypatch.setattr(os, "preadv", lambda fd, buffers, offset: reads.append(offset) or real(fd, buffers, offset))
+    slots = _read(path)
+    assert len(reads) == 1
+    seq = columns.field(slots.words, "seq")
+    assert len(seq) == slots.read - slots.empty - slots.torn - slots.stale > 0
+    assert (np.diff(seq.astype(np.int64)) == 1).all()
+    marks = columns.field(slots.words, "value")[columns.field(slots.words, "kind") == fmt.KIND_CODES["mark"]]
+    assert marks[-1] == 299 and (np.diff(marks) == 1).all()
+
+
+def test_a_ring_of_two_chunks_is_read_twice(wrapped: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[int] = []
+    real = os.preadv
+    monkeypatch.setattr(os, "preadv", lambda fd, buffers, offset: reads.append(offset) or real(fd, buffers, offset))
+    _read(wrapped)
+    assert len(reads) == 4

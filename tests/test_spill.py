@@ -116,3 +116,24 @@ def test_a_temporary_folder_that_really_fills_keeps_every_ring(
     # THEN none is lost: the spilled ones and the rest are kept in memory, readable in order
     assert type(rings._file) is io.BytesIO
     assert list(rings) == metas and rings[7] == metas[7]
+
+
+def test_a_pass_over_spilled_rings_is_made_once_until_a_ring_is_appended(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rank_rows and ring_sites (ranks.parquet and both summaries ask for them) parse each spilled ring once."""
+    from blackbox.recovery.allocs import ring_sites
+    from blackbox.recovery.ranks import rank_rows
+
+    rings = SpilledRings([{"host": "h", "pid": i, "death": {"cause": "killed"}} for i in range(3)])
+    reads: list[int] = []
+    real = SpilledRings._read
+    monkeypatch.setattr(SpilledRings, "_read", lambda self, i: reads.append(i) or real(self, i))
+    meta: dict[str, Any] = {"rings": rings}
+    first = rank_rows(meta)
+    assert [r["pid"] for r in first] == [0, 1, 2] and reads == [0, 1, 2]
+    assert rank_rows(meta) is first and reads == [0, 1, 2]
+    assert ring_sites(rings) == [] and ring_sites(rings) == [] and reads == [0, 1, 2] * 2
+    rings.append({"host": "h", "pid": 3, "death": {"cause": "clean_exit"}})
+    assert [r["cause"] for r in rank_rows(meta)] == ["killed"] * 3 + ["clean_exit"]
+    assert reads == [0, 1, 2] * 2 + [0, 1, 2, 3]
+    as_list = {"rings": [rings[i] for i in range(4)]}  # rings held in memory are not cached: lists may change
+    assert rank_rows(as_list) == rank_rows(meta) and rank_rows(as_list) is not rank_rows(as_list)

@@ -8,6 +8,7 @@ header holds them), ``pid`` int64, times UTC timestamps in nanoseconds.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -15,6 +16,7 @@ import pyarrow as pa
 
 from .._times import epoch_ns
 from .pandas_meta import with_nullable_ints
+from .spill import SpilledRings
 
 TIME_COLUMNS = ("started_at", "last_event_at", "death_time")
 SCHEMA = with_nullable_ints(pa.schema(
@@ -53,8 +55,15 @@ def _peak(m: dict[str, Any], gauge: str) -> int | None:
 
 
 def rank_rows(meta: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per ring of a bundle's metadata (times as ISO-8601 strings, like metadata.json)."""
+    """One row per ring of a bundle's metadata (times as ISO-8601 strings, like metadata.json); rings spilled
+    to disk are read once for every caller (the rows are shared: not to be changed)."""
     rings = meta.get("rings") or [meta]
+    if isinstance(rings, SpilledRings):
+        return rings.derived("rank_rows", lambda: _rows(rings))
+    return _rows(rings)
+
+
+def _rows(rings: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for m in rings:
         d = m.get("death") or {}

@@ -16,8 +16,10 @@ import io
 import json
 import tempfile
 from array import array
-from collections.abc import Iterator, Sequence
-from typing import Any, BinaryIO, overload
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, BinaryIO, TypeVar, overload
+
+T = TypeVar("T")
 
 
 class SpilledRings(Sequence[dict[str, Any]]):
@@ -33,6 +35,7 @@ class SpilledRings(Sequence[dict[str, Any]]):
         except OSError:
             self._file = io.BytesIO()
         self._ends = array("q", [0])  # ring i's JSON is bytes [_ends[i], _ends[i + 1])
+        self._derived: dict[str, tuple[int, Any]] = {}  # key -> (ring count, value): see ``derived``
         for m in metas:
             self.append(m)
 
@@ -44,6 +47,17 @@ class SpilledRings(Sequence[dict[str, Any]]):
             self._to_memory()
             self._put(data)
         self._ends.append(self._ends[-1] + len(data))
+
+    def derived(self, key: str, make: Callable[[], T]) -> T:
+        """``make()``, a value worked out from these rings, made once while no ring is appended (``key`` names
+        it and whatever else it depends on). A bundle's views ask for the same pass several times (rank rows
+        for ranks.parquet and for both summaries), and each pass parses every ring's JSON again. The value is
+        shared: callers do not change it."""
+        held = self._derived.get(key)
+        if held is None or held[0] != len(self):
+            held = self._derived[key] = (len(self), make())
+        value: T = held[1]
+        return value
 
     def _put(self, data: bytes) -> None:
         self._file.seek(self._ends[-1])
