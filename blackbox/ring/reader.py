@@ -9,6 +9,7 @@ unknown version, a header whose checksum fails).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -102,10 +103,10 @@ class Ring:
         the memory recovery uses); ``clean`` still answers."""
         self.words = [row[-8:].copy() for row in self.words]
 
-    @property
+    @functools.cached_property
     def clean(self) -> bool:
         """True when the writer recorded a clean end (disarm); a signal that landed while the job shut
-        down may be recorded after it."""
+        down may be recorded after it. Worked out once (``release`` keeps the last records it reads)."""
         kinds = self.field("kind")
         return bool((kinds[-8:] == fmt.KIND_CODES["disarm"]).any()) or self.header.state == fmt.STATE_CLEAN
 

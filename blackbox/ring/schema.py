@@ -118,22 +118,22 @@ def parse_meta(blob: bytes) -> tuple[dict[str, Any], list[str]]:
 
 
 _NOT_FINITE = "a metadata number that is not finite"
+_TOO_DEEP = f"metadata nested deeper than {MAX_DEPTH} levels"
 
 
 def _document_problems(meta: dict[str, Any], *, text: bool = True) -> list[str]:
     """Depth, numbers and text of the whole document, walked without recursion. ``text``: also look for
     lone surrogates in its strings (only where the JSON held a surrogate escape: UTF-8 bytes cannot)."""
+    if not text:  # only the containers: numbers were checked as they were parsed
+        return [] if _deep_enough(meta, 1) else [_TOO_DEEP]
     stack: list[tuple[Any, int]] = [(meta, 1)]
     while stack:
         node, depth = stack.pop()
         if isinstance(node, (dict, list)):
             if depth > MAX_DEPTH:
-                return [f"metadata nested deeper than {MAX_DEPTH} levels"]
+                return [_TOO_DEEP]
             items = [*node.keys(), *node.values()] if isinstance(node, dict) else node
-            if text:
-                stack.extend((item, depth + 1) for item in items)
-            else:  # only the containers: numbers were checked as they were parsed
-                stack.extend((item, depth + 1) for item in items if isinstance(item, (dict, list)))
+            stack.extend((item, depth + 1) for item in items)
         elif isinstance(node, float) and not math.isfinite(node):
             return [_NOT_FINITE]
         elif isinstance(node, str):
@@ -142,6 +142,19 @@ def _document_problems(meta: dict[str, Any], *, text: bool = True) -> list[str]:
             except UnicodeEncodeError:
                 return ["metadata text that is not valid Unicode (a lone surrogate)"]
     return []
+
+
+def _deep_enough(node: dict[str, Any] | list[Any], depth: int) -> bool:
+    """No container under ``node`` (at ``depth``) lies deeper than MAX_DEPTH: its containers alone walked
+    (json.loads makes plain dicts and lists)."""
+    stack: list[tuple[Any, int]] = [(node, depth)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return False
+        items = node.values() if type(node) is dict else node
+        stack.extend([(item, depth + 1) for item in items if type(item) is dict or type(item) is list])
+    return True
 
 
 NULLABLE_OBJECTS = frozenset({"cgroup"})  # other objects, where present, are objects: readers index into them
