@@ -258,9 +258,7 @@ def bundle_summary(meta: dict[str, Any]) -> str:
     helpers = helpers_section(view) + unread_section(view) + left_out_section(view) + raw_rings_section(view)
     if not rings:
         return ring_summary(meta) + ("\n" + "\n".join(helpers) if helpers else "")
-    # one pass over the rings (they may be read back from disk), for both; spilled ones: once for both summaries
-    rows = rings.derived("shown rank rows", lambda: shown(rank_rows(meta))) if isinstance(rings, SpilledRings) else (
-        shown(rank_rows(meta)))  # fmt: skip
+    rows = shown(rank_rows(meta))  # one pass over the rings (they may be read back from disk), for both
     hosts = len({r["host"] for r in rows})
     head = [f"# blackbox: {len(rings)} rings on {hosts} host{'s' if hosts != 1 else ''}, {meta['events']} events", ""]
     head += [*across_lines(view, rows), *job_allocation_sections(rings), *helpers]
