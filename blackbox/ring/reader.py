@@ -197,7 +197,7 @@ def read_ring(
             if fd >= 0:
                 os.close(fd)
         refused = 0
-        if header.version < 3:  # a version-3 writer's faulthandler writes into the crash region, never a sidecar
+        if crash is None:
             crash, refused = _sidecar_crash(where, p.name, st.st_uid)
     seqs = columns.field(slots.words, "seq")
     first = int(seqs[0]) if len(seqs) else None
