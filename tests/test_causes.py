@@ -73,7 +73,8 @@ def test_a_dataloader_worker_killed_by_the_oom_killer_is_named(tmp_path: Path, m
     main = next(m for m in meta.get("rings", [meta]) if m["argv"][:1] == [str(tmp_path / "job.py")])
     death = main["death"]
     # THEN the cause is the kernel's OOM kill of the worker, named, with its memory and the worker levers
-    assert death["cause"] == "host_oom_kill" and death["confidence"] == "certain"
+    assert death["cause"] == "host_oom_kill" and death["confidence"] == "certain", (
+        death["headline"], proc.stderr[-3000:])
     victim = death["victim"]
     assert victim["role"] == "DataLoader worker" and victim["pid"] != main["pid"]
     assert victim.get("rss", victim.get("anon_rss", 0)) > 100 << 20
