@@ -29,7 +29,7 @@ import pyarrow as pa
 from ..ring import format as fmt
 from ..ring.heap import AllocStack, HeapScan, alloc_stacks
 from ..ring.scan import StackScan
-from .spill import SpilledRings
+from .spill import derived
 
 TOP_SITES = 20
 UNWRITTEN = AllocStack(fmt.STACK_UNWRITTEN_TEXT, "", "")  # a fingerprint the stack table does not hold
@@ -333,9 +333,7 @@ def with_site_lever(death: dict[str, Any], allocations: dict[str, Any] | None, r
 def ring_sites(rings: Iterable[dict[str, Any]], top: int = TOP_SITES) -> list[dict[str, Any]]:
     """The largest sites of every ring's ``allocations``, each with its process, largest first (rings spilled
     to disk are read once for every caller: the sites are shared, not to be changed)."""
-    if isinstance(rings, SpilledRings):
-        return rings.derived(f"ring_sites {top}", lambda: _sites(rings, top))
-    return _sites(rings, top)
+    return derived(rings, f"ring_sites {top}", lambda: _sites(rings, top))
 
 
 def _sites(rings: Iterable[dict[str, Any]], top: int) -> list[dict[str, Any]]:

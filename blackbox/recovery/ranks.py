@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from .._times import epoch_ns
 from .pandas_meta import with_nullable_ints
-from .spill import SpilledRings
+from .spill import derived
 
 TIME_COLUMNS = ("started_at", "last_event_at", "death_time")
 SCHEMA = with_nullable_ints(pa.schema(
@@ -58,9 +58,7 @@ def rank_rows(meta: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per ring of a bundle's metadata (times as ISO-8601 strings, like metadata.json); rings spilled
     to disk are read once for every caller (the rows are shared: not to be changed)."""
     rings = meta.get("rings") or [meta]
-    if isinstance(rings, SpilledRings):
-        return rings.derived("rank_rows", lambda: _rows(rings))
-    return _rows(rings)
+    return derived(rings, "rank_rows", lambda: _rows(rings))
 
 
 def _rows(rings: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ import io
 import json
 import tempfile
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, BinaryIO, TypeVar, overload
 
 T = TypeVar("T")
@@ -52,17 +52,6 @@ class SpilledRings(Sequence[dict[str, Any]]):
             self._to_memory()
             self._put(data)
         self._ends.append(self._ends[-1] + len(data))
-
-    def derived(self, key: str, make: Callable[[], T]) -> T:
-        """``make()``, a value worked out from these rings, made once while no ring is appended (``key`` names
-        it and whatever else it depends on). A bundle's views ask for the same pass several times (rank rows
-        for ranks.parquet and for both summaries), and each pass parses every ring's JSON again. The value is
-        shared: callers do not change it."""
-        held = self._derived.get(key)
-        if held is None or held[0] != len(self):
-            held = self._derived[key] = (len(self), make())
-        value: T = held[1]
-        return value
 
     def _put(self, data: bytes) -> None:
         self._file.seek(self._ends[-1])
@@ -120,3 +109,18 @@ class SpilledRings(Sequence[dict[str, Any]]):
 
     def __repr__(self) -> str:
         return f"<SpilledRings: {len(self)} rings>"
+
+
+def derived(rings: Iterable[dict[str, Any]], key: str, make: Callable[[], T]) -> T:
+    """``make()``, a value worked out from ``rings``: for a ``SpilledRings``, made once while no ring is
+    appended (``key`` names it and whatever else it depends on), since each pass parses every ring's JSON
+    again and a bundle's views ask for the same pass several times (rank rows for ranks.parquet and for both
+    summaries); rings held in memory (a list, which may change) are passed over again. The value is shared:
+    callers do not change it."""
+    if not isinstance(rings, SpilledRings):
+        return make()
+    held = rings._derived.get(key)
+    if held is None or held[0] != len(rings):
+        held = rings._derived[key] = (len(rings), make())
+    value: T = held[1]
+    return value

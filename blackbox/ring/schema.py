@@ -111,7 +111,7 @@ def parse_meta(blob: bytes) -> tuple[dict[str, Any], list[str]]:
         return {}, [f"metadata JSON ({type(exc).__name__})"]
     if not isinstance(meta, dict):
         return {}, ["metadata that is not a JSON object"]
-    problems = _document_problems(meta, text=_SURROGATE_ESCAPE.search(blob) is not None)
+    problems = _document_problems(meta, blob)
     if not problems:
         _check_fields(meta, SCHEMA, "", problems)
     return (meta if not problems else {}), problems
@@ -119,35 +119,24 @@ def parse_meta(blob: bytes) -> tuple[dict[str, Any], list[str]]:
 
 _NOT_FINITE = "a metadata number that is not finite"
 _TOO_DEEP = f"metadata nested deeper than {MAX_DEPTH} levels"
+_LONE_SURROGATE = "metadata text that is not valid Unicode (a lone surrogate)"
 
 
-def _document_problems(meta: dict[str, Any], *, text: bool = True) -> list[str]:
-    """Depth, numbers and text of the whole document, walked without recursion. ``text``: also look for
-    lone surrogates in its strings (only where the JSON held a surrogate escape: UTF-8 bytes cannot)."""
-    if not text:  # only the containers: numbers were checked as they were parsed
-        return [] if _deep_enough(meta, 1) else [_TOO_DEEP]
-    stack: list[tuple[Any, int]] = [(meta, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, (dict, list)):
-            if depth > MAX_DEPTH:
-                return [_TOO_DEEP]
-            items = [*node.keys(), *node.values()] if isinstance(node, dict) else node
-            stack.extend((item, depth + 1) for item in items)
-        elif isinstance(node, float) and not math.isfinite(node):
-            return [_NOT_FINITE]
-        elif isinstance(node, str):
-            try:
-                node.encode("utf-8")
-            except UnicodeEncodeError:
-                return ["metadata text that is not valid Unicode (a lone surrogate)"]
+def _document_problems(meta: dict[str, Any], blob: bytes) -> list[str]:
+    """Depth and text of the whole document (its numbers were checked as they were parsed), each walked
+    without recursion. Its strings are walked only where the JSON held a surrogate escape: UTF-8 bytes
+    cannot hold a lone surrogate."""
+    if not _deep_enough(meta):
+        return [_TOO_DEEP]
+    if _SURROGATE_ESCAPE.search(blob) and _lone_surrogate(meta):
+        return [_LONE_SURROGATE]
     return []
 
 
-def _deep_enough(node: dict[str, Any] | list[Any], depth: int) -> bool:
-    """No container under ``node`` (at ``depth``) lies deeper than MAX_DEPTH: its containers alone walked
-    (json.loads makes plain dicts and lists)."""
-    stack: list[tuple[Any, int]] = [(node, depth)]
+def _deep_enough(meta: dict[str, Any]) -> bool:
+    """No container lies deeper than MAX_DEPTH: the containers alone walked (json.loads makes plain dicts
+    and lists)."""
+    stack: list[tuple[Any, int]] = [(meta, 1)]
     while stack:
         node, depth = stack.pop()
         if depth > MAX_DEPTH:
@@ -155,6 +144,24 @@ def _deep_enough(node: dict[str, Any] | list[Any], depth: int) -> bool:
         items = node.values() if type(node) is dict else node
         stack.extend([(item, depth + 1) for item in items if type(item) is dict or type(item) is list])
     return True
+
+
+def _lone_surrogate(meta: dict[str, Any]) -> bool:
+    """A key or string that UTF-8 cannot encode (a document no deeper than MAX_DEPTH)."""
+    stack: list[Any] = [meta]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+    return False
 
 
 NULLABLE_OBJECTS = frozenset({"cgroup"})  # other objects, where present, are objects: readers index into them

@@ -7,7 +7,7 @@ from typing import Any
 
 from .._units import human_bytes
 from ..recovery.ranks import rank_rows
-from ..recovery.spill import SpilledRings
+from ..recovery.spill import derived
 from ..recovery.timeline import COUNTERS, GAUGES
 from .across import across_lines
 from .allocs import allocation_sections, job_allocation_sections
@@ -321,12 +321,10 @@ def claimed_lines(claimed: list[dict[str, Any]]) -> list[str]:
 def _detail_ring(meta: dict[str, Any], rings: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The first death's ring, else the lowest rank of the last attempt; ``rings`` read a ring at a
     time (a ``SpilledRings`` is never held whole, and is searched once for both summaries)."""
-    if isinstance(rings, SpilledRings):
-        first = meta.get("first_death") or {}
-        last = (meta.get("attempts") or [{}])[-1].get("started_at")
-        key = f"detail {first.get('pid')!r} {first.get('host')!r} {last!r}"
-        return rings.derived(key, lambda: _find_detail(meta, rings))
-    return _find_detail(meta, rings)
+    first = meta.get("first_death") or {}
+    last = (meta.get("attempts") or [{}])[-1].get("started_at")
+    key = f"detail {first.get('pid')!r} {first.get('host')!r} {last!r}"
+    return derived(rings, key, lambda: _find_detail(meta, rings))
 
 
 def _find_detail(meta: dict[str, Any], rings: Sequence[dict[str, Any]]) -> dict[str, Any]:
