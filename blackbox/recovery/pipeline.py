@@ -100,7 +100,7 @@ def newest(paths: list[Path], limit: int) -> tuple[list[Path], list[Path]]:
     return [p for i, p in enumerate(paths) if i in kept], [paths[i] for i in order[:cut]]
 
 
-IN_FLIGHT_BYTES = 64 << 20  # ring bytes decoded at once, beyond one ring alone (which always goes)
+IN_FLIGHT_BYTES = 96 << 20  # ring bytes decoded at once or being written, beyond one ring alone (which always goes)
 # A ring holding less than this is decoded in the thread that takes its table, when its turn comes: its
 # decode is Python calls that hold the GIL, and handing thousands of tiny rings to worker threads cost more
 # in lock hand-offs than it saved (1,000 rings of 3 marks: 2 s of system time with four workers, 0.3 s here).
@@ -173,31 +173,40 @@ class RecoveryPass:
 
     def tables(self) -> Iterator[pa.Table]:
         """Each readable ring's timeline, in the order the rings were found. Up to ``_workers()`` rings
-        are decoded at once while their bytes stay within ``IN_FLIGHT_BYTES`` (a larger ring is decoded
-        alone; one under ``INLINE_BYTES`` is decoded here, in its turn), so memory is bounded by the largest
-        ring whatever the count. With the last one, ``last``
-        is set: every ring has been diagnosed, so the verdict can be written before its rows."""
+        are decoded at once while their bytes, with those of the ring whose rows the caller is writing,
+        stay within ``IN_FLIGHT_BYTES`` (a larger ring is decoded alone; one under ``INLINE_BYTES`` is
+        decoded here, in its turn), so memory is bounded by the largest ring whatever the count. The
+        next rings are handed out before a table is yielded: they decode while its rows are written.
+        With the last one, ``last`` is set: every ring has been diagnosed, so the verdict can be written
+        before its rows."""
         workers = _workers()
         Result = tuple[pa.Table, dict[str, Any], KernelKill | None, str | None, int]
         with ThreadPoolExecutor(workers) as pool:
             pending: deque[tuple[Path, int, Future[Result] | None]] = deque()  # None: decoded here, in turn
             waiting = deque((path, _bytes_there(path)) for path in self.paths)
-            in_flight = 0
-            while waiting or pending:
+            in_flight = 0  # the bytes of the rings pending and of the one whose rows are being written
+
+            def hand_out() -> None:
+                nonlocal in_flight
                 while (
-                    waiting and len(pending) < workers and (not pending or in_flight + waiting[0][1] <= IN_FLIGHT_BYTES)
+                    waiting
+                    and len(pending) < workers
+                    and (not in_flight or in_flight + waiting[0][1] <= IN_FLIGHT_BYTES)
                 ):
                     path, size = waiting.popleft()
                     pending.append((path, size, pool.submit(self._one, path) if size >= INLINE_BYTES else None))
                     in_flight += size
+
+            while waiting or pending:
+                hand_out()
                 path, size, future = pending.popleft()
                 try:
                     table, meta, kill, crash, owner = future.result() if future is not None else self._one(path)
                 except BlackboxError as exc:
                     self.unread.append(Unread(path, exc))
+                    in_flight -= size
                     continue
                 finally:
-                    in_flight -= size
                     del future  # it holds the table too
                     if self.progress is not None:
                         self.progress(len(self.paths) - len(waiting) - len(pending), len(self.paths), str(path))
@@ -211,8 +220,10 @@ class RecoveryPass:
                     self.kept.offer(path)
                 self.metas.append(meta)
                 self.last = not waiting and not pending
+                hand_out()  # the next rings decode while this one's rows are written
                 yield table
                 del table  # not held while the next ring is decoded
+                in_flight -= size
 
     def finish(self) -> dict[str, Any]:
         """The bundle's metadata, once ``tables()`` has been consumed."""
