@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -68,9 +67,9 @@ def _peaks(table: pa.Table) -> dict[str, Any]:
         col = table[g]
         if col.null_count == len(col):
             continue
-        values = col.fill_null(-1).to_numpy()
-        i = int(np.argmax(values))
-        out[g] = {"bytes": int(values[i]), "time": iso(int(times[i]))}
+        peak = pc.max(col)  # its first row, as argmax would; no copy of the column with its nulls filled in
+        i = int(pc.index(col, peak).as_py())
+        out[g] = {"bytes": int(peak.as_py()), "time": iso(int(times[i]))}
     return out
 
 
