@@ -349,6 +349,49 @@ def test_the_next_ring_is_decoded_while_the_rows_of_the_last_are_written(
     assert len(waited) == len(recovery.paths) - 1 > 1 and all(waited)
 
 
+def test_a_ring_over_the_budget_is_not_decoded_while_another_rings_rows_are_written(
+    hosts: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN small rings, then one larger than the whole budget, then small ones again; four workers, a budget
+    # of two and a half small rings, and a consumer that holds each table 0.2 s (time for any ring handed out
+    # to begin), noting what began meanwhile
+    big = blackbox.Recorder.arm(tmp_path / "big" / "big.ring", capacity=1 << 17, sample_interval=3600)
+    big.mark("big", 1)
+    big.disarm()
+    big_ring = tmp_path / "big" / "big.ring"
+    monkeypatch.setattr(pipeline, "_workers", lambda: 4)
+    small = pipeline._bytes_there(next(hosts[0].glob("*.ring")))
+    assert pipeline._bytes_there(big_ring) > 3 * small
+    monkeypatch.setattr(pipeline, "IN_FLIGHT_BYTES", int(2.5 * small))
+    events: list[tuple[str, Path]] = []
+    one = RecoveryPass._one
+
+    def watched(self: RecoveryPass, path: Path) -> Any:
+        events.append(("began", path))
+        return one(self, path)
+
+    monkeypatch.setattr(RecoveryPass, "_one", watched)
+    recovery = RecoveryPass([hosts[0], tmp_path / "big", hosts[1]])
+    # WHEN the tables are taken (in the rings' order: every ring is readable)
+    for n, table in enumerate(recovery.tables()):
+        events.append(("held", recovery.paths[n]))
+        time.sleep(0.2)
+        events.append(("released", recovery.paths[n]))
+        del table
+    # THEN the large ring began while no other ring's table was held, and no ring began while its was
+    held: Path | None = None
+    for what, path in events:
+        if what == "held":
+            held = path
+        elif what == "released":
+            held = None
+        elif path == big_ring:
+            assert held is None, f"the ring over the budget began while the rows of {held} were held"
+        else:
+            assert held != big_ring, f"{path} began while the rows of the ring over the budget were held"
+    assert ("began", big_ring) in events and len([e for e in events if e[0] == "held"]) == RANKS + 1
+
+
 def test_the_writer_keeps_a_copy_of_the_rest_of_a_large_ring_not_the_ring(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
