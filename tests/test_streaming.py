@@ -124,14 +124,20 @@ def _decoded_at_once(monkeypatch: pytest.MonkeyPatch) -> list[set[Path]]:
     return seen
 
 
+def _big_ring(folder: Path) -> Path:
+    """A ring of 2**17 slots holding one mark: over three of the fleet's 1 MiB rings on disk."""
+    big = blackbox.Recorder.arm(folder / "big.ring", capacity=1 << 17, sample_interval=3600)
+    big.mark("big", 1)
+    big.disarm()
+    return folder / "big.ring"
+
+
 def test_rings_decoded_at_once_stay_within_the_byte_budget(
     hosts: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # GIVEN the fleet's 1 MiB rings and one ring larger than the whole budget, four workers, and a budget
     # of two and a half small rings
-    big = blackbox.Recorder.arm(tmp_path / "big" / "big.ring", capacity=1 << 17, sample_interval=3600)
-    big.mark("big", 1)
-    big.disarm()
+    _big_ring(tmp_path / "big")
     small = pipeline._bytes_there(next(hosts[0].glob("*.ring")))
     assert pipeline._bytes_there(tmp_path / "big" / "big.ring") > 3 * small
     monkeypatch.setattr(pipeline, "_workers", lambda: 4)
@@ -344,7 +350,7 @@ def test_the_next_ring_is_decoded_while_the_rows_of_the_last_are_written(
         if n + 1 < len(recovery.paths):
             waited.append(began.setdefault(recovery.paths[n + 1], threading.Event()).wait(10))
         del table
-    # THEN the next ring was being decoded while each table was held (1.0.x decoded it only once the
+    # THEN the next ring was being decoded while each table was held (6ff0f51 decoded it only once the
     # consumer came back for it: decoding and writing took turns)
     assert len(waited) == len(recovery.paths) - 1 > 1 and all(waited)
 
@@ -355,10 +361,7 @@ def test_a_ring_over_the_budget_is_not_decoded_while_another_rings_rows_are_writ
     # GIVEN small rings, then one larger than the whole budget, then small ones again; four workers, a budget
     # of two and a half small rings, and a consumer that holds each table 0.2 s (time for any ring handed out
     # to begin), noting what began meanwhile
-    big = blackbox.Recorder.arm(tmp_path / "big" / "big.ring", capacity=1 << 17, sample_interval=3600)
-    big.mark("big", 1)
-    big.disarm()
-    big_ring = tmp_path / "big" / "big.ring"
+    big_ring = _big_ring(tmp_path / "big")
     monkeypatch.setattr(pipeline, "_workers", lambda: 4)
     small = pipeline._bytes_there(next(hosts[0].glob("*.ring")))
     assert pipeline._bytes_there(big_ring) > 3 * small
