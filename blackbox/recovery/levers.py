@@ -148,7 +148,10 @@ def worker_memory(f: Facts, pid: int | None) -> dict[str, Any] | None:
     out["rss_per_step"], error = fit
     out["rss_per_step_error"] = error if np.isfinite(error) else None
     steady = fit[0] * float(np.nanmax(steps) - np.nanmin(steps))  # what the per-step rise adds up to
-    grew = fit[0] > error and steady >= STEADY_SHARE * (out["peak_rss"] - out["first_rss"])
+    # The whole series' own interval is no gate: a burst (a prefetch arriving, a load) leaves a long run of
+    # residuals of one sign, which widens the interval past a real leak's slope (a spawn worker leaking 4 MiB
+    # an item, 12 samples over 20 steps: 10.3 MB a step, ± 16.9 MB). The readings below set the burst aside.
+    grew = steady >= STEADY_SHARE * (out["peak_rss"] - out["first_rss"])
     if grew:  # what rose with the steps once its one largest burst (a load, its imports) is set aside
         known = ~np.isnan(steps)  # while it served: its start-up before the first step is no burst of its own
         k_steps, k_rss = steps[known], rss[known]
