@@ -46,7 +46,10 @@ def test_a_leak_after_the_imports_jump_is_grown_inside() -> None:
 def test_a_steady_leak_is_grown_inside() -> None:
     rng = np.random.default_rng(5)
     rss = 100 + 1.0 * np.arange(100) + rng.normal(0, 0.5, 100)
-    assert _worker(rss, np.arange(100))["pattern"] == "grew_inside"
+    w = _worker(rss, np.arange(100))
+    # a steady rise is measured over the whole series: the planted 1 MiB a step, within its interval
+    assert w["pattern"] == "grew_inside"
+    assert abs(w["rss_per_step"] - MIB) <= w["rss_per_step_error"] < 0.05 * MIB, w
 
 
 def test_a_leak_that_rose_fastest_while_the_prefetch_filled_is_grown_inside() -> None:
@@ -78,6 +81,6 @@ def test_a_leak_whose_whole_fit_is_widened_by_a_prefetch_burst_is_grown_inside()
                     steps=np.concatenate([np.full(len(pre), np.nan), steps]))  # fmt: skip
     w = worker_memory(SimpleNamespace(children={7: series}), 7)  # type: ignore[arg-type]
     # THEN the leak is seen (the whole fit's interval, taken as a gate, had called it a copy held), and its
-    # rise is near the 8 to 10 MiB a step it served
+    # rate is read with the burst set aside: near the 8 MiB a step it served, its interval clear of zero
     assert w is not None and w["pattern"] == "grew_inside", w
-    assert 6 * MIB < w["rss_per_step"] < 14 * MIB and w["rss_per_step_error"] > w["rss_per_step"]
+    assert 6 * MIB < w["rss_per_step"] < 11 * MIB and w["rss_per_step_error"] < w["rss_per_step"] / 2, w

@@ -169,17 +169,20 @@ def worker_memory(f: Facts, pid: int | None) -> dict[str, Any] | None:
         need = (
             STEADY_SHARE * (out["peak_rss"] - out["first_rss"]) / max(float(np.nanmax(steps) - np.nanmin(steps)), 1.0)
         )
-        grew = any(_rises(s, r, need) for s, r in readings)
+        rise = next((r for r in (_rise(s, r, need) for s, r in readings) if r is not None), None)
+        grew = rise is not None
+        if rise is not None and not fit[0] > error:  # the whole series' rate is lost in its burst's noise: the
+            out["rss_per_step"], out["rss_per_step_error"] = rise  # reading that shows the leak gives it instead
     return out | {"pattern": "grew_inside" if grew else "held_copies"}
 
 
-def _rises(steps: np.ndarray, rss: np.ndarray, need: float) -> bool:
-    """RSS rises with the steps beyond the fit's error, by at least ``need`` bytes a step, over at least
-    MIN_STEPS_SERVED distinct steps."""
+def _rise(steps: np.ndarray, rss: np.ndarray, need: float) -> tuple[float, float] | None:
+    """(bytes a step, the half-width of its 95% interval) where RSS rises with the steps beyond the fit's
+    error, by at least ``need`` bytes a step, over at least MIN_STEPS_SERVED distinct steps; else None."""
     if len(np.unique(steps)) < MIN_STEPS_SERVED:
-        return False
+        return None
     fit = trend(steps, rss)
-    return fit is not None and fit[0] > fit[1] and fit[0] >= need
+    return fit if fit is not None and fit[0] > fit[1] and fit[0] >= need else None
 
 
 def _burst(t: np.ndarray, rss: np.ndarray) -> tuple[int, int]:
