@@ -19,6 +19,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from ._jobsignal import raised_by_signal_handler
 from ._recorder import DEFAULT_SAMPLE_INTERVAL, DEFAULT_STRINGS_SIZE, Phase, Recorder
 from ._warn import note_arm_site
 from .collect.exceptions import capture
@@ -269,8 +270,9 @@ def recover(ring_or_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
 def _disarm_at_exit() -> None:
     try:
         _active.disarm(at_exit=True)
-    except Exception:
-        pass
+    except Exception as exc:
+        if raised_by_signal_handler(exc):  # the job's, held until its ring's end was written: as unarmed
+            raise
 
 
 def _after_fork_in_child() -> None:

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import functools
 import signal
+import threading
+import time
+from collections.abc import Callable
 from types import CodeType
 from typing import Any
 
@@ -70,3 +73,44 @@ def raised_by_signal_handler(exc: BaseException) -> bool:
             return True
         tb = tb.tb_next
     return False
+
+
+class HeldForTheJob:
+    """Runs the steps that end a recording (``Recorder.disarm``) each to its end: an exception the job's
+    signal handler raises inside one (torch's SIGCHLD handler, as a DataLoader worker dies while the job
+    exits), or a KeyboardInterrupt, is held and the remaining steps still run, so the ring keeps its clean
+    end and its exit record; ``raise_held()`` then gives the job its exception. blackbox's own failures go
+    to ``on_error`` (one warning), as before. Before, such an exception ended the disarm midway: the ring
+    read as SIGKILLed though the process exited with status 1 (1 run in 30 of tests/test_causes.py's
+    DataLoader OOM)."""
+
+    def __init__(self, on_error: Callable[[BaseException], None]) -> None:
+        self.held: BaseException | None = None
+        self._on_error = on_error
+
+    def run(self, step: Callable[[], object]) -> None:
+        try:
+            step()
+        except KeyboardInterrupt as exc:
+            self._hold(exc)
+        except Exception as exc:
+            if raised_by_signal_handler(exc):
+                self._hold(exc)
+            else:
+                self._on_error(exc)
+
+    def wait(self, done: threading.Event, timeout: float) -> None:
+        """``done.wait(timeout)``, waited out whatever the job's handlers raise meanwhile. (Not
+        ``Thread.join``: one interrupted by a handler's exception takes the thread for ended, bpo-45274.)"""
+        deadline = time.monotonic() + timeout
+        while not done.is_set() and (left := deadline - time.monotonic()) > 0:
+            self.run(lambda: done.wait(left))
+
+    def _hold(self, exc: BaseException) -> None:
+        if self.held is None:  # the first: a handler's later ones follow from the same death
+            self.held = exc
+
+    def raise_held(self) -> None:
+        held, self.held = self.held, None
+        if held is not None:
+            raise held

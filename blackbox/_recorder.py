@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import Any
 
 from ._fds import OwnedFd
+from ._jobsignal import HeldForTheJob
 from ._version import __version__
 from ._warn import warn
 from .collect.allocs import AllocSampler, heap_bytes, mean_bytes, start_allocs
@@ -144,6 +145,7 @@ class Recorder:
         self._stack_threads: tuple[str | threading.Thread, ...] | None = ()  # None: stacks off
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
+        self._sampled = threading.Event()  # set as the sampler's loop ends: nothing of it writes after
         self._warned = False
         self._ending = threading.Lock()  # claimed without waiting: never re-entered, never waited on
         self._fold_clean = False  # under `blackbox run`, a helper's ring that ends cleanly is folded away
@@ -415,6 +417,8 @@ class Recorder:
                     self.sync()
         except Exception as exc:  # a probe that breaks stops sampling, never the job
             self._on_error(exc)
+        finally:
+            self._sampled.set()
 
     def _upkeep(self) -> None:
         """Once a sample: attach torch hooks as the job gets there, re-wrap signal handlers the job
@@ -466,6 +470,7 @@ class Recorder:
         ``at_exit``: the interpreter is exiting; the process's exit status is then written as it exits."""
         if not self._ending.acquire(blocking=False):
             return  # another caller is ending it (this very thread, from a signal handler, or another)
+        held = HeldForTheJob(self._on_error)  # each step runs to its end whatever the job's signal handlers raise
         try:
             if not self.armed:
                 return
@@ -473,51 +478,43 @@ class Recorder:
             self._stop.set()
             sampler = self._sampler
             if sampler is not None and sampler is not threading.current_thread():
-                sampler.join(timeout=max(1.0, 2 * self.sample_interval))
-            self._uninstall_collectors(in_child=False, signals=False)
+                held.wait(self._sampled, max(1.0, 2 * self.sample_interval))
+            held.run(lambda: self._uninstall_collectors(in_child=False, signals=False, run=held.run))
             ring, w = self._ring, self._writer  # the exit record: where the process will reach libc's exit()
             exit_record = at_exit and not self._fold_clean and ring is not None and exit_record_possible(ring.fd, w)
-            try:
-                self.sample_now()
-                if self._writer is not None:  # value 1: the exit record is armed (FORMAT.md, "Kinds")
-                    self._writer.event(fmt.KIND_CODES["disarm"], None, 1 if exit_record else None)
-                if self._ring is not None:
-                    fmt.STATE_STRUCT.pack_into(self._ring.map.buffer, fmt.STATE_OFFSET, fmt.STATE_CLEAN)
-            except Exception as exc:
-                self._on_error(exc)
+            held.run(self.sample_now)
+            if w is not None:  # value 1: the exit record is armed (FORMAT.md, "Kinds")
+                held.run(lambda: w.event(fmt.KIND_CODES["disarm"], None, 1 if exit_record else None))
+            if ring is not None:
+                held.run(lambda: fmt.STATE_STRUCT.pack_into(ring.map.buffer, fmt.STATE_OFFSET, fmt.STATE_CLEAN))
             # Signals last: one that lands while the job shuts down is still recorded (after the clean end).
-            self._uninstall_collectors(in_child=False, signals=True)
+            held.run(lambda: self._uninstall_collectors(in_child=False, signals=True, run=held.run))
             if exit_record:
-                self._record_status_at_exit()
-            self._teardown(flush=self.sync_interval is not None)  # else no msync: the page cache outlives us
-            if self._fold_clean:
-                self._fold()
+                held.run(self._record_status_at_exit)
+            held.run(lambda: self._teardown(flush=self.sync_interval is not None))  # else no msync: the page cache
+            if self._fold_clean:  # outlives us
+                held.run(self._fold)
         finally:
             self._ending.release()
+        held.raise_held()  # the job's own exception, now that the ring's end is written
 
-    def _record_status_at_exit(self) -> None:
+    def _record_status_at_exit(self) -> None:  # (run by disarm's HeldForTheJob: a failure is one warning)
         ring, w, hdr = self._ring, self._writer, self._header  # exit_record_possible said they are there
-        try:
-            assert ring is not None and w is not None and hdr is not None and w.sequence is not None
-            record_status_at_exit(built_module(), ring.fd.fd, hdr, w.sequence.value, w.current_step(), w.intern)
-        except Exception as exc:
-            self._on_error(exc)
+        assert ring is not None and w is not None and hdr is not None and w.sequence is not None
+        record_status_at_exit(built_module(), ring.fd.fd, hdr, w.sequence.value, w.current_step(), w.intern)
 
     def _fold(self) -> None:
         """A helper's clean end under `blackbox run`: one line in ``folded.jsonl``, and its ring removed."""
-        path = self.path
+        path = self.path  # (run by disarm's HeldForTheJob: a failure is one warning)
         if path is None:
             return
+        line = fold_line(self._identity, self._started_ns, self.peak_rss)
+        fd = os.open(path.parent / FOLDED, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
-            line = fold_line(self._identity, self._started_ns, self.peak_rss)
-            fd = os.open(path.parent / FOLDED, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-            try:
-                os.write(fd, line)  # one write with O_APPEND: lines of helpers ending together never mix
-            finally:
-                os.close(fd)
-            path.unlink()
-        except Exception as exc:
-            self._on_error(exc)
+            os.write(fd, line)  # one write with O_APPEND: lines of helpers ending together never mix
+        finally:
+            os.close(fd)
+        path.unlink()
 
     def abandon_after_fork(self) -> None:
         """In a forked child: stop writing into the parent's ring without touching it."""
@@ -532,16 +529,17 @@ class Recorder:
             stacks.close(wait=False)
         self._teardown(flush=False)
 
-    def _uninstall_collectors(self, *, in_child: bool, signals: bool) -> None:
+    def _uninstall_collectors(
+        self, *, in_child: bool, signals: bool, run: Callable[[Callable[[], object]], None] | None = None
+    ) -> None:
         """Put back the hooks this recorder installed (in a forked child: no torch/CUDA calls): the
-        signal recorder alone (``signals``), or all the others. Releasing signals waits for a
-        handler in flight on another thread, so nothing writes into the mapping once it is closed."""
+        signal recorder alone (``signals``), or all the others, each step through ``run`` (by default:
+        a failure is one warning). Releasing signals waits for a handler in flight on another thread,
+        so nothing writes into the mapping once it is closed."""
+        run = run or self._each
         if signals:
             if self._signals is not None:
-                try:
-                    (self._signals.forget_after_fork if in_child else self._signals.uninstall)()
-                except Exception as exc:
-                    self._on_error(exc)
+                run(self._signals.forget_after_fork if in_child else self._signals.uninstall)
             return
         torch, exceptions, crash, allocs = self._torch, self._exceptions, self._crash, self._allocs
         steps: list[Callable[[], None]] = [lambda: allocs.stop(in_child=in_child)] if allocs is not None else []
@@ -552,10 +550,13 @@ class Recorder:
         if exceptions is not None:
             steps.append(exceptions.uninstall)
         for step in steps:
-            try:
-                step()
-            except Exception as exc:
-                self._on_error(exc)
+            run(step)
+
+    def _each(self, step: Callable[[], object]) -> None:
+        try:
+            step()
+        except Exception as exc:
+            self._on_error(exc)
 
     def _teardown(self, *, flush: bool) -> None:
         self.mark, self.step, self._event = _noop, _noop, _null_event

@@ -1,0 +1,150 @@
+"""Ending a recording while the job's own signal handler raises: the ring still gets its clean end and its
+exit record, and the job still gets its exception, after them.
+
+torch's SIGCHLD handler raises ``RuntimeError: DataLoader worker (pid N) is killed by signal`` in whatever
+the main thread runs when a worker dies; when the job is exiting that can be blackbox's disarm at exit. It
+used to end the disarm midway (the ring read as SIGKILLed, though the process exited with status 1: 1 run
+in 30 of tests/test_causes.py's DataLoader OOM) or be swallowed as blackbox's own failure (one warning, and
+the job's exception lost).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+import blackbox
+from blackbox.recovery.pipeline import recover_rings
+from blackbox.ring import format as fmt
+from blackbox.ring.reader import read_ring
+
+ENV = dict(os.environ, PYTHONPATH=str(REPO))
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+@pytest.fixture
+def raising_handler() -> Iterator[None]:
+    """SIGUSR1's handler raises, as torch's SIGCHLD handler does when a DataLoader worker dies."""
+
+    def on_usr1(signum: int, frame: object) -> None:
+        raise WorkerDied("DataLoader worker (pid 4242) is killed by signal: Killed.")
+
+    old = signal.signal(signal.SIGUSR1, on_usr1)
+    yield
+    signal.signal(signal.SIGUSR1, old)
+
+
+def _signal_during(rec: blackbox.Recorder, step: str) -> None:
+    """The job's signal lands while ``rec`` runs ``step`` (a method of its disarm): sent from inside it, so
+    its handler runs at the next bytecode, there."""
+    real = getattr(rec, step)
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        return real(*args, **kwargs)
+
+    setattr(rec, step, interrupted)
+
+
+@pytest.mark.parametrize("step", ["_uninstall_collectors", "sample_now"])
+def test_the_jobs_exception_raised_during_disarm_reaches_it_after_the_clean_end(
+    tmp_path: Path, raising_handler: None, step: str
+) -> None:
+    # GIVEN an armed recorder, and the job's handler raising while the disarm puts its hooks back, or takes
+    # its last sample
+    rec = blackbox.Recorder.arm(tmp_path / "job.ring", capacity=1024, sample_interval=3600)
+    rec.mark("loss", 1)
+    _signal_during(rec, step)
+    # WHEN it is disarmed
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with pytest.raises(WorkerDied, match="pid 4242"):
+            rec.disarm()
+    # THEN the job got its exception, blackbox said nothing of its own, and the ring ends cleanly
+    assert not [w for w in said if "blackbox" in str(w.message)], [str(w.message) for w in said]
+    ring = read_ring(tmp_path / "job.ring")
+    assert ring.clean and ring.header.state == fmt.STATE_CLEAN
+    assert fmt.KIND_CODES["disarm"] in ring.records["kind"].tolist()
+    assert not rec.armed
+
+
+JOB = textwrap.dedent(
+    """
+    import os, signal, sys
+    import blackbox
+    from blackbox import _api
+
+    def on_usr1(signum, frame):
+        raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed.")
+
+    blackbox.arm(sys.argv[1] + "/", sample_interval=3600)
+    signal.signal(signal.SIGUSR1, on_usr1)
+    blackbox.mark("loss", 1)
+    rec = _api._active
+    last_sample = rec.sample_now
+
+    def sample_now():  # the worker dies as blackbox takes its last sample at exit
+        os.kill(os.getpid(), signal.SIGUSR1)
+        return last_sample()
+
+    rec.sample_now = sample_now
+    sys.exit(3)
+    """
+)
+
+
+def test_a_job_whose_handler_raises_as_blackbox_ends_at_exit_keeps_its_status_and_its_verdict(tmp_path: Path) -> None:
+    # GIVEN a job that exits with status 3, whose handler raises while blackbox ends its ring at exit
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+    proc = subprocess.run([sys.executable, str(job), str(tmp_path / "rings")], capture_output=True, text=True,
+                          env=ENV, timeout=120)  # fmt: skip
+    # THEN the job exits as it would unarmed: its status, and its exception printed where Python prints one
+    # raised in an exit handler; blackbox warns of nothing
+    assert proc.returncode == 3, proc.stderr
+    assert "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed." in proc.stderr
+    assert "BlackboxWarning" not in proc.stderr and "dropped an event" not in proc.stderr, proc.stderr
+    # AND its ring ends cleanly with the exit status: the verdict is an exit with status 3, not a SIGKILL
+    meta = recover_rings([tmp_path / "rings"]).meta
+    death = meta["death"]
+    assert meta["clean"] is True, meta["recovery"]
+    assert death["cause"] == "nonzero_exit" and death["exit_status"] == 3, death
+
+
+def test_a_wait_for_the_sampler_outlasts_the_jobs_handler_and_then_gives_its_exception(raising_handler: None) -> None:
+    # GIVEN a sampler that takes 0.5 s to end its loop, and the job's signal 0.05 s into the wait for it
+    import threading
+    import time
+
+    from blackbox._jobsignal import HeldForTheJob
+
+    ended = threading.Event()
+
+    def sampler() -> None:
+        time.sleep(0.5)
+        ended.set()
+
+    threading.Thread(target=sampler).start()
+    threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+    errors: list[BaseException] = []
+    held = HeldForTheJob(errors.append)
+    # WHEN the disarm waits for it
+    t0 = time.monotonic()
+    held.wait(ended, 5.0)
+    # THEN the wait went on to the loop's end, the handler's exception held, then given to the job
+    assert ended.is_set() and time.monotonic() - t0 >= 0.4
+    assert not errors
+    with pytest.raises(WorkerDied):
+        held.raise_held()
