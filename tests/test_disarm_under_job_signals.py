@@ -148,3 +148,26 @@ def test_a_wait_for_the_sampler_outlasts_the_jobs_handler_and_then_gives_its_exc
     assert not errors
     with pytest.raises(WorkerDied):
         held.raise_held()
+
+
+def test_a_process_killed_as_it_exits_after_an_uncaught_exception_is_said_so(tmp_path: Path) -> None:
+    # GIVEN a job whose uncaught exception is recorded, then SIGKILLed by an exit handler that runs before
+    # blackbox's (registered after arm)
+    from conftest import run_py
+
+    proc = run_py(
+        """
+        import atexit, os, signal, sys, blackbox
+        blackbox.arm(sys.argv[1] + "/", sample_interval=3600)
+        atexit.register(lambda: os.kill(os.getpid(), signal.SIGKILL))
+        raise ValueError("bad batch")
+        """,
+        str(tmp_path / "rings"),
+        check=False,
+    )
+    assert proc.returncode == -signal.SIGKILL
+    # WHEN its ring is recovered
+    death = recover_rings([tmp_path / "rings"]).meta["death"]
+    # THEN it was killed, and the evidence names the exception it was exiting on, not "no exception"
+    assert death["cause"] == "killed", death
+    assert any("after its uncaught ValueError: bad batch, no handler ran" in e for e in death["evidence"]), death

@@ -302,8 +302,10 @@ class _Death:
     def _sigkill(
         self, near: tuple[float, str] | None, last_signal: dict[str, Any] | None, *, seen: bool, how: str = ""
     ) -> None:
+        uncaught = self.f.main_uncaught  # (one, then no clean end: it died as it exited, its exit handlers unrun)
+        after = f"after its uncaught {_short(uncaught[-1]['label'])}, " if uncaught else "no exception, "
         how = how or ("`blackbox run` saw the job end by SIGKILL" if seen else
-                      "same boot, no exception, no handler ran: SIGKILL (or os._exit)")  # fmt: skip
+                      f"same boot, {after}no handler ran: SIGKILL (or os._exit)")  # fmt: skip
         recent = last_signal if last_signal and self.f.last_ns - self._signal_ns(last_signal) < 120 * 10**9 else None
         if recent and (recent["sender"] or "") in OOM_DAEMONS:
             self.killed_by = _sender(recent)
