@@ -47,13 +47,14 @@ def raising_handler() -> Iterator[None]:
 
 
 def _signal_during(rec: blackbox.Recorder, step: str) -> None:
-    """The job's signal lands while ``rec`` runs ``step`` (a method of its disarm): sent from inside it, so
-    its handler runs at the next bytecode, there."""
+    """The job's signal lands while ``rec`` runs ``step`` (a method of its disarm), once its work is done
+    (the hooks it puts back are back): sent from inside it, so its handler runs at the next bytecode, there."""
     real = getattr(rec, step)
 
     def interrupted(*args: object, **kwargs: object) -> object:
+        result = real(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGUSR1)
-        return real(*args, **kwargs)
+        return result
 
     setattr(rec, step, interrupted)
 
@@ -64,6 +65,7 @@ def test_the_jobs_exception_raised_during_disarm_reaches_it_after_the_clean_end(
 ) -> None:
     # GIVEN an armed recorder, and the job's handler raising while the disarm puts its hooks back, or takes
     # its last sample
+    before = sys.excepthook
     rec = blackbox.Recorder.arm(tmp_path / "job.ring", capacity=1024, sample_interval=3600)
     rec.mark("loss", 1)
     _signal_during(rec, step)
@@ -72,8 +74,10 @@ def test_the_jobs_exception_raised_during_disarm_reaches_it_after_the_clean_end(
         warnings.simplefilter("always")
         with pytest.raises(WorkerDied, match="pid 4242"):
             rec.disarm()
-    # THEN the job got its exception, blackbox said nothing of its own, and the ring ends cleanly
+    # THEN the job got its exception, blackbox said nothing of its own, its hooks are back, and the ring
+    # ends cleanly
     assert not [w for w in said if "blackbox" in str(w.message)], [str(w.message) for w in said]
+    assert sys.excepthook is before
     ring = read_ring(tmp_path / "job.ring")
     assert ring.clean and ring.header.state == fmt.STATE_CLEAN
     assert fmt.KIND_CODES["disarm"] in ring.records["kind"].tolist()
