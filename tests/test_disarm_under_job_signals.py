@@ -15,14 +15,17 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, run_py
 
 import blackbox
+from blackbox._jobsignal import HeldForTheJob
 from blackbox.recovery.pipeline import recover_rings
 from blackbox.ring import format as fmt
 from blackbox.ring.reader import read_ring
@@ -129,11 +132,6 @@ def test_a_job_whose_handler_raises_as_blackbox_ends_at_exit_keeps_its_status_an
 
 def test_a_wait_for_the_sampler_outlasts_the_jobs_handler_and_then_gives_its_exception(raising_handler: None) -> None:
     # GIVEN a sampler that takes 0.5 s to end its loop, and the job's signal 0.05 s into the wait for it
-    import threading
-    import time
-
-    from blackbox._jobsignal import HeldForTheJob
-
     ended = threading.Event()
 
     def sampler() -> None:
@@ -157,8 +155,6 @@ def test_a_wait_for_the_sampler_outlasts_the_jobs_handler_and_then_gives_its_exc
 def test_a_process_killed_as_it_exits_after_an_uncaught_exception_is_said_so(tmp_path: Path) -> None:
     # GIVEN a job whose uncaught exception is recorded, then SIGKILLed by an exit handler that runs before
     # blackbox's (registered after arm)
-    from conftest import run_py
-
     proc = run_py(
         """
         import atexit, os, signal, sys, blackbox

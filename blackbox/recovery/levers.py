@@ -169,7 +169,7 @@ def worker_memory(f: Facts, pid: int | None) -> dict[str, Any] | None:
         need = (
             STEADY_SHARE * (out["peak_rss"] - out["first_rss"]) / max(float(np.nanmax(steps) - np.nanmin(steps)), 1.0)
         )
-        rise = next((r for r in (_rise(s, r, need) for s, r in readings) if r is not None), None)
+        rise = next(filter(None, (_rise(s, r, need) for s, r in readings)), None)  # the first reading that rises
         grew = rise is not None
         if rise is not None and not fit[0] > error:  # the whole series' rate is lost in its burst's noise: the
             out["rss_per_step"], out["rss_per_step_error"] = rise  # reading that shows the leak gives it instead
