@@ -105,6 +105,8 @@ def test_a_region_of_near_miss_entries_costs_bounded_checksum_work(
 @pytest.mark.parametrize("shape", ["training loop", "samples only"])
 def test_peak_memory_of_a_full_million_slot_ring_is_its_size_plus_a_fixed_amount(tmp_path: Path, shape: str) -> None:
     # GIVEN a full ring of 2**20 slots (128 MiB): a training loop's, or one holding nothing but samples
+    # (a ring of nothing but stack samples is not here: 391 MiB in a venv made days ago, but 429 MiB in one
+    # just made, as CI's is, over the bound by 1 MiB; see docs/security.md)
     if shape == "training loop":
         from bench_ring import typical_ring
 
