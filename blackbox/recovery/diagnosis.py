@@ -226,6 +226,11 @@ class _Death:
         self.victim = {"pid": kill.pid, "role": role, "name": kill.name,
                        "rss": series.at(kill.time_ns) if series else None, **kill.rss}  # fmt: skip
         self._set("host_oom_kill", "certain", f"kernel log: {kill.line}")
+        if kill.pid in self.ev.cgroup_matched:  # no process sampled it, nor did the job's error name it
+            self.confidence = "strong"
+            self.evidence.append(f"pid {kill.pid} is taken for the job's by its memory cgroup (the kernel's "
+                                 "task_memcg) and its name: no sampled child was it (a forkserver's worker is "
+                                 "the job's grandchild), nor did the job's error name it")  # fmt: skip
         self._at(kill.time_ns)
         self.stat_at_end = f.stat_before(kill.time_ns) or self.stat_at_end
         if f.main_uncaught:

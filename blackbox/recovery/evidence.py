@@ -17,6 +17,7 @@ import os
 import re
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,8 @@ class Evidence:
     same_boot: bool | None = None
     writer_alive: bool | None = None
     kernel_kills: list[KernelKill] = field(default_factory=list)  # in the ring's life, of its pid or children
+    # the pids among them matched by the job's memory cgroup alone (a DataLoader worker no process sampled)
+    cgroup_matched: set[int] = field(default_factory=set)
     cgroup_oom_kills_now: int | None = None
     exit_status: int | None = None  # as a shell reports it (128 + signal), from `blackbox run`
     crash: str | None = None  # faulthandler's tracebacks left beside the ring (a native crash)
@@ -82,6 +85,7 @@ def gather(
     window: tuple[int, int] | None = None,
     pids: set[int] | None = None,
     cgroups: CgroupCounters | None = None,
+    sees_workers: Callable[[], bool] | None = None,
 ) -> Evidence:
     """Evidence for one ring: a native crash's tracebacks (``crash``: the ring's crash region, or the
     ``.crash`` sidecar older rings left, as the reader found them), and what this machine says of its writer.
@@ -92,6 +96,9 @@ def gather(
     victim is one of ``pids`` and it happened after the ring started and, for the ring's own pid, not
     before its last event (less SLACK_NS). ``cgroups``: the ``oom_kill`` counters read so far in this
     recovery (:class:`CgroupCounters`): each cgroup's is read once for all its rings (None: read here).
+    A DataLoader worker's kill in the ring's own memory cgroup (``worker_in_cgroup``) counts too, unless
+    ``sees_workers()`` says the ring sampled DataLoader workers of its own (then it is another process's:
+    a DDP rank beside it in the cgroup); asked only where such a kill is in the ring's life.
     """
     ident = meta.get("identity") or {}
     ev = Evidence(exit_status=exit_status, crash=crash)
@@ -108,20 +115,41 @@ def gather(
     ev.writer_alive = writer_alive(ring, meta)
     ev.now_ns = _monotonic_ns()
     kills = kernel_oom_kills() if kills is None else kills
+    cg = meta.get("cgroup") or {}
     if window is not None:
         first, last = window
         targets = (pids or set()) | {pid}
-        ev.kernel_kills = [
-            k
-            for k in kills
-            if k.pid in targets
-            and first - SLACK_NS <= k.time_ns <= ev.now_ns
-            and (k.pid != pid or k.time_ns >= last - SLACK_NS)
-        ]
-    cg = meta.get("cgroup") or {}
+        cg_path = cg.get("path")
+        inside = [k for k in kills if first - SLACK_NS <= k.time_ns <= ev.now_ns]
+        ev.kernel_kills = [k for k in inside if k.pid in targets and (k.pid != pid or k.time_ns >= last - SLACK_NS)]
+        matched = [k for k in inside if k.pid not in targets and isinstance(cg_path, str)
+                   and worker_in_cgroup(k, cg_path)]  # fmt: skip
+        if matched and not (sees_workers is not None and sees_workers()):
+            ev.kernel_kills = sorted(ev.kernel_kills + matched, key=lambda k: k.time_ns)
+            ev.cgroup_matched = {k.pid for k in matched}
     if isinstance(cg.get("path"), str) and cg.get("version") in (1, 2):
         ev.cgroup_oom_kills_now = (cgroups or CgroupCounters()).read(cg["path"], int(cg["version"]))
     return ev
+
+
+def worker_in_cgroup(kill: KernelKill, cgroup_path: str) -> bool:
+    """The kill's victim is a DataLoader worker (``pt_data*``) in the ring's own memory cgroup, by the
+    report's ``oom-kill:...,task_memcg=/x,...`` line: a worker forked by a forkserver is the job's
+    grandchild, which no sampler sees and whose death the job's error may not name (a
+    ``ConnectionResetError``). The cgroup must be a real one, not the root (every process is there):
+    ``cgroup_path`` is the mount of a cgroup filesystem followed by ``task_memcg``."""
+    if not kill.name.startswith("pt_data"):
+        return False
+    memcg = next((m.group(1) for line in kill.report if (m := _TASK_MEMCG.search(line))), None)
+    if memcg is None or memcg in ("", "/") or not cgroup_path.endswith(memcg):
+        return False
+    mount = cgroup_path[: len(cgroup_path) - len(memcg)]
+    return _is_cgroup_mount(mount)
+
+
+def _is_cgroup_mount(path: str) -> bool:
+    """``path`` is where a cgroup filesystem is mounted (reached without links)."""
+    return bool(path) and os.path.ismount(path) and on_cgroupfs(path)
 
 
 class CgroupCounters:
@@ -153,6 +181,7 @@ def _monotonic_ns() -> int:
 
 
 _RECORD = re.compile(rb"^(\d+),(\d+),(\d+),[^;]*;(.*)$", re.DOTALL)
+_TASK_MEMCG = re.compile(r"oom-kill:.*[:,]task_memcg=([^,\s]*)")
 _KILLED = re.compile(r"(?:Memory cgroup out of memory|Out of memory|oom-kill).*?Killed process (\d+) \(([^)]*)\)")
 _TASK = re.compile(
     r"^\[\s*(\d+)\]\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(-?\d+)\s+(.+)$"

@@ -30,7 +30,7 @@ from .facts import named_workers
 from .metadata import bundle_metadata, helper_groups, ring_metadata
 from .relays import RelayIndex
 from .spill import SpilledRings
-from .timeline import merge_tables, ring_table
+from .timeline import merge_tables, of_kind, ring_table
 
 OOM_REPORT = "oom-report.txt"
 
@@ -51,6 +51,12 @@ def _window_and_children(ring: Ring) -> tuple[tuple[int, int], set[int]]:
     times, kinds = ring.field("time"), ring.field("kind")
     children = ring.field("p0")[kinds == fmt.KIND_CODES["child_sample"]] if ring.header.version >= 3 else np.zeros(0)
     return (int(times.min()), int(times.max())), {int(p) for p in np.unique(children)}
+
+
+def _sampled_workers(table: pa.Table) -> bool:
+    """The ring sampled DataLoader workers of its own (children named ``pt_data*``)."""
+    names = of_kind(table, "child_sample", columns=["label"])["label"].unique().to_pylist()
+    return any(isinstance(n, str) and n.startswith("pt_data") for n in names)
 
 
 def _status_owner(paths: list[Path], launcher_pid: int | None) -> Path | None:
@@ -162,7 +168,8 @@ class RecoveryPass:
         table = self.relays.attribute(table, ring.path, ring.owner)
         status = self.exit_status if path == self.owner else None
         pids = children | named_workers(table)  # a forkserver's worker is sampled by none, named by the job
-        evidence = gather(ring.path, ring.meta, status, self.kills, ring.crash, window, pids, self.cgroups)
+        evidence = gather(ring.path, ring.meta, status, self.kills, ring.crash, window, pids, self.cgroups,
+                          lambda: _sampled_workers(table))  # fmt: skip
         evidence.signal_stacks = ring.signal_stacks  # written by faulthandler where the C extension was not built
         death = diagnose(table, ring.clean, evidence, ring.meta)
         kill = evidence.kernel_kills[-1] if evidence.kernel_kills else None
