@@ -40,3 +40,19 @@ def test_a_clean_exit_msyncs_the_ring_only_where_sync_interval_asked(tmp_path: P
     ring = read_ring(next(iter(find_rings([tmp_path / "rings"]))))
     labels = [ring.strings.get(int(i)) for i in ring.records["label"]]
     assert ring.clean and labels.count("loss") == 50000
+
+
+def test_sys_exit_called_wrongly_fails_armed_as_unarmed(tmp_path: Path) -> None:
+    # GIVEN a job that calls sys.exit with a keyword (a TypeError: it takes its status positionally)
+    job = tmp_path / "job.py"
+    job.write_text("import os, sys\nif os.environ.get('RING'):\n    import blackbox\n"
+                   "    blackbox.arm(os.environ['RING'])\nsys.exit(status=3)\n")  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    runs = {ring: subprocess.run([sys.executable, str(job)], capture_output=True, text=True, timeout=60,
+                                 env=dict(env, RING=ring)) for ring in ("", str(tmp_path / "j.ring"))}  # fmt: skip
+    # THEN armed, it fails as it does unarmed: status 1 and the same TypeError (blackbox's sys.exit wrapper
+    # once took the keyword and exited 3)
+    unarmed, armed = runs.values()
+    assert unarmed.returncode == armed.returncode == 1, (unarmed.stderr, armed.stderr)
+    error = "TypeError: sys.exit() takes no keyword arguments"
+    assert unarmed.stderr.splitlines()[-1] == armed.stderr.splitlines()[-1] == error, armed.stderr

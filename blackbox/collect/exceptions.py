@@ -103,10 +103,10 @@ class ExceptionRecorder:
         original = sys.exit
 
         @functools.wraps(original)
-        def exit(status: Any = None) -> Any:
-            if threading.current_thread() is threading.main_thread():
-                self.record_exit(status)
-            return original(status)
+        def exit(*args: Any, **kwargs: Any) -> Any:  # the arguments as given: sys.exit(status=3) is a TypeError
+            if len(args) <= 1 and not kwargs and threading.current_thread() is threading.main_thread():
+                self.record_exit(args[0] if args else None)
+            return original(*args, **kwargs)
 
         self._prev_exit, self._our_exit = original, exit
         sys.exit = exit
