@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from ._jobsignal import raised_by_signal_handler
+from ._jobsignal import TRIES, the_jobs
 from ._recorder import DEFAULT_SAMPLE_INTERVAL, DEFAULT_STRINGS_SIZE, Phase, Recorder
 from ._warn import note_arm_site
 from .collect.exceptions import capture
@@ -148,7 +148,8 @@ def _arm_locked(
     if _active.armed:
         _bind(_active.mark, _active.step)
         if not _atexit_registered:
-            atexit.register(_disarm_at_exit)
+            atexit.register(_disarm_at_exit)  # again, run after: the job's exception landing as the one
+            atexit.register(_disarm_at_exit)  # below is entered, before its first line, cuts it short
             _atexit_registered = True
         _at_worker_exit()
     return _active
@@ -268,11 +269,19 @@ def recover(ring_or_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
 
 
 def _disarm_at_exit() -> None:
-    try:
-        _active.disarm(at_exit=True)
-    except Exception as exc:
-        if raised_by_signal_handler(exc):  # the job's, held until its ring's end was written: as unarmed
-            raise
+    """The recording's end as the interpreter exits. The job's exception from its signal handler (or a
+    KeyboardInterrupt, a SystemExit), held until the ring's end was written, is raised here, as unarmed it
+    would be; one that landed before the disarm began (the recorder still armed) has the disarm run again."""
+    job: BaseException | None = None
+    for _ in range(TRIES):
+        try:
+            _active.disarm(at_exit=True)
+        except BaseException as exc:  # noqa: BLE001 (the job's: re-raised below; blackbox's own: dropped)
+            job = job or the_jobs(exc)
+        if not _active.armed:
+            break
+    if job is not None:
+        raise job
 
 
 def _after_fork_in_child() -> None:

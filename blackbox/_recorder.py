@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import Any
 
 from ._fds import OwnedFd
-from ._jobsignal import HeldForTheJob
+from ._jobsignal import HeldForTheJob, Latch, the_jobs
 from ._version import __version__
 from ._warn import warn
 from .collect.allocs import AllocSampler, heap_bytes, mean_bytes, start_allocs
@@ -143,9 +143,9 @@ class Recorder:
         self._allocs: AllocSampler | None = None
         self.allocations = 0  # the mean sampling interval in bytes (0: allocations not sampled)
         self._stack_threads: tuple[str | threading.Thread, ...] | None = ()  # None: stacks off
-        self._stop = threading.Event()
+        self._stop = Latch()  # (not threading.Event: see Latch)
         self._sampler: threading.Thread | None = None
-        self._sampled = threading.Event()  # set as the sampler's loop ends: nothing of it writes after
+        self._sampled = Latch()  # set as the sampler's loop ends: nothing of it writes after
         self._warned = False
         self._ending = threading.Lock()  # claimed without waiting: never re-entered, never waited on
         self._fold_clean = False  # under `blackbox run`, a helper's ring that ends cleanly is folded away
@@ -381,6 +381,8 @@ class Recorder:
             if sampler is not None:
                 sampler.sample()
         except Exception as exc:
+            if the_jobs(exc) is not None:  # the job's handler raised as disarm took the last sample: the job's
+                raise
             if sampler is not None and not sampler.closed:
                 self._stacks = None
                 sampler.close()
@@ -468,35 +470,48 @@ class Recorder:
     def disarm(self, *, at_exit: bool = False) -> None:
         """Record a clean end and release the ring. Safe to call twice, from any thread or handler.
         ``at_exit``: the interpreter is exiting; the process's exit status is then written as it exits."""
-        if not self._ending.acquire(blocking=False):
-            return  # another caller is ending it (this very thread, from a signal handler, or another)
         held = HeldForTheJob(self._on_error)  # each step runs to its end whatever the job's signal handlers raise
-        try:
-            if not self.armed:
-                return
-            self.armed = False
-            self._stop.set()
-            sampler = self._sampler
+        ending = False
+        try:  # (the lock taken inside the try: a handler's exception right after it cannot leave it held)
+            ending = self._ending.acquire(blocking=False)
+            if not ending or not self.armed:
+                return  # another caller is ending it (this very thread, from a signal handler, or another)
+            held.run_all(self._ending_steps(held, at_exit))  # cut short before its 1st step: still armed, run again
+        finally:
+            if ending:
+                self._ending.release()
+        held.raise_held()  # the job's own exception, now that the ring's end is written
+
+    def _ending_steps(self, held: HeldForTheJob, at_exit: bool) -> list[tuple[Callable[[], object], bool]]:
+        """The steps of ``disarm``, each with whether it may run twice (run again if the job cut it short)."""
+        ring, w, sampler, promised = self._ring, self._writer, self._sampler, [False]  # promised: the exit record
+
+        def await_sampler() -> None:
             if sampler is not None and sampler is not threading.current_thread():
                 held.wait(self._sampled, max(1.0, 2 * self.sample_interval))
-            held.run(lambda: self._uninstall_collectors(in_child=False, signals=False, run=held.run))
-            ring, w = self._ring, self._writer  # the exit record: where the process will reach libc's exit()
-            exit_record = at_exit and not self._fold_clean and ring is not None and exit_record_possible(ring.fd, w)
-            held.run(self.sample_now)
-            if w is not None:  # value 1: the exit record is armed (FORMAT.md, "Kinds")
-                held.run(lambda: w.event(fmt.KIND_CODES["disarm"], None, 1 if exit_record else None))
+
+        def possible() -> None:
+            promised[0] = at_exit and not self._fold_clean and ring is not None and exit_record_possible(ring.fd, w)
+
+        def disarm_record() -> None:  # value 1: the exit record is armed (FORMAT.md, "Kinds")
+            if w is not None:
+                w.event(fmt.KIND_CODES["disarm"], None, 1 if promised[0] else None)
+
+        def clean() -> None:
             if ring is not None:
-                held.run(lambda: fmt.STATE_STRUCT.pack_into(ring.map.buffer, fmt.STATE_OFFSET, fmt.STATE_CLEAN))
-            # Signals last: one that lands while the job shuts down is still recorded (after the clean end).
-            held.run(lambda: self._uninstall_collectors(in_child=False, signals=True, run=held.run))
-            if exit_record:
-                held.run(self._record_status_at_exit)
-            held.run(lambda: self._teardown(flush=self.sync_interval is not None))  # else no msync: the page cache
-            if self._fold_clean:  # outlives us
-                held.run(self._fold)
-        finally:
-            self._ending.release()
-        held.raise_held()  # the job's own exception, now that the ring's end is written
+                fmt.STATE_STRUCT.pack_into(ring.map.buffer, fmt.STATE_OFFSET, fmt.STATE_CLEAN)
+
+        def exit_record() -> None:  # armed again if cut short: the disarm record has promised it
+            if promised[0]:
+                self._record_status_at_exit()
+
+        # Signals last: one that lands while the job shuts down is still recorded (after the clean end).
+        return [(lambda: setattr(self, "armed", False), True), (self._stop.set, True), (await_sampler, True),
+                (lambda: self._uninstall_collectors(in_child=False, signals=False, run=held.run), False),
+                (possible, True), (self.sample_now, True), (disarm_record, False), (clean, True),
+                (lambda: self._uninstall_collectors(in_child=False, signals=True, run=held.run), False),
+                (exit_record, True), (lambda: self._teardown(flush=self.sync_interval is not None), False),
+                (self._fold, False)]  # fmt: skip
 
     def _record_status_at_exit(self) -> None:  # (run by disarm's HeldForTheJob: a failure is one warning)
         ring, w, hdr = self._ring, self._writer, self._header  # exit_record_possible said they are there
@@ -505,7 +520,7 @@ class Recorder:
 
     def _fold(self) -> None:
         """A helper's clean end under `blackbox run`: one line in ``folded.jsonl``, and its ring removed."""
-        path = self.path  # (run by disarm's HeldForTheJob: a failure is one warning)
+        path = self.path if self._fold_clean else None  # (run by disarm's HeldForTheJob: a failure is one warning)
         if path is None:
             return
         line = fold_line(self._identity, self._started_ns, self.peak_rss)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .._fds import OwnedFd
-from .._jobsignal import raised_by_signal_handler
+from .._jobsignal import raised_by_signal_handler, remember_handler, remember_handlers
 from ..ring import format as fmt
 from .death_signals import DeathSignals
 
@@ -71,6 +71,7 @@ class SignalRecorder:
 
     def install(self, buffer: Any, records_offset: int, capacity: int, sequence: Any) -> str:
         """Start recording; returns why not, or "" when the handler is in place."""
+        remember_handlers()  # the job's, so that one a one-shot handler took out is still known as the job's
         if self._fallback is not None:
             why = self._fallback.install()
             self.active, self.installed = not why, self._fallback.installed
@@ -96,6 +97,7 @@ class SignalRecorder:
         @functools.wraps(original)
         def signal_function(signalnum: Any, handler: Any) -> Any:
             previous = original(signalnum, handler)
+            remember_handler(handler)
             if self.active and signalnum in self._tags:
                 try:
                     self._watch_one(signalnum)
