@@ -266,7 +266,7 @@ def test_an_oom_kill_s_step_is_the_step_the_job_was_in(tmp_path: Path, memory_cg
 
 
 WORKER_COPIES = """
-import sys, time, blackbox, torch
+import os, sys, time, blackbox, torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 def worker_init(_):  # the kernel's OOM killer takes every worker before the main process (see the test)
@@ -280,6 +280,8 @@ class Copies(Dataset):
         if self.data is None:  # each worker loads its own copy of the data on its first item, then only reads it
             time.sleep(1.0 * get_worker_info().id)  # one after another
             self.data = bytearray(120 << 20)
+            with open(sys.argv[1] + ".loaded", "a") as f:  # the planted truth: which workers' copies are whole
+                f.write(f"{os.getpid()} ")
         return torch.tensor([float(self.data[i % len(self.data)] + i)])
 
 if __name__ == "__main__":
@@ -311,9 +313,13 @@ def test_workers_that_each_hold_a_copy_get_fewer_workers_first_not_a_leak_hunt(t
     # fewer workers, data shared rather than copied; no hunt for a growing cache, no persistent workers
     behaved = death["worker_memory"]
     assert behaved["pattern"] == "held_copies" and behaved["steps_served"] >= 3 and behaved["workers"] == 4, behaved
-    # the copy it loaded (120 MB): near the cgroup's limit the kernel reclaims some of the worker's other pages
-    # meanwhile (seen: 98.9 MiB more at its peak than at its first sample), so half of it is asked
-    assert behaved["peak_rss"] - behaved["first_rss"] >= 60 << 20
+    # the copy it loaded (120 MB), where the victim's load was whole: near the cgroup's limit the kernel reclaims
+    # some of the worker's other pages meanwhile (seen: 98.9 MiB more at its peak than at its first sample), so
+    # half of it is asked. The cascade may take a worker killed midway through its load (the one PyTorch names
+    # first): its figure is the part it loaded, no more than the copy (seen: 44 MiB, 1 run in 10)
+    loaded = {int(pid) for pid in (tmp_path / "rings.loaded").read_text().split()}
+    grew = behaved["peak_rss"] - behaved["first_rss"]
+    assert (grew >= 60 << 20) if behaved["pid"] in loaded else (0 <= grew <= 130 << 20), (behaved, loaded)
     assert "each of the 4 workers holds its own copy" in death["levers"][0] and "num_workers" in death["levers"][0]
     assert not any("__getitem__" in lever or "persistent_workers" in lever for lever in death["levers"])
 
