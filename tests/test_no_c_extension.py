@@ -192,3 +192,39 @@ def test_what_is_not_recorded_is_said_once_at_arm_in_the_bundle_by_info_and_by_v
     assert (
         version.stdout == f"blackbox {__import__('blackbox').__version__} (C extension: NOT built)\n{NO_C_EXTENSION}\n"
     )
+
+
+EXIT_IN_AN_EXIT_HANDLER = """
+import atexit
+atexit.register(lambda: sys.exit(3))  # Python reports the SystemExit and keeps the status it had: 0
+print("main ends", flush=True)
+"""
+
+
+def test_a_sys_exit_once_python_is_ending_is_no_exit_status(tmp_path: Path) -> None:
+    # GIVEN a job whose exit handler calls sys.exit(3) after its main module ended, armed without the C extension
+    # (where the sys.exit wrapper's record is the only one of the status) and unarmed
+    outcomes = []
+    for armed in (False, True):
+        folder = tmp_path / ("armed" if armed else "unarmed")
+        folder.mkdir()
+        proc = spawn_py(job(EXIT_IN_AN_EXIT_HANDLER, armed), str(folder), env=NO_C, stdout=subprocess.PIPE)
+        out, _ = proc.communicate(timeout=30)
+        outcomes.append((out, proc.returncode))
+    # THEN the job exits 0 both ways, and the verdict is its clean exit, not "exited with status 3"
+    assert outcomes[0] == outcomes[1] == ("main ends\n", 0)
+    d = death(tmp_path / "armed")
+    assert d["cause"] == "clean_exit" and d.get("exit_status") in (0, None), d
+
+
+def test_a_one_shot_handler_installed_after_arm_is_the_jobs(tmp_path: Path) -> None:
+    # GIVEN a handler installed after arm (without the C extension: no handler of blackbox's is in the signal
+    # table) that puts the default back, then raises, its signal landing inside blackbox's mark()
+    from test_disarm_under_job_signals import ONE_SHOT
+
+    proc = spawn_py(ONE_SHOT, str(tmp_path / "j.ring"), "after", env=NO_C, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE)  # fmt: skip
+    out, err = proc.communicate(timeout=60)
+    # THEN its exception reaches the job, never taken for blackbox's failure (the one warning is arm's)
+    assert out == "the job caught: worker died\n", out + err
+    assert err.count("BlackboxWarning") == 1 and NO_C_EXTENSION in err, err

@@ -7,7 +7,9 @@ calls the hook that was there before, so the user's traceback still prints and
 the exit status is unchanged. ``sys.exit`` is wrapped the same way: called from
 the main thread, it writes an ``exit`` event with the status the process will
 exit with (detail ``sys.exit``: the job may still catch the SystemExit), then
-raises exactly what it would have. ``os._exit`` too, from any thread (detail
+raises exactly what it would have; not once Python has begun to end (threading's
+shutdown, the exit handlers), where a SystemExit is reported and the status
+stays what it was. ``os._exit`` too, from any thread (detail
 ``os._exit``: it ends the process at once, running no exit handler, so the ring
 has no clean end but still says the process chose to exit, and with what
 status); it then calls the real one, with the same arguments. An exception
@@ -104,7 +106,8 @@ class ExceptionRecorder:
 
         @functools.wraps(original)
         def exit(*args: Any, **kwargs: Any) -> Any:  # the arguments as given: sys.exit(status=3) is a TypeError
-            if len(args) <= 1 and not kwargs and threading.current_thread() is threading.main_thread():
+            if len(args) <= 1 and not kwargs and threading.current_thread() is threading.main_thread() \
+                    and not getattr(threading, "_SHUTTING_DOWN", False):  # the status is fixed once Python ends
                 self.record_exit(args[0] if args else None)
             return original(*args, **kwargs)
 

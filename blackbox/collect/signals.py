@@ -14,7 +14,9 @@ returns and raises exactly what it would) so the new handler is wrapped again at
 once, and ``watch()`` (each sampler tick) catches code that bound the original
 ``signal.signal`` before arm. Where the extension is not built, nothing is
 installed: ``collect.death_signals`` has faulthandler record the signals that
-end the process (``SignalRecorder`` hands every call to it), and no others.
+end the process (``SignalRecorder`` hands every call to it), and no others;
+``signal.signal`` is still wrapped, so that a handler the job installs after arm
+is known as the job's (its exception raised inside blackbox's code is the job's).
 
 Native crashes (SIGSEGV, SIGFPE, SIGABRT, SIGBUS, SIGILL): ``faulthandler``
 writes every thread's traceback into the ring's crash region (version 3), so a
@@ -75,6 +77,8 @@ class SignalRecorder:
         if self._fallback is not None:
             why = self._fallback.install()
             self.active, self.installed = not why, self._fallback.installed
+            if self.active:
+                self._wrap_signal_function()  # a handler the job installs now is known as the job's
             return why
         if self._cmod is None or sequence is None:
             return "the C extension blackbox.ring._cwriter is not built: signals are not recorded"
@@ -129,10 +133,10 @@ class SignalRecorder:
         """Put back every disposition we wrapped (where ours is still the one in force); stop recording."""
         if self.active:
             self.active = False
+            self._unwrap_signal_function()
             if self._fallback is not None:
                 self._fallback.uninstall()
                 return
-            self._unwrap_signal_function()
             self._cmod.signals_release()
 
     def _unwrap_signal_function(self) -> None:
@@ -144,10 +148,10 @@ class SignalRecorder:
         """In a forked child: the parent's ring is not ours; the job's dispositions come back."""
         if self.active:
             self.active = False
+            self._unwrap_signal_function()
             if self._fallback is not None:
                 self._fallback.forget_after_fork()
                 return
-            self._unwrap_signal_function()
             self._cmod.signals_forget()
 
 
