@@ -26,6 +26,7 @@ from ..ring.packed import KeptRings, Packed, pack, stored_name
 from .outfolder import OutFolder
 from .pipeline import OOM_REPORT, RecoveryPass, recover_rings
 from .ranks import rank_rows, ranks_table
+from .row_groups import RowGroupWriter
 from .spill import SpilledRings
 from .timeline import TIMELINE_SCHEMA
 
@@ -294,8 +295,8 @@ def _fill(recovery: RecoveryPass, views: Views, out: _Out) -> dict[str, Any]:
             yield table
             del table  # not held while the next ring is decoded
 
-    with whole.create(TIMELINE) as sink, pq.ParquetWriter(sink, TIMELINE_SCHEMA, **_PARQUET) as writer:
-        _write_row_groups(writer, tables())
+    with whole.create(TIMELINE) as sink, RowGroupWriter(sink, TIMELINE_SCHEMA, **_PARQUET) as writer:
+        _write_row_groups(writer, tables(), lambda: recovery.last)
     meta, ranks, texts = verdict[0] if verdict else _put_verdict(recovery, views, out)
 
     def read(filters: list[tuple[str, str, Any]] | None, columns: list[str] | None, max_rows: int) -> pa.Table:
@@ -327,11 +328,14 @@ def _put_verdict(recovery: RecoveryPass, views: Views, out: _Out) -> Verdict:
     return meta, ranks, texts
 
 
-def _write_row_groups(writer: pq.ParquetWriter, tables: Iterator[pa.Table]) -> None:
+def _write_row_groups(
+    writer: RowGroupWriter | pq.ParquetWriter, tables: Iterator[pa.Table], last: Callable[[], bool] = lambda: False
+) -> None:
     """Write the rings' timelines as row groups of ``ROW_GROUP`` rows, small rings sharing one: the
     writer keeps every row group's metadata until the footer (about 80 KiB each, whatever its size), so
     the row groups follow the rows written, not the ring count. While the next ring is decoded, holds
-    at most a row group's rows, never a whole ring's table."""
+    at most a row group's rows, never a whole ring's table. ``last()``: the table just taken is the last
+    one, so its rows left over go with its full row groups, in one call (no copy of them is held)."""
     held: list[pa.Table] = []
     rows = 0
     for table in tables:
@@ -345,7 +349,7 @@ def _write_row_groups(writer: pq.ParquetWriter, tables: Iterator[pa.Table]) -> N
         held.append(table)
         rows += table.num_rows
         del table
-        if rows >= ROW_GROUP:
+        if rows >= ROW_GROUP and not last():
             whole = pa.concat_tables(held)
             held.clear()
             full = rows - rows % ROW_GROUP
@@ -357,10 +361,12 @@ def _write_row_groups(writer: pq.ParquetWriter, tables: Iterator[pa.Table]) -> N
         elif len(held) >= _COMPACT and rows < len(held) * _FEW_ROWS:  # many small rings: their rows copied into
             held = [pa.concat_tables(held).combine_chunks()]  # one chunk per column (a ring's own buffers: ~40 KiB)
     if rows:
-        last = pa.concat_tables(held)
-        if len(held) > 1 and rows < len(held) * _FEW_ROWS:  # many small rings: one chunk per column, copied
-            last = last.combine_chunks()  # (the writer's cost goes per chunk: 1,000 rings of 3 rows, 0.1 s to 0.02 s)
-        writer.write_table(last, row_group_size=ROW_GROUP)
+        many = len(held) > 1 and rows < len(held) * _FEW_ROWS
+        whole = pa.concat_tables(held)
+        held.clear()
+        if many:  # many small rings: one chunk per column, copied
+            whole = whole.combine_chunks()  # (the writer's cost goes per chunk: 1,000 rings of 3 rows, 0.1 s to 0.02 s)
+        writer.write_table(whole, row_group_size=ROW_GROUP)
 
 
 def _dump(meta: dict[str, Any], sink: Any) -> None:

@@ -1,0 +1,171 @@
+"""One Parquet file written by several threads (recovery/row_groups.py): row groups encoded apart and
+joined, byte for byte the file one ``pq.ParquetWriter`` writes, and footers it cannot merge refused."""
+
+from __future__ import annotations
+
+import io
+import threading
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from blackbox.recovery import row_groups
+from blackbox.recovery.bundle import _PARQUET
+from blackbox.recovery.row_groups import FooterError, Piece, RowGroupWriter, encode, merged_footer
+from blackbox.recovery.timeline import TIMELINE_SCHEMA
+
+
+def one_writer(tables: list[tuple[pa.Table, int]], schema: pa.Schema, **options: object) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pq.ParquetWriter(sink, schema, **options) as writer:
+        for table, size in tables:
+            writer.write_table(table, row_group_size=size)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def joined(tables: list[tuple[pa.Table, int]], schema: pa.Schema, workers: int, **options: object) -> bytes:
+    sink = io.BytesIO()
+    with RowGroupWriter(sink, schema, workers=workers, **options) as writer:
+        for table, size in tables:
+            writer.write_table(table, size)
+    return sink.getvalue()
+
+
+def timeline_rows(n: int, seed: int) -> pa.Table:
+    """Rows of the timeline's schema with what makes footers differ: dictionaries, nulls, statistics of
+    several widths, delta-encoded columns, all-null columns."""
+    rng = np.random.default_rng(seed)
+    labels = np.array(["loss", "forward", "backward", "optimizer", "x" * 300, None], dtype=object)
+    columns: dict[str, pa.Array] = {
+        "seq": pa.array(np.arange(n, dtype=np.uint64) + 7),
+        "time": pa.array((1_790_000_000_000_000_000 + np.cumsum(rng.integers(0, 10**6, n))).astype("M8[ns]")),
+        "kind": pa.array(rng.choice(["step", "mark", "sample"], n)).dictionary_encode(),
+        "label": pa.array(rng.choice(labels, n)).dictionary_encode(),
+        "value": pa.array(np.where(rng.random(n) < 0.3, None, rng.integers(-(1 << 62), 1 << 62, n)), pa.int64()),
+        "step": pa.array(np.arange(n) // 8, pa.int64()),
+    }
+    arrays = []
+    for field in TIMELINE_SCHEMA:
+        array = columns.get(field.name)
+        arrays.append(pa.nulls(n, field.type) if array is None else array.cast(field.type))
+    return pa.Table.from_arrays(arrays, schema=TIMELINE_SCHEMA)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 5])
+def test_a_joined_timeline_is_byte_for_byte_what_one_writer_writes(workers: int) -> None:
+    calls = [(timeline_rows(10_000, 1), 3_000), (timeline_rows(1, 2), 3_000), (timeline_rows(7_001, 3), 1_000)]
+    expected = one_writer(calls, TIMELINE_SCHEMA, **_PARQUET)
+    assert joined(calls, TIMELINE_SCHEMA, workers, **_PARQUET) == expected
+    back = pq.read_table(pa.BufferReader(expected))
+    assert back.num_rows == 17_002 and pq.ParquetFile(pa.BufferReader(expected)).metadata.num_row_groups == 4 + 1 + 8
+
+
+def test_no_rows_is_the_file_a_writer_closed_at_once_writes() -> None:
+    assert joined([], TIMELINE_SCHEMA, 4, **_PARQUET) == one_writer([], TIMELINE_SCHEMA, **_PARQUET)
+
+
+def test_pyarrow_s_default_options_join_the_same() -> None:
+    """Other encodings (dictionaries everywhere, statistics on every column), row groups of one row."""
+    table = pa.table({"x": pa.array(np.arange(4_000) % 97), "s": pa.array([f"v{i % 13}" for i in range(4_000)])})
+    calls = [(table.slice(0, 40), 1), (table.slice(40), 700)]
+    assert joined(calls, table.schema, 3) == one_writer(calls, table.schema)
+
+
+def with_ordinals(encoded: pa.Buffer) -> bytes:
+    """A piece whose row groups carry an ordinal (RowGroup field 7, i16) of 0, as an encrypted file's do:
+    pyarrow writes none otherwise."""
+    piece = Piece(encoded)
+    footer = bytearray(piece.footer)
+    for _, end, _, ordinal in reversed(piece.groups):
+        assert ordinal is None and footer[end - 1] == 0  # the row group's STOP; its last field is 6
+        footer[end - 1 : end] = bytes([0x14, 0x00, 0x00])  # field 7 (delta 1), type i16, value 0; STOP
+    body = bytes(memoryview(encoded)[: 4 + len(piece.body)])
+    return body + bytes(footer) + len(footer).to_bytes(4, "little") + b"PAR1"
+
+
+def test_row_group_ordinals_are_numbered_across_the_pieces() -> None:
+    tables = [timeline_rows(500, s) for s in (11, 12, 13)]
+    pieces, at = [], 4
+    for table in tables:
+        piece = Piece(with_ordinals(encode(table, _PARQUET)), pieces[0][0].frame if pieces else None)
+        pieces.append((piece, at))
+        at += len(piece.body)
+    footer = merged_footer(pieces)
+    whole = b"PAR1" + b"".join(bytes(p.body) for p, _ in pieces) + footer + len(footer).to_bytes(4, "little") + b"PAR1"
+    back = Piece(whole)
+    ordinals = [row_groups._unzigzag(row_groups._varint(back.footer, o[0])[0]) for *_, o in back.groups if o]
+    assert ordinals == [0, 1, 2]
+    assert pq.read_table(pa.BufferReader(whole)).equals(pa.concat_tables(tables))
+
+
+def test_duckdb_reads_the_joined_file_and_skips_row_groups_by_its_moved_statistics(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "t.parquet"
+    table = timeline_rows(50_000, 4)
+    path.write_bytes(joined([(table, 5_000)], TIMELINE_SCHEMA, 4, **_PARQUET))
+    [(count, total)] = duckdb.sql(f"select count(*), sum(value) from '{path}' where seq >= 30007").fetchall()
+    rest = table.slice(30_000)
+    assert count == 20_000 and total == sum(v for v in rest["value"].to_pylist() if v is not None)
+    groups = pq.ParquetFile(path).metadata
+    firsts = [groups.row_group(g).column(0).statistics.min for g in range(groups.num_row_groups)]
+    assert firsts == [7 + 5_000 * g for g in range(10)]
+
+
+def test_a_footer_with_a_page_index_is_refused() -> None:
+    table = timeline_rows(100, 5)
+    with pytest.raises(FooterError, match="page index"):
+        Piece(encode(table, {**_PARQUET, "write_page_index": True}))
+
+
+def test_pieces_of_other_schemas_are_refused() -> None:
+    table = timeline_rows(100, 6)
+    first = Piece(encode(table, _PARQUET))
+    with pytest.raises(FooterError, match="different schemas"):
+        Piece(encode(table.select(["seq", "time"]), _PARQUET), first.frame)
+    with pytest.raises(FooterError, match="not a Parquet file"):
+        Piece(b"PAR1 not one PAR2")
+
+
+def test_offsets_move_by_where_each_piece_lands() -> None:
+    """Each piece's data pages begin at 4 in its own file; joined, at 4 plus the bytes before them."""
+    tables = [timeline_rows(2_000, s) for s in (7, 8, 9)]
+    pieces, at = [], 4
+    for table in tables:
+        piece = Piece(encode(table, _PARQUET), pieces[0][0].frame if pieces else None)
+        pieces.append((piece, at))
+        at += len(piece.body)
+    data = b"PAR1" + b"".join(bytes(p.body) for p, _ in pieces)
+    footer = merged_footer(pieces)
+    meta = pq.ParquetFile(pa.BufferReader(data + footer + len(footer).to_bytes(4, "little") + b"PAR1")).metadata
+    assert meta.num_rows == 6_000
+    starts = [meta.row_group(g).column(0).dictionary_page_offset or meta.row_group(g).column(0).data_page_offset
+              for g in range(3)]  # fmt: skip
+    assert starts == [at for _, at in pieces]
+
+
+@pytest.mark.parametrize("value", [0, 1, -1, 63, -64, 64, 1 << 31, -(1 << 40), (1 << 63) - 1, -(1 << 63)])
+def test_zigzag_varints_read_back(value: int) -> None:
+    raw, end = row_groups._varint(row_groups._zigzag(value), 0)
+    assert row_groups._unzigzag(raw) == value and end == len(row_groups._zigzag(value))
+
+
+def test_row_groups_are_encoded_on_several_threads_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The encodings overlap (each waits at a barrier the others must reach), and the file is unchanged."""
+    barrier = threading.Barrier(3, timeout=30)
+    real = row_groups.encode
+
+    def meeting(table: pa.Table, options: dict[str, object]) -> pa.Buffer:
+        barrier.wait()
+        return real(table, options)
+
+    monkeypatch.setattr(row_groups, "encode", meeting)
+    table = timeline_rows(3_000, 10)
+    assert joined([(table, 1_000)], TIMELINE_SCHEMA, 3, **_PARQUET) == one_writer([(table, 1_000)], TIMELINE_SCHEMA,
+                                                                                  **_PARQUET)  # fmt: skip
+
+
+def test_a_table_of_another_schema_is_refused() -> None:
+    with RowGroupWriter(io.BytesIO(), TIMELINE_SCHEMA, workers=2, **_PARQUET) as writer, pytest.raises(ValueError):
+        writer.write_table(pa.table({"x": [1]}), 10)
