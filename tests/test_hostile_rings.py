@@ -24,7 +24,7 @@ from blackbox.ring.scan import ENTRY_COST, MAX_STACK_TEXT, MAX_STRING_TEXT
 from blackbox.views.stacks import folded_stacks
 
 sys.path.insert(0, str(REPO / "tools"))
-from craft_ring import craft_v3, label_bomb, records_of, stack_bomb, text_ring  # noqa: E402
+from craft_ring import craft, craft_v3, label_bomb, records_of, stack_bomb, text_ring  # noqa: E402
 
 # What a hostile writer puts in a name: a window title, a clear screen, a forged line, a bidi override, a ";"
 EVIL = "\x1b]0;PWNED\x07\x1b[2J\x9b31m\r\nblackbox: forged;\u202eevil"
@@ -163,3 +163,20 @@ def test_a_ring_within_the_bounds_loses_no_label(tmp_path: Path, size: int) -> N
     assert ring.strings_cut == 0 and len(ring.strings) == n
     assert ring_table(ring) is not None and ring.recovery.labels_lost == 0
     assert np.all(ring.records["label"] >= 2)
+
+
+# ---------------------------------------------------------------- every kind with payload words it never writes
+
+
+@pytest.mark.parametrize("payload", [-1, 0, (1 << 63) - 1, -(1 << 63), 1 << 20])
+def test_every_kind_with_any_payload_recovers_every_record(tmp_path: Path, payload: int) -> None:
+    """A ring of each kind whose payload words all hold one value, -1 (what a writer leaves unmeasured)
+    among them: a child sample naming no child took the whole recovery down with a traceback (int(NaN))."""
+    folder = tmp_path / "rings"
+    folder.mkdir()
+    for kind in fmt.KIND_CODES:
+        craft(folder / f"{kind}.ring", 64, kind, events=80, payload=payload)
+    meta = write_postmortem([folder], tmp_path / "b", plot=False)
+    assert meta["events"] == 64 * len(fmt.KIND_CODES) and not meta.get("unread_rings")
+    kinds = pq.read_table(tmp_path / "b" / "timeline.parquet", columns=["kind"])["kind"].to_pylist()
+    assert sorted(set(kinds)) == sorted(fmt.KIND_CODES)

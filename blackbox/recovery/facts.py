@@ -105,10 +105,10 @@ class Rows(Sequence[dict[str, Any]]):
         return self.keep(pc.equal(self.column(column), value))
 
     def floats(self, column: str) -> np.ndarray:
-        """A column as float64, NaN where null."""
+        """A column as float64, NaN where null (a value past 2**53 rounded, not refused: a crafted ring holds any)."""
         if not len(self.rows):
             return np.zeros(0, np.float64)
-        values: np.ndarray = self.column(column).cast(pa.float64()).to_numpy(zero_copy_only=False)
+        values: np.ndarray = self.column(column).cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False)
         return values
 
     def ns(self) -> np.ndarray:
@@ -218,11 +218,13 @@ def facts(table: pa.Table, clock: dict[str, Any]) -> Facts:
         to_wall=to_wall,
     )
     kids = of_kind(table, "child_sample", columns=["time", "step", "label", "child_pid", "child_rss"])
+    if kids["child_pid"].null_count:  # a damaged or crafted sample names no child: it is no child's reading
+        kids = kids.filter(kids["child_pid"].is_valid())
     if kids.num_rows:
         pid = kids["child_pid"].to_numpy(zero_copy_only=False)
         rss = kids["child_rss"].fill_null(0).to_numpy(zero_copy_only=False)
         t = _ns(kids) - to_wall
-        steps = kids["step"].cast(pa.float64()).to_numpy(zero_copy_only=False)
+        steps = kids["step"].cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False)
         order = np.argsort(pid, kind="stable")  # each child's rows together, in time order
         pids, starts = np.unique(pid[order], return_index=True)
         names = kids["label"].take(order[starts]).to_pylist()  # a child's name from its first row
