@@ -46,6 +46,7 @@ RECOVERY_ORDER = {
     "attempts": 0,
     "outfolder": 0,
     "pandas_meta": 0,
+    "arrays": 0,
     "row_groups": 0,
     "stacks": 1,
     "allocs": 1,

@@ -20,6 +20,7 @@ from ..ring import format as fmt
 from ..ring.heap import alloc_stacks
 from ..ring.reader import Ring
 from ..ring.scan import StackScan
+from .arrays import masked, nulls
 from .pandas_meta import with_nullable_ints
 
 GAUGES = tuple(c for c in fmt.SAMPLE_FIELDS + fmt.GPU_SAMPLE_FIELDS if c)
@@ -142,11 +143,9 @@ def _labels(ids: np.ndarray, strings: dict[int, str], cut: bool = False) -> tupl
             words.append(fmt.STRING_BUSY_TEXT)
         else:
             words.append(strings.get(sid, LABEL_CUT.format(sid) if cut else f"<blackbox: label #{sid} lost>"))
-    mask = None
-    if len(uniq) and uniq[0] == 0:
-        mask = indices == 0
     dictionary = _dictionary(tuple(w if w is not None else "" for w in words))
-    arr = pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32(), mask=mask), dictionary)
+    valid = indices != 0 if len(uniq) and uniq[0] == 0 else np.ones(len(indices), bool)
+    arr = pa.DictionaryArray.from_arrays(masked(indices, valid, pa.int32()), dictionary)
     return arr, lost
 
 
@@ -158,13 +157,13 @@ def _kinds(codes: np.ndarray) -> pa.Array:
 
 def _constant(value: Any, n: int, typ: pa.DataType) -> pa.Array:
     if value is None:
-        return pa.nulls(n, typ)
+        return nulls(n, typ)
     return pa.array(np.full(n, value), typ)
 
 
 def _const_str(value: str | None, n: int) -> pa.Array:
     if value is None:
-        return pa.nulls(n, _DICT_STR)
+        return nulls(n, _DICT_STR)
     return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), _dictionary((value,)))
 
 
@@ -214,13 +213,13 @@ def ring_table(ring: Ring, *, release: bool = False) -> pa.Table:
         "time": pa.array(times, pa.timestamp("ns", tz="UTC")),
         "kind": _kinds(r["kind"]),
         "label": labels,
-        "value": pa.array(r["value"], pa.int64(), mask=~has_value),
-        "step": pa.array(step, pa.int64(), mask=step < 0),
+        "value": masked(r["value"], has_value, pa.int64()),
+        "step": masked(step, step >= 0, pa.int64()),
         "thread": pa.array(thread, pa.uint64()),
         "pid": _constant(_int_or_none(ident.get("pid")), n, pa.int64()),
         "rank": _constant(_int_or_none(ident.get("rank")), n, pa.int32()),
         "host": _const_str(_str_or_none(ident.get("host")), n),
-        "device": pa.array(device, pa.int16(), mask=device < 0),
+        "device": masked(device, device >= 0, pa.int16()),
     }
     folded_stacks = _stacks(r, stack_rows, ring.stacks)
     details = folded_stacks if allocs is None else _joined(folded_stacks, allocs[0], allocs[1], allocs[2])
@@ -329,7 +328,7 @@ def stack_in_force(kinds: np.ndarray, stacks: tuple[np.ndarray, np.ndarray, dict
     rows, ids, texts = stacks
     n = len(kinds)
     if not len(rows):
-        return pa.nulls(n, _DICT_STR)
+        return nulls(n, _DICT_STR)
     tick = np.cumsum(kinds == _KIND_SAMPLE)  # at or after the k-th sample: k
     ticks, first = np.unique(tick[rows] + 1, return_index=True)  # a stack sample precedes its tick's sample
     memory = np.flatnonzero(_IS_MEMORY[kinds])
@@ -341,7 +340,7 @@ def stack_in_force(kinds: np.ndarray, stacks: tuple[np.ndarray, np.ndarray, dict
     index[memory[found]] = local.ravel()
     valid[memory[found]] = True
     words = pa.array([texts[int(u)] for u in uniq.tolist()], pa.string())
-    return pa.DictionaryArray.from_arrays(pa.array(index, pa.int32(), mask=~valid), words)
+    return pa.DictionaryArray.from_arrays(masked(index, valid, pa.int32()), words)
 
 
 def folded(table: StackScan | None, gen: int, sid: int, depth: int, budget: int | None = None) -> str | None:
@@ -394,7 +393,7 @@ def _payload(
         values, present = values.copy(), present.copy()
         values[stack_rows], present[stack_rows] = stack_ids, True
         detail = values, present
-    null_ints, null_strings = pa.nulls(n, pa.int64()), pa.nulls(n, _DICT_STR)  # shared by every empty column
+    null_ints, null_strings = nulls(n, pa.int64()), nulls(n, _DICT_STR)  # shared by every empty column
     out: dict[str, pa.Array] = {}
     for name in fmt.PAYLOAD_COLUMN_ORDER:
         if name in fmt.TEXT_COLUMNS:
@@ -406,7 +405,7 @@ def _payload(
             out[name] = _coded(column, fmt.CODED_COLUMNS[name]) if column is not None else null_strings
         else:
             column = _word_column(r, n, sources.get(name, []))
-            out[name] = pa.array(column[0], pa.int64(), mask=~column[1]) if column is not None else null_ints
+            out[name] = masked(*column, pa.int64()) if column is not None else null_ints
     return out
 
 
@@ -444,7 +443,7 @@ def _text_column(r: dict[str, np.ndarray], n: int, spans: list[tuple[np.ndarray,
              for t in uniq.tolist()], np.int64)[inverse.ravel()]  # fmt: skip
         indices[at], valid[at] = np.maximum(codes, 0), codes >= 0
     dictionary = pa.array(list(words), pa.string())
-    return pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32(), mask=~valid), dictionary)
+    return pa.DictionaryArray.from_arrays(masked(indices, valid, pa.int32()), dictionary)
 
 
 def _coded(column: tuple[np.ndarray, np.ndarray], names: dict[int, str]) -> pa.Array:
@@ -452,7 +451,8 @@ def _coded(column: tuple[np.ndarray, np.ndarray], names: dict[int, str]) -> pa.A
     values, present = column
     uniq, inverse = np.unique(np.where(present, values, 0), return_inverse=True)
     words = [names.get(int(u), f"code_{int(u)}") for u in uniq.tolist()]
-    return pa.DictionaryArray.from_arrays(pa.array(inverse.ravel().astype(np.int32), mask=~present), pa.array(words))
+    indices = masked(inverse.ravel().astype(np.int32), present, pa.int32())
+    return pa.DictionaryArray.from_arrays(indices, pa.array(words))
 
 
 def _strings_column(ids: np.ndarray, present: np.ndarray, strings: dict[int, str], cut: bool) -> pa.Array:
@@ -466,8 +466,7 @@ def _oom_figures(kinds: np.ndarray, labels: pa.Array) -> dict[str, pa.Array]:
     n = len(kinds)
     rows = np.flatnonzero(kinds == fmt.KIND_CODES["oom"])
     if not len(rows):
-        nulls = pa.nulls(n, pa.int64())  # one array for the six columns
-        return dict.fromkeys(OOM_COLUMNS, nulls)
+        return dict.fromkeys(OOM_COLUMNS, nulls(n, pa.int64()))  # one array for the six columns
     out = {c: np.zeros(n, np.int64) for c in OOM_COLUMNS}
     valid = {c: np.zeros(n, bool) for c in OOM_COLUMNS}
     if len(rows):
@@ -488,7 +487,7 @@ def _oom_figures(kinds: np.ndarray, labels: pa.Array) -> dict[str, pa.Array]:
                 v = figures.get(c.removeprefix("oom_"))
                 if v is not None:
                     out[c][row], valid[c][row] = v, True
-    return {c: pa.array(out[c], pa.int64(), mask=~valid[c]) for c in OOM_COLUMNS}
+    return {c: masked(out[c], valid[c], pa.int64()) for c in OOM_COLUMNS}
 
 
 def merge_tables(tables: list[pa.Table]) -> pa.Table:
