@@ -24,7 +24,7 @@ from blackbox.ring.scan import ENTRY_COST, MAX_STACK_TEXT, MAX_STRING_TEXT
 from blackbox.views.stacks import folded_stacks
 
 sys.path.insert(0, str(REPO / "tools"))
-from craft_ring import craft, craft_v3, label_bomb, records_of, stack_bomb, text_ring  # noqa: E402
+from craft_ring import craft, craft_v3, label_bomb, mixed_records, records_of, stack_bomb, text_ring  # noqa: E402
 
 # What a hostile writer puts in a name: a window title, a clear screen, a forged line, a bidi override, a ";"
 EVIL = "\x1b]0;PWNED\x07\x1b[2J\x9b31m\r\nblackbox: forged;\u202eevil"
@@ -180,3 +180,13 @@ def test_every_kind_with_any_payload_recovers_every_record(tmp_path: Path, paylo
     assert meta["events"] == 64 * len(fmt.KIND_CODES) and not meta.get("unread_rings")
     kinds = pq.read_table(tmp_path / "b" / "timeline.parquet", columns=["kind"])["kind"].to_pylist()
     assert sorted(set(kinds)) == sorted(fmt.KIND_CODES)
+
+
+def test_marks_among_every_kind_with_any_payload_draw_the_whole_bundle(tmp_path: Path) -> None:
+    """memory.png and every view of a ring whose few records of each kind hold anything: a step record
+    with no number drew NaN into the step axis (int(NaN)) and took the recovery down."""
+    ring = craft_v3(tmp_path / "mixed.ring", {2: "m"}, {}, {}, mixed_records(20_000, 3))
+    proc = blackbox_cli("recover", str(ring), "-o", str(tmp_path / "b"), "--summary")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "b" / "memory.png").stat().st_size > 0 and "Traceback" not in proc.stderr
+    assert pq.read_metadata(tmp_path / "b" / "timeline.parquet").num_rows == 20_000

@@ -191,6 +191,22 @@ def records_of(kind: str, n: int, **words: Any) -> np.ndarray:
     return rec
 
 
+def mixed_records(n: int, seed: int) -> np.ndarray:
+    """``n`` marks (label 2) with, among them, 60 records of every kind whose payload words hold anything:
+    -1, 0, small numbers, ASCII text, random bits (a hostile or damaged writer's)."""
+    rng = np.random.default_rng(seed)
+    rec = records_of("mark", n, label=2, value=np.arange(n))
+    few = rng.choice(n, 60 * len(fmt.KIND_CODES), replace=False)
+    rec["kind"][few] = np.array(list(fmt.KIND_CODES.values()), np.uint8).repeat(60)
+    choices = np.array([-1, 0, 7, 1 << 40, int.from_bytes(b"python3\0", "little")], np.int64)
+    for i in range(fmt.PAYLOAD_WORDS):
+        words = rng.choice(choices, n)
+        noise = rng.random(n) < 0.2
+        words[noise] = rng.integers(-(1 << 62), 1 << 62, int(noise.sum()))
+        rec[f"p{i}"] = words
+    return rec
+
+
 def stack_bomb(
     path: Path, stacks_size: int = 8 << 20, frame_bytes: int = 1000, depth: int = fmt.MAX_STACK_DEPTH, hot: int = 0
 ) -> Path:

@@ -263,7 +263,9 @@ def _steps(ax: Any, table: pa.Table, t0: float) -> None:
     steps = of_kind(table, "step", columns=["time", "value", "pid"])
     if steps.num_rows == 0:
         return
-    steps = steps.filter(pc.equal(steps["pid"], steps["pid"][0]))
+    steps = steps.filter(pc.and_kleene(pc.equal(steps["pid"], steps["pid"][0]), pc.is_valid(steps["value"])))
+    if steps.num_rows == 0:  # (a step record with no number: a damaged or crafted ring's)
+        return
     t = steps["time"].cast(pa.int64()).to_numpy(zero_copy_only=False) / 1e9 - t0
     n = steps["value"].to_numpy(zero_copy_only=False)
     lo, hi = ax.get_xlim()
