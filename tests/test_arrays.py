@@ -23,7 +23,7 @@ def test_nulls_equal_pyarrow_s(n: int, typ: pa.DataType) -> None:
     assert made.equals(pa.nulls(n, typ)) and made.null_count == n and made.type == typ
 
 
-@pytest.mark.parametrize("n", [0, 1, 9, 64, 1001])
+@pytest.mark.parametrize("n", [0, 1, 9, 1001, 4096, 70_001])  # below and above the rows pyarrow makes itself
 @pytest.mark.parametrize("share", ["none", "some", "all"])
 @pytest.mark.parametrize("dtype,typ", [(np.int64, pa.int64()), (np.int32, pa.int32()), (np.int16, pa.int16()),
                                        (np.uint64, pa.uint64())])  # fmt: skip
@@ -38,16 +38,16 @@ def test_masked_equals_pa_array_with_its_mask(n: int, share: str, dtype: type, t
 
 
 def test_masked_shares_the_values_and_casts_where_pa_array_would() -> None:
-    values = np.arange(10, dtype=np.int64)
-    made = masked(values, np.ones(10, bool), pa.int64())
+    values = np.arange(10_000, dtype=np.int64)
+    made = masked(values, np.ones(10_000, bool), pa.int64())
     values[3] = 99  # the same buffer: no copy was made
     assert made[3].as_py() == 99
-    strided = np.arange(20, dtype=np.int64)[::2]  # not contiguous: pa.array's copy
-    assert masked(strided, np.ones(10, bool), pa.int64()).to_pylist() == list(range(0, 20, 2))
-    wide = np.array([1, 2, 3], np.int64)  # another width than the Arrow type's: pa.array's cast
-    assert masked(wide, np.array([True, False, True]), pa.int16()).to_pylist() == [1, None, 3]
+    strided = np.arange(20_000, dtype=np.int64)[::2]  # not contiguous: pa.array's copy
+    assert masked(strided, np.ones(10_000, bool), pa.int64()).to_pylist() == list(range(0, 20_000, 2))
+    wide = np.arange(10_000, dtype=np.int64) % 7  # another width than the Arrow type's: pa.array's cast
+    assert masked(wide, np.ones(10_000, bool), pa.int16()).to_pylist() == (wide).tolist()
     with pytest.raises(pa.ArrowInvalid):  # pa.array's checked cast, not a reinterpretation of the bits
-        masked(np.array([1 << 63], np.uint64), np.array([True]), pa.int64())
+        masked(np.full(10_000, 1 << 63, np.uint64), np.ones(10_000, bool), pa.int64())
 
 
 def rss() -> int:
