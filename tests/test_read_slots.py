@@ -5,15 +5,18 @@ the two passes is dropped and counted torn, in a chunk otherwise copied whole.""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import REPO
 
 import blackbox
+from blackbox.recovery.timeline import ring_table
 from blackbox.ring import columns, reader
 from blackbox.ring import format as fmt
-from blackbox.ring.reader import read_header, read_slots
+from blackbox.ring.reader import read_header, read_ring, read_slots
 
 CAPACITY = 2 * reader.CHUNK_SLOTS  # two chunks of slots
 
@@ -111,3 +114,22 @@ def test_a_ring_of_two_chunks_is_read_twice(wrapped: Path, monkeypatch: pytest.M
     monkeypatch.setattr(os, "preadv", lambda fd, buffers, offset: reads.append(offset) or real(fd, buffers, offset))
     _read(wrapped)
     assert len(reads) == 4
+
+
+def test_payload_words_read_only_where_a_kind_uses_them_give_the_whole_read_s_timeline(
+    tmp_path: Path, wrapped: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A payload word is kept only for the records whose kind's layout has it (``columns.plan``): the
+    timeline is the one every word kept gives, for a ring of marks among a few of every kind with any
+    payload, the golden rings of each version and a real wrapped ring."""
+    sys.path.insert(0, str(REPO / "tools"))
+    from craft_ring import craft_v3, mixed_records
+
+    mixed = craft_v3(tmp_path / "mixed.ring", {2: "m"}, {}, {}, mixed_records(70_000, 1))
+    rings = [mixed, wrapped, *sorted((REPO / "tests" / "data").glob("ring-v*.ring"))]
+    planned = [ring_table(read_ring(p)) for p in rings]
+    monkeypatch.setattr(columns, "plan", lambda version, kinds: [None] * columns.WIDTH)
+    whole = [ring_table(read_ring(p)) for p in rings]
+    for path, mine, theirs in zip(rings, planned, whole, strict=True):
+        assert mine.equals(theirs), path.name
+    assert len(planned[0]["kind"].unique()) == len(fmt.KIND_CODES)

@@ -376,7 +376,8 @@ def _payload(
     for code, words in fmt.payload_columns(version).items():
         if not present[code]:
             continue
-        rows = r["kind"] == code
+        mask = r["kind"] == code  # a kind of few rows is read at its rows alone (its words' other pages: zero)
+        rows = np.flatnonzero(mask) if present[code] * 8 < n else mask
         for i, name in enumerate(words):
             if name is None or name in fmt.RESOLVED_WORDS:
                 continue
@@ -421,11 +422,11 @@ def _word_column(
     if len(words) > 1:
         values = np.zeros(n, np.int64)
         for rows, i in sources:
-            np.copyto(values, r[f"p{i}"].view(np.int64), where=rows)
+            values[rows] = r[f"p{i}"].view(np.int64)[rows]
     present = np.zeros(n, bool)
-    for rows, i in sources:
-        w = r[f"p{i}"].view(np.int64)
-        present |= rows & ((w > 0) if string else (w >= 0))
+    for rows, i in sources:  # ``rows``: a mask, or the row numbers of a kind of few rows
+        w = r[f"p{i}"].view(np.int64)[rows]
+        present[rows] |= (w > 0) if string else (w >= 0)
     return values, present
 
 
@@ -435,7 +436,7 @@ def _text_column(r: dict[str, np.ndarray], n: int, spans: list[tuple[np.ndarray,
     indices, valid = np.zeros(n, np.int32), np.zeros(n, bool)
     words: dict[str, int] = {}
     for rows, first in spans:
-        at = np.flatnonzero(rows)
+        at = np.flatnonzero(rows) if rows.dtype == bool else rows
         pair = np.stack([r[f"p{first}"][at], r[f"p{first + 1}"][at]], axis=1).astype(np.int64)
         uniq, inverse = np.unique(pair.view("S16").ravel(), return_inverse=True)  # S16 drops the zero padding
         codes = np.asarray(

@@ -26,31 +26,73 @@ WIDTH = fmt.RECORD_SIZE // 8 - 1  # the words of a slot kept: all but the last, 
 _FIELDS: dict[str, Any] = {name: spec for name, spec in (fmt.RECORD_DTYPE.fields or {}).items() if name != "commit"}
 
 Words = list[np.ndarray]  # WIDTH arrays of uint64: words[w][i] is word w of record i
+_PAYLOAD = int(_FIELDS["p0"][1]) // 8  # the first payload word
+_KIND_WORD, _KIND_SHIFT = int(_FIELDS["kind"][1]) // 8, int(_FIELDS["kind"][1]) % 8 * 8  # where a record's kind lies
 
 
-def empty(n: int) -> Words:
-    """Room for ``n`` records' words."""
-    return [_row(n) for _ in range(WIDTH)]
+Plan = list["np.ndarray | None"]  # per word: None (every record's word kept), or which kinds' are (by code)
 
 
-def _row(n: int) -> np.ndarray:
+def plan(version: int, kinds: np.ndarray) -> Plan:
+    """Which records' words are kept, for a ring of ``version`` holding records of ``kinds`` (codes): every
+    record's fixed words, and each payload word only where the record's kind has that word in its layout
+    (``format.payload_columns``), which is all the timeline reads of it. A training ring's marks, steps
+    and phases use no payload word: its nine payload rows (72 MB of a full ring) were copied and their
+    pages made for the few samples that use them."""
+    layouts = fmt.payload_columns(version)
+    present = np.zeros(256, bool)
+    present[np.unique(kinds)] = True
+    out: Plan = [None] * WIDTH
+    tables: dict[bytes, np.ndarray] = {}  # one object per distinct table: ``put`` finds its records once
+    for i in range(fmt.PAYLOAD_WORDS):
+        uses = np.zeros(256, bool)
+        for code, words in layouts.items():
+            uses[code] = len(words) > i
+        if not (present & ~uses).any():
+            continue  # every record present uses it: kept whole
+        out[_PAYLOAD + i] = tables.setdefault(uses.tobytes(), uses)
+    return out
+
+
+def empty(n: int, plan: Plan | None = None) -> Words:
+    """Room for ``n`` records' words. A word ``plan`` keeps for some records only is left as zero pages
+    to be faulted in where written (the rest never are), not made at once."""
+    return [_row(n, plan is None or plan[w] is None) for w in range(WIDTH)]
+
+
+def _row(n: int, populate: bool = True) -> np.ndarray:
     """``n`` uint64 words; a large row in an anonymous mapping of its own, unmapped once no array uses it.
     From malloc, rows of a few MiB each were kept by the allocator once freed (its mmap threshold rises
     to the size of the last block it unmapped), and recovery's later peak rose by the rows it had
     freed (77 MiB more after a full ring's timeline was written)."""
     if n * 8 < _MAPPED:
-        return np.empty(n, np.uint64)
+        return np.empty(n, np.uint64) if populate else np.zeros(n, np.uint64)  # (zero: not every record written)
     try:  # private, not shared (shared anonymous pages are tmpfs pages: dearer to fault in), faulted in at once
-        mapped = mmap.mmap(-1, n * 8, flags=_PRIVATE | _POPULATE)
+        mapped = mmap.mmap(-1, n * 8, flags=_PRIVATE | (_POPULATE if populate else 0))
     except OSError:  # a kernel that refuses the flags: the plain mapping, its pages faulted in as they are written
         mapped = mmap.mmap(-1, n * 8)
     return np.frombuffer(mapped, np.uint64)
 
 
-def put(words: Words, places: slice | np.ndarray, slots: np.ndarray) -> None:
-    """Write ``slots`` (rows of a slot's 16 words) into ``words`` at the records ``places`` (a run, or indices)."""
+def put(words: Words, places: slice | np.ndarray, slots: np.ndarray, plan: Plan | None = None) -> None:
+    """Write ``slots`` (rows of a slot's 16 words) into ``words`` at the records ``places`` (a run, or
+    indices): the words ``plan`` keeps for the kinds of these records only."""
+    kinds: np.ndarray | None = None
+    kept: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id of a plan's table -> (the records, their places)
     for w, row in enumerate(words):
-        row[places] = slots[:, w]
+        uses = None if plan is None else plan[w]
+        if uses is None:
+            row[places] = slots[:, w]
+            continue
+        if id(uses) not in kept:  # the words of one layout share one table
+            if kinds is None:
+                kinds = ((slots[:, _KIND_WORD] >> np.uint64(_KIND_SHIFT)) & np.uint64(0xFF)).astype(np.intp)
+            records = np.flatnonzero(uses[kinds])
+            to = np.arange(places.start, places.stop)[records] if isinstance(places, slice) else places[records]
+            kept[id(uses)] = records, to
+        records, to = kept[id(uses)]
+        if len(records):
+            row[to] = slots[records, w]
 
 
 def take(words: Words, records: np.ndarray) -> Words:

@@ -95,7 +95,8 @@ class Ring:
 
     @property
     def records(self) -> np.ndarray:
-        """The valid records as the ring's structured dtype: a copy, made on each call."""
+        """The valid records as the ring's structured dtype: a copy, made on each call. A payload word
+        that a record's kind does not use (``format.payload_columns``) reads as zero (``columns.plan``)."""
         return columns.records(self.words)
 
     def release(self) -> None:
@@ -283,7 +284,7 @@ def read_slots(fd: int, header: fmt.Header, size: int) -> Slots:
     """
     cap, base = header.capacity, header.records_offset
     slots = _SlotFile(fd, base, min(cap, max(0, size - base) // fmt.RECORD_SIZE))
-    indices, seqs = [], []
+    indices, seqs, kinds = [], [], []
     empty = torn = 0
     read: list[tuple[int, np.ndarray]] = []  # the chunks of the first pass (views of one reused buffer)
     for at, chunk in slots.chunks():
@@ -293,6 +294,7 @@ def read_slots(fd: int, header: fmt.Header, size: int) -> Slots:
         intact = (seq != 0) & (chunk["commit"] == seq) & (seq % np.uint64(cap) == index)
         indices.append(index[intact])
         seqs.append(seq[intact])
+        kinds.append(chunk["kind"][intact])
         rest = chunk[~intact].view("<u8").reshape(-1, fmt.RECORD_SIZE // 8)
         blank = int((~rest.any(axis=1)).sum())
         empty, torn = empty + blank, torn + len(rest) - blank
@@ -304,19 +306,20 @@ def read_slots(fd: int, header: fmt.Header, size: int) -> Slots:
     stale = int((~inside).sum())
     index, seq = index[inside], seq[inside]
     dest = _seq_positions(seq)
-    words = columns.empty(len(seq))
+    plan = columns.plan(header.version, np.concatenate(kinds)[inside] if kinds else np.zeros(0, np.uint8))
+    words = columns.empty(len(seq), plan)
     copied = np.zeros(len(seq), bool)
     # a ring read in one chunk is copied from that read (the buffer still holds it): one snapshot, so nothing
     # can change between the passes (a tiny ring's second read cost as much as the rest of its decode)
     second = read if len(read) == 1 and len(index) else slots.chunks(index)
     for at, chunk in second:
         lo, hi = np.searchsorted(index, _bounds(at, len(chunk)))
-        if _copied_in_place(chunk, at, index[lo:hi], seq[lo:hi], dest[lo:hi], words):
+        if _copied_in_place(chunk, at, index[lo:hi], seq[lo:hi], dest[lo:hi], words, plan):
             copied[lo:hi] = True
             continue
         rows = _words(chunk)[(index[lo:hi] - np.uint64(at)).astype(np.intp)]  # whole slots, not field by field
         same = (rows[:, _SEQ] == seq[lo:hi]) & (rows[:, _COMMIT] == rows[:, _SEQ])
-        columns.put(words, dest[lo:hi][same], rows[same])
+        columns.put(words, dest[lo:hi][same], rows[same], plan)
         copied[lo:hi] = same
     if not copied.all():  # changed since the first pass: drop them
         torn += int((~copied).sum())
@@ -325,7 +328,8 @@ def read_slots(fd: int, header: fmt.Header, size: int) -> Slots:
 
 
 def _copied_in_place(
-    chunk: np.ndarray, at: int, index: np.ndarray, seq: np.ndarray, dest: np.ndarray, words: columns.Words
+    chunk: np.ndarray, at: int, index: np.ndarray, seq: np.ndarray, dest: np.ndarray, words: columns.Words,
+    plan: columns.Plan,
 ) -> bool:
     """The common case of the second pass, done as one block copy: the chunk's valid slots are one run of
     neighbours that go to neighbouring places (a full ring's chunks, but for the one where its seqs wrap),
@@ -340,7 +344,7 @@ def _copied_in_place(
     rows = _words(chunk)[first : first + n]
     if not bool(((rows[:, _SEQ] == seq) & (rows[:, _COMMIT] == seq)).all()):
         return False
-    columns.put(words, slice(int(dest[0]), int(dest[0]) + n), rows)
+    columns.put(words, slice(int(dest[0]), int(dest[0]) + n), rows, plan)
     return True
 
 
