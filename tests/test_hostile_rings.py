@@ -183,10 +183,18 @@ def test_every_kind_with_any_payload_recovers_every_record(tmp_path: Path, paylo
 
 
 def test_marks_among_every_kind_with_any_payload_draw_the_whole_bundle(tmp_path: Path) -> None:
-    """memory.png and every view of a ring whose few records of each kind hold anything: a step record
-    with no number drew NaN into the step axis (int(NaN)) and took the recovery down."""
+    """memory.png, the report, watch and the exports of a ring whose few records of each kind hold
+    anything: a step record with no number drew NaN into the step axis (int(NaN)) and took recover,
+    report and watch down."""
     ring = craft_v3(tmp_path / "mixed.ring", {2: "m"}, {}, {}, mixed_records(20_000, 3))
-    proc = blackbox_cli("recover", str(ring), "-o", str(tmp_path / "b"), "--summary")
+    bundle = tmp_path / "b"
+    proc = blackbox_cli("recover", str(ring), "-o", str(bundle), "--summary")
     assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "b" / "memory.png").stat().st_size > 0 and "Traceback" not in proc.stderr
-    assert pq.read_metadata(tmp_path / "b" / "timeline.parquet").num_rows == 20_000
+    assert (bundle / "memory.png").stat().st_size > 0 and "Traceback" not in proc.stderr
+    assert pq.read_metadata(bundle / "timeline.parquet").num_rows == 20_000
+    out = str(tmp_path / "out")
+    for args in (["report", str(bundle), "-o", out], ["watch", "--once", str(ring)],
+                 ["watch", "--once", "--json", str(ring)], ["export", "--perfetto", str(bundle), "-o", out],
+                 ["export", "--speedscope", str(bundle), "-o", out], ["plot", str(bundle), "-o", out + ".png"]):
+        proc = blackbox_cli(*args)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (args, proc.stderr)

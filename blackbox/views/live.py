@@ -128,6 +128,7 @@ def ring_state(ring: Ring, running: bool, now_ns: int | None = None) -> dict[str
         "last_event": None,
     }
     steps = of_kind(table, "step", columns=["time", "value"])
+    steps = steps.filter(pc.is_valid(steps["value"]))  # a step record with no number: a damaged or crafted ring's
     if steps.num_rows:
         t, v = _series(steps, "value")
         state["step"], state["steps_per_s"] = int(v[-1]), _rate(t, v)

@@ -163,6 +163,7 @@ def _iso(ns: int) -> str:
 def _steps(table: pa.Table, pids: list[Any], t0: int) -> list[list[float]]:
     """[seconds, step] of one process's steps (the first drawn that has any), at most MAX_STEPS."""
     steps = of_kind(table, "step", columns=["time", "value", "pid"])
+    steps = steps.filter(pc.is_valid(steps["value"]))  # a step record with no number: a damaged or crafted ring's
     for pid in pids:
         mine = steps.filter(pc.equal(steps["pid"], pid))
         if mine.num_rows:
