@@ -38,12 +38,19 @@ def nulls(n: int, typ: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(typ, n, [bitmap, _zeros(n * typ.bit_width // 8)], null_count=n)
 
 
+def _numpy_int(typ: pa.DataType) -> np.dtype | None:
+    """The numpy dtype of an Arrow integer type (None for others). Not ``to_pandas_dtype``: that asks
+    whether pandas is there, and a command's own process keeps pandas out (``cli._common.skip_pandas``)."""
+    if not pa.types.is_integer(typ):
+        return None
+    return np.dtype(f"{'i' if pa.types.is_signed_integer(typ) else 'u'}{typ.bit_width // 8}")
+
+
 def masked(values: np.ndarray, valid: np.ndarray, typ: pa.DataType) -> pa.Array:
     """``values`` where ``valid``, null elsewhere: equal to ``pa.array(values, typ, mask=~valid)``. The
     values' buffer is shared where its numpy type is the Arrow type's (a cast otherwise, as pa.array
     would make it), and the bitmap is packed by numpy."""
-    if (len(values) < _FEW or values.dtype != np.dtype(typ.to_pandas_dtype()) or not values.flags.c_contiguous
-            or values.ndim != 1):  # fmt: skip
+    if len(values) < _FEW or values.dtype != _numpy_int(typ) or not values.flags.c_contiguous or values.ndim != 1:
         return pa.array(values, typ, mask=~valid)
     if valid.all():  # no bitmap, as pa.array makes none where no row is null
         return pa.Array.from_buffers(typ, len(values), [None, pa.py_buffer(values)], null_count=0)
