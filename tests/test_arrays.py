@@ -4,11 +4,14 @@ pa.array(mask=) make, and null columns that cost no memory until read."""
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import REPO
 
 from blackbox.recovery.arrays import masked, nulls
 
@@ -65,3 +68,15 @@ def test_null_columns_cost_no_memory_until_read_and_write_as_pyarrow_s() -> None
     pq.write_table(pa.table({"a": columns[0]}), mine)
     pq.write_table(pa.table({"a": pa.nulls(n, pa.int64())}), theirs)
     assert mine.getvalue() == theirs.getvalue()
+
+
+def test_masked_imports_no_pandas() -> None:
+    """A command's own process keeps pandas out (35 MiB): pyarrow 25's ``to_pandas_dtype`` imported it."""
+    code = ("import sys, numpy as np, pyarrow as pa\n"
+            "from blackbox.recovery.arrays import masked, nulls\n"
+            "masked(np.arange(10_000), np.ones(10_000, bool), pa.int64())\n"
+            "masked(np.arange(10_000, dtype=np.int16), np.ones(10_000, bool), pa.int16())\n"
+            "nulls(1 << 20, pa.int64())\n"
+            "print('pandas' in sys.modules)")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.stdout.strip() == "False", done.stderr
