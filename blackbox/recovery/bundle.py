@@ -300,7 +300,7 @@ def _fill(recovery: RecoveryPass, views: Views, out: _Out) -> dict[str, Any]:
     meta, ranks, texts = verdict[0] if verdict else _put_verdict(recovery, views, out)
 
     def read(filters: list[tuple[str, str, Any]] | None, columns: list[str] | None, max_rows: int) -> pa.Table:
-        with whole.open_back(TIMELINE) as source:
+        with whole.open_back(TIMELINE) as f, _native(f) as source:
             table = read_thinned(source, filters, columns, max_rows)
         return table if len(meta.get("rings") or []) < 2 else table.sort_by("time")  # rings' rows interleave
 
