@@ -263,7 +263,7 @@ class Piece:
         if footer_at < 4:
             raise FooterError("a piece's footer is longer than the piece")
         self.body = data[4:footer_at]  # the column chunks, as written
-        footer = self.footer = bytes(data[footer_at:-8])
+        footer = bytes(data[footer_at:-8])
         self.frame = frame = frame_of(footer) if frame is None else frame
         before, between, after = frame
         if not (footer.startswith(before) and footer.endswith(after)):
@@ -277,13 +277,16 @@ class Piece:
             raise FooterError("row groups are not a list of structs")
         # each row group: (start, end, the spans of its offsets, the span of its ordinal)
         self.groups: list[tuple[int, int, list[tuple[int, int]], tuple[int, int] | None]] = []
+        first = pos
         for _ in range(size):
             moved: list[tuple[int, int]] = []
             end, ordinal = _row_group(footer, pos, moved)
-            self.groups.append((pos, end, moved, ordinal))
+            self.groups.append((pos - first, end - first, [(a - first, b - first) for a, b in moved],
+                                None if ordinal is None else (ordinal[0] - first, ordinal[1] - first)))  # fmt: skip
             pos = end
         if pos != len(footer) - len(after):
             raise FooterError("pieces with different schemas or options")
+        self.footer = footer[first:pos]  # its row groups alone: the rest is the frame, held once for all pieces
 
 
 def merged_footer(pieces: list[tuple[Piece, int]]) -> bytes:
@@ -310,8 +313,9 @@ def merged_footer(pieces: list[tuple[Piece, int]]) -> bytes:
 
 def encode(table: pa.Table, options: dict[str, Any]) -> pa.Buffer:
     """``table`` as a Parquet file of one row group, in memory. The encoding's working memory (about
-    12 MiB for the timeline's 54 columns, most of it page buffers) is given back at once: mimalloc keeps
-    what a thread frees for that thread, so each encoding thread would hold its own copy of it."""
+    12 MiB for the timeline's 54 columns, most of it page buffers) is given back at once: the allocator
+    keeps what a thread frees near that thread (mimalloc's heap of the thread, glibc's arena), so each
+    encoding thread would hold a copy of it."""
     sink = pa.BufferOutputStream()
     try:
         pq.write_table(table, sink, row_group_size=max(1, table.num_rows), **options)
