@@ -324,8 +324,10 @@ def encode(table: pa.Table, options: dict[str, Any]) -> pa.Buffer:
     return sink.getvalue()
 
 
-MAX_THREADS = 2  # each encoding at once holds about 12 MiB: a third and a fourth took a full 1 M-slot ring's
-# recovery from 417 MiB to 423 and 434 (tools/bench_recover_memory.py), past its bound of the ring + 300 MiB
+# Each encoding at once holds about 12 MiB (tools/bench_recover_memory.py, `blackbox recover` of a full 1 M-slot
+# training ring: 282 MiB with 2 threads, 303 with 4, 377 with 8; the largest of its 14 shapes less its ring: 229
+# MiB with 4, 255 with 8, against a bound of 300)
+MAX_THREADS = 4
 
 
 def threads() -> int:

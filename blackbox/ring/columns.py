@@ -30,7 +30,9 @@ _PAYLOAD = int(_FIELDS["p0"][1]) // 8  # the first payload word
 _KIND_WORD, _KIND_SHIFT = int(_FIELDS["kind"][1]) // 8, int(_FIELDS["kind"][1]) % 8 * 8  # where a record's kind lies
 
 
-Plan = list["np.ndarray | None"]  # per word: None (every record's word kept), or which kinds' are (by code)
+Plan = list["np.ndarray | bool | None"]  # per word: None (every record's word kept), False (none), or which
+# kinds' are (a table by code)
+_PLANS: dict[tuple[int, bytes], Plan] = {}  # (version, the kinds present) -> its plan: rings of a job share a few
 
 
 def plan(version: int, kinds: np.ndarray) -> Plan:
@@ -39,9 +41,13 @@ def plan(version: int, kinds: np.ndarray) -> Plan:
     (``format.payload_columns``), which is all the timeline reads of it. A training ring's marks, steps
     and phases use no payload word: its nine payload rows (72 MB of a full ring) were copied and their
     pages made for the few samples that use them."""
-    layouts = fmt.payload_columns(version)
     present = np.zeros(256, bool)
-    present[np.unique(kinds)] = True
+    present[kinds] = True
+    key = (version, present.tobytes())
+    held = _PLANS.get(key)
+    if held is not None:
+        return held
+    layouts = fmt.payload_columns(version)
     out: Plan = [None] * WIDTH
     tables: dict[bytes, np.ndarray] = {}  # one object per distinct table: ``put`` finds its records once
     for i in range(fmt.PAYLOAD_WORDS):
@@ -50,7 +56,9 @@ def plan(version: int, kinds: np.ndarray) -> Plan:
             uses[code] = len(words) > i
         if not (present & ~uses).any():
             continue  # every record present uses it: kept whole
-        out[_PAYLOAD + i] = tables.setdefault(uses.tobytes(), uses)
+        out[_PAYLOAD + i] = tables.setdefault(uses.tobytes(), uses) if (present & uses).any() else False
+    if len(_PLANS) < 1024:
+        _PLANS[key] = out
     return out
 
 
@@ -83,6 +91,8 @@ def put(words: Words, places: slice | np.ndarray, slots: np.ndarray, plan: Plan 
         uses = None if plan is None else plan[w]
         if uses is None:
             row[places] = slots[:, w]
+            continue
+        if not isinstance(uses, np.ndarray):  # False: no record present uses it
             continue
         if id(uses) not in kept:  # the words of one layout share one table
             if kinds is None:
