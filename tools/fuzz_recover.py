@@ -37,6 +37,12 @@ Inputs are the golden rings of every format version plus a freshly recorded ring
   its bundle, each in a fresh process: exit 0 (or 1 with one ``blackbox:`` line), peak RSS within the ring's
   size + 300 MiB, nothing raw in summary.md or metadata.json, live bytes and errors finite, non-negative
   and equal to the weights planted (no sum wrapped), the pprof a gzip'd protobuf.
+- ``payloads``: a ring of marks among a few records of every kind whose payload words hold anything (-1, 0,
+  text, int64's bounds, random bits: ``craft_ring.mixed_records``, 2,000 to 200,000 records), recovered by
+  ``blackbox recover`` in a fresh process, then ``report``, ``plot``, ``watch --once --json`` and the
+  ``--perfetto``, ``--speedscope`` and ``--live`` exports: exit 0 (or 1 with one ``blackbox`` line), every
+  record in the timeline, peak RSS within the ring's size + 300 MiB. Its first sweep found four commands
+  that took a ring whose step record had no number, or a child sample no child, down with int(NaN).
 
 Anything else (another exception, a hang past ``--timeout`` seconds) is a
 failure, saved under fuzz-failures/ for replay (``folder``: the seed and
@@ -71,7 +77,7 @@ sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(ROOT / "tools"))
 
-from craft_ring import meta_with, with_meta  # noqa: E402
+from craft_ring import craft_v3, meta_with, mixed_records, with_meta  # noqa: E402
 from hostile_allocs import alloc_case  # noqa: E402
 from hostile_cases import bundle_case, node_bundles, stack_case  # noqa: E402
 
@@ -404,6 +410,37 @@ def check_allocs(path: Path, out: Path, timeout: int, planted: int) -> str:
     return f"ok:exit {codes}"
 
 
+def payload_case(path: Path, rng: random.Random) -> int:
+    """A ring of ``craft_ring.mixed_records`` with a seed and a size of ``rng``'s; its record count."""
+    n = rng.choice([2_000, 20_000, 200_000])
+    craft_v3(path, {2: "m"}, {}, {}, mixed_records(n, rng.randrange(1 << 30)))
+    return n
+
+
+def check_payloads(path: Path, out: Path, timeout: int, records: int) -> str:
+    allowance = os.stat(path).st_blocks * 512 + 300 * MiB
+    codes, largest, t_case = "", 0, time.perf_counter()
+    b, o = str(out), str(out / "o")
+    for argv in (None, ["report", b, "-o", o], ["plot", b, "-o", o + ".png"], ["watch", "--once", "--json", str(path)],
+                 ["export", "--perfetto", b, "-o", o], ["export", "--speedscope", b, "-o", o],
+                 ["export", "--live", b, "-o", o]):  # fmt: skip
+        proc, peak = recover_child(path, out, timeout, argv)
+        largest = max(largest, peak)
+        what = " ".join((argv or ["recover"])[:2])
+        assert peak <= allowance, f"{what}: peak RSS {peak / MiB:.0f} MiB over the ring + 300 MiB"
+        err = proc.stderr.strip().splitlines()
+        assert proc.returncode in (0, 1), f"{what}: exit {proc.returncode}: {proc.stderr[-300:]}"
+        one_line = len(err) == 1 and re.match(r"blackbox( [a-z]+)?: ", err[0]) is not None
+        assert proc.returncode == 0 or one_line, f"{what}: {err[-3:]}"
+        if argv is None:
+            assert proc.returncode == 0, f"recover: {err[-3:]}"
+            rows = pq.read_metadata(out / "timeline.parquet").num_rows
+            assert rows == records, f"{rows} rows in the timeline of {records} records"
+        codes += str(proc.returncode)
+    PEAKS.append((largest, allowance, time.perf_counter() - t_case))
+    return f"ok:exit {codes}"
+
+
 class Hang(Exception):
     pass
 
@@ -414,13 +451,15 @@ def _alarm(_signum: int, _frame: object) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=["bytes", "header", "folder", "stacks", "bundles", "allocs"], default="bytes")
-    ap.add_argument("--iterations", type=int, default=None, help="default: 20000, or 100 for stacks, bundles, allocs")
+    ap.add_argument("--mode", choices=["bytes", "header", "folder", "stacks", "bundles", "allocs", "payloads"],
+                    default="bytes")  # fmt: skip
+    ap.add_argument("--iterations", type=int, default=None,
+                    help="default: 20000, or 100 for stacks, bundles, allocs, payloads")  # fmt: skip
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--timeout", type=int, default=60, help="seconds one case may take before it counts as a hang")
     args = ap.parse_args()
     if args.iterations is None:
-        args.iterations = 100 if args.mode in ("stacks", "bundles", "allocs") else 20_000
+        args.iterations = 100 if args.mode in ("stacks", "bundles", "allocs", "payloads") else 20_000
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
     failures_dir = ROOT / "fuzz-failures"
@@ -462,6 +501,9 @@ def main() -> int:
                     note = f" ({', '.join(shape['traps'])}, {shape['slots']} slots)"
                     outcome = check_allocs(path, tmp / "bundle", args.timeout, shape["planted"])
                     outcome += f":{', '.join(shape['traps'])}, {shape['slots']} slots"
+                elif args.mode == "payloads":
+                    records = payload_case(path, rng)
+                    outcome = check_payloads(path, tmp / "bundle", args.timeout, records) + f":{records} records"
                 elif args.mode == "bundles":
                     job = tmp / f"job{i}"
                     job.mkdir()
