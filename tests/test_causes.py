@@ -155,9 +155,10 @@ def test_a_forkserver_worker_killed_by_the_oom_killer_is_named(tmp_path: Path, m
 RESET_AFTER_A_KILL = """
 import subprocess, sys, time, blackbox
 blackbox.arm(sys.argv[1] + "/rings/", sample_interval=0.05)
-if sys.argv[2] == "own worker":  # a DataLoader worker of its own, a child the sampler sees
-    named = "import time; open('/proc/self/comm', 'w').write('pt_data_worker'); time.sleep(2)"
-    worker = subprocess.Popen([sys.executable, "-c", named])
+if sys.argv[2] == "own worker":  # a DataLoader worker of its own, a child the sampler sees by its name
+    named = "import time; open('/proc/self/comm', 'w').write('pt_data_worker'); print(1, flush=True); time.sleep(2)"
+    worker = subprocess.Popen([sys.executable, "-c", named], stdout=subprocess.PIPE)
+    worker.stdout.readline()  # named before the steps (a loaded machine started it after them: CI saw python3)
 for step in range(20):
     blackbox.step(step)
     time.sleep(0.01)
@@ -220,7 +221,11 @@ def test_a_worker_no_process_sampled_is_named_by_the_job_s_memory_cgroup(  # typ
     assert proc.returncode == 1 and "ConnectionResetError" in proc.stderr, proc.stderr[-2000:]
     kills = planted_kill(int((own / "killed_at").read_text()), worker, "pt_data_worker", memcg)
     monkeypatch.setattr(pipeline, "kernel_oom_kills", lambda: kills)
-    assert read_ring(find_rings([own / "rings"])[0]).meta["cgroup"]["path"] == str(cg.directory)
+    ring = read_ring(find_rings([own / "rings"])[0])
+    assert ring.meta["cgroup"]["path"] == str(cg.directory)
+    children = ring.field("kind") == fmt.KIND_CODES["child_sample"]
+    named = {ring.strings.get(int(i)) for i in ring.field("label")[children]}
+    assert "pt_data_worker" in named, named  # the planted truth: it did sample a worker of its own
     death = death_of(own / "rings")
     assert (death["cause"], death["confidence"]) == ("exception", "certain"), death
 

@@ -93,3 +93,30 @@ def test_oom_kill_psi_and_meminfo_parsers() -> None:
     assert psi_totals(psi) == (1234, 56) and psi_totals("") == (-1, -1)
     assert meminfo_available("MemTotal: 100 kB\nMemAvailable:   2048 kB\n") == 2 << 20
     assert meminfo_available("MemTotal: 100 kB\n") is None
+
+
+def test_a_child_that_names_itself_after_it_is_first_seen_is_sampled_by_its_new_name() -> None:
+    """A spawned DataLoader worker starts as ``python`` and names itself ``pt_data_worker`` once its
+    interpreter is up: seen in between, it kept its first name for good, and recovery did not know the
+    job's own workers (a CI run under load took another process's OOM-killed worker for one of them)."""
+    probe = HostProbe()
+    rename = "import sys, time; sys.stdin.readline(); open('/proc/self/comm', 'w').write('pt_data_worker'); " \
+             "time.sleep(9)"
+    child = subprocess.Popen([sys.executable, "-c", rename], stdin=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any(pid == child.pid for pid, _, _ in probe.children() or []):
+            time.sleep(0.01)
+        first = {pid: name for pid, _, name in probe.children() or []}[child.pid]
+        assert first == Path("/proc/self/comm").read_text().strip()  # seen before its rename, with our name
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        names: set[str] = set()
+        while time.monotonic() < deadline and "pt_data_worker" not in names:
+            names = {name for pid, _, name in probe.children() or [] if pid == child.pid}
+            time.sleep(0.01)
+        assert names == {"pt_data_worker"}
+    finally:
+        child.kill()
+        child.wait()

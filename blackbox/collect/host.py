@@ -9,6 +9,7 @@ Any probe that cannot be read is left out: its gauge is recorded as -1 (null).
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,6 +161,10 @@ MEMORY_STAT_KEYS = {  # the cgroup_sample words, by cgroup version (v1: the hier
     1: ("total_rss", "total_cache", "total_shmem", "total_dirty", "total_writeback", "total_pgmajfault"),
 }
 MAX_CHILDREN = 64  # child_sample records per tick at most
+# A child still bearing this process's name when first seen (between its fork and its rename: a spawned
+# DataLoader worker's interpreter starts before it names itself ``pt_data_worker``) has its name read again
+# each tick for this long, until it differs: read once, it kept the name it had before its rename for good.
+RENAME_WINDOW_NS = 5 * 10**9
 
 
 def parse_memory_stat(text: str, version: int) -> tuple[int, ...]:
@@ -245,6 +250,8 @@ class HostProbe:
         self._stat = Source(owner / "memory.stat" if owner else None)
         self._children: dict[int, Source] = {}  # child pid -> its statm
         self._comms: dict[int, str] = {}
+        self._renaming: dict[int, int] = {}  # child pid -> until when (monotonic ns) its name is read again
+        self._own = _comm(f"{proc}/self/comm")
         self.last_children: list[tuple[int, int, str]] = []  # (pid, rss, command name) at the last read()
         self._closed = False
 
@@ -314,16 +321,20 @@ class HostProbe:
         for gone in set(self._children) - pids:
             self._children.pop(gone).close()
             self._comms.pop(gone, None)
+            self._renaming.pop(gone, None)
         out = []
+        now = time.monotonic_ns()
         for pid in sorted(pids)[:MAX_CHILDREN]:
             src = self._children.get(pid)
             if src is None:
                 src = self._children[pid] = Source(f"{self.proc}/{pid}/statm")
-                try:
-                    with open(f"{self.proc}/{pid}/comm", encoding="utf-8", errors="replace") as f:
-                        self._comms[pid] = f.read(64).strip()
-                except OSError:
-                    self._comms[pid] = ""
+                self._comms[pid] = _comm(f"{self.proc}/{pid}/comm")
+                if self._comms[pid] == self._own:
+                    self._renaming[pid] = now + RENAME_WINDOW_NS
+            elif pid in self._renaming:
+                self._comms[pid] = name = _comm(f"{self.proc}/{pid}/comm") or self._comms[pid]
+                if name != self._own or now > self._renaming[pid]:
+                    del self._renaming[pid]
             data = src.read(128)
             try:
                 out.append((pid, int(data.split()[1]) * _PAGE if data else 0, self._comms.get(pid, "")))
@@ -338,3 +349,12 @@ class HostProbe:
             src.close()
         self._children.clear()
         self._closed = True
+
+
+def _comm(path: str) -> str:
+    """A process's command name (``/proc/<pid>/comm``); "" where it cannot be read (it has gone)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(64).strip()
+    except OSError:
+        return ""
