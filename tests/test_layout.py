@@ -47,6 +47,7 @@ RECOVERY_ORDER = {
     "outfolder": 0,
     "pandas_meta": 0,
     "arrays": 0,
+    "parquet_footer": 0,
     "row_groups": 0,
     "stacks": 1,
     "allocs": 1,

@@ -1,5 +1,6 @@
-"""One Parquet file written by several threads (recovery/row_groups.py): row groups encoded apart and
-joined, byte for byte the file one ``pq.ParquetWriter`` writes, and footers it cannot merge refused."""
+"""One Parquet file written by several threads (recovery/row_groups.py, recovery/parquet_footer.py): row groups
+encoded apart and joined, byte for byte the file one ``pq.ParquetWriter`` writes, and footers it cannot merge
+refused."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from blackbox.recovery import row_groups
+from blackbox.recovery import parquet_footer, row_groups
 from blackbox.recovery.bundle import _PARQUET
-from blackbox.recovery.row_groups import FooterError, Piece, RowGroupWriter, encode, merged_footer
+from blackbox.recovery.parquet_footer import FooterError, Piece, merged_footer
+from blackbox.recovery.row_groups import RowGroupWriter, encode
 from blackbox.recovery.timeline import TIMELINE_SCHEMA
 
 
@@ -98,7 +100,7 @@ def test_row_group_ordinals_are_numbered_across_the_pieces() -> None:
     footer = merged_footer(pieces)
     whole = b"PAR1" + b"".join(bytes(p.body) for p, _ in pieces) + footer + len(footer).to_bytes(4, "little") + b"PAR1"
     back = Piece(whole)
-    ordinals = [row_groups._unzigzag(row_groups._varint(back.footer, o[0])[0]) for *_, o in back.groups if o]
+    ordinals = [parquet_footer._unzigzag(parquet_footer._varint(back.footer, o[0])[0]) for *_, o in back.groups if o]
     assert b"ARROW:schema" not in back.footer and b"ARROW:schema" in back.frame[2], "a piece keeps its row groups alone"
     assert ordinals == [0, 1, 2]
     assert pq.read_table(pa.BufferReader(whole)).equals(pa.concat_tables(tables))
@@ -150,8 +152,8 @@ def test_offsets_move_by_where_each_piece_lands() -> None:
 
 @pytest.mark.parametrize("value", [0, 1, -1, 63, -64, 64, 1 << 31, -(1 << 40), (1 << 63) - 1, -(1 << 63)])
 def test_zigzag_varints_read_back(value: int) -> None:
-    raw, end = row_groups._varint(row_groups._zigzag(value), 0)
-    assert row_groups._unzigzag(raw) == value and end == len(row_groups._zigzag(value))
+    raw, end = parquet_footer._varint(parquet_footer._zigzag(value), 0)
+    assert parquet_footer._unzigzag(raw) == value and end == len(parquet_footer._zigzag(value))
 
 
 def test_row_groups_are_encoded_on_several_threads_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
