@@ -172,9 +172,9 @@ def bench_mark(tmp: Path, n: int, runs: int) -> dict[str, float]:
     return results
 
 
-def typical_ring(path: Path, events: int) -> Path:
-    """A training-loop-shaped ring: steps, three phases, a loss mark, host samples."""
-    rec = blackbox.Recorder.arm(path, capacity=1 << 20, sample_interval=0.005)
+def typical_ring(path: Path, events: int, capacity: int = 1 << 20) -> Path:
+    """A training-loop-shaped ring of ``capacity`` slots: steps, three phases, a loss mark, host samples."""
+    rec = blackbox.Recorder.arm(path, capacity=capacity, sample_interval=0.005)
     step = 0
     while True:
         rec.step()
