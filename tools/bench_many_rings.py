@@ -16,6 +16,7 @@ only side-by-side ratios compare).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -62,25 +63,30 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.keep or tempfile.mkdtemp(prefix="bench-many-", dir=os.environ.get("TMPDIR", "/var/tmp")))
     rings = work / "rings"
     try:
-        if not rings.exists():
+        made = not rings.exists()
+        if made:
             make_rings(rings, args.rings, args.events)
         files = list(rings.glob("*.ring"))
         disk = sum(p.stat().st_blocks * 512 for p in files)
-        print(f"{len(files)} rings of {args.events} events, {disk / 2**20:.0f} MiB on disk; {os.cpu_count()} cores")
+        what = f"{len(files)} rings" + (f" of {args.events} events" if made else "")  # a kept folder's: unknown
+        print(f"{what}, {disk / 2**20:.0f} MiB on disk; {os.cpu_count()} cores")
         sources = [HERE, *([Path(args.baseline).resolve()] if args.baseline else [])]
         runs: dict[Path, list[tuple[float, int]]] = {s: [] for s in sources}
+        read: dict[Path, int] = {}  # rings recovered: at most MAX_RINGS (4,096) of a folder, the others named
         for run in range(args.runs):
             for source in sources:  # interleaved: each run of this tree beside one of the baseline
                 out = work / f"out-{run}-{sources.index(source)}"
                 runs[source].append(measure([sys.executable, "-m", "blackbox", "recover", str(rings), "-o", str(out)],
                                             source))  # fmt: skip
+                read[source] = len(json.loads((out / "metadata.json").read_text())["rings"])
                 shutil.rmtree(out, ignore_errors=True)
         for source in sources:
             walls, peaks = [w for w, _ in runs[source]], [p for _, p in runs[source]]
             wall, peak = statistics.median(walls), statistics.median(peaks)
             name = "this tree" if source == HERE else f"baseline {source}"
             print(f"{name:<40} wall median {wall:8.2f} s (min {min(walls):.2f}, max {max(walls):.2f}), "
-                  f"{wall / len(files) * 1e3:.2f} ms per ring; peak RSS median {peak / 2**20:.0f} MiB, "
+                  f"{read[source]} rings recovered ({len(files) - read[source]} named, not read), "
+                  f"{wall / read[source] * 1e3:.2f} ms per ring recovered; peak RSS median {peak / 2**20:.0f} MiB, "
                   f"{peak / len(files) / 1024:.1f} KiB per ring")  # fmt: skip
         if args.baseline:
             this, base = runs[HERE], runs[sources[1]]
