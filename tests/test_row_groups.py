@@ -174,3 +174,56 @@ def test_row_groups_are_encoded_on_several_threads_at_once(monkeypatch: pytest.M
 def test_a_table_of_another_schema_is_refused() -> None:
     with RowGroupWriter(io.BytesIO(), TIMELINE_SCHEMA, workers=2, **_PARQUET) as writer, pytest.raises(ValueError):
         writer.write_table(pa.table({"x": [1]}), 10)
+
+
+def with_gaps(n: int, seed: int) -> pa.Table:
+    """Timeline rows where some columns are null in some row groups only, a dictionary column is all null with
+    a dictionary of words (written whole: never copied from another row group) and another with none."""
+    table = timeline_rows(n, seed)
+    step = pa.array(np.arange(n), pa.int64(), mask=np.arange(n) < n // 2)  # null in the first row groups only
+    stack = pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()), pa.array(["a;b", "c"]))
+    table = table.set_column(table.schema.get_field_index("step"), "step", step)
+    at = table.schema.get_field_index("stack")
+    return table.set_column(at, "stack", stack.cast(TIMELINE_SCHEMA.field("stack").type))
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_all_null_columns_are_copied_into_row_groups_and_the_file_is_unchanged(
+    workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Row groups of at least SPLICE_ROWS rows: an all-null column is encoded once per row-group size, then its
+    chunk is copied; the file is byte for byte what one writer writes, over several calls and a short tail."""
+    monkeypatch.setattr(row_groups, "SPLICE_ROWS", 1_000)
+    encoded: list[tuple[int, tuple[str, ...]]] = []
+    real = row_groups.encode
+
+    def counted(table: pa.Table, options: dict[str, object]) -> pa.Buffer:
+        encoded.append((table.num_rows, tuple(table.column_names)))
+        return real(table, options)
+
+    monkeypatch.setattr(row_groups, "encode", counted)
+    calls = [(with_gaps(12_000, 21), 2_000), (with_gaps(5_500, 22), 2_000), (timeline_rows(700, 23), 2_000)]
+    assert joined(calls, TIMELINE_SCHEMA, workers, **_PARQUET) == one_writer(calls, TIMELINE_SCHEMA, **_PARQUET)
+    never_null = {"seq", "time", "kind", "label", "value", "stack"}  # stack: all null, but a dictionary of words
+    copied = {"pid", "rank", "host", "device", "job", "detail", "sender", "oom_free"}
+    heads = [set(names) for rows, names in encoded if rows == 2_000 and "seq" in names]
+    nulls = [set(names) for rows, names in encoded if rows == 2_000 and "seq" not in names]  # the null columns alone
+    assert len(heads) == 6 + 2 and all(never_null <= names for names in heads)
+    for name in copied:  # in no row group's own encoding; alone once (twice where two threads met it at once)
+        assert not any(name in names for names in heads) and 1 <= sum(name in names for names in nulls) <= workers
+    assert any("step" in names for names in heads) and any("step" in names for names in nulls)
+    assert any(rows == 700 and len(names) == 54 for rows, names in encoded), "a row group under SPLICE_ROWS: whole"
+
+
+def test_pyarrow_s_defaults_with_all_null_columns_join_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(row_groups, "SPLICE_ROWS", 100)
+    n = 3_000
+    table = pa.table({
+        "x": pa.array(np.arange(n) % 97),
+        "none": pa.nulls(n, pa.int64()),
+        "s": pa.array([f"v{i % 13}" for i in range(n)]),
+        "words": pa.nulls(n, pa.string()),
+        "codes": pa.nulls(n, pa.dictionary(pa.int32(), pa.string())),
+    })  # fmt: skip
+    calls = [(table, 500), (table.slice(7, 1_234), 500)]
+    assert joined(calls, table.schema, 2) == one_writer(calls, table.schema)

@@ -26,6 +26,9 @@ _RG_COLUMNS, _RG_FILE_OFFSET, _RG_ORDINAL = 1, 5, 7
 _CC_FILE_OFFSET, _CC_META = 2, 3
 _CC_REFUSED = (1, 4, 5, 6, 7, 8, 9)  # file_path, page index offsets and lengths, encryption
 _CM_OFFSETS = (9, 10, 11, 14)  # data_page_offset, index_page_offset, dictionary_page_offset, bloom_filter_offset
+_CM_UNCOMPRESSED, _CM_COMPRESSED, _CM_DATA_PAGE, _CM_DICTIONARY_PAGE = 6, 7, 9, 11
+_CM_SIZES = (_CM_UNCOMPRESSED, _CM_COMPRESSED, _CM_DATA_PAGE, _CM_DICTIONARY_PAGE)
+_RG_TOTAL_BYTES, _RG_TOTAL_COMPRESSED = 2, 6  # the sums of its columns' uncompressed and compressed sizes
 
 
 class FooterError(ValueError):
@@ -156,8 +159,9 @@ def _list_header(size: int, element: int) -> bytes:
     return bytes(out)
 
 
-def _column_chunk(data: bytes, pos: int, moved: list[tuple[int, int]]) -> int:
-    """Walk a column chunk at ``pos``, noting the spans of the offsets to move; where it ends."""
+def _column_chunk(data: bytes, pos: int, moved: list[tuple[int, int]], sizes: dict[int, int] | None = None) -> int:
+    """Walk a column chunk at ``pos``, noting the spans of the offsets to move (and, given ``sizes``, the values
+    of its metadata's sizes and page offsets, by field id); where it ends."""
     last = 0
     while True:
         last, kind, pos = _field(data, pos, last)
@@ -185,6 +189,8 @@ def _column_chunk(data: bytes, pos: int, moved: list[tuple[int, int]]) -> int:
                     pos += 1
                     if meta in _CM_OFFSETS and kind == _I64:
                         moved.append((start, pos))
+                    if sizes is not None and meta in _CM_SIZES and kind == _I64:
+                        sizes[meta] = _unzigzag(_varint(data, start)[0])
                 elif kind > _FALSE:
                     pos = _skip(data, pos, kind)
         else:
@@ -279,6 +285,15 @@ class Piece:
             raise FooterError("pieces with different schemas or options")
         self.footer = footer[first:pos]  # its row groups alone: the rest is the frame, held once for all pieces
 
+    @classmethod
+    def made(cls, body: bytes, frame: Frame, rows: int, group: bytes, moved: list[tuple[int, int]],
+             ordinal: tuple[int, int] | None) -> Piece:  # fmt: skip
+        """The piece of one row group whose parts are known (``joined_columns``): nothing walked again."""
+        piece = cls.__new__(cls)
+        piece.body, piece.frame, piece.num_rows, piece.footer = memoryview(body), frame, rows, group
+        piece.groups = [(0, len(group), moved, ordinal)]
+        return piece
+
 
 def merged_footer(pieces: list[tuple[Piece, int]]) -> bytes:
     """The footer of the pieces joined in order: (piece, the position in the joined file where its
@@ -300,3 +315,132 @@ def merged_footer(pieces: list[tuple[Piece, int]]) -> bytes:
             count += 1
         rows += piece.num_rows
     return b"".join([before, _zigzag(rows), between, _list_header(count, _STRUCT), *parts, after])
+
+
+class Column:
+    """One column chunk of a file of one row group: its pages, its entry in the footer (a ``ColumnChunk``), the
+    spans of the entry's offsets, where its pages began in that file, and its uncompressed size."""
+
+    __slots__ = ("pages", "entry", "moved", "start", "uncompressed")
+
+    def __init__(self, pages: memoryview, entry: bytes, moved: list[tuple[int, int]], start: int, uncompressed: int):
+        self.pages, self.entry, self.moved, self.start, self.uncompressed = pages, entry, moved, start, uncompressed
+
+
+class Columns:
+    """A file of one row group split into its column chunks (``columns``, in the schema's order), with what its
+    row group holds besides them: the bytes before its columns' list (``head``) and after it (``tail``), and in
+    ``tail`` the spans of the values to set again (its totals, summed from its columns' sizes), to move (its
+    file offset) and to number (its ordinal). One walk of the footer; its frame is not kept."""
+
+    def __init__(self, encoded: pa.Buffer | bytes) -> None:
+        data = memoryview(encoded)
+        if len(data) < 12 or data[:4] != MAGIC or data[-4:] != MAGIC:
+            raise FooterError("a piece is not a Parquet file")
+        footer_at = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+        if footer_at < 4:
+            raise FooterError("a piece's footer is longer than the piece")
+        footer = bytes(data[footer_at:-8])
+        self.rows = -1
+        self.columns: list[Column] = []
+        pos = last = 0
+        while True:
+            last, kind, pos = _field(footer, pos, last)
+            if kind == _STOP:
+                break
+            if last in _FILE_ENCRYPTION:
+                raise FooterError("an encrypted footer")
+            if last == _FILE_NUM_ROWS and kind == _I64:
+                raw, pos = _varint(footer, pos)
+                self.rows = _unzigzag(raw)
+            elif last == _FILE_ROW_GROUPS and kind == _LIST:
+                size, element, pos = _list_head(footer, pos)
+                if size != 1 or element != _STRUCT:
+                    raise FooterError(f"expected a file of one row group, found {size}")
+                pos = self._group(data, footer, pos)
+            else:
+                pos = _skip(footer, pos, kind)
+        ends = [c.start + len(c.pages) for c in self.columns]
+        if not ends or [c.start for c in self.columns] != [4, *ends[:-1]] or ends[-1] != footer_at:
+            raise FooterError("column chunks that are not laid one after the other, filling the file's body")
+
+    def _group(self, data: memoryview, footer: bytes, pos: int) -> int:
+        start, last, tail_at = pos, 0, -1
+        self.spans: dict[int, tuple[int, int]] = {}  # field id -> the span of its value in ``tail``
+        while True:
+            last, kind, pos = _field(footer, pos, last)
+            if kind == _STOP:
+                break
+            if last == _RG_COLUMNS and kind == _LIST and tail_at < 0:
+                self.head = footer[start:pos]  # the row group's fields before its columns, and the list's field header
+                size, element, pos = _list_head(footer, pos)
+                if element != _STRUCT:
+                    raise FooterError("a row group's columns are not a list of structs")
+                for _ in range(size):
+                    moved: list[tuple[int, int]] = []
+                    sizes: dict[int, int] = {}
+                    at = pos
+                    pos = _column_chunk(footer, pos, moved, sizes)
+                    self.columns.append(_column(data, footer[at:pos], [(a - at, b - at) for a, b in moved], sizes))
+                tail_at = pos
+                continue
+            end = _skip(footer, pos, kind)
+            wanted = {_RG_TOTAL_BYTES: _I64, _RG_TOTAL_COMPRESSED: _I64, _RG_FILE_OFFSET: _I64, _RG_ORDINAL: _I16}
+            if tail_at >= 0 and wanted.get(last) == kind:
+                self.spans[last] = (pos - tail_at, end - tail_at)
+            pos = end
+        if tail_at < 0 or not {_RG_TOTAL_BYTES, _RG_TOTAL_COMPRESSED} <= self.spans.keys():
+            raise FooterError("a row group without its columns, or without the totals of their sizes after them")
+        self.tail = footer[tail_at:pos]
+        return pos
+
+
+def _column(data: memoryview, entry: bytes, moved: list[tuple[int, int]], sizes: dict[int, int]) -> Column:
+    pages = [sizes[f] for f in (_CM_DICTIONARY_PAGE, _CM_DATA_PAGE) if sizes.get(f, 0) > 0]
+    if not pages or _CM_COMPRESSED not in sizes or _CM_UNCOMPRESSED not in sizes:
+        raise FooterError("a column chunk without its page offsets or sizes")
+    start, length = min(pages), sizes[_CM_COMPRESSED]
+    if not 4 <= start <= start + length <= len(data) - 8:
+        raise FooterError("a column chunk's pages outside its file")
+    return Column(data[start : start + length], entry, moved, start, sizes[_CM_UNCOMPRESSED])
+
+
+def joined_columns(frame: Frame, rows: int, group: Columns, columns: list[Column]) -> Piece:
+    """The piece of one row group of ``rows`` rows whose column chunks are ``columns``, in order, taken from files
+    of one row group written apart (``group``: one of them, whose row group's other fields it keeps; ``frame``:
+    the frame of the whole schema's footer): what one writer writes for the whole row group, the columns'
+    offsets moved to where they land and the row group's totals summed again."""
+    parts: list[bytes] = [group.head, _list_header(len(columns), _STRUCT)]
+    size = sum(map(len, parts))
+    body: list[memoryview] = []
+    moved: list[tuple[int, int]] = []
+    at = 4
+    for column in columns:
+        shift, done = at - column.start, 0
+        for a, b in column.moved:
+            value = _zigzag(_unzigzag(_varint(column.entry, a)[0]) + shift)
+            parts.append(column.entry[done:a])
+            size += a - done
+            moved.append((size, size + len(value)))
+            parts.append(value)
+            size += len(value)
+            done = b
+        parts.append(column.entry[done:])
+        size += len(column.entry) - done
+        body.append(column.pages)
+        at += len(column.pages)
+    sums = {_RG_TOTAL_BYTES: sum(c.uncompressed for c in columns), _RG_TOTAL_COMPRESSED: at - 4}
+    tail, done, ordinal = group.tail, 0, None
+    for field, (a, b) in sorted(group.spans.items(), key=lambda item: item[1]):
+        value = _zigzag(sums[field]) if field in sums else tail[a:b]
+        parts.append(tail[done:a])
+        size += a - done
+        if field == _RG_FILE_OFFSET:
+            moved.append((size, size + len(value)))
+        elif field == _RG_ORDINAL:
+            ordinal = (size, size + len(value))
+        parts.append(value)
+        size += len(value)
+        done = b
+    parts.append(tail[done:])
+    return Piece.made(b"".join(body), frame, rows, b"".join(parts), moved, ordinal)
