@@ -49,33 +49,56 @@ def _all_null(column: pa.ChunkedArray) -> bool:
 
 class _NullColumns:
     """The column chunks of all-null columns, by (column, rows), to be copied into row groups of that size;
-    and the frame of the whole schema's footer. Shared by a writer's threads (a race encodes one twice)."""
+    and the frame of the whole schema's footer. ``prepare`` (on the writer's thread) encodes those it lacks,
+    once each; ``encode`` (on any thread) only reads them."""
 
     def __init__(self, schema: pa.Schema, options: dict[str, Any]) -> None:
         self.options = options
+        self.frame_schema = schema
         self.held: dict[tuple[int, int], Column] = {}
         self.frame: Frame = Piece(encode(schema.empty_table(), options)).frame
+        self.failed = False  # a footer this cannot split: every row group encoded whole from then on
 
-    def encode(self, table: pa.Table) -> pa.Buffer | Piece:
-        """``table`` as ``encode`` writes it, its all-null columns copied where this holds them."""
-        n = table.num_rows
-        null = [i for i in range(table.num_columns) if _all_null(table.column(i))] if n >= SPLICE_ROWS else []
-        if not null or len(null) == table.num_columns:
-            return encode(table, self.options)
+    def prepare(self, groups: list[pa.Table]) -> list[list[int]]:
+        """Each row group's columns to copy (none under SPLICE_ROWS rows), those not held yet encoded now:
+        for each size, one encoding of the columns it lacks, each taken from a row group where it is null."""
+        if self.failed:
+            return [[] for _ in groups]
+        nulls = [
+            [i for i in range(g.num_columns) if _all_null(g.column(i))] if g.num_rows >= SPLICE_ROWS else []
+            for g in groups
+        ]
+        wanted: dict[int, dict[int, pa.ChunkedArray]] = {}  # rows -> column -> that column of a row group
+        for group, null in zip(groups, nulls, strict=True):
+            for i in null:
+                if (i, group.num_rows) not in self.held:
+                    wanted.setdefault(group.num_rows, {}).setdefault(i, group.column(i))
         try:
-            missing = [i for i in null if (i, n) not in self.held]
-            if missing:
-                found = Columns(encode(table.select(missing), self.options)).columns
-                if len(found) != len(missing):
-                    raise FooterError(f"expected {len(missing)} column chunks, found {len(found)}")
-                self.held.update({(i, n): column for i, column in zip(missing, found, strict=True)})
-            nulls = set(null)
-            group = Columns(encode(table.select([i for i in range(table.num_columns) if i not in nulls]), self.options))
-            rest = iter(group.columns)
-            columns = [self.held[(i, n)] if i in nulls else next(rest) for i in range(table.num_columns)]
-            return joined_columns(self.frame, n, group, columns)
-        except FooterError:  # a footer of another shape (options this does not know): the row group encoded whole
+            for rows, columns in wanted.items():
+                fields = [self.frame_schema.field(i) for i in columns]
+                found = Columns(encode(pa.Table.from_arrays(list(columns.values()), schema=pa.schema(fields)),
+                                       self.options)).columns  # fmt: skip
+                if len(found) != len(columns):
+                    raise FooterError(f"expected {len(columns)} column chunks, found {len(found)}")
+                self.held.update({(i, rows): column for i, column in zip(columns, found, strict=True)})
+        except FooterError:  # a footer of another shape (options this does not know): row groups encoded whole
+            self.failed = True
+            return [[] for _ in groups]
+        return [null if len(null) < g.num_columns else [] for g, null in zip(groups, nulls, strict=True)]
+
+    def encode(self, table: pa.Table, null: list[int]) -> pa.Buffer | Piece:
+        """``table`` as ``encode`` writes it, the columns ``null`` (all null, held) copied."""
+        if not null:
             return encode(table, self.options)
+        n, copied = table.num_rows, set(null)
+        try:
+            kept = [i for i in range(table.num_columns) if i not in copied]
+            group = Columns(encode(table.select(kept), self.options))
+        except FooterError:
+            return encode(table, self.options)
+        rest = iter(group.columns)
+        return joined_columns(self.frame, n, group, [self.held[(i, n)] if i in copied else next(rest)
+                                                     for i in range(table.num_columns)])  # fmt: skip
 
 
 # Each encoding at once holds about 12 MiB (tools/bench_recover_memory.py, `blackbox recover` of a full 1 M-slot
@@ -124,6 +147,9 @@ class RowGroupWriter:
         self.at += len(piece.body)
         piece.body = memoryview(b"")  # the column chunks are in the sink: only the footer is kept
 
+    def _encode(self, table: pa.Table, _: list[int]) -> pa.Buffer:
+        return encode(table, self.options)
+
     def write_table(self, table: pa.Table, row_group_size: int) -> None:
         if not table.schema.equals(self.schema):
             raise ValueError(f"a table of another schema than the writer's: {table.schema} (expected {self.schema})")
@@ -131,14 +157,15 @@ class RowGroupWriter:
         groups = [table.slice(start, size) for start in range(0, table.num_rows, size)]
         if self.nulls is None and table.num_rows >= SPLICE_ROWS:
             self.nulls = _NullColumns(self.schema, self.options)
-        coder = self.nulls.encode if self.nulls is not None else lambda group: encode(group, self.options)
+        nulls = self.nulls.prepare(groups) if self.nulls is not None else [[] for _ in groups]
+        coder = self.nulls.encode if self.nulls is not None else self._encode
         if len(groups) < 2 or self.workers < 2:
-            for group in groups:
-                self._append(coder(group))
+            for group, null in zip(groups, nulls, strict=True):
+                self._append(coder(group, null))
             return
         if self.pool is None:
             self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="blackbox-parquet")
-        for encoded in self.pool.map(coder, groups):
+        for encoded in self.pool.map(coder, groups, nulls):
             self._append(encoded)
 
     def close(self) -> None:
