@@ -260,6 +260,7 @@ class Piece:
         if footer_at < 4:
             raise FooterError("a piece's footer is longer than the piece")
         self.body = data[4:footer_at]  # the column chunks, as written
+        self.parts = [self.body]  # the body in the pieces it is written from
         footer = bytes(data[footer_at:-8])
         self.frame = frame = frame_of(footer) if frame is None else frame
         before, between, after = frame
@@ -286,11 +287,12 @@ class Piece:
         self.footer = footer[first:pos]  # its row groups alone: the rest is the frame, held once for all pieces
 
     @classmethod
-    def made(cls, body: bytes, frame: Frame, rows: int, group: bytes, moved: list[tuple[int, int]],
+    def made(cls, parts: list[memoryview], frame: Frame, rows: int, group: bytes, moved: list[tuple[int, int]],
              ordinal: tuple[int, int] | None) -> Piece:  # fmt: skip
-        """The piece of one row group whose parts are known (``joined_columns``): nothing walked again."""
+        """The piece of one row group whose parts are known (``joined_columns``): nothing walked again, its
+        column chunks not copied into one body (``body`` is empty, ``parts`` are written in order)."""
         piece = cls.__new__(cls)
-        piece.body, piece.frame, piece.num_rows, piece.footer = memoryview(body), frame, rows, group
+        piece.body, piece.parts, piece.frame, piece.num_rows, piece.footer = memoryview(b""), parts, frame, rows, group
         piece.groups = [(0, len(group), moved, ordinal)]
         return piece
 
@@ -443,4 +445,4 @@ def joined_columns(frame: Frame, rows: int, group: Columns, columns: list[Column
         size += len(value)
         done = b
     parts.append(tail[done:])
-    return Piece.made(b"".join(body), frame, rows, b"".join(parts), moved, ordinal)
+    return Piece.made(body, frame, rows, b"".join(parts), moved, ordinal)

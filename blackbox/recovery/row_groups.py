@@ -143,9 +143,10 @@ class RowGroupWriter:
             self.sink.write(MAGIC)
             self.at = 4
         self.pieces.append((piece, self.at))
-        self.sink.write(piece.body)
-        self.at += len(piece.body)
-        piece.body = memoryview(b"")  # the column chunks are in the sink: only the footer is kept
+        for part in piece.parts:
+            self.sink.write(part)
+            self.at += len(part)
+        piece.body, piece.parts = memoryview(b""), []  # the column chunks are in the sink: only the footer is kept
 
     def _encode(self, table: pa.Table, _: list[int]) -> pa.Buffer:
         return encode(table, self.options)
