@@ -227,3 +227,74 @@ def test_pyarrow_s_defaults_with_all_null_columns_join_the_same(monkeypatch: pyt
     })  # fmt: skip
     calls = [(table, 500), (table.slice(7, 1_234), 500)]
     assert joined(calls, table.schema, 2) == one_writer(calls, table.schema)
+
+
+def _struct_beside_nulls() -> tuple[list[tuple[pa.Table, int | None]], pa.Schema, dict[str, object]]:
+    """A column of two leaves (a struct) beside an all-null one: the row group's column chunks are leaves."""
+    table = pa.table({"s": pa.array([{"a": i, "b": -i} for i in range(10)]), "n": pa.nulls(10, pa.int64())})
+    return [(table, 5)], table.schema, {}
+
+
+def _nulls_in_other_chunks() -> tuple[list[tuple[pa.Table, int | None]], pa.Schema, dict[str, object]]:
+    """An all-null column whose rows lie in other Arrow chunks in another row group of the same size: its pages
+    follow the chunks (tiny pages show it)."""
+    one = pa.table({"x": pa.array(range(8), pa.int64()), "n": pa.nulls(8, pa.int64())})
+    split = pa.Table.from_batches([one.slice(0, 3).to_batches()[0], one.slice(3).to_batches()[0]])
+    return [(one, 8), (split, 8)], one.schema, {"data_page_size": 1, "write_batch_size": 4}
+
+
+def _other_schema_metadata() -> tuple[list[tuple[pa.Table, int | None]], pa.Schema, dict[str, object]]:
+    """A table whose schema metadata is not the writer's (ParquetWriter writes its own), in a row group with a
+    null column (copied) and one without (encoded whole)."""
+    schema = pa.schema([("x", pa.int64()), ("n", pa.int64())], metadata={b"who": b"the writer"})
+    n = pa.array(range(300), pa.int64(), mask=np.arange(300) < 250)
+    table = pa.table({"x": pa.array(range(300), pa.int64()), "n": n})
+    return [(table.replace_schema_metadata({b"who": b"the table"}), 250)], schema, {}
+
+
+def _no_rows() -> tuple[list[tuple[pa.Table, int | None]], pa.Schema, dict[str, object]]:
+    """A call with no rows, alone and after rows: ParquetWriter writes a row group of none (its data page offset 0)."""
+    table = pa.table({"x": pa.array([1, 2, 3], pa.int64())})
+    return [(table.slice(0, 0), 10), (table, 10), (table.slice(0, 0), 10)], table.schema, {}
+
+
+def _default_sizes() -> tuple[list[tuple[pa.Table, int | None]], pa.Schema, dict[str, object]]:
+    """Row group sizes None and -1: pyarrow's default, as ParquetWriter takes them."""
+    table = timeline_rows(2_000, 31)
+    return [(table, None), (table, -1)], table.schema, _PARQUET
+
+
+def _options_it_cannot_join() -> tuple[list[tuple[pa.Table, int | None]], pa.Schema, dict[str, object]]:
+    """A page index spans the row groups: such options are written by one ParquetWriter."""
+    table = timeline_rows(3_000, 32)
+    return [(table, 1_000)], table.schema, {**_PARQUET, "write_page_index": True}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [_struct_beside_nulls, _nulls_in_other_chunks, _other_schema_metadata, _no_rows, _default_sizes,
+     _options_it_cannot_join],
+)  # fmt: skip
+@pytest.mark.parametrize("workers", [1, 3])
+def test_what_a_fuzz_of_other_tables_found_is_written_as_one_writer_writes_it(
+    case: object, workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(row_groups, "SPLICE_ROWS", 1)  # every row group's null columns copied where they can be
+    calls, schema, options = case()  # type: ignore[operator]
+    sink = pa.BufferOutputStream()
+    with pq.ParquetWriter(sink, schema, **options) as writer:
+        for table, size in calls:
+            writer.write_table(table, row_group_size=size)
+    expected = bytes(sink.getvalue().to_pybytes())
+    got = io.BytesIO()
+    with RowGroupWriter(got, schema, workers=workers, **options) as ours:
+        for table, size in calls:
+            ours.write_table(table, size)
+    assert got.getvalue() == expected
+    assert pq.read_table(pa.BufferReader(expected)).num_rows == sum(t.num_rows for t, _ in calls)
+
+
+def test_a_row_group_size_of_zero_is_refused_as_parquet_writer_refuses_it() -> None:
+    table = timeline_rows(10, 33)
+    with RowGroupWriter(io.BytesIO(), TIMELINE_SCHEMA, **_PARQUET) as writer, pytest.raises(ValueError, match="0"):
+        writer.write_table(table, 0)

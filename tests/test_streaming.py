@@ -492,12 +492,21 @@ def test_a_trace_export_reads_each_rings_metadata_once(hosts: list[Path]) -> Non
 def test_rows_of_a_kind_are_found_in_a_table_with_null_or_unknown_kind_codes() -> None:
     # GIVEN a timeline read from a file (a bundle's timeline.parquet is the user's): kinds with a null and a
     # code past the dictionary, in two chunks
-    from blackbox.recovery.timeline import kind_mask
+    from blackbox.recovery.timeline import kind_mask, of_kind, rows_of_kind
 
     words = pa.array(["mark", "sample", "step"])
     bad = pa.DictionaryArray.from_arrays(pa.array([0, 1, None, 2, 7, 0], pa.int32()), words, safe=False)
-    good = pa.DictionaryArray.from_arrays(pa.array([2, 1], pa.int32()), words)
-    table = pa.table({"kind": pa.chunked_array([bad, good])})
-    # WHEN the rows of some kinds are asked for THEN those rows, and no others, and no error
-    assert kind_mask(table, "mark", "step").to_pylist() == [True, False, False, True, False, True, True, False]
+    good = pa.DictionaryArray.from_arrays(pa.array([2, 1], pa.int32()), pa.array(["exit", "step", "mark"]))
+    table = pa.table({"kind": pa.chunked_array([bad, good]), "n": pa.array(range(8))})
+    # WHEN the rows of some kinds are asked for THEN those rows, and no others, and no error; the chunks' own
+    # dictionaries read each by its words
+    assert kind_mask(table, "mark", "step").to_pylist() == [True, False, False, True, False, True, True, True]
     assert not any(kind_mask(table, "gpu_sample").to_pylist())
+    assert rows_of_kind(table, "mark", "step").tolist() == [0, 3, 5, 6, 7]  # ascending, across the chunks
+    assert rows_of_kind(table, "step").tolist() == [3, 7] and rows_of_kind(table, "sample").tolist() == [1]
+    assert rows_of_kind(table, "gpu_sample").tolist() == [] and rows_of_kind(table, "exit").tolist() == []
+    assert of_kind(table, "mark", "step")["n"].to_pylist() == [0, 3, 5, 6, 7]
+    assert of_kind(table, "sample", columns=["n"]).column_names == ["n"]
+    # AND the rows handed out cannot be changed by one caller under another
+    with pytest.raises(ValueError, match="read-only"):
+        rows_of_kind(table, "step")[0] = 5

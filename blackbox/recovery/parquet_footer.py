@@ -187,7 +187,7 @@ def _column_chunk(data: bytes, pos: int, moved: list[tuple[int, int]], sizes: di
                     while data[pos] & 0x80:
                         pos += 1
                     pos += 1
-                    if meta in _CM_OFFSETS and kind == _I64:
+                    if meta in _CM_OFFSETS and kind == _I64 and data[start]:  # 0: none (a row group of no rows)
                         moved.append((start, pos))
                     if sizes is not None and meta in _CM_SIZES and kind == _I64:
                         sizes[meta] = _unzigzag(_varint(data, start)[0])

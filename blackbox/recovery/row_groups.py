@@ -55,9 +55,11 @@ class _NullColumns:
     def __init__(self, schema: pa.Schema, options: dict[str, Any]) -> None:
         self.options = options
         self.frame_schema = schema
-        self.held: dict[tuple[int, int], Column] = {}
+        self.held: dict[tuple[int, tuple[int, ...]], Column] = {}  # (column, its chunks' lengths) -> its chunk
         self.frame: Frame = Piece(encode(schema.empty_table(), options)).frame
-        self.failed = False  # a footer this cannot split: every row group encoded whole from then on
+        # a footer this cannot split, or a schema of nested fields (a column of several column chunks, one a
+        # leaf): every row group encoded whole from then on
+        self.failed = any(pa.types.is_nested(field.type) for field in schema)
 
     def prepare(self, groups: list[pa.Table]) -> list[list[int]]:
         """Each row group's columns to copy (none under SPLICE_ROWS rows), those not held yet encoded now:
@@ -68,19 +70,22 @@ class _NullColumns:
             [i for i in range(g.num_columns) if _all_null(g.column(i))] if g.num_rows >= SPLICE_ROWS else []
             for g in groups
         ]
-        wanted: dict[int, dict[int, pa.ChunkedArray]] = {}  # rows -> column -> that column of a row group
+        # a column's pages depend on how its rows lie in Arrow chunks (the writer's batches start again at each),
+        # so one is copied only into row groups whose column has the same chunks
+        wanted: dict[int, dict[tuple[int, tuple[int, ...]], pa.ChunkedArray]] = {}  # rows -> key -> the column
         for group, null in zip(groups, nulls, strict=True):
             for i in null:
-                if (i, group.num_rows) not in self.held:
-                    wanted.setdefault(group.num_rows, {}).setdefault(i, group.column(i))
+                key = _key(group, i)
+                if key not in self.held:
+                    wanted.setdefault(group.num_rows, {}).setdefault(key, group.column(i))
         try:
-            for rows, columns in wanted.items():
-                fields = [self.frame_schema.field(i) for i in columns]
+            for columns in wanted.values():
+                fields = [self.frame_schema.field(i) for i, _ in columns]
                 found = Columns(encode(pa.Table.from_arrays(list(columns.values()), schema=pa.schema(fields)),
                                        self.options)).columns  # fmt: skip
                 if len(found) != len(columns):
                     raise FooterError(f"expected {len(columns)} column chunks, found {len(found)}")
-                self.held.update({(i, rows): column for i, column in zip(columns, found, strict=True)})
+                self.held.update(zip(columns, found, strict=True))
         except FooterError:  # a footer of another shape (options this does not know): row groups encoded whole
             self.failed = True
             return [[] for _ in groups]
@@ -90,15 +95,33 @@ class _NullColumns:
         """``table`` as ``encode`` writes it, the columns ``null`` (all null, held) copied."""
         if not null:
             return encode(table, self.options)
-        n, copied = table.num_rows, set(null)
+        copied = set(null)
         try:
             kept = [i for i in range(table.num_columns) if i not in copied]
             group = Columns(encode(table.select(kept), self.options))
+            if len(group.columns) != len(kept):
+                raise FooterError(f"expected {len(kept)} column chunks, found {len(group.columns)}")
         except FooterError:
             return encode(table, self.options)
         rest = iter(group.columns)
-        return joined_columns(self.frame, n, group, [self.held[(i, n)] if i in copied else next(rest)
-                                                     for i in range(table.num_columns)])  # fmt: skip
+        columns = [self.held[_key(table, i)] if i in copied else next(rest) for i in range(table.num_columns)]
+        return joined_columns(self.frame, table.num_rows, group, columns)
+
+
+def _key(table: pa.Table, i: int) -> tuple[int, tuple[int, ...]]:
+    return i, tuple(len(chunk) for chunk in table.column(i).chunks)
+
+
+DEFAULT_ROW_GROUP = 1 << 20  # pyarrow's rows per row group where none is given
+# ParquetWriter's options whose files the pieces join into, byte for byte (tests/test_row_groups.py, and a fuzz of
+# 1,900 tables of every Arrow type): the others (a page index, bloom filters, content-defined chunking, encryption)
+# put what spans row groups in the file, and are written by one ParquetWriter
+JOINABLE_OPTIONS = frozenset({
+    "compression", "compression_level", "use_dictionary", "write_statistics", "column_encoding", "write_batch_size",
+    "data_page_size", "data_page_version", "use_byte_stream_split", "dictionary_pagesize_limit", "store_schema",
+    "flavor", "sorting_columns", "max_rows_per_page", "write_page_checksum", "version", "coerce_timestamps",
+    "allow_truncated_timestamps", "use_deprecated_int96_timestamps", "use_compliant_nested_type",
+})  # fmt: skip
 
 
 # Each encoding at once holds about 12 MiB (tools/bench_recover_memory.py, `blackbox recover` of a full 1 M-slot
@@ -123,6 +146,8 @@ class RowGroupWriter:
         self.options = options
         self.workers = threads() if workers is None else max(1, workers)
         self.pool: ThreadPoolExecutor | None = None
+        # options whose files this cannot join as ParquetWriter writes them: it writes them, on one thread
+        self.plain = pq.ParquetWriter(sink, schema, **options) if options.keys() - JOINABLE_OPTIONS else None
         self.pieces: list[tuple[Piece, int]] = []
         self.nulls: _NullColumns | None = None
         self.at = 0
@@ -151,11 +176,23 @@ class RowGroupWriter:
     def _encode(self, table: pa.Table, _: list[int]) -> pa.Buffer:
         return encode(table, self.options)
 
-    def write_table(self, table: pa.Table, row_group_size: int) -> None:
+    def write_table(self, table: pa.Table, row_group_size: int | None = None) -> None:
+        """``ParquetWriter.write_table``: row groups of ``row_group_size`` rows (None or -1: pyarrow's default)."""
         if not table.schema.equals(self.schema):
             raise ValueError(f"a table of another schema than the writer's: {table.schema} (expected {self.schema})")
-        size = max(1, row_group_size)
-        groups = [table.slice(start, size) for start in range(0, table.num_rows, size)]
+        if self.plain is not None:
+            self.plain.write_table(table, row_group_size=row_group_size)
+            return
+        if not table.schema.equals(self.schema, check_metadata=True):  # the writer's schema is the one written
+            table = pa.Table.from_arrays(table.columns, schema=self.schema)
+        if row_group_size is None or row_group_size == -1:
+            size = min(table.num_rows, DEFAULT_ROW_GROUP)
+        elif row_group_size < 1:
+            raise ValueError(f"expected a row group size of at least 1 row (or -1), found {row_group_size}")
+        else:
+            size = row_group_size
+        # no rows: one row group of none, as ParquetWriter writes
+        groups = [table.slice(start, size) for start in range(0, table.num_rows, size)] or [table]
         if self.nulls is None and table.num_rows >= SPLICE_ROWS:
             self.nulls = _NullColumns(self.schema, self.options)
         nulls = self.nulls.prepare(groups) if self.nulls is not None else [[] for _ in groups]
@@ -173,6 +210,9 @@ class RowGroupWriter:
         if self._closed:
             return
         self._closed = True
+        if self.plain is not None:
+            self.plain.close()
+            return
         if self.pool is not None:
             self.pool.shutdown()
         if not self.pieces:  # no rows: the file a ParquetWriter closed at once writes
