@@ -248,20 +248,24 @@ def frame_of(footer: bytes) -> Frame:
     return footer[: rows_at[0]], footer[rows_at[1] : groups_at[0]], footer[groups_at[1] :]
 
 
+def _split(encoded: pa.Buffer | bytes) -> tuple[memoryview, int, bytes]:
+    """(the file, where its footer begins, the footer) of an encoded Parquet file."""
+    data = memoryview(encoded)
+    if len(data) < 12 or data[:4] != MAGIC or data[-4:] != MAGIC:
+        raise FooterError("a piece is not a Parquet file")
+    footer_at = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    if footer_at < 4:
+        raise FooterError("a piece's footer is longer than the piece")
+    return data, footer_at, bytes(data[footer_at:-8])
+
+
 class Piece:
     """One encoded file of row groups, split into its column chunks' bytes and its footer's row groups."""
 
     def __init__(self, encoded: pa.Buffer | bytes, frame: Frame | None = None) -> None:
-        data = memoryview(encoded)
-        if len(data) < 12 or data[:4] != MAGIC or data[-4:] != MAGIC:
-            raise FooterError("a piece is not a Parquet file")
-        size = int.from_bytes(data[-8:-4], "little")
-        footer_at = len(data) - 8 - size
-        if footer_at < 4:
-            raise FooterError("a piece's footer is longer than the piece")
+        data, footer_at, footer = _split(encoded)
         self.body = data[4:footer_at]  # the column chunks, as written
         self.parts = [self.body]  # the body in the pieces it is written from
-        footer = bytes(data[footer_at:-8])
         self.frame = frame = frame_of(footer) if frame is None else frame
         before, between, after = frame
         if not (footer.startswith(before) and footer.endswith(after)):
@@ -336,13 +340,7 @@ class Columns:
     file offset) and to number (its ordinal). One walk of the footer; its frame is not kept."""
 
     def __init__(self, encoded: pa.Buffer | bytes) -> None:
-        data = memoryview(encoded)
-        if len(data) < 12 or data[:4] != MAGIC or data[-4:] != MAGIC:
-            raise FooterError("a piece is not a Parquet file")
-        footer_at = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
-        if footer_at < 4:
-            raise FooterError("a piece's footer is longer than the piece")
-        footer = bytes(data[footer_at:-8])
+        data, footer_at, footer = _split(encoded)
         self.rows = -1
         self.columns: list[Column] = []
         pos = last = 0
