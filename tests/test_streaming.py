@@ -507,6 +507,9 @@ def test_rows_of_a_kind_are_found_in_a_table_with_null_or_unknown_kind_codes() -
     assert rows_of_kind(table, "gpu_sample").tolist() == [] and rows_of_kind(table, "exit").tolist() == []
     assert of_kind(table, "mark", "step")["n"].to_pylist() == [0, 3, 5, 6, 7]
     assert of_kind(table, "sample", columns=["n"]).column_names == ["n"]
+    # AND a table whose kind column has no chunk at all (a filter that kept nothing can make one) has none
+    none = pa.table({"kind": pa.chunked_array([], pa.dictionary(pa.int32(), pa.string()))})
+    assert rows_of_kind(none, "mark").tolist() == [] and of_kind(none, "mark").num_rows == 0
     # AND the rows handed out cannot be changed by one caller under another
     with pytest.raises(ValueError, match="read-only"):
         rows_of_kind(table, "step")[0] = 5

@@ -562,7 +562,7 @@ class _Kinds:
         for words, chunk in self.chunks:  # each chunk's codes to codes of one dictionary of every chunk's words
             lookup = np.array([ids.setdefault(w, len(ids)) for w in [*words, None]], np.int64)
             codes.append(chunk if len(self.chunks) == 1 and len(ids) == len(lookup) else lookup[chunk])
-        whole = np.concatenate(codes) if len(codes) != 1 else codes[0]
+        whole = codes[0] if len(codes) == 1 else np.concatenate(codes) if codes else np.zeros(0, np.int64)  # (no chunk)
         small = whole.astype(np.uint8 if len(ids) <= 1 << 8 else np.uint16 if len(ids) <= 1 << 16 else np.int64)
         self.order = np.argsort(small, kind="stable")
         self.order.flags.writeable = False  # its slices are handed out
