@@ -17,7 +17,8 @@ import pytest
 from conftest import REPO
 
 from blackbox._postmortem import write_postmortem
-from blackbox.recovery.timeline import LABEL_CUT, MAX_FOLDED_TEXT, STACK_NOT_RENDERED, of_kind, py_rows, ring_table
+from blackbox.recovery.kinds import of_kind
+from blackbox.recovery.timeline import LABEL_CUT, MAX_FOLDED_TEXT, STACK_NOT_RENDERED, py_rows, ring_table
 from blackbox.ring import format as fmt
 from blackbox.ring.reader import read_ring
 from blackbox.ring.scan import ENTRY_COST, MAX_STACK_TEXT, MAX_STRING_TEXT

@@ -39,6 +39,7 @@ LEAVES = {
 }
 RECOVERY_ORDER = {
     "timeline": 0,
+    "kinds": 0,
     "evidence": 0,
     "slurm": 0,
     "ranks": 0,

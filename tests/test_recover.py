@@ -168,18 +168,18 @@ def test_a_cgroups_oom_kill_counter_is_read_once_for_all_its_rings(
 def test_kind_lookups_belong_to_their_table_and_go_with_it() -> None:
     import gc
 
-    from blackbox.recovery import timeline
+    from blackbox.recovery import kinds as kind_rows
 
     # GIVEN tables made and freed one after another (a freed table's address is often reused by the next)
     for kinds in (["mark", "sample", "mark"], ["sample", "exit", "sample", "mark"]) * 50:
         table = pa.table({"kind": pa.array(kinds).dictionary_encode()})
         # WHEN rows of a kind are asked for, twice (the second from what the first worked out)
-        first, again = timeline.rows_of_kind(table, "mark"), timeline.rows_of_kind(table, "mark", "exit")
+        first, again = kind_rows.rows_of_kind(table, "mark"), kind_rows.rows_of_kind(table, "mark", "exit")
         # THEN each answer is this table's, never an earlier table's
         assert first.tolist() == [i for i, k in enumerate(kinds) if k == "mark"]
         assert again.tolist() == [i for i, k in enumerate(kinds) if k in ("mark", "exit")]
-        assert timeline.of_kind(table, "nothing").num_rows == 0
+        assert kind_rows.of_kind(table, "nothing").num_rows == 0
         del table
     # AND nothing is kept once the tables are gone
     gc.collect()
-    assert not timeline._KIND_CODES
+    assert not kind_rows._KIND_CODES

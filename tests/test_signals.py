@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, spawn_py
 
-from blackbox.recovery.timeline import of_kind, ring_table
+from blackbox.recovery.kinds import of_kind
+from blackbox.recovery.timeline import ring_table
 from blackbox.ring.reader import find_rings, read_ring
 from blackbox.ring.writer import c_writer_module
 

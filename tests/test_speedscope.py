@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO, run_py
 
 import blackbox
-from blackbox.recovery.timeline import of_kind
+from blackbox.recovery.kinds import of_kind
 from blackbox.ring.reader import find_rings, read_ring
 from blackbox.views.speedscope import function_frame, short_path
 

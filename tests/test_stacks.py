@@ -29,7 +29,8 @@ import blackbox
 from blackbox import _recorder
 from blackbox.cli import info, main
 from blackbox.collect import stacks as stacks_mod
-from blackbox.recovery.timeline import STACK_LOST, of_kind, py_rows, ring_table
+from blackbox.recovery.kinds import of_kind
+from blackbox.recovery.timeline import STACK_LOST, py_rows, ring_table
 from blackbox.ring import format as fmt
 from blackbox.ring.reader import find_rings, read_ring
 from blackbox.ring.writer import c_writer_module

@@ -492,7 +492,7 @@ def test_a_trace_export_reads_each_rings_metadata_once(hosts: list[Path]) -> Non
 def test_rows_of_a_kind_are_found_in_a_table_with_null_or_unknown_kind_codes() -> None:
     # GIVEN a timeline read from a file (a bundle's timeline.parquet is the user's): kinds with a null and a
     # code past the dictionary, in two chunks
-    from blackbox.recovery.timeline import kind_mask, of_kind, rows_of_kind
+    from blackbox.recovery.kinds import kind_mask, of_kind, rows_of_kind
 
     words = pa.array(["mark", "sample", "step"])
     bad = pa.DictionaryArray.from_arrays(pa.array([0, 1, None, 2, 7, 0], pa.int32()), words, safe=False)

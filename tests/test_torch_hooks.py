@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from blackbox.recovery.timeline import of_kind, py_rows, ring_table
+from blackbox.recovery.kinds import of_kind
+from blackbox.recovery.timeline import py_rows, ring_table
 from blackbox.ring.reader import find_rings, read_ring
 from blackbox.ring.writer import built_module
 

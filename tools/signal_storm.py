@@ -32,7 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from blackbox.recovery.timeline import of_kind, ring_table  # noqa: E402
+from blackbox.recovery.kinds import of_kind  # noqa: E402
+from blackbox.recovery.timeline import ring_table  # noqa: E402
 from blackbox.ring.reader import read_ring  # noqa: E402
 from blackbox.ring.writer import c_writer_module  # noqa: E402
 

@@ -18,7 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .timeline import of_kind, py_rows, rows_of_kind, stamps_ns
+from .kinds import of_kind, rows_of_kind
+from .timeline import py_rows, stamps_ns
 
 SAMPLE_COLUMNS = ["time", "step", "host_rss", "children_rss", "cgroup_usage", "cgroup_limit", "cgroup_oom_kills",
                   "mem_available"]  # fmt: skip

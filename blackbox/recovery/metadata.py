@@ -20,9 +20,10 @@ from ..ring.writer import NO_C_EXTENSION
 from .allocs import live_sites, main_thread_of, step_records, with_site_lever
 from .attempts import attempt_metadata, group_attempts, slim
 from .evidence import Evidence
+from .kinds import last_of_kind, of_kind
 from .spill import SpilledRings
 from .stacks import stack_report
-from .timeline import BYTE_GAUGES, GAUGES, OOM_COLUMNS, last_of_kind, of_kind, py_rows, stamps_ns
+from .timeline import BYTE_GAUGES, GAUGES, OOM_COLUMNS, py_rows, stamps_ns
 
 
 def iso(ns: int | None) -> str | None:

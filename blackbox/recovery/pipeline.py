@@ -27,10 +27,11 @@ from ..ring.reader import Ring, Unread, list_rings, nothing_read, read_header, r
 from .diagnosis import diagnose
 from .evidence import CgroupCounters, KernelKill, gather, kernel_oom_kills
 from .facts import named_workers
+from .kinds import of_kind
 from .metadata import bundle_metadata, helper_groups, ring_metadata
 from .relays import RelayIndex
 from .spill import SpilledRings
-from .timeline import merge_tables, of_kind, ring_table
+from .timeline import merge_tables, ring_table
 
 OOM_REPORT = "oom-report.txt"
 

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..ring.relayed import Relay, read_relayed
-from .timeline import rows_of_kind
+from .kinds import rows_of_kind
 
 SLACK_NS = 500_000_000  # the launcher's wall clock against the ring's (monotonic + the pair read at arm)
 

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .timeline import of_kind
+from .kinds import of_kind
 
 LAST_SECONDS = 5.0  # "what it was doing": the stacks of the last seconds before the last event
 TOP = 5

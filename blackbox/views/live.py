@@ -21,7 +21,8 @@ import pyarrow.compute as pc
 from .._errors import one_line
 from .._units import human_bytes
 from ..recovery.allocs import live_sites
-from ..recovery.timeline import of_kind, py_rows, ring_table
+from ..recovery.kinds import of_kind
+from ..recovery.timeline import py_rows, ring_table
 from ..ring.reader import Ring
 from .stacks import short_frame
 

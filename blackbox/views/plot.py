@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from .._errors import BlackboxError, one_line
 from .._units import human_bytes
-from ..recovery.timeline import of_kind, rows_of_kind
+from ..recovery.kinds import of_kind, rows_of_kind
 
 MAX_POINTS = 5000
 MAX_MARKS = 200

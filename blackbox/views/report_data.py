@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..recovery.timeline import of_kind, rows_of_kind
+from ..recovery.kinds import of_kind, rows_of_kind
 from .plot import drawn_process
 
 MAX_POINTS = 2000  # points per series

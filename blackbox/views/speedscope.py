@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from .._version import __version__
-from ..recovery.timeline import of_kind
+from ..recovery.kinds import of_kind
 
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 GAP_INTERVALS = 10  # a sample lasts until the thread's next one, unless this many intervals apart

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..recovery.timeline import of_kind
+from ..recovery.kinds import of_kind
 
 SHOWN_FRAMES = 6  # innermost frames shown per stack in summary.md
 GAP_INTERVALS = 10  # trace: a sampled stack lasts until the next sample unless this many intervals apart
