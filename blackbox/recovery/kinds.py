@@ -80,11 +80,7 @@ def kind_mask(table: pa.Table, *kinds: str) -> pa.ChunkedArray:
 def of_kind(table: pa.Table, *kinds: str, columns: list[str] | None = None) -> pa.Table:
     """The rows of these kinds (only ``columns``, when given: taking fewer columns is faster), taken by row
     number: a slice where they are one run, never a filter through a mask of every row."""
-    picked = table.select(columns) if columns else table
-    rows = rows_of_kind(table, *kinds)
-    if not len(rows) or rows[-1] - rows[0] == len(rows) - 1:  # none, or consecutive rows: a slice
-        return picked.slice(int(rows[0]) if len(rows) else 0, len(rows))
-    return picked.take(rows)
+    return _taken(table.select(columns) if columns else table, rows_of_kind(table, *kinds))
 
 
 def rows_of_kind(table: pa.Table, *kinds: str) -> np.ndarray:
@@ -97,8 +93,11 @@ def last_of_kind(table: pa.Table, *kinds: str, columns: list[str], n: int) -> pa
     """The last ``n`` rows of these kinds (only ``columns``): taken by row number, never through a filtered
     copy of every row of the kind (a ring may hold a million samples)."""
     rows = rows_of_kind(table, *kinds)
-    rows = rows[len(rows) - n :] if n > 0 else rows[:0]
-    picked = table.select(columns)
-    if not len(rows) or rows[-1] - rows[0] == len(rows) - 1:  # consecutive rows: a slice, no take
+    return _taken(table.select(columns), rows[len(rows) - n :] if n > 0 else rows[:0])
+
+
+def _taken(picked: pa.Table, rows: np.ndarray) -> pa.Table:
+    """The rows ``rows`` (ascending) of ``picked``: a slice where they are one run (or none), else a take."""
+    if not len(rows) or rows[-1] - rows[0] == len(rows) - 1:
         return picked.slice(int(rows[0]) if len(rows) else 0, len(rows))
     return picked.take(rows)

@@ -29,6 +29,8 @@ _CM_OFFSETS = (9, 10, 11, 14)  # data_page_offset, index_page_offset, dictionary
 _CM_UNCOMPRESSED, _CM_COMPRESSED, _CM_DATA_PAGE, _CM_DICTIONARY_PAGE = 6, 7, 9, 11
 _CM_SIZES = (_CM_UNCOMPRESSED, _CM_COMPRESSED, _CM_DATA_PAGE, _CM_DICTIONARY_PAGE)
 _RG_TOTAL_BYTES, _RG_TOTAL_COMPRESSED = 2, 6  # the sums of its columns' uncompressed and compressed sizes
+# a row group's fields after its columns that a join sets again, moves or numbers: their types
+_RG_TAIL = {_RG_TOTAL_BYTES: _I64, _RG_TOTAL_COMPRESSED: _I64, _RG_FILE_OFFSET: _I64, _RG_ORDINAL: _I16}
 
 
 class FooterError(ValueError):
@@ -341,7 +343,6 @@ class Columns:
 
     def __init__(self, encoded: pa.Buffer | bytes) -> None:
         data, footer_at, footer = _split(encoded)
-        self.rows = -1
         self.columns: list[Column] = []
         pos = last = 0
         while True:
@@ -350,10 +351,7 @@ class Columns:
                 break
             if last in _FILE_ENCRYPTION:
                 raise FooterError("an encrypted footer")
-            if last == _FILE_NUM_ROWS and kind == _I64:
-                raw, pos = _varint(footer, pos)
-                self.rows = _unzigzag(raw)
-            elif last == _FILE_ROW_GROUPS and kind == _LIST:
+            if last == _FILE_ROW_GROUPS and kind == _LIST:
                 size, element, pos = _list_head(footer, pos)
                 if size != 1 or element != _STRUCT:
                     raise FooterError(f"expected a file of one row group, found {size}")
@@ -385,8 +383,7 @@ class Columns:
                 tail_at = pos
                 continue
             end = _skip(footer, pos, kind)
-            wanted = {_RG_TOTAL_BYTES: _I64, _RG_TOTAL_COMPRESSED: _I64, _RG_FILE_OFFSET: _I64, _RG_ORDINAL: _I16}
-            if tail_at >= 0 and wanted.get(last) == kind:
+            if tail_at >= 0 and _RG_TAIL.get(last) == kind:
                 self.spans[last] = (pos - tail_at, end - tail_at)
             pos = end
         if tail_at < 0 or not {_RG_TOTAL_BYTES, _RG_TOTAL_COMPRESSED} <= self.spans.keys():

@@ -54,7 +54,7 @@ class _NullColumns:
 
     def __init__(self, schema: pa.Schema, options: dict[str, Any]) -> None:
         self.options = options
-        self.frame_schema = schema
+        self.schema = schema
         self.held: dict[tuple[int, tuple[int, ...]], Column] = {}  # (column, its chunks' lengths) -> its chunk
         self.frame: Frame = Piece(encode(schema.empty_table(), options)).frame
         # a footer this cannot split, or a schema of nested fields (a column of several column chunks, one a
@@ -80,7 +80,7 @@ class _NullColumns:
                     wanted.setdefault(group.num_rows, {}).setdefault(key, group.column(i))
         try:
             for columns in wanted.values():
-                fields = [self.frame_schema.field(i) for i, _ in columns]
+                fields = [self.schema.field(i) for i, _ in columns]
                 found = Columns(encode(pa.Table.from_arrays(list(columns.values()), schema=pa.schema(fields)),
                                        self.options)).columns  # fmt: skip
                 if len(found) != len(columns):
@@ -92,9 +92,7 @@ class _NullColumns:
         return [null if len(null) < g.num_columns else [] for g, null in zip(groups, nulls, strict=True)]
 
     def encode(self, table: pa.Table, null: list[int]) -> pa.Buffer | Piece:
-        """``table`` as ``encode`` writes it, the columns ``null`` (all null, held) copied."""
-        if not null:
-            return encode(table, self.options)
+        """``table`` as ``encode`` writes it, the columns ``null`` (all null, held; at least one) copied."""
         copied = set(null)
         try:
             kept = [i for i in range(table.num_columns) if i not in copied]
@@ -173,8 +171,9 @@ class RowGroupWriter:
             self.at += len(part)
         piece.body, piece.parts = memoryview(b""), []  # the column chunks are in the sink: only the footer is kept
 
-    def _encode(self, table: pa.Table, _: list[int]) -> pa.Buffer:
-        return encode(table, self.options)
+    def _encode(self, table: pa.Table, null: list[int]) -> pa.Buffer | Piece:
+        """A row group, its all-null columns ``null`` copied where there are any."""
+        return self.nulls.encode(table, null) if null and self.nulls is not None else encode(table, self.options)
 
     def write_table(self, table: pa.Table, row_group_size: int | None = None) -> None:
         """``ParquetWriter.write_table``: row groups of ``row_group_size`` rows (None or -1: pyarrow's default)."""
@@ -196,14 +195,13 @@ class RowGroupWriter:
         if self.nulls is None and table.num_rows >= SPLICE_ROWS:
             self.nulls = _NullColumns(self.schema, self.options)
         nulls = self.nulls.prepare(groups) if self.nulls is not None else [[] for _ in groups]
-        coder = self.nulls.encode if self.nulls is not None else self._encode
         if len(groups) < 2 or self.workers < 2:
             for group, null in zip(groups, nulls, strict=True):
-                self._append(coder(group, null))
+                self._append(self._encode(group, null))
             return
         if self.pool is None:
             self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="blackbox-parquet")
-        for encoded in self.pool.map(coder, groups, nulls):
+        for encoded in self.pool.map(self._encode, groups, nulls):
             self._append(encoded)
 
     def close(self) -> None:
