@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -133,3 +135,72 @@ def test_payload_words_read_only_where_a_kind_uses_them_give_the_whole_read_s_ti
     for path, mine, theirs in zip(rings, planned, whole, strict=True):
         assert mine.equals(theirs), path.name
     assert len(planned[0]["kind"].unique()) == len(fmt.KIND_CODES)
+
+
+def _holed(wrapped: Path, tmp_path: Path) -> Path:
+    """A copy of ``wrapped`` with a hole where half a chunk of slots was never written (sparse)."""
+    ring = tmp_path / "holed.ring"
+    data = bytearray(wrapped.read_bytes())
+    header = read_header(wrapped)
+    lo = header.records_offset + (reader.CHUNK_SLOTS // 2) * fmt.RECORD_SIZE
+    hi = lo + reader.CHUNK_SLOTS // 2 * fmt.RECORD_SIZE
+    with open(ring, "wb") as f:
+        f.write(data[:lo])
+        f.seek(hi)
+        f.write(data[hi:])
+    return ring
+
+
+def test_reading_ahead_gives_what_reading_in_turn_gives(
+    wrapped: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every read but the first of a ring of several chunks is made on the read-ahead thread, and the
+    records and counts are those of reading each chunk in turn: a wrapped ring, and one with a hole."""
+    threads: list[str] = []
+    real = os.preadv
+
+    def noted(fd: int, buffers: list[np.ndarray], offset: int) -> int:
+        threads.append(threading.current_thread().name)
+        return real(fd, buffers, offset)
+
+    for ring in (wrapped, _holed(wrapped, tmp_path)):
+        threads.clear()
+        monkeypatch.setattr(os, "preadv", noted)
+        ahead = _read(ring)
+        main = threading.current_thread().name
+        assert threads.count(main) == 2 and threads[0] == main  # each pass's first read
+        assert len(threads) == 4 and all(name == main or name.startswith("blackbox-read") for name in threads)
+        monkeypatch.setattr(reader, "READ_AHEAD", False)
+        threads.clear()
+        in_turn = _read(ring)
+        assert set(threads) == {threading.current_thread().name}
+        monkeypatch.undo()
+        assert [w.tobytes() for w in ahead.words] == [w.tobytes() for w in in_turn.words]
+        assert (ahead.read, ahead.empty, ahead.torn, ahead.stale) == (in_turn.read, in_turn.empty, in_turn.torn,
+                                                                      in_turn.stale)  # fmt: skip
+    assert ahead.empty == reader.CHUNK_SLOTS // 2 and len(ahead.words[0]) == CAPACITY * 3 // 4  # the hole
+
+
+def test_no_read_ahead_outlives_read_slots_even_when_it_raises(wrapped: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller closes the ring's descriptor once read_slots returns: a read still in flight then would
+    read another file that took the number. Here the second pass fails while the next chunk is being read
+    ahead slowly; by the time the error reaches the caller, that read has ended."""
+    ended: list[float] = []
+    real = os.preadv
+
+    def slow(fd: int, buffers: list[np.ndarray], offset: int) -> int:
+        if threading.current_thread().name.startswith("blackbox-read"):
+            time.sleep(0.2)
+        n = real(fd, buffers, offset)
+        ended.append(time.monotonic())
+        return n
+
+    def failing(*args: object) -> bool:
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(os, "preadv", slow)
+    monkeypatch.setattr(reader, "_copied_in_place", failing)
+    with pytest.raises(RuntimeError, match="planted"):
+        _read(wrapped)
+    raised = time.monotonic()
+    assert len(ended) == 4 and max(ended) <= raised  # both passes' reads ahead had ended
