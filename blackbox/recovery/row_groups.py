@@ -10,7 +10,8 @@ pyarrow writes one file with one thread (``ArrowWriterProperties::use_threads`` 
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 import pyarrow as pa
@@ -49,21 +50,26 @@ def _all_null(column: pa.ChunkedArray) -> bool:
 
 class _NullColumns:
     """The column chunks of all-null columns, by (column, rows), to be copied into row groups of that size;
-    and the frame of the whole schema's footer. ``prepare`` (on the writer's thread) encodes those it lacks,
-    once each; ``encode`` (on any thread) only reads them."""
+    and the frame of the whole schema's footer. ``prepare`` (on the writer's thread) has those it lacks
+    encoded, once each, on the pool where there is one (beside the rest of the row groups: a full ring's two
+    sizes of null columns took 24 ms on the writer's thread first); ``encode`` (on any thread) reads them,
+    waiting where they are still being encoded."""
 
     def __init__(self, schema: pa.Schema, options: dict[str, Any]) -> None:
         self.options = options
         self.schema = schema
-        self.held: dict[tuple[int, tuple[int, ...]], Column] = {}  # (column, its chunks' lengths) -> its chunk
+        # (column, its chunks' lengths) -> (the column chunks of one encoding, this column's among them)
+        self.held: dict[tuple[int, tuple[int, ...]], tuple[Future[list[Column]], int]] = {}
         self.frame: Frame = Piece(encode(schema.empty_table(), options)).frame
         # a footer this cannot split, or a schema of nested fields (a column of several column chunks, one a
         # leaf): every row group encoded whole from then on
         self.failed = any(pa.types.is_nested(field.type) for field in schema)
 
-    def prepare(self, groups: list[pa.Table]) -> list[list[int]]:
-        """Each row group's columns to copy (none under SPLICE_ROWS rows), those not held yet encoded now:
-        for each size, one encoding of the columns it lacks, each taken from a row group where it is null."""
+    def prepare(self, groups: list[pa.Table], pool: ThreadPoolExecutor | None = None) -> list[list[int]]:
+        """Each row group's columns to copy (none under SPLICE_ROWS rows), those not held yet encoded on
+        ``pool`` (or now): for each size, one encoding of the columns it lacks, each taken from a row group
+        where it is null. The pool takes its tasks in order, so a row group submitted after these that waits
+        on one waits on a task begun."""
         if self.failed:
             return [[] for _ in groups]
         nulls = [
@@ -78,18 +84,19 @@ class _NullColumns:
                 key = _key(group, i)
                 if key not in self.held:
                     wanted.setdefault(group.num_rows, {}).setdefault(key, group.column(i))
-        try:
-            for columns in wanted.values():
-                fields = [self.schema.field(i) for i, _ in columns]
-                found = Columns(encode(pa.Table.from_arrays(list(columns.values()), schema=pa.schema(fields)),
-                                       self.options)).columns  # fmt: skip
-                if len(found) != len(columns):
-                    raise FooterError(f"expected {len(columns)} column chunks, found {len(found)}")
-                self.held.update(zip(columns, found, strict=True))
-        except FooterError:  # a footer of another shape (options this does not know): row groups encoded whole
-            self.failed = True
-            return [[] for _ in groups]
+        for columns in wanted.values():
+            fields = [self.schema.field(i) for i, _ in columns]
+            table = pa.Table.from_arrays(list(columns.values()), schema=pa.schema(fields))
+            later = pool.submit(self._chunks, table) if pool is not None else _now(self._chunks, table)
+            self.held.update((key, (later, j)) for j, key in enumerate(columns))
         return [null if len(null) < g.num_columns else [] for g, null in zip(groups, nulls, strict=True)]
+
+    def _chunks(self, table: pa.Table) -> list[Column]:
+        """The column chunks of ``table`` encoded alone, one per column (else FooterError)."""
+        found = Columns(encode(table, self.options)).columns
+        if len(found) != table.num_columns:
+            raise FooterError(f"expected {table.num_columns} column chunks, found {len(found)}")
+        return found
 
     def encode(self, table: pa.Table, null: list[int]) -> pa.Buffer | Piece:
         """``table`` as ``encode`` writes it, the columns ``null`` (all null, held; at least one) copied."""
@@ -99,11 +106,26 @@ class _NullColumns:
             group = Columns(encode(table.select(kept), self.options))
             if len(group.columns) != len(kept):
                 raise FooterError(f"expected {len(kept)} column chunks, found {len(group.columns)}")
-        except FooterError:
+            rest = iter(group.columns)
+            columns = [self._held(_key(table, i)) if i in copied else next(rest) for i in range(table.num_columns)]
+        except FooterError:  # a footer of another shape (options this does not know): encoded whole from now on
+            self.failed = True
             return encode(table, self.options)
-        rest = iter(group.columns)
-        columns = [self.held[_key(table, i)] if i in copied else next(rest) for i in range(table.num_columns)]
         return joined_columns(self.frame, table.num_rows, group, columns)
+
+    def _held(self, key: tuple[int, tuple[int, ...]]) -> Column:
+        later, j = self.held[key]
+        return later.result()[j]
+
+
+def _now(job: Callable[[pa.Table], list[Column]], table: pa.Table) -> Future[list[Column]]:
+    """``job(table)`` done now, as a future (its FooterError kept in it, as a pool's would be)."""
+    done: Future[list[Column]] = Future()
+    try:
+        done.set_result(job(table))
+    except FooterError as exc:
+        done.set_exception(exc)
+    return done
 
 
 def _key(table: pa.Table, i: int) -> tuple[int, tuple[int, ...]]:
@@ -194,13 +216,14 @@ class RowGroupWriter:
         groups = [table.slice(start, size) for start in range(0, table.num_rows, size)] or [table]
         if self.nulls is None and table.num_rows >= SPLICE_ROWS:
             self.nulls = _NullColumns(self.schema, self.options)
-        nulls = self.nulls.prepare(groups) if self.nulls is not None else [[] for _ in groups]
         if len(groups) < 2 or self.workers < 2:
+            nulls = self.nulls.prepare(groups) if self.nulls is not None else [[] for _ in groups]
             for group, null in zip(groups, nulls, strict=True):
                 self._append(self._encode(group, null))
             return
         if self.pool is None:
             self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="blackbox-parquet")
+        nulls = self.nulls.prepare(groups, self.pool) if self.nulls is not None else [[] for _ in groups]
         for encoded in self.pool.map(self._encode, groups, nulls):
             self._append(encoded)
 
