@@ -264,6 +264,18 @@ def _default_sizes() -> tuple[list[tuple[pa.Table, int | None]], pa.Schema, dict
     return [(table, None), (table, -1)], table.schema, _PARQUET
 
 
+def _no_rows_at_default_sizes() -> tuple[list[tuple[pa.Table, int | None]], pa.Schema, dict[str, object]]:
+    """No rows at pyarrow's default size (a size of none made no row group, and raised), alone and after rows."""
+    table = pa.table({"x": pa.array([1, 2, 3], pa.int64())})
+    return [(table.slice(0, 0), None), (table, None), (table.slice(0, 0), -1)], table.schema, {}
+
+
+def _no_rows_no_pages() -> tuple[list[tuple[pa.Table, int | None]], pa.Schema, dict[str, object]]:
+    """No rows after rows, with no dictionary: a row group of no pages, whose file offset ParquetWriter leaves 0."""
+    table = pa.table({"c": pa.nulls(100, pa.float64())})
+    return [(table, 20_000), (table.slice(0, 0), 1)], table.schema, {"use_dictionary": False}
+
+
 def _options_it_cannot_join() -> tuple[list[tuple[pa.Table, int | None]], pa.Schema, dict[str, object]]:
     """A page index spans the row groups: such options are written by one ParquetWriter."""
     table = timeline_rows(3_000, 32)
@@ -273,7 +285,7 @@ def _options_it_cannot_join() -> tuple[list[tuple[pa.Table, int | None]], pa.Sch
 @pytest.mark.parametrize(
     "case",
     [_struct_beside_nulls, _nulls_in_other_chunks, _other_schema_metadata, _no_rows, _default_sizes,
-     _options_it_cannot_join],
+     _options_it_cannot_join, _no_rows_at_default_sizes, _no_rows_no_pages],
 )  # fmt: skip
 @pytest.mark.parametrize("workers", [1, 3])
 def test_what_a_fuzz_of_other_tables_found_is_written_as_one_writer_writes_it(

@@ -218,7 +218,7 @@ def _row_group(data: bytes, pos: int, moved: list[tuple[int, int]]) -> tuple[int
                 pos = _column_chunk(data, pos, moved)
             continue
         end = _skip(data, pos, kind)
-        if last == _RG_FILE_OFFSET and kind == _I64:
+        if last == _RG_FILE_OFFSET and kind == _I64 and data[pos]:  # 0: none (no rows, no pages: ParquetWriter's 0)
             moved.append((pos, end))
         elif last == _RG_ORDINAL and kind == _I16:
             ordinal = (pos, end)

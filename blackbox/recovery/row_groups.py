@@ -207,7 +207,7 @@ class RowGroupWriter:
         if not table.schema.equals(self.schema, check_metadata=True):  # the writer's schema is the one written
             table = pa.Table.from_arrays(table.columns, schema=self.schema)
         if row_group_size is None or row_group_size == -1:
-            size = min(table.num_rows, DEFAULT_ROW_GROUP)
+            size = max(1, min(table.num_rows, DEFAULT_ROW_GROUP))  # (no rows: one row group of none)
         elif row_group_size < 1:
             raise ValueError(f"expected a row group size of at least 1 row (or -1), found {row_group_size}")
         else:
