@@ -199,3 +199,44 @@ def test_marks_among_every_kind_with_any_payload_draw_the_whole_bundle(tmp_path:
                  ["export", "--speedscope", str(bundle), "-o", out], ["plot", str(bundle), "-o", out + ".png"]):
         proc = blackbox_cli(*args)
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, (args, proc.stderr)
+
+
+@pytest.mark.parametrize("label", [(1 << 22) + 1, (1 << 31) + 5])
+def test_label_ids_beyond_the_counted_table_give_a_timeline_not_an_overflow(tmp_path: Path, label: int) -> None:
+    """Label ids are small integers in a real ring; a planted ring of more than 4096 marks whose label ids lie
+    past the ids counted in a table (1 << 22) raised OverflowError in ring_table, which stopped a whole
+    recovery. Now: every row kept, each label the lost-label text, every one counted lost."""
+    good = records_of("mark", 5_000, label=2)
+    bad = records_of("mark", 5_000, label=label)
+    ring = read_ring(craft_v3(tmp_path / "ids.ring", {2: "m"}, {}, {}, np.concatenate([good, bad])))
+    table = ring_table(ring)
+    labels = table["label"].to_pylist()
+    assert len(labels) == 10_000 and labels[:5_000] == ["m"] * 5_000
+    assert set(labels[5_000:]) == {f"<blackbox: label #{label} lost>"}
+    assert ring.recovery.labels_lost == 5_000
+
+
+def test_a_ring_that_trips_a_fault_in_blackbox_loses_only_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ring on which recovery itself fails (here a planted OverflowError, as a ring of huge label ids raised)
+    is listed unread with what raised, in one line; the other ring is recovered and the command succeeds."""
+    from blackbox.cli import main
+    from blackbox.recovery import pipeline
+
+    (tmp_path / "rings").mkdir()
+    good = craft_v3(tmp_path / "rings" / "good.ring", {2: "m"}, {}, {}, records_of("mark", 100, label=2))
+    bad = craft_v3(tmp_path / "rings" / "bad.ring", {2: "m"}, {}, {}, records_of("mark", 50, label=2))
+    real = pipeline.ring_table
+
+    def tripping(ring: object, **kwargs: object) -> pa.Table:
+        if getattr(ring, "path", None) == bad:
+            raise OverflowError("planted")
+        return real(ring, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pipeline, "ring_table", tripping)
+    assert main(["recover", str(good), str(bad), "-o", str(tmp_path / "b"), "--no-raw"]) == 0
+    meta = json.loads((tmp_path / "b" / "metadata.json").read_text())
+    assert meta["unread_rings"] == [{"ring": str(bad), "reason": f"{bad}: could not be recovered, a fault in "
+                                     "blackbox (OverflowError: planted); the other rings were recovered"}]  # fmt: skip
+    assert pq.read_table(tmp_path / "b" / "timeline.parquet").num_rows == 100

@@ -5,6 +5,7 @@ the two passes is dropped and counted torn, in a chunk otherwise copied whole.""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -204,3 +205,23 @@ def test_no_read_ahead_outlives_read_slots_even_when_it_raises(wrapped: Path, mo
         _read(wrapped)
     raised = time.monotonic()
     assert len(ended) == 4 and max(ended) <= raised  # both passes' reads ahead had ended
+
+
+def test_a_ring_read_at_interpreter_exit_is_read_in_turn(wrapped: Path) -> None:
+    """At interpreter exit (an atexit hook: a job's own "recover my ring as I end") a pool takes no more work:
+    the read ahead and the payload's thread fall back to the caller's thread, the same records and timeline."""
+    script = f"""
+import atexit, sys
+sys.path.insert(0, {str(REPO)!r})
+from blackbox.recovery.timeline import ring_table
+from blackbox.ring.reader import read_ring
+
+def recover():
+    ring = read_ring({str(wrapped)!r})
+    print("rows", ring_table(ring).num_rows, ring.recovery.valid, ring.recovery.torn)
+
+atexit.register(recover)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.split() == ["rows", str(CAPACITY), str(CAPACITY), "0"]

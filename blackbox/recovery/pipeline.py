@@ -214,6 +214,10 @@ class RecoveryPass:
                     self.unread.append(Unread(path, exc))
                     in_flight -= size
                     continue
+                except Exception as exc:  # an I/O error, or a fault of blackbox's own on this ring: the rest still go
+                    self.unread.append(Unread(path, _fault(path, exc)))
+                    in_flight -= size
+                    continue
                 finally:
                     del future  # it holds the table too
                     if self.progress is not None:
@@ -252,6 +256,15 @@ class RecoveryPass:
             meta["rings_left_out"] = {"limit": MAX_RINGS, "count": len(self.left_out),
                                       "rings": [str(p) for p in self.left_out]}  # fmt: skip
         return meta
+
+
+def _fault(path: Path, exc: Exception) -> BlackboxError:
+    """What went wrong reading one ring that is no error of its input blackbox names: in one line, with
+    what raised it (a planted ring that stopped the whole recovery with a traceback now loses only itself)."""
+    if isinstance(exc, OSError):
+        return BlackboxError(f"{path}: could not be read ({exc.strerror or exc})")
+    return BlackboxError(f"{path}: could not be recovered, a fault in blackbox ({type(exc).__name__}: {exc}); "
+                         "the other rings were recovered")  # fmt: skip
 
 
 def recover_rings(

@@ -104,7 +104,9 @@ def _dense_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     folded stacks' ids (``_VIRTUAL_IDS`` up), as the ``detail`` column holds."""
     if len(values) and int(values.max()) < _DENSE:
         return _counted(values)
-    if len(values) > 4096 and int(values.min()) >= 0:  # (a sort of fewer costs less than the steps below)
+    if len(values) > 4096 and int(values.min()) >= 0 and values.dtype != np.uint64:  # (a sort costs less for few)
+        if values.dtype.kind == "u":  # u4 label ids: numpy refuses an ``initial`` below (1 << 33, -1) out of u4
+            values = values.astype(np.int64)
         high = values >= _DENSE  # no copies of the values but one: a ring may hold a million rows
         if int(np.min(values, where=high, initial=_VIRTUAL_IDS)) >= _VIRTUAL_IDS and int(values.max()) < (
             _VIRTUAL_IDS + _DENSE
@@ -223,7 +225,10 @@ def _table(ring: Ring, r: dict[str, np.ndarray], n: int, beside: ThreadPoolExecu
     stack_rows = np.flatnonzero(r["kind"] == _KIND_STACK_SAMPLE) if ring.header.version >= 3 else np.zeros(0, int)
     folded_stacks = _stacks(r, stack_rows, ring.stacks)
     details = folded_stacks if allocs is None else _joined(folded_stacks, allocs[0], allocs[1], allocs[2])
-    payload = beside.submit(_payload, r, ring.header.version, ring.strings, details, cut)
+    try:
+        payload = beside.submit(_payload, r, ring.header.version, ring.strings, details, cut)
+    except RuntimeError:  # the interpreter is shutting down (an atexit hook): made here, in turn
+        payload = _Here().submit(_payload, r, ring.header.version, ring.strings, details, cut)
     times, clamped = ring_times(ring, r["time"])
     labels, lost = _labels(*_alloc_labels(r["label"], ring.strings, allocs), cut)
     ring.recovery.time_clamped = clamped

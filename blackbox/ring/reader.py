@@ -403,12 +403,13 @@ class _SlotFile(contextlib.AbstractContextManager["_SlotFile"]):
     def __init__(self, fd: int, base: int, present: int) -> None:
         self.fd, self.base, self.present = fd, base, present
         self.scanned = 0
-        self.ahead = ThreadPoolExecutor(1, "blackbox-read") if READ_AHEAD and present > CHUNK_SLOTS else None
+        self.pool = ThreadPoolExecutor(1, "blackbox-read") if READ_AHEAD and present > CHUNK_SLOTS else None
+        self.ahead = self.pool  # None once it refuses a read
         self.bufs = [np.empty(min(CHUNK_SLOTS, present), fmt.RECORD_DTYPE) for _ in range(1 + bool(self.ahead))]
 
     def __exit__(self, *exc: object) -> None:
-        if self.ahead is not None:
-            self.ahead.shutdown(wait=True)
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
 
     def chunks(self, wanted: np.ndarray | None = None) -> Iterator[tuple[int, np.ndarray]]:
         """(first slot, the slots read) for every chunk holding data; with ``wanted`` (sorted slot
@@ -428,8 +429,11 @@ class _SlotFile(contextlib.AbstractContextManager["_SlotFile"]):
                     self.present = at + n
                 span = next(spans, None) if n == count else None
                 if span is not None and self.ahead is not None:
-                    turn ^= 1
-                    ahead = self.ahead.submit(self._read, self.bufs[turn], *span)
+                    try:
+                        ahead = self.ahead.submit(self._read, self.bufs[turn ^ 1], *span)
+                        turn ^= 1
+                    except RuntimeError:  # the interpreter is shutting down (an atexit hook): read in turn
+                        self.ahead = None
                 if n:
                     yield at, buf[:n]
         finally:
