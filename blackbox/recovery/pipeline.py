@@ -210,12 +210,8 @@ class RecoveryPass:
                 path, size, future = pending.popleft()
                 try:
                     table, meta, kill, crash, owner = future.result() if future is not None else self._one(path)
-                except BlackboxError as exc:
-                    self.unread.append(Unread(path, exc))
-                    in_flight -= size
-                    continue
-                except Exception as exc:  # an I/O error, or a fault of blackbox's own on this ring: the rest still go
-                    self.unread.append(Unread(path, _fault(path, exc)))
+                except Exception as exc:  # besides its input's errors, an I/O error or a fault of blackbox's own
+                    self.unread.append(Unread(path, exc if isinstance(exc, BlackboxError) else _fault(path, exc)))
                     in_flight -= size
                     continue
                 finally:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -28,7 +27,6 @@ GAUGES = tuple(c for c in fmt.SAMPLE_FIELDS + fmt.GPU_SAMPLE_FIELDS if c)
 COUNTERS = frozenset({"cgroup_oom_kills", "psi_some_us", "psi_full_us", "gpu_alloc_retries", "gpu_ooms"})
 BYTE_GAUGES = tuple(g for g in GAUGES if g not in COUNTERS)
 _DICT_STR = pa.dictionary(pa.int32(), pa.string())
-_T = TypeVar("_T")
 _KIND_SIGNAL = fmt.KIND_CODES["signal"]
 _KIND_STACK_SAMPLE = fmt.KIND_CODES["stack_sample"]
 _KIND_SAMPLE = fmt.KIND_CODES["sample"]
@@ -197,7 +195,7 @@ def ring_table(ring: Ring, *, release: bool = False) -> pa.Table:
     r = columns.fields(ring.words)
     if release:
         ring.release()
-    with ThreadPoolExecutor(1, "blackbox-table") if n >= _BESIDE_ROWS else _Here() as beside:
+    with ThreadPoolExecutor(1, "blackbox-table") if n >= _BESIDE_ROWS else contextlib.nullcontext() as beside:
         return _table(ring, r, n, beside)
 
 
@@ -206,29 +204,19 @@ def ring_table(ring: Ring, *, release: bool = False) -> pa.Table:
 _BESIDE_ROWS = 1 << 16
 
 
-class _Here(contextlib.AbstractContextManager["_Here"]):
-    """An executor that runs what it is given at once, on the caller's thread (a small ring's timeline)."""
-
-    def submit(self, job: Callable[..., _T], *args: Any) -> Future[_T]:
-        done: Future[_T] = Future()
-        done.set_result(job(*args))
-        return done
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-
-def _table(ring: Ring, r: dict[str, np.ndarray], n: int, beside: ThreadPoolExecutor | _Here) -> pa.Table:
+def _table(ring: Ring, r: dict[str, np.ndarray], n: int, beside: ThreadPoolExecutor | None) -> pa.Table:
+    """``ring_table``'s columns; the payload's on ``beside`` where given, else made here after the others."""
     ident = ring.meta.get("identity") or {}
     cut = ring.strings_cut > 0
     allocs = _alloc_stacks(r, ring.stacks) if ring.header.version >= 4 else None
     stack_rows = np.flatnonzero(r["kind"] == _KIND_STACK_SAMPLE) if ring.header.version >= 3 else np.zeros(0, int)
     folded_stacks = _stacks(r, stack_rows, ring.stacks)
     details = folded_stacks if allocs is None else _joined(folded_stacks, allocs[0], allocs[1], allocs[2])
-    try:
-        payload = beside.submit(_payload, r, ring.header.version, ring.strings, details, cut)
-    except RuntimeError:  # the interpreter is shutting down (an atexit hook): made here, in turn
-        payload = _Here().submit(_payload, r, ring.header.version, ring.strings, details, cut)
+    payload_of = (r, ring.header.version, ring.strings, details, cut)
+    payload: Future[dict[str, pa.Array]] | None = None
+    if beside is not None:
+        with contextlib.suppress(RuntimeError):  # the interpreter is shutting down (an atexit hook): made here
+            payload = beside.submit(_payload, *payload_of)
     times, clamped = ring_times(ring, r["time"])
     labels, lost = _labels(*_alloc_labels(r["label"], ring.strings, allocs), cut)
     ring.recovery.time_clamped = clamped
@@ -256,7 +244,7 @@ def _table(ring: Ring, r: dict[str, np.ndarray], n: int, beside: ThreadPoolExecu
     cols.update(_oom_figures(r["kind"], labels))
     cols["stack"] = stack_in_force(r["kind"], folded_stacks)
     cols["job"] = _const_str(_str_or_none(ident.get("job")), n)
-    cols.update(payload.result())
+    cols.update(payload.result() if payload is not None else _payload(*payload_of))
     return pa.Table.from_arrays([cols[name] for name in _NAMES], schema=TIMELINE_SCHEMA)  # (from_pydict: 2x the cost)
 
 
