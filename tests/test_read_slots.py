@@ -1,6 +1,8 @@
-"""The reader's pass over a ring's slots (``reader.read_slots``): a wrapped ring of several chunks read
+"""The reader's passes over a ring's slots (``slots.read_slots``): a wrapped ring of several chunks read
 as block copies gives exactly what the slot-by-slot copy gives, and a slot a live writer changes between
-the two passes is dropped and counted torn, in a chunk otherwise copied whole."""
+the two passes is dropped and counted torn, in a chunk otherwise copied whole. Reading ahead and reading
+in one pass give what reading in turn and in two passes give. The one pass's own cases (where the probes
+find the window and where they do not) are in tests/test_one_pass.py."""
 
 from __future__ import annotations
 
@@ -17,11 +19,13 @@ from conftest import REPO
 
 import blackbox
 from blackbox.recovery.timeline import ring_table
-from blackbox.ring import columns, reader
+from blackbox.ring import chunks, columns
 from blackbox.ring import format as fmt
-from blackbox.ring.reader import read_header, read_ring, read_slots
+from blackbox.ring import slots as ring_slots
+from blackbox.ring.reader import read_header, read_ring
+from blackbox.ring.slots import Slots, read_slots
 
-CAPACITY = 2 * reader.CHUNK_SLOTS  # two chunks of slots
+CAPACITY = 2 * chunks.CHUNK_SLOTS  # two chunks of slots
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +39,7 @@ def wrapped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _read(path: Path) -> reader.Slots:
+def _read(path: Path) -> Slots:
     fd = os.open(path, os.O_RDONLY)
     try:
         return read_slots(fd, read_header(path), os.fstat(fd).st_size)
@@ -53,8 +57,10 @@ def test_a_wrapped_ring_reads_its_last_window_in_seq_order(wrapped: Path) -> Non
 
 
 def test_block_copies_give_what_the_slot_by_slot_copy_gives(wrapped: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ring_slots, "ONE_PASS", False)
     fast = _read(wrapped)
-    monkeypatch.setattr(reader, "_copied_in_place", lambda *args: False)
+    monkeypatch.setattr(ring_slots, "ONE_PASS", False)  # the block copies are the second pass's
+    monkeypatch.setattr(ring_slots, "_copied_in_place", lambda *args: False)
     slow = _read(wrapped)
     assert [w.tobytes() for w in fast.words] == [w.tobytes() for w in slow.words]
     assert (fast.read, fast.empty, fast.torn, fast.stale) == (slow.read, slow.empty, slow.torn, slow.stale)
@@ -69,11 +75,11 @@ def test_a_slot_changed_between_the_passes_is_dropped_and_counted_torn(
     ring.write_bytes(wrapped.read_bytes())
     header = read_header(ring)
     oldest = int(columns.field(_read(ring).words, "seq")[0]) % CAPACITY  # where the seqs wrap
-    slot = 123 if oldest >= reader.CHUNK_SLOTS else reader.CHUNK_SLOTS + 123  # in the chunk they do not
+    slot = 123 if oldest >= chunks.CHUNK_SLOTS else chunks.CHUNK_SLOTS + 123  # in the chunk they do not
     at = header.records_offset + slot * fmt.RECORD_SIZE
     words = np.frombuffer(ring.read_bytes()[at : at + fmt.RECORD_SIZE], "<u8")
-    victim = int(words[reader._SEQ])
-    seq_positions = reader._seq_positions
+    victim = int(words[ring_slots._SEQ])
+    seq_positions = ring_slots._seq_positions
 
     def writer_meanwhile(seq: np.ndarray) -> np.ndarray:
         with open(ring, "r+b") as f:  # a new seq, its commit word not yet written
@@ -81,8 +87,9 @@ def test_a_slot_changed_between_the_passes_is_dropped_and_counted_torn(
             f.write((victim + CAPACITY).to_bytes(8, "little"))
         return seq_positions(seq)
 
-    monkeypatch.setattr(reader, "_seq_positions", writer_meanwhile)
-    # WHEN its slots are read
+    monkeypatch.setattr(ring_slots, "_seq_positions", writer_meanwhile)
+    monkeypatch.setattr(ring_slots, "ONE_PASS", False)
+    # WHEN its slots are read in two passes
     slots = _read(ring)
     # THEN that one slot is dropped and counted torn; every other record is there, in seq order
     seqs = columns.field(slots.words, "seq").tolist()
@@ -111,12 +118,18 @@ def test_a_ring_of_one_chunk_is_read_once(tmp_path: Path, monkeypatch: pytest.Mo
     assert marks[-1] == 299 and (np.diff(marks) == 1).all()
 
 
-def test_a_ring_of_two_chunks_is_read_twice(wrapped: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_wrapped_ring_of_two_chunks_is_read_once_where_two_passes_read_it_twice(
+    wrapped: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     reads: list[int] = []
     real = os.preadv
     monkeypatch.setattr(os, "preadv", lambda fd, buffers, offset: reads.append(offset) or real(fd, buffers, offset))
-    _read(wrapped)
-    assert len(reads) == 4
+    once = _read(wrapped)
+    assert len(reads) == 2
+    monkeypatch.setattr(ring_slots, "ONE_PASS", False)
+    twice = _read(wrapped)
+    assert len(reads) == 6
+    assert [w.tobytes() for w in once.words] == [w.tobytes() for w in twice.words]
 
 
 def test_payload_words_read_only_where_a_kind_uses_them_give_the_whole_read_s_timeline(
@@ -143,8 +156,8 @@ def _holed(wrapped: Path, tmp_path: Path) -> Path:
     ring = tmp_path / "holed.ring"
     data = bytearray(wrapped.read_bytes())
     header = read_header(wrapped)
-    lo = header.records_offset + (reader.CHUNK_SLOTS // 2) * fmt.RECORD_SIZE
-    hi = lo + reader.CHUNK_SLOTS // 2 * fmt.RECORD_SIZE
+    lo = header.records_offset + (chunks.CHUNK_SLOTS // 2) * fmt.RECORD_SIZE
+    hi = lo + chunks.CHUNK_SLOTS // 2 * fmt.RECORD_SIZE
     with open(ring, "wb") as f:
         f.write(data[:lo])
         f.seek(hi)
@@ -166,12 +179,13 @@ def test_reading_ahead_gives_what_reading_in_turn_gives(
 
     for ring in (wrapped, _holed(wrapped, tmp_path)):
         threads.clear()
+        monkeypatch.setattr(ring_slots, "ONE_PASS", False)  # two passes: each begins with a read of its own
         monkeypatch.setattr(os, "preadv", noted)
         ahead = _read(ring)
         main = threading.current_thread().name
         assert threads.count(main) == 2 and threads[0] == main  # each pass's first read
         assert len(threads) == 4 and all(name == main or name.startswith("blackbox-read") for name in threads)
-        monkeypatch.setattr(reader, "READ_AHEAD", False)
+        monkeypatch.setattr(chunks, "READ_AHEAD", False)
         threads.clear()
         in_turn = _read(ring)
         assert set(threads) == {threading.current_thread().name}
@@ -179,7 +193,7 @@ def test_reading_ahead_gives_what_reading_in_turn_gives(
         assert [w.tobytes() for w in ahead.words] == [w.tobytes() for w in in_turn.words]
         assert (ahead.read, ahead.empty, ahead.torn, ahead.stale) == (in_turn.read, in_turn.empty, in_turn.torn,
                                                                       in_turn.stale)  # fmt: skip
-    assert ahead.empty == reader.CHUNK_SLOTS // 2 and len(ahead.words[0]) == CAPACITY * 3 // 4  # the hole
+    assert ahead.empty == chunks.CHUNK_SLOTS // 2 and len(ahead.words[0]) == CAPACITY * 3 // 4  # the hole
 
 
 def test_no_read_ahead_outlives_read_slots_even_when_it_raises(wrapped: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -200,11 +214,20 @@ def test_no_read_ahead_outlives_read_slots_even_when_it_raises(wrapped: Path, mo
         raise RuntimeError("planted")
 
     monkeypatch.setattr(os, "preadv", slow)
-    monkeypatch.setattr(reader, "_copied_in_place", failing)
+    monkeypatch.setattr(ring_slots, "ONE_PASS", False)
+    monkeypatch.setattr(ring_slots, "_copied_in_place", failing)
     with pytest.raises(RuntimeError, match="planted"):
         _read(wrapped)
     raised = time.monotonic()
     assert len(ended) == 4 and max(ended) <= raised  # both passes' reads ahead had ended
+    # and the one pass, failing in its first chunk's copy while the second is read ahead
+    ended.clear()
+    monkeypatch.setattr(ring_slots, "ONE_PASS", True)
+    monkeypatch.setattr(columns, "put", failing)
+    with pytest.raises(RuntimeError, match="planted"):
+        _read(wrapped)
+    raised = time.monotonic()
+    assert len(ended) == 2 and max(ended) <= raised
 
 
 def test_a_ring_read_at_interpreter_exit_is_read_in_turn(wrapped: Path) -> None:

@@ -12,8 +12,7 @@ import contextlib
 import functools
 import os
 import stat
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,15 +23,14 @@ from .._errors import BlackboxError, NotARingError, RingNotFoundError, UnsafeInp
 from . import columns
 from . import format as fmt
 from .heap import HeapScan, read_heap
-from .inputs import Folder, data_ranges, nonzero_spans, open_folder, open_input, read_at, what_is
+from .inputs import Folder, nonzero_spans, open_folder, open_input, read_at, what_is
 from .packed import PACKED_SUFFIX, unpack
 from .scan import StackScan, scan_stack_spans, scan_string_spans
+from .slots import read_slots
 
 MAX_STRINGS_SIZE = 1 << 30
 MAX_STACKS_SIZE = 1 << 30
 MAX_CRASH_BYTES = fmt.CRASH_TEXT_MAX  # faulthandler's output for up to 100 threads fits easily
-CHUNK_SLOTS = 1 << 15  # slots read at a time (4 MiB; two buffers of it, one being read ahead: see _SlotFile)
-READ_AHEAD = True  # a ring of several chunks is read a chunk ahead (off: every read in turn, for tests)
 RING_SUFFIX = ".ring"
 RING_SUFFIXES = (RING_SUFFIX, RING_SUFFIX + PACKED_SUFFIX)  # a ring, and one a bundle keeps (rings/*.ring.zst)
 CRASH_SUFFIX = ".crash"  # faulthandler's tracebacks of a native crash, beside a version-1/2 ring
@@ -264,200 +262,6 @@ def _signal_slots(fd: int, header: fmt.Header) -> dict[str, str]:
              for i, n in enumerate(fmt.SIGNAL_SLOTS)}  # fmt: skip
     return {name: text for name, text in slots.items() if text is not None}
 
-
-@dataclass
-class Slots:
-    """The valid records of a ring in seq order (column-major, ``columns``), and the census of every slot."""
-
-    words: columns.Words
-    read: int  # slots present in the file (fewer than the capacity if it was truncated)
-    empty: int
-    torn: int
-    stale: int
-
-
-def read_slots(fd: int, header: fmt.Header, size: int) -> Slots:
-    """Apply the commit rule (see ``format.classify``) to every slot, CHUNK_SLOTS at a time, skipping holes.
-
-    Two passes over the file: the first classifies every slot and keeps only the seq of the intact
-    ones (8 bytes each); the second copies the valid slots straight to their place in seq order,
-    column-major (``columns``). So memory is the valid records plus a chunk, whatever the capacity a
-    header declares. A slot that changed between the passes (a live writer) is dropped and counted as torn.
-    """
-    cap, base = header.capacity, header.records_offset
-    with _SlotFile(fd, base, min(cap, max(0, size - base) // fmt.RECORD_SIZE)) as slots:
-        return _valid_slots(slots, header)
-
-
-def _valid_slots(slots: _SlotFile, header: fmt.Header) -> Slots:
-    """``read_slots`` over the slots of an open file."""
-    cap = header.capacity
-    indices, seqs, kinds = [], [], []
-    empty = torn = 0
-    read: list[tuple[int, np.ndarray]] = []  # the chunks of the first pass (views of reused buffers)
-    for at, chunk in slots.chunks():
-        read.append((at, chunk))
-        seq = chunk["seq"]
-        index = np.arange(at, at + len(chunk), dtype=np.uint64)
-        intact = (seq != 0) & (chunk["commit"] == seq) & (seq % np.uint64(cap) == index)
-        indices.append(index[intact])
-        seqs.append(seq[intact])
-        kinds.append(chunk["kind"][intact])
-        rest = chunk[~intact].view("<u8").reshape(-1, fmt.RECORD_SIZE // 8)
-        blank = int((~rest.any(axis=1)).sum())
-        empty, torn = empty + blank, torn + len(rest) - blank
-    empty += slots.present - slots.scanned  # holes: never written
-    index = np.concatenate(indices) if indices else np.zeros(0, np.uint64)
-    seq = np.concatenate(seqs) if seqs else np.zeros(0, np.uint64)
-    head = int(seq.max()) if len(seq) else 0
-    inside = seq > np.uint64(head - min(head, cap))
-    stale = int((~inside).sum())
-    index, seq = index[inside], seq[inside]
-    dest = _seq_positions(seq)
-    plan = columns.plan(header.version, np.concatenate(kinds)[inside] if kinds else np.zeros(0, np.uint8))
-    words = columns.empty(len(seq), plan)
-    copied = np.zeros(len(seq), bool)
-    # a ring read in one chunk is copied from that read (the buffer still holds it): one snapshot, so nothing
-    # can change between the passes (a tiny ring's second read cost as much as the rest of its decode)
-    second = read if len(read) == 1 and len(index) else slots.chunks(index)
-    for at, chunk in second:
-        lo, hi = np.searchsorted(index, _bounds(at, len(chunk)))
-        if _copied_in_place(chunk, at, index[lo:hi], seq[lo:hi], dest[lo:hi], words, plan):
-            copied[lo:hi] = True
-            continue
-        rows = _words(chunk)[(index[lo:hi] - np.uint64(at)).astype(np.intp)]  # whole slots, not field by field
-        same = (rows[:, _SEQ] == seq[lo:hi]) & (rows[:, _COMMIT] == rows[:, _SEQ])
-        columns.put(words, dest[lo:hi][same], rows[same], plan)
-        copied[lo:hi] = same
-    if not copied.all():  # changed since the first pass: drop them
-        torn += int((~copied).sum())
-        words = columns.take(words, np.sort(dest[copied]))
-    return Slots(words, slots.present, empty, torn, stale)
-
-
-def _copied_in_place(
-    chunk: np.ndarray, at: int, index: np.ndarray, seq: np.ndarray, dest: np.ndarray, words: columns.Words,
-    plan: columns.Plan,
-) -> bool:
-    """The common case of the second pass, done as one block copy: the chunk's valid slots are one run of
-    neighbours that go to neighbouring places (a full ring's chunks, but for the one where its seqs wrap),
-    and none changed since the first pass. False (nothing copied) otherwise: the caller copies row by row.
-    A full 128 MiB ring: 0.10 s to 0.03 s."""
-    n = len(index)
-    if n == 0 or int(index[-1]) - int(index[0]) != n - 1 or int(dest[-1]) - int(dest[0]) != n - 1:
-        return False  # ``index`` ascends without repeats: a span of n - 1 is a run; ``dest`` is checked below
-    if n > 1 and not bool((np.diff(dest) == 1).all()):
-        return False
-    first = int(index[0]) - at
-    rows = _words(chunk)[first : first + n]
-    if not bool(((rows[:, _SEQ] == seq) & (rows[:, _COMMIT] == seq)).all()):
-        return False
-    columns.put(words, slice(int(dest[0]), int(dest[0]) + n), rows, plan)
-    return True
-
-
-def _bounds(at: int, count: int) -> np.ndarray:
-    """[at, at + count] as slot indices (uint64): searched among uint64 indices, a list of Python ints
-    would make numpy compare in float64, converting all the ring's indices at each call (0.6 ms a chunk)."""
-    return np.array([at, at + count], np.uint64)
-
-
-def _word(field: str) -> int:
-    """Which 64-bit word of a slot holds ``field``."""
-    fields = fmt.RECORD_DTYPE.fields
-    assert fields is not None
-    return int(fields[field][1]) // 8
-
-
-_SEQ, _COMMIT = _word("seq"), _word("commit")
-
-
-def _words(slots: np.ndarray) -> np.ndarray:
-    """Slots as rows of 64-bit words: numpy copies such rows whole, ten times faster than records of
-    named fields (the second pass over a full 32 MiB ring: 0.3 s less)."""
-    return slots.view("<u8").reshape(-1, fmt.RECORD_SIZE // 8)
-
-
-def _seq_positions(seq: np.ndarray) -> np.ndarray:
-    """Where each slot (in slot order) goes in seq order. Valid slots hold seq % capacity, so in slot
-    order their seqs form at most two ascending runs: a rotation, found in linear time."""
-    n = len(seq)
-    drops = np.flatnonzero(seq[1:] < seq[:-1])
-    if len(drops) == 0:
-        return np.arange(n)
-    if len(drops) == 1 and seq[-1] < seq[0]:
-        return (np.arange(n) - (int(drops[0]) + 1)) % n
-    dest = np.empty(n, np.intp)
-    dest[np.argsort(seq, kind="stable")] = np.arange(n)
-    return dest
-
-
-class _SlotFile(contextlib.AbstractContextManager["_SlotFile"]):
-    """The slots of a ring file, read CHUNK_SLOTS at a time into one buffer, holes skipped. A ring of more
-    than one chunk is read a chunk ahead, on a thread of its own and into a second buffer, while the caller
-    works on the last one (``preadv`` and numpy's loops both let go of the GIL): copying the file's pages is
-    most of a pass (a full ring's read_ring on the 2-vCPU VM, medians: 143-150 ms read in turn in chunks of
-    8 MiB, 108-131 ms read ahead in chunks of 4 MiB). Used as a context: on leaving it no read is still in
-    flight, so the caller may close ``fd``."""
-
-    def __init__(self, fd: int, base: int, present: int) -> None:
-        self.fd, self.base, self.present = fd, base, present
-        self.scanned = 0
-        self.pool = ThreadPoolExecutor(1, "blackbox-read") if READ_AHEAD and present > CHUNK_SLOTS else None
-        self.ahead = self.pool  # None once it refuses a read
-        self.bufs = [np.empty(min(CHUNK_SLOTS, present), fmt.RECORD_DTYPE) for _ in range(1 + bool(self.ahead))]
-
-    def __exit__(self, *exc: object) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
-
-    def chunks(self, wanted: np.ndarray | None = None) -> Iterator[tuple[int, np.ndarray]]:
-        """(first slot, the slots read) for every chunk holding data; with ``wanted`` (sorted slot
-        indices), only the chunks holding one of them. The buffers are reused: copy what you keep."""
-        self.scanned = 0
-        spans = self._spans(wanted)
-        span = next(spans, None)
-        turn, ahead = 0, None  # ahead: the read of ``span`` into bufs[turn], begun while the last chunk was used
-        try:
-            while span is not None:
-                at, count = span
-                buf = self.bufs[turn]
-                n = ahead.result() if ahead is not None else self._read(buf, at, count)
-                ahead = None
-                self.scanned += n
-                if n < count:  # the file shrank while being read
-                    self.present = at + n
-                span = next(spans, None) if n == count else None
-                if span is not None and self.ahead is not None:
-                    try:
-                        ahead = self.ahead.submit(self._read, self.bufs[turn ^ 1], *span)
-                        turn ^= 1
-                    except RuntimeError:  # the interpreter is shutting down (an atexit hook): read in turn
-                        self.ahead = None
-                if n:
-                    yield at, buf[:n]
-        finally:
-            if ahead is not None:  # left early: the read must not outlive the generator (nor land later)
-                wait([ahead])
-
-    def _spans(self, wanted: np.ndarray | None) -> Iterator[tuple[int, int]]:
-        """(first slot, count) of each chunk to read, in file order."""
-        done, size = 0, fmt.RECORD_SIZE
-        for lo, hi in data_ranges(self.fd, self.base, self.base + self.present * size):
-            first, end = max(done, (lo - self.base) // size), min(self.present, -(-(hi - self.base) // size))
-            for at in range(first, end, CHUNK_SLOTS):
-                count = min(CHUNK_SLOTS, end - at)
-                if wanted is not None:
-                    lo_i, hi_i = np.searchsorted(wanted, _bounds(at, count))
-                    if lo_i == hi_i:
-                        continue
-                yield at, count
-            done = max(done, end)
-
-    def _read(self, buf: np.ndarray, at: int, count: int) -> int:
-        """Read ``count`` slots from slot ``at`` into ``buf``; how many whole slots the file held."""
-        view: Any = buf[:count].view(np.uint8)  # numpy arrays are buffers; the stubs disagree
-        return os.preadv(self.fd, [view], self.base + at * fmt.RECORD_SIZE) // fmt.RECORD_SIZE
 
 
 @dataclass
