@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import REPO
 
 import blackbox
 from blackbox.ring import chunks, columns
@@ -187,3 +189,67 @@ def test_one_pass_reads_what_two_passes_read_of_damaged_rings(
         ways.add(used)
         ring.unlink()
     assert ways == {True, False}
+
+
+def test_a_filesystem_that_cannot_tell_holes_does_not_make_one_pass_hold_the_declared_capacity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NFS or FUSE answer SEEK_DATA with "all data": a sparse ring declaring 4 M slots (512 MiB) but holding
+    ten records would have had rows made for every slot. The rows are bounded by the blocks the file holds."""
+    sys.path.insert(0, str(REPO / "tools"))
+    from craft_ring import craft
+
+    ring = craft(tmp_path / "sparse.ring", 1 << 22, "mark", events=10, sparse=True)
+    assert os.stat(ring).st_blocks * 512 < 1 << 20
+    real = os.lseek
+
+    def no_holes(fd: int, pos: int, how: int) -> int:
+        if how == os.SEEK_DATA:
+            return pos
+        if how == os.SEEK_HOLE:
+            return os.fstat(fd).st_size
+        return real(fd, pos, how)
+
+    made: list[int] = []
+    empty = columns.empty
+    monkeypatch.setattr(os, "lseek", no_holes)
+    monkeypatch.setattr(columns, "empty", lambda n, plan=None: made.append(n) or empty(n, plan))
+    slots, used = _same(ring, monkeypatch)
+    assert used and len(slots.words[0]) == 10
+    assert made and max(made) <= (1 << 20) // fmt.RECORD_SIZE
+
+
+def _rss_of(row: np.ndarray) -> int:
+    """Bytes of ``row``'s pages present in memory (/proc/self/pagemap: bit 63 of each page's entry)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    at = row.__array_interface__["data"][0]
+    first, last = at // page, (at + row.nbytes - 1) // page
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(first * 8)
+        entries = np.frombuffer(f.read((last - first + 1) * 8), "<u8")
+    return int(((entries >> np.uint64(63)) & np.uint64(1)).sum()) * page
+
+
+def test_closing_up_keeps_a_payload_word_only_where_a_kind_uses_it() -> None:
+    """``columns.keep``: a word no record uses is made anew untouched, one some kinds use is copied for
+    those records only (the rest of its pages never touched), not remade whole (72 MB of a full ring)."""
+    n = 1 << 20
+    plan = columns.plan(4, np.array([fmt.KIND_CODES["mark"], fmt.KIND_CODES["sample"]], np.uint8))
+    used = [w for w, uses in enumerate(plan) if isinstance(uses, np.ndarray)]
+    unused = [w for w, uses in enumerate(plan) if uses is False]
+    assert used and unused
+    words = columns.empty(n, plan)
+    kinds = np.full(n, fmt.KIND_CODES["mark"], np.uint64)
+    kinds[::100_000] = fmt.KIND_CODES["sample"]  # eleven samples
+    words[columns._KIND_WORD][:] = kinds << np.uint64(columns._KIND_SHIFT)
+    for w in used:
+        words[w][kinds == fmt.KIND_CODES["sample"]] = w
+    records = np.arange(1, n, dtype=np.intp)  # the first record dropped
+    columns.keep(words, records, plan)
+    # (pages first: reading an untouched page maps the zero page in)
+    assert all(_rss_of(words[w]) < n * 8 // 4 for w in used)  # touched where the samples are
+    assert all(_rss_of(words[w]) == 0 for w in unused)
+    kept_kinds = kinds[1:]
+    for w in used:
+        assert (words[w] == np.where(kept_kinds == fmt.KIND_CODES["sample"], w, 0)).all()
+    assert all(len(words[w]) == n - 1 and not words[w].any() for w in unused)

@@ -35,6 +35,7 @@ _FIELDS: dict[str, Any] = {name: spec for name, spec in (fmt.RECORD_DTYPE.fields
 Words = list[np.ndarray]  # WIDTH arrays of uint64: words[w][i] is word w of record i
 _PAYLOAD = int(_FIELDS["p0"][1]) // 8  # the first payload word
 _KIND_WORD, _KIND_SHIFT = int(_FIELDS["kind"][1]) // 8, int(_FIELDS["kind"][1]) % 8 * 8  # where a record's kind lies
+assert _KIND_WORD < _PAYLOAD  # (``keep`` reads the kinds of the records it has kept before any payload word)
 
 
 Plan = list["np.ndarray | bool | None"]  # per word: None (every record's word kept), False (none), or which
@@ -148,12 +149,24 @@ def take(words: Words, records: np.ndarray) -> Words:
     return [row[records] for row in words]
 
 
-def keep(words: Words, records: np.ndarray) -> None:
+def keep(words: Words, records: np.ndarray, plan: Plan | None = None) -> None:
     """Keep only the records at ``records`` (indices), in that order, a row at a time: each row's old
-    array is let go as its new one is made, so memory peaks at one row more, not twice the records."""
+    array is let go as its new one is made, so memory peaks at one row more, not twice the records. A
+    word ``plan`` keeps for no record is made anew as zero pages, and one it keeps for some kinds only is
+    copied for those records only (the rest of its pages never touched), as ``empty`` and ``put`` make them."""
+    kinds: np.ndarray | None = None
     for w, row in enumerate(words):
-        kept = _row(len(records))
-        np.take(row, records, out=kept)
+        uses = None if plan is None else plan[w]
+        if uses is None:
+            kept = _row(len(records))
+            np.take(row, records, out=kept)
+        else:
+            kept = _row(len(records), populate=False)
+            if isinstance(uses, np.ndarray):
+                if kinds is None:  # the kind word comes before any payload word: already kept
+                    kinds = ((words[_KIND_WORD] >> np.uint64(_KIND_SHIFT)) & np.uint64(0xFF)).astype(np.intp)
+                mine = np.flatnonzero(uses[kinds])
+                kept[mine] = row[records[mine]]
         words[w] = kept
         del row
 

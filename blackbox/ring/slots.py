@@ -106,7 +106,10 @@ def _one_pass(slots: SlotFile, header: fmt.Header) -> Slots | None:
     the ring in two passes, which sorts out any ring. A full ring on the 2-vCPU VM: the second read of
     every slot saved (128 MiB copied from the page cache, and its checks)."""
     runs = slots.runs()
-    room = sum(end - first for first, end in runs)  # slots holding data: no more valid records than these
+    # the slots holding data, as the file says where its holes are and as its blocks say (a filesystem that cannot
+    # tell holes, NFS or FUSE, calls all of a sparse file data): no more valid records than these, and the rows
+    # made for them at once bounded by the bytes the file really holds, whatever capacity a header declares
+    room = min(sum(end - first for first, end in runs), os.fstat(slots.fd).st_blocks * 512 // fmt.RECORD_SIZE)
     oldest = _oldest(slots, header.capacity, runs)
     if oldest is None or room == 0:
         return None
@@ -114,6 +117,7 @@ def _one_pass(slots: SlotFile, header: fmt.Header) -> Slots | None:
     plan = columns.plan(header.version, _EVERY_KIND)  # the kinds are not known before the pass: any kind's words
     words = columns.empty(room, plan)
     taken = np.zeros(room, bool)
+    seen = np.zeros(256, bool)  # the kinds of the valid records
     empty = torn = count = 0
     top = -1  # the last place taken
     for at, chunk in slots.chunks():
@@ -139,10 +143,12 @@ def _one_pass(slots: SlotFile, header: fmt.Header) -> Slots | None:
             where, top = place.astype(np.intp), max(top, highest)
         columns.put(words, where, rows, plan)
         taken[where] = True
+        seen[chunk["kind"][intact]] = True
         count += n
     empty += slots.present - slots.scanned  # holes: never written
-    if count != top + 1:  # places no valid slot took (torn slots, a seq never written): closed up
-        columns.keep(words, np.flatnonzero(taken[: top + 1]))
+    if count != top + 1:  # places no valid slot took (torn slots, a seq never written): closed up, but the words
+        # no kind present uses (zero pages never touched: a training ring's nine payload rows) made anew as such
+        columns.keep(words, np.flatnonzero(taken[: top + 1]), columns.plan(header.version, np.flatnonzero(seen)))
     elif count < room:
         words = [row[:count] for row in words]
     return Slots(words, slots.present, empty, torn, 0)  # no stale record: every place lies within the room
