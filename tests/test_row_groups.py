@@ -310,29 +310,3 @@ def test_a_row_group_size_of_zero_is_refused_as_parquet_writer_refuses_it() -> N
     table = timeline_rows(10, 33)
     with RowGroupWriter(io.BytesIO(), TIMELINE_SCHEMA, **_PARQUET) as writer, pytest.raises(ValueError, match="0"):
         writer.write_table(table, 0)
-
-
-@pytest.mark.parametrize("workers", [1, 3])
-def test_row_groups_begun_ahead_are_written_as_write_table_writes_them(
-    workers: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``begin`` encodes a table's whole row groups before they may be written (recovery's verdict goes first);
-    ``finish`` then writes them, and the rest goes through ``write_table``: the file is byte for byte what one
-    writer writes of the whole table. Nothing reaches the sink before ``finish``."""
-    monkeypatch.setattr(row_groups, "SPLICE_ROWS", 1_000)
-    table = with_gaps(9_500, 31)
-    expected = one_writer([(table, 2_000)], TIMELINE_SCHEMA, **_PARQUET)
-    sink = io.BytesIO()
-    with RowGroupWriter(sink, TIMELINE_SCHEMA, workers=workers, **_PARQUET) as writer:
-        begun = writer.begin(table, 2_000)
-        assert len(begun) == (4 if workers > 1 else 0)  # one thread: nothing begun, all written by write_table
-        assert sink.getvalue() == b""
-        writer.finish(begun)
-        writer.write_table(table.slice(len(begun) * 2_000), 2_000)
-    assert sink.getvalue() == expected
-
-
-def test_a_table_of_fewer_than_two_whole_row_groups_is_not_begun() -> None:
-    with RowGroupWriter(io.BytesIO(), TIMELINE_SCHEMA, workers=2, **_PARQUET) as writer:
-        assert writer.begin(timeline_rows(3_999, 32), 2_000) == []
-        assert len(writer.begin(timeline_rows(4_000, 33), 2_000)) == 2

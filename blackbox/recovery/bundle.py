@@ -13,7 +13,6 @@ import json
 import os
 import stat
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TypeVar, cast
 
@@ -297,10 +296,7 @@ def _fill(recovery: RecoveryPass, views: Views, out: _Out) -> dict[str, Any]:
             del table  # not held while the next ring is decoded
 
     with whole.create(TIMELINE) as sink, RowGroupWriter(sink, TIMELINE_SCHEMA, **_PARQUET) as writer:
-        ahead = _Ahead(writer)
-        if len(recovery.paths) == 1:  # a lone ring: nothing else is written meanwhile
-            recovery.early = ahead.offer
-        _write_row_groups(writer, tables(), lambda: recovery.last, ahead)
+        _write_row_groups(writer, tables(), lambda: recovery.last)
     meta, ranks, texts = verdict[0] if verdict else _put_verdict(recovery, views, out)
 
     def read(filters: list[tuple[str, str, Any]] | None, columns: list[str] | None, max_rows: int) -> pa.Table:
@@ -332,46 +328,17 @@ def _put_verdict(recovery: RecoveryPass, views: Views, out: _Out) -> Verdict:
     return meta, ranks, texts
 
 
-class _Ahead:
-    """A lone ring's whole row groups, begun on the writer's pool as soon as its timeline is made (``offer``, on
-    the thread decoding it), while the ring is diagnosed and the verdict put out; written after the verdict,
-    as before (``take``). The diagnosis no longer waits for the encoding, nor the encoding for it."""
-
-    def __init__(self, writer: RowGroupWriter) -> None:
-        self.writer = writer
-        self.table: pa.Table | None = None
-        self.begun: list[Future[Any]] = []
-
-    def offer(self, table: pa.Table) -> None:
-        self.begun = self.writer.begin(table, ROW_GROUP)
-        self.table = table
-
-    def take(self, table: pa.Table) -> int:
-        """The rows of ``table`` written from what ``offer`` began (its first rows), 0 if it is another table."""
-        if table is not self.table:
-            return 0
-        begun, self.begun, self.table = self.begun, [], None
-        self.writer.finish(begun)
-        return len(begun) * ROW_GROUP
-
-
 def _write_row_groups(
-    writer: RowGroupWriter | pq.ParquetWriter,
-    tables: Iterator[pa.Table],
-    last: Callable[[], bool] = lambda: False,
-    ahead: _Ahead | None = None,
+    writer: RowGroupWriter | pq.ParquetWriter, tables: Iterator[pa.Table], last: Callable[[], bool] = lambda: False
 ) -> None:
     """Write the rings' timelines as row groups of ``ROW_GROUP`` rows, small rings sharing one: the
     writer keeps every row group's metadata until the footer (about 80 KiB each, whatever its size), so
     the row groups follow the rows written, not the ring count. While the next ring is decoded, holds
     at most a row group's rows, never a whole ring's table. ``last()``: the table just taken is the last
-    one, so its rows left over go with its full row groups, in one call (no copy of them is held). ``ahead``:
-    the row groups of a table begun before it came, written first (nothing is held before it)."""
+    one, so its rows left over go with its full row groups, in one call (no copy of them is held)."""
     held: list[pa.Table] = []
     rows = 0
     for table in tables:
-        if ahead is not None and not held and (done := ahead.take(table)):
-            table = table.slice(done)  # (the rest: fewer rows than a row group)
         # a ring's table has the schema already (a cast would cost a call per column). A large one is held as a
         # new table on the same buffers, so that what is cached for the ring's own table goes with it; a small one
         # as it is (a slice costs more than the rest of a tiny ring's row-group work)

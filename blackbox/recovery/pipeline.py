@@ -160,9 +160,6 @@ class RecoveryPass:
         self.progress: Callable[[int, int, str], None] | None = None  # told (done, all, ring) per ring read
         self.relays = RelayIndex()  # the real senders of the signals `blackbox run` relayed
         self.kept = KeptRings() if keep_raw else None  # the rings read, held open for the bundle's rings/
-        # given each ring's timeline as soon as it is made, on the thread decoding it, before its diagnosis (the
-        # bundle begins encoding a lone ring's row groups): where it fails, the table is written as before
-        self.early: Callable[[pa.Table], None] | None = None
 
     def _one(self, path: Path) -> tuple[pa.Table, dict[str, Any], KernelKill | None, str | None, int]:
         kept = self.kept
@@ -170,8 +167,6 @@ class RecoveryPass:
         window, children = _window_and_children(ring)
         table = ring_table(ring, release=True)  # the ring's slots are freed once their columns are taken
         table = self.relays.attribute(table, ring.path, ring.owner)
-        if self.early is not None:
-            self._early(table)
         status = self.exit_status if path == self.owner else None
         pids = children | named_workers(table)  # a forkserver's worker is sampled by none, named by the job
         evidence = gather(ring.path, ring.meta, status, self.kills, ring.crash, window, pids, self.cgroups,
@@ -183,13 +178,6 @@ class RecoveryPass:
             death["kernel_report"] = {"file": OOM_REPORT, "tasks": kill.tasks}
         meta = ring_metadata(ring, table, evidence, death)
         return table, meta, kill, evidence.crash, ring.owner
-
-    def _early(self, table: pa.Table) -> None:
-        assert self.early is not None
-        try:
-            self.early(table)
-        except Exception:  # nothing lost: the table is written when its turn comes, as without it
-            self.early = None
 
     def tables(self) -> Iterator[pa.Table]:
         """Each readable ring's timeline, in the order the rings were found. Up to ``_workers()`` rings

@@ -221,40 +221,11 @@ class RowGroupWriter:
             for group, null in zip(groups, nulls, strict=True):
                 self._append(self._encode(group, null))
             return
-        self.finish(self._submit(groups))
-
-    def _submit(self, groups: list[pa.Table]) -> list[Future[pa.Buffer | Piece]]:
-        """The row groups' encodings, begun on the pool in order (their null columns' first)."""
         if self.pool is None:
             self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="blackbox-parquet")
         nulls = self.nulls.prepare(groups, self.pool) if self.nulls is not None else [[] for _ in groups]
-        return [self.pool.submit(self._encode, group, null) for group, null in zip(groups, nulls, strict=True)]
-
-    def begin(self, table: pa.Table, row_group_size: int) -> list[Future[pa.Buffer | Piece]]:
-        """Begin encoding ``table``'s whole row groups of ``row_group_size`` rows on the pool, now, for rows
-        known before they may be written (recovery puts its verdict out first); ``finish`` writes them. The
-        same bytes as ``write_table`` of those rows then. Nothing begun (an empty list) where this writer
-        encodes on one thread, or writes through ParquetWriter, or the table holds no whole row group.
-        Not to be called while another call is in this writer."""
-        whole = table.num_rows - table.num_rows % max(1, row_group_size)
-        if self.plain is not None or self.workers < 2 or whole < 2 * row_group_size:
-            return []
-        if not table.schema.equals(self.schema):
-            raise ValueError(f"a table of another schema than the writer's: {table.schema} (expected {self.schema})")
-        if not table.schema.equals(self.schema, check_metadata=True):
-            table = pa.Table.from_arrays(table.columns, schema=self.schema)
-        if self.nulls is None and table.num_rows >= SPLICE_ROWS:
-            self.nulls = _NullColumns(self.schema, self.options)
-        return self._submit([table.slice(start, row_group_size) for start in range(0, whole, row_group_size)])
-
-    def finish(self, begun: list[Future[pa.Buffer | Piece]]) -> None:
-        """Write the row groups ``begin`` (or ``write_table``) began, in order, each once it is encoded."""
-        try:
-            for encoded in begun:
-                self._append(encoded.result())
-        finally:  # (one failed: those not begun are dropped, as Executor.map drops them)
-            for encoded in begun:
-                encoded.cancel()
+        for encoded in self.pool.map(self._encode, groups, nulls):
+            self._append(encoded)
 
     def close(self) -> None:
         if self._closed:
