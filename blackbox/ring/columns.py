@@ -135,7 +135,7 @@ def put(words: Words, places: slice | np.ndarray, slots: np.ndarray, plan: Plan 
             continue
         if id(uses) not in kept:  # the words of one layout share one table
             if kinds is None:
-                kinds = ((slots[:, _KIND_WORD] >> np.uint64(_KIND_SHIFT)) & np.uint64(0xFF)).astype(np.intp)
+                kinds = _kinds(slots[:, _KIND_WORD])
             records = np.flatnonzero(uses[kinds])
             to = np.arange(places.start, places.stop)[records] if isinstance(places, slice) else places[records]
             kept[id(uses)] = records, to
@@ -147,6 +147,11 @@ def put(words: Words, places: slice | np.ndarray, slots: np.ndarray, plan: Plan 
 def take(words: Words, records: np.ndarray) -> Words:
     """The words of the records at ``records`` (indices), in that order."""
     return [row[records] for row in words]
+
+
+def _kinds(word: np.ndarray) -> np.ndarray:
+    """The kind codes of records, from their kind word (as indices into a plan's table)."""
+    return ((word >> np.uint64(_KIND_SHIFT)) & np.uint64(0xFF)).astype(np.intp)
 
 
 def keep(words: Words, records: np.ndarray, plan: Plan | None = None) -> None:
@@ -164,7 +169,7 @@ def keep(words: Words, records: np.ndarray, plan: Plan | None = None) -> None:
             kept = _row(len(records), populate=False)
             if isinstance(uses, np.ndarray):
                 if kinds is None:  # the kind word comes before any payload word: already kept
-                    kinds = ((words[_KIND_WORD] >> np.uint64(_KIND_SHIFT)) & np.uint64(0xFF)).astype(np.intp)
+                    kinds = _kinds(words[_KIND_WORD])
                 mine = np.flatnonzero(uses[kinds])
                 kept[mine] = row[records[mine]]
         words[w] = kept

@@ -5,7 +5,7 @@ A full ring's slots are most of what recovering it reads and holds. They are rea
 holes skipped, a chunk ahead on a thread of its own (``SlotFile``). A ring whose window starts where a few
 probes say (``_oldest``: a binary search for where its seqs wrap) is read once, each valid slot copied to its
 place as its chunk is read (``_one_pass``); any other is read twice (``_two_passes``): once to classify every
-slot, once to copy the valid ones to their places. Both give the same records and counts (tests/test_read_slots.py).
+slot, once to copy the valid ones to their places. Both give the same records and counts (tests/test_one_pass.py).
 """
 
 from __future__ import annotations
@@ -57,15 +57,12 @@ def _two_passes(slots: SlotFile, header: fmt.Header) -> Slots:
     read: list[tuple[int, np.ndarray]] = []  # the chunks of the first pass (views of reused buffers)
     for at, chunk in slots.chunks():
         read.append((at, chunk))
-        seq = chunk["seq"]
         index = np.arange(at, at + len(chunk), dtype=np.uint64)
-        intact = (seq != 0) & (chunk["commit"] == seq) & (seq % np.uint64(cap) == index)
+        intact, blank, cut = _census(chunk, index, cap)
         indices.append(index[intact])
-        seqs.append(seq[intact])
+        seqs.append(chunk["seq"][intact])
         kinds.append(chunk["kind"][intact])
-        rest = chunk[~intact].view("<u8").reshape(-1, fmt.RECORD_SIZE // 8)
-        blank = int((~rest.any(axis=1)).sum())
-        empty, torn = empty + blank, torn + len(rest) - blank
+        empty, torn = empty + blank, torn + cut
     empty += slots.present - slots.scanned  # holes: never written
     index = np.concatenate(indices) if indices else np.zeros(0, np.uint64)
     seq = np.concatenate(seqs) if seqs else np.zeros(0, np.uint64)
@@ -113,7 +110,7 @@ def _one_pass(slots: SlotFile, header: fmt.Header) -> Slots | None:
     oldest = _oldest(slots, header.capacity, runs)
     if oldest is None or room == 0:
         return None
-    cap, low = np.uint64(header.capacity), np.uint64(oldest)
+    low = np.uint64(oldest)
     plan = columns.plan(header.version, _EVERY_KIND)  # the kinds are not known before the pass: any kind's words
     words = columns.empty(room, plan)
     taken = np.zeros(room, bool)
@@ -121,13 +118,10 @@ def _one_pass(slots: SlotFile, header: fmt.Header) -> Slots | None:
     empty = torn = count = 0
     top = -1  # the last place taken
     for at, chunk in slots.chunks():
-        seq = chunk["seq"]
-        intact = (seq != 0) & (chunk["commit"] == seq) & (seq % cap == np.arange(at, at + len(chunk), dtype=np.uint64))
-        rows = _words(chunk)
-        if not intact.all():
-            rest = rows[~intact]
-            blank = int((~rest.any(axis=1)).sum())
-            empty, torn = empty + blank, torn + len(rest) - blank
+        intact, blank, cut = _census(chunk, np.arange(at, at + len(chunk), dtype=np.uint64), header.capacity)
+        rows, seq = _words(chunk), chunk["seq"]
+        if blank or cut:
+            empty, torn = empty + blank, torn + cut
             rows, seq = rows[intact], seq[intact]
             if not len(seq):
                 continue
@@ -175,13 +169,25 @@ def _oldest(slots: SlotFile, capacity: int, runs: list[tuple[int, int]]) -> int 
 
 
 def _seq_at(slots: SlotFile, i: int, capacity: int) -> int | None:
-    """The seq of slot ``i`` where it holds a valid record (the commit rule), else None."""
+    """The seq of slot ``i`` where it holds an intact record (the commit rule), else None."""
     raw = os.pread(slots.fd, fmt.RECORD_SIZE, slots.base + i * fmt.RECORD_SIZE)
     if len(raw) < fmt.RECORD_SIZE:
         return None
-    words = np.frombuffer(raw, "<u8")
-    seq = int(words[_SEQ])
-    return seq if seq and int(words[_COMMIT]) == seq and seq % capacity == i else None
+    slot = np.frombuffer(raw, fmt.RECORD_DTYPE)
+    intact, _, _ = _census(slot, np.array([i], np.uint64), capacity)
+    return int(slot["seq"][0]) if intact[0] else None
+
+
+def _census(chunk: np.ndarray, index: np.ndarray, capacity: int) -> tuple[np.ndarray, int, int]:
+    """(which of ``chunk``'s slots, numbered ``index``, are intact; how many of the others are blank; how many
+    torn): ``format.classify``'s commit rule, but for staleness, which only the whole ring can tell."""
+    seq = chunk["seq"]
+    intact = (seq != 0) & (chunk["commit"] == seq) & (seq % np.uint64(capacity) == index)
+    if intact.all():
+        return intact, 0, 0
+    rest = _words(chunk[~intact])
+    blank = int((~rest.any(axis=1)).sum())
+    return intact, blank, len(rest) - blank
 
 
 def _copied_in_place(
