@@ -35,6 +35,12 @@ BOUND = 300 << 20  # peak RSS at most the largest ring + this
 
 def measure(cmd: list[str], source: Path = HERE) -> tuple[float, int]:
     """(wall seconds, peak RSS bytes) of one command, run alone with blackbox from ``source``."""
+    wall, peak, _ = measure_cpu(cmd, source)
+    return wall, peak
+
+
+def measure_cpu(cmd: list[str], source: Path = HERE) -> tuple[float, int, float]:
+    """:func:`measure`, and the command's CPU seconds (user and system, all its threads)."""
     env = dict(os.environ, PYTHONPATH=str(source))
     t0 = time.perf_counter()
     # run from the source tree: `python -m` puts the working folder first on the path
@@ -43,7 +49,7 @@ def measure(cmd: list[str], source: Path = HERE) -> tuple[float, int]:
     wall = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"bench_fleet: {' '.join(cmd)} failed: {proc.stderr.read().decode() if proc.stderr else ''}")
-    return wall, usage.ru_maxrss * 1024
+    return wall, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
 def report(name: str, runs: list[tuple[float, int]], base: list[tuple[float, int]] | None = None) -> None:

@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "tools"))
 
-from bench_fleet import measure  # noqa: E402
+from bench_fleet import measure_cpu  # noqa: E402
 from craft_ring import craft_v3, meta, records_of  # noqa: E402
 
 from blackbox.ring import format as fmt  # noqa: E402
@@ -71,27 +71,29 @@ def main(argv: list[str] | None = None) -> int:
         what = f"{len(files)} rings" + (f" of {args.events} events" if made else "")  # a kept folder's: unknown
         print(f"{what}, {disk / 2**20:.0f} MiB on disk; {os.cpu_count()} cores")
         sources = [HERE, *([Path(args.baseline).resolve()] if args.baseline else [])]
-        runs: dict[Path, list[tuple[float, int]]] = {s: [] for s in sources}
+        runs: dict[Path, list[tuple[float, int, float]]] = {s: [] for s in sources}
         read: dict[Path, int] = {}  # rings recovered: at most MAX_RINGS (4,096) of a folder, the others named
         for run in range(args.runs):
             for source in sources:  # interleaved: each run of this tree beside one of the baseline
                 out = work / f"out-{run}-{sources.index(source)}"
-                runs[source].append(measure([sys.executable, "-m", "blackbox", "recover", str(rings), "-o", str(out)],
-                                            source))  # fmt: skip
+                cmd = [sys.executable, "-m", "blackbox", "recover", str(rings), "-o", str(out)]
+                runs[source].append(measure_cpu(cmd, source))
                 read[source] = len(json.loads((out / "metadata.json").read_text())["rings"])
                 shutil.rmtree(out, ignore_errors=True)
         for source in sources:
-            walls, peaks = [w for w, _ in runs[source]], [p for _, p in runs[source]]
+            walls, peaks = [w for w, _, _ in runs[source]], [p for _, p, _ in runs[source]]
             wall, peak = statistics.median(walls), statistics.median(peaks)
+            cpu = statistics.median(c for _, _, c in runs[source])
             name = "this tree" if source == HERE else f"baseline {source}"
             print(f"{name:<40} wall median {wall:8.2f} s (min {min(walls):.2f}, max {max(walls):.2f}), "
                   f"{read[source]} rings recovered ({len(files) - read[source]} named, not read), "
-                  f"{wall / read[source] * 1e3:.2f} ms per ring recovered; peak RSS median {peak / 2**20:.0f} MiB, "
+                  f"{wall / read[source] * 1e3:.2f} ms per ring recovered ({cpu / read[source] * 1e3:.2f} ms of CPU); "
+                  f"peak RSS median {peak / 2**20:.0f} MiB, "
                   f"{peak / len(files) / 1024:.1f} KiB per ring")  # fmt: skip
         if args.baseline:
             this, base = runs[HERE], runs[sources[1]]
-            wall = statistics.median(w for w, _ in this) / statistics.median(w for w, _ in base)
-            peak = statistics.median(p for _, p in this) / statistics.median(p for _, p in base)
+            wall = statistics.median(w for w, _, _ in this) / statistics.median(w for w, _, _ in base)
+            peak = statistics.median(p for _, p, _ in this) / statistics.median(p for _, p, _ in base)
             print(f"ratio this/baseline: wall {wall:.2f}, peak RSS {peak:.2f}")
     finally:
         if not args.keep:

@@ -10,6 +10,11 @@ fresh interpreter recovers it once to warm up (imports, the page cache), then on
 columns, by pyarrow to Parquet (zstd), from memory. The ratio is taken run by run, each recovery beside
 its own floor.
 
+CPU: the timed recovery's CPU seconds, all its threads (``process_time``), beside the floor's; "x the floor
+at best" is that CPU spread evenly over every core of the process's affinity, over the floor: no scheduling
+can bring the ratio below it on this machine, only less CPU (or more cores) can. The floor's write is one
+pyarrow call, on one core.
+
 --baseline SRC: another blackbox source tree (``git archive REV | tar -x -C DIR``, its C extension built)
 run beside this one, run by run alternating; the ratios of the medians compare them (the machine is
 noisy: only side-by-side figures compare).
@@ -32,15 +37,15 @@ _CHILD = """
 import json, sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1] + "/tools")
-from bench_ring import parquet_floor
+from bench_ring import parquet_floor_cpu
 from blackbox._postmortem import write_postmortem
 ring, out, raw = Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4] == "raw"
 write_postmortem([ring], out / "warm", plot=False, raw=raw)
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 meta = write_postmortem([ring], out / "timed", plot=False, raw=raw)
-seconds = time.perf_counter() - t0
-floor = parquet_floor(ring, meta["events"], out / "floor.parquet")
-print(json.dumps({"seconds": seconds, "floor": floor, "events": meta["events"]}))
+seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+floor, floor_cpu = parquet_floor_cpu(ring, meta["events"], out / "floor.parquet")
+print(json.dumps({"seconds": seconds, "floor": floor, "events": meta["events"], "cpu": cpu, "floor_cpu": floor_cpu}))
 """
 
 
@@ -72,18 +77,23 @@ def main(argv: list[str] | None = None) -> int:
             for raw in (True, False) if run % 2 else (False, True):  # neither always first
                 for name, tree in trees.items():
                     results[name, raw].append(one_run(tree, ring, raw))
-    print(f"machine: {os.cpu_count()} cores; {args.runs} runs each, medians; ratio: each run over its own floor\n")
-    print("| tree | raw ring kept | seconds | M events/s | floor seconds | x the floor |")
-    print("|---|---|---:|---:|---:|---:|")
+    cores = len(os.sched_getaffinity(0))
+    print(f"machine: {cores} cores; {args.runs} runs each, medians; ratio: each run over its own floor\n")
+    print("| tree | raw ring kept | seconds | M events/s | floor seconds | x the floor | CPU seconds | "
+          "floor CPU seconds | x the floor at best |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     medians: dict[tuple[str, bool], float] = {}
     for (name, raw), runs in results.items():
         seconds = statistics.median(r["seconds"] for r in runs)
         medians[name, raw] = seconds
         floor = statistics.median(r["floor"] for r in runs)
         ratio = statistics.median(r["seconds"] / r["floor"] for r in runs)
+        cpu = statistics.median(r["cpu"] for r in runs)
+        floor_cpu = statistics.median(r["floor_cpu"] for r in runs)
+        best = statistics.median(r["cpu"] / cores / r["floor"] for r in runs)
         events = runs[0]["events"]
         print(f"| {name} | {'yes' if raw else 'no (--no-raw)'} | {seconds:.3f} | {events / seconds / 1e6:.2f} | "
-              f"{floor:.3f} | {ratio:.2f} |")  # fmt: skip
+              f"{floor:.3f} | {ratio:.2f} | {cpu:.3f} | {floor_cpu:.3f} | {best:.2f} |")  # fmt: skip
     if args.baseline:
         for raw in (True, False):
             ratio = medians["baseline", raw] / medians["this tree", raw]
