@@ -20,12 +20,15 @@ from ._errors import BundleDestinationError, one_line
 from .recovery.bundle import PLOT, SUMMARY, Destination, Reader, stream_bundle, write_job_bundle
 from .recovery.job import JobPass
 from .recovery.pipeline import RecoveryPass
+from .views.plot_warm import PlotWarmer
 from .views.summary import bundle_summary, job_summary
 
 
-def _views(meta: dict[str, Any], read: Reader, *, plot: bool) -> dict[str, bytes]:
+def _views(meta: dict[str, Any], read: Reader, *, warmer: PlotWarmer | None) -> dict[str, bytes]:
+    """summary.md and (``warmer``: matplotlib is installed and a plot wanted) memory.png."""
     files = {SUMMARY: bundle_summary(meta).encode("utf-8")}
-    if plot and importlib.util.find_spec("matplotlib") is not None:
+    if warmer is not None:
+        warmer.wait()  # matplotlib ready, and no longer used by its thread
         from .views.plot import MAX_SAMPLE_ROWS, PLOT_COLUMNS, PLOT_KINDS, drawn_process, memory_figure
 
         pick: list[tuple[str, str, Any]] = [("kind", "in", PLOT_KINDS)]
@@ -72,9 +75,18 @@ def write_postmortem(
     recovery.progress = progress
     named = [shlex.quote(str(p)) for p in inputs[:3]] + (["..."] if len(inputs) > 3 else [])
     again = one_line(f"blackbox recover {' '.join(named)} -o {shlex.quote(os.fspath(out))}").replace("`", "'")
-    return stream_bundle(
-        recovery, out, lambda meta, read: _verdict_views(meta, again) if read is None else _views(meta, read, plot=plot)
-    )
+    # matplotlib readied beside the timeline's writing, once the verdict is out (views/plot_warm.py)
+    warmer = PlotWarmer() if plot and importlib.util.find_spec("matplotlib") is not None else None
+    try:
+        return stream_bundle(
+            recovery,
+            out,
+            lambda meta, read: _verdict_views(meta, again) if read is None else _views(meta, read, warmer=warmer),
+            after_verdict=warmer.start if warmer is not None else None,
+        )
+    finally:
+        if warmer is not None:
+            warmer.wait()
 
 
 def printable(text: str) -> str:

@@ -106,7 +106,12 @@ Reader = Callable[[list[tuple[str, str, Any]] | None, list[str] | None, int], pa
 Views = Callable[[dict[str, Any], "Reader | None"], dict[str, bytes]]
 
 
-def stream_bundle(recovery: RecoveryPass, out_dir: str | os.PathLike[str], views: Views) -> dict[str, Any]:
+def stream_bundle(
+    recovery: RecoveryPass,
+    out_dir: str | os.PathLike[str],
+    views: Views,
+    after_verdict: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """Write a recovery into ``out_dir`` (a folder or a URI), verdict first: as soon as the last ring
     is diagnosed, a bundle of the verdict alone (metadata.json with ``complete: false``, summary.md,
     ranks.parquet and the recovered text files) is put in place; then the whole bundle (the timeline
@@ -119,6 +124,7 @@ def stream_bundle(recovery: RecoveryPass, out_dir: str | os.PathLike[str], views
     ``views(meta, read)``: renders the views (file name -> bytes: summary.md, memory.png); ``read`` is
     None for the verdict (no timeline yet), else ``read(filters, columns, max_rows)`` reads the written
     timeline back (pyarrow filters, e.g. one pid's rows), thinned to at most about ``max_rows`` rows.
+    ``after_verdict()``: called once the verdict is in place (the caller readies the views' drawing then).
 
     Locally (``outfolder``) each of the two is made in a private folder beside ``out_dir`` (mode 0700,
     files 0600) and put in its place whole, replacing what was there at once: no existing path is ever
@@ -126,7 +132,7 @@ def stream_bundle(recovery: RecoveryPass, out_dir: str | os.PathLike[str], views
     and no file of an earlier bundle survives. On object storage metadata.json is written last each time.
     """
     try:
-        return _write(out_dir, lambda out: _fill(recovery, views, out))
+        return _write(out_dir, lambda out: _fill(recovery, views, out, after_verdict))
     finally:
         if recovery.kept is not None:  # the rings held open for rings/, whatever happened
             recovery.kept.close()
@@ -284,20 +290,28 @@ def _rules_out(chunk: pq.ColumnChunkMetaData, values: list[Any]) -> bool:
         return False
 
 
-def _fill(recovery: RecoveryPass, views: Views, out: _Out) -> dict[str, Any]:
+def _fill(
+    recovery: RecoveryPass, views: Views, out: _Out, after_verdict: Callable[[], None] | None = None
+) -> dict[str, Any]:
     whole = out.folder()
     verdict: list[Verdict] = []
+
+    def put_verdict() -> Verdict:
+        done = _put_verdict(recovery, views, out)
+        if after_verdict is not None:
+            after_verdict()
+        return done
 
     def tables() -> Iterator[pa.Table]:
         for table in recovery.tables():
             if recovery.last and not verdict:  # every ring diagnosed: the verdict goes out before these rows
-                verdict.append(_put_verdict(recovery, views, out))
+                verdict.append(put_verdict())
             yield table
             del table  # not held while the next ring is decoded
 
     with whole.create(TIMELINE) as sink, RowGroupWriter(sink, TIMELINE_SCHEMA, **_PARQUET) as writer:
         _write_row_groups(writer, tables(), lambda: recovery.last)
-    meta, ranks, texts = verdict[0] if verdict else _put_verdict(recovery, views, out)
+    meta, ranks, texts = verdict[0] if verdict else put_verdict()
 
     def read(filters: list[tuple[str, str, Any]] | None, columns: list[str] | None, max_rows: int) -> pa.Table:
         with whole.open_back(TIMELINE) as f, _native(f) as source:
