@@ -389,4 +389,6 @@ def test_who_holds_the_memory_of_a_really_sampled_job(page: Page, tmp_path: Path
     assert shown, held
     live, error = float(shown.group(1)), float(shown.group(2))
     assert abs(live * (1 << 20) - meta["allocations"]["live_bytes"]) < 0.01 * live * (1 << 20), "the bundle's figure"
-    assert abs(live - 200) <= error + 5, "40 steps of 5 MiB kept: the truth within the error said"
+    # the error is a 95% half-width: one run in twenty lies outside it (40 runs of this job: z of mean 0.04,
+    # spread 0.94, 3 outside), so the truth is held to twice it (about 4 sigma), as the other sampling tests are
+    assert abs(live - 200) <= 2 * error, "40 steps of 5 MiB kept: the truth within twice the error said"
