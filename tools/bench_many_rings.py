@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                 out = work / f"out-{run}-{sources.index(source)}"
                 cmd = [sys.executable, "-m", "blackbox", "recover", str(rings), "-o", str(out)]
                 runs[source].append(measure_cpu(cmd, source))
-                read[source] = len(json.loads((out / "metadata.json").read_text())["rings"])
+                rings_meta = json.loads((out / "metadata.json").read_text()).get("rings")  # (one ring: no list)
+                read[source] = len(rings_meta) if isinstance(rings_meta, list) else 1
                 shutil.rmtree(out, ignore_errors=True)
         for source in sources:
             walls, peaks = [w for w, _, _ in runs[source]], [p for _, p, _ in runs[source]]
