@@ -58,7 +58,7 @@ def run_all(ring: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> list[i
 @pytest.fixture
 def no_plot(monkeypatch: pytest.MonkeyPatch) -> None:
     views = _postmortem._views
-    monkeypatch.setattr(_postmortem, "_views", lambda meta, read, plot=True: views(meta, read, plot=False))
+    monkeypatch.setattr(_postmortem, "_views", lambda meta, read, warmer=None: views(meta, read, warmer=None))
 
 
 # What each of these once did (a traceback), from the issue: they must now be a one-line CorruptHeaderError.
