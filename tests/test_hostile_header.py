@@ -59,6 +59,7 @@ def run_all(ring: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> list[i
 def no_plot(monkeypatch: pytest.MonkeyPatch) -> None:
     views = _postmortem._views
     monkeypatch.setattr(_postmortem, "_views", lambda meta, read, warmer=None: views(meta, read, warmer=None))
+    monkeypatch.setattr(_postmortem.PlotWarmer, "start", lambda self: None)  # nor matplotlib readied for it
 
 
 # What each of these once did (a traceback), from the issue: they must now be a one-line CorruptHeaderError.
