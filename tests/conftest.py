@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import private_tmp  # on import, /var/tmp becomes this session's own: before blackbox (numpy's threads) is imported
 import pytest
 
 import blackbox
@@ -113,12 +114,18 @@ class MemoryCgroup:
 
 @pytest.fixture(autouse=True)
 def _default_ring_folders_left_clean() -> Iterator[None]:
-    """What a test leaves in /var/tmp/blackbox-<uid> goes after it (tests/leftovers.py), never a live ring."""
+    """What a test leaves in /var/tmp/blackbox-<uid> goes after it (tests/leftovers.py), never a live ring;
+    /var/tmp is the session's own (tests/private_tmp.py), so never a ring the suite did not make."""
     from leftovers import clean, snapshot
 
     before = snapshot()
     yield
     clean(before)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """What the session left in its private /var/tmp (or its BLACKBOX_DIR) goes whole."""
+    private_tmp.leave()
 
 
 @pytest.fixture

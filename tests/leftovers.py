@@ -4,8 +4,12 @@ A test that arms with the default folder (no path, no ``BLACKBOX_DIR``), runs a 
 ``useradd``, or runs a Slurm job, may leave rings, run folders, per-job folders, or a whole
 ``blackbox-<uid>`` folder of a user it then removed. ``snapshot`` lists those folders before the test;
 ``clean`` removes what appeared since and is no longer in use: never a ring whose writer still holds its
-lock (or whose pid lives), never a run whose ``blackbox run`` still lives (other test sessions may share
-the machine). A ``blackbox-<uid>`` folder whose user is gone (made by a test, then removed) goes whole.
+lock (or whose pid lives), never a run whose ``blackbox run`` still lives. A ``blackbox-<uid>`` folder
+whose user is gone (made by a test, then removed) goes whole.
+
+It looks only in the session's own ``/var/tmp`` (``private_tmp.py``): in the machine's, a ring that
+appeared during a test may be a real job's, one that died meanwhile. Where the session has no private
+``/var/tmp`` (not root), it removes nothing: the session's rings went to its own ``BLACKBOX_DIR``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import pwd
 import shutil
 from pathlib import Path
 
+import private_tmp
+
 from blackbox.ring.retention import Entry, delete, ring_entries, run_entries
 
 ROOT = Path("/var/tmp")
@@ -23,8 +29,10 @@ _FAR = 1e12  # a "now" past every age rule: only the locks and pids say what is 
 
 
 def snapshot() -> dict[str, set[str]]:
-    """The default ring folders and what each holds."""
+    """The default ring folders and what each holds (none where /var/tmp is not the session's own)."""
     out: dict[str, set[str]] = {}
+    if not private_tmp.private():
+        return out
     try:
         folders = [p for p in ROOT.iterdir() if p.name.startswith(PREFIX) and p.is_dir() and not p.is_symlink()]
     except OSError:

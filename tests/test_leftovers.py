@@ -3,6 +3,7 @@ folders goes, never a ring still armed, and a removed user's whole folder goes w
 
 from __future__ import annotations
 
+import contextlib
 import encodings.ascii  # noqa: F401  (the user cannot read the stdlib under /root: imported before forking)
 import os
 import pwd
@@ -12,6 +13,7 @@ import time
 import warnings
 from pathlib import Path
 
+import private_tmp
 import pytest
 from conftest import spawn_py
 from leftovers import ROOT, clean, snapshot
@@ -37,6 +39,7 @@ def _armed_in_default_folder() -> tuple[subprocess.Popen[str], Path]:
 
 
 def test_a_dead_ring_left_in_the_default_folder_goes_and_a_live_one_stays(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    private_tmp.need()
     monkeypatch.delenv("BLACKBOX_DIR", raising=False)
     before = snapshot()
     # GIVEN two processes armed in the default folder: one SIGKILLed (its ring left behind), one still armed
@@ -57,6 +60,7 @@ def test_a_dead_ring_left_in_the_default_folder_goes_and_a_live_one_stays(monkey
 
 
 def test_a_removed_users_default_folder_goes_whole() -> None:
+    private_tmp.need()
     before = snapshot()
     # GIVEN a user made for the test arms with their default folder, and is removed
     with local_users("left") as (user,):
@@ -85,3 +89,33 @@ def test_a_user_with_a_process_still_running_is_removed() -> None:
     with pytest.raises(KeyError):
         pwd.getpwnam(name)
     assert os.waitpid(pid, 0)[0] == pid
+
+
+def test_a_real_jobs_ring_that_dies_during_a_test_is_never_removed() -> None:
+    private_tmp.need()
+    before = snapshot()
+    # GIVEN a real job beside the suite (in the machine's mount namespace, its default folder), armed during
+    # a test and SIGKILLed before the test ends: its ring is the evidence a flight recorder exists to keep
+    folder = ROOT / f"blackbox-{os.getuid()}"
+    existed = private_tmp.machine_path(folder).exists()
+    env = {k: v for k, v in os.environ.items() if k != "BLACKBOX_DIR"}
+    job = spawn_py(DEFAULT_ARM, env=env, stdin=subprocess.PIPE,
+                   stdout=subprocess.PIPE, preexec_fn=private_tmp.in_machine_namespace)  # fmt: skip
+    assert job.stdout is not None
+    ring = Path(job.stdout.readline().strip())
+    seen = private_tmp.machine_path(ring)
+    try:
+        assert ring.parent == folder and seen.exists(), ring
+        job.send_signal(signal.SIGKILL)
+        job.wait(timeout=60)
+        # WHEN the suite's clean-up runs after the test
+        removed = clean(before)
+        # THEN the job's ring is still there
+        assert seen.exists(), f"the clean-up removed a real job's ring: {removed}"
+    finally:
+        job.kill()
+        job.wait(timeout=60)
+        seen.unlink(missing_ok=True)  # the one file this test made there (as the job), and its folder if new
+        if not existed:
+            with contextlib.suppress(OSError):
+                private_tmp.machine_path(folder).rmdir()
