@@ -375,7 +375,24 @@ def test_a_deliberate_exit_without_exit_handlers_is_no_sigkill_in_run_or_torchru
     assert (death["cause"], death["confidence"], death["exit_status"]) == ("nonzero_exit", "certain", 7), death
     assert "cause: nonzero_exit; The job exited with status 7." in proc.stderr and "SIGKILL" not in proc.stderr
     message = json.loads(error_file.read_text())["message"]["message"]
-    assert message.startswith("blackbox: nonzero_exit at step") and "status 7" in message and "SIGKILL" not in message
+    assert "status 7" in message and "SIGKILL" not in message
+    # AND the job took no step: the line says so (it said "at step None")
+    assert message.startswith("blackbox: nonzero_exit (no step recorded): ") and "None" not in message, message
+
+
+def test_torchruns_error_file_never_says_step_none(tmp_path: Path) -> None:
+    # GIVEN a job under `blackbox run`, as a torchrun worker, whose config is bad: it raises before any step
+    error_file = tmp_path / "error.json"
+    code = "import numpy\nraise ValueError('bad config: lr=-1')"  # armed at numpy's import
+    proc = subprocess.run([sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path), "--quiet", "--",
+                           sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(ENV, TORCHELASTIC_ERROR_FILE=str(error_file)))  # fmt: skip
+    assert proc.returncode == 1 and "ValueError: bad config" in proc.stderr
+    # THEN torchrun's Root Cause line says that no step was recorded, and the exception, never "step None"
+    report = json.loads(error_file.read_text())["message"]
+    assert report["message"].startswith("blackbox: exception (no step recorded): "), report
+    callstack = report["extraInfo"]["py_callstack"]
+    assert "uncaught exception before any step: ValueError: bad config: lr=-1" in callstack and "None" not in callstack
 
 
 def test_without_the_c_extension_a_note_says_which_exits_go_unrecorded(tmp_path: Path) -> None:

@@ -143,7 +143,8 @@ class _Death:
             exc = uncaught[-1]
             self.cause = "oom_exception" if exc["kind"] == "oom" else "exception"
             self.confidence = "certain"
-            self.evidence.append(f"uncaught {exc['kind']} at step {exc['step']}: {_short(exc['label'])}")
+            at = f" at step {exc['step']}" if exc["step"] is not None else " before any step"
+            self.evidence.append(f"uncaught {exc['kind']}{at}: {_short(exc['label'])}")
             self.when = exc
             return
         if self._died_in_shutdown(near):

@@ -95,23 +95,33 @@ def _epoch_seconds(iso: str | None) -> int:
         return int(time.time())
 
 
-def _death(meta: dict[str, Any]) -> dict[str, Any]:
-    """The death to report: the first death's full record (with its evidence), else the job's own."""
+def _death(meta: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """The death to report: the first death's full record (with its evidence), else the job's own; and the
+    last step of the ring it is in (None: that process recorded no step)."""
     first = meta.get("first_death") or {}
     rings = meta.get("rings") or [meta]
     ring = next((m for m in rings if m.get("pid") == first.get("pid")), rings[0])
     death: dict[str, Any] = ring.get("death") or {}
-    return death
+    return death, ring.get("last_step")
+
+
+def _at_step(step: Any, last_step: Any) -> str:
+    """Where in training the death came: its step; else the ring's last step, said to be that; else that its
+    process recorded no step (it died before its first, or takes none): never "at step None"."""
+    if step is not None:
+        return f" at step {step}"
+    return " (no step recorded)" if last_step is None else f" (its last step recorded: {last_step})"
 
 
 def verdict(meta: dict[str, Any], bundle: Path) -> dict[str, Any]:
     """The error-file document: one line (cause, step, headline, the deciding evidence), then the evidence."""
-    death = _death(meta)
+    death, last_step = _death(meta)
     evidence = [
         one_line(str(e)) for e in death.get("evidence", []) if not str(e).startswith(("a clean end", "no clean end"))
     ]
     # torchrun prints these to the terminal: the job's own text (an exception message) escaped, one line each
-    line = one_line(f"blackbox: {death.get('cause')} at step {death.get('step')}: {death.get('headline', '')}")
+    at = _at_step(death.get("step"), last_step)
+    line = one_line(f"blackbox: {death.get('cause')}{at}: {death.get('headline', '')}")
     if evidence:
         line += f" {evidence[-1]}"
     return {
