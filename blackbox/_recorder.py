@@ -4,9 +4,8 @@ A Recorder never raises into the job. Arming failures (a full disk, a
 read-only folder, a folder another user controls, bad settings) become one
 :class:`BlackboxWarning` and a disarmed Recorder whose methods do nothing.
 
-Ending never waits on itself: ``disarm()`` claims the end without blocking, so
-a signal handler of the job's that calls it (or exits, and so runs it at exit)
-while the same thread is already inside it returns at once.
+The collectors it starts, keeps up and puts back are in ``_recorder_collect.py``; how it stops (the
+clean end, at exit too, and a forked child's abandoning of the parent's ring) in ``_recorder_end.py``.
 """
 
 from __future__ import annotations
@@ -19,13 +18,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ._fds import OwnedFd
-from ._jobsignal import HeldForTheJob, Latch, the_jobs
+from ._jobsignal import Latch, the_jobs
+from ._recorder_collect import install_collectors, upkeep
+from ._recorder_end import _noop, _null_event, abandon_after_fork, disarm, teardown
 from ._version import __version__
 from ._warn import warn
-from .collect.allocs import AllocSampler, heap_bytes, mean_bytes, start_allocs
+from .collect.allocs import AllocSampler, heap_bytes, mean_bytes
 from .collect.clock import clock_error_s
-from .collect.exceptions import ExceptionRecorder, exit_record_possible, exit_status_unrecorded, record_status_at_exit
+from .collect.exceptions import ExceptionRecorder
 from .collect.gpu import GpuProbe
 from .collect.host import HostProbe
 from .collect.identity import identity, role, versions
@@ -33,18 +33,8 @@ from .collect.signals import CrashRegion, SignalRecorder
 from .collect.stacks import StackSampler, thread_tuple
 from .collect.torch_hooks import DEFAULT_HISTORY_ENTRIES, TorchHooks
 from .ring import format as fmt
-from .ring.file import (
-    SNAPSHOT_SUFFIX,
-    CreatedRing,
-    create_ring,
-    is_diskless,
-    resolve_target,
-    ring_name,
-    safe_folder,
-    sidecar,
-)
-from .ring.folded import FOLDED, fold_line
-from .ring.liveness import LOCK_LIVENESS, lock_ring
+from .ring.file import CreatedRing, create_ring, is_diskless, resolve_target, ring_name, safe_folder
+from .ring.liveness import LOCK_LIVENESS
 from .ring.retention import keep_at_arm
 from .ring.writer import NO_C_EXTENSION, NO_C_SAID_ENV, RingWriter, built_module, c_writer_module
 
@@ -68,14 +58,6 @@ def _clock_pair() -> tuple[int, int]:
     wall = time.time_ns()
     m1 = time.monotonic_ns()
     return wall, (m0 + m1) // 2
-
-
-def _noop(*_args: Any, **_kwargs: Any) -> None:
-    return None
-
-
-def _null_event(*_args: Any, **_kwargs: Any) -> int:
-    return 0
 
 
 class Phase:
@@ -185,7 +167,7 @@ class Recorder:
             rec.sync_interval = None if sync_interval is None else float(sync_interval)
             rec._arm(path, int(capacity), float(sample_interval), int(strings_size), on_fork, history, bool(modules))
         except Exception as exc:
-            rec._teardown(flush=False)  # create_ring removed any partial file
+            teardown(rec, flush=False)  # create_ring removed any partial file
             where = f" at {rec.path}" if rec.path else ""
             warn(f"blackbox is disarmed: could not arm the ring{where}: {exc}")
         return rec
@@ -284,55 +266,10 @@ class Recorder:
         w.event(fmt.KIND_CODES["arm"], None, capacity)
         for text in self.notes:
             w.event(_KIND_MARK, fmt.NOTE_PREFIX + text)
-        self._install_collectors(ring.path, history, modules)
+        install_collectors(self, ring.path, history, modules)
         self.sample_now()
         self._sampler = threading.Thread(target=self._sample_loop, name="blackbox-sampler", daemon=True)
         self._sampler.start()
-
-    def _install_collectors(self, ring: Path, history: int, modules: bool) -> None:
-        """Exceptions, signals, crash region, GPU and torch hooks: each one that fails is noted, not fatal."""
-        w, hdr = self._writer, self._header
-        assert w is not None and self._probe is not None and hdr is not None and self._ring is not None
-        self._exceptions = ExceptionRecorder(w.event, w.intern)
-        self._signals = SignalRecorder(built_module(), w.intern, (ring, hdr))
-        self._crash = CrashRegion(ring, hdr.crash_offset)
-        self._gpu = GpuProbe()
-        if self._stack_threads is not None:
-            try:
-                region = self._ring.map.buffer[hdr.stacks_offset : hdr.stacks_offset + hdr.stacks_size]
-                self._stacks = StackSampler(region, w.event, self._stack_threads, c_writer_module())
-            except Exception as exc:
-                self.note(f"stacks not sampled: {type(exc).__name__}: {exc}")
-                warn(self.notes[-1])
-        self._allocs = start_allocs(self._ring.map.buffer, hdr, w.sequence, self.allocations,
-                                    self._stack_threads is None, lambda: self._stacks, self.note)  # fmt: skip
-        self._torch = TorchHooks(
-            w,
-            modules=modules,
-            allocator_history=history,
-            snapshot_path=sidecar(ring, SNAPSHOT_SUFFIX),
-            rss=self._probe.rss,
-            note=self.note,
-            gpu_blocks=self._allocs.gpu_block if self._allocs is not None else None,
-        )
-        mapping, sequence = self._ring.map.buffer, w.sequence
-        signals = self._signals
-        for what, install in (
-            ("exception hooks", self._exceptions.install),
-            ("signal recorder", lambda: signals.install(mapping, hdr.records_offset, hdr.capacity, sequence)),
-            ("crash region", self._crash.enable),
-            ("torch hooks", self._torch.poll),
-        ):
-            try:
-                why = install()
-                if why:
-                    self.note(f"{what} not installed: {why}")
-            except Exception as exc:
-                self.note(f"{what} not installed: {type(exc).__name__}: {exc}")
-        if self._crash.note:
-            self.notes.append(self._crash.note)  # the job's own choice, not a failure: no event
-        if exit_status_unrecorded(built_module()):
-            self.note(exit_status_unrecorded(built_module()))
 
     def note(self, text: str) -> None:
         """Something a collector could not do: kept in ``notes`` and written as a ``blackbox: ...`` mark."""
@@ -413,7 +350,7 @@ class Recorder:
                 if now >= next_sample - 1e-4:
                     next_sample = now + interval
                     self.sample_now()
-                    self._upkeep()
+                    upkeep(self)
                 if now >= next_sync - 1e-4:
                     next_sync = now + (sync or 0.0)
                     self.sync()
@@ -421,27 +358,6 @@ class Recorder:
             self._on_error(exc)
         finally:
             self._sampled.set()
-
-    def _upkeep(self) -> None:
-        """Once a sample: attach torch hooks as the job gets there, re-wrap signal handlers the job
-        replaced, and take back descriptors the job closed (the crash region's, the lock's)."""
-        for part in (self._torch.poll if self._torch else None, self._signals, self._crash):
-            if part is None:
-                continue
-            try:
-                if isinstance(part, SignalRecorder):
-                    part.watch()
-                elif isinstance(part, CrashRegion):
-                    part.check()
-                else:
-                    part()
-            except Exception as exc:
-                self._on_error(exc)
-        ring = self._ring
-        if ring is not None and ring.locked and not ring.fd.intact():
-            fd = OwnedFd.open(ring.path, os.O_RDWR | os.O_NOFOLLOW)  # the job closed ours: lock it again
-            if fd is not None and os.fstat(fd.fd).st_size == len(ring.map) and lock_ring(fd.fd):
-                ring.fd = fd
 
     def sync(self) -> None:
         """msync the ring: what is written so far survives a kernel crash or power loss too.
@@ -466,133 +382,15 @@ class Recorder:
             self._warned = True
             warn(f"blackbox dropped an event: {type(exc).__name__}: {exc}")
 
-    # ------------------------------------------------------------ ending
+    # ------------------------------------------------------------ ending (_recorder_end.py)
     def disarm(self, *, at_exit: bool = False) -> None:
         """Record a clean end and release the ring. Safe to call twice, from any thread or handler.
         ``at_exit``: the interpreter is exiting; the process's exit status is then written as it exits."""
-        held = HeldForTheJob(self._on_error)  # each step runs to its end whatever the job's signal handlers raise
-        ending = False
-        try:  # (the lock taken inside the try: a handler's exception right after it cannot leave it held)
-            ending = self._ending.acquire(blocking=False)
-            if not ending or not self.armed:
-                return  # another caller is ending it (this very thread, from a signal handler, or another)
-            held.run_all(self._ending_steps(held, at_exit))  # cut short before its 1st step: still armed, run again
-        finally:
-            if ending:
-                self._ending.release()
-        held.raise_held()  # the job's own exception, now that the ring's end is written
-
-    def _ending_steps(self, held: HeldForTheJob, at_exit: bool) -> list[tuple[Callable[[], object], bool]]:
-        """The steps of ``disarm``, each with whether it may run twice (run again if the job cut it short)."""
-        ring, w, sampler, promised = self._ring, self._writer, self._sampler, [False]  # promised: the exit record
-
-        def await_sampler() -> None:
-            if sampler is not None and sampler is not threading.current_thread():
-                held.wait(self._sampled, max(1.0, 2 * self.sample_interval))
-
-        def possible() -> None:
-            promised[0] = at_exit and not self._fold_clean and ring is not None and exit_record_possible(ring.fd, w)
-
-        def disarm_record() -> None:  # value 1: the exit record is armed (FORMAT.md, "Kinds")
-            if w is not None:
-                w.event(fmt.KIND_CODES["disarm"], None, 1 if promised[0] else None)
-
-        def clean() -> None:
-            if ring is not None:
-                fmt.STATE_STRUCT.pack_into(ring.map.buffer, fmt.STATE_OFFSET, fmt.STATE_CLEAN)
-
-        def exit_record() -> None:  # armed again if cut short: the disarm record has promised it
-            if promised[0]:
-                self._record_status_at_exit()
-
-        # Signals last: one that lands while the job shuts down is still recorded (after the clean end).
-        return [(lambda: setattr(self, "armed", False), True), (self._stop.set, True), (await_sampler, True),
-                (lambda: self._uninstall_collectors(in_child=False, signals=False, run=held.run), False),
-                (possible, True), (self.sample_now, True), (disarm_record, False), (clean, True),
-                (lambda: self._uninstall_collectors(in_child=False, signals=True, run=held.run), False),
-                (exit_record, True), (lambda: self._teardown(flush=self.sync_interval is not None), False),
-                (self._fold, False)]  # fmt: skip
-
-    def _record_status_at_exit(self) -> None:  # (run by disarm's HeldForTheJob: a failure is one warning)
-        ring, w, hdr = self._ring, self._writer, self._header  # exit_record_possible said they are there
-        assert ring is not None and w is not None and hdr is not None and w.sequence is not None
-        record_status_at_exit(built_module(), ring.fd.fd, hdr, w.sequence.value, w.current_step(), w.intern)
-
-    def _fold(self) -> None:
-        """A helper's clean end under `blackbox run`: one line in ``folded.jsonl``, and its ring removed."""
-        path = self.path if self._fold_clean else None  # (run by disarm's HeldForTheJob: a failure is one warning)
-        if path is None:
-            return
-        line = fold_line(self._identity, self._started_ns, self.peak_rss)
-        fd = os.open(path.parent / FOLDED, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        try:
-            os.write(fd, line)  # one write with O_APPEND: lines of helpers ending together never mix
-        finally:
-            os.close(fd)
-        path.unlink()
+        disarm(self, at_exit=at_exit)
 
     def abandon_after_fork(self) -> None:
         """In a forked child: stop writing into the parent's ring without touching it."""
-        self.armed = False
-        self._stop.set()
-        self._sampler = None
-        self._ending = threading.Lock()  # the parent's may have been held by another thread at fork
-        self._uninstall_collectors(in_child=True, signals=True)
-        self._uninstall_collectors(in_child=True, signals=False)
-        stacks, self._stacks = self._stacks, None
-        if stacks is not None:
-            stacks.close(wait=False)
-        self._teardown(flush=False)
-
-    def _uninstall_collectors(
-        self, *, in_child: bool, signals: bool, run: Callable[[Callable[[], object]], None] | None = None
-    ) -> None:
-        """Put back the hooks this recorder installed (in a forked child: no torch/CUDA calls): the
-        signal recorder alone (``signals``), or all the others, each step through ``run`` (by default:
-        a failure is one warning). Releasing signals waits for a handler in flight on another thread,
-        so nothing writes into the mapping once it is closed."""
-        run = run or self._each
-        if signals:
-            if self._signals is not None:
-                run(self._signals.forget_after_fork if in_child else self._signals.uninstall)
-            return
-        torch, exceptions, crash, allocs = self._torch, self._exceptions, self._crash, self._allocs
-        steps: list[Callable[[], None]] = [lambda: allocs.stop(in_child=in_child)] if allocs is not None else []
-        if crash is not None:
-            steps.append(crash.disable)
-        if torch is not None:
-            steps.append(lambda: torch.detach(final_drain=not in_child, in_child=in_child))
-        if exceptions is not None:
-            steps.append(exceptions.uninstall)
-        for step in steps:
-            run(step)
-
-    def _each(self, step: Callable[[], object]) -> None:
-        try:
-            step()
-        except Exception as exc:
-            self._on_error(exc)
-
-    def _teardown(self, *, flush: bool) -> None:
-        self.mark, self.step, self._event = _noop, _noop, _null_event
-        stacks, self._stacks = self._stacks, None
-        if stacks is not None:
-            stacks.close()
-        if self._writer is not None:
-            self._writer.kill()
-            self._writer = None
-        ring, self._ring = self._ring, None
-        if ring is not None:
-            try:
-                if flush:
-                    ring.map.flush()
-                ring.map.close()
-            except (OSError, ValueError, BufferError):
-                pass
-            ring.fd.close()  # releases the writer's lock (only if the descriptor is still ours)
-        if self._probe is not None:
-            self._probe.close()
-            self._probe = None
+        abandon_after_fork(self)
 
     def __repr__(self) -> str:
         state = "armed" if self.armed else "disarmed"

@@ -25,6 +25,7 @@ import pytest
 from conftest import REPO, run_py
 
 import blackbox
+from blackbox import _recorder_end
 from blackbox._jobsignal import HeldForTheJob
 from blackbox.recovery.pipeline import recover_rings
 from blackbox.ring import format as fmt
@@ -56,29 +57,30 @@ def raising_handler() -> Iterator[None]:
     signal.signal(signal.SIGUSR1, old)
 
 
-def _signal_during(rec: blackbox.Recorder, step: str) -> None:
-    """The job's signal lands while ``rec`` runs ``step`` (a method of its disarm), once its work is done
-    (the hooks it puts back are back): sent from inside it, so its handler runs at the next bytecode, there."""
-    real = getattr(rec, step)
+def _signal_during(owner: object, step: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's signal lands while the disarm runs ``step`` (of ``owner``: the recorder, or the module
+    whose function the disarm calls), once its work is done (the hooks it puts back are back): sent from
+    inside it, so its handler runs at the next bytecode, there."""
+    real = getattr(owner, step)
 
     def interrupted(*args: object, **kwargs: object) -> object:
         result = real(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGUSR1)
         return result
 
-    setattr(rec, step, interrupted)
+    monkeypatch.setattr(owner, step, interrupted)
 
 
-@pytest.mark.parametrize("step", ["_uninstall_collectors", "sample_now"])
+@pytest.mark.parametrize("step", ["uninstall_collectors", "sample_now"])
 def test_the_jobs_exception_raised_during_disarm_reaches_it_after_the_clean_end(
-    tmp_path: Path, raising_handler: None, step: str
+    tmp_path: Path, raising_handler: None, step: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # GIVEN an armed recorder, and the job's handler raising while the disarm puts its hooks back, or takes
     # its last sample
     before = sys.excepthook
     rec = blackbox.Recorder.arm(tmp_path / "job.ring", capacity=1024, sample_interval=3600)
     rec.mark("loss", 1)
-    _signal_during(rec, step)
+    _signal_during(_recorder_end if step == "uninstall_collectors" else rec, step, monkeypatch)
     # WHEN it is disarmed
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")

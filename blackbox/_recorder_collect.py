@@ -1,0 +1,126 @@
+"""The collectors a Recorder starts as it arms, keeps up once a sample, and puts back as it ends.
+
+Each collector that fails to start is noted (``Recorder.notes`` and a ``blackbox: ...`` mark), never
+fatal: the ring records what the others see. Functions over the Recorder, moved out of ``_recorder.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ._fds import OwnedFd
+from ._warn import warn
+from .collect.allocs import start_allocs
+from .collect.exceptions import ExceptionRecorder, exit_status_unrecorded
+from .collect.gpu import GpuProbe
+from .collect.signals import CrashRegion, SignalRecorder
+from .collect.stacks import StackSampler
+from .collect.torch_hooks import TorchHooks
+from .ring.file import SNAPSHOT_SUFFIX, sidecar
+from .ring.liveness import lock_ring
+from .ring.writer import built_module, c_writer_module
+
+if TYPE_CHECKING:
+    from ._recorder import Recorder
+
+
+def install_collectors(rec: Recorder, ring: Path, history: int, modules: bool) -> None:
+    """Exceptions, signals, crash region, GPU and torch hooks: each one that fails is noted, not fatal."""
+    w, hdr = rec._writer, rec._header
+    assert w is not None and rec._probe is not None and hdr is not None and rec._ring is not None
+    rec._exceptions = ExceptionRecorder(w.event, w.intern)
+    rec._signals = SignalRecorder(built_module(), w.intern, (ring, hdr))
+    rec._crash = CrashRegion(ring, hdr.crash_offset)
+    rec._gpu = GpuProbe()
+    if rec._stack_threads is not None:
+        try:
+            region = rec._ring.map.buffer[hdr.stacks_offset : hdr.stacks_offset + hdr.stacks_size]
+            rec._stacks = StackSampler(region, w.event, rec._stack_threads, c_writer_module())
+        except Exception as exc:
+            rec.note(f"stacks not sampled: {type(exc).__name__}: {exc}")
+            warn(rec.notes[-1])
+    rec._allocs = start_allocs(rec._ring.map.buffer, hdr, w.sequence, rec.allocations,
+                               rec._stack_threads is None, lambda: rec._stacks, rec.note)  # fmt: skip
+    rec._torch = TorchHooks(
+        w,
+        modules=modules,
+        allocator_history=history,
+        snapshot_path=sidecar(ring, SNAPSHOT_SUFFIX),
+        rss=rec._probe.rss,
+        note=rec.note,
+        gpu_blocks=rec._allocs.gpu_block if rec._allocs is not None else None,
+    )
+    mapping, sequence = rec._ring.map.buffer, w.sequence
+    signals = rec._signals
+    for what, install in (
+        ("exception hooks", rec._exceptions.install),
+        ("signal recorder", lambda: signals.install(mapping, hdr.records_offset, hdr.capacity, sequence)),
+        ("crash region", rec._crash.enable),
+        ("torch hooks", rec._torch.poll),
+    ):
+        try:
+            why = install()
+            if why:
+                rec.note(f"{what} not installed: {why}")
+        except Exception as exc:
+            rec.note(f"{what} not installed: {type(exc).__name__}: {exc}")
+    if rec._crash.note:
+        rec.notes.append(rec._crash.note)  # the job's own choice, not a failure: no event
+    if exit_status_unrecorded(built_module()):
+        rec.note(exit_status_unrecorded(built_module()))
+
+
+def upkeep(rec: Recorder) -> None:
+    """Once a sample: attach torch hooks as the job gets there, re-wrap signal handlers the job
+    replaced, and take back descriptors the job closed (the crash region's, the lock's)."""
+    for part in (rec._torch.poll if rec._torch else None, rec._signals, rec._crash):
+        if part is None:
+            continue
+        try:
+            if isinstance(part, SignalRecorder):
+                part.watch()
+            elif isinstance(part, CrashRegion):
+                part.check()
+            else:
+                part()
+        except Exception as exc:
+            rec._on_error(exc)
+    ring = rec._ring
+    if ring is not None and ring.locked and not ring.fd.intact():
+        fd = OwnedFd.open(ring.path, os.O_RDWR | os.O_NOFOLLOW)  # the job closed ours: lock it again
+        if fd is not None and os.fstat(fd.fd).st_size == len(ring.map) and lock_ring(fd.fd):
+            ring.fd = fd
+
+
+def uninstall_collectors(
+    rec: Recorder, *, in_child: bool, signals: bool, run: Callable[[Callable[[], object]], None] | None = None
+) -> None:
+    """Put back the hooks this recorder installed (in a forked child: no torch/CUDA calls): the
+    signal recorder alone (``signals``), or all the others, each step through ``run`` (by default:
+    a failure is one warning). Releasing signals waits for a handler in flight on another thread,
+    so nothing writes into the mapping once it is closed."""
+
+    def each(step: Callable[[], object]) -> None:
+        try:
+            step()
+        except Exception as exc:
+            rec._on_error(exc)
+
+    run = run or each
+    if signals:
+        if rec._signals is not None:
+            run(rec._signals.forget_after_fork if in_child else rec._signals.uninstall)
+        return
+    torch, exceptions, crash, allocs = rec._torch, rec._exceptions, rec._crash, rec._allocs
+    steps: list[Callable[[], None]] = [lambda: allocs.stop(in_child=in_child)] if allocs is not None else []
+    if crash is not None:
+        steps.append(crash.disable)
+    if torch is not None:
+        steps.append(lambda: torch.detach(final_drain=not in_child, in_child=in_child))
+    if exceptions is not None:
+        steps.append(exceptions.uninstall)
+    for step in steps:
+        run(step)

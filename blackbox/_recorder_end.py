@@ -1,0 +1,136 @@
+"""How a Recorder stops: its clean end (``disarm``, at exit too), and a forked child's abandoning of the
+parent's ring. Functions over the Recorder, moved out of ``_recorder.py``.
+
+Ending never waits on itself: ``disarm()`` claims the end without blocking, so a signal handler of the
+job's that calls it (or exits, and so runs it at exit) while the same thread is already inside it
+returns at once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ._jobsignal import HeldForTheJob
+from ._recorder_collect import uninstall_collectors
+from .collect.exceptions import exit_record_possible, record_status_at_exit
+from .ring import format as fmt
+from .ring.folded import FOLDED, fold_line
+from .ring.writer import built_module
+
+if TYPE_CHECKING:
+    from ._recorder import Recorder
+
+
+def _noop(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
+def _null_event(*_args: Any, **_kwargs: Any) -> int:
+    return 0
+
+
+def disarm(rec: Recorder, *, at_exit: bool) -> None:
+    """Record a clean end and release the ring (``Recorder.disarm``)."""
+    held = HeldForTheJob(rec._on_error)  # each step runs to its end whatever the job's signal handlers raise
+    ending = False
+    try:  # (the lock taken inside the try: a handler's exception right after it cannot leave it held)
+        ending = rec._ending.acquire(blocking=False)
+        if not ending or not rec.armed:
+            return  # another caller is ending it (this very thread, from a signal handler, or another)
+        held.run_all(_ending_steps(rec, held, at_exit))  # cut short before its 1st step: still armed, run again
+    finally:
+        if ending:
+            rec._ending.release()
+    held.raise_held()  # the job's own exception, now that the ring's end is written
+
+
+def _ending_steps(rec: Recorder, held: HeldForTheJob, at_exit: bool) -> list[tuple[Callable[[], object], bool]]:
+    """The steps of ``disarm``, each with whether it may run twice (run again if the job cut it short)."""
+    ring, w, sampler, promised = rec._ring, rec._writer, rec._sampler, [False]  # promised: the exit record
+
+    def await_sampler() -> None:
+        if sampler is not None and sampler is not threading.current_thread():
+            held.wait(rec._sampled, max(1.0, 2 * rec.sample_interval))
+
+    def possible() -> None:
+        promised[0] = at_exit and not rec._fold_clean and ring is not None and exit_record_possible(ring.fd, w)
+
+    def disarm_record() -> None:  # value 1: the exit record is armed (FORMAT.md, "Kinds")
+        if w is not None:
+            w.event(fmt.KIND_CODES["disarm"], None, 1 if promised[0] else None)
+
+    def clean() -> None:
+        if ring is not None:
+            fmt.STATE_STRUCT.pack_into(ring.map.buffer, fmt.STATE_OFFSET, fmt.STATE_CLEAN)
+
+    def exit_record() -> None:  # armed again if cut short: the disarm record has promised it
+        if promised[0]:
+            _record_status_at_exit(rec)
+
+    # Signals last: one that lands while the job shuts down is still recorded (after the clean end).
+    return [(lambda: setattr(rec, "armed", False), True), (rec._stop.set, True), (await_sampler, True),
+            (lambda: uninstall_collectors(rec, in_child=False, signals=False, run=held.run), False),
+            (possible, True), (rec.sample_now, True), (disarm_record, False), (clean, True),
+            (lambda: uninstall_collectors(rec, in_child=False, signals=True, run=held.run), False),
+            (exit_record, True), (lambda: teardown(rec, flush=rec.sync_interval is not None), False),
+            (lambda: _fold(rec), False)]  # fmt: skip
+
+
+def _record_status_at_exit(rec: Recorder) -> None:  # (run by disarm's HeldForTheJob: a failure is one warning)
+    ring, w, hdr = rec._ring, rec._writer, rec._header  # exit_record_possible said they are there
+    assert ring is not None and w is not None and hdr is not None and w.sequence is not None
+    record_status_at_exit(built_module(), ring.fd.fd, hdr, w.sequence.value, w.current_step(), w.intern)
+
+
+def _fold(rec: Recorder) -> None:
+    """A helper's clean end under `blackbox run`: one line in ``folded.jsonl``, and its ring removed."""
+    path = rec.path if rec._fold_clean else None  # (run by disarm's HeldForTheJob: a failure is one warning)
+    if path is None:
+        return
+    line = fold_line(rec._identity, rec._started_ns, rec.peak_rss)
+    fd = os.open(path.parent / FOLDED, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, line)  # one write with O_APPEND: lines of helpers ending together never mix
+    finally:
+        os.close(fd)
+    path.unlink()
+
+
+def abandon_after_fork(rec: Recorder) -> None:
+    """In a forked child: stop writing into the parent's ring without touching it."""
+    rec.armed = False
+    rec._stop.set()
+    rec._sampler = None
+    rec._ending = threading.Lock()  # the parent's may have been held by another thread at fork
+    uninstall_collectors(rec, in_child=True, signals=True)
+    uninstall_collectors(rec, in_child=True, signals=False)
+    stacks, rec._stacks = rec._stacks, None
+    if stacks is not None:
+        stacks.close(wait=False)
+    teardown(rec, flush=False)
+
+
+def teardown(rec: Recorder, *, flush: bool) -> None:
+    """Writing stops (the API's calls do nothing), the ring is unmapped and its descriptor closed."""
+    rec.mark, rec.step, rec._event = _noop, _noop, _null_event
+    stacks, rec._stacks = rec._stacks, None
+    if stacks is not None:
+        stacks.close()
+    if rec._writer is not None:
+        rec._writer.kill()
+        rec._writer = None
+    ring, rec._ring = rec._ring, None
+    if ring is not None:
+        try:
+            if flush:
+                ring.map.flush()
+            ring.map.close()
+        except (OSError, ValueError, BufferError):
+            pass
+        ring.fd.close()  # releases the writer's lock (only if the descriptor is still ours)
+    if rec._probe is not None:
+        rec._probe.close()
+        rec._probe = None
