@@ -5,24 +5,28 @@ The job runs as it would without us:
 - Its environment gains two entries on ``PYTHONPATH``, a run folder holding our
   ``sitecustomize.py`` and a link to the blackbox package alone (never the
   site-packages it is installed in, whose numpy or torch would shadow the job's).
-- It gets its own process group, so a shell wrapper and everything it starts
-  are signalled as one, and dies with us if we are SIGKILLed (as it would have
-  been, had it been started directly). Where we own the terminal, it gets the
-  terminal (Ctrl-C, Ctrl-Z and reading stdin behave as for a foreground job).
-- Every signal sent to us is passed to it exactly once (read with
-  ``sigtimedwait``, so we run no handler): a signal sent to our pid or our
-  process group reaches the job once; a terminal's Ctrl-C reaches the job
-  alone; a signal from a sender that may signal every process of the job
-  itself (Slurm's ``slurmstepd``, ``systemd``) is relayed unless it reached
-  the job already, which a witness process placed like the job tells
-  (``witness``: under ``proctrack/linuxproc`` a cancel reaches the job
-  directly, under ``proctrack/cgroup`` only us). Each relay is written
-  down first, with its original sender (pid, uid, command, ``si_code``), in
-  ``relayed.jsonl`` beside the rings: the job's rings name us as the sender,
-  and recovery gives the signal back to whoever really sent it.
+- It stays in our process group, as it would have been in its launcher's had
+  it been started directly: a signal to the group (``kill -KILL -PGID``,
+  ``timeout -s KILL``, a terminal's Ctrl-C and Ctrl-Z) reaches every process
+  of the job at once, SIGKILL and SIGSTOP included, which no relay could pass
+  on; a job started from an interactive shell has the terminal as it would.
+  It dies with us if we alone are SIGKILLed (as it would have been, had it
+  been started directly).
+- Every other signal sent to us is passed to it exactly once (read with
+  ``sigtimedwait``, so we run no handler): a signal sent to our process group,
+  or by a sender that signals every process of the job itself (Slurm's
+  ``slurmstepd`` under ``proctrack/linuxproc``), has reached the job already,
+  which a witness process placed like the job tells (``witness``), and is not
+  passed on; one sent to our pid alone (``kill PID``, a terminal's hang-up,
+  ``proctrack/cgroup``) is relayed to each process of the job in our group.
+  Each relay is written down first, with its original sender (pid, uid,
+  command, ``si_code``), in ``relayed.jsonl`` beside the rings: the job's rings
+  name us as the sender, and recovery gives the signal back to whoever really
+  sent it.
 - We are its processes' subreaper: what it starts and leaves behind (a shell
   wrapper's python, once the shell has died) is ours to wait for, and we
-  recover only once its process group has ended (or after ``GRACE_S``).
+  recover only once none of its processes is left in our group (or after
+  ``GRACE_S``).
 - We end as it ended: with its exit status, or killed by the signal that killed
   it, whatever recovery does.
 """
@@ -45,6 +49,7 @@ from typing import Any
 from ..collect.identity import RUN_ID_ENV, RUN_PID_ENV
 from ..ring.relayed import MAX_RELAYED_BYTES, RELAYED, Relay, relay_line
 from .bootstrap import BOOT_ENV, SITECUSTOMIZE
+from .leftovers import descendants, stat_of
 from .proc import argv_of, comm_of, command_of, program_of
 from .witness import Witness
 
@@ -57,8 +62,8 @@ FORWARDED = (
     signal.SIGUSR2,
     signal.SIGWINCH,
 )
-SIGNALS_EVERY_PROCESS = ("slurmstepd", "systemd")  # they may signal each process of the job themselves
-GRACE_S = 10.0  # after the job's process ends, how long its process group may take to follow
+GRACE_S = 10.0  # after the job's process ends, how long its other processes in our group may take to follow
+STOP_SETTLE_S = 0.05  # after the job's process stopped, before we look whether it is stopped still
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -94,36 +99,14 @@ def job_environment(rings: Path, boot: Path) -> dict[str, str]:
     return env
 
 
-def _terminal() -> int | None:
-    """stdin's terminal, if we are its foreground process group (we may hand it to the job)."""
-    try:
-        fd = sys.stdin.fileno()
-        return fd if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp() else None
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def _hand_terminal(tty: int | None, pgrp: int) -> None:
-    if tty is None:
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})  # a background group may set it then
-    try:
-        with contextlib.suppress(OSError):
-            os.tcsetpgrp(tty, pgrp)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 def _prctl(option: int, value: int) -> None:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)  # not find_library: it runs ldconfig in a child
         libc.prctl(option, value, 0, 0, 0)
 
 
-def _child_setup(mask: set[int], tty: int | None, parent: int) -> None:
-    """In the job's process, before exec: its own group, the terminal, dying with us, our mask undone."""
-    os.setpgid(0, 0)
-    _hand_terminal(tty, os.getpid())
+def _child_setup(mask: set[int], parent: int) -> None:
+    """In the job's process, before exec: dying with us, our mask undone (our process group is kept)."""
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # we died before prctl took effect
         os._exit(128 + signal.SIGKILL)
@@ -131,10 +114,11 @@ def _child_setup(mask: set[int], tty: int | None, parent: int) -> None:
 
 
 class Relayer:
-    """Passes signals on to the job's process group, each written down first with its real sender."""
+    """Passes signals that reached us alone on to the job's processes, each written down first with its
+    real sender."""
 
     def __init__(self, rings: Path, witness: Witness) -> None:
-        self.pgrp = 0
+        self.job = 0  # the job's own process
         self.witness = witness
         self._log = -1
         self._room = MAX_RELAYED_BYTES  # what recovery reads; a signal storm must not fill the disk
@@ -143,22 +127,31 @@ class Relayer:
             self._log = os.open(rings / RELAYED, flags, 0o600)
 
     def relay(self, info: Any) -> None:
+        if self.witness.saw(info.si_signo):
+            return  # sent to our process group, or to every process below us: the job has it already
         if info.si_code > 0 or info.si_pid <= 0:  # sent by the kernel (a terminal's hang-up)
             relay = Relay(info.si_signo, info.si_code, None, None, None, None, os.getpid(), time.time_ns())
         else:  # by a process (kill, sigqueue): who, read now, while it is most likely still there
-            comm = comm_of(info.si_pid)
-            if comm in SIGNALS_EVERY_PROCESS and self.witness.saw(info.si_signo):
-                return  # its sender signalled every process below us: the job has it already
             argv = argv_of(info.si_pid)
-            name = program_of(argv, comm) or None  # None: it ended before it could be named (its pid stays)
+            name = program_of(argv, comm_of(info.si_pid)) or None  # None: it ended before it could be named
             relay = Relay(info.si_signo, info.si_code, info.si_pid, info.si_uid, name,
                           command_of(info.si_pid) if name else None, os.getpid(), time.time_ns())  # fmt: skip
         line = relay_line(relay)
         if self._log >= 0 and len(line) <= self._room:
             with contextlib.suppress(OSError):
                 self._room -= os.write(self._log, line)  # one O_APPEND write: a line is never split
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pgrp, info.si_signo)
+        self.signal_job(info.si_signo)
+
+    def job_processes(self) -> list[int]:
+        """The job's processes a signal to our group reaches: those below us in our group (the witness
+        aside), and the job's own process wherever it is."""
+        pids = set(descendants(os.getpid(), os.getpgrp())) - {self.witness.pid}
+        return sorted(pids | ({self.job} if self.job > 0 else set()))
+
+    def signal_job(self, signo: int) -> None:
+        for pid in self.job_processes():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signo)
 
     def close(self) -> None:
         self.witness.close()
@@ -172,7 +165,6 @@ def launch(command: list[str], rings: Path, boot: Path, on_end: Callable[[Ended]
     process has ended, before the rest of its process group is waited for."""
     watched: set[int] = {int(s) for s in (*FORWARDED, signal.SIGCHLD)}
     before = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
-    tty = _terminal()
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     relayer = Relayer(rings, Witness(FORWARDED))
     try:
@@ -180,29 +172,28 @@ def launch(command: list[str], rings: Path, boot: Path, on_end: Callable[[Ended]
             child = subprocess.Popen(
                 command,
                 env=job_environment(rings, boot),
-                preexec_fn=lambda: _child_setup(before, tty, os.getppid()),
+                preexec_fn=lambda: _child_setup(before, os.getppid()),
             )
         except OSError as exc:
             print(f"blackbox run: cannot start {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
             return Ended(127 if isinstance(exc, FileNotFoundError) else 126, None)
-        relayer.pgrp = child.pid
-        _hand_terminal(tty, child.pid)
-        ended = _wait(child.pid, watched, tty, relayer)
+        relayer.job = child.pid
+        ended = _wait(child.pid, watched, relayer)
+        relayer.job = 0  # reaped: its pid may be another process's now
         ended.end_ns = time.time_ns()
         if on_end is not None:
             on_end(ended)
-        _wait_for_the_group(child.pid, watched, relayer)
+        _wait_for_the_group(watched, relayer)
         return ended
     finally:
         relayer.close()
-        _hand_terminal(tty, os.getpgrp())
         # The forwarded signals stay blocked: once the job has ended, a signal has nobody to reach and
         # must not end us with another status while we recover (unarmed, the process is already gone).
         # end_like unblocks the job's own signal to die by it; others die pending with this process.
         signal.pthread_sigmask(signal.SIG_SETMASK, set(before) | {int(s) for s in FORWARDED})
 
 
-def _wait(pid: int, watched: set[int], tty: int | None, relayer: Relayer) -> Ended:
+def _wait(pid: int, watched: set[int], relayer: Relayer) -> Ended:
     while True:
         info = signal.sigtimedwait(watched, 0.5)
         if info is not None and info.si_signo != signal.SIGCHLD:
@@ -211,12 +202,8 @@ def _wait(pid: int, watched: set[int], tty: int | None, relayer: Relayer) -> End
         done, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
         if done == 0:
             continue
-        if os.WIFSTOPPED(status):  # Ctrl-Z: stop too, so the shell sees its job stopped; go on at `fg`
-            _hand_terminal(tty, os.getpgrp())
-            os.kill(os.getpid(), signal.SIGSTOP)
-            _hand_terminal(tty, pid)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGCONT)
+        if os.WIFSTOPPED(status):
+            _stopped(pid, relayer)
             continue
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
@@ -224,19 +211,28 @@ def _wait(pid: int, watched: set[int], tty: int | None, relayer: Relayer) -> End
         return Ended(os.WEXITSTATUS(status), None)
 
 
-def _wait_for_the_group(pgrp: int, watched: set[int], relayer: Relayer) -> None:
-    """Reap the job's leftovers (reparented to us) until its process group is empty, or GRACE_S passed;
-    signals sent meanwhile are still relayed to the group."""
+def _stopped(pid: int, relayer: Relayer) -> None:
+    """The job's process stopped. By a stop sent to our group (Ctrl-Z) we stopped with it, and whoever
+    continued the group continued it too. By one sent to it alone, we stop too, so that the shell sees its
+    job stopped, and continue the job's processes when we are continued (`fg`)."""
+    time.sleep(STOP_SETTLE_S)  # a SIGCONT to the group reaches its processes one after another
+    if (stat_of(pid) or (0, 0, ""))[2] != "T":
+        return
+    os.kill(os.getpid(), signal.SIGSTOP)
+    relayer.signal_job(signal.SIGCONT)
+
+
+def _wait_for_the_group(watched: set[int], relayer: Relayer) -> None:
+    """Reap the job's leftovers (reparented to us) until none of its processes is left in our group, or
+    GRACE_S passed; signals sent to us alone meanwhile are still relayed to them."""
     deadline = time.monotonic() + GRACE_S
     while time.monotonic() < deadline:
         with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, os.WNOHANG)[0] > 0:
                 pass
-        try:
-            os.killpg(pgrp, 0)
-        except (ProcessLookupError, PermissionError):
+        if not relayer.job_processes():
             return
-        info = signal.sigtimedwait(watched, 0.05)
+        info = signal.sigtimedwait(watched, 0.25)  # a leftover's end wakes us (SIGCHLD: it is ours now)
         if info is not None and info.si_signo != signal.SIGCHLD:
             relayer.relay(info)
 

@@ -20,7 +20,8 @@ from .proc import command_of
 MAX_LISTED = 64  # processes named in the metadata; the count says how many there were
 
 
-def _parent_and_state(pid: str) -> tuple[int, str] | None:
+def stat_of(pid: int | str) -> tuple[int, int, str] | None:
+    """(parent, process group, state) of a process, from ``/proc/<pid>/stat``; None when it has ended."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             text = f.read(4096).decode("utf-8", "replace")
@@ -28,32 +29,33 @@ def _parent_and_state(pid: str) -> tuple[int, str] | None:
         return None
     fields = text.rsplit(")", 1)[-1].split()  # the command name may hold spaces and brackets
     try:
-        return int(fields[1]), fields[0]
+        return int(fields[1]), int(fields[2]), fields[0]
     except (IndexError, ValueError):
         return None
 
 
-def descendants(ancestor: int) -> list[int]:
-    """The live (not zombie) processes below ``ancestor``, in pid order."""
+def descendants(ancestor: int, pgrp: int | None = None) -> list[int]:
+    """The live (not zombie) processes below ``ancestor``, in pid order; those of process group ``pgrp``
+    alone where it is given."""
     children: dict[int, list[int]] = {}
-    zombies: set[int] = set()
+    left: set[int] = set()  # zombies, and processes of another group
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        found = _parent_and_state(name)
+        found = stat_of(name)
         if found is None:
             continue
-        ppid, state = found
+        ppid, group, state = found
         children.setdefault(ppid, []).append(int(name))
-        if state in ("Z", "X"):
-            zombies.add(int(name))
+        if state in ("Z", "X") or (pgrp is not None and group != pgrp):
+            left.add(int(name))
     out, todo = [], [ancestor]
     while todo:
         for child in children.get(todo.pop(), []):
             if child not in out:
                 out.append(child)
                 todo.append(child)
-    return sorted(p for p in out if p not in zombies)
+    return sorted(p for p in out if p not in left)
 
 
 def still_running(ancestor: int) -> tuple[int, list[dict[str, Any]]]:

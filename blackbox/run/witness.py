@@ -8,18 +8,20 @@ by its proctrack plugin, and each looks the same to us (``kill`` from
   a step, go to the step's container: ``proctrack/linuxproc`` signals every
   process below slurmstepd, deepest first (the job got it before we did);
   ``proctrack/cgroup`` only slurmstepd's own children (us alone, the job never
-  gets it); ``proctrack/pgid`` the step's process group (the job, in a group of
-  its own, never gets it);
+  gets it); ``proctrack/pgid`` the step's process group (ours, which the job
+  shares: it got it too);
 - ``scancel -b -s SIG`` and ``--signal=B:SIG@T`` go to the batch script's pid
   alone, and ``scancel -f -s SIG`` to its process group, under every plugin.
 
-The witness is a child of ours placed exactly like the job (a child of this
-process, in a process group of its own) that blocks every signal we relay and
-never takes one: a signal that reached the job because its sender signalled
-every process stays pending in the witness (``/proc/<pid>/status``, ``ShdPnd``).
-So the launcher relays a signal unless the witness got it too, and the job gets
-it exactly once whatever the plugin. The witness is then told to drop it, so
-that the next one is seen afresh. It reads a pipe from us and ends when we do
+The job stays in our process group, so a signal sent to the group (``kill
+-TERM -PGID``, ``timeout``, a terminal's Ctrl-C, ``proctrack/pgid``) reached it
+too. The witness is a child of ours placed exactly like the job (a child of
+this process, in our process group) that blocks every signal we relay and never
+takes one: a signal that reached the job because its sender signalled our group
+or every process stays pending in the witness (``/proc/<pid>/status``,
+``ShdPnd``). So the launcher relays a signal unless the witness got it too, and
+the job gets it exactly once whatever the sender. The witness is then told to
+drop it, so that the next one is seen afresh. It reads a pipe from us and ends when we do
 (its end of the pipe closes, and ``PR_SET_PDEATHSIG`` kills it).
 """
 
@@ -76,7 +78,6 @@ class Witness:
                 os.close(to_w)
                 os.close(back_r)
                 signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)
-                os.setpgid(0, 0)
                 _die_with_parent()
                 if os.getppid() != parent:
                     os._exit(0)

@@ -1,0 +1,159 @@
+"""`blackbox run` keeps the job's process-group semantics: a signal to the group reaches every process the job
+started, exactly as it does unarmed.
+
+Each job runs unarmed and under `blackbox run`, side by side, started as an interactive shell starts a job
+(a process group of its own); a group signal is sent the ways the field sends one (`kill -KILL -PGID`,
+`timeout -s KILL`), and what is left running is compared (`ps -eo pid,pgid,sid,cmd`, read from /proc).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pty
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+ENV = dict(os.environ, PYTHONPATH=str(REPO))
+BLACKBOX = [sys.executable, "-m", "blackbox", "run", "--quiet"]
+# A Python process of the job: notes its pid in a file of its own, then works until it is killed.
+WORKER = """\
+import os, sys, time
+import numpy
+open(sys.argv[1] + f".{os.getpid()}", "w").write("up")
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its parent counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return False
+
+
+def _pids(marks: Path, count: int) -> list[int]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = [int(p.name.rsplit(".", 1)[1]) for p in marks.parent.glob(marks.name + ".*")]
+        if len(found) >= count:
+            time.sleep(0.3)  # armed: the ring is made; both: the process is past its start
+            return sorted(found)
+        time.sleep(0.05)
+    raise AssertionError(f"the job's {count} Python processes were not all up within 60 s")
+
+
+def _left_after(pids: list[int]) -> list[int]:
+    deadline = time.monotonic() + 5
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+def _cleanup(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("armed", [False, True], ids=["unarmed", "armed"])
+def test_kill_of_the_group_ends_a_shell_wrappers_python(tmp_path: Path, armed: bool) -> None:
+    # GIVEN `bash -c "python worker.py; true"` (bash stays the job's top process, python its child), started
+    # in a process group of its own as an interactive shell starts a job
+    (tmp_path / "worker.py").write_text(WORKER)
+    marks = tmp_path / "up"
+    job = ["bash", "-c", f"{sys.executable} {tmp_path / 'worker.py'} {marks}; true"]
+    cmd = [*BLACKBOX, "--dir", str(tmp_path / "run"), "--", *job] if armed else job
+    proc = subprocess.Popen(cmd, env=ENV, start_new_session=True, stderr=subprocess.DEVNULL)
+    pids = _pids(marks, 1)
+    try:
+        # WHEN the group is SIGKILLed (`kill -KILL -PGID`)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        # THEN nothing of the job is left running, armed as unarmed
+        assert proc.returncode == -signal.SIGKILL
+        assert _left_after(pids) == []
+    finally:
+        _cleanup(pids)
+
+
+PIPELINE = """\
+#!/bin/bash
+{py} {worker} {marks} | {py} {worker} {marks}
+echo done
+"""
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="coreutils timeout is not installed")
+@pytest.mark.parametrize("armed", [False, True], ids=["unarmed", "armed"])
+def test_timeout_kill_ends_every_process_of_a_pipeline_script(tmp_path: Path, armed: bool) -> None:
+    # GIVEN a train.sh that runs a pipeline of two Python processes, under `timeout -s KILL`
+    (tmp_path / "worker.py").write_text(WORKER)
+    marks = tmp_path / "up"
+    script = tmp_path / "train.sh"
+    script.write_text(PIPELINE.format(py=sys.executable, worker=tmp_path / "worker.py", marks=marks))
+    script.chmod(0o755)
+    run = [*BLACKBOX, "--dir", str(tmp_path / "run"), "--"] if armed else []
+    proc = subprocess.Popen(["timeout", "-s", "KILL", "120", *run, str(script)], env=ENV, stderr=subprocess.DEVNULL)
+    pids = _pids(marks, 2)
+    try:
+        # WHEN timeout's SIGKILL goes to its process group (SIGALRM: timeout's timer ran out, now)
+        os.kill(proc.pid, signal.SIGALRM)
+        proc.wait(timeout=60)
+        # THEN both Python processes of the pipeline are gone, armed as unarmed
+        assert proc.returncode == -signal.SIGKILL  # timeout is in its group too
+        assert _left_after(pids) == []
+    finally:
+        _cleanup(pids)
+
+
+TICKS = "import time\nfor i in range(12):\n    print('tick', i, flush=True)\n    time.sleep(0.1)\n"
+
+
+@pytest.mark.parametrize("armed", [False, True], ids=["unarmed", "armed"])
+def test_ctrl_z_stops_the_job_and_fg_goes_on(tmp_path: Path, armed: bool) -> None:
+    # GIVEN a job run in the foreground by a shell with job control, on a terminal
+    job = [sys.executable, "-c", TICKS]
+    cmd = [*BLACKBOX, "--dir", str(tmp_path / "run"), "--", *job] if armed else job
+    script = f"set -m; {shlex.join(cmd)}; echo stopped-with-$?; sleep 0.5; echo resuming; fg; echo ended-$?"
+    pid, master = pty.fork()
+    if pid == 0:
+        os.execve(str(shutil.which("bash")), ["bash", "-c", script], ENV)
+    out = _read_until(master, b"tick 3")
+    # WHEN Ctrl-Z is typed, and the shell later brings the job back (fg)
+    os.write(master, b"\x1a")
+    out += _read_until(master, None)
+    os.waitpid(pid, 0)
+    text = out.decode(errors="replace")
+    # THEN the job stopped (the shell saw 128 + SIGTSTP), wrote nothing while stopped, then ended its work
+    assert "stopped-with-148" in text, text
+    stopped = text.split("stopped-with-148", 1)[1].split("resuming", 1)[0]
+    assert "tick" not in stopped, text
+    assert "tick 11" in text and "ended-0" in text, text
+
+
+def _read_until(fd: int, mark: bytes | None) -> bytes:
+    out, deadline = b"", time.monotonic() + 60
+    while time.monotonic() < deadline and (mark is None or mark not in out):
+        if select.select([fd], [], [], 0.1)[0]:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # the terminal's last process has ended
+                break
+            if not chunk:
+                break
+            out += chunk
+    return out
