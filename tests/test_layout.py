@@ -55,6 +55,7 @@ RECOVERY_ORDER = {
     "facts": 1,
     "relays": 1,
     "levers": 2,
+    "crash": 2,
     "diagnosis": 3,
     "metadata": 4,
     "pipeline": 5,

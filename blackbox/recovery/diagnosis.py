@@ -52,6 +52,8 @@ import pyarrow as pa
 from .._units import human_bytes
 from ..ring import format as fmt
 from ..ring.reader import without_c_extension
+from .allocs import site_of
+from .crash import crash_signal, crashing_stack, innermost_first, short_frame
 from .evidence import Evidence, KernelKill
 from .facts import Facts, facts
 from .levers import analysis
@@ -63,6 +65,7 @@ CAUSES = ("clean_exit", "nonzero_exit", "interrupted", "exception", "oom_excepti
 CONFIDENCE = ("certain", "strong", "probable", "unknown")
 NEAR_LIMIT = 0.95
 OOM_DAEMONS = ("earlyoom", "systemd-oomd", "oomd", "nohang", "low-memory-mon")
+CRASH_SIGNALS = ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL")  # faulthandler's: a native crash
 DEFAULT_ACTION = "default action"  # the detail collect.signals writes for a signal that ended the process
 SCHEDULERS = ("slurmstepd", "slurmd", "srun", "scancel", "kubelet", "containerd-shim", "timeout", "systemd", "torchrun",
               "pt_elastic", "torch.distributed.run")  # fmt: skip
@@ -100,6 +103,7 @@ class _Death:
         self.in_shutdown = False  # the process died after its clean end, before libc's exit()
         self.stat_at_end = f.stats[-1] if f.stats else None
         self.death_ns: int | None = None  # the monotonic time of the death, where the kernel stamped it
+        self.crash: dict[str, Any] | None = None  # a native crash: its signal and the job's innermost frame
         self.status, self.exit_how = exit_status(f, ev)
 
     # ---------------------------------------------------------------- the rules
@@ -280,7 +284,7 @@ class _Death:
         elif rose:
             self._set("host_oom_kill", "strong", rose)
         elif ev.crash:
-            self._set("signal", "certain", f"native crash (faulthandler): {_first_line(ev.crash)}")
+            self._native_crash(ev.crash, sig)
         elif ev.signal_stacks:  # faulthandler's stack in the slot of the signal that ended it (no C extension)
             name, stack = next(iter(ev.signal_stacks.items()))
             why = f"{name} with its default action, in {_innermost(stack)} (its stack then, by faulthandler)"
@@ -297,6 +301,8 @@ class _Death:
             self.when = s
         elif sig is not None and sig != signals.SIGKILL:
             self._set("signal", "certain", f"`blackbox run` saw the job end by {signals.Signals(sig).name}")
+            if signals.Signals(sig).name in CRASH_SIGNALS:  # faulthandler's tracebacks went elsewhere, or none
+                self.crash = {"signal": signals.Signals(sig).name, "site": None}
         elif sig is None and self.exit_how == RUN_SAW:
             self._exited(f"`blackbox run` saw the process exit by itself: exit status {self.status}, without "
                          "running its exit handlers (os._exit before blackbox armed, or C calling _exit)")  # fmt: skip
@@ -304,6 +310,17 @@ class _Death:
             self._sigkill(near, last_signal, seen=sig is not None)
         else:
             self.evidence.append("the host rebooted or could not be checked: SIGKILL, power loss or kernel crash")
+
+    def _native_crash(self, text: str, status_signal: int | None) -> None:
+        """A fatal signal in native code, from faulthandler's output: the signal it names (else the exit
+        status's), the crashing thread's Python stack, and the file that holds every thread's."""
+        name = crash_signal(text) or (signals.Signals(status_signal).name if status_signal else None)
+        stack = crashing_stack(text)
+        self.crash = {"signal": name, "site": site_of(stack) if stack else None}
+        shown = innermost_first(stack) if stack else "none (no Python thread)"
+        self._set("signal", "certain", f"{name or 'a fatal signal'} in native code: faulthandler's "
+                  f"\"{_first_line(text)}\" (crash-{self.pid}.txt); the crashing thread's Python stack, innermost "
+                  f"frame first: {shown}")  # fmt: skip
 
     def _sigkill(
         self, near: tuple[float, str] | None, last_signal: dict[str, Any] | None, *, seen: bool, how: str = ""
@@ -387,9 +404,8 @@ class _Death:
         d: dict[str, Any] = {
             "cause": self.cause,
             "confidence": self.confidence,
-            "headline": headline(
-                self.cause, self.victim, self.killed_by, self.status, self.handled, in_shutdown=self.in_shutdown
-            ),
+            "headline": headline(self.cause, self.victim, self.killed_by, self.status, self.handled,
+                                 in_shutdown=self.in_shutdown, crash=self.crash),  # fmt: skip
             "evidence": self.evidence,
             "time": self.when["time"] if self.when else None,
             "step": self.when["step"] if self.when else None,
@@ -415,9 +431,13 @@ def headline(
     handled: dict[str, Any] | None = None,
     *,
     in_shutdown: bool = False,
+    crash: dict[str, Any] | None = None,
 ) -> str:
     """One plain sentence: who died of what."""
     who = f"The {victim.get('role', 'process')} (pid {victim.get('pid')})"
+    if cause == "signal" and crash and crash.get("signal"):
+        site = f", called from {short_frame(crash['site'])}" if crash.get("site") else ""
+        return f"{who} died of {crash['signal']} in native code{site}."
     by = f" {killed_by['signal']} from {killed_by['sender']}" if killed_by and killed_by.get("sender") else ""
     if by and killed_by and killed_by.get("reason"):
         by += f": {str(killed_by['reason']).split(' (Slurm')[0]}"

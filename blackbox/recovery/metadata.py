@@ -19,6 +19,7 @@ from ..ring.reader import Ring, without_c_extension
 from ..ring.writer import NO_C_EXTENSION
 from .allocs import live_sites, main_thread_of, step_records, with_site_lever
 from .attempts import attempt_metadata, group_attempts, slim
+from .crash import crash_reading
 from .evidence import Evidence
 from .kinds import last_of_kind, of_kind
 from .spill import SpilledRings
@@ -93,7 +94,7 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
     ``evidence``: what recovery learned outside the ring (``evidence.gather``);
     ``death``: its diagnosis (``diagnosis.diagnose``).
     """
-    native = native_crash(ring.meta.get("identity", {}).get("pid"), evidence.crash)
+    native = crash_reading(ring.meta.get("identity", {}).get("pid"), evidence.crash)
     ident = ring.meta.get("identity") or {}
     times = stamps_ns(table["time"])
     steps = table["step"].drop_null()
@@ -216,14 +217,6 @@ def _notes(table: pa.Table, header: dict[str, Any]) -> list[str]:
     if without_c_extension(header):
         notes = [NO_C_EXTENSION, *(n for n in notes if n != NO_C_EXTENSION)]
     return notes
-
-
-def native_crash(pid: Any, text: str | None) -> dict[str, Any] | None:
-    """The bundle file that holds a native crash's tracebacks, and their first line."""
-    if text is None:
-        return None
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return {"file": f"crash-{pid}.txt", "first_line": lines[0] if lines else ""}
 
 
 def helper_groups(folded: list[dict[str, Any]]) -> list[dict[str, Any]]:

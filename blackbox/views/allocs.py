@@ -13,7 +13,8 @@ from typing import Any
 
 from .._units import human_bytes
 from ..recovery.allocs import ring_sites
-from .stacks import innermost_first, short_frame
+from ..recovery.crash import short_frame
+from .stacks import innermost_first
 from .text import shown
 
 SHOWN = 8

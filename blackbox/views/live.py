@@ -21,10 +21,10 @@ import pyarrow.compute as pc
 from .._errors import one_line
 from .._units import human_bytes
 from ..recovery.allocs import live_sites
+from ..recovery.crash import short_frame
 from ..recovery.kinds import of_kind
 from ..recovery.timeline import py_rows, ring_table
 from ..ring.reader import Ring
-from .stacks import short_frame
 
 WINDOW_S = 30.0
 

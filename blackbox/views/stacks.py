@@ -8,25 +8,20 @@
 
 from __future__ import annotations
 
-import os
+import re
 from collections import Counter
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from ..recovery.crash import short_frame
 from ..recovery.kinds import of_kind
 
 SHOWN_FRAMES = 6  # innermost frames shown per stack in summary.md
 GAP_INTERVALS = 10  # trace: a sampled stack lasts until the next sample unless this many intervals apart
 
 
-def short_frame(frame: str) -> str:
-    """``fn (/a/b/train.py:12)`` -> ``fn (train.py:12)``: the file's base name."""
-    name, sep, where = frame.rpartition(" (")
-    if not sep:
-        return frame
-    return f"{name} ({os.path.basename(where)}"
 
 
 def innermost_first(folded: str | None, shown: int = SHOWN_FRAMES) -> str:
@@ -37,6 +32,31 @@ def innermost_first(folded: str | None, shown: int = SHOWN_FRAMES) -> str:
     more = len(frames) - shown
     text = " ← ".join(f"`{f.replace('`', chr(39))}`" for f in frames[:shown])
     return (text + f" ← … ({more} more)" if more > 0 else text).replace("|", "\\|")
+
+
+CRASH_FRAMES = 20  # frames of the crashing thread listed in summary.md (the file holds them all)
+
+
+def crash_section(crash: dict[str, Any] | None, folder: str = "") -> list[str]:
+    """summary.md's account of a native crash (``native_crash``, ``recovery.crash``): the signal, the
+    crashing thread's Python stack, and the file in the bundle (``folder``: where that bundle is, from the
+    summary's own) that holds every thread's."""
+    if not crash:
+        return []
+    name = str(crash.get("file") or "")
+    signal = f" ({crash['signal']})" if crash.get("signal") else ""
+    where = f"[`{name}`]({folder}{name})" if re.fullmatch(r"crash-\d+\.txt", name) else f"`{name}`"  # no planted link
+    lines = ["## The crash", "", f"faulthandler wrote every thread's Python stack at the crash{signal} into "
+             f"{where}: \"{crash.get('first_line') or ''}\".", ""]  # fmt: skip
+    stack = crash.get("stack")
+    if not stack:
+        return [*lines, "No Python frame was running in the thread that crashed.", ""]
+    frames = list(reversed(str(stack).split(";")))
+    lines += ["The crashing thread, innermost frame first:", ""]
+    lines += [f"{i}. `{f.replace('`', chr(39))}`" for i, f in enumerate(frames[:CRASH_FRAMES], 1)]
+    if len(frames) > CRASH_FRAMES:
+        lines.append(f"{CRASH_FRAMES + 1}. ... and {len(frames) - CRASH_FRAMES} more (in `{name}`)")
+    return [*lines, ""]
 
 
 def stack_sections(report: dict[str, Any] | None) -> list[str]:

@@ -11,7 +11,7 @@ from ..recovery.spill import derived
 from ..recovery.timeline import COUNTERS, GAUGES
 from .across import across_lines
 from .allocs import allocation_sections, job_allocation_sections
-from .stacks import stack_sections
+from .stacks import crash_section, stack_sections
 from .text import shown
 
 
@@ -115,8 +115,9 @@ def _per_step(growth: dict[str, Any]) -> str:
     return f"The job's own memory shows no growth per step beyond its noise (the fit: {fit} per step, {why})."
 
 
-def ring_summary(m: dict[str, Any]) -> str:
-    """Markdown for one ring's metadata (as built by ``ring_metadata``); text from the ring escaped."""
+def ring_summary(m: dict[str, Any], folder: str = "") -> str:
+    """Markdown for one ring's metadata (as built by ``ring_metadata``); text from the ring escaped.
+    ``folder``: the path from the summary's own folder to the ring's bundle (its files are linked)."""
     m = shown(m)
     rec = m["recovery"]
     argv = " ".join(m.get("argv") or []) or "n/a"
@@ -130,6 +131,7 @@ def ring_summary(m: dict[str, Any]) -> str:
         f"- Ending: {_ending(m)}",
         "",
         *_death(m.get("death")),
+        *crash_section(m.get("native_crash"), folder),
         *allocation_sections(m.get("allocations"), m.get("role")),
         *stack_sections(m.get("stacks")),
         "## Last memory figures",
@@ -294,7 +296,7 @@ def job_summary(meta: dict[str, Any], rows: list[dict[str, Any]], detail: dict[s
     first = meta.get("first_death")
     if first and detail is not None:
         lines += ["## Detail of the first death", "", f"Its timeline: `{first['bundle']}/timeline.parquet`.", ""]
-        lines.append(_demote(_demote(ring_summary(detail))))
+        lines.append(_demote(_demote(ring_summary(detail, f"{first['bundle']}/"))))
     elif first:
         lines += [f"Its timeline: `{first['bundle']}/timeline.parquet`.", ""]
     return "\n".join(lines)

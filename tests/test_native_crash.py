@@ -1,0 +1,90 @@
+"""A native crash (SIGSEGV in C code, SIGABRT), armed and unarmed: the job ends as it would, and the verdict
+names the signal, the crashing thread's Python stack and the file that holds every thread's."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+JOB = """\
+import ctypes, os, sys, time
+import blackbox
+
+def die(kind):
+    if kind == "segv":
+        ctypes.string_at(0)  # a read at address 0, inside libc
+    os.abort()
+
+def train_step(step, kind):
+    if step == 7:
+        die(kind)
+    time.sleep(0.01)
+
+def main():
+    kind = sys.argv[1]
+    if len(sys.argv) > 2:
+        blackbox.arm(sys.argv[2] + "/", sample_interval=0.05)
+    for step in range(100):
+        blackbox.step(step)  # unarmed, a no-op
+        print(step, flush=True)
+        train_step(step, kind)
+
+main()
+"""
+ENV = dict(os.environ, PYTHONPATH=str(REPO))
+SIGNALS = {"segv": ("SIGSEGV", "Segmentation fault", "ctypes.string_at(0)"), "abort": ("SIGABRT", "Aborted",
+           "os.abort()")}  # the signal, faulthandler's name for it, the line that raises it  # fmt: skip
+
+
+def _job(tmp_path: Path, *args: str, launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "train.py"
+    script.write_text(JOB)
+    return subprocess.run([*launcher, sys.executable, str(script), *args], capture_output=True, text=True,
+                          env=ENV, timeout=120)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(SIGNALS))
+def test_a_native_crash_names_its_signal_and_the_crashing_stack(tmp_path: Path, kind: str) -> None:
+    name, text, code = SIGNALS[kind]
+    line = next(i for i, ln in enumerate(JOB.splitlines(), 1) if code in ln)  # the planted truth
+    signum = getattr(signal, name)
+    # GIVEN a job that crashes in native code at step 7, run unarmed, armed by arm(), and under `blackbox run`
+    unarmed = _job(tmp_path, kind)
+    armed = _job(tmp_path, kind, str(tmp_path / "rings"))
+    run = _job(tmp_path, kind, launcher=(sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path / "runs"),
+                                         "--quiet", "--"))  # fmt: skip
+    # THEN it ends as it would unarmed: the same signal, the same output, nothing more on stderr
+    assert unarmed.returncode == armed.returncode == run.returncode == -signum, (unarmed, armed, run.stderr)
+    assert unarmed.stdout == armed.stdout == run.stdout == "".join(f"{i}\n" for i in range(8))
+    assert unarmed.stderr == armed.stderr == ""
+    # AND the verdict names the signal in native code and the job's own frame that called it
+    (bundle,) = (tmp_path / "runs").glob("run-*/bundle")
+    meta = json.loads((bundle / "metadata.json").read_text())
+    death, crash = meta["death"], meta["native_crash"]
+    assert (death["cause"], death["confidence"], death["step"]) == ("signal", "certain", 7), death
+    assert death["headline"] == (f"The main process (pid {meta['pid']}) died of {name} in native code, "
+                                 f"called from die (train.py:{line}).")  # fmt: skip
+    assert f"cause: signal; {death['headline']}" in run.stderr
+    # AND the crashing thread's Python stack is in the metadata and the summary, the crash file named and kept
+    own = [f.split(" (")[0] for f in crash["stack"].split(";") if "train.py:" in f]  # outermost first
+    assert own == ["<module>", "main", "train_step", "die"], crash["stack"]
+    assert (crash["signal"], crash["first_line"]) == (name, f"Fatal Python error: {text}")
+    assert crash["file"] == f"crash-{meta['pid']}.txt" and "in die" in (bundle / crash["file"]).read_text()
+    summary = (bundle / "summary.md").read_text()
+    section = summary.split("## The crash\n", 1)[1].split("\n## ", 1)[0]
+    assert f"[`{crash['file']}`]({crash['file']})" in section and f"({name})" in section
+    listed = [ln.split("`")[1].split(" (")[0] for ln in section.splitlines() if "train.py:" in ln]
+    assert listed == ["die", "train_step", "main", "<module>"], section
+    # AND a ring recovered later, outside `blackbox run`, says the same
+    from blackbox.recovery.pipeline import recover_rings
+
+    later = recover_rings([tmp_path / "rings"]).meta
+    assert later["death"]["headline"].endswith(f"died of {name} in native code, called from die (train.py:{line}).")
