@@ -167,3 +167,31 @@ def test_arming_imports_neither_pyarrow_nor_the_recovery_stage(tmp_path: Path) -
         str(tmp_path),
     )
     assert out.stdout.strip() == "True []"
+
+
+# What recording does not need: the packed rings' zstandard and its threads (concurrent.futures, logging),
+# the temporary files and folder removal (tempfile, shutil and with it bz2 and lzma), socket, and hashlib
+# (OpenSSL: 3.7 MiB of the process on its own), and the reader's modules.
+NOT_AT_ARM = ("zstandard", "lzma", "bz2", "concurrent.futures", "logging", "socket", "tempfile", "shutil",
+              "hashlib", "_hashlib", "secrets", "blackbox.ring.reader", "blackbox.ring.packed")  # fmt: skip
+
+
+def test_arming_imports_only_what_recording_needs(tmp_path: Path) -> None:
+    # GIVEN a process that arms in a folder holding a ring of before (retention reads its header), writes,
+    # and disarms
+    out = run_py(
+        """
+        import sys, blackbox
+        first = blackbox.arm(sys.argv[1] + "/", capacity=64)
+        first.disarm()
+        rec = blackbox.arm(sys.argv[1] + "/", capacity=64)
+        blackbox.mark("x", 1)
+        rec.sample_now()
+        rec.disarm()
+        print(first.path != rec.path, sorted(m for m in sys.argv[2].split(",") if m in sys.modules))
+        """,
+        str(tmp_path),
+        ",".join(NOT_AT_ARM),
+    )
+    # THEN none of what recording does not need was imported
+    assert out.stdout.strip() == "True []", out.stderr

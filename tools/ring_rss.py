@@ -1,7 +1,8 @@
 """What arming adds to a job's memory as the kernel counts it: the same job unarmed and armed, side by side.
 
     .venv/bin/python tools/ring_rss.py [--seconds 6] [--runs 3] [--before /path/to/other/checkout]
-                                       [--writer c|python] [--no-torch] [--limit-steps]
+                                       [--writer c|python] [--no-torch [--numpy]] [--idle]
+                                       [--limit-steps]
 
 Each run starts the job unarmed, armed with this checkout, and (with ``--before``) armed with another
 checkout of blackbox (e.g. ``git worktree add /tmp/base aa7a9d9``, its C extension built in place), all
@@ -13,6 +14,9 @@ the median over runs; "badness" is what the kernel OOM killer ranks a process by
 swap and page tables), "+badness" the difference from the unarmed job. oom_score is that badness per
 mille of the host's memory and swap, so it moves only in steps of (RAM + swap) / 1000. The events/s
 column only shows that the ring laps; the jobs share the machine's cores, it is no cost measure.
+
+``--idle``: the job writes no events and sleeps, armed or not: what arming itself holds (the modules it
+imports, its sampler thread, a tick's pages).
 
 ``--limit-steps`` (as root) also runs a leaking training loop (8 MiB a step, the job of
 tests/test_kernel_oom.py) in a child memory cgroup limited to 400 MiB, one job at a time, ``--runs``
@@ -38,6 +42,9 @@ FIELDS = ("VmRSS", "RssAnon", "RssFile", "VmLck", "VmPTE", "VmSwap")
 JOB = """
 import os, sys, time
 arm, seconds, use_torch = sys.argv[1] == "arm", float(sys.argv[2]), sys.argv[3] == "torch"
+if sys.argv[3] == "numpy":
+    import numpy
+idle = sys.argv[5] == "idle"
 if use_torch:
     import torch
     torch.set_num_threads(1)
@@ -50,6 +57,8 @@ mark = blackbox.mark if arm else (lambda *a: None)
 step = blackbox.step if arm else (lambda *a: None)
 print("ready", flush=True)
 end, n = time.monotonic() + seconds, 0
+if idle:  # armed and waiting: what arming itself holds (its imports, its threads, the sampler's ticks)
+    time.sleep(seconds)
 while time.monotonic() < end:
     step()
     for _ in range(200):
@@ -122,7 +131,9 @@ def status(pid: int) -> dict[str, int] | None:
     return out
 
 
-def one_run(jobs: dict[str, dict[str, str]], seconds: float, torch: bool, folder: Path) -> dict[str, dict[str, float]]:
+def one_run(
+    jobs: dict[str, dict[str, str]], seconds: float, torch: str, folder: Path, idle: bool = False
+) -> dict[str, dict[str, float]]:
     procs: dict[str, subprocess.Popen[str]] = {}
     for name, env in jobs.items():
         ring_dir = folder / name
@@ -130,7 +141,8 @@ def one_run(jobs: dict[str, dict[str, str]], seconds: float, torch: bool, folder
         mode = "no" if name == "unarmed" else "arm"
         # cwd: not a checkout, whose blackbox `python -c` would import first
         procs[name] = subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(JOB), mode, str(seconds), "torch" if torch else "no", str(ring_dir)],
+            [sys.executable, "-c", textwrap.dedent(JOB), mode, str(seconds), torch, str(ring_dir),
+             "idle" if idle else "busy"],
             env=dict(os.environ, **env), stdout=subprocess.PIPE, text=True, cwd=ring_dir,
         )  # fmt: skip
     for name, p in procs.items():
@@ -167,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", type=Path, help="another checkout of blackbox, armed side by side")
     ap.add_argument("--writer", choices=("c", "python"), default="c")
     ap.add_argument("--no-torch", action="store_true", help="a job without torch (smaller, faster to start)")
+    ap.add_argument("--numpy", action="store_true", help="with --no-torch: the job imports numpy, armed or not")
+    ap.add_argument("--idle", action="store_true", help="a job that writes no events: what arming itself holds")
     ap.add_argument("--limit-steps", action="store_true", help="also: steps of a leak before a 400 MiB OOM kill")
     args = ap.parse_args(argv)
     jobs = {"unarmed": {"PYTHONPATH": str(REPO)}, "armed": {"PYTHONPATH": str(REPO)}}
@@ -179,9 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.runs):
             folder = Path(d) / str(r)
             folder.mkdir()
-            runs.append(one_run(jobs, args.seconds, not args.no_torch, folder))
+            imports = "numpy" if args.numpy else "no" if args.no_torch else "torch"
+            runs.append(one_run(jobs, args.seconds, imports, folder, args.idle))
         steps = limit_steps(jobs, args.runs, Path(d)) if args.limit_steps else None
-    torch = "without" if args.no_torch else "with"
+    torch = ("without" if args.no_torch else "with") + (" (numpy imported)" if args.numpy else "")
+    torch += " (idle: no events)" if args.idle else ""
     print(f"{args.runs} runs of {args.seconds:g} s, {args.writer} write path, job {torch} torch; "
           "medians of 20 ms samples per run, then the median over runs (KiB)")  # fmt: skip
     cols = ("VmRSS", "RssAnon", "RssFile", "VmLck", "badness", "+badness", "oom_score", "events/s")

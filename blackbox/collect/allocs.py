@@ -25,7 +25,6 @@ interval); their records and heap slots survive and read as
 
 from __future__ import annotations
 
-import hashlib
 import linecache
 import math
 import os
@@ -33,6 +32,11 @@ import random
 import threading
 from collections.abc import Callable
 from typing import Any
+
+try:  # hashlib's blake2b without hashlib, which loads OpenSSL (3.7 MiB of a process at arm)
+    from _blake2 import blake2b
+except ImportError:  # pragma: no cover (an interpreter built without it)
+    from hashlib import blake2b
 
 from ..ring import format as fmt
 from .stacks import StackTable
@@ -263,7 +267,7 @@ class AllocSampler:
         self._gpu_countdown = self._rng.expovariate(1.0 / self._mean)
         p = -math.expm1(-size / self._mean)
         texts = [gpu_frame_text(f) for f in entry.get("frames") or [] if isinstance(f, dict)][: fmt.MAX_STACK_DEPTH]
-        digest = hashlib.blake2b(b"\n".join(t.encode("utf-8", "replace") for t in texts), digest_size=8).digest()
+        digest = blake2b(b"\n".join(t.encode("utf-8", "replace") for t in texts), digest_size=8).digest()
         fingerprint = max(int.from_bytes(digest, "little"), 2) if texts else fmt.NO_PYTHON_STACK
         if texts and fingerprint not in self._known:
             frames = [t.encode("utf-8", "replace") for t in texts]

@@ -33,11 +33,10 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import sys
 from typing import Any
 
-from ..ring.liveness import boot_id
+from ..ring.liveness import boot_id, hostname
 
 MAX_ARGV_CHARS = 16384
 REDACTED = "***"
@@ -153,7 +152,7 @@ def role() -> str:
 def identity() -> dict[str, Any]:
     """The ``identity`` object of a ring's header metadata."""
     return {
-        "host": socket.gethostname(),
+        "host": hostname(),
         "pid": os.getpid(),
         "ppid": os.getppid(),
         "rank": env_int("RANK"),

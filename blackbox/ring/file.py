@@ -27,8 +27,6 @@ import contextlib
 import errno
 import os
 import re
-import secrets
-import socket
 import stat
 import time
 from collections.abc import Callable
@@ -38,11 +36,11 @@ from pathlib import Path
 from .._errors import BlackboxError
 from .._fds import OwnedFd
 from .format import MAGIC, Header, decode_header
+from .header import CRASH_SUFFIX as CRASH_SUFFIX
+from .header import RING_SUFFIX as RING_SUFFIX
+from .header import header_of
 from .liveness import LOCK_LIVENESS, lock_held, lock_ring, pid_alive_here
 from .mapping import RingMap
-from .reader import CRASH_SUFFIX as CRASH_SUFFIX
-from .reader import RING_SUFFIX as RING_SUFFIX
-from .reader import header_of
 
 SLURM_FOLDER_PREFIX = "slurm-"
 SNAPSHOT_SUFFIX = ".oom-snapshot.pickle"  # PyTorch's allocator snapshot at the first CUDA OOM
@@ -129,10 +127,6 @@ def sidecar(ring: Path, suffix: str) -> Path:
     return Path(str(ring) + suffix)
 
 
-def hostname() -> str:
-    return socket.gethostname()
-
-
 def filesystem_type(path: Path) -> str | None:
     """The type of the filesystem holding ``path``, from /proc/self/mountinfo."""
     try:
@@ -161,7 +155,7 @@ def write_new_file(path: Path, data: bytes) -> bool:
     """Write ``data`` to a new file at ``path``, mode 0600: made under a hidden temporary name with
     ``O_EXCL|O_NOFOLLOW``, then linked to ``path``, so whatever is there already (a file, a link another
     user planted) is never written through nor replaced. False when ``path`` was taken."""
-    temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -197,7 +191,7 @@ def create_ring(requested: Path, header_for: Callable[[bool], bytes]) -> Created
     beside it (``train.pid<pid>.ring``). Anything else there (not a ring, a link, another
     user's file) is refused, untouched.
     """
-    temp = requested.with_name(f".{requested.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    temp = requested.with_name(f".{requested.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = OwnedFd.adopt(os.open(temp, flags, 0o600))
     mm = None

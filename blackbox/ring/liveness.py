@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import socket
 import struct
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,12 @@ LOCK_LIVENESS = "ofd-lock"
 
 
 _boot_id: list[str | None] = []  # read once: a process outlives no boot
+
+
+def hostname() -> str:
+    """This host's name: the kernel's nodename, which socket.gethostname() returns on Linux (without
+    importing socket at arm)."""
+    return os.uname().nodename
 
 
 def boot_id() -> str | None:
@@ -42,7 +47,7 @@ def same_machine(ident: dict[str, Any]) -> bool:
     ring_boot, now = ident.get("boot_id"), boot_id()
     if isinstance(ring_boot, str) and ring_boot and now:
         return ring_boot == now
-    return ident.get("host") == socket.gethostname()
+    return ident.get("host") == hostname()
 
 
 def lock_ring(fd: int) -> bool:

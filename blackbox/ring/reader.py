@@ -8,7 +8,6 @@ unknown version, a header whose checksum fails).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import stat
@@ -19,9 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import BlackboxError, NotARingError, RingNotFoundError, UnsafeInputError, one_line
+from .._errors import BlackboxError, RingNotFoundError, UnsafeInputError, one_line
 from . import columns
 from . import format as fmt
+from .header import CRASH_SUFFIX as CRASH_SUFFIX
+from .header import RING_SUFFIX as RING_SUFFIX
+from .header import header_of as header_of
+from .header import parent as _parent
+from .header import read_header as read_header
 from .heap import HeapScan, read_heap
 from .inputs import Folder, nonzero_spans, open_folder, open_input, read_at, what_is
 from .packed import PACKED_SUFFIX, unpack
@@ -31,9 +35,7 @@ from .slots import read_slots
 MAX_STRINGS_SIZE = 1 << 30
 MAX_STACKS_SIZE = 1 << 30
 MAX_CRASH_BYTES = fmt.CRASH_TEXT_MAX  # faulthandler's output for up to 100 threads fits easily
-RING_SUFFIX = ".ring"
 RING_SUFFIXES = (RING_SUFFIX, RING_SUFFIX + PACKED_SUFFIX)  # a ring, and one a bundle keeps (rings/*.ring.zst)
-CRASH_SUFFIX = ".crash"  # faulthandler's tracebacks of a native crash, beside a version-1/2 ring
 
 
 @dataclass
@@ -110,51 +112,6 @@ class Ring:
         down may be recorded after it. Worked out once (``release`` keeps the last records it reads)."""
         kinds = self.field("kind")
         return bool((kinds[-8:] == fmt.KIND_CODES["disarm"]).any()) or self.header.state == fmt.STATE_CLEAN
-
-
-def read_header(path: str | os.PathLike[str], folder: Folder | None = None) -> fmt.Header:
-    """Only the header of a ring (two bounded reads): cheap enough to scan a folder of big rings.
-    Opened as untrusted input (never through a link, never blocking: see ``inputs``)."""
-    p = Path(path)
-    with _parent(p, folder) as where:
-        fd, st = open_input(where, p.name, None, "a ring file")
-        try:
-            return header_of(fd, st.st_size, str(p))
-        finally:
-            os.close(fd)
-
-
-def header_of(fd: int, size: int, name: str) -> fmt.Header:
-    """The header of the ring open at ``fd`` (``size`` bytes), read with two bounded reads."""
-    prefix = os.pread(fd, fmt.PREFIX_SIZE, 0)
-    if prefix[:8] != fmt.MAGIC:
-        return fmt.decode_header(prefix, size, name)  # raises, naming what it found
-    if len(prefix) < fmt.PREFIX_SIZE:
-        raise NotARingError(f"{name}: expected a ring header of {fmt.PREFIX_SIZE} bytes, found a {size}-byte file")
-    meta_len = int.from_bytes(prefix[56:64], "little")
-    head = read_at(fd, fmt.PREFIX_SIZE + min(meta_len, fmt.MAX_HEADER_SIZE), 0)
-    return fmt.decode_header(head, size, name)
-
-
-class _Borrowed(contextlib.AbstractContextManager[Folder]):
-    def __init__(self, folder: Folder) -> None:
-        self.folder = folder
-
-    def __enter__(self) -> Folder:
-        return self.folder
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-
-def _parent(path: Path, folder: Folder | None) -> contextlib.AbstractContextManager[Folder]:
-    """``folder`` (left open), or the folder holding ``path``, opened here and closed after."""
-    if folder is not None:
-        return _Borrowed(folder)
-    try:
-        return open_folder(path.parent)
-    except RingNotFoundError:
-        raise RingNotFoundError(f"{path}: expected a ring file, found nothing at that path") from None
 
 
 def read_ring(

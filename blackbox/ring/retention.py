@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import stat
 import time
 from dataclasses import dataclass
@@ -41,8 +40,8 @@ from pathlib import Path
 from .._errors import BlackboxError
 from . import format as fmt
 from .file import RING_SUFFIX, SIDECAR_SUFFIXES, SLURM_FOLDER_PREFIX, sidecar
+from .header import read_header
 from .liveness import ring_locked, writer_alive
-from .reader import read_header
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 YOUNG_S = 300.0  # a ring this recent is never removed: a rank may be arming it
@@ -181,6 +180,8 @@ def bundle_entries(folder: Path, marker: str = "metadata.json") -> list[Entry]:
 def delete(entry: Entry) -> None:
     """Remove an entry (a ring and its sidecars, or a bundle folder); what is already gone is fine."""
     if entry.path.is_dir() and not entry.path.is_symlink():
+        import shutil  # here, not at arm: it imports bz2 and lzma
+
         shutil.rmtree(entry.path, ignore_errors=True)
         return
     for f in (entry.path, *_sidecars(entry.path)):
