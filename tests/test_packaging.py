@@ -5,6 +5,7 @@ tests with their data and tools/."""
 from __future__ import annotations
 
 import email
+import re
 import shutil
 import subprocess
 import sys
@@ -63,3 +64,28 @@ def test_the_sdist_carries_the_tests_their_data_and_the_tools(built: tuple[Path,
     assert tools and tools <= names
     assert {"tests/conftest.py", "blackbox/recovery/BUNDLE.md", "blackbox/ring/_cwriter.c"} <= names
     assert not [n for n in names if "__pycache__" in n or n.endswith((".pyc", ".so"))]
+
+
+def project_name() -> str:
+    """[project]'s name in pyproject.toml (read without tomllib, which Python 3.10 lacks)."""
+    text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    table = text.split("\n[project]\n", 1)[1].split("\n[", 1)[0]
+    (name,) = re.findall(r'^name = "([^"]+)"', table, flags=re.M)
+    return name
+
+
+def test_readme_installs_this_distribution_under_its_own_name() -> None:
+    # GIVEN the distribution's name, and README's Install section
+    name = project_name()
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    install = readme.split("## Install\n", 1)[1].split("\n## ", 1)[0]
+    # THEN the section installs this clone (pip install . ; a wheel built from it, named after the distribution)
+    # and, once published, the distribution by the name its metadata gives, and names no other distribution
+    assert re.search(r"^pip install \.\s", install, flags=re.M), install
+    wheel = name.replace("-", "_")
+    assert f"`pip install dist/{wheel}-*.whl`" in install and "`pip wheel --no-deps . -w dist`" in install, install
+    named = set(re.findall(r"pip install ([A-Za-z0-9][A-Za-z0-9._-]*)(?![/\w.-])", install))
+    assert named == {name}, f"README installs {sorted(named)}, the metadata's name is {name}"
+    # AND the name is not one a package on the index already holds (checked when it was chosen: `pip index
+    # versions` and `pip download --no-deps` found nothing for it), nor the import's own name
+    assert name not in ("blackbox", "blackbox-recorder")

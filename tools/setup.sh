@@ -18,6 +18,8 @@ else
     say "installing torch 2.13.0 (CPU build, about 200 MB; the demo's job trains with it)"
     .venv/bin/python -m pip install -q torch==2.13.0 || say "torch 2.13.0 not installed; continuing without it"
 fi
+# The distribution was called blackbox-recorder before: an old .venv's editable install of it goes first.
+.venv/bin/python -m pip uninstall -q -y blackbox-recorder >/dev/null 2>&1 || true
 say "installing blackbox and its dev tools (numpy, pyarrow, zstandard, pytest, ruff, mypy; builds the C extension)"
 .venv/bin/python -m pip install -q -e '.[dev]' >.venv/setup.log 2>&1 || { cat .venv/setup.log >&2; exit 1; }
 say "ready: .venv/bin/blackbox $(.venv/bin/python -c 'import blackbox; print(blackbox.__version__)' 2>/dev/null || echo '(version unknown)')"

@@ -1,8 +1,8 @@
 """The memory picture: did memory grow, and what killed the job.
 
 ``memory_figure`` is a pure function of a timeline table and its metadata that
-returns a matplotlib Figure (matplotlib is an optional extra: ``pip install
-blackbox-recorder[plot]``); saving it is the caller's job.
+returns a matplotlib Figure (matplotlib is optional: ``pip install matplotlib``,
+or the ``plot`` extra); saving it is the caller's job.
 
 Panels, one time axis:
 
@@ -85,7 +85,7 @@ def _figure_class() -> Any:
         from matplotlib.figure import Figure
     except ImportError:
         raise PlotUnavailableError(
-            "expected matplotlib for plots (pip install 'blackbox-recorder[plot]'), found it is not installed"
+            "expected matplotlib for plots (pip install matplotlib), found it is not installed"
         ) from None
     return Figure
 
