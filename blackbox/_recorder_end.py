@@ -9,8 +9,10 @@ returns at once.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._jobsignal import HeldForTheJob
@@ -56,7 +58,11 @@ def _ending_steps(rec: Recorder, held: HeldForTheJob, at_exit: bool) -> list[tup
             held.wait(rec._sampled, max(1.0, 2 * rec.sample_interval))
 
     def possible() -> None:
-        promised[0] = at_exit and not rec._fold_clean and ring is not None and exit_record_possible(ring.fd, w)
+        promised[0] = at_exit and ring is not None and exit_record_possible(ring.fd, w)
+
+    def in_flight() -> None:
+        if at_exit and rec._exceptions is not None:
+            rec._exceptions.in_flight(sys.exc_info()[1])
 
     def disarm_record() -> None:  # value 1: the exit record is armed (FORMAT.md, "Kinds")
         if w is not None:
@@ -73,24 +79,41 @@ def _ending_steps(rec: Recorder, held: HeldForTheJob, at_exit: bool) -> list[tup
     # Signals last: one that lands while the job shuts down is still recorded (after the clean end).
     return [(lambda: setattr(rec, "armed", False), True), (rec._stop.set, True), (await_sampler, True),
             (lambda: uninstall_collectors(rec, in_child=False, signals=False, run=held.run), False),
-            (possible, True), (rec.sample_now, True), (disarm_record, False), (clean, True),
+            (possible, True), (rec.sample_now, True), (in_flight, False), (disarm_record, False), (clean, True),
             (lambda: uninstall_collectors(rec, in_child=False, signals=True, run=held.run), False),
             (exit_record, True), (lambda: teardown(rec, flush=rec.sync_interval is not None), False),
-            (lambda: _fold(rec), False)]  # fmt: skip
+            (lambda: _fold(rec, at_exit=promised[0]), False)]  # fmt: skip
 
 
 def _record_status_at_exit(rec: Recorder) -> None:  # (run by disarm's HeldForTheJob: a failure is one warning)
     ring, w, hdr = rec._ring, rec._writer, rec._header  # exit_record_possible said they are there
     assert ring is not None and w is not None and hdr is not None and w.sequence is not None
-    record_status_at_exit(built_module(), ring.fd.fd, hdr, w.sequence.value, w.current_step(), w.intern)
+    path = _foldable(rec)
+    fold = () if path is None else (os.fsencode(path.parent / FOLDED), _line(rec), os.fsencode(path))
+    record_status_at_exit(built_module(), ring.fd.fd, hdr, w.sequence.value, w.current_step(), w.intern, fold)
 
 
-def _fold(rec: Recorder) -> None:
-    """A helper's clean end under `blackbox run`: one line in ``folded.jsonl``, and its ring removed."""
-    path = rec.path if rec._fold_clean else None  # (run by disarm's HeldForTheJob: a failure is one warning)
+def _foldable(rec: Recorder) -> Path | None:
+    """The ring to fold, where this is a helper under `blackbox run` whose end looks clean so far: no
+    uncaught exception, no exit with a nonzero status, none in flight as it ended."""
+    exceptions = rec._exceptions
+    if not rec._fold_clean or rec.path is None or (exceptions is not None and exceptions.failed):
+        return None
+    return rec.path
+
+
+def _line(rec: Recorder) -> bytes:
+    return fold_line(rec._identity, rec._started_ns, rec.peak_rss)
+
+
+def _fold(rec: Recorder, *, at_exit: bool) -> None:
+    """A helper's clean end under `blackbox run`: one line in ``folded.jsonl``, and its ring removed. Where
+    the exit record was armed (``at_exit``), libc's exit() does it once the status is known to be 0
+    (``record_status_at_exit``); else it is done now, on what Python saw of the end."""
+    path = None if at_exit else _foldable(rec)  # (run by disarm's HeldForTheJob: a failure is one warning)
     if path is None:
         return
-    line = fold_line(rec._identity, rec._started_ns, rec.peak_rss)
+    line = _line(rec)
     fd = os.open(path.parent / FOLDED, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         os.write(fd, line)  # one write with O_APPEND: lines of helpers ending together never mix

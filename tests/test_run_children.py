@@ -3,7 +3,9 @@
 The job's own process arms at start; any other Python process arms once it has
 imported numpy or torch (a short script that never does is not recorded, and
 costs what it costs unarmed). A job whose own process is not Python (a shell
-loop) is told as such, with the children it recorded.
+loop) is told as such, with the children it recorded. A Python process with no
+Python process above it in the job (a shell's) is the job's own work: ``main``,
+a full ring.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+from blackbox._recorder import DEFAULT_CAPACITY
 from blackbox.collect import identity
 from blackbox.run import bootstrap
 
@@ -40,24 +43,27 @@ def test_a_shell_job_of_300_short_python_children(tmp_path: Path) -> None:
     loop = f"for i in $(seq 290); do {py} -c pass; done; for i in $(seq 10); do {py} -c 'import numpy'; done"
     proc = _run(tmp_path / "run", loop)
     # THEN the 10 that did array work were armed and recorded (each folded into one line at its clean end),
-    # the 290 others ran unarmed, and blackbox run says what happened, not that the job is not Python
+    # the 290 others ran unarmed, and blackbox run says what happened, not that the job is not Python; each
+    # is the shell's, with no Python process above it: the job's own work
     assert proc.returncode == 0, proc.stderr
     folded = _folded(tmp_path / "run")
-    assert len(folded) == 10 and {f["role"] for f in folded} == {"child"}, folded
+    assert len(folded) == 10 and {f["role"] for f in folded} == {"main"}, folded
     assert "10 Python processes of the job ended cleanly and were recorded, one line each" in proc.stderr, proc.stderr
     assert "not a Python job" not in proc.stderr
 
 
-def test_a_child_armed_by_its_import_keeps_its_ring_when_it_is_killed(tmp_path: Path) -> None:
-    # GIVEN a shell job whose Python child imports numpy, then dies of SIGKILL
+def test_a_shells_python_armed_by_its_import_keeps_its_ring_when_it_is_killed(tmp_path: Path) -> None:
+    # GIVEN a shell job whose Python process imports numpy, then dies of SIGKILL; the shell then exits 0
     code = "import os, numpy, blackbox; print(blackbox.active().armed, flush=True); os.kill(os.getpid(), 9)"
     proc = _run(tmp_path / "run", f"{sys.executable} -c '{code}'; exit 0")
-    # THEN its ring was kept and recovered: the bundle names the child's death
+    # THEN its ring was kept and recovered: the bundle names its death, told as one the job outlived
     assert proc.returncode == 0 and proc.stdout == "True\n", proc.stderr
     (run,) = (tmp_path / "run").glob("run-*")
     meta = json.loads((run / "bundle" / "metadata.json").read_text())
-    assert meta["death"]["cause"] == "killed" and meta["death"]["victim"]["role"] == "child process", meta["death"]
-    assert meta["recovery"]["slots"] == bootstrap.HELPER_CAPACITY  # a helper's small ring
+    assert meta["death"]["cause"] == "killed" and meta["death"]["victim"]["role"] == "main process", meta["death"]
+    assert meta["recovery"]["slots"] == DEFAULT_CAPACITY  # the job's own work: a full ring
+    assert "exit status 0: the job ended cleanly; a process of it died before: killed;" in proc.stderr
+    assert "cause: killed" not in proc.stderr and "**The job exited with status 0**" in proc.stderr
 
 
 def test_a_child_that_imports_torch_arms_once_torch_is_imported(tmp_path: Path) -> None:
@@ -66,7 +72,7 @@ def test_a_child_that_imports_torch_arms_once_torch_is_imported(tmp_path: Path) 
     proc = _run(tmp_path / "run", f'{sys.executable} -c "{code}"')
     assert proc.returncode == 0 and proc.stdout == "True True\n", proc.stderr
     (child,) = _folded(tmp_path / "run")
-    assert child["role"] == "child"
+    assert child["role"] == "main"
 
 
 @pytest.mark.parametrize(
@@ -85,12 +91,17 @@ def test_who_arms_at_start_is_who_collect_identity_calls_a_helper_other_than_a_c
 ) -> None:
     # The bootstrap decides with the standard library alone, before blackbox is imported: the same answer
     # as the role the ring will record (a child of the job, under blackbox run, not the launcher's own)
-    assert bootstrap.RUN_PID_ENV == identity.RUN_PID_ENV
+    assert (bootstrap.RUN_PID_ENV, bootstrap.FIRST_PY_ENV) == (identity.RUN_PID_ENV, identity.FIRST_PY_ENV)
     monkeypatch.setenv(identity.RUN_PID_ENV, str(os.getppid() + 1))
+    monkeypatch.setenv(identity.FIRST_PY_ENV, str(os.getppid()))  # a Python process of the job above it
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setattr(sys, "orig_argv", argv)
     assert bootstrap.arms_at_start() is arms_at_start
     assert (identity.role() != "child") is arms_at_start
     if not arms_at_start:
+        monkeypatch.delenv(identity.FIRST_PY_ENV)  # none above it (a shell's): the job's own, armed on import
+        assert not bootstrap.arms_at_start() and identity.role() == "main"
+        monkeypatch.setenv(identity.FIRST_PY_ENV, str(os.getpid()))  # as its own start-up set it
+        assert identity.role() == "main"
         monkeypatch.setenv("RANK", "3")  # a rank torchrun started is a job's own process
         assert bootstrap.arms_at_start() and identity.role() == "main"

@@ -113,8 +113,8 @@ def no_ring(status: int, rings: Path) -> str:
     why = "is not Python, ran with -S or -I, or could not arm: see above"
     if folded:
         return (f"exit status {status}; the job's own process left no ring (it {why}); {folded} Python "
-                f"process{'es' if folded > 1 else ''} of the job ended cleanly and were recorded, one line "
-                f"each, in {rings}/folded.jsonl")  # fmt: skip
+                f"process{'es' if folded > 1 else ''} of the job ended cleanly and {'were' if folded > 1 else 'was'} "
+                f"recorded, one line each, in {rings}/folded.jsonl")  # fmt: skip
     return (f"exit status {status}; the job left no ring in {rings}/ (its own process {why}; its other "
             "Python processes arm once they import numpy or torch)")  # fmt: skip
 
@@ -137,6 +137,9 @@ def recover(rings: Path, bundle: Path, ended: Ended, quiet: bool, left: list[dic
         death = meta.get("first_death") or meta.get("death") or {}
         headline = one_line(str(death.get("headline", "")))  # the job's own text (an exception message)
         line = f"exit status {status}; cause: {meta['cause']}; {headline} bundle in {bundle}/"
+        if status == 0 and meta["cause"] != "clean_exit":  # the job outlived it: not the job's cause
+            line = (f"exit status 0: the job ended cleanly; a process of it died before: {meta['cause']}; "
+                    f"{headline} bundle in {bundle}/")  # fmt: skip
         if torchelastic.write_error_file(meta, status, bundle):
             line += " (the verdict is in torchrun's error file: its Root Cause table)"
         say(of_rank + line)

@@ -59,6 +59,7 @@ class ExceptionRecorder:
         self._our_exit: Any = None
         self._prev_os_exit: Any = None
         self._our_os_exit: Any = None
+        self.failed = False  # an uncaught exception in the main thread, or an exit with a nonzero status
 
     def record(self, exc: BaseException, detail: str) -> str:
         """Write the event; returns its kind (``oom`` or ``exception``), or "" if already recorded."""
@@ -83,6 +84,7 @@ class ExceptionRecorder:
 
         def sys_hook(et: type[BaseException], ev: BaseException, tb: TracebackType | None) -> Any:
             if ev is not None and not isinstance(ev, SystemExit):
+                self.failed = True
                 self.record(ev, "uncaught")
             return prev_sys(et, ev, tb)
 
@@ -125,9 +127,22 @@ class ExceptionRecorder:
         self._prev_os_exit, self._our_os_exit = original_os, _exit
         os._exit = _exit
 
+    def in_flight(self, exc: BaseException | None) -> None:
+        """The exception going by as the recording ends at exit: a multiprocessing worker's target that
+        raised (its finalizers, which disarm, run while it goes by; it then exits 1 by ``os._exit``, and
+        no excepthook sees it) is recorded as uncaught; a SystemExit counts by its status."""
+        if isinstance(exc, SystemExit):
+            code = exc.code
+            self.failed = self.failed or not (code is None or (isinstance(code, int) and code & 0xFF == 0))
+        elif exc is not None:
+            self.failed = True
+            self.record(exc, "uncaught")
+
     def record_exit(self, status: Any, how: str = fmt.EXIT_SYS) -> None:
         """An ``exit`` event: the status the process exits with (a non-int status prints and exits 1),
         as its parent will see it (the low 8 bits); ``how`` is its detail."""
+        code = 0 if status is None else status & 0xFF if isinstance(status, int) else 1
+        self.failed = self.failed or code != 0
         try:
             detail = (self._intern(how),)
             if status is None or isinstance(status, int):
@@ -186,15 +201,19 @@ def exit_status_unrecorded(cmod: Any) -> str:
     return ""
 
 
-def record_status_at_exit(cmod: Any, fd: int, header: fmt.Header, last_seq: int, step: int, intern: Intern) -> None:
+def record_status_at_exit(
+    cmod: Any, fd: int, header: fmt.Header, last_seq: int, step: int, intern: Intern, fold: tuple[bytes, ...] = ()
+) -> None:
     """Have the C extension write the process's real exit status, as one last ``exit`` record (detail
     ``process exit``), from inside libc's exit(): after the interpreter has finished, where no Python
     code sees the status. ``last_seq``: the ring's last seq, once nothing else writes to it; ``fd``: the
-    ring, open read-write (the extension maps the slot's page itself). Raises where it cannot."""
+    ring, open read-write (the extension maps the slot's page itself). ``fold``: (folded.jsonl's path,
+    the line, the ring's path): a status of 0 appends the line and removes the ring instead. Raises where
+    it cannot."""
     if exit_status_unrecorded(cmod):
         return
     cmod.exit_record_arm(fd, header.records_offset, header.capacity, last_seq + 1, EXIT_TAG, step,
-                         intern(fmt.EXIT_PROCESS))  # fmt: skip
+                         intern(fmt.EXIT_PROCESS), *fold)  # fmt: skip
 
 
 def ends_by_os_exit() -> bool:

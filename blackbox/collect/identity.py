@@ -7,7 +7,13 @@ with ``RANK`` set); ``worker`` for a multiprocessing child (spawn or forkserver
 DataLoader workers, which import the job's main module again); ``mp_service``
 for multiprocessing's own helpers (the forkserver, the resource tracker);
 ``compile_worker`` for torch.compile's helper processes; ``child`` for any
-other Python process started by an armed job under ``blackbox run``.
+other Python process started by a Python process of the job under ``blackbox
+run``. Under ``blackbox run`` the job's own Python processes are ``main``: the
+one it started, and any Python process with no Python process between it and
+the job's start (a shell wrapper's, ``bash -c "python train.py; exit $?"``, a
+``train.sh``), which ``FIRST_PY_ENV`` tells: the first Python process of each
+branch of the job's process tree sets it to its own pid at start-up (where it is
+not set), so every Python process below it sees another's.
 Attempt: the launcher's restart count (torchrun's
 ``TORCHELASTIC_RESTART_COUNT``, Slurm's ``SLURM_RESTART_COUNT``), None where
 there is no launcher that counts.
@@ -42,6 +48,7 @@ MAX_ARGV_CHARS = 16384
 REDACTED = "***"
 RUN_PID_ENV = "BLACKBOX_RUN_PID"  # set by `blackbox run`: its own pid, the job's parent
 RUN_ID_ENV = "BLACKBOX_RUN_ID"  # set by `blackbox run`: its run folder's name, unique to the run
+FIRST_PY_ENV = "BLACKBOX_RUN_PY"  # the pid of the first Python process of this branch of the job (run/bootstrap.py)
 RANK_ENVS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")  # a launcher's rank: one of many processes
 MAX_JOB_CHARS = 256
 ATTEMPT_ENVS = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
@@ -143,9 +150,9 @@ def role() -> str:
         return "mp_service"
     if env_int("RANK") is not None:
         return "main"  # a rank its launcher started (torchrun): a job's main process of its own
-    launcher = env_int(RUN_PID_ENV)
-    if launcher is not None and os.getppid() != launcher:
-        return "child"
+    launcher, first = env_int(RUN_PID_ENV), os.environ.get(FIRST_PY_ENV)
+    if launcher is not None and os.getppid() != launcher and first not in (None, str(os.getpid())):
+        return "child"  # a Python process of the job started it
     return "main"
 
 

@@ -453,12 +453,13 @@ def headline(
             return "The job exited cleanly" + after
         if cause == "nonzero_exit":
             return f"The job exited with status {status}" + after
+    job = "The job" if victim.get("role", "main process") == "main process" else who  # a helper's own end
     return {
-        "clean_exit": "The job exited cleanly.",
-        "nonzero_exit": f"The job exited with status {status}.",
-        "interrupted": "The job was interrupted (Ctrl-C or SIGINT).",
-        "exception": "The job died of an uncaught exception.",
-        "oom_exception": "The job died of an out-of-memory exception.",
+        "clean_exit": f"{job} exited cleanly.",
+        "nonzero_exit": f"{job} exited with status {status}.",
+        "interrupted": f"{job} was interrupted (Ctrl-C or SIGINT).",
+        "exception": f"{job} died of an uncaught exception.",
+        "oom_exception": f"{job} died of an out-of-memory exception.",
         "host_oom_kill": f"{who} was killed by the kernel OOM killer.",
         "userspace_oom_kill": f"{who} was killed by a userspace OOM killer ({(killed_by or {}).get('sender')}).",
         "killed": f"{who} was killed with SIGKILL{' after' + by if by else ''}; no handler ran.",

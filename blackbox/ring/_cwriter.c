@@ -1134,7 +1134,21 @@ static PyObject *stack_walks(PyObject *Py_UNUSED(m), PyObject *args) {
  * mapping needs no descriptor afterwards), and the plain words it writes, taken here. The record
  * follows the commit rule (seq first, commit last). Nothing else writes to the ring by then (the
  * writer and the signal recorder are gone), so the seq cannot be taken twice. A forked child that
- * exits never writes (the pid is checked). Returns False where the C library has no on_exit(). */
+ * exits never writes (the pid is checked). Returns False where the C library has no on_exit().
+ *
+ * fold (optional: folded.jsonl's path, the line, the ring's path), for a helper of `blackbox run`: where
+ * the status is 0, the line is appended to that file (one O_APPEND write) and the ring removed instead;
+ * any other status, or a fold that fails, writes the record and keeps the ring. Only the exit status
+ * tells a clean end from `raise SystemExit(3)`, so the helper's ring is kept or folded here. */
+#define FOLD_MAX 4096
+typedef struct {
+    int on;
+    char file[FOLD_MAX], ring[FOLD_MAX], line[FOLD_MAX];
+    size_t line_len;
+} FoldTarget;
+
+static FoldTarget g_fold;
+
 typedef struct {
     char *page;       /* our own mapping of the page that holds the slot */
     size_t page_len;
@@ -1153,6 +1167,15 @@ static void on_process_exit(int status, void *Py_UNUSED(arg)) {
     if (!__atomic_load_n(&g_exit_on, __ATOMIC_ACQUIRE) || g_exit.pid != getpid())
         return;
     __atomic_store_n(&g_exit_on, 0, __ATOMIC_RELEASE); /* once: exit() runs each handler once anyway */
+    if (g_fold.on && (status & 0xFF) == 0) {
+        int fd = open(g_fold.file, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd >= 0) {
+            ssize_t n = write(fd, g_fold.line, g_fold.line_len);
+            close(fd);
+            if (n == (ssize_t)g_fold.line_len && unlink(g_fold.ring) == 0)
+                return;
+        }
+    }
     int64_t payload[PAYLOAD_WORDS];
     payload[0] = g_exit.detail;
     for (int i = 1; i < PAYLOAD_WORDS; i++)
@@ -1175,8 +1198,17 @@ static PyObject *exit_record_arm(PyObject *Py_UNUSED(m), PyObject *args) {
     int fd;
     long long offset, step, detail;
     unsigned long long cap, seq, tag;
-    if (!PyArg_ParseTuple(args, "iLKKKLL", &fd, &offset, &cap, &seq, &tag, &step, &detail))
+    const char *fold_file = NULL, *fold_line = NULL, *fold_ring = NULL;
+    Py_ssize_t file_len = 0, line_len = 0, ring_len = 0;
+    if (!PyArg_ParseTuple(args, "iLKKKLL|y#y#y#", &fd, &offset, &cap, &seq, &tag, &step, &detail, &fold_file,
+                          &file_len, &fold_line, &line_len, &fold_ring, &ring_len))
         return NULL;
+    if (fold_file != NULL && (fold_line == NULL || fold_ring == NULL || file_len >= FOLD_MAX ||
+                              line_len >= FOLD_MAX || ring_len >= FOLD_MAX || line_len == 0 ||
+                              strlen(fold_file) != (size_t)file_len || strlen(fold_ring) != (size_t)ring_len)) {
+        PyErr_SetString(PyExc_ValueError, "exit_record_arm: fold takes a file, a line and a ring, each under 4 KiB");
+        return NULL;
+    }
 #if defined(__GLIBC__)
     long page = sysconf(_SC_PAGESIZE);
     if (cap == 0 || seq == 0 || offset < 0 || page <= 0 || offset % RECORD_SIZE != 0) {
@@ -1205,6 +1237,13 @@ static PyObject *exit_record_arm(PyObject *Py_UNUSED(m), PyObject *args) {
     g_exit.step = step;
     g_exit.detail = detail;
     g_exit.pid = getpid();
+    g_fold.on = fold_file != NULL;
+    if (g_fold.on) {
+        memcpy(g_fold.file, fold_file, (size_t)file_len + 1);
+        memcpy(g_fold.ring, fold_ring, (size_t)ring_len + 1);
+        memcpy(g_fold.line, fold_line, (size_t)line_len);
+        g_fold.line_len = (size_t)line_len;
+    }
     __atomic_store_n(&g_exit_on, 1, __ATOMIC_RELEASE);
     Py_RETURN_TRUE;
 #else
@@ -1387,7 +1426,8 @@ static PyMethodDef module_methods[] = {
     {"signals_forget", signals_forget, METH_NOARGS, "In a forked child: drop the parent's ring."},
     {"signals_installed", signals_installed, METH_NOARGS, "Signal numbers the handler is installed over."},
     {"exit_record_arm", exit_record_arm, METH_VARARGS,
-     "exit_record_arm(fd, records_offset, capacity, seq, tag, step, detail) -> bool: write the exit status at exit()."},
+     "exit_record_arm(fd, records_offset, capacity, seq, tag, step, detail[, fold_file, fold_line, fold_ring]) -> "
+     "bool: write the exit status at exit() (or, a helper's status 0, fold it)."},
     {"exit_record_release", exit_record_release, METH_NOARGS, "Write no exit record at exit()."},
 #if PY_VERSION_HEX >= 0x030B0000
     {"stack_walks", stack_walks, METH_VARARGS,

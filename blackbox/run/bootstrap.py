@@ -10,15 +10,20 @@ standard library alone, not the blackbox package) and calls :func:`boot`:
   So do multiprocessing's workers and services and torch.compile's workers,
   with small rings.
 - Any other Python process of the job (a script a shell loop runs, a tool the
-  job calls) arms a small ring once it has imported numpy or torch, the moment
-  it starts doing array work: importing blackbox and arming costs about 0.2 s
-  of CPU (numpy's import about half of it), eight times what a short Python
-  process costs without it, and a job of hundreds of short scripts would pay
-  that for each. One that never imports either is not recorded.
+  job calls) arms once it has imported numpy or torch, the moment it starts
+  doing array work: importing blackbox and arming costs about 0.2 s of CPU
+  (numpy's import about half of it), eight times what a short Python process
+  costs without it, and a job of hundreds of short scripts would pay that for
+  each. One that never imports either is not recorded. Its ring is a full one
+  where no Python process of the job is above it (a shell wrapper's python:
+  the job's own work, ``identity.role`` calls it ``main``), else a small one.
 
-A helper (any process but the job's own) that ends cleanly is folded into one
-line of ``folded.jsonl`` and its ring removed, so hundreds of short-lived
-helpers leave a bounded footprint. The ``sitecustomize`` that ours shadows (a
+Any process but the job's own and its ranks that ends cleanly (status 0, no
+uncaught exception) is folded into one line of ``folded.jsonl`` and its ring
+removed, so hundreds of short-lived helpers leave a bounded footprint; one that
+ends otherwise keeps its ring, whatever its place in the process tree. The exit
+status decides, read inside libc's exit() where the C extension can
+(``collect.exceptions.record_status_at_exit``), else what Python saw. The ``sitecustomize`` that ours shadows (a
 distribution's, a virtualenv's) is then imported too. Where this interpreter
 cannot run blackbox (another Python, no numpy), the job runs unarmed after one
 line on stderr.
@@ -39,6 +44,7 @@ if TYPE_CHECKING:
 
 BOOT_ENV = "BLACKBOX_RUN_BOOT"  # the folder holding our sitecustomize.py (the template below names it too)
 RUN_PID_ENV = "BLACKBOX_RUN_PID"  # as collect.identity.RUN_PID_ENV (this file imports no blackbox module)
+FIRST_PY_ENV = "BLACKBOX_RUN_PY"  # as collect.identity.FIRST_PY_ENV: set by the first Python process of a branch
 HELPER_CAPACITY = 8192  # slots: 1 MiB of records
 HELPER_STRINGS = 64 << 10
 TRIGGERS = ("numpy", "torch")  # a child process arms once it has imported one of these
@@ -166,6 +172,7 @@ def boot() -> None:
     """Arm now (the job's own process and the helpers that arm at start), or once this process has
     imported numpy or torch. Never raises."""
     try:
+        os.environ.setdefault(FIRST_PY_ENV, str(os.getpid()))  # the first Python process of this branch
         if arms_at_start():
             start()
         else:
@@ -175,16 +182,17 @@ def boot() -> None:
 
 
 def start() -> None:
-    """Arm, never raising: the job's own process gets a full ring, a helper a small one, folded away
-    if it ends cleanly."""
+    """Arm, never raising: the job's own processes get a full ring, a helper a small one; all but the
+    one ``blackbox run`` started and the ranks are folded away if they end cleanly."""
     try:
         import blackbox
         from blackbox.collect.identity import role
 
-        helper = role() != "main"
-        settings = {"capacity": HELPER_CAPACITY, "strings_size": HELPER_STRINGS} if helper else {}
+        main = role() == "main"
+        own = main and (_int_env("RANK") is not None or _int_env(RUN_PID_ENV) in (None, os.getppid()))
+        settings = {} if main else {"capacity": HELPER_CAPACITY, "strings_size": HELPER_STRINGS}
         blackbox.arm(os.environ.get("BLACKBOX_DIR") or None, **settings)  # type: ignore[arg-type]
-        if helper:
+        if not own:
             blackbox.active()._fold_clean = True
         if not _forks_watched:
             _forks_watched.append(True)

@@ -251,6 +251,13 @@ def raw_rings_section(meta: dict[str, Any]) -> list[str]:
     return [*lines, *([f"- and {len(skipped) - MAX_LISTED} more"] if len(skipped) > MAX_LISTED else []), ""]
 
 
+def outlived_lines(meta: dict[str, Any]) -> list[str]:
+    """Where `blackbox run` saw the job exit 0 and yet a process of it died: the job outlived that death."""
+    if meta.get("exit_status") != 0 or not meta.get("first_death"):
+        return []
+    return ["", "**The job exited with status 0**: its own process ended cleanly; the death below did not end it."]
+
+
 def bundle_summary(meta: dict[str, Any]) -> str:
     """summary.md: one ring's account; for several, the account across them (the same length at any
     count: attempts, first death, how the others ended, outliers) and the detail of one ring, the
@@ -259,10 +266,12 @@ def bundle_summary(meta: dict[str, Any]) -> str:
     view = shown({k: v for k, v in meta.items() if k != "rings"})  # the rings are read one at a time
     helpers = helpers_section(view) + unread_section(view) + left_out_section(view) + raw_rings_section(view)
     if not rings:
-        return ring_summary(meta) + ("\n" + "\n".join(helpers) if helpers else "")
+        title, _, rest = ring_summary(meta).partition("\n")
+        return "\n".join([title, *outlived_lines(view)]) + "\n" + rest + ("\n" + "\n".join(helpers) if helpers else "")
     rows = shown(rank_rows(meta))  # one pass over the rings (they may be read back from disk), for both
     hosts = len({r["host"] for r in rows})
-    head = [f"# blackbox: {len(rings)} rings on {hosts} host{'s' if hosts != 1 else ''}, {meta['events']} events", ""]
+    head = [f"# blackbox: {len(rings)} rings on {hosts} host{'s' if hosts != 1 else ''}, {meta['events']} events",
+            *outlived_lines(view), ""]  # fmt: skip
     head += [*across_lines(view, rows), *job_allocation_sections(rings), *helpers]
     detail = _detail_ring(meta, rings)
     title = "the first death" if meta.get("first_death") else "the lowest rank of the last attempt"

@@ -1,0 +1,123 @@
+"""Every Python process of a `blackbox run` job keeps its death, whatever its place in the process tree.
+
+Jobs launched the ways users launch them (a shell wrapper that does not `exec` python, a `train.sh`, a
+Python child of the job, a multiprocessing worker), each run unarmed and armed side by side: the same exit
+status and output, and the bundle's verdict checked against the planted truth. Only a clean end (status 0,
+no uncaught exception) is folded into `folded.jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+ENV = dict(os.environ, PYTHONPATH=str(REPO))
+PY = sys.executable
+STEPS = """\
+import sys, time
+import numpy
+try:
+    import blackbox
+except ImportError:  # unarmed: the same job, with no recorder to tell its steps to
+    blackbox = None
+for step in range(int(sys.argv[1])):
+    if blackbox is not None:
+        blackbox.step(step)
+    time.sleep(0.05)
+time.sleep(float(sys.argv[2]))
+{end}
+"""
+
+
+def _run(tmp_path: Path, armed: bool, *cmd: str) -> subprocess.CompletedProcess[str]:
+    run = [PY, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "run"), "--"] if armed else []
+    env = ENV if armed else {**ENV, "PYTHONPATH": ""}
+    return subprocess.run([*run, *cmd], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+
+
+def _side_by_side(tmp_path: Path, *cmd: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """Run unarmed, then armed; the same status and stdout, the job's stderr lines kept; the bundle's metadata."""
+    plain, armed = _run(tmp_path, False, *cmd), _run(tmp_path, True, *cmd)
+    assert (armed.returncode, armed.stdout) == (plain.returncode, plain.stdout), (plain.stderr, armed.stderr)
+    job_lines = [ln for ln in plain.stderr.splitlines() if "pid" not in ln]  # bash names pids in its own lines
+    assert all(ln in armed.stderr for ln in job_lines), (plain.stderr, armed.stderr)
+    (run,) = (tmp_path / "run").glob("run-*")
+    return armed, json.loads((run / "bundle" / "metadata.json").read_text())
+
+
+def test_a_shell_wrappers_python_that_raises_is_the_jobs_death(tmp_path: Path) -> None:
+    # GIVEN `bash -c "python train.py; exit $?"`: bash stays the job's top process, python its child, and
+    # python raises a ValueError at step 4 (the planted truth)
+    (tmp_path / "train.py").write_text(STEPS.format(end="raise ValueError('planted at step 4')"))
+    proc, meta = _side_by_side(tmp_path, "bash", "-c", f"{PY} train.py 5 0; exit $?")
+    # THEN armed as unarmed it exits 1 with the traceback; the python's ring was kept (not folded as a helper
+    # that ended cleanly) and the verdict is its exception, at its step, in the job's own process
+    assert proc.returncode == 1
+    death = meta["death"]
+    assert (death["cause"], death["step"], death["exit_status"]) == ("exception", 4, 1), death
+    assert death["victim"]["role"] == "main process" and death["headline"] == "The job died of an uncaught exception."
+    assert any("ValueError: planted at step 4" in e for e in death["evidence"]), death
+    assert "helpers" not in meta
+
+
+def test_train_sh_verdict_follows_the_process_that_died_first(tmp_path: Path) -> None:
+    # GIVEN a train.sh that runs one Python process in the background, which raises after 2 steps, and
+    # another in the foreground, which exits 3 a second later: the script ends with the second's status
+    (tmp_path / "first.py").write_text(STEPS.format(end="raise KeyError('first to die')"))
+    (tmp_path / "later.py").write_text(STEPS.format(end="raise SystemExit(3)"))
+    (tmp_path / "train.sh").write_text(
+        f"#!/bin/bash\ncd \"$(dirname \"$0\")\"\n{PY} first.py 2 0 &\n{PY} later.py 1 1.5\n"
+        "status=$?\nwait\nexit $status\n"
+    )
+    (tmp_path / "train.sh").chmod(0o755)
+    proc, meta = _side_by_side(tmp_path, str(tmp_path / "train.sh"))
+    # THEN both Python processes kept their rings, each with its own end, and the verdict is the death that
+    # came first (the background one's KeyError), not the one whose status the script passed on
+    assert proc.returncode == 3
+    ends = {tuple(r["argv"][:1]): (r["death"]["cause"], r["death"]["exit_status"]) for r in meta["rings"]}
+    assert ends == {("first.py",): ("exception", 1), ("later.py",): ("nonzero_exit", 3)}, ends
+    first = meta["first_death"]
+    assert (first["cause"], first["step"]) == ("exception", 1), first
+    assert next(r for r in meta["rings"] if r["pid"] == first["pid"])["argv"][0] == "first.py"
+
+
+WORKER_RAISES = """\
+import multiprocessing as mp, subprocess, sys
+import numpy
+def boom():
+    raise KeyError("in the worker")
+if __name__ == "__main__":
+    mp.set_start_method("forkserver")
+    p = mp.Process(target=boom)
+    p.start()
+    p.join()
+    print("worker exitcode", p.exitcode, flush=True)
+    child = subprocess.run([sys.executable, "-c", "import numpy, sys; sys.exit(4)"])
+    print("child status", child.returncode, flush=True)
+"""
+
+
+def test_helpers_that_fail_keep_their_rings_and_the_job_that_outlived_them_says_so(tmp_path: Path) -> None:
+    # GIVEN a job whose multiprocessing worker's target raises (it exits 1 by os._exit, no excepthook sees it)
+    # and whose Python child exits 4; the job itself goes on and exits 0
+    (tmp_path / "job.py").write_text(WORKER_RAISES)
+    proc, meta = _side_by_side(tmp_path, PY, "job.py")
+    assert proc.returncode == 0 and proc.stdout == "worker exitcode 1\nchild status 4\n"
+    # THEN neither was folded away: the worker's exception and the child's status are in the bundle; the
+    # first death is the worker's, and the job is told as having outlived it
+    ends = {r["role"]: (r["death"]["cause"], r["death"]["exit_status"]) for r in meta["rings"] if r["role"] != "main"}
+    assert ends.get("worker", ("",))[0] == "exception" and ends.get("child") == ("nonzero_exit", 4), ends
+    worker = next(r for r in meta["rings"] if r["role"] == "worker")
+    assert any("KeyError: 'in the worker'" in e for e in worker["death"]["evidence"]), worker["death"]
+    assert meta["first_death"]["pid"] == worker["pid"] and meta["exit_status"] == 0
+    assert "exit status 0: the job ended cleanly; a process of it died before: exception;" in proc.stderr
+    assert all(h["role"] == "mp_service" for h in meta.get("helpers", [])), meta.get("helpers")
