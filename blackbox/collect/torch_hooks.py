@@ -12,14 +12,24 @@ Attached lazily, from the sampler thread, once the job has imported torch:
   forward hooks, cost measured in tools/bench_overhead.py).
 
 And once the job has initialised CUDA itself (never before: attaching the
-observer would initialise it):
+observer would initialise it), at the initialisation itself where torch queues
+work for it (``torch.cuda._queued_calls``: the job's first CUDA call runs them,
+before its first allocation, so the history misses none of the job's blocks and
+the observer sees an OOM in the very first allocation), else at the sampler's
+next tick:
 
 - the allocator's OOM observer: an ``oom`` event with device, requested bytes,
   limit and free bytes, before the exception unwinds;
 - opt-in allocator history (``allocator_history``): PyTorch's bounded history,
   drained into the ring as alloc / free / segment events, and on the first OOM
   PyTorch's snapshot pickle beside the ring for its memory viewer
-  (https://pytorch.org/memory_viz).
+  (https://pytorch.org/memory_viz). PyTorch keeps the history in a ring of its
+  own: actions that fall out of it between two drains are lost, and counted
+  (PyTorch's own counters of allocations, frees and segments, read before each
+  drain, against the actions drained) into a note whose value is the total;
+- one note where the allocator is not the default one: another backend
+  (``cudaMallocAsync``: polling only) or expandable segments (an OOM then is
+  not fragmentation in the caching allocator's sense).
 
 Every hook swallows its own errors: the job's call always proceeds. An exception raised by the job's
 own signal handler while a hook ran is the job's: it propagates (``_jobsignal.py``).
@@ -28,6 +38,7 @@ own signal handler while a hook ran is the job's: it propagates (``_jobsignal.py
 from __future__ import annotations
 
 import importlib
+import os
 import pickle
 import threading
 import time
@@ -47,9 +58,13 @@ PHASE_END = fmt.KIND_CODES["phase_end"]
 MODULE_BEGIN = fmt.KIND_CODES["module_begin"]
 MODULE_END = fmt.KIND_CODES["module_end"]
 OOM = fmt.KIND_CODES["oom"]
+MARK = fmt.KIND_CODES["mark"]
 ACTION_KINDS = {name: fmt.KIND_CODES[name] for name in fmt.ALLOCATOR_KINDS if name != "free"}
 ACTION_KINDS["free_completed"] = fmt.KIND_CODES["free"]
 DEFAULT_HISTORY_ENTRIES = 10_000
+# PyTorch's counters (torch._C._cuda_memoryStats) of the history actions that have one
+COUNTED = {"alloc": ("allocation", "allocated"), "free_completed": ("allocation", "freed"),
+           "segment_alloc": ("segment", "allocated"), "segment_free": ("segment", "freed")}  # fmt: skip
 DRAIN_DUTY = 0.02  # at most 2% of the time goes to draining the history
 MIN_DRAIN_INTERVAL = 1.0
 
@@ -93,6 +108,11 @@ class TorchHooks:
         # history
         self._history_on = False
         self._last_entry: dict[int, tuple[Any, ...]] = {}
+        # device -> [PyTorch's count of COUNTED actions at the history's start, at the last drain, COUNTED
+        # actions drained since the start, lost before the last reset of the counters, lost in all]
+        self._counted: dict[int, list[int]] = {}
+        self.history_lost = 0
+        self._pid = os.getpid()
         self._next_drain = 0.0
         self._snapshot_written = False
         self.history_drains = 0
@@ -111,6 +131,7 @@ class TorchHooks:
                 self._attached = True
                 self._torch = torch
                 self._attach(torch)
+                self._queue_cuda_attach(torch)
             if not self._cuda_attached and _cuda_initialised(torch):
                 self._cuda_attached = True
                 self._attach_cuda(torch)
@@ -122,6 +143,33 @@ class TorchHooks:
         self._try("backward phase", self._attach_backward, torch)
         if self._modules:
             self._try("module hooks", self._attach_modules, torch)
+
+    def _queue_cuda_attach(self, torch: Any) -> None:
+        """Have torch attach the CUDA collectors as it initialises CUDA for the job, before the job's first
+        allocation. Appended to ``torch.cuda._queued_calls`` directly, not through ``_lazy_call``, whose
+        lock a thread initialising CUDA holds for seconds: the sampler never waits. Where torch has no such
+        list, or has initialised CUDA already, the sampler's tick attaches them, as before."""
+        queued = getattr(getattr(torch, "cuda", None), "_queued_calls", None)
+        if not isinstance(queued, list) or _cuda_initialised(torch):
+            return
+
+        def at_cuda_init() -> None:
+            # Runs in the job's thread inside torch.cuda._lazy_init, under its lock: it never raises (an
+            # exception would reach the job as DeferredCudaCallError) and never waits on the sampler's lock.
+            try:
+                if os.getpid() != self._pid or self._torch is None or not self._lock.acquire(blocking=False):
+                    return  # a forked child's, a disarmed recorder's, or the sampler is attaching right now
+                try:
+                    if not self._cuda_attached:
+                        self._cuda_attached = True
+                        self._attach_cuda(torch)
+                finally:
+                    self._lock.release()
+            except Exception as exc:
+                if raised_by_signal_handler(exc):  # the job's exception: it propagates, as unarmed
+                    raise
+
+        queued.append((at_cuda_init, []))
 
     def _try(self, what: str, fn: Callable[[Any], None], torch: Any) -> None:
         try:
@@ -247,6 +295,8 @@ class TorchHooks:
         if backend != "native":
             self._note(f"allocator backend {backend!r}: no OOM observer or history (polling only)")
             return
+        if expandable_segments(torch):
+            self._note(fmt.NOTE_EXPANDABLE)
         self._oom_detail = self._w.intern("observer")
         self._try("OOM observer", lambda t: t._C._cuda_attach_out_of_memory_observer(self._on_oom), torch)
         if self._history_entries > 0:
@@ -271,6 +321,7 @@ class TorchHooks:
             enabled="all", context="alloc", stacks="python", max_entries=self._history_entries
         )
         self._history_on = True
+        self._counted = {d: [n, n, 0, 0, 0] for d in _devices(torch) if (n := _counted(torch, d)) is not None}
         self._next_drain = time.monotonic() + MIN_DRAIN_INTERVAL
 
     def drain(self) -> int:
@@ -281,9 +332,12 @@ class TorchHooks:
         t0 = time.perf_counter()
         written = 0
         try:
+            counted = {d: _counted(torch, d) for d in self._counted}  # before the snapshot: none counted late
             snapshot = torch.cuda.memory._snapshot()
             for device, trace in enumerate(snapshot.get("device_traces") or []):
-                written += self._drain_device(device, trace)
+                n, tallied = self._drain_device(device, trace)
+                written += n
+                self._tally(device, counted.get(device), tallied)
         except Exception as exc:
             self._history_on = False
             self._note(f"allocator history drain failed, history off: {type(exc).__name__}: {exc}")
@@ -294,7 +348,26 @@ class TorchHooks:
         self._next_drain = time.monotonic() + max(MIN_DRAIN_INTERVAL, cost / DRAIN_DUTY)
         return written
 
-    def _drain_device(self, device: int, trace: list[dict[str, Any]]) -> int:
+    def _tally(self, device: int, now: int | None, drained: int) -> None:
+        """Actions PyTorch counted that were never drained: lost from its history. Counted from the start
+        of the history, so an entry made between the counters' reading and the snapshot (drained one drain
+        before it is counted) is never taken for lost; the total only grows, and the note carries it."""
+        tally = self._counted.get(device)
+        if now is None or tally is None:
+            return
+        base, last, drained_total, lost_before, lost = tally
+        if now < last:  # the job reset PyTorch's counters (reset_accumulated_memory_stats): count from here
+            self._counted[device] = [now, now, 0, lost, lost]
+            return
+        drained_total += drained
+        lost_now = max(lost, lost_before + now - base - drained_total)
+        self._counted[device] = [base, now, drained_total, lost_before, lost_now]
+        if lost_now > lost:
+            self.history_lost += lost_now - lost
+            self._w.event(MARK, fmt.NOTE_PREFIX + fmt.NOTE_HISTORY_LOST, self.history_lost)
+
+    def _drain_device(self, device: int, trace: list[dict[str, Any]]) -> tuple[int, int]:
+        """Write the entries after the last one drained; returns (written, of them COUNTED actions)."""
         last = self._last_entry.get(device)
         start = 0
         if last is not None:
@@ -303,9 +376,10 @@ class TorchHooks:
                     start = i + 1
                     break
         event = self._w.event
-        n = 0
+        n = tallied = 0
         for entry in trace[start:]:
-            kind = ACTION_KINDS.get(entry.get("action", ""))
+            action = entry.get("action", "")
+            kind = ACTION_KINDS.get(action)
             if kind is None:
                 continue
             payload = (_int(entry.get("addr")), _int(entry.get("stream")), _int(entry.get("time_us")))
@@ -313,9 +387,10 @@ class TorchHooks:
             if self._gpu_blocks is not None:
                 self._gpu_blocks(device, entry)
             n += 1
+            tallied += action in COUNTED
         if trace:
             self._last_entry[device] = _entry_key(trace[-1])
-        return n
+        return n, tallied
 
     def _dump_snapshot(self) -> None:
         if self._snapshot_written or self._snapshot_path is None or self._torch is None:
@@ -350,6 +425,37 @@ class TorchHooks:
             except Exception:
                 pass
         self._torch = None
+
+
+def expandable_segments(torch: Any) -> bool:
+    """The caching allocator's ``expandable_segments`` setting: torch's own answer where it has one
+    (2.12 and newer), else the environment it reads (PYTORCH_CUDA_ALLOC_CONF, PYTORCH_ALLOC_CONF)."""
+    settings = ""
+    try:
+        settings = str(torch._C._accelerator_getAllocatorSettings())
+    except Exception:
+        settings = ",".join(os.environ.get(k, "") for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"))
+    return any(
+        key.strip().lower() == "expandable_segments" and value.strip().lower() == "true"
+        for key, _, value in (item.partition(":") for item in settings.split(","))
+    )
+
+
+def _devices(torch: Any) -> list[int]:
+    try:
+        return list(range(int(torch.cuda.device_count())))
+    except Exception:
+        return []
+
+
+def _counted(torch: Any, device: int) -> int | None:
+    """PyTorch's count of the history actions that have a counter (COUNTED), on one device; None where
+    its statistics have no such counters (another backend, an older torch, a device not in use)."""
+    try:
+        stats = torch._C._cuda_memoryStats(device)
+        return sum(int(stats[group]["all"][key]) for group, key in COUNTED.values())
+    except Exception:
+        return None
 
 
 def _cuda_initialised(torch: Any) -> bool:

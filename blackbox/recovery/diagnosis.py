@@ -56,6 +56,7 @@ from .allocs import site_of
 from .crash import crash_signal, crashing_stack, innermost_first, short_frame
 from .evidence import Evidence, KernelKill
 from .facts import Facts, facts
+from .kinds import of_kind
 from .levers import analysis
 from .slurm import SENDERS as SLURM_SENDERS
 from .timeline import iso_ns
@@ -87,7 +88,24 @@ def diagnose(table: pa.Table, clean: bool, ev: Evidence, meta: dict[str, Any]) -
     d.decide(clean)
     if without_c_extension(meta) and not (ev.writer_alive and not clean):
         d.evidence.append(NOT_KNOWN_WITHOUT_C)
-    return d.result()
+    result = d.result()
+    gpu = result.get("gpu_oom")
+    if gpu and gpu["kind"] == "fragmentation" and _noted(table, fmt.NOTE_EXPANDABLE):
+        lever = EXPANDABLE_ON
+        gpu["levers"] = [lever]
+        result["levers"] = [lever, *(x for x in result["levers"] if "expandable_segments" not in x)]
+    return result
+
+
+EXPANDABLE_ON = ("expandable_segments is already on: the cached bytes were pages inside the growing segment "
+                 "that the request could not use; lower the peak (smaller micro-batch) or call "
+                 "torch.cuda.empty_cache() between phases of different shapes")  # fmt: skip
+
+
+def _noted(table: pa.Table, note: str) -> bool:
+    """The recorder wrote this note (a ``mark`` labelled ``blackbox: <note>``) into the ring."""
+    labels = of_kind(table, "mark", columns=["label"])["label"]
+    return any(fmt.NOTE_PREFIX + note in chunk.dictionary.to_pylist() for chunk in labels.chunks)
 
 
 class _Death:

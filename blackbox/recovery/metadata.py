@@ -21,7 +21,7 @@ from .allocs import live_sites, main_thread_of, step_records, with_site_lever
 from .attempts import attempt_metadata, group_attempts, slim
 from .crash import crash_reading
 from .evidence import Evidence
-from .kinds import last_of_kind, of_kind
+from .kinds import last_of_kind, of_kind, rows_of_kind
 from .spill import SpilledRings
 from .stacks import stack_report
 from .timeline import BYTE_GAUGES, GAUGES, OOM_COLUMNS, py_rows, stamps_ns
@@ -142,6 +142,7 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
         "native_crash": native,
         "death": death,
         "notes": _notes(table, ring.meta),
+        "allocator_history": allocator_history(table, ring.meta),
         "recovery": ring.recovery.as_dict(),
         "recovered_by": {"blackbox": __version__},
     }
@@ -217,6 +218,24 @@ def _notes(table: pa.Table, header: dict[str, Any]) -> list[str]:
     if without_c_extension(header):
         notes = [NO_C_EXTENSION, *(n for n in notes if n != NO_C_EXTENSION)]
     return notes
+
+
+def allocator_history(table: pa.Table, header: dict[str, Any]) -> dict[str, Any] | None:
+    """PyTorch's CUDA allocator history as drained into the ring (``arm(allocator_history=...)``): the entries
+    PyTorch kept, the actions in the timeline, and those lost between drains (the total the recorder's note
+    carries: PyTorch's own counters of allocations, frees and segments against the actions drained); null
+    where the history was not asked for."""
+    entries = (header.get("options") or {}).get("allocator_history")
+    if not isinstance(entries, int) or isinstance(entries, bool) or entries <= 0:
+        return None
+    marks = of_kind(table, "mark", columns=["label", "value"])
+    note = pc.equal(marks["label"].cast(pa.string()), fmt.NOTE_PREFIX + fmt.NOTE_HISTORY_LOST)
+    lost = pc.filter(marks["value"], note)
+    return {
+        "entries": entries,
+        "actions": len(rows_of_kind(table, *fmt.ALLOCATOR_KINDS)),
+        "lost": int(pc.max(lost).as_py() or 0) if len(lost) else 0,
+    }
 
 
 def helper_groups(folded: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -114,6 +114,12 @@ KINDS: dict[int, str] = {
 }
 KIND_CODES = {name: code for code, name in KINDS.items()}
 NOTE_PREFIX = "blackbox: "  # a ``mark`` with this label prefix is the recorder's own note (a collector failed)
+# Two notes recovery reads back: PyTorch's allocator history lost actions between drains (the mark's value
+# is the total lost so far), and the caching allocator runs with expandable segments.
+NOTE_HISTORY_LOST = ("allocator history: actions lost between drains (PyTorch's history was full; raise "
+                     "allocator_history)")
+NOTE_EXPANDABLE = ("allocator: expandable_segments is on (segments grow and shrink in place: an OOM is not "
+                   "fragmentation in the caching allocator's sense; the history has segment_map/unmap)")  # fmt: skip
 # An ``exit`` record's detail: how its status was learnt. ``sys.exit`` raises SystemExit, which the job
 # may still catch; ``os._exit`` ends the process at once (no exit handlers); ``process exit`` is the
 # status the process really exited with, written inside libc's exit() after the interpreter finished.
