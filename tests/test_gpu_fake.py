@@ -90,10 +90,44 @@ def test_slow_backend_is_polled_less_often(monkeypatch) -> None:  # type: ignore
 
     def slow() -> list[tuple[int, tuple[int, ...]]]:
         calls.append(1)
-        time.sleep(0.01)  # 10 ms a poll: at 0.5% duty, the next one waits about 2 s
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.01:  # 10 ms of this thread's CPU a poll: at 0.5%, the next waits 2 s
+            pass
         return [(0, (1,) * 9)]
 
     monkeypatch.setattr(probe, "_poll", slow)
     assert probe.poll() == [(0, (1,) * 9)]
     assert probe.poll() == [] and probe.poll() == []
     assert len(calls) == 1 and probe.last_cost_s >= 0.01
+
+
+def test_a_poll_waiting_but_not_working_is_not_throttled(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A poll that waits (for the GIL behind a training loop, for a driver) costs the job nothing: it is
+    not taken for a slow backend. On a GPU host, counting the wait kept a GPU unpolled for the job's life."""
+    import time
+
+    from blackbox.collect import gpu as _gpu
+
+    probe = _gpu.GpuProbe()
+    calls = []
+
+    def waits() -> list[tuple[int, tuple[int, ...]]]:
+        calls.append(1)
+        time.sleep(0.05)
+        return [(0, (1,) * 9)]
+
+    monkeypatch.setattr(probe, "_poll", waits)
+    assert probe.poll() and probe.poll() and len(calls) == 2
+
+
+def test_one_slow_poll_waits_at_most_max_wait(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    from blackbox.collect import gpu as _gpu
+
+    probe = _gpu.GpuProbe()
+    monkeypatch.setattr(_gpu.time, "thread_time", iter([0.0, 60.0]).__next__)  # a poll of a whole CPU minute
+    monkeypatch.setattr(probe, "_poll", lambda: [])
+    before = time.monotonic()
+    probe.poll()
+    assert probe._next - before <= _gpu.MAX_WAIT_S + 1.0

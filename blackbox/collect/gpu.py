@@ -21,7 +21,8 @@ from typing import Any
 NULL = -1
 GpuReading = tuple[int, tuple[int, ...]]  # (device index, the 9 gpu_sample payload words)
 MAX_DEVICES = 64
-MAX_DUTY = 0.005  # polling takes at most 0.5% of the time: a slow backend is polled less often
+MAX_DUTY = 0.005  # polling takes at most 0.5% of the sampler thread's CPU: a slow backend is polled less often
+MAX_WAIT_S = 5.0  # ...but never less often than this: one slow poll (a driver's first call) is not the rule
 
 
 def loaded_torch() -> Any:
@@ -87,13 +88,18 @@ class GpuProbe:
         self.last_cost_s = 0.0
 
     def poll(self) -> list[GpuReading]:
-        """Readings of every device in use; [] before the job has set one up, or while throttled."""
+        """Readings of every device in use; [] before the job has set one up, or while throttled.
+
+        The cost is this thread's CPU time, not the wall time: on a training host the poll waits for the
+        GIL behind the job's own thread, and that wait costs the job nothing (counted as cost, it kept a
+        GPU unpolled for minutes)."""
         now = time.monotonic()
         if now < self._next:
             return []
+        cpu = time.thread_time()
         readings = self._poll()
-        self.last_cost_s = time.monotonic() - now
-        self._next = now + self.last_cost_s / MAX_DUTY
+        self.last_cost_s = time.thread_time() - cpu
+        self._next = now + min(self.last_cost_s / MAX_DUTY, MAX_WAIT_S)
         return readings
 
     def _poll(self) -> list[GpuReading]:
@@ -162,12 +168,18 @@ def _mps(torch: Any) -> list[GpuReading] | None:
 
 
 def _accelerator(torch: Any) -> list[GpuReading] | None:
+    """Another backend through ``torch.accelerator`` (2.9 and newer), once its allocator is initialised.
+    Never for a CUDA or ROCm build (``_cuda`` reads those): there ``is_available()`` counts devices through
+    the driver, initialising it in the job's process (a second on a large GPU) before the job did."""
+    version = getattr(torch, "version", None)
+    if getattr(version, "cuda", None) or getattr(version, "hip", None):
+        return None
     acc = getattr(torch, "accelerator", None)
     initialised = getattr(torch._C, "_accelerator_isAllocatorInitialized", None)
-    if acc is None or initialised is None or not acc.is_available():
+    if acc is None or initialised is None or not initialised() or not acc.is_available():
         return None
     kind = acc.current_accelerator()
-    if kind is None or getattr(kind, "type", None) in ("cuda", "xpu", "mps") or not initialised():
+    if kind is None or getattr(kind, "type", None) in ("cuda", "xpu", "mps"):
         return None
     d = acc.current_device_index()
     stats = acc.memory_stats(d)

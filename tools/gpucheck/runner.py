@@ -19,8 +19,8 @@ MiB, GiB = 1 << 20, 1 << 30
 # What each job is given: on a GPU, sized for an 80-141 GiB device; on the fake one (8 GiB), a quarter.
 SIZES: dict[bool, dict[str, Any]] = {
     False: {"chunk": GiB, "segment": 2 * GiB, "piece": 256 * MiB, "leak": 64 * MiB, "scratch": 16 * MiB,
-            "leak_steps": 30, "history_steps": 300, "batch": 8, "cost_rounds": 5, "cost_steps": 30,
-            "warmup": 10, "settle_steps": 5, "target_ms": [5, 50]},
+            "leak_steps": 30, "history_steps": 300, "batch": 8, "cost_rounds": 8, "cost_steps": 15,
+            "warmup": 10, "settle_steps": 5, "target_ms": [25, 50]},
     True: {"chunk": 256 * MiB, "segment": 512 * MiB, "piece": 64 * MiB, "leak": 16 * MiB, "scratch": 4 * MiB,
            "leak_steps": 30, "history_steps": 120, "batch": 8, "cost_rounds": 3, "cost_steps": 8,
            "warmup": 2, "settle_steps": 2, "target_ms": [0, 1e9]},
