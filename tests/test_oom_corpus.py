@@ -112,6 +112,15 @@ CORPUS: list[tuple[str, bool, dict[str, int]]] = [
         {"requested": 4 * GiB},
     ),
     ("CUDA out of memory. Tried to allocate more than 1EB memory.", True, {}),
+    (  # cudaMallocAsync's, word for word as torch 2.11 raised it on an H200 (tools/gpu_check.py, docs/gpu.md)
+        "Allocation on device 0 would exceed allowed memory. (out of memory)\nCurrently allocated     : 0 bytes\n"
+        "Requested               : 279.60 GiB\nDevice limit            : 139.80 GiB\n"
+        "Free (according to CUDA): 3.12 MiB\nPyTorch limit (set by user-supplied memory fraction)\n"
+        "                        : 17179869184.00 GiB",
+        True,
+        {"requested": size_bytes("279.60 GiB"), "capacity": size_bytes("139.80 GiB"), "free": size_bytes("3.12 MiB"),
+         "allocated": 0, "device": 0},
+    ),
     (
         "OutOfMemoryError: CUDA out of memory. Tried to allocate 3725.29 GiB. GPU",
         True,

@@ -34,6 +34,7 @@ _OOM_TEXT = re.compile(
     "|".join(
         [
             r"\b(?:CUDA|HIP|XPU) out of memory\b",
+            r"\bAllocation on device \d+ would exceed allowed memory\. \(out of memory\)",
             r"\bMPS backend out of memory\b",
             r"\bDefaultCPUAllocator: (?:can't allocate memory|not enough memory)",
             r"\bRESOURCE_EXHAUSTED: (?:Out of memory|Failed to allocate request)",
@@ -70,6 +71,14 @@ _PREEMPTIVE = re.compile(
     r"(?P<backend>CUDA|HIP) out of memory\. Allocation was preemptively rejected.*?"
     r"Requested size: (?P<requested>" + SIZE + r")"
 )
+# cudaMallocAsync's (PyTorch's CUDAMallocAsyncAllocator.cpp), one figure a line, as seen on an H200, torch 2.11
+_ASYNC = re.compile(r"Allocation on device (?P<device>\d+) would exceed allowed memory\. \(out of memory\)")
+_ASYNC_FIGURES = {
+    "allocated": re.compile(r"Currently allocated\s*: (?P<allocated>" + SIZE + ")"),
+    "requested": re.compile(r"Requested\s*: (?P<requested>" + SIZE + ")"),
+    "capacity": re.compile(r"Device limit\s*: (?P<capacity>" + SIZE + ")"),
+    "free": re.compile(r"Free \(according to CUDA\)\s*: (?P<free>" + SIZE + ")"),
+}
 _MPS = re.compile(
     r"MPS backend out of memory \(MPS allocated: (?P<allocated>" + SIZE + r"), other allocations: "
     r"(?P<other>" + SIZE + r"), max allowed: (?P<capacity>" + SIZE + r")\)\. "
@@ -134,6 +143,10 @@ def parse_oom(message: str) -> dict[str, Any] | None:
         take(_GPU_ALLOCATED.search(message), "allocated")
         take(_GPU_PRIVATE.search(message), "private_pools")
         take(_GPU_UNALLOCATED.search(message), "reserved_unallocated")
+    elif m := _ASYNC.search(message):
+        out["backend"], out["device"] = "CUDA", int(m["device"])
+        for name, pattern in _ASYNC_FIGURES.items():
+            take(pattern.search(message), name)
     elif m := _PREEMPTIVE.search(message):
         out["backend"] = m["backend"]
         take(m, "requested")

@@ -40,6 +40,7 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
+import sys
 import threading
 import time
 import weakref
@@ -135,7 +136,7 @@ class TorchHooks:
             if not self._cuda_attached and _cuda_initialised(torch):
                 self._cuda_attached = True
                 self._attach_cuda(torch)
-        if self._history_on and time.monotonic() >= self._next_drain:
+        if self._history_on and time.monotonic() >= self._next_drain and snapshot_safe(may_import=False):
             self.drain()
 
     def _attach(self, torch: Any) -> None:
@@ -307,7 +308,7 @@ class TorchHooks:
         try:
             payload = (self._oom_detail, int(limit), int(free))
             self._w.event(OOM, "allocator out of memory", int(requested), int(device), payload)
-            if self._history_on:
+            if self._history_on and snapshot_safe(may_import=True):  # the dying thread may import, no other
                 self.drain()
                 self._dump_snapshot()
         except Exception as exc:
@@ -404,7 +405,10 @@ class TorchHooks:
     def detach(self, *, final_drain: bool, in_child: bool = False) -> None:
         """Remove every hook; stop the history this recorder started (not in a forked child)."""
         if final_drain and self._history_on:
-            self.drain()
+            if snapshot_safe(may_import=False):
+                self.drain()
+            elif not self.history_drains:
+                self._note(NEVER_DRAINED)
         for h in self._handles:
             try:
                 h.remove()
@@ -425,6 +429,24 @@ class TorchHooks:
             except Exception:
                 pass
         self._torch = None
+
+
+NEVER_DRAINED = ("allocator history not drained: the job never loaded torch._inductor, which PyTorch's snapshot "
+                 "imports (seconds, in the calling thread); the snapshot at an OOM is still written")  # fmt: skip
+
+
+def snapshot_safe(*, may_import: bool) -> bool:
+    """Whether the history may be read now (``torch.cuda.memory._snapshot()``). Reading the Python frames
+    of its entries imports torch._inductor where the job has not (6 s on an H200 with torch 2.11, measured):
+    from the sampler thread that import raced the job's own ``import torch._dynamo`` (an optimizer's
+    first use), and the job died of an ImportError. So: never while any module is being imported by any
+    thread, and without torch._inductor loaded only where ``may_import`` (the OOM observer, in the dying
+    thread, which asked for the snapshot with ``allocator_history``)."""
+    for module in list(sys.modules.values()):
+        if getattr(getattr(module, "__spec__", None), "_initializing", False):
+            return False
+    inductor = sys.modules.get("torch._inductor")
+    return may_import or inductor is not None
 
 
 def expandable_segments(torch: Any) -> bool:

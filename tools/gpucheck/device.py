@@ -61,6 +61,20 @@ class Device:
     def name(self) -> str:
         return str(self.torch.cuda.get_device_name(0))
 
+    def optimizer(self) -> Any:
+        """A training job's optimizer (its first use imports torch._dynamo, and so torch._inductor)."""
+        if self.fake:
+            return self.torch.optim.SGD([self.empty(4096)], lr=0.1)
+        return self.torch.optim.SGD([self.torch.zeros(1024, device="cuda", requires_grad=True)], lr=0.1)
+
+    def inductor_imported_by(self) -> str | None:
+        """On the fake device, the thread that imported torch._inductor (None on a real one: not known)."""
+        if self.fake:
+            import fake_cuda
+
+            return fake_cuda.STATE["inductor_imported_by"]  # type: ignore[no-any-return]
+        return None
+
     def trainer(self, batch: int = 16) -> Trainer:
         return FakeTrainer(batch) if self.fake else GptTrainer(self.torch, batch)
 
@@ -144,6 +158,9 @@ class FakeTrainer(Trainer):
         self.np, self.batch = np, batch
         self.a = np.random.default_rng(0).standard_normal((192, 192))
         self.params = [self._buffer(4 << 20) for _ in range(4)]
+        import fake_cuda
+
+        self.opt = fake_cuda.Optimizer(self.params)
 
     def _buffer(self, nbytes: int) -> Any:
         import fake_cuda

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import threading
 import time
 import types
 from typing import Any
@@ -186,7 +187,7 @@ class Allocator:
 
 
 ALLOCATOR = Allocator()
-STATE: dict[str, Any] = {"initialised": False, "step_pre": [], "step_post": []}
+STATE: dict[str, Any] = {"initialised": False, "step_pre": [], "step_post": [], "inductor_imported_by": None}
 
 
 class Tensor:
@@ -211,7 +212,26 @@ def _record_memory_history(enabled: Any = "all", context: Any = None, stacks: An
         ALLOCATOR.max_entries = max_entries
 
 
+def _inductor_import() -> None:
+    """What torch 2.11 does where the job has not imported torch._inductor: the snapshot's Python frames, or
+    an optimizer's first use (through torch._dynamo), import it, for seconds (0.3 here), in the calling thread."""
+    if "torch._inductor" not in sys.modules:
+        time.sleep(0.3)
+        sys.modules["torch._inductor"] = types.ModuleType("torch._inductor")
+        STATE["inductor_imported_by"] = threading.current_thread().name
+
+
+class Optimizer:
+    """``torch.optim.SGD`` and the like: the first one imports torch._dynamo, and so torch._inductor."""
+
+    def __init__(self, params: Any, **kwargs: Any) -> None:
+        _inductor_import()
+        self.params = list(params)
+
+
 def _snapshot() -> dict[str, Any]:
+    if any("frames" in e for e in ALLOCATOR.history or []):
+        _inductor_import()
     segments = [
         {"address": seg[0][0], "total_size": sum(b[1] for b in seg), "device": 0,
          "blocks": [{"address": b[0], "size": b[1], "state": "active_allocated" if b[2] else "inactive"} for b in seg]}
@@ -278,6 +298,7 @@ def install() -> types.ModuleType:
     optimizer.register_optimizer_step_post_hook = post  # type: ignore[attr-defined]
     optim = types.ModuleType("torch.optim")
     optim.optimizer = optimizer  # type: ignore[attr-defined]
+    optim.SGD = optim.AdamW = Optimizer  # type: ignore[attr-defined]
     torch.optim = optim  # type: ignore[attr-defined]
     sys.modules.update({"torch": torch, "torch.cuda": cuda, "torch.optim": optim, "torch.optim.optimizer": optimizer})
     return torch

@@ -112,7 +112,8 @@ def history_gpt(cfg: dict[str, Any], dev: Device) -> None:
         times.append(trainer.step())
         steps.append(counters())
     hooks = torch_hooks(rec)
-    truth = {"steps": steps, "after_init": after_init, "step_s": statistics.median(times), "batch": trainer.batch}
+    truth = {"steps": steps, "after_init": after_init, "step_s": statistics.median(times), "batch": trainer.batch,
+             "inductor_imported_by": dev.inductor_imported_by()}
     if hooks is not None:
         hooks.drain()
         truth["drains"], truth["drained"], truth["drain_s"] = hooks.history_drains, hooks.history_events, \
@@ -151,6 +152,7 @@ def gpu_leak(cfg: dict[str, Any], dev: Device) -> None:
     torch = dev.torch
     arm(cfg, sample_interval=0.1, allocations=True, allocator_history=True)
     dev.init()
+    optimizer = dev.optimizer()  # a training job's: the history is drained once the job has loaded its modules
     kept = []
     for i in range(cfg["steps"]):
         blackbox.step(i)
@@ -158,7 +160,9 @@ def gpu_leak(cfg: dict[str, Any], dev: Device) -> None:
         kept.append(torch.empty(cfg["leak"], dtype=torch.uint8, device="cuda"))  # planted GPU leak
         del scratch
         time.sleep(0.02)
-    write_truth(cfg, {"leaked": len(kept) * cfg["leak"], "allocated": dev.stats().get("allocated_bytes.all.current")})
+    del optimizer
+    write_truth(cfg, {"leaked": len(kept) * cfg["leak"], "allocated": dev.stats().get("allocated_bytes.all.current"),
+                      "inductor_imported_by": dev.inductor_imported_by()})  # fmt: skip
     time.sleep(cfg["settle"])  # drains and sampler ticks: the history's entries reach the ring
     Path(cfg["ready"]).write_text("ready")
     while True:

@@ -19,7 +19,7 @@ MiB, GiB = 1 << 20, 1 << 30
 # What each job is given: on a GPU, sized for an 80-141 GiB device; on the fake one (8 GiB), a quarter.
 SIZES: dict[bool, dict[str, Any]] = {
     False: {"chunk": GiB, "segment": 2 * GiB, "piece": 256 * MiB, "leak": 64 * MiB, "scratch": 16 * MiB,
-            "leak_steps": 30, "history_steps": 300, "batch": 8, "cost_rounds": 8, "cost_steps": 15,
+            "leak_steps": 30, "history_steps": 300, "batch": 8, "cost_rounds": 12, "cost_steps": 12,
             "warmup": 10, "settle_steps": 5, "target_ms": [25, 50]},
     True: {"chunk": 256 * MiB, "segment": 512 * MiB, "piece": 64 * MiB, "leak": 16 * MiB, "scratch": 4 * MiB,
            "leak_steps": 30, "history_steps": 120, "batch": 8, "cost_rounds": 3, "cost_steps": 8,
