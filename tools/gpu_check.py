@@ -164,7 +164,8 @@ def run_all(args: argparse.Namespace) -> int:
         if left < MIN_LEFT_S:
             entry.update(ok=False, error=f"not run: {left:.0f} s of the {args.budget:.0f} s budget left")
         else:
-            entry.update(_run_child(name, args, scratch, min(float(seconds), left)))
+            cap = args.check_timeout if args.check_timeout is not None else float(seconds)
+            entry.update(_run_child(name, args, scratch, min(float(seconds), cap, left)))
         report["checks"].append(entry)
         print(f"gpu_check: {name}: {'held' if entry.get('ok') else 'FAILED'} ({entry.get('seconds', 0):.1f} s)"
               + (f": {entry['error']}" if entry.get("error") else ""), flush=True)  # fmt: skip
@@ -185,7 +186,7 @@ def _run_child(name: str, args: argparse.Namespace, scratch: Path, seconds: floa
     t = time.monotonic()
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        output, _ = proc.communicate(timeout=seconds + 10)
+        output, _ = proc.communicate(timeout=seconds + 5)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
@@ -238,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="a fake CUDA device on the CPU: the same jobs and checks")
     p.add_argument("--only", help="a comma-separated list of checks: " + ",".join(c[0] for c in CHECKS))
     p.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for all checks (default %(default)s)")
+    p.add_argument("--check-timeout", type=float, help="seconds at most for each check (default: its own, 100-240)")
     p.add_argument("--scratch", help="where the rings and bundles go (default: a temporary folder, removed)")
     p.add_argument("--keep", action="store_true", help="keep the temporary scratch folder")
     p.add_argument("--label", help="what to call this checkout in the report (default: git's short hash)")

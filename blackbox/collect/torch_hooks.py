@@ -26,7 +26,10 @@ next tick:
   (https://pytorch.org/memory_viz). PyTorch keeps the history in a ring of its
   own: actions that fall out of it between two drains are lost, and counted
   (PyTorch's own counters of allocations, frees and segments, read before each
-  drain, against the actions drained) into a note whose value is the total;
+  drain, against the actions drained) into a note whose value is the total.
+  The history is read only while no module is being imported and once the job
+  has loaded torch._inductor (``snapshot_safe``: reading its frames imports
+  that module otherwise, seconds, in the reading thread);
 - one note where the allocator is not the default one: another backend
   (``cudaMallocAsync``: polling only) or expandable segments (an OOM then is
   not fragmentation in the caching allocator's sense).

@@ -159,7 +159,7 @@ def check_snapshot(ctx: Ctx) -> dict[str, Any]:
 def check_sigkill(ctx: Ctx) -> dict[str, Any]:
     interval = 0.1
     cfg = ctx.cfg("sigkill", interval=interval, batch=ctx.sizes["batch"])
-    after = random.uniform(1.0, 2.0)
+    after = random.uniform(*ctx.sizes["kill_after"])
     job, killed_at = kill_when_ready(ctx, "sigkill", cfg, timeout=150, after=after)
     if killed_at is None:
         raise CheckError(f"the job never got ready (exit {job.returncode}): {job.tail()}")
@@ -200,7 +200,7 @@ def planted_line() -> int:
 
 def check_gpu_leak(ctx: Ctx) -> dict[str, Any]:
     s = ctx.sizes
-    cfg = ctx.cfg("gpu_leak", steps=s["leak_steps"], leak=s["leak"], scratch=s["scratch"], settle=2.5)
+    cfg = ctx.cfg("gpu_leak", steps=s["leak_steps"], leak=s["leak"], scratch=s["scratch"], settle=s["leak_settle_s"])
     job, killed_at = kill_when_ready(ctx, "gpu_leak", cfg, timeout=150)
     if killed_at is None:
         raise CheckError(f"the job never got ready (exit {job.returncode}): {job.tail()}")

@@ -240,11 +240,6 @@ def _snapshot() -> dict[str, Any]:
     return {"segments": segments, "device_traces": [list(ALLOCATOR.history or [])]}
 
 
-def _require_init() -> None:
-    if not STATE["initialised"]:
-        raise RuntimeError("fake CUDA: not initialised")
-
-
 def install() -> types.ModuleType:
     """Put the fake torch (and its submodules) in ``sys.modules``."""
     torch = types.ModuleType("torch")
@@ -276,8 +271,7 @@ def install() -> types.ModuleType:
     torch.version = types.SimpleNamespace(hip=None, cuda="13.0", __version__="fake")  # type: ignore[attr-defined]
     torch.__version__ = "0.0+fake"  # type: ignore[attr-defined]
 
-    def stats(device: int) -> dict[str, Any]:
-        _require_init()
+    def stats(device: int) -> dict[str, Any]:  # answers inside the initialisation too, as torch's does
         return ALLOCATOR.nested_stats()
 
     torch._C = types.SimpleNamespace(  # type: ignore[attr-defined]

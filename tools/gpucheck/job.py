@@ -197,8 +197,8 @@ def cost(cfg: dict[str, Any], dev: Device) -> None:
             kw = configs[name]
             if kw is not None:
                 blackbox.arm(cfg["ring"], capacity=1 << 16, **kw)
-            settled, t0 = 0, time.monotonic()  # collectors attach at the sampler's first ticks: half a second
-            while time.monotonic() - t0 < 0.5 or settled < cfg["settle_steps"]:
+            settled, t0 = 0, time.monotonic()  # collectors attach at the sampler's first ticks
+            while time.monotonic() - t0 < cfg["settle_s"] or settled < cfg["settle_steps"]:
                 trainer.step()
                 settled += 1
             blocks[name].append(statistics.median(trainer.step() for _ in range(cfg["steps"])))

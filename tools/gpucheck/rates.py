@@ -92,7 +92,8 @@ def check_history(ctx: Ctx) -> dict[str, Any]:
 def check_cost(ctx: Ctx) -> dict[str, Any]:
     s = ctx.sizes
     cfg = ctx.cfg("cost", batch=s["batch"], warmup=s["warmup"], rounds=s["cost_rounds"], steps=s["cost_steps"],
-                  settle_steps=s["settle_steps"], target_ms=s["target_ms"], configs=COST_CONFIGS)  # fmt: skip
+                  settle_steps=s["settle_steps"], settle_s=s["settle_s"], target_ms=s["target_ms"],
+                  configs=COST_CONFIGS)  # fmt: skip
     job = run_job(ctx, "cost", cfg, timeout=300)
     if job.returncode != 0:
         raise CheckError(f"the cost job failed (exit {job.returncode}): {job.tail()}")

@@ -20,10 +20,12 @@ MiB, GiB = 1 << 20, 1 << 30
 SIZES: dict[bool, dict[str, Any]] = {
     False: {"chunk": GiB, "segment": 2 * GiB, "piece": 256 * MiB, "leak": 64 * MiB, "scratch": 16 * MiB,
             "leak_steps": 30, "history_steps": 300, "batch": 8, "cost_rounds": 12, "cost_steps": 12,
-            "warmup": 10, "settle_steps": 5, "target_ms": [25, 50]},
+            "warmup": 10, "settle_steps": 5, "settle_s": 0.5, "target_ms": [25, 50], "kill_after": [1.0, 2.0],
+            "leak_settle_s": 2.5},
     True: {"chunk": 256 * MiB, "segment": 512 * MiB, "piece": 64 * MiB, "leak": 16 * MiB, "scratch": 4 * MiB,
            "leak_steps": 30, "history_steps": 120, "batch": 8, "cost_rounds": 3, "cost_steps": 8,
-           "warmup": 2, "settle_steps": 2, "target_ms": [0, 1e9]},
+           "warmup": 2, "settle_steps": 2, "settle_s": 0.15, "target_ms": [0, 1e9], "kill_after": [0.3, 0.6],
+           "leak_settle_s": 1.4},
 }  # fmt: skip
 
 
