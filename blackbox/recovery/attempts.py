@@ -8,8 +8,11 @@ large job start over minutes and die one after another, and are still one run):
 
 1. a different job id (``job``: Slurm's job id, torchrun's run id, ``blackbox
    run``'s run id) is a different job. A ring without one joins the job that was
-   running when it started (a launcher's own process under ``blackbox run --
-   torchrun``), else the rings without an id are one job;
+   running when it started, else the rings without an id are one job. A
+   launcher of ranks (a ring without a rank whose children on its host are
+   ranks: torchrun's agent, which under ``blackbox run -- torchrun`` has the
+   run's id, its ranks torchrun's) joins its ranks' job, and the attempt
+   running when it ended;
 2. within a job, the launcher's restart count (``attempt``) changing is a new
    attempt;
 3. a process that already has a ring in the attempt starting again after that
@@ -34,6 +37,11 @@ name where the sender is a known one, else None: a parent may be ``blackbox
 run`` passing on a signal whose sender it did not record, and it is never named
 as the sender), and is never the first death nor counted among the deaths.
 
+A hang (``hang.attempt_hang``): where ranks stalled in a collective, or died of its timeout, while
+another stalled outside any, that stuck rank is the first death whatever signal landed first, and every
+other death of the attempt (the ranks that waited, the launcher the end's signal passed through) is
+collateral of it, ``by`` the launcher or what ended the job (``timeout``).
+
 A ring telling of a child's death that the child's own ring tells too (a launcher's ring, of the
 kernel's OOM kill of its rank) is never the first death: the child's ring is.
 """
@@ -43,6 +51,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._times import epoch_ns
+from .hang import attempt_hang
 
 # Launchers that tear a job's other processes down when one fails, by their command (as a signal's sender
 # records it) -> the name said: torchrun's agent names its main thread pt_elastic, which /proc shows.
@@ -53,10 +62,11 @@ LAUNCHERS = {
     "torch.distributed.launch": "torchrun",
     "slurmstepd": "slurmstepd",
 }
+ENDERS = ("timeout", "scancel", "srun", "slurmd", "kubelet")  # what ends a hung job from outside, by name
 SLIM = ("rank", "host", "pid", "ppid", "role", "job", "attempt", "started_at", "last_event_at", "last_step",
         "clock_error_s")  # fmt: skip
 DEFAULT_CLOCK_ERROR_S = 0.1  # assumed where a host's time service did not say how far off its clock may be
-SLIM_DEATH = ("cause", "confidence", "headline", "victim", "time", "step")
+SLIM_DEATH = ("cause", "confidence", "headline", "victim", "time", "step", "hang")
 SLIM_KILLER = ("signal", "sender", "sender_pid", "time")
 
 
@@ -97,11 +107,29 @@ def _slot(m: dict[str, Any]) -> tuple[Any, ...] | None:
     return ("main", m.get("host")) if _job(m) is None else None
 
 
+def _launched(rings: list[dict[str, Any]]) -> dict[int, str]:
+    """The rings of launchers (a process without a rank whose children on its host are ranks: torchrun's
+    agent) -> the job id of those ranks, where the launcher's own differs (`blackbox run -- torchrun`
+    gives the agent its run's id, the ranks torchrun's)."""
+    parents = {(m.get("host"), m.get("ppid")): _job(m) for m in rings if _job(m) is not None and _ranked(m)}
+    out = {}
+    for m in rings:
+        job = parents.get((m.get("host"), m.get("pid"))) if not _ranked(m) and m.get("pid") is not None else None
+        if job is not None and job != _job(m):
+            out[id(m)] = job
+    return out
+
+
+def _ranked(m: dict[str, Any]) -> bool:
+    return isinstance(m.get("rank"), int) and not isinstance(m.get("rank"), bool)
+
+
 def group_jobs(rings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """The rings of each job, the one that started first first (rule 1 of the module docstring)."""
     named: dict[str, list[dict[str, Any]]] = {}
+    launched = _launched(rings)
     for m in rings:
-        job = _job(m)
+        job = launched.get(id(m), _job(m))
         if job is not None:
             named.setdefault(job, []).append(m)
     spans = {}
@@ -110,7 +138,7 @@ def group_jobs(rings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
         if dated:
             spans[job] = (min(s for s, _ in dated), max(e for _, e in dated))
     anonymous = []
-    for m in (m for m in rings if _job(m) is None):
+    for m in (m for m in rings if _job(m) is None and id(m) not in launched):
         at = _span(m)[0]
         running = [j for j, (s, e) in spans.items() if at and s <= at <= e]
         if running:
@@ -131,7 +159,9 @@ class _Attempt:
 def _attempts_of_job(rings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """Rules 2 and 3 of the module docstring, over one job's rings."""
     attempts: list[_Attempt] = []
-    for m in sorted((m for m in rings if m.get("started_at")), key=_span):
+    parents = {(r.get("host"), r.get("ppid")) for r in rings if _ranked(r)}
+    launchers = {id(m) for m in rings if not _ranked(m) and (m.get("host"), m.get("pid")) in parents}
+    for m in sorted((m for m in rings if m.get("started_at") and id(m) not in launchers), key=_span):
         start, end = _span(m)
         count, slot = _count(m), _slot(m)
         current = attempts[-1] if attempts else None
@@ -147,8 +177,9 @@ def _attempts_of_job(rings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
         if slot is not None:
             current.ended[slot] = max(end, current.ended.get(slot, ""))
     # a ring whose start is unknown (a damaged or edited field) opens no attempt of its own: it joins the
-    # attempt that had begun when it last wrote (the first, if none had; the last, with no time at all)
-    for m in (m for m in rings if not m.get("started_at")):
+    # attempt that had begun when it last wrote (the first, if none had; the last, with no time at all); so
+    # does a launcher of ranks (torchrun's agent), whose end is in the attempt running when it ended
+    for m in (m for m in rings if not m.get("started_at") or id(m) in launchers):
         if not attempts:
             attempts.append(_Attempt(_count(m), ""))
         pool = [a for a in attempts if a.count == _count(m)] or attempts
@@ -163,8 +194,10 @@ def group_attempts(rings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 
 def job_of(group: list[dict[str, Any]]) -> str | None:
-    """The job id of an attempt's rings (rings without one may have joined it)."""
-    return next((j for j in map(_job, group) if j is not None), None)
+    """The job id of an attempt's rings (rings without one, or a launcher with its own, may have joined it):
+    its ranks' where it has ranks."""
+    ranked = (_job(m) for m in group if _ranked(m))
+    return next((j for j in ranked if j is not None), None) or next((j for j in map(_job, group) if j), None)
 
 
 def _teardown(m: dict[str, Any]) -> dict[str, Any] | None:
@@ -217,12 +250,23 @@ def _told_by_its_own(m: dict[str, Any], dead: list[dict[str, Any]]) -> bool:
     return any(o is not m and o.get("pid") == victim and o.get("host") == m.get("host") for o in dead)
 
 
-def deaths(group: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """An attempt's first death (None: none) and its collateral rings (see the module docstring). Marks
+def deaths(
+    group: list[dict[str, Any]],
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]], dict[str, Any] | None]:
+    """An attempt's first death (None: none), its collateral rings (see the module docstring), and its hang
+    (``hang.attempt_hang``: the stuck rank is then the first death, its waiters collateral). Marks
     each collateral ring's slim death with ``collateral_of``. A ring telling of a child's death that the
     child's own ring tells too (a launcher's, of its rank's kernel OOM kill) is never the first death:
     both carry the kernel's one stamp, and which converts it to the earlier time is their clocks' rounding."""
     dead = [m for m in group if m["death"].get("cause") != "clean_exit" and m["death"].get("time")]
+    hung = attempt_hang(dead)
+    if hung is not None:  # a hang: the stuck rank first, whatever signal landed first; its waiters collateral
+        stuck, waiters, info = hung
+        for m in waiters:  # stopped by their launcher, or, for that launcher itself, by what ended the job
+            sender = str((m["death"].get("killed_by") or {}).get("sender") or "")
+            by = LAUNCHERS.get(sender) or (sender if sender in ENDERS else None)
+            m["death"]["collateral_of"] = _who(stuck) | {"by": by}
+        return stuck, waiters, info
     when = {id(m): _when(m) for m in dead}
     torn = {id(m): k for m in dead if (k := _teardown(m)) is not None}
     told = {id(m) for m in dead if _told_by_its_own(m, dead)}
@@ -236,7 +280,7 @@ def deaths(group: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[dic
     first = min(rest, key=lambda m: when[id(m)]) if rest else None
     for m in collateral:
         m["death"]["collateral_of"] = _who(first or {}) | {"by": LAUNCHERS.get(torn[id(m)].get("sender") or "")}
-    return first, collateral
+    return first, collateral, None
 
 
 def attempt_metadata(groups: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -248,7 +292,7 @@ def attempt_metadata(groups: list[list[dict[str, Any]]]) -> list[dict[str, Any]]
     for group in groups:
         job = job_of(group)
         n = out[-1]["attempt"] + 1 if out and out[-1]["job"] == job else 1
-        first, collateral = deaths(group)
+        first, collateral, hang = deaths(group)
         dead = sum(1 for m in group if m["death"].get("cause") != "clean_exit" and m["death"].get("time"))
         steps = [m["last_step"] for m in group if m.get("last_step") is not None]
         spans = [_span(m) for m in group]
@@ -264,6 +308,7 @@ def attempt_metadata(groups: list[list[dict[str, Any]]]) -> list[dict[str, Any]]
             "first_death": _first_death(first),
             "deaths": dead - len(collateral),
             "collateral": len(collateral),
+            **({"hang": hang} if hang is not None else {}),
         })  # fmt: skip
     return out
 

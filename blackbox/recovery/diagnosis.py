@@ -56,13 +56,14 @@ from .allocs import site_of
 from .crash import crash_signal, crashing_stack, innermost_first, short_frame
 from .evidence import Evidence, KernelKill
 from .facts import Facts, facts
+from .hang import with_hang
 from .kinds import of_kind
 from .levers import analysis
 from .slurm import SENDERS as SLURM_SENDERS
 from .timeline import iso_ns
 
 CAUSES = ("clean_exit", "nonzero_exit", "interrupted", "exception", "oom_exception", "host_oom_kill",
-          "userspace_oom_kill", "killed", "signal", "unknown")  # fmt: skip
+          "userspace_oom_kill", "killed", "signal", "hang", "unknown")  # fmt: skip
 CONFIDENCE = ("certain", "strong", "probable", "unknown")
 NEAR_LIMIT = 0.95
 OOM_DAEMONS = ("earlyoom", "systemd-oomd", "oomd", "nohang", "low-memory-mon")
@@ -94,7 +95,8 @@ def diagnose(table: pa.Table, clean: bool, ev: Evidence, meta: dict[str, Any]) -
         lever = EXPANDABLE_ON
         gpu["levers"] = [lever]
         result["levers"] = [lever, *(x for x in result["levers"] if "expandable_segments" not in x)]
-    return result
+    ranked = isinstance(ident.get("world_size"), int) and ident["world_size"] > 1
+    return with_hang(result, table, ranked, crashed=d.crash is not None)
 
 
 EXPANDABLE_ON = ("expandable_segments is already on: the cached bytes were pages inside the growing segment "
@@ -378,6 +380,8 @@ class _Death:
         self.evidence.append(f"{s['label']}{who}{self._role(s)} at {s['time']} was {s['detail'] or 'handled'}, "
                              "and the job then ended by itself (a graceful shutdown)")  # fmt: skip
         self.handled = s
+        if self.cause == "exception" and self.killed_by is None:  # its handler raised (torchrun's agent does)
+            self.killed_by = _sender(s)
 
     # ---------------------------------------------------------------- helpers
     def _at_slurm_limit(self) -> str | None:

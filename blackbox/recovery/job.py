@@ -219,7 +219,7 @@ MAX_RANKS_DECODED = 64 << 20  # a ranks table's columns once decoded (25,000 rin
 GAUGES = ("host_rss", "cgroup_usage", "gpu_allocated", "gpu_reserved")
 # The longest text kept of each field read from a bundle, once escaped: the job's account holds a few
 # fields per ring of every bundle, and names longer than these are not names.
-TEXT_LIMITS = {"host": 256, "role": 64, "cause": 64, "confidence": 64, "headline": 1024, "ring": 1024}
+TEXT_LIMITS = {"host": 256, "role": 64, "cause": 64, "confidence": 64, "headline": 1024, "ring": 1024, "stack": 4096}
 
 
 def _text(v: Any, limit: int = 64) -> str | None:
@@ -274,6 +274,7 @@ def _slim(m: dict[str, Any], at: tuple[int, int]) -> dict[str, Any]:
         if victim
         else None,
         "killed_by": _killer(d.get("killed_by")),
+        "hang": _stall(d.get("hang")),
     }
     return {
         "host": _text(m.get("host"), TEXT_LIMITS["host"]),
@@ -304,6 +305,17 @@ def _killer(v: Any) -> dict[str, Any] | None:
         return None
     return {"signal": _text(v.get("signal")), "sender": _text(v.get("sender")), "sender_pid": _int(v.get("sender_pid")),
             "time": _time(v.get("time"))}  # fmt: skip
+
+
+def _stall(v: Any) -> dict[str, Any] | None:
+    """A ring's stall before its end (``death.hang``), each field checked for its type."""
+    if not isinstance(v, dict):
+        return None
+    collective = _text(v.get("collective"), 256)  # a waiter's stack is not shown: not kept for each of many ranks
+    return {"since": _time(v.get("since")), "step": _int(v.get("step")), "stalled_s": _float(v.get("stalled_s")),
+            "step_s": _float(v.get("step_s")), "site": _text(v.get("site"), TEXT_LIMITS["ring"]),
+            "stack": None if collective else _text(v.get("stack"), TEXT_LIMITS["stack"]), "collective": collective,
+            "timed_out": _text(v.get("timed_out"), 300)}  # fmt: skip
 
 
 def _rings_of(meta: dict[str, Any], where: Place) -> list[dict[str, Any]]:

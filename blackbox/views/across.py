@@ -13,7 +13,8 @@ from typing import Any
 
 from .._times import epoch_ns
 from .._units import human_bytes
-from ..recovery.attempts import group_attempts
+from ..recovery.attempts import LAUNCHERS, group_attempts
+from ..recovery.crash import short_frame
 
 DEFAULT_CLOCK_ERROR_S = 0.1  # assumed where a host's time service did not say how far off it may be
 MAX_GROUPS = 12
@@ -120,7 +121,7 @@ ENDED = {
     "killed": "killed", "host_oom_kill": "killed by the kernel's OOM killer",
     "userspace_oom_kill": "killed by a userspace OOM killer", "signal": "ended by a signal",
     "interrupted": "interrupted", "exception": "died of an uncaught exception",
-    "oom_exception": "died of an out-of-memory exception", "nonzero_exit": "exited with an error",
+    "oom_exception": "died of an out-of-memory exception", "nonzero_exit": "exited with an error", "hang": "hung",
 }  # fmt: skip
 MAX_NAMED = 6  # ranks (or ranges of ranks) named in one list
 
@@ -156,8 +157,8 @@ def _torn_down_sentence(first: dict[str, Any], rows: list[dict[str, Any]], torn:
     parts = [f"{_short(first)} {ENDED.get(first['cause'], first['cause'])}"]
     by: dict[str, list[dict[str, Any]]] = {}
     for r in torn:
-        by.setdefault(r.get("stopped_by") or "the launcher", []).append(r)
-    parts += [f"{_named(members)} stopped by {sender} after {_short(first)} died" for sender, members in by.items()]
+        by.setdefault(_after_first(first, r), []).append(r)
+    parts += [f"{_named(members)} {after}" for after, members in by.items()]
     me = (first.get("host"), first.get("pid"))
     dead = [r for r in rows if r.get("collateral_of") is None and r.get("cause") not in ("clean_exit", None)]
     others = sum(1 for r in dead if (r.get("host"), r.get("pid")) != me)
@@ -170,12 +171,24 @@ def _torn_down_sentence(first: dict[str, Any], rows: list[dict[str, Any]], torn:
     return f"{len(rows)} {noun}: " + "; ".join(parts) + "."
 
 
+def _after_first(first: dict[str, Any], r: dict[str, Any]) -> str:
+    """How a collateral row ended, after the first death: stopped by its launcher; in a hang, that or its own
+    end while it waited for the stuck rank (a collective's timeout)."""
+    if first.get("cause") != "hang":
+        return f"stopped by {r.get('stopped_by') or 'the launcher'} after {_short(first)} died"
+    if r.get("stopped_by"):
+        return f"stopped by {r['stopped_by']} after {_short(first)} hung"
+    if r.get("rank") is None:  # the launcher: torchrun's agent failing the job
+        return f"ended (`{r.get('cause')}`) after {_short(first)} hung"
+    return f"ended (`{r.get('cause')}`) while waiting for {_short(first)}"
+
+
 def ended_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]]) -> list[str]:
     """The processes grouped by how they ended: count and time spread after the first death."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         if r.get("collateral_of") is not None and first:  # torn down after the first death: not a death of its own
-            key = f"stopped by {r.get('stopped_by') or 'the launcher'} after {_short(first)} died"
+            key = _after_first(first, r)
         else:
             key = f"`{r.get('cause') or 'unknown'}`"
         groups.setdefault(key, []).append(r)
@@ -188,8 +201,8 @@ def ended_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]]) -> lis
                 ("s" if ranks == len(members) else "es"))  # fmt: skip
         times = [t for t in (_t(m.get("death_time")) for m in members) if t is not None]
         text = f"- {len(members)} {noun} {cause}"
-        if cause.startswith("stopped by"):
-            within = f", within {_seconds(max(times) - t0)}" if times and t0 is not None else ""
+        if cause.startswith(("stopped by", "ended (")):
+            within = f", within {_seconds(max(times) - t0)}" if times and t0 is not None and max(times) >= t0 else ""
             lines.append(f"{text}{within}: {_named(members)} (collateral, not counted as deaths)")
             continue
         if times and t0 is not None and cause != "`clean_exit`":
@@ -206,6 +219,55 @@ def ended_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]]) -> lis
             f"- {sum(len(m) for _, m in ordered[MAX_GROUPS:])} more in {len(ordered) - MAX_GROUPS} other causes"
         )
     return [*lines, ""]
+
+
+def _frames(stack: Any, shown: int = 4) -> str:
+    frames = str(stack).split(";") if stack else []
+    text = " ← ".join(f"`{short_frame(f)}`" for f in reversed(frames[-shown:]))
+    return text + (" ← …" if len(frames) > shown else "")
+
+
+def hang_lines(hang: dict[str, Any] | None) -> list[str]:
+    """An attempt's hang (``recovery.hang.attempt_hang``): the stuck rank, how long and where; the ranks that
+    waited for it and where; the signals that ended it, first sent first."""
+    if not hang or not hang.get("stuck"):
+        return []
+    stuck = hang["stuck"]
+    first = stuck[0]
+    who = _named(stuck) + (f" (of {hang['stuck_count']})" if hang.get("stuck_count", 0) > len(stuck) else "")
+    step_s = f"; its steps took {hang['step_s']:.3g} s" if isinstance(hang.get("step_s"), (int, float)) else ""
+    where = f"stuck in {_frames(first['stack'])}" if first.get("stack") else "with no stack sampled"
+    lines = [f"**A hang:** {who} made no progress for {_secs(first.get('stalled_s'))} before the end (since step "
+             f"{_step(first.get('step'))} at {first.get('since')}{step_s}), {where}."]  # fmt: skip
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for w in hang.get("waited") or []:
+        groups.setdefault("timed out" if w.get("timed_out") else f"in {w.get('collective')}", []).append(w)
+    more = hang.get("waited_count", 0) - len(hang.get("waited") or [])
+    for how, members in groups.items():
+        told = f" ({members[0]['timed_out']})" if how == "timed out" else ""
+        lines.append(f"- {_named(members)} waited for it from step {_step(members[0].get('step'))}, "
+                     + (f"then timed out{told}" if told else how))  # fmt: skip
+    if more > 0:
+        lines.append(f"- {more} more waited (metadata.json: attempts[].hang)")
+    chain = hang.get("chain") or []
+    for i, link in enumerate(chain):
+        to = link.get("to") or []
+        after = chain[i + 1] if i + 1 < len(chain) else None
+        if after is not None and len(to) == 1 and to[0].get("pid") == after.get("sender_pid"):
+            named = f"{_sender(after)} (pid {after.get('sender_pid')})"  # the launcher the next signal came from
+        else:
+            named = _named(to) + (f" (of {link['to_count']})" if link.get("to_count", 0) > len(to) else "")
+        lines.append(f"- then {_sender(link)} (pid {link.get('sender_pid')}) sent {link.get('signal')} to {named} "
+                     f"at {link.get('time')}")  # fmt: skip
+    return [*lines, ""]
+
+
+def _sender(link: dict[str, Any]) -> str:
+    return str(LAUNCHERS.get(str(link.get("sender")), link.get("sender")) or "an unknown sender")
+
+
+def _secs(v: Any) -> str:
+    return _seconds(float(v)) if isinstance(v, (int, float)) else "?"
 
 
 HIGH = 1.2  # a peak or a step time this many times the median is an outlier
@@ -255,6 +317,7 @@ def across_lines(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
         "## First death",
         "",
         *first_death_lines(first, rows),
+        *hang_lines((attempts[-1] if attempts else {}).get("hang")),
         *ended_lines(first, rows),
         *outlier_lines(rows),
         "One row per process, with its peaks and last step: `ranks.parquet`.",

@@ -37,6 +37,7 @@ CAUSE_TEXT = {
     "userspace_oom_kill": "a userspace OOM killer (earlyoom, systemd-oomd)",
     "killed": "killed (SIGKILL, no handler ran)",
     "signal": "a signal",
+    "hang": "a hang: no progress for a long time, then ended from outside",
     "unknown": "unknown",
 }
 

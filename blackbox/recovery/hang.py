@@ -1,0 +1,223 @@
+"""Hangs: a process that made no progress for a long time before it ended, and, across an attempt's ranks,
+the rank that was stuck while the others waited for it in a collective.
+
+Pure functions. ``stall`` reads one ring's timeline: how long before its death its last step came, against
+its own step time, and what its main thread was doing since (its stack samples). A stall is kept
+(``death.hang``) when it is at least ``HANG_FACTOR`` times the median of the last ``STEPS_SEEN`` step
+intervals, longer than any of them, and at least ``HANG_MIN_S``; a death by a signal or SIGKILL after such
+a stall is a ``hang`` (``with_hang``). A stall is *in a collective* when that stack is inside one
+(``torch.distributed``, DeepSpeed's comm, DDP), or, for a rank of several, inside ``backward`` (where
+DDP all-reduces the gradients); else the process was *stuck* where its stack says.
+
+``attempt_hang`` reads an attempt's dead rings (their slim metadata): where some stalled in a collective, or
+died of its timeout (gloo's "Timed out waiting", NCCL's watchdog "Watchdog caught collective operation
+timeout", a SIGABRT from that watchdog), while others stalled outside any (stuck), the stuck rank whose
+stall began first is the attempt's first death, whatever signal landed first; the ranks that waited, and
+the launcher that the end's signal passed through, are collateral of it. The chain of senders (``timeout``
+-> torchrun's agent -> the ranks) is read from the signals each ring recorded.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .._times import epoch_ns
+from .allocs import site_of
+from .crash import innermost_first, short_frame
+from .kinds import of_kind
+from .timeline import iso_ns
+
+HANG_FACTOR = 10.0  # a stall this many times the job's own step time (the median of its last steps)...
+HANG_MIN_S = 2.0  # ...and at least this long (and longer than any of those steps) is no progress
+STEPS_SEEN = 50  # the step intervals the step time is taken from: the last ones
+_COLLECTIVE = re.compile(r"/torch/distributed/(?!elastic/)|/deepspeed/comm/|/torch/nn/parallel/distributed\.py")
+_C10D = re.compile(r"/torch/distributed/distributed_c10d\.py")
+_BACKWARD = re.compile(r"/torch/autograd/|/torch/_tensor\.py")
+# an exception that is a collective's timeout: gloo's, NCCL's watchdog, the c10d store's
+TIMEOUT = re.compile(r"Timed out waiting|Watchdog caught collective operation timeout|collective operation timeout|"
+                     r"DistBackendError.*[Tt]imeout|[Ss]ocket [Tt]imeout")  # fmt: skip
+SHOWN = 20  # ranks listed by name in an attempt's hang (the rest counted)
+
+
+def collective_of(stack: str | None, ranked: bool) -> str | None:
+    """The collective a folded stack waits in (``all_reduce``, ``barrier``...; ``backward (where DDP
+    all-reduces the gradients)`` for a rank of several in autograd), None where it is in none."""
+    if not stack:
+        return None
+    frames = stack.split(";")
+    for frame in reversed(frames):
+        if _C10D.search(frame):
+            return frame.rpartition(" (")[0]
+    for frame in reversed(frames):
+        if _COLLECTIVE.search(frame):
+            return short_frame(frame)
+    if ranked and any(_BACKWARD.search(f) for f in frames):
+        return "backward (where DDP all-reduces the gradients)"
+    return None
+
+
+def stall(table: pa.Table, end_ns: int, ranked: bool) -> dict[str, Any] | None:
+    """The ring's stall before ``end_ns`` (its death, UTC ns), where it is one (module docstring): ``since``
+    (the last step's time), ``step``, ``stalled_s``, ``step_s`` (the median step time), ``longest_s`` (the
+    longest of those steps), ``stack`` (the main thread's most sampled stack since, folded), ``share`` and
+    ``samples`` (of its samples since), ``site`` (that stack's innermost frame of the job's own code) and
+    ``collective`` (what it waited in, or null). None: no stall, or fewer than two steps to time."""
+    steps = of_kind(table, "step", columns=["time", "step"])
+    if steps.num_rows < 3:
+        return None
+    times = steps["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
+    gaps = np.diff(times[-(STEPS_SEEN + 1) :]) / 1e9
+    step_s, longest, last = float(np.median(gaps)), float(gaps.max()), int(times[-1])
+    stalled = (end_ns - last) / 1e9
+    if stalled < max(HANG_FACTOR * step_s, HANG_MIN_S) or stalled <= longest:
+        return None
+    stack, share, count = _stack_since(table, last, end_ns)
+    return {"since": iso_ns(last), "step": steps["step"][-1].as_py(), "stalled_s": round(stalled, 3),
+            "step_s": round(step_s, 6), "longest_s": round(longest, 6), "stack": stack, "share": share,
+            "samples": count, "site": site_of(stack) if stack else None,
+            "collective": collective_of(stack, ranked)}  # fmt: skip
+
+
+def _stack_since(table: pa.Table, since_ns: int, end_ns: int) -> tuple[str | None, float | None, int]:
+    """The main thread's most sampled stack after ``since_ns`` (to ``end_ns``), its share, and the samples."""
+    rows = of_kind(table, "stack_sample", columns=["time", "label", "detail"])
+    t = rows["time"].cast(pa.int64())
+    rows = rows.filter(pc.and_(pc.greater(t, since_ns), pc.less_equal(t, end_ns)))
+    main = rows.filter(pc.equal(rows["label"].cast(pa.string()), "MainThread"))
+    details = (main if main.num_rows else rows)["detail"].cast(pa.string()).drop_null()
+    if not len(details):
+        return None, None, 0
+    counts = pc.value_counts(details)
+    n = counts.field("counts").to_numpy(zero_copy_only=False)
+    i = int(np.argmax(n))
+    return str(counts.field("values")[i].as_py()), round(float(n[i]) / len(details), 4), len(details)
+
+
+def with_hang(death: dict[str, Any], table: pa.Table, ranked: bool, crashed: bool) -> dict[str, Any]:
+    """``death`` with its ``hang`` where the ring stalled before it; a death by a signal from outside or
+    SIGKILL after the stall (never a native crash: a watchdog's abort is the wait ending) becomes ``hang``."""
+    end = epoch_ns(death.get("time"))
+    if end is None or death.get("cause") not in ("signal", "killed", "exception", "interrupted"):
+        return death
+    st = stall(table, end, ranked)
+    if st is None:
+        return death
+    told = next((e for e in death.get("evidence", []) if TIMEOUT.search(str(e))), None)
+    if death["cause"] == "exception" and told is not None:  # the collective's own timeout ended its wait
+        st["timed_out"] = str(told).split(": ", 1)[-1][:300] if str(told).startswith("uncaught") else str(told)[:300]
+    elif crashed and st["collective"] and "SIGABRT" in str(death.get("headline")):
+        st["timed_out"] = "SIGABRT while it waited in a collective (NCCL's watchdog aborts a rank whose collective " \
+                          "timed out)"
+    out = {**death, "hang": st, "evidence": [*death.get("evidence", []), _stall_evidence(st)]}
+    if death["cause"] in ("signal", "killed") and not crashed:
+        out.update(cause="hang", confidence="strong", headline=_headline(death, st))
+    return out
+
+
+def _where(st: dict[str, Any]) -> str:
+    if st.get("collective"):
+        return f"waiting in {st['collective']}"
+    return f"stuck in {short_frame(st['site'])}" if st.get("site") else "where no stack was sampled"
+
+
+def _stall_evidence(st: dict[str, Any]) -> str:
+    seen = (f"; {100 * st['share']:.0f}% of the main thread's {st['samples']} stack samples since were "
+            f"{innermost_first(st['stack'])}") if st.get("stack") else "; no stack was sampled since"  # fmt: skip
+    return (f"no step for {st['stalled_s']:.1f} s before the end (the last, step {st['step']}, at {st['since']}; its "
+            f"steps took {st['step_s']:.3g} s, median of the last {STEPS_SEEN} at most, the longest "
+            f"{st['longest_s']:.3g} s){seen}")  # fmt: skip
+
+
+def _headline(death: dict[str, Any], st: dict[str, Any]) -> str:
+    v = death.get("victim") or {}
+    killer = death.get("killed_by") or {}
+    how = f"{killer['signal']} from {killer['sender']}" if killer.get("sender") else (
+        "SIGKILL" if death["cause"] == "killed" else "a signal")  # fmt: skip
+    return (f"The {v.get('role', 'process')} (pid {v.get('pid')}) hung: no step for {st['stalled_s']:.1f} s (its "
+            f"steps took {st['step_s']:.3g} s), {_where(st)}; then {how} ended it.")  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------ an attempt's hang
+
+
+def _hang(m: dict[str, Any]) -> dict[str, Any] | None:
+    h = m["death"].get("hang")
+    return h if isinstance(h, dict) else None
+
+
+def _timed_out(m: dict[str, Any]) -> bool:
+    return bool((_hang(m) or {}).get("timed_out"))
+
+
+def _who(m: dict[str, Any]) -> dict[str, Any]:
+    return {k: m.get(k) for k in ("rank", "host", "pid")}
+
+
+def _since(m: dict[str, Any]) -> tuple[float, int]:
+    h = _hang(m) or {}
+    at = epoch_ns(h.get("since"))
+    rank = m.get("rank")
+    return (at if at is not None else float("inf")), rank if isinstance(rank, int) else 1 << 31
+
+
+def attempt_hang(dead: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]] | None:
+    """(the stuck ring, the rings that were collateral of it, the attempt's ``hang``), where the attempt's
+    deaths are a hang (module docstring); None where they are not. ``hang``: ``stuck`` and ``waited`` (the
+    first ``SHOWN`` of each: rank, host, pid, and ``since``, ``stalled_s``, ``step``, ``site``, ``stack``;
+    ``collective`` or ``timed_out`` for the waiters), ``stuck_count``, ``waited_count``, ``step_s`` (the
+    stuck rank's step time) and ``chain`` (the signals that ended it, first sent first)."""
+    stalled = [m for m in dead if _hang(m) is not None]
+    stuck = [m for m in stalled if not (_hang(m) or {}).get("collective") and not _timed_out(m)]
+    waited = [m for m in dead if m not in stuck and (_timed_out(m) or (_hang(m) or {}).get("collective"))]
+    if not stuck or not (waited or any(m["death"].get("cause") == "hang" for m in stuck)):
+        return None
+    first = min(stuck, key=_since)
+    if first["death"].get("cause") != "hang" and not waited:
+        return None
+    collateral = [m for m in dead if m is not first and m not in stuck]  # the waiters and the launcher
+    chain = _chain(dead, first)
+    info = {
+        "stuck": [_entry(m) for m in sorted(stuck, key=_since)[:SHOWN]],
+        "stuck_count": len(stuck),
+        "waited": [_entry(m) for m in sorted(waited, key=_since)[:SHOWN]],
+        "waited_count": len(waited),
+        "step_s": (_hang(first) or {}).get("step_s"),
+        "chain": chain,
+    }
+    return first, collateral, info
+
+
+def _entry(m: dict[str, Any]) -> dict[str, Any]:
+    h = _hang(m) or {}
+    out = _who(m) | {k: h.get(k) for k in ("since", "stalled_s", "step", "site", "collective", "timed_out")}
+    return out | {"stack": None if h.get("collective") else h.get("stack")}  # a waiter's stack is its collective
+
+
+def _chain(dead: list[dict[str, Any]], first: dict[str, Any]) -> list[dict[str, Any]]:
+    """The signals that ended the stuck ring, outermost sender first: its own killer, then, where that
+    sender has a ring of its own here (torchrun's agent under `blackbox run`), the signal that ended it."""
+    chain: list[dict[str, Any]] = []
+    ring: dict[str, Any] | None = first
+    seen: set[Any] = set()
+    while ring is not None and id(ring) not in seen:
+        seen.add(id(ring))
+        killer = ring["death"].get("killed_by")
+        if not isinstance(killer, dict) or not killer.get("signal"):
+            break
+        to = [m for m in dead if _killed_by_pid(m, killer.get("sender_pid"), ring.get("host"))] or [ring]
+        chain.insert(0, {"signal": killer.get("signal"), "sender": killer.get("sender"),
+                         "sender_pid": killer.get("sender_pid"), "time": killer.get("time"),
+                         "to": [_who(m) for m in to[:SHOWN]], "to_count": len(to)})  # fmt: skip
+        ring = next((m for m in dead if m.get("pid") == killer.get("sender_pid") and m.get("host") == ring.get("host")),
+                    None)  # fmt: skip
+    return chain
+
+
+def _killed_by_pid(m: dict[str, Any], pid: Any, host: Any) -> bool:
+    killer = m["death"].get("killed_by")
+    return isinstance(killer, dict) and pid is not None and killer.get("sender_pid") == pid and m.get("host") == host

@@ -1,0 +1,240 @@
+"""Hangs, as jobs really hang and are really ended: a rank stuck in its data source while the others wait
+in the all-reduce inside backward, until `timeout` ends torchrun; a single process stuck on a lock, ended
+by `timeout` (SIGTERM) or `timeout -s KILL`. Armed and unarmed side by side; the verdict checked against
+the planted truth: the stuck rank and its stack, the ranks that waited and where, how long, and the chain
+of senders (timeout -> torchrun -> ranks), never the rank whose SIGTERM landed first."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO
+
+ENV = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+STUCK_FOR = 3.0  # seconds the test lets the planted hang last before `timeout` ends it
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+DDP_JOB = """\
+import datetime, os, sys, threading, time
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def wait_for_batch(step, rank):
+    if rank == 1 and step == 20:
+        open(sys.argv[1], "w").close()  # the planted truth: rank 1 is stuck from now on
+        threading.Event().wait()  # its data source never delivers
+    return torch.randn(16, 32)
+
+def main():
+    dist.init_process_group("gloo")  # gloo's default timeout: 30 minutes
+    rank = dist.get_rank()
+    group = None
+    if "PG_TIMEOUT_S" in os.environ:  # a short one for training only, once every rank is up
+        dist.barrier()
+        group = dist.new_group(timeout=datetime.timedelta(seconds=float(os.environ["PG_TIMEOUT_S"])))
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)),
+                process_group=group)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(10**6):
+        x = wait_for_batch(step, rank)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()  # DDP all-reduces the gradients here: ranks 0 and 2 wait in it for rank 1
+        opt.step()
+        os.write(1, f"rank {rank} step {step}\\n".encode())  # one write: the ranks share torchrun's stdout
+        time.sleep(0.02)
+
+main()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _end_when_stuck(jobs: list[tuple[list[str], Path]]) -> list[subprocess.Popen[str]]:
+    """Run each command under `timeout 120`, side by side; once each one's ``stuck`` file appears and
+    STUCK_FOR more seconds pass, SIGALRM makes its `timeout` act as if its time had run out (a shorter run
+    than waiting for it). The `timeout` processes, ended, their output read (``.out``, ``.err``)."""
+    procs = [subprocess.Popen(["timeout", "120", *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=ENV) for cmd, _ in jobs]  # fmt: skip
+    deadline = time.monotonic() + 150
+    for (_, stuck), proc in zip(jobs, procs, strict=True):
+        while not stuck.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    time.sleep(STUCK_FOR)
+    for proc in procs:
+        proc.send_signal(signal.SIGALRM)
+    for proc in procs:
+        proc.out, proc.err = proc.communicate(timeout=120)  # type: ignore[attr-defined]
+    return procs
+
+
+def _bundle(runs: Path) -> dict[str, Any]:
+    (bundle,) = runs.glob("run-*/bundle")
+    meta: dict[str, Any] = json.loads((bundle / "metadata.json").read_text())
+    meta["_summary"] = (bundle / "summary.md").read_text()
+    return meta
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="no torchrun beside this Python")
+def test_a_stuck_rank_is_named_not_the_rank_whose_sigterm_landed_first(tmp_path: Path) -> None:
+    pytest.importorskip("torch.distributed")
+    script = tmp_path / "train.py"
+    script.write_text(DDP_JOB)
+    torchrun = [str(TORCHRUN), "--nproc-per-node=3", "--max-restarts=0", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{_free_port()}"]  # fmt: skip
+    # GIVEN 3 gloo ranks under torchrun, rank 1 stuck in its data source at step 20; `timeout` ends the job,
+    # unarmed and under `blackbox run`
+    runs = tmp_path / "runs"
+    unarmed, armed = _end_when_stuck([
+        ([*torchrun, str(script), str(tmp_path / "stuck0")], tmp_path / "stuck0"),
+        ([sys.executable, "-m", "blackbox", "run", "--dir", str(runs), "--", *torchrun[:-1],
+          f"--rdzv-endpoint=127.0.0.1:{_free_port()}", str(script), str(tmp_path / "stuck1")], tmp_path / "stuck1"),
+    ])  # fmt: skip
+    timeout_pid = armed.pid
+    # THEN the job ends as it does unarmed: timeout's status, the same steps printed, torchrun's SIGTERMs
+    assert unarmed.returncode == armed.returncode == 124, (unarmed.err[-2000:], armed.err[-3000:])
+    assert sorted(unarmed.out.splitlines()) == sorted(armed.out.splitlines())
+    for r in (0, 1, 2):
+        assert f"rank {r} step 19" in armed.out and f"rank {r} step 20" not in armed.out
+    for err in (unarmed.err, armed.err):
+        assert err.count("closing signal SIGTERM") == 3, err[-2000:]
+    # AND the verdict is a hang of rank 1, stuck in wait_for_batch, for about as long as it was planted
+    meta = _bundle(runs)
+    first = meta["first_death"]
+    assert (meta["cause"], meta["jobs"], first["rank"], first["cause"]) == ("hang", 1, 1, "hang"), first
+    hang = first["hang"]
+    assert hang["collective"] is None and hang["site"].startswith("wait_for_batch (") and hang["step"] == 20
+    assert STUCK_FOR <= hang["stalled_s"] <= STUCK_FOR + 30, hang
+    assert "hung: no step for" in first["headline"] and "stuck in wait_for_batch (train.py:" in first["headline"]
+    # AND ranks 0 and 2 waited for it in backward, collateral of it; torchrun's agent ended by timeout
+    (attempt,) = meta["attempts"]
+    told = attempt["hang"]
+    assert sorted((w["rank"], w["step"]) for w in told["waited"]) == [(0, 20), (2, 20)], told["waited"]
+    assert all("backward" in w["collective"] for w in told["waited"]), told["waited"]
+    by_rank = {m["rank"]: m for m in meta["rings"]}
+    for r in (0, 2):
+        assert by_rank[r]["death"]["collateral_of"]["rank"] == 1 and by_rank[r]["death"]["collateral_of"]["by"] == (
+            "torchrun")
+    agent = by_rank[None]
+    assert agent["death"]["collateral_of"] == {"rank": 1, "host": first["host"], "pid": first["pid"], "by": "timeout"}
+    assert (attempt["deaths"], attempt["collateral"]) == (1, 3)
+    # AND the chain of senders: timeout (its pid) -> torchrun's agent -> the three ranks
+    chain = told["chain"]
+    assert [(c["sender"], c["sender_pid"]) for c in chain] == [("timeout", timeout_pid), ("pt_elastic", agent["pid"])]
+    assert [t["pid"] for t in chain[0]["to"]] == [agent["pid"]] and chain[1]["to_count"] == 3
+    # AND the summary says so, and blackbox run's own line; never "First death: rank 0" nor a plain SIGTERM death
+    summary = meta["_summary"]
+    assert "**First death: rank 1 " in summary and "**A hang:** rank 1 made no progress for " in summary
+    assert "- ranks 0 and 2 waited for it from step 20, in backward (where DDP all-reduces the gradients)" in summary
+    assert f"- then timeout (pid {timeout_pid}) sent SIGTERM to torchrun (pid {agent['pid']})" in summary
+    assert f"- then torchrun (pid {agent['pid']}) sent SIGTERM to ranks 0 to 2" in summary
+    assert "These rings are of 2 jobs" not in summary
+    assert "cause: hang; The main process (pid " in armed.err
+
+
+LOCKED = """\
+import sys, threading, time
+import blackbox
+blackbox.arm(sys.argv[1] + "/", sample_interval=0.05)
+lock = threading.Lock()
+lock.acquire()  # a lock another thread was meant to release
+
+def next_batch(step):
+    if step == 30:
+        open(sys.argv[2], "w").close()  # the planted truth: stuck from now on
+        lock.acquire()
+    return step
+
+for step in range(10**6):
+    blackbox.step(step)
+    next_batch(step)
+    print(step, flush=True)
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill", [[], ["-s", "KILL"]], ids=["timeout", "timeout -s KILL"])
+def test_a_single_process_stuck_on_a_lock_is_a_hang_not_a_signal_death(tmp_path: Path, kill: list[str]) -> None:
+    # GIVEN a job stuck on a lock at step 30, ended by timeout (SIGTERM, or SIGKILL), unarmed and armed
+    (tmp_path / "job.py").write_text(LOCKED)
+    (tmp_path / "unarmed.py").write_text(LOCKED.replace('blackbox.arm(sys.argv[1] + "/", sample_interval=0.05)', "0"))
+    procs = [subprocess.Popen(["timeout", *kill, "120", sys.executable, str(tmp_path / name), str(tmp_path / "rings"),
+                               str(tmp_path / f"{name}.stuck")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=ENV) for name in ("unarmed.py", "job.py")]  # fmt: skip
+    for name, proc in zip(("unarmed.py", "job.py"), procs, strict=True):  # side by side, ended together
+        while not (tmp_path / f"{name}.stuck").exists() and proc.poll() is None:
+            time.sleep(0.05)
+    time.sleep(STUCK_FOR)
+    for proc in procs:
+        proc.send_signal(signal.SIGALRM)
+    (out0, err0), (out1, err1) = [proc.communicate(timeout=60) for proc in procs]
+    # THEN it ends as it does unarmed (`timeout -s KILL` kills its own process group, itself too)
+    status0, status1 = (proc.returncode for proc in procs)
+    assert status0 == status1 == (124 if not kill else -signal.SIGKILL), (status0, status1, err0, err1)
+    assert out0 == out1 == "".join(f"{i}\n" for i in range(30)) and err0 == err1 == ""
+    # AND the verdict is a hang: no step for about as long as planted, stuck in next_batch, ended by timeout
+    from blackbox.recovery.pipeline import recover_rings
+
+    death = recover_rings([tmp_path / "rings"]).meta["death"]
+    assert (death["cause"], death["confidence"], death["step"]) == ("hang", "strong", 30), death
+    assert death["hang"]["site"].startswith("next_batch (") and death["hang"]["collective"] is None
+    # (a SIGKILL's time is the last record's: the last sample, up to a sample interval before the kill)
+    assert STUCK_FOR - 0.5 <= death["hang"]["stalled_s"] <= STUCK_FOR + 20, death["hang"]
+    line = next(i for i, ln in enumerate(LOCKED.splitlines(), 1) if ln.strip() == "lock.acquire()" and i > 5)
+    ender = "SIGTERM from timeout" if not kill else "SIGKILL"
+    assert death["headline"].endswith(f"stuck in next_batch (job.py:{line}); then {ender} ended it."), death
+    assert len(list((tmp_path / "rings").glob("*.ring"))) == 1  # the unarmed run left none
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="no torchrun beside this Python")
+def test_ranks_whose_collective_timed_out_waited_for_the_stuck_rank(tmp_path: Path) -> None:
+    pytest.importorskip("torch.distributed")
+    script = tmp_path / "train.py"
+    script.write_text(DDP_JOB)
+    # GIVEN the same job with gloo's timeout at 3 s: ranks 0 and 2 raise gloo's "Timed out waiting" in backward,
+    # then torchrun stops rank 1, still stuck; unarmed and under `blackbox run`, side by side
+    env = dict(ENV, PG_TIMEOUT_S="3")
+    runs = tmp_path / "runs"
+    procs = [subprocess.Popen([*launcher, str(TORCHRUN), "--nproc-per-node=3", "--max-restarts=0",
+                               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}", str(script),
+                               str(tmp_path / f"stuck{i}")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env)
+             for i, launcher in enumerate([[], [sys.executable, "-m", "blackbox", "run", "--dir", str(runs), "--"]])]
+    (out0, err0), (out1, err1) = [p.communicate(timeout=240) for p in procs]  # fmt: skip
+    # THEN it ends as it does unarmed: torchrun's failure, gloo's timeout in both logs
+    assert procs[0].returncode == procs[1].returncode == 1, (err0[-2000:], err1[-3000:])
+    assert sorted(out0.splitlines()) == sorted(out1.splitlines())
+    assert "Timed out waiting 3000ms" in err0 and "Timed out waiting 3000ms" in err1
+    # AND the first death is rank 1's hang, not the timeouts that came first; ranks 0 and 2 waited and timed out
+    meta = _bundle(runs)
+    first, (attempt,) = meta["first_death"], meta["attempts"]
+    assert (meta["cause"], first["rank"], first["cause"]) == ("hang", 1, "hang"), first
+    assert first["hang"]["site"].startswith("wait_for_batch (")
+    # (the first to time out ends the wait: the other may time out too, or be stopped by torchrun first)
+    waited = {w["rank"]: w for w in attempt["hang"]["waited"]}
+    assert sorted(waited) == [0, 2] and all(w["step"] == 20 for w in waited.values()), waited
+    timed_out = [w for w in waited.values() if w["timed_out"]]
+    assert timed_out and all(w["timed_out"].startswith("RuntimeError: [") and "Timed out waiting 3000ms for "
+                             in w["timed_out"] for w in timed_out), waited  # fmt: skip
+    by_rank = {m["rank"]: m for m in meta["rings"]}
+    assert {by_rank[w["rank"]]["death"]["cause"] for w in timed_out} == {"exception"}  # what happened to them
+    assert (attempt["deaths"], attempt["collateral"]) == (1, 3)
+    summary = meta["_summary"]
+    assert "**First death: rank 1 " in summary and "waited for it from step 20, then timed out (RuntimeError: [" in (
+        summary)
