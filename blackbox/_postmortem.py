@@ -12,7 +12,7 @@ import importlib.util
 import io
 import os
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from ._errors import BundleDestinationError, one_line
 from .recovery.bundle import PLOT, SUMMARY, Destination, Reader, stream_bundle, write_job_bundle
 from .recovery.job import JobPass
 from .recovery.pipeline import RecoveryPass
+from .ring.inputs import Folder
 from .views.plot_warm import PlotWarmer
 from .views.summary import bundle_summary, job_summary
 
@@ -51,7 +52,7 @@ def _verdict_views(meta: dict[str, Any], again: str) -> dict[str, bytes]:
 
 
 def write_postmortem(
-    inputs: list[Path],
+    inputs: Sequence[Path | Folder],
     out: str | os.PathLike[str],
     exit_status: int | None = None,
     *,
@@ -60,6 +61,7 @@ def write_postmortem(
     extra: dict[str, Any] | None = None,
     progress: Callable[[int, int, str], None] | None = None,
     raw: bool = True,
+    owners: Collection[int] | None = None,
 ) -> dict[str, Any]:
     """Recover every ring named (files, or folders of ``*.ring``) into the bundle ``out`` (a folder
     or a pyarrow filesystem URI), a ring at a time, the verdict first; returns the metadata written.
@@ -70,10 +72,11 @@ def write_postmortem(
     ``extra``: fields added to the bundle's metadata (``blackbox run``: ``left_running``).
     ``progress``: called with (rings done, rings in all, the ring) as each ring is diagnosed.
     ``raw``: also keep each ring read, zstd-compressed, in the bundle's ``rings/`` (within a cap).
+    ``owners``: the only uids whose rings are read (Slurm's epilogue: the job's user).
     """
-    recovery = RecoveryPass(inputs, exit_status, launcher_pid, extra, keep_raw=raw)
+    recovery = RecoveryPass(inputs, exit_status, launcher_pid, extra, keep_raw=raw, owners=owners)
     recovery.progress = progress
-    named = [shlex.quote(str(p)) for p in inputs[:3]] + (["..."] if len(inputs) > 3 else [])
+    named = [shlex.quote(str(p)) for p in recovery.inputs[:3]] + (["..."] if len(inputs) > 3 else [])
     again = one_line(f"blackbox recover {' '.join(named)} -o {shlex.quote(os.fspath(out))}").replace("`", "'")
     # matplotlib readied beside the timeline's writing, once the verdict is out (views/plot_warm.py)
     warmer = PlotWarmer() if plot and importlib.util.find_spec("matplotlib") is not None else None

@@ -14,6 +14,7 @@ appeared during a test may be a real job's, one that died meanwhile. Where the s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -70,16 +71,27 @@ def clean(before: dict[str, set[str]]) -> list[Path]:
                 removed.append(folder)
             continue
         new = names - before.get(name, set())
-        if not new:
-            continue  # nothing read: a test that leaves nothing pays for two listings only
-        for e in ring_entries(folder, _FAR) + run_entries(folder, _FAR):
-            if e.path.name in new and not e.in_use:
-                delete(e)
-                removed.append(e.path)
-        for sub in sorted(new):  # a job's own folder (slurm-<job>): gone with its rings once none is in use
-            path = folder / sub
-            if path.is_dir() and not path.is_symlink() and not sub.startswith("run-"):
-                if _idle(ring_entries(path, _FAR)):
-                    shutil.rmtree(path, ignore_errors=True)
-                    removed.append(path)
+        if name not in before:  # made during the test: goes too once empty (its user's uid comes round again)
+            removed += _cleaned(folder, new)
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+                removed.append(folder)
+        elif new:  # else nothing read: a test that leaves nothing pays for two listings only
+            removed += _cleaned(folder, new)
+    return removed
+
+
+def _cleaned(folder: Path, new: set[str]) -> list[Path]:
+    """Remove the entries of ``folder`` named in ``new`` that are not in use; returns them."""
+    removed: list[Path] = []
+    for e in ring_entries(folder, _FAR) + run_entries(folder, _FAR):
+        if e.path.name in new and not e.in_use:
+            delete(folder, e)
+            removed.append(e.path)
+    for sub in sorted(new):  # a job's own folder (slurm-<job>): gone with its rings once none is in use
+        path = folder / sub
+        if path.is_dir() and not path.is_symlink() and not sub.startswith("run-"):
+            if _idle(ring_entries(path, _FAR)):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
     return removed

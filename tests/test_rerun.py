@@ -144,7 +144,7 @@ def test_retention_passes_at_once_with_files_vanishing_skip_and_go_on(tmp_path: 
 
         entries = ring_entries(tmp_path)
         for e in plan(entries, 2, None):
-            delete(e)
+            delete(tmp_path, e)
             for f in list(tmp_path.glob("r3*.ring")):  # a user's rm racing the pass
                 f.unlink(missing_ok=True)
         return len(entries)

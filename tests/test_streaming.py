@@ -124,6 +124,11 @@ def _decoded_at_once(monkeypatch: pytest.MonkeyPatch) -> list[set[Path]]:
     return seen
 
 
+def _there(ring: Path) -> int:
+    """The bytes a ring holds on disk, as recovery counts them (from its listing's lstat)."""
+    return pipeline._bytes_there(ring, os.lstat(ring))
+
+
 def _big_ring(folder: Path) -> Path:
     """A ring of 2**17 slots holding one mark: over three of the fleet's 1 MiB rings on disk."""
     big = blackbox.Recorder.arm(folder / "big.ring", capacity=1 << 17, sample_interval=3600)
@@ -138,8 +143,8 @@ def test_rings_decoded_at_once_stay_within_the_byte_budget(
     # GIVEN the fleet's 1 MiB rings and one ring larger than the whole budget, four workers, and a budget
     # of two and a half small rings
     _big_ring(tmp_path / "big")
-    small = pipeline._bytes_there(next(hosts[0].glob("*.ring")))
-    assert pipeline._bytes_there(tmp_path / "big" / "big.ring") > 3 * small
+    small = _there(next(hosts[0].glob("*.ring")))
+    assert _there(tmp_path / "big" / "big.ring") > 3 * small
     monkeypatch.setattr(pipeline, "_workers", lambda: 4)
     monkeypatch.setattr(pipeline, "IN_FLIGHT_BYTES", int(2.5 * small))
     seen = _decoded_at_once(monkeypatch)
@@ -149,7 +154,7 @@ def test_rings_decoded_at_once_stay_within_the_byte_budget(
     assert len(recovered.meta["rings"]) == RANKS + 1
     assert max(len(s) for s in seen) == 2
     for at_once in seen:
-        assert len(at_once) == 1 or sum(pipeline._bytes_there(p) for p in at_once) <= pipeline.IN_FLIGHT_BYTES
+        assert len(at_once) == 1 or sum(_there(p) for p in at_once) <= pipeline.IN_FLIGHT_BYTES
     assert any(s == {tmp_path / "big" / "big.ring"} for s in seen)
 
 
@@ -161,7 +166,7 @@ def test_a_compressed_ring_is_decoded_alone_whatever_its_size_on_disk(
     out = tmp_path / "b"
     write_postmortem([hosts[0]], out, plot=False)
     packed = sorted((out / "rings").glob("*.zst"))
-    small = pipeline._bytes_there(next(hosts[0].glob("*.ring")))
+    small = _there(next(hosts[0].glob("*.ring")))
     assert len(packed) > 4 and all(4 * p.stat().st_size < small for p in packed)  # by disk, four would fit
     monkeypatch.setattr(pipeline, "_workers", lambda: 4)
     monkeypatch.setattr(pipeline, "IN_FLIGHT_BYTES", int(2.5 * small))
@@ -184,8 +189,8 @@ def test_tiny_rings_are_decoded_in_turn_by_the_caller_and_large_ones_by_the_work
     make_rings(tmp_path / "tiny", 6, 3)
     tiny = [p.name for p in (tmp_path / "tiny").glob("*.ring")]
     large = [p.name for p in hosts[0].glob("*.ring")]
-    assert max(pipeline._bytes_there(tmp_path / "tiny" / n) for n in tiny) < pipeline.INLINE_BYTES
-    assert min(pipeline._bytes_there(hosts[0] / n) for n in large) >= pipeline.INLINE_BYTES
+    assert max(_there(tmp_path / "tiny" / n) for n in tiny) < pipeline.INLINE_BYTES
+    assert min(_there(hosts[0] / n) for n in large) >= pipeline.INLINE_BYTES
     monkeypatch.setattr(pipeline, "_workers", lambda: 4)
     decoded_on: dict[str, int] = {}
     one = RecoveryPass._one
@@ -333,7 +338,7 @@ def test_the_next_ring_is_decoded_while_the_rows_of_the_last_are_written(
     # GIVEN one worker, a budget of two and a half rings, and a consumer that holds each table until the
     # next ring's decoding has begun (at most 10 s)
     monkeypatch.setattr(pipeline, "_workers", lambda: 1)
-    small = pipeline._bytes_there(next(hosts[0].glob("*.ring")))
+    small = _there(next(hosts[0].glob("*.ring")))
     monkeypatch.setattr(pipeline, "IN_FLIGHT_BYTES", int(2.5 * small))
     began: dict[Path, threading.Event] = {}
     one = RecoveryPass._one
@@ -363,8 +368,8 @@ def test_a_ring_over_the_budget_is_not_decoded_while_another_rings_rows_are_writ
     # to begin), noting what began meanwhile
     big_ring = _big_ring(tmp_path / "big")
     monkeypatch.setattr(pipeline, "_workers", lambda: 4)
-    small = pipeline._bytes_there(next(hosts[0].glob("*.ring")))
-    assert pipeline._bytes_there(big_ring) > 3 * small
+    small = _there(next(hosts[0].glob("*.ring")))
+    assert _there(big_ring) > 3 * small
     monkeypatch.setattr(pipeline, "IN_FLIGHT_BYTES", int(2.5 * small))
     events: list[tuple[str, Path]] = []
     one = RecoveryPass._one

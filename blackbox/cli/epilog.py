@@ -78,22 +78,26 @@ def _recover(out: str, job: str, uid: int, gid: int, restarts: int | None, host:
     from .._postmortem import write_postmortem
     from ..run.epilog import destination, find, give, make_job_folder, summary_line
 
-    found = find(job, uid, restarts)
-    for note in found.notes:
-        say(job, f"not read: {note}")
-    if not found.ring_count:
-        say(job, "no rings of this job on this host")
-        return
-    job_place, place = destination(out, job, host, found.attempt)
-    local = "://" not in out
-    if local:
-        if os.path.lexists(os.path.join(place, "metadata.json")):
-            say(job, f"{place}/ is there already (this attempt was recovered); left as it is")
+    found = find(job, uid, restarts)  # the job's folders, held open: recovery reads through them alone
+    count = found.ring_count
+    try:
+        for note in found.notes:
+            say(job, f"not read: {note}")
+        if not count:
+            say(job, "no rings of this job on this host")
             return
-        os.makedirs(out, mode=0o755, exist_ok=True)
-        made = make_job_folder(job_place)
-    meta = write_postmortem(list(found.folders), place)
-    say(job, f"{found.ring_count} rings of attempt {found.attempt}: {summary_line(meta)} bundle in {place}/")
+        job_place, place = destination(out, job, host, found.attempt)
+        local = "://" not in out
+        if local:
+            if os.path.lexists(os.path.join(place, "metadata.json")):
+                say(job, f"{place}/ is there already (this attempt was recovered); left as it is")
+                return
+            os.makedirs(out, mode=0o755, exist_ok=True)
+            made = make_job_folder(job_place)
+        meta = write_postmortem(found.folders, place, owners={uid})  # only the job's user's rings
+    finally:
+        found.close()
+    say(job, f"{count} rings of attempt {found.attempt}: {summary_line(meta)} bundle in {place}/")
     if local:
         give(place, uid, gid)
         if made:

@@ -50,7 +50,7 @@ def ring_facts(path: str) -> dict[str, Any]:
         "strings": rec.strings,
         "strings_not_read": ring.strings_cut,
         "stack_table": _stack_table(ring.stacks, h.stacks_size),
-        "writer": writer_state(ring, writer_alive(ring.path, ring.meta)),
+        "writer": writer_state(ring, writer_alive(ring.writer_locked, ring.meta)),
         "c_extension": not without_c_extension(ring.meta),
         "signals_that_ended_it": sorted(ring.signal_stacks),
     }

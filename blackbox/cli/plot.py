@@ -4,6 +4,7 @@ death marked, to a PNG."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -56,6 +57,7 @@ def picture_source(
     from ..recovery.bundle import read_bundle
     from ..recovery.job import JobPass, kind_of
     from ..recovery.pipeline import recover_rings
+    from ..ring.inputs import open_named
 
     kind = kind_of(targets)
     if kind == "rings":
@@ -68,7 +70,9 @@ def picture_source(
         live = [rings for rings in map(run_rings, targets) if rings is not None]
         if len(live) != len(targets):
             raise
-        recovered = recover_rings(live, progress=progress)  # a run folder whose job runs still: no bundle yet
+        with contextlib.ExitStack() as stack:  # each run's rings/ opened once, never through a link
+            held = [stack.enter_context(open_named(rings, follow=False)) for rings in live]
+            recovered = recover_rings(held, progress=progress)  # a run folder whose job runs still: no bundle yet
         return _rings(recovered, f"in {', '.join(map(str, live))}: no bundle yet")
     if len(job.places) == 1:
         place = str(job.places[0])

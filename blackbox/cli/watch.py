@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     tty = sys.stdout.isatty() and not args.json
     try:
         while True:
-            shown, data, running = _one_ring(Path(target)) if folder is None else _folder_frame(folder)
+            shown, data, running = _one_ring(Path(target)) if folder is None else _folder_frame(*folder)
             if args.json:
                 text = json.dumps({"time": _now(), **data}, default=str) + "\n"
             else:
@@ -53,16 +54,17 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
 
-def _folder_of_rings(target: str) -> Path | None:
-    """The folder whose rings to follow (``target``, or a run folder's rings/); None for a ring file.
-    A bundle is what a job left once it ended: named as such, with the commands that read it."""
+def _folder_of_rings(target: str) -> tuple[Path, bool] | None:
+    """The folder whose rings to follow, and whether a link may be followed to it: ``target`` (named by
+    the user: yes), or a run folder's rings/ (no); None for a ring file. A bundle is what a job left once
+    it ended: named as such, with the commands that read it."""
     from ..recovery.job import holds_rings, is_one_bundle
 
     if not os.path.isdir(target) or holds_rings(target):
-        return Path(target) if os.path.isdir(target) else None
+        return (Path(target), True) if os.path.isdir(target) else None
     rings = run_rings(target)
     if rings is not None:
-        return rings
+        return rings, False
     if is_one_bundle(target) or os.path.lexists(os.path.join(target, "metadata.json")):
         raise BlackboxError(
             f"{one_line(target)}: expected a ring file, a folder of rings or a `blackbox run` folder, found a "
@@ -85,47 +87,57 @@ def _one_ring(path: Path) -> tuple[str, dict[str, Any], bool]:
     from ..views.live import frame, ring_state
 
     ring = read_ring(path)
-    running = writer_alive(ring.path, ring.meta) and not ring.clean
+    running = writer_alive(ring.writer_locked, ring.meta) and not ring.clean
     data = {"target": str(path), "live": int(running), "total": 1, "rings": [ring_state(ring, running)]}
     return frame(ring, running), data, running
 
 
-def _folder_frame(folder: Path) -> tuple[str, dict[str, Any], bool]:
+def _folder_frame(folder: Path, follow: bool) -> tuple[str, dict[str, Any], bool]:
     """The frame of a folder's rings, listed afresh (a job's new processes arm new rings): its live
-    rings, else the last ones written; and whether any is live."""
+    rings, else the last ones written; and whether any is live. The folder is opened once a frame (a run
+    folder's rings/ never through a link), and its rings are looked at and read through that descriptor."""
+    from ..ring.inputs import open_named
     from ..ring.liveness import writer_alive
-    from ..ring.reader import find_rings, read_header, read_ring
+    from ..ring.reader import RING_SUFFIX, list_rings, probe, read_ring
     from ..views.live import job_frame, ring_state
 
     try:
-        paths = find_rings([folder])
-    except RingNotFoundError:  # a run folder whose job has armed nothing yet
-        if _ended_run(folder):
-            raise RingNotFoundError(f"{one_line(str(folder))}: expected the job's rings, found none "
-                                    "(the job ended: see its bundle)") from None  # fmt: skip
-        text = f"blackbox watch  {one_line(str(folder))}: waiting for the job's first ring\n"
-        return text, {"target": str(folder), "live": 0, "total": 0, "rings": []}, True
-    live: list[tuple[tuple[int, int], Path]] = []
-    ended: list[tuple[float, Path]] = []
-    for path in paths:
-        try:
-            meta = read_header(path).meta
-            if writer_alive(path, meta):
-                ident = meta.get("identity") or {}
-                rank, pid = ident.get("rank"), ident.get("pid")
-                live.append(((rank if isinstance(rank, int) else 1 << 31, pid if isinstance(pid, int) else 0), path))
-            else:
-                ended.append((-os.lstat(path).st_mtime, path))
-        except (BlackboxError, OSError):  # being created, or not a ring: not followed
-            continue
-    chosen = [p for _, p in sorted(live)[:MAX_SHOWN]] if live else [p for _, p in sorted(ended)[:MAX_SHOWN]]
-    shown: list[tuple[Ring, bool]] = []
-    for path in chosen:
-        try:
-            ring = read_ring(path)
-        except (BlackboxError, OSError):
-            continue
-        shown.append((ring, bool(live) and writer_alive(ring.path, ring.meta) and not ring.clean))
+        where = open_named(folder, follow)
+    except RingNotFoundError:
+        where = None
+    with contextlib.nullcontext() if where is None else where:
+        found = list_rings([where]) if where is not None else None
+        paths = [p for p in found.rings if p.name.endswith(RING_SUFFIX)] if found is not None else []
+        if where is None or not paths:  # a run folder whose job has armed nothing yet
+            if _ended_run(folder):
+                raise RingNotFoundError(f"{one_line(str(folder))}: expected the job's rings, found none "
+                                        "(the job ended: see its bundle)") from None  # fmt: skip
+            text = f"blackbox watch  {one_line(str(folder))}: waiting for the job's first ring\n"
+            return text, {"target": str(folder), "live": 0, "total": 0, "rings": []}, True
+        assert found is not None
+        live: list[tuple[tuple[int, int], Path]] = []
+        ended: list[tuple[float, Path]] = []
+        for path in paths:
+            try:
+                header, locked = probe(path, where)
+                meta = header.meta
+                if writer_alive(locked, meta):
+                    ident = meta.get("identity") or {}
+                    rank, pid = ident.get("rank"), ident.get("pid")
+                    live.append(((rank if isinstance(rank, int) else 1 << 31, pid if isinstance(pid, int) else 0),
+                                 path))  # fmt: skip
+                else:
+                    ended.append((-found.stats[path].st_mtime, path))
+            except (BlackboxError, OSError):  # being created, or not a ring: not followed
+                continue
+        chosen = [p for _, p in sorted(live)[:MAX_SHOWN]] if live else [p for _, p in sorted(ended)[:MAX_SHOWN]]
+        shown: list[tuple[Ring, bool]] = []
+        for path in chosen:
+            try:
+                ring = read_ring(path, where)
+            except (BlackboxError, OSError):
+                continue
+            shown.append((ring, bool(live) and writer_alive(ring.writer_locked, ring.meta) and not ring.clean))
     text = job_frame(shown, one_line(str(folder)), len(live), len(live) + len(ended))
     data = {"target": str(folder), "live": len(live), "total": len(live) + len(ended),
             "rings": [ring_state(ring, running) for ring, running in shown]}  # fmt: skip

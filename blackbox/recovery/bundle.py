@@ -134,7 +134,8 @@ def stream_bundle(
     try:
         return _write(out_dir, lambda out: _fill(recovery, views, out, after_verdict))
     finally:
-        if recovery.kept is not None:  # the rings held open for rings/, whatever happened
+        recovery.close()  # the rings' folders, and the rings held open for rings/, whatever happened
+        if recovery.kept is not None:
             recovery.kept.close()
 
 
@@ -472,15 +473,16 @@ def read_bundle(bundle: str | os.PathLike[str]) -> tuple[pa.Table, dict[str, Any
     """(timeline, metadata) of a bundle folder or URI; a verdict alone (``complete: false``: its
     recovery was cut short before the timeline) is refused in one line."""
     dest = Destination(bundle)
-    with _open(dest, METADATA) as f:
-        meta = parse_metadata(f.read(MAX_METADATA_BYTES), dest.path(METADATA))
-    if meta.get("complete") is False:
-        raise BundleDestinationError(
-            f"{dest.path(METADATA)}: expected a whole bundle, found a verdict alone (complete: false: its "
-            "recovery was cut short before the timeline; recover the rings again)"
-        )
-    with _open(dest, TIMELINE) as f, _native(f) as source:
-        table = pq.read_table(source)
+    with _files(dest) as open_file:  # a local bundle's folder opened once: both files read through it
+        with open_file(METADATA) as f:
+            meta = parse_metadata(f.read(MAX_METADATA_BYTES), dest.path(METADATA))
+        if meta.get("complete") is False:
+            raise BundleDestinationError(
+                f"{dest.path(METADATA)}: expected a whole bundle, found a verdict alone (complete: false: its "
+                "recovery was cut short before the timeline; recover the rings again)"
+            )
+        with open_file(TIMELINE) as f, _native(f) as source:
+            table = pq.read_table(source)
     return table, meta
 
 
@@ -511,11 +513,24 @@ def parse_metadata(raw: bytes, where: str) -> dict[str, Any]:
 def _open(dest: Destination, name: str) -> BinaryIO:
     """A bundle file, opened for reading; a local one as untrusted input (``ring.inputs``: a regular
     file of the folder's owner or the invoking user, never through a link)."""
+    with _files(dest) as open_file:
+        return open_file(name)
+
+
+@contextlib.contextmanager
+def _files(dest: Destination) -> Iterator[Callable[[str], BinaryIO]]:
+    """Opens files of one bundle: a local bundle's folder is opened once, each file relative to it (a
+    folder swapped meanwhile for another user's bundle changes nothing)."""
     if dest.local is None:
-        return cast(BinaryIO, dest.fs.open_input_file(dest.path(name)))
+        yield lambda name: cast(BinaryIO, dest.fs.open_input_file(dest.path(name)))
+        return
     with open_folder(dest.local) as folder:
-        fd, _ = open_input(folder, name, {folder.uid}, f"a bundle's {name}")
-    return os.fdopen(fd, "rb")
+
+        def open_file(name: str) -> BinaryIO:
+            fd, _ = open_input(folder, name, {folder.uid}, f"a bundle's {name}")
+            return os.fdopen(fd, "rb")
+
+        yield open_file
 
 
 def is_bundle(path: str | os.PathLike[str]) -> bool:

@@ -77,7 +77,7 @@ class Evidence:
 
 
 def gather(
-    ring: Path,
+    locked: bool | None,
     meta: dict[str, Any],
     exit_status: int | None = None,
     kills: list[KernelKill] | None = None,
@@ -88,7 +88,9 @@ def gather(
     sees_workers: Callable[[], bool] | None = None,
 ) -> Evidence:
     """Evidence for one ring: a native crash's tracebacks (``crash``: the ring's crash region, or the
-    ``.crash`` sidecar older rings left, as the reader found them), and what this machine says of its writer.
+    ``.crash`` sidecar older rings left, as the reader found them), and what this machine says of its
+    writer (``locked``: whether it held its lock, asked through the descriptor the ring was read by,
+    ``Ring.writer_locked``).
 
     ``kills``: the kernel log's OOM kills (``kernel_oom_kills``, read once for all rings; None reads it
     here). ``window``: (first, last) monotonic ns of the ring's events; ``pids``: the ring's own pid, the
@@ -112,7 +114,7 @@ def gather(
     pid = ident.get("pid")
     if ev.same_boot is False or not isinstance(pid, int):
         return ev
-    ev.writer_alive = writer_alive(ring, meta)
+    ev.writer_alive = writer_alive(locked, meta)
     ev.now_ns = _monotonic_ns()
     kills = kernel_oom_kills() if kills is None else kills
     cg = meta.get("cgroup") or {}

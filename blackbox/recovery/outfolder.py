@@ -32,6 +32,8 @@ from typing import BinaryIO
 
 from .._errors import BundleDestinationError, one_line
 from ..ring.inputs import what_is
+from ..ring.tree import empty as _empty
+from ..ring.tree import remove as _remove
 
 HOLDER_SUFFIX = ".tmp"
 EMPTY_HOLDER_STALE_S = 60.0  # an empty unlocked holder younger than this may be one about to be locked
@@ -219,40 +221,6 @@ def clean_stale(parent: int, name: str) -> list[str]:
         finally:
             os.close(fd)
     return removed
-
-
-def _empty(fd: int, depth: int = 0) -> None:
-    """Remove everything in the folder open at ``fd``, never following a link (at most MAX_DEPTH deep)."""
-    try:
-        names = os.listdir(fd)
-    except OSError:
-        return
-    for name in names:
-        with contextlib.suppress(OSError):
-            _remove(fd, name, depth)
-
-
-MAX_DEPTH = 32  # a bundle is two levels deep; deeper trees in a holder are left (and so is the holder)
-
-
-def _remove(fd: int, name: str, depth: int = 0) -> None:
-    """Remove ``name`` in the folder open at ``fd``: a folder tree through descriptors (shutil.rmtree takes
-    ``dir_fd`` only from Python 3.11), else the entry."""
-    try:
-        if not stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
-            os.unlink(name, dir_fd=fd)
-            return
-        if depth >= MAX_DEPTH:
-            return
-        with contextlib.suppress(OSError):  # as shutil.rmtree(ignore_errors=True): what cannot go stays
-            sub = os.open(name, _DIR, dir_fd=fd)
-            try:
-                _empty(sub, depth + 1)
-            finally:
-                os.close(sub)
-            os.rmdir(name, dir_fd=fd)
-    except FileNotFoundError:
-        pass
 
 
 def _renameat2(src_dir: int, src: str, dst_dir: int, dst: str, flags: int) -> int:

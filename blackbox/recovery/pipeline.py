@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +22,9 @@ import pyarrow as pa
 from .._errors import BlackboxError
 from ..ring import format as fmt
 from ..ring.folded import read_folded
+from ..ring.inputs import Folder
 from ..ring.packed import KeptRings
-from ..ring.reader import Ring, Unread, list_rings, nothing_read, read_header, read_ring
+from ..ring.reader import Listing, Ring, Unread, list_rings, nothing_read, read_header, read_ring
 from .diagnosis import diagnose
 from .evidence import CgroupCounters, KernelKill, gather, kernel_oom_kills
 from .facts import named_workers
@@ -60,7 +61,7 @@ def _sampled_workers(table: pa.Table) -> bool:
     return any(isinstance(n, str) and n.startswith("pt_data") for n in names)
 
 
-def _status_owner(paths: list[Path], launcher_pid: int | None) -> Path | None:
+def _status_owner(paths: list[Path], launcher_pid: int | None, listing: Listing) -> Path | None:
     """The ring of the process whose exit status the launcher saw: its direct child (the only ring where
     the launcher is unknown). A ring of a grandchild (a shell's Python child) never takes the job's
     status: its process may have died otherwise. Decided from the headers alone, before any decoding."""
@@ -69,7 +70,7 @@ def _status_owner(paths: list[Path], launcher_pid: int | None) -> Path | None:
     direct = []
     for p in paths:
         try:
-            if (read_header(p).meta.get("identity") or {}).get("ppid") == launcher_pid:
+            if (read_header(p, listing.folders[p]).meta.get("identity") or {}).get("ppid") == launcher_pid:
                 direct.append(p)
         except BlackboxError:
             continue
@@ -83,23 +84,19 @@ def _workers() -> int:
 MAX_RINGS = 4096  # rings recovered at most in one pass: above it, the newest (README, "Running recover as root")
 
 
-def newest(paths: list[Path], limit: int) -> tuple[list[Path], list[Path]]:
+def newest(paths: list[Path], limit: int, listing: Listing) -> tuple[list[Path], list[Path]]:
     """(the ``limit`` rings last modified, in their order; the others, oldest first): a folder any user
     can fill with rings costs recovery at most ``limit`` rings' time. The rings of the folder's owner
     go before any other user's, whatever their times (another user who can write there cannot push
-    them out with newer ones); ties go to the later name."""
+    them out with newer ones); ties go to the later name. Times and owners as ``listing`` found them."""
     if len(paths) <= limit:
         return paths, []
-    owners: dict[Path, int] = {}
 
     def rank(path: Path) -> tuple[bool, int, str]:
-        try:
-            st = os.lstat(path)
-            if path.parent not in owners:
-                owners[path.parent] = os.lstat(path.parent).st_uid
-        except OSError:
+        st = listing.stats.get(path)
+        if st is None:
             return False, 0, str(path)
-        return st.st_uid == owners[path.parent], st.st_mtime_ns, str(path)
+        return st.st_uid == listing.folders[path].uid, st.st_mtime_ns, str(path)
 
     order = sorted(range(len(paths)), key=lambda i: rank(paths[i]))
     cut = len(paths) - limit
@@ -114,17 +111,13 @@ IN_FLIGHT_BYTES = 96 << 20  # ring bytes decoded at once or being written, beyon
 INLINE_BYTES = 1 << 20
 
 
-def _bytes_there(path: Path) -> int:
-    """The bytes a ring really holds on disk (the reader skips its holes): its decoding's cost. A ring
-    kept zstd-compressed (``*.zst``) costs what it decompresses to, unknown until it is read: it is
-    decoded alone, as a ring larger than the whole budget is."""
+def _bytes_there(path: Path, st: os.stat_result | None) -> int:
+    """The bytes a ring really holds on disk (the reader skips its holes): its decoding's cost, from its
+    listing's ``st``. A ring kept zstd-compressed (``*.zst``) costs what it decompresses to, unknown until
+    it is read: it is decoded alone, as a ring larger than the whole budget is."""
     if path.name.endswith(".zst"):
         return IN_FLIGHT_BYTES + 1
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return 0
-    return min(st.st_size, st.st_blocks * 512)
+    return 0 if st is None else min(st.st_size, st.st_blocks * 512)
 
 
 class RecoveryPass:
@@ -133,25 +126,33 @@ class RecoveryPass:
     metadata. Memory is bounded by the rings in flight, not by how many there are.
 
     Rings that cannot be read are listed with their reason (``unread_rings``); only when none can be
-    read does ``finish()`` raise."""
+    read does ``finish()`` raise.
+
+    ``inputs``: ring files and folders, as paths or as folders already open (``inputs.open_child``: Slurm's
+    epilogue). Each folder is opened once, and every ring, sidecar and file of the folder is read
+    relative to its descriptor, never by its path again (``reader.Listing``); ``close()`` closes those
+    opened here. ``owners``: the only uids whose rings are read (the epilogue: the job's user)."""
 
     def __init__(
         self,
-        inputs: list[Path],
+        inputs: Sequence[Path | Folder],
         exit_status: int | None = None,
         launcher_pid: int | None = None,
         extra: dict[str, Any] | None = None,
         *,
         keep_raw: bool = False,
+        owners: Collection[int] | None = None,
     ) -> None:
-        self.inputs = inputs
+        self.inputs = [i.path if isinstance(i, Folder) else i for i in inputs]  # as named
         self.extra = extra or {}  # fields the caller adds to the bundle's metadata (`blackbox run`: left_running)
-        self.paths, self.unread = list_rings(inputs)
-        self.paths, self.left_out = newest(self.paths, MAX_RINGS)  # named in the metadata, not read
+        self.owners = owners
+        self.listing = list_rings(inputs, owners)
+        self.paths, self.unread = self.listing.rings, self.listing.unread
+        self.paths, self.left_out = newest(self.paths, MAX_RINGS, self.listing)  # named in the metadata, not read
         self.kills = kernel_oom_kills()  # one pass over the kernel log for every ring
         self.cgroups = CgroupCounters()  # each cgroup's oom_kill counter, read once
         self.exit_status = exit_status
-        self.owner = _status_owner(self.paths, launcher_pid) if exit_status is not None else None
+        self.owner = _status_owner(self.paths, launcher_pid, self.listing) if exit_status is not None else None
         self.metas = SpilledRings()  # each ring's metadata, on disk until metadata.json is written
         self.files: dict[str, str] = {}  # bundle file name -> text (native crash tracebacks, kernel OOM reports)
         self._owners: set[int] = set()
@@ -162,14 +163,15 @@ class RecoveryPass:
         self.kept = KeptRings() if keep_raw else None  # the rings read, held open for the bundle's rings/
 
     def _one(self, path: Path) -> tuple[pa.Table, dict[str, Any], KernelKill | None, str | None, int]:
-        kept = self.kept
-        ring = read_ring(path, hold=None if kept is None else lambda fd: kept.hold(path, fd))  # closed by it
+        kept, folder = self.kept, self.listing.folders[path]
+        ring = read_ring(path, folder, owners=self.owners,
+                         hold=None if kept is None else lambda fd: kept.hold(path, fd))  # fmt: skip
         window, children = _window_and_children(ring)
         table = ring_table(ring, release=True)  # the ring's slots are freed once their columns are taken
-        table = self.relays.attribute(table, ring.path, ring.owner)
+        table = self.relays.attribute(table, folder, ring.owner)
         status = self.exit_status if path == self.owner else None
         pids = children | named_workers(table)  # a forkserver's worker is sampled by none, named by the job
-        evidence = gather(ring.path, ring.meta, status, self.kills, ring.crash, window, pids, self.cgroups,
+        evidence = gather(ring.writer_locked, ring.meta, status, self.kills, ring.crash, window, pids, self.cgroups,
                           lambda: _sampled_workers(table))  # fmt: skip
         evidence.signal_stacks = ring.signal_stacks  # written by faulthandler where the C extension was not built
         death = diagnose(table, ring.clean, evidence, ring.meta)
@@ -191,7 +193,7 @@ class RecoveryPass:
         Result = tuple[pa.Table, dict[str, Any], KernelKill | None, str | None, int]
         with ThreadPoolExecutor(workers) as pool:
             pending: deque[tuple[Path, int, Future[Result] | None]] = deque()  # None: decoded here, in turn
-            waiting = deque((path, _bytes_there(path)) for path in self.paths)
+            waiting = deque((path, _bytes_there(path, self.listing.stats.get(path))) for path in self.paths)
             in_flight = 0  # the bytes of the rings pending and of the one whose rows are being written
 
             def hand_out() -> None:
@@ -243,7 +245,8 @@ class RecoveryPass:
         if self.exit_status is not None:
             meta["exit_status"] = self.exit_status
         meta.update(self.extra)
-        folded = [entry for p in self.inputs if p.is_dir() for entry in read_folded(p, self._owners)]
+        folded = [entry for folder in self.listing.named for entry in read_folded(folder, self._owners)]
+        self.close()
         if folded:
             meta["helpers"] = helper_groups(folded)
         if self.unread:
@@ -252,6 +255,10 @@ class RecoveryPass:
             meta["rings_left_out"] = {"limit": MAX_RINGS, "count": len(self.left_out),
                                       "rings": [str(p) for p in self.left_out]}  # fmt: skip
         return meta
+
+    def close(self) -> None:
+        """Close the folders this pass opened (``finish()`` does, once it has read them)."""
+        self.listing.close()
 
 
 def _fault(path: Path, exc: Exception) -> BlackboxError:
@@ -264,7 +271,7 @@ def _fault(path: Path, exc: Exception) -> BlackboxError:
 
 
 def recover_rings(
-    inputs: list[Path],
+    inputs: Sequence[Path | Folder],
     exit_status: int | None = None,
     launcher_pid: int | None = None,
     progress: Callable[[int, int, str], None] | None = None,
@@ -279,6 +286,9 @@ def recover_rings(
     """
     recovery = RecoveryPass(inputs, exit_status, launcher_pid)
     recovery.progress = progress
-    tables = list(recovery.tables())
-    meta = recovery.finish()
+    try:
+        tables = list(recovery.tables())
+        meta = recovery.finish()
+    finally:
+        recovery.close()
     return Recovered(merge_tables(tables), meta, recovery.files)

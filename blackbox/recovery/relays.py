@@ -22,12 +22,12 @@ from __future__ import annotations
 import signal as signals
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..ring.inputs import Folder
 from ..ring.relayed import Relay, read_relayed
 from .kinds import rows_of_kind
 
@@ -116,15 +116,15 @@ class RelayIndex:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._read: dict[tuple[Path, int], list[Relay]] = {}
+        self._read: dict[tuple[int, int], list[Relay]] = {}
 
-    def relays(self, folder: Path, owner: int) -> list[Relay]:
-        """The relays recorded in ``folder``, from a file of its owner or of ``owner``."""
+    def relays(self, folder: Folder, owner: int) -> list[Relay]:
+        """The relays recorded in ``folder`` (held open), from a file of its owner or of ``owner``."""
         with self._lock:
-            if (folder, owner) not in self._read:
-                self._read[(folder, owner)] = read_relayed(folder, {owner})
-            return self._read[(folder, owner)]
+            if (folder.fd, owner) not in self._read:
+                self._read[(folder.fd, owner)] = read_relayed(folder, {owner})
+            return self._read[(folder.fd, owner)]
 
-    def attribute(self, table: pa.Table, ring: Path, owner: int) -> pa.Table:
-        """``table`` (the timeline of ``ring``, owned by ``owner``) with relayed signals' real senders."""
-        return attribute(table, self.relays(ring.parent, owner))
+    def attribute(self, table: pa.Table, folder: Folder, owner: int) -> pa.Table:
+        """``table`` (the timeline of a ring in ``folder``, owned by ``owner``) with relayed signals' real senders."""
+        return attribute(table, self.relays(folder, owner))

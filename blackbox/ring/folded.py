@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import BlackboxError
-from .inputs import open_folder, open_input, read_at
+from .inputs import Folder, folder_at, open_input, read_at
 
 FOLDED = "folded.jsonl"
 MAX_FOLDED_BYTES = 16 << 20
@@ -58,12 +58,12 @@ _FIELDS: dict[str, tuple[type, ...]] = {
 }
 
 
-def read_folded(folder: Path, owners: Collection[int] = ()) -> list[dict[str, Any]]:
+def read_folded(folder: Folder | Path, owners: Collection[int] = ()) -> list[dict[str, Any]]:
     """The folded helpers of a ring folder; lines that are not such an object are skipped. The file is
     read as untrusted input (``inputs``): a regular file of the folder's owner or of ``owners`` (the
     owners of the rings recovered from it), never through a link; anything else counts as no file."""
     try:
-        with open_folder(folder) as where:
+        with folder_at(folder) as where:
             fd, _ = open_input(where, FOLDED, {where.uid, *owners}, "a folded.jsonl of the rings' owner")
     except BlackboxError:
         return []

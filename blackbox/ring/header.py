@@ -11,7 +11,8 @@ from pathlib import Path
 
 from .._errors import NotARingError, RingNotFoundError
 from . import format as fmt
-from .inputs import Folder, open_folder, open_input, read_at
+from .inputs import Folder, folder_at, open_folder, open_input, read_at
+from .liveness import lock_held
 
 RING_SUFFIX = ".ring"
 CRASH_SUFFIX = ".crash"  # faulthandler's tracebacks of a native crash, beside a version-1/2 ring
@@ -29,6 +30,18 @@ def read_header(path: str | os.PathLike[str], folder: Folder | None = None) -> f
             os.close(fd)
 
 
+def probe(path: str | os.PathLike[str], folder: Folder | None = None) -> tuple[fmt.Header, bool | None]:
+    """(the header, whether a writer holds its lock: ``liveness.lock_held``) of a ring, both through one
+    descriptor (never the path opened again: another file may be there by then)."""
+    p = Path(path)
+    with parent(p, folder) as where:
+        fd, st = open_input(where, p.name, None, "a ring file")
+        try:
+            return header_of(fd, st.st_size, str(p)), lock_held(fd)
+        finally:
+            os.close(fd)
+
+
 def header_of(fd: int, size: int, name: str) -> fmt.Header:
     """The header of the ring open at ``fd`` (``size`` bytes), read with two bounded reads."""
     prefix = os.pread(fd, fmt.PREFIX_SIZE, 0)
@@ -41,21 +54,13 @@ def header_of(fd: int, size: int, name: str) -> fmt.Header:
     return fmt.decode_header(head, size, name)
 
 
-class _Borrowed(contextlib.AbstractContextManager[Folder]):
-    def __init__(self, folder: Folder) -> None:
-        self.folder = folder
-
-    def __enter__(self) -> Folder:
-        return self.folder
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-
 def parent(path: Path, folder: Folder | None) -> contextlib.AbstractContextManager[Folder]:
     """``folder`` (left open), or the folder holding ``path``, opened here and closed after."""
-    if folder is not None:
-        return _Borrowed(folder)
+    return folder_at(folder) if folder is not None else folder_of(path)
+
+
+def folder_of(path: Path) -> Folder:
+    """The folder holding the ring file ``path``, opened by path (the invoking user named it)."""
     try:
         return open_folder(path.parent)
     except RingNotFoundError:

@@ -24,6 +24,7 @@ costs what it holds.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -85,6 +86,23 @@ class Folder:
         return out
 
 
+class _Borrowed(contextlib.AbstractContextManager[Folder]):
+    def __init__(self, folder: Folder) -> None:
+        self.folder = folder
+
+    def __enter__(self) -> Folder:
+        return self.folder
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def folder_at(where: Folder | Path) -> contextlib.AbstractContextManager[Folder]:
+    """``where`` if it is a folder already open (left open), else the folder at that path, opened (and
+    closed after)."""
+    return _Borrowed(where) if isinstance(where, Folder) else open_folder(where)
+
+
 def open_folder(path: Path) -> Folder:
     """Open a folder named by the invoking user (the one place a link is followed: the user named it)."""
     try:
@@ -96,6 +114,49 @@ def open_folder(path: Path) -> Folder:
     except OSError as exc:
         raise RingNotFoundError(f"{path}: expected a readable folder, found {exc.strerror}") from None
     return Folder(fd, path, os.fstat(fd).st_uid)
+
+
+FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def open_child(parent: Folder, name: str, uid: int | None = None, what: str = "a folder") -> Folder:
+    """Open the folder ``name`` inside ``parent`` as untrusted input: relative to the parent's descriptor,
+    never through a link (``O_DIRECTORY|O_NOFOLLOW``), its owner checked on the descriptor (``uid``: the
+    one owner accepted). Raises RingNotFoundError where nothing is there, UnsafeInputError for a link,
+    anything but a folder, or another owner's folder. Whatever is done inside it afterwards goes through
+    this descriptor: swapping the name for a link or another folder meanwhile changes nothing."""
+    path = parent.path / name
+    try:
+        fd = os.open(name, FOLDER_FLAGS, dir_fd=parent.fd)
+    except FileNotFoundError:
+        raise RingNotFoundError(f"{path}: expected {what}, found nothing at that path") from None
+    except OSError as exc:
+        if exc.errno in (errno.ENOTDIR, errno.ELOOP):  # O_DIRECTORY|O_NOFOLLOW on a link: ENOTDIR
+            try:
+                found = what_is(os.stat(name, dir_fd=parent.fd, follow_symlinks=False).st_mode)
+            except OSError:
+                found = "something that is not a folder"
+            raise UnsafeInputError(f"{path}: expected {what}, found {'a file' if found == 'a special file' else found}"
+                                   ) from None  # fmt: skip
+        raise RingNotFoundError(f"{path}: expected a readable folder, found {exc.strerror}") from None
+    owner = os.fstat(fd).st_uid
+    if uid is not None and owner != uid:
+        os.close(fd)
+        raise UnsafeInputError(f"{path}: expected {what} of uid {uid}, found one of uid {owner}")
+    return Folder(fd, path, owner)
+
+
+def open_named(path: Path, follow: bool = True) -> Folder:
+    """A folder named on a command line: the folder holding it opened by path (the invoking user named
+    it), then the folder itself relative to it; ``follow=False`` (root over other users' folders) refuses
+    it where it is a link."""
+    whole = Path(os.path.abspath(path))
+    if follow or not whole.name:
+        return open_folder(path)
+    with open_folder(whole.parent) as parent:
+        folder = open_child(parent, whole.name)
+    folder.path = path
+    return folder
 
 
 def trusted(st: os.stat_result, owners: Collection[int]) -> bool:

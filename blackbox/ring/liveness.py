@@ -14,7 +14,6 @@ from __future__ import annotations
 import fcntl
 import os
 import struct
-from pathlib import Path
 from typing import Any
 
 _FLOCK = struct.Struct("@hhqqi4x")  # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks)
@@ -68,10 +67,11 @@ def lock_held(fd: int) -> bool | None:
     return bool(_FLOCK.unpack(got)[0] != fcntl.F_UNLCK)
 
 
-def ring_locked(path: str | os.PathLike[str]) -> bool | None:
-    """The ring at ``path`` is held by a live writer; None where it cannot be opened (never follows a link)."""
+def ring_locked(path: str | os.PathLike[str], dir_fd: int | None = None) -> bool | None:
+    """The file at ``path`` (relative to the folder open at ``dir_fd``) is held by a live writer; None where
+    it cannot be opened (never follows a link)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return None
     try:
@@ -80,12 +80,12 @@ def ring_locked(path: str | os.PathLike[str]) -> bool | None:
         os.close(fd)
 
 
-def writer_alive(path: Path | None, meta: dict[str, Any]) -> bool:
-    """The ring's writer is still running: by its lock where it took one, else by its pid on this host and boot."""
-    if path is not None and meta.get("liveness") == LOCK_LIVENESS:
-        held = ring_locked(path)
-        if held is not None:
-            return held
+def writer_alive(locked: bool | None, meta: dict[str, Any]) -> bool:
+    """The ring's writer is still running: by its lock where it took one (``locked``: ``lock_held`` asked
+    through the descriptor the ring was read by; None where that could not be asked), else by its pid on
+    this host and boot."""
+    if locked is not None and meta.get("liveness") == LOCK_LIVENESS:
+        return locked
     return pid_alive_here(meta)
 
 

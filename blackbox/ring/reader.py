@@ -8,10 +8,11 @@ unknown version, a header whose checksum fails).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,11 +24,14 @@ from . import columns
 from . import format as fmt
 from .header import CRASH_SUFFIX as CRASH_SUFFIX
 from .header import RING_SUFFIX as RING_SUFFIX
+from .header import folder_of
 from .header import header_of as header_of
 from .header import parent as _parent
+from .header import probe as probe
 from .header import read_header as read_header
 from .heap import HeapScan, read_heap
 from .inputs import Folder, nonzero_spans, open_folder, open_input, read_at, what_is
+from .liveness import lock_held
 from .packed import PACKED_SUFFIX, unpack
 from .scan import StackScan, scan_stack_spans, scan_string_spans
 from .slots import read_slots
@@ -80,6 +84,7 @@ class Ring:
     signal_stacks: dict[str, str] = field(default_factory=dict)  # signal -> its stack, from its slot (no C)
     strings_cut: int = 0  # bytes of the string region not read: its labels would cost more than scan.MAX_STRING_TEXT
     heap: HeapScan | None = None  # version 4: the heap table's valid slots
+    writer_locked: bool | None = None  # a writer held its lock on the file when it was read (None: cannot tell)
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -115,7 +120,11 @@ class Ring:
 
 
 def read_ring(
-    path: str | os.PathLike[str], folder: Folder | None = None, *, hold: Callable[[int], None] | None = None
+    path: str | os.PathLike[str],
+    folder: Folder | None = None,
+    *,
+    hold: Callable[[int], None] | None = None,
+    owners: Collection[int] | None = None,
 ) -> Ring:
     """Read and validate one ring file, as untrusted input (see ``inputs``): never through a link,
     never blocking on a FIFO, memory and time bounded by the bytes the file really holds. A
@@ -124,12 +133,17 @@ def read_ring(
     ``folder``: the folder holding it, already open (``path``'s name is looked up in it).
     ``hold``: given a descriptor of the file read (the decompressed file of a ``.zst``), the callee's to close,
     once its header is valid and before its slots are read (so that it can be copied meanwhile).
+    ``owners``: the only uids whose rings are read (Slurm's epilogue: the job's user); another's is refused.
     """
     p = Path(path)
     name = str(p)
     with _parent(p, folder) as where:
         fd, st = open_input(where, p.name, None, "a ring file")
         try:
+            if owners is not None and st.st_uid not in owners:
+                raise UnsafeInputError(f"{name}: expected a ring of uid {', '.join(map(str, sorted(owners)))}, "
+                                       f"found one of uid {st.st_uid} (not read)")  # fmt: skip
+            locked = lock_held(fd)
             size = st.st_size
             if p.name.endswith(PACKED_SUFFIX):
                 packed, fd = fd, -1
@@ -180,7 +194,7 @@ def read_ring(
     )
     return Ring(
         p, header, slots.words, scan.strings, recovery, size, stacks, crash, st.st_uid,
-        signal_stacks=signal_stacks, strings_cut=scan.cut, heap=heap,
+        signal_stacks=signal_stacks, strings_cut=scan.cut, heap=heap, writer_locked=locked,
     )  # fmt: skip
 
 
@@ -241,31 +255,79 @@ def nothing_read(unread: list[Unread]) -> BlackboxError:
     return type(first)(f"{one_line(str(first))} (and {len(unread) - 1} more that could not be read)")
 
 
-def list_rings(paths: list[Path]) -> tuple[list[Path], list[Unread]]:
-    """The ring files named (ring files, or the ``*.ring`` and ``*.ring.zst`` entries of folders), read by
-    nobody yet, and those that cannot be read with their reason: a folder entry named ``*.ring`` that is a link or a
-    special file is reported, never opened through. Each ring is then read with ``read_ring``, which
-    opens it as untrusted input again."""
-    rings: list[Path] = []
-    unread: list[Unread] = []
-    for p in paths:
+@dataclass
+class Listing:
+    """The rings named (ring files, or the ``*.ring`` and ``*.ring.zst`` entries of folders), each with the
+    folder holding it, opened once and held open until :meth:`close`: every later read of a ring, its
+    sidecars and its folder's files goes through that descriptor, never through the path again."""
+
+    rings: list[Path] = field(default_factory=list)
+    unread: list[Unread] = field(default_factory=list)
+    folders: dict[Path, Folder] = field(default_factory=dict)  # each ring's folder
+    stats: dict[Path, os.stat_result] = field(default_factory=dict)  # each ring as listed (lstat)
+    named: list[Folder] = field(default_factory=list)  # the folders named, in order (their folded.jsonl)
+    opened: list[Folder] = field(default_factory=list)  # the folders opened here (closed by close)
+
+    def close(self) -> None:
+        for folder in self.opened:
+            folder.close()
+        self.opened = []
+
+
+def _open_named(p: Path) -> Folder | None:
+    """The folder ``p`` (the invoking user named it: a link is followed), or None where ``p`` is no folder."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except NotADirectoryError:
+        return None
+    except FileNotFoundError:
+        return None  # read as a ring file, which says what is there
+    except OSError as exc:
+        raise RingNotFoundError(f"{p}: expected a readable ring file or folder, found {exc.strerror}") from None
+    return Folder(fd, p, os.fstat(fd).st_uid)
+
+
+def list_rings(inputs: Sequence[Path | Folder], owners: Collection[int] | None = None) -> Listing:
+    """The rings named: ring files, or folders, as paths (opened here) or as folders already open (Slurm's
+    epilogue opens the job's folders itself), and those that cannot be read with their reason: a folder
+    entry named ``*.ring`` that is a link or a special file, or (``owners``) a ring of another user, is
+    reported, never opened. Each ring is then read with ``read_ring(path, listing.folders[path])``, which
+    opens it as untrusted input again, relative to that folder."""
+    out = Listing()
+    for item in inputs:
+        p = item.path if isinstance(item, Folder) else item
         try:
-            if not p.is_dir():
-                rings.append(p)
+            folder = item if isinstance(item, Folder) else _open_named(item)
+            if folder is None:  # a ring file named: its folder opened once, the ring looked up in it
+                where = folder_of(p)
+                out.opened.append(where)
+                out.rings.append(p)
+                out.folders[p] = where
+                with contextlib.suppress(OSError):
+                    out.stats[p] = os.stat(p.name, dir_fd=where.fd, follow_symlinks=False)
                 continue
-            with open_folder(p) as folder:
-                names = [(n, st) for n, st in folder.entries() if n.endswith(RING_SUFFIXES)]
+            if not isinstance(item, Folder):
+                out.opened.append(folder)
+            out.named.append(folder)
+            names = [(n, st) for n, st in folder.entries() if n.endswith(RING_SUFFIXES)]
             if not names:
                 raise RingNotFoundError(f"{p}: expected a folder holding *.ring (or *.ring.zst) files, found none")
             for n, st in sorted(names):
-                if stat.S_ISREG(st.st_mode):
-                    rings.append(p / n)
-                else:
+                error: BlackboxError | None = None
+                if not stat.S_ISREG(st.st_mode):
                     error = UnsafeInputError(f"{p / n}: expected a ring file, found {what_is(st.st_mode)}")
-                    unread.append(Unread(p / n, error))
+                elif owners is not None and st.st_uid not in owners:
+                    error = UnsafeInputError(f"{p / n}: expected a ring of uid {', '.join(map(str, sorted(owners)))}"
+                                             f", found one of uid {st.st_uid} (not read)")  # fmt: skip
+                if error is not None:
+                    out.unread.append(Unread(p / n, error))
+                    continue
+                out.rings.append(p / n)
+                out.folders[p / n] = folder
+                out.stats[p / n] = st
         except BlackboxError as exc:
-            unread.append(Unread(p, exc))
-    return rings, unread
+            out.unread.append(Unread(p, exc))
+    return out
 
 
 def find_rings(paths: list[Path]) -> list[Path]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._errors import BlackboxError
-from .inputs import open_folder, open_input, read_at
+from .inputs import Folder, folder_at, open_input, read_at
 
 RELAYED = "relayed.jsonl"
 MAX_RELAYED_BYTES = 1 << 20
@@ -85,12 +85,12 @@ def _relay(entry: object) -> Relay | None:
                  entry["via"], entry["time_ns"])  # fmt: skip
 
 
-def read_relayed(folder: Path, owners: Collection[int] = ()) -> list[Relay]:
+def read_relayed(folder: Folder | Path, owners: Collection[int] = ()) -> list[Relay]:
     """The signals relayed into a ring folder's job, oldest first; lines that are not such an object are
     skipped. Read as untrusted input (``inputs``): a regular file of the folder's owner or of ``owners``
     (the owners of the rings recovered from it), never through a link; anything else counts as no file."""
     try:
-        with open_folder(folder) as where:
+        with folder_at(folder) as where:
             fd, _ = open_input(where, RELAYED, {where.uid, *owners}, "a relayed.jsonl of the rings' owner")
     except BlackboxError:
         return []

@@ -11,6 +11,12 @@ writer may still be writing it).
 Every pass tolerates other passes and users working in the same folder at the
 same time: an entry that vanishes between listing and deleting is skipped,
 links are never followed, and the pass never gives up because one entry is odd.
+A pass opens its folder once and lists, looks into and removes everything
+relative to that descriptor (``tree``), each entry only while it is still the
+file it listed (device and inode): a folder swapped for a link to another
+user's meanwhile, above or inside it, changes nothing. As root, a folder of
+another user is not pruned (``refuse_other_owner``; at arm it is left as it
+is, for its owner's own arms).
 Sidecars left without their ring, empty ones, and temporary files of a writer
 that died while making its ring go too.
 
@@ -39,9 +45,11 @@ from pathlib import Path
 
 from .._errors import BlackboxError
 from . import format as fmt
-from .file import RING_SUFFIX, SIDECAR_SUFFIXES, SLURM_FOLDER_PREFIX, sidecar
-from .header import read_header
+from .file import RING_SUFFIX, SIDECAR_SUFFIXES, SLURM_FOLDER_PREFIX
+from .header import probe
+from .inputs import Folder, folder_at, open_child, open_folder
 from .liveness import ring_locked, writer_alive
+from .tree import identity, remove, usage
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 YOUNG_S = 300.0  # a ring this recent is never removed: a rank may be arming it
@@ -51,6 +59,7 @@ DEFAULT_KEEP = "count=64,size=2G"  # per ring folder: the newest 64 rings and ru
 KEEP_OFF = "off"
 RUN_PREFIX = "run-"
 RUN_LOCK = "run.lock"  # in a run folder: locked by its `blackbox run` for as long as it lives
+Listed = list[tuple[str, os.stat_result]]  # a folder's entries as listed: (name, lstat)
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,7 @@ class Entry:
     mtime: float
     size: int
     in_use: bool
+    ident: tuple[int, int] | None = None  # (device, inode) as listed: removed only while it is still that file
 
 
 def plan(entries: list[Entry], max_count: int | None, max_bytes: int | None) -> list[Entry]:
@@ -96,127 +106,138 @@ def check_count(value: int | None) -> int | None:
     return value
 
 
-def _regular(path: Path) -> os.stat_result | None:
-    """lstat of a regular file (never through a link); None if it is something else or has vanished."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return st if stat.S_ISREG(st.st_mode) else None
-
-
-def ring_entries(folder: Path, now: float | None = None) -> list[Entry]:
+def ring_entries(where: Folder | Path, now: float | None = None) -> list[Entry]:
     """Every ``*.ring`` (with its sidecar files) in a folder, with whether it is in use."""
-    now = time.time() if now is None else now
+    with folder_at(where) as folder:
+        return _rings_in(folder, folder.entries(), time.time() if now is None else now)
+
+
+def _rings_in(folder: Folder, listed: Listed, now: float) -> list[Entry]:
+    names = dict(listed)
     out = []
-    for ring in sorted(folder.glob(f"*{RING_SUFFIX}")):
-        st = _regular(ring)
-        if st is None:
-            continue  # a link, a folder, a FIFO, or gone since the listing
+    for name, st in listed:
+        if not name.endswith(RING_SUFFIX) or not stat.S_ISREG(st.st_mode):
+            continue  # a link, a folder, a FIFO
         try:
-            header = read_header(ring)
-            in_use = header.state != fmt.STATE_CLEAN and writer_alive(ring, header.meta)
+            header, locked = probe(folder.path / name, folder)
+            in_use = header.state != fmt.STATE_CLEAN and writer_alive(locked, header.meta)
         except BlackboxError:
             in_use = now - st.st_mtime < STALE_S  # header-less: perhaps still being made by an older writer
         in_use = in_use or now - st.st_mtime < YOUNG_S
-        size = st.st_size + sum(s.st_size for f in _sidecars(ring) if (s := _regular(f)) is not None)
-        out.append(Entry(ring, st.st_mtime, size, in_use))
+        sides = [names.get(name + suffix) for suffix in SIDECAR_SUFFIXES]
+        size = st.st_size + sum(s.st_size for s in sides if s is not None and stat.S_ISREG(s.st_mode))
+        out.append(Entry(folder.path / name, st.st_mtime, size, in_use, identity(st)))
     return out
 
 
-def _sidecars(ring: Path) -> list[Path]:
-    return [sidecar(ring, s) for s in SIDECAR_SUFFIXES]
-
-
-def run_entries(folder: Path, now: float | None = None, depth: int = 0) -> list[Entry]:
+def run_entries(where: Folder | Path, now: float | None = None, depth: int = 0) -> list[Entry]:
     """Every job folder in a folder, each one entry: ``blackbox run``'s (``run-*`` holding ``rings/`` or
     ``RUN_LOCK``) and a Slurm job's (``slurm-*``, its rings inside, and its ``blackbox run`` folders)."""
-    now = time.time() if now is None else now
+    with folder_at(where) as folder:
+        return _runs_in(folder, folder.entries(), time.time() if now is None else now, depth)
+
+
+def _runs_in(folder: Folder, listed: Listed, now: float, depth: int) -> list[Entry]:
     out = []
-    for d in sorted([*folder.glob(f"{RUN_PREFIX}*"), *folder.glob(f"{SLURM_FOLDER_PREFIX}*")]):
+    for name, st in listed:
+        slurm = name.startswith(SLURM_FOLDER_PREFIX) and depth == 0
+        if not stat.S_ISDIR(st.st_mode) or not (slurm or name.startswith(RUN_PREFIX)):
+            continue
         try:
-            st = os.lstat(d)
-            rings, lock = _lstat(d / "rings"), _lstat(d / RUN_LOCK)
-            slurm = d.name.startswith(SLURM_FOLDER_PREFIX) and depth == 0
-            if not stat.S_ISDIR(st.st_mode) or not (slurm or rings and stat.S_ISDIR(rings.st_mode) or lock):
-                continue  # not a run folder (one being made holds its lock file before its rings folder)
-            newest, size = st.st_mtime, 0
-            for top, dirs, files in os.walk(d):  # never follows a link
-                for name in dirs + files:
-                    if (s := _lstat(Path(top, name))) is not None:
-                        newest = max(newest, s.st_mtime)
-                        size += s.st_size if stat.S_ISREG(s.st_mode) else 0
-            in_use = ring_locked(d / RUN_LOCK) is True or now - newest < YOUNG_S
-            in_use = in_use or bool(rings and any(e.in_use for e in ring_entries(d / "rings", now)))
-            if slurm and not in_use:
-                in_use = any(e.in_use for e in ring_entries(d, now) + run_entries(d, now, depth + 1))
-            out.append(Entry(d, newest, size, in_use))
-        except OSError:
+            d = open_child(folder, name)  # never through a link; what is looked at inside goes through it
+        except (BlackboxError, OSError):
             continue  # gone since the listing, or not ours to read
+        with d:
+            if identity(os.fstat(d.fd)) != identity(st):
+                continue  # another folder put in its place since the listing
+            inner = d.entries()
+            kinds = dict(inner)
+            rings, lock = kinds.get("rings"), kinds.get(RUN_LOCK)
+            rings_folder = rings is not None and stat.S_ISDIR(rings.st_mode)
+            if not (slurm or rings_folder or lock):
+                continue  # not a run folder (one being made holds its lock file before its rings folder)
+            size, newest = usage(d.fd)
+            newest = max(st.st_mtime, newest)
+            in_use = ring_locked(RUN_LOCK, d.fd) is True or now - newest < YOUNG_S
+            if not in_use and rings_folder:
+                with contextlib.suppress(BlackboxError, OSError), open_child(d, "rings") as rings_in:
+                    in_use = any(e.in_use for e in ring_entries(rings_in, now))
+            if slurm and not in_use:
+                in_use = any(e.in_use for e in _rings_in(d, inner, now) + _runs_in(d, inner, now, depth + 1))
+        out.append(Entry(folder.path / name, newest, size, in_use, identity(st)))
     return out
 
 
-def _lstat(path: Path) -> os.stat_result | None:
-    try:
-        return os.lstat(path)
-    except OSError:
-        return None
-
-
-def bundle_entries(folder: Path, marker: str = "metadata.json") -> list[Entry]:
+def bundle_entries(where: Folder | Path, marker: str = "metadata.json") -> list[Entry]:
     """Every bundle (a sub-folder holding ``marker``) in a folder."""
     out = []
-    for d in sorted(folder.iterdir()):
-        try:
-            if not stat.S_ISDIR(os.lstat(d).st_mode) or not (d / marker).is_file():
+    with folder_at(where) as folder:
+        for name, st in folder.entries():
+            if not stat.S_ISDIR(st.st_mode):
                 continue
-            size = sum(s.st_size for f in d.rglob("*") if (s := _regular(f)) is not None)
-            out.append(Entry(d, (d / marker).stat().st_mtime, size, False))
-        except OSError:
-            continue
+            try:
+                with open_child(folder, name) as d:
+                    mark = os.stat(marker, dir_fd=d.fd, follow_symlinks=False)
+                    if not stat.S_ISREG(mark.st_mode) or identity(os.fstat(d.fd)) != identity(st):
+                        continue
+                    size, _ = usage(d.fd)
+            except (BlackboxError, OSError):
+                continue
+            out.append(Entry(folder.path / name, mark.st_mtime, size, False, identity(st)))
     return out
 
 
-def delete(entry: Entry) -> None:
-    """Remove an entry (a ring and its sidecars, or a bundle folder); what is already gone is fine."""
-    if entry.path.is_dir() and not entry.path.is_symlink():
-        import shutil  # here, not at arm: it imports bz2 and lzma
+def delete(where: Folder | Path, entry: Entry) -> None:
+    """Remove an entry of the folder ``where`` (a ring and its sidecars, or a run or bundle folder, whole),
+    relative to the folder's descriptor and only while it is still the file listed (``Entry.ident``):
+    what is already gone, or was replaced meanwhile, stays as it is."""
+    name = entry.path.name
+    with folder_at(where) as folder:
+        try:
+            st = os.stat(name, dir_fd=folder.fd, follow_symlinks=False)
+        except OSError:
+            return
+        if not remove(folder.fd, name, same=entry.ident) or stat.S_ISDIR(st.st_mode):
+            return
+        for suffix in SIDECAR_SUFFIXES:
+            with contextlib.suppress(OSError):
+                if stat.S_ISREG(os.stat(name + suffix, dir_fd=folder.fd, follow_symlinks=False).st_mode):
+                    os.unlink(name + suffix, dir_fd=folder.fd)
 
-        shutil.rmtree(entry.path, ignore_errors=True)
-        return
-    for f in (entry.path, *_sidecars(entry.path)):
-        with contextlib.suppress(FileNotFoundError):
-            f.unlink()
 
-
-def sweep(folder: Path, now: float | None = None) -> list[Path]:
+def sweep(where: Folder | Path, now: float | None = None) -> list[Path]:
     """Remove what belongs to no ring: sidecars whose ring is gone, empty sidecars of a ring that is
     not in use, and temporary files of a writer that died while making its ring. Returns them."""
     now = time.time() if now is None else now
-    gone: list[Path] = []
-    for f in sorted(folder.iterdir()):
-        st = _regular(f)
-        if st is None:
-            continue
-        name = f.name
-        suffix = next((s for s in SIDECAR_SUFFIXES if name.endswith(RING_SUFFIX + s)), None)
-        if suffix is not None:
-            ring = Path(str(f)[: -len(suffix)])
-            orphan = _regular(ring) is None
-            empty_and_idle = st.st_size == 0 and not _in_use(ring, now)
-            if orphan or empty_and_idle:
-                gone.append(f)
-        elif name.startswith(".") and name.endswith(".tmp") and RING_SUFFIX in name and now - st.st_mtime > STALE_S:
-            gone.append(f)
-    for f in gone:
-        with contextlib.suppress(FileNotFoundError):
-            f.unlink()
-    return gone
+    with folder_at(where) as folder:
+        listed = folder.entries()
+        names = dict(listed)
+        gone: list[tuple[str, os.stat_result]] = []
+        for name, st in listed:
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            suffix = next((s for s in SIDECAR_SUFFIXES if name.endswith(RING_SUFFIX + s)), None)
+            if suffix is not None:
+                ring = name[: -len(suffix)]
+                ring_st = names.get(ring)
+                if ring_st is None or not stat.S_ISREG(ring_st.st_mode):
+                    gone.append((name, st))  # its ring is gone
+                elif st.st_size == 0 and not _rings_in(folder, [(ring, ring_st)], now)[0].in_use:
+                    gone.append((name, st))  # empty, beside a ring no longer in use
+            elif name.startswith(".") and name.endswith(".tmp") and RING_SUFFIX in name and now - st.st_mtime > STALE_S:
+                gone.append((name, st))
+        return [folder.path / name for name, st in gone if remove(folder.fd, name, same=identity(st))]
 
 
-def _in_use(ring: Path, now: float) -> bool:
-    entries = [e for e in ring_entries(ring.parent, now) if e.path == ring] if _regular(ring) else []
-    return bool(entries and entries[0].in_use)
+def refuse_other_owner(folder: Folder) -> None:
+    """As root, a folder of another user is not pruned (its owner could swap what is in it for links to
+    other users' files while root works): raises a BlackboxError naming it. ``blackbox prune --as-owner``
+    acts as its owner instead."""
+    if os.geteuid() == 0 and folder.uid != 0:
+        raise BlackboxError(
+            f"{folder.path}: expected a folder of root's to prune as root, found one of uid {folder.uid} "
+            "(blackbox prune --as-owner prunes it as its owner)"
+        )
 
 
 def parse_keep(text: str) -> tuple[int | None, int | None]:
@@ -235,20 +256,28 @@ def parse_keep(text: str) -> tuple[int | None, int | None]:
     return count, size
 
 
-def folder_entries(folder: Path, now: float | None = None) -> list[Entry]:
-    """The rings and the run folders of a ring folder."""
-    return ring_entries(folder, now) + run_entries(folder, now)
+def folder_entries(where: Folder | Path, now: float | None = None) -> list[Entry]:
+    """The rings and the run folders of a ring folder (listed once)."""
+    now = time.time() if now is None else now
+    with folder_at(where) as folder:
+        listed = folder.entries()
+        return _rings_in(folder, listed, now) + _runs_in(folder, listed, now, 0)
 
 
-def prune_ring_folder(folder: Path, keep: str, new: int = 1) -> list[Path]:
-    """Make room in a ring folder by a keep setting (``new``: entries about to be made count already)."""
+def prune_ring_folder(path: Path, keep: str, new: int = 1) -> list[Path]:
+    """Make room in a ring folder by a keep setting (``new``: entries about to be made count already): the
+    folder opened once, everything listed and removed relative to it. As root, a folder of another user's
+    is left as it is (its owner's own arms keep it within their setting)."""
     count, size = parse_keep(keep)
     if count is None and size is None:
         return []
-    doomed = plan(folder_entries(folder), None if count is None else max(0, count - new), size)
-    for e in doomed:
-        delete(e)
-    sweep(folder)
+    with open_folder(path) as folder:
+        if os.geteuid() == 0 and folder.uid != 0:
+            return []
+        doomed = plan(folder_entries(folder), None if count is None else max(0, count - new), size)
+        for e in doomed:
+            delete(folder, e)
+        sweep(folder)
     return [e.path for e in doomed]
 
 

@@ -5,9 +5,11 @@ job) with the job's id, user and restart count in its environment. A job's rings
 are in a folder of their own by default (``ring.file.default_dir``):
 ``/var/tmp/blackbox-<uid>/slurm-<job id>``, ``...-restart<N>`` for a requeued
 job's later attempts, with ``blackbox run``'s rings in ``run-*/rings/`` inside it.
-Only folders owned by the job's user, reached without links, are read; the rings
-themselves are read as recovery reads any user's files (``recovery``: bounded,
-no link followed, no pickle).
+Only folders owned by the job's user, reached without links, are read, each opened
+once relative to the folder above it (``O_DIRECTORY|O_NOFOLLOW``, its owner checked
+on the descriptor) and handed to recovery open: a folder swapped for a link once
+root has looked at it changes nothing. Only rings of the job's user are read, as
+recovery reads any user's files (``recovery``: bounded, no link followed, no pickle).
 
 The attempt that just ended is the newest attempt folder present, no newer than
 ``SLURM_JOB_RESTART_COUNT`` (already 1 in the epilogue of a first attempt that
@@ -27,8 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._errors import BlackboxError
+from .._errors import BlackboxError, RingNotFoundError, one_line
 from ..ring.file import RING_SUFFIX, SLURM_FOLDER_PREFIX, user_dir
+from ..ring.inputs import Folder, open_child, open_folder
 
 _ATTEMPT = re.compile(r"^-restart([0-9]{1,5})$")
 MAX_RUN_FOLDERS = 256  # blackbox run folders of one job read at most
@@ -36,17 +39,21 @@ MAX_RUN_FOLDERS = 256  # blackbox run folders of one job read at most
 
 @dataclass
 class JobRings:
-    """What the epilogue found of one job on this node."""
+    """What the epilogue found of one job on this node: its folders, held open (``close()`` them)."""
 
     job: str
     uid: int
     attempt: int = 0
-    folders: list[Path] = field(default_factory=list)  # the attempt's folder and its runs' rings/ folders
+    folders: list[Folder] = field(default_factory=list)  # the attempt's folder and its runs' rings/ folders
     notes: list[str] = field(default_factory=list)  # why a folder was not read
 
     @property
     def ring_count(self) -> int:
-        return sum(1 for d in self.folders for p in _entries(d) if p.name.endswith(RING_SUFFIX))
+        return sum(1 for d in self.folders for n in _names(d) if n.endswith(RING_SUFFIX))
+
+    def close(self) -> None:
+        for folder in self.folders:
+            folder.close()
 
 
 def environment(env: dict[str, str]) -> tuple[str, int, int, int | None, str | None]:
@@ -71,63 +78,68 @@ def _primary_gid(uid: int) -> int:
         return uid
 
 
-def _owned_folder(path: Path, uid: int) -> str | None:
-    """Why ``path`` is not a folder of the user's own reached without a link; None if it is."""
+def _names(folder: Folder) -> list[str]:
     try:
-        st = os.lstat(path)
-    except OSError as exc:
-        return f"{path}: {exc.strerror}"
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        return f"{path}: expected a folder, found {'a link' if stat.S_ISLNK(st.st_mode) else 'something else'}"
-    if st.st_uid != uid:
-        return f"{path}: expected a folder of uid {uid}, found one of uid {st.st_uid}"
-    return None
-
-
-def _entries(folder: Path) -> list[Path]:
-    try:
-        with os.scandir(folder) as it:
-            return [Path(e.path) for e in it]
+        return os.listdir(folder.fd)
     except OSError:
         return []
 
 
+def _child(parent: Folder, name: str, uid: int, notes: list[str], quiet_if_missing: bool = False) -> Folder | None:
+    """The folder ``name`` in ``parent``, opened once (``inputs.open_child``: never through a link, the job
+    user's own), or None with the reason in ``notes``."""
+    try:
+        return open_child(parent, name, uid)
+    except RingNotFoundError as exc:
+        if not quiet_if_missing:
+            notes.append(one_line(str(exc)))
+    except BlackboxError as exc:
+        notes.append(one_line(str(exc)))
+    return None
+
+
 def find(job: str, uid: int, restarts: int | None, root: Path | None = None) -> JobRings:
-    """The folders holding the rings of the job's attempt that just ended (see the module docstring)."""
+    """The folders holding the rings of the job's attempt that just ended (see the module docstring), each
+    opened once, relative to the folder above it, never through a link, and the job user's own; every
+    ring the recovery then reads is read through these descriptors."""
     found = JobRings(job, uid)
     root = user_dir(uid) if root is None else root
-    why = _owned_folder(root, uid)
-    if why is not None:
-        found.notes.append(why)
+    try:
+        top = open_folder(root.parent)  # /var/tmp: root's
+    except BlackboxError as exc:
+        found.notes.append(one_line(str(exc)))
         return found
-    attempts: dict[int, Path] = {}
-    prefix = f"{SLURM_FOLDER_PREFIX}{job}"
-    for entry in _entries(root):
-        if not entry.name.startswith(prefix):
-            continue
-        rest = entry.name[len(prefix) :]
-        m = _ATTEMPT.match(rest)
-        if rest == "" or m:
-            attempts[int(m.group(1)) if m else 0] = entry
-    usable = [n for n in attempts if restarts is None or n <= restarts]
-    if not usable:
-        found.notes.append(f"no folder of job {job} in {root}/")
+    with top:
+        home = _child(top, root.name, uid, found.notes)
+    if home is None:
         return found
-    found.attempt = max(usable)
-    folder = attempts[found.attempt]
-    why = _owned_folder(folder, uid)
-    if why is not None:
-        found.notes.append(why)
+    with home:
+        attempts: dict[int, str] = {}
+        prefix = f"{SLURM_FOLDER_PREFIX}{job}"
+        for name in _names(home):
+            if not name.startswith(prefix):
+                continue
+            rest = name[len(prefix) :]
+            m = _ATTEMPT.match(rest)
+            if rest == "" or m:
+                attempts[int(m.group(1)) if m else 0] = name
+        usable = [n for n in attempts if restarts is None or n <= restarts]
+        if not usable:
+            found.notes.append(f"no folder of job {job} in {root}/")
+            return found
+        found.attempt = max(usable)
+        folder = _child(home, attempts[found.attempt], uid, found.notes)
+    if folder is None:
         return found
     found.folders.append(folder)
-    runs = sorted(p for p in _entries(folder) if p.name.startswith("run-"))[:MAX_RUN_FOLDERS]
-    for run in runs:
-        rings = run / "rings"
-        why = _owned_folder(run, uid) or _owned_folder(rings, uid)
-        if why is None:
-            found.folders.append(rings)
-        elif os.path.lexists(rings):
-            found.notes.append(why)
+    runs = sorted(n for n in _names(folder) if n.startswith("run-"))[:MAX_RUN_FOLDERS]
+    for name in runs:
+        run = _child(folder, name, uid, found.notes)
+        if run is not None:
+            with run:
+                rings = _child(run, "rings", uid, found.notes, quiet_if_missing=True)
+            if rings is not None:
+                found.folders.append(rings)
     return found
 
 
