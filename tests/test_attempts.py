@@ -353,15 +353,20 @@ def test_a_ranks_kernel_oom_kill_is_the_first_death_not_its_launchers_reading_of
     meta = recover_rings([rings]).meta
     by_pid = {m["pid"]: m for m in meta["rings"]}
     launcher = next(m for pid, m in by_pid.items() if pid != rank_pid)
-    assert launcher["death"]["cause"] == by_pid[rank_pid]["death"]["cause"] == "host_oom_kill"
-    assert launcher["death"]["victim"]["pid"] == rank_pid
-    # THEN the first death is rank 1's, from its own ring (its step, its role)
+    assert by_pid[rank_pid]["death"]["cause"] == "host_oom_kill"
+    # THEN the launcher's ring, which read the kill as its child's, tells its own end after it (its RuntimeError)
+    assert launcher["death"]["cause"] == "exception" and launcher["death"]["victim"]["pid"] == launcher["pid"]
+    assert any("RuntimeError: rank 1 failed" in e for e in launcher["death"]["evidence"]), launcher["death"]
+    assert launcher["death"]["after"]["pid"] == rank_pid, launcher["death"]
+    # AND the first death is rank 1's, from its own ring (its step, its role)
     first = meta["first_death"]
     assert (first["pid"], first["rank"], first["victim"]["role"]) == (rank_pid, 1, "main process"), first
     assert first["step"] is not None
-    # AND so it is whichever way the two clocks round the stamp: the launcher's reading made the earlier
+    # AND a ring telling a child's kill (as one whose child's ring is not read would) is never the first death,
+    # whichever way the two clocks round the stamp: the launcher's reading made the earlier
     slims = [slim(m) for m in meta["rings"]]
     own = next(m for m in slims if m["pid"] == rank_pid)
     other = next(m for m in slims if m["pid"] != rank_pid)
+    other["death"].update(cause="host_oom_kill", victim={"pid": rank_pid})
     other["death"]["time"] = iso_ns(int(np.datetime64(own["death"]["time"].rstrip("Z"), "ns").astype(np.int64)) - 1)
     assert deaths(slims)[0] is own

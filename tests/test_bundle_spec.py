@@ -18,7 +18,7 @@ from blackbox.recovery import bundle, diagnosis, ranks
 from blackbox.recovery.pipeline import RecoveryPass, recover_rings
 
 SPEC = (REPO / "blackbox" / "recovery" / "BUNDLE.md").read_text()
-WRITERS = ("diagnosis.py", "levers.py", "pipeline.py", "attempts.py")  # where death's fields are set
+WRITERS = ("diagnosis.py", "levers.py", "pipeline.py", "attempts.py", "family.py")  # where death's fields are set
 SOURCES = "".join((REPO / "blackbox" / "recovery" / f).read_text() for f in WRITERS)
 
 

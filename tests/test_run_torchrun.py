@@ -63,13 +63,15 @@ def test_torchrun_teardown_names_torchrun_and_the_account_is_printed_once(tmp_pa
         meta = json.loads((run / "bundle" / "metadata.json").read_text())
         metas[meta["rank"]] = meta
     assert set(metas) == {0, 1, 2}, log[-3000:]
-    # THEN rank 1 died of its SIGKILL; ranks 0 and 2 of torchrun's SIGTERM, sent by torchrun (its own pid)
+    # THEN rank 1 died of its SIGKILL; ranks 0 and 2 of torchrun's SIGTERM, sent by torchrun (its own pid): to
+    # the rank's process group, which the job shares with its `blackbox run`, so the job's own record names the
+    # agent by its thread's name, pt_elastic, as it does unarmed
     assert metas[1]["death"]["cause"] == "killed"
     for r in (0, 2):
         death = metas[r]["death"]
         assert death["cause"] == "signal", death
-        assert (death["killed_by"]["sender"], death["killed_by"]["sender_pid"]) == ("torchrun", proc.pid), death
-        assert "SIGTERM from torchrun" in death["headline"]
+        assert (death["killed_by"]["sender"], death["killed_by"]["sender_pid"]) == ("pt_elastic", proc.pid), death
+        assert "SIGTERM from pt_elastic" in death["headline"]
     assert "from blackbox" not in log
     # AND the log holds one line per rank and the full account once: rank 1's, the first to fail
     for r in (0, 1, 2):
@@ -78,3 +80,40 @@ def test_torchrun_teardown_names_torchrun_and_the_account_is_printed_once(tmp_pa
     account = log[log.index("# blackbox: ") :]
     assert f"pid {metas[1]['pid']} rank 1" in account.splitlines()[0], account[:300]
     assert "blackbox run: rings in" not in log  # the rank's one line names its bundle
+
+
+RANK_RAISES = """\
+import time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+for step in range(3):
+    x = torch.ones(1)
+    dist.all_reduce(x)
+if dist.get_rank() == 1:
+    raise ValueError("rank 1 fails")
+time.sleep(120)  # rank 0 waits outside any collective: torchrun tears it down
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="no torchrun beside this Python")
+def test_blackbox_run_of_torchrun_is_one_job_with_its_agent_named(tmp_path: Path) -> None:
+    # GIVEN `blackbox run -- torchrun --standalone` (torchrun picks a random rendezvous id of its own) of two
+    # gloo ranks, rank 1 raising; run unarmed, then armed
+    (tmp_path / "train.py").write_text(RANK_RAISES)
+    torchrun = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "--max-restarts=0", str(tmp_path / "train.py")]
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    plain = subprocess.run(torchrun, capture_output=True, text=True, timeout=300, env={**env, "PYTHONPATH": ""})
+    armed = subprocess.run([*BLACKBOX, "run", "--quiet", "--dir", str(tmp_path / "run"), "--", *torchrun],
+                           capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    # THEN both end alike (torchrun's status for a failed rank)
+    assert armed.returncode == plain.returncode == 1, (plain.stderr[-2000:], armed.stderr[-2000:])
+    (run,) = (tmp_path / "run").glob("run-*")
+    meta = json.loads((run / "bundle" / "metadata.json").read_text())
+    # AND the agent's ring and the ranks' are of one job, the run's; the agent is named as such; the first death
+    # is rank 1's ValueError
+    assert meta["jobs"] == 1 and {r["job"] for r in meta["rings"]} == {run.name}, [r["job"] for r in meta["rings"]]
+    agent = next(r for r in meta["rings"] if r["rank"] is None and r["role"] == "main")
+    assert agent["death"]["victim"]["role"] == "torchrun agent", agent["death"]
+    assert (meta["first_death"]["rank"], meta["first_death"]["cause"]) == (1, "exception"), meta["first_death"]
+    assert "These rings are of 2 jobs" not in (run / "bundle" / "summary.md").read_text()

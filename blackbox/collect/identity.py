@@ -19,7 +19,11 @@ Attempt: the launcher's restart count (torchrun's
 there is no launcher that counts.
 Job: the id every process of one job shares and another job does not, so that
 recovery can tell the jobs of one folder apart (``job_id``): Slurm's
-``SLURM_JOB_ID``; else torchrun's ``TORCHELASTIC_RUN_ID`` (its ``--rdzv-id``;
+``SLURM_JOB_ID``; else ``blackbox run``'s run id where the run holds the whole
+job (``RUN_JOB_ENV``: set by a ``blackbox run`` that no torchrun started, so
+that ``blackbox run -- torchrun ...`` gives torchrun's agent and its ranks one
+job, whatever ``--rdzv-id`` torchrun's ``--standalone`` picks); else
+torchrun's ``TORCHELASTIC_RUN_ID`` (its ``--rdzv-id``;
 ``none``, torchrun's default without one, says nothing and gives None: a
 ``blackbox run`` per rank would otherwise give each rank a job of its own);
 else ``blackbox run``'s run id (``BLACKBOX_RUN_ID``, its run folder's name),
@@ -48,6 +52,7 @@ MAX_ARGV_CHARS = 16384
 REDACTED = "***"
 RUN_PID_ENV = "BLACKBOX_RUN_PID"  # set by `blackbox run`: its own pid, the job's parent
 RUN_ID_ENV = "BLACKBOX_RUN_ID"  # set by `blackbox run`: its run folder's name, unique to the run
+RUN_JOB_ENV = "BLACKBOX_RUN_JOB"  # set by a `blackbox run` that holds the whole job: its run id, every process's job
 FIRST_PY_ENV = "BLACKBOX_RUN_PY"  # the pid of the first Python process of this branch of the job (run/bootstrap.py)
 RANK_ENVS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")  # a launcher's rank: one of many processes
 MAX_JOB_CHARS = 256
@@ -124,6 +129,8 @@ def job_id() -> str | None:
     """The job's id, shared by its processes and by no other job (see the module docstring), or None."""
     if os.environ.get("SLURM_JOB_ID"):
         return os.environ["SLURM_JOB_ID"][:MAX_JOB_CHARS]
+    if os.environ.get(RUN_JOB_ENV):
+        return os.environ[RUN_JOB_ENV][:MAX_JOB_CHARS]
     if os.environ.get("TORCHELASTIC_RUN_ID"):
         run_id = os.environ["TORCHELASTIC_RUN_ID"]
         return run_id[:MAX_JOB_CHARS] if run_id != "none" else None
@@ -156,6 +163,22 @@ def role() -> str:
     return "main"
 
 
+def start_method() -> str | None:
+    """How multiprocessing started this process (``fork``, ``spawn``, ``forkserver``), None where it did
+    not: the command line tells a spawn child (``--multiprocessing-fork``) and a forkserver's (the
+    forkserver's own command line, which it inherits); any other multiprocessing child was forked."""
+    command = " ".join(getattr(sys, "orig_argv", sys.argv))
+    if "--multiprocessing-fork" in command:
+        return "spawn"
+    mp = sys.modules.get("multiprocessing")
+    try:
+        if mp is None or mp.parent_process() is None:
+            return None
+    except Exception:
+        return None
+    return "forkserver" if "multiprocessing.forkserver" in command else "fork"
+
+
 def identity() -> dict[str, Any]:
     """The ``identity`` object of a ring's header metadata."""
     return {
@@ -166,6 +189,7 @@ def identity() -> dict[str, Any]:
         "local_rank": env_int("LOCAL_RANK"),
         "world_size": env_int("WORLD_SIZE"),
         "role": role(),
+        "start_method": start_method(),
         "attempt": attempt(),
         "job": job_id(),
         "argv": bounded_argv(redact_argv([str(a) for a in sys.argv])),

@@ -57,6 +57,7 @@ from .crash import crash_signal, crashing_stack, innermost_first, short_frame
 from .evidence import Evidence, KernelKill
 from .facts import Facts, facts
 from .hang import with_hang
+from .helpers import process_name, start_method
 from .kinds import of_kind
 from .levers import analysis
 from .slurm import SENDERS as SLURM_SENDERS
@@ -77,26 +78,30 @@ NOT_KNOWN_WITHOUT_C = ("not known: this process ran without blackbox's C extensi
                        "nor os._exit")  # fmt: skip
 HOW_KNOWN = {fmt.EXIT_PROCESS: "recorded by the process as it exited", fmt.EXIT_OS: "its os._exit call",
              fmt.EXIT_SYS: "its sys.exit call", RUN_SAW: "as `blackbox run` saw it"}  # fmt: skip
-ROLE = {"main": "main process", "worker": "DataLoader worker", "mp_service": "multiprocessing service process",
-        "compile_worker": "torch.compile worker", "child": "child process"}  # fmt: skip
+OWN_END = ("cause", "confidence", "headline", "evidence", "time", "step", "victim", "exit_status", "killed_by")
 
 
 def diagnose(table: pa.Table, clean: bool, ev: Evidence, meta: dict[str, Any]) -> dict[str, Any]:
     """``death`` for one ring (see the module docstring)."""
     f = facts(table, meta.get("clock") or {})
     ident = meta.get("identity") or {}
-    d = _Death(f, ev, ident)
+    name = process_name(ident, table)
+    d = _Death(f, ev, ident, name)
     d.decide(clean)
     if without_c_extension(meta) and not (ev.writer_alive and not clean):
         d.evidence.append(NOT_KNOWN_WITHOUT_C)
-    result = d.result()
-    gpu = result.get("gpu_oom")
+    death = d.result()
+    gpu = death.get("gpu_oom")
     if gpu and gpu["kind"] == "fragmentation" and _noted(table, fmt.NOTE_EXPANDABLE):
         lever = EXPANDABLE_ON
         gpu["levers"] = [lever]
-        result["levers"] = [lever, *(x for x in result["levers"] if "expandable_segments" not in x)]
+        death["levers"] = [lever, *(x for x in death["levers"] if "expandable_segments" not in x)]
+    if death["victim"].get("pid") != d.pid:  # a child's death: this process's own end too, for the bundle
+        own = _Death(f, ev, ident, name, children=False)
+        own.decide(clean)
+        death["own_end"] = {k: v for k, v in own.result().items() if k in OWN_END}
     ranked = isinstance(ident.get("world_size"), int) and ident["world_size"] > 1
-    return with_hang(result, table, ranked, crashed=d.crash is not None)
+    return with_hang(death, table, ranked, crashed=d.crash is not None)
 
 
 EXPANDABLE_ON = ("expandable_segments is already on: the cached bytes were pages inside the growing segment "
@@ -111,13 +116,14 @@ def _noted(table: pa.Table, note: str) -> bool:
 
 
 class _Death:
-    def __init__(self, f: Facts, ev: Evidence, ident: dict[str, Any]) -> None:
+    def __init__(self, f: Facts, ev: Evidence, ident: dict[str, Any], name: str, *, children: bool = True) -> None:
         self.f, self.ev, self.ident = f, ev, ident
         self.pid = ident.get("pid")
+        self.children = children  # a child's death may be the ring's (False: this process's own end alone)
         self.cause, self.confidence = "unknown", "unknown"
         self.evidence: list[str] = []
         self.when: dict[str, Any] | None = f.last_event
-        self.victim: dict[str, Any] = {"pid": self.pid, "role": ROLE.get(str(ident.get("role")), "main process")}
+        self.victim: dict[str, Any] = {"pid": self.pid, "role": name, "start_method": start_method(ident)}
         self.killed_by: dict[str, Any] | None = None
         self.handled: dict[str, Any] | None = None  # a signal the job's own handler took before its end
         self.in_shutdown = False  # the process died after its clean end, before libc's exit()
@@ -133,7 +139,8 @@ class _Death:
         if ev.writer_alive and not clean:
             self._set("unknown", "certain", "the writer process is still alive: this is a snapshot, not a death")
             return
-        child_kill = next((k for k in reversed(ev.kernel_kills) if k.pid != self.pid), None)
+        others = ev.kernel_kills if self.children else []
+        child_kill = next((k for k in reversed(others) if k.pid != self.pid), None)
         if clean:
             self.evidence.insert(0, "a clean end was recorded (the process ran its exit handlers)")
             self._clean(child_kill, near)
@@ -156,7 +163,7 @@ class _Death:
             self._set("interrupted", "certain", "an uncaught KeyboardInterrupt (Ctrl-C or SIGINT)")
             self.when = uncaught[-1]
             return
-        worker = f.worker_killed()
+        worker = f.worker_killed() if self.children else None
         if child_kill is not None and (uncaught or (self.status or 0) != 0):
             self._child_oom(child_kill)
             return
@@ -456,7 +463,8 @@ def headline(
     crash: dict[str, Any] | None = None,
 ) -> str:
     """One plain sentence: who died of what."""
-    who = f"The {victim.get('role', 'process')} (pid {victim.get('pid')})"
+    method = f", started by {victim['start_method']}" if victim.get("start_method") else ""
+    who = f"The {victim.get('role', 'process')} (pid {victim.get('pid')}{method})"
     if cause == "signal" and crash and crash.get("signal"):
         site = f", called from {short_frame(crash['site'])}" if crash.get("site") else ""
         return f"{who} died of {crash['signal']} in native code{site}."

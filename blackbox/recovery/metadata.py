@@ -18,9 +18,10 @@ from ..ring import format as fmt
 from ..ring.reader import Ring, without_c_extension
 from ..ring.writer import NO_C_EXTENSION
 from .allocs import live_sites, main_thread_of, step_records, with_site_lever
-from .attempts import attempt_metadata, group_attempts, slim
+from .attempts import SLIM_DEATH, attempt_metadata, group_attempts, slim
 from .crash import crash_reading
 from .evidence import Evidence
+from .family import RECENT_STEPS, extra, retell
 from .kinds import last_of_kind, of_kind, rows_of_kind
 from .spill import SpilledRings
 from .stacks import stack_report
@@ -128,6 +129,7 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
         "events": table.num_rows,
         "last_step": last_step,
         "last_step_s": _last_step_s(table),
+        "recent_steps": _recent_steps(table),
         "clock_error_s": clock.get("error_s") if isinstance(clock.get("error_s"), (int, float)) else None,
         "sample_interval_s": ring.meta.get("sample_interval_s"),
         "cgroup": ring.meta.get("cgroup"),
@@ -155,6 +157,15 @@ def _last_step_s(table: pa.Table) -> float | None:
         return None
     last = times.slice(len(times) - 2).cast(pa.int64()).to_pylist()
     return round(float(last[1] - last[0]) / 1e9, 6)
+
+
+def _recent_steps(table: pa.Table) -> list[list[Any]]:
+    """The last steps' starts, ``[[time, step], ...]`` (ISO UTC), oldest first: the steps its helpers'
+    deaths are told at (``family``)."""
+    rows = of_kind(table, "step", columns=["time", "step"])
+    rows = rows.slice(max(0, rows.num_rows - RECENT_STEPS))
+    times = stamps_ns(rows["time"])
+    return [[iso(int(t)), s] for t, s in zip(times, rows["step"].to_pylist(), strict=True) if s is not None]
 
 
 def _tail(table: pa.Table, n: int) -> list[dict[str, Any]]:
@@ -273,13 +284,19 @@ def bundle_metadata(rings: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return {**ring, "first_death": first_death, "cause": first_death["cause"] if first_death else "clean_exit",
                 "attempts": attempts, "jobs": 1}  # fmt: skip
     totals: dict[str, int] = {}
-    slims, version, clean, events = [], 0, True, 0
+    slims, extras, version, clean, events = [], [], 0, True, 0
     for m in rings:
         for k, v in m["recovery"].items():
             if isinstance(v, int) and k not in ("first_seq", "last_seq"):
                 totals[k] = totals.get(k, 0) + v
         slims.append(slim(m))
+        extras.append(extra(m))
         version, clean, events = max(version, m["format_version"]), clean and m["clean"], events + m["events"]
+    retold = retell(slims, extras)
+    for i, change in retold.items():
+        slims[i]["death"].update({k: v for k, v in change.items() if k in SLIM_DEATH})
+        if "killed_by" in change:
+            slims[i]["death"]["killed_by"] = slim({"death": change})["death"]["killed_by"]
     attempts = attempt_metadata(group_attempts(slims))
     marks = {i: s["death"]["collateral_of"] for i, s in enumerate(slims) if "collateral_of" in s["death"]}
     first_death = attempts[-1]["first_death"] if attempts else None
@@ -292,14 +309,23 @@ def bundle_metadata(rings: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "clean": clean,
         "events": events,
         "recovery": totals,
-        "rings": _mark_collateral(rings, marks) if marks else rings,
+        "rings": _retold(rings, marks, retold) if marks or retold else rings,
         "recovered_by": {"blackbox": __version__},
     }
 
 
-def _mark_collateral(rings: Sequence[dict[str, Any]], marks: dict[int, Any]) -> Sequence[dict[str, Any]]:
-    """The rings again, each one in ``marks`` with ``death.collateral_of`` set (spilled again where they were)."""
+def _retold(
+    rings: Sequence[dict[str, Any]], marks: dict[int, Any], retold: dict[int, dict[str, Any]]
+) -> Sequence[dict[str, Any]]:
+    """The rings again, each one in ``marks`` with ``death.collateral_of`` set, each in ``retold`` with its
+    death's fields changed (``family``; its own end now the death), spilled again where they were."""
     out: SpilledRings | list[dict[str, Any]] = SpilledRings() if isinstance(rings, SpilledRings) else []
     for i, m in enumerate(rings):
-        out.append({**m, "death": {**m["death"], "collateral_of": marks[i]}} if i in marks else m)
+        if i not in marks and i not in retold:
+            out.append(m)
+            continue
+        death = {**m["death"], **retold.get(i, {})}
+        if "after" in retold.get(i, {}):
+            death.pop("own_end", None)
+        out.append({**m, "death": death | ({"collateral_of": marks[i]} if i in marks else {})})
     return out

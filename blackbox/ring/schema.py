@@ -67,6 +67,7 @@ SCHEMA: dict[str, Any] = {
         "local_rank": RANK,
         "world_size": RANK,
         "role": str,
+        "start_method": str,
         "attempt": Int(-INT64, INT64 - 1),
         "job": str,
         "argv": ListOf(str),

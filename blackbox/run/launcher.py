@@ -46,11 +46,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..collect.identity import RUN_ID_ENV, RUN_PID_ENV
+from ..collect.identity import RUN_ID_ENV, RUN_JOB_ENV, RUN_PID_ENV
 from ..ring.relayed import MAX_RELAYED_BYTES, RELAYED, Relay, relay_line
 from .bootstrap import BOOT_ENV, SITECUSTOMIZE
 from .leftovers import descendants, stat_of
 from .proc import argv_of, comm_of, command_of, program_of
+from .torchelastic import RUN_ID_ENV as TORCHELASTIC_RUN_ID
 from .witness import Witness
 
 FORWARDED = (
@@ -96,6 +97,8 @@ def job_environment(rings: Path, boot: Path) -> dict[str, str]:
     env[BOOT_ENV] = str(boot)
     env[RUN_PID_ENV] = str(os.getpid())
     env[RUN_ID_ENV] = rings.parent.name  # the run folder's name (run-<UTC time>-XXXX): the job's id
+    if not env.get(TORCHELASTIC_RUN_ID):  # not one rank's run: the whole job, torchrun's ranks below us included
+        env[RUN_JOB_ENV] = env[RUN_ID_ENV]
     return env
 
 

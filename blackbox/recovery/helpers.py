@@ -1,0 +1,69 @@
+"""What a process of the job is, named as its user would name it (pure).
+
+A ring's ``identity.role`` says where the process stands (the job's own, a
+multiprocessing child, torch.compile's, another Python child); its name says
+what it is:
+
+- ``main``: the ``torchrun agent`` where its command is torchrun
+  (``torchrun``, ``python -m torch.distributed.run`` or ``.launch``), else the
+  ``main process``;
+- ``worker``: a multiprocessing child, named by what it ran, from its own stack
+  samples: a ``DataLoader worker`` (torch's ``_worker_loop``), a
+  ``multiprocessing Pool worker`` (``multiprocessing/pool.py``'s ``worker``),
+  else a ``multiprocessing worker``; its start method (``fork``, ``spawn``,
+  ``forkserver``) is ``identity.start_method``, said beside the name;
+- ``compile_worker``, ``mp_service``, ``child``: as ``ROLE`` says.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .kinds import of_kind
+
+ROLE = {"main": "main process", "worker": "multiprocessing worker", "mp_service": "multiprocessing service process",
+        "compile_worker": "torch.compile worker", "child": "child process"}  # fmt: skip
+# (a frame of the stack, as a stack sample folds it: "function (path:line)"; the name it gives)
+WORKER_FRAMES = (
+    (r"(^|;)_worker_loop \([^;]*torch/utils/data/", "DataLoader worker"),
+    (r"(^|;)worker \([^;]*multiprocessing/pool\.py:", "multiprocessing Pool worker"),
+)
+TORCHRUN = ("torch/distributed/run.py", "torch/distributed/launch.py")
+START_METHODS = ("fork", "spawn", "forkserver")
+
+
+def process_name(ident: dict[str, Any], table: pa.Table) -> str:
+    """The name of the process that wrote this ring (see the module docstring)."""
+    role = str(ident.get("role"))
+    if role == "worker":
+        return _worker_kind(table)
+    if role in ("main", "None") and _is_torchrun(ident.get("argv")):
+        return "torchrun agent"
+    return ROLE.get(role, "main process")
+
+
+def start_method(ident: dict[str, Any]) -> str | None:
+    method = ident.get("start_method")
+    return method if method in START_METHODS else None
+
+
+def _is_torchrun(argv: Any) -> bool:
+    if not isinstance(argv, list) or not argv or not isinstance(argv[0], str):
+        return False
+    return os.path.basename(argv[0]) == "torchrun" or argv[0].endswith(TORCHRUN)
+
+
+def _worker_kind(table: pa.Table) -> str:
+    """What a multiprocessing child ran, from the distinct stacks it sampled."""
+    stacks = of_kind(table, "stack_sample", columns=["detail"])["detail"]
+    if not len(stacks):
+        return ROLE["worker"]
+    distinct = pc.unique(stacks.combine_chunks().cast(pa.string())).drop_null()
+    for pattern, name in WORKER_FRAMES:
+        if pc.any(pc.match_substring_regex(distinct, pattern)).as_py():
+            return name
+    return ROLE["worker"]

@@ -1,0 +1,132 @@
+"""Helpers of a `blackbox run` job named by what they are, with their step, and the main's own cause kept.
+
+Real jobs, each run unarmed and armed side by side (exit status, the job's own error, which process the
+kernel kills), with the verdict checked against the planted truth: which helper died, of what, at which
+step of its parent, and what the main process itself died of afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+ENV = dict(os.environ, PYTHONPATH=str(REPO))
+MAYBE_BLACKBOX = """\
+try:
+    import blackbox
+    step = blackbox.step
+except ImportError:  # unarmed: the same job, its steps told to no one
+    step = lambda n: None
+"""
+POOL_JOB = MAYBE_BLACKBOX + """\
+import multiprocessing as mp, os, sys, time
+def task(i):
+    if i == 1:  # one helper leaks until the kernel's OOM killer takes it
+        open(sys.argv[1], "w").write(str(os.getpid()))
+        kept = []
+        while True:
+            kept.append(bytearray(8 << 20))
+            time.sleep(0.005)
+    time.sleep(0.1)
+    return i
+if __name__ == "__main__":
+    with mp.get_context("fork").Pool(2) as pool:
+        for n in range(3):
+            step(n)
+            time.sleep(0.05)
+        print(pool.map_async(task, range(4)).get(timeout=3))
+"""
+
+
+def _run(tmp_path: Path, armed: bool, script: str, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    run = [sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "run"), "--"] if armed else []
+    env = ENV if armed else {**ENV, "PYTHONPATH": ""}
+    return subprocess.run([*run, sys.executable, script, *args], capture_output=True, text=True, timeout=180,
+                          env=env, cwd=tmp_path, **kw)  # fmt: skip
+
+
+def _bundle(tmp_path: Path) -> dict[str, Any]:
+    (run,) = (tmp_path / "run").glob("run-*")
+    meta: dict[str, Any] = json.loads((run / "bundle" / "metadata.json").read_text())
+    return meta
+
+
+def test_a_pool_helper_oom_killed_is_named_and_the_main_keeps_its_timeout(tmp_path: Path, memory_cgroup) -> None:  # type: ignore[no-untyped-def]
+    # GIVEN a job whose multiprocessing Pool helper (fork) leaks at the main's step 2 in a 300 MiB cgroup; the
+    # kernel OOM-kills it, and the main, waiting on map_async(...).get(timeout=3), raises TimeoutError
+    (tmp_path / "job.py").write_text(POOL_JOB)
+    ends = {}
+    for armed in (False, True):
+        cg = memory_cgroup(300 << 20)
+        leaker = tmp_path / f"leaker-{armed}"
+        proc = _run(tmp_path, armed, "job.py", str(leaker), preexec_fn=cg.join)
+        # THEN armed as unarmed: exit 1 of the TimeoutError, and the kernel killed the leaking helper, once
+        assert proc.returncode == 1 and "multiprocessing.context.TimeoutError" in proc.stderr, proc.stderr[-2000:]
+        assert cg.oom_kills() == 1 and not Path(f"/proc/{leaker.read_text()}").exists()
+        ends[armed] = int(leaker.read_text())
+    meta = _bundle(tmp_path)
+    helper = ends[True]
+    # AND the first death is the helper's: a Pool helper (not a DataLoader worker), started by fork, at step 2
+    first = meta["first_death"]
+    assert (first["pid"], first["cause"], first["step"]) == (helper, "host_oom_kill", 2), first
+    assert first["victim"]["role"] == "multiprocessing Pool worker" and first["victim"]["start_method"] == "fork"
+    assert first["headline"] == (f"The multiprocessing Pool worker (pid {helper}, started by fork) was killed by the "
+                                 "kernel OOM killer.")  # fmt: skip
+    # AND the main keeps its own cause, later: its TimeoutError at its own step, the helper's death named before it
+    main = next(r for r in meta["rings"] if r["role"] == "main")
+    death = main["death"]
+    assert (death["cause"], death["step"], death["victim"]["pid"]) == ("exception", 2, main["pid"]), death
+    assert any("TimeoutError" in e for e in death["evidence"]) and death["after"]["pid"] == helper, death
+    assert death["time"] > first["time"]
+    assert meta["attempts"][-1]["deaths"] - sum(r["death"]["cause"] == "host_oom_kill" for r in meta["rings"]) == 1
+
+
+DATALOADER_JOB = MAYBE_BLACKBOX + """\
+import os, sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+class Items(Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        if i == 12:  # the worker serving item 12 is SIGKILLed there
+            open(sys.argv[1], "w").write(str(os.getpid()))
+            os.kill(os.getpid(), 9)
+        return torch.zeros(4)
+if __name__ == "__main__":
+    loader = DataLoader(Items(), batch_size=4, num_workers=1, multiprocessing_context="spawn")
+    for n, batch in enumerate(loader):
+        step(n)
+        time.sleep(0.02)
+"""
+
+
+def test_a_spawn_dataloader_worker_has_its_name_its_step_and_the_main_its_error(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    # GIVEN a DataLoader whose spawn worker is SIGKILLed as it serves item 12 (batch 3: the main is at step 2 or
+    # 3, as far as prefetching got); PyTorch then raises "DataLoader worker (pid N) is killed by signal"
+    (tmp_path / "job.py").write_text(DATALOADER_JOB)
+    for armed in (False, True):
+        proc = _run(tmp_path, armed, "job.py", str(tmp_path / f"killed-{armed}"))
+        assert proc.returncode == 1 and "is killed by signal: Killed" in proc.stderr, proc.stderr[-2000:]
+    worker = int((tmp_path / "killed-True").read_text())
+    meta = _bundle(tmp_path)
+    # THEN the first death is the worker's, from its own ring: a DataLoader worker started by spawn, with the
+    # main's step then (the worker's ring records none)
+    first = meta["first_death"]
+    assert (first["pid"], first["cause"]) == (worker, "killed"), first
+    assert first["victim"]["role"] == "DataLoader worker" and first["victim"]["start_method"] == "spawn", first
+    assert first["step"] in (0, 1, 2, 3), first
+    # AND the main's own end is its RuntimeError, after the worker's death
+    main = next(r for r in meta["rings"] if r["role"] == "main")
+    assert main["death"]["cause"] == "exception" and main["death"]["after"]["pid"] == worker, main["death"]
+    assert any("is killed by signal" in e for e in main["death"]["evidence"]), main["death"]
