@@ -23,6 +23,7 @@ from ._jobsignal import TRIES, the_jobs
 from ._recorder import DEFAULT_SAMPLE_INTERVAL, DEFAULT_STRINGS_SIZE, Phase, Recorder
 from ._warn import note_arm_site
 from .collect.exceptions import capture
+from .ring import format as fmt
 from .ring.writer import built_module
 
 _lock = threading.Lock()
@@ -176,11 +177,29 @@ def _at_worker_exit() -> None:
 
         def register(_anchor: object = None) -> None:
             util.Finalize(None, _disarm_at_exit, exitpriority=10)
+            _name_helper(mp)
 
         register()
         util.register_after_fork(_worker_exit_anchor, register)
     except Exception:
         pass
+
+
+HELPER_TARGETS = {("torch.utils.data._utils.worker", "_worker_loop"): "DataLoader worker",
+                  ("multiprocessing.pool", "worker"): "multiprocessing Pool worker"}  # fmt: skip
+_named: list[bool] = []
+
+
+def _name_helper(mp: Any) -> None:
+    """In a multiprocessing child, once its Process is known (a fork child at once, a spawn child when its
+    bootstrap runs the after-fork hooks): a ``blackbox helper: NAME`` mark saying what it runs, once."""
+    process = mp.current_process()
+    target = getattr(process, "_target", None)
+    if _named or target is None or mp.parent_process() is None:
+        return
+    _named.append(True)
+    key = (getattr(target, "__module__", None), getattr(target, "__qualname__", None))
+    _active.mark(fmt.HELPER_PREFIX + HELPER_TARGETS.get(key, "multiprocessing worker"))  # type: ignore[arg-type]
 
 
 def disarm() -> None:
@@ -286,6 +305,7 @@ def _disarm_at_exit() -> None:
 
 def _after_fork_in_child() -> None:
     global _active, _lock
+    _named.clear()  # a child of a named worker names itself
     _lock = threading.Lock()  # the parent's lock may have been held by another thread
     parent = _active
     if not parent.armed:

@@ -7,8 +7,9 @@ what it is:
 - ``main``: the ``torchrun agent`` where its command is torchrun
   (``torchrun``, ``python -m torch.distributed.run`` or ``.launch``), else the
   ``main process``;
-- ``worker``: a multiprocessing child, named by what it ran, from its own stack
-  samples: a ``DataLoader worker`` (torch's ``_worker_loop``), a
+- ``worker``: a multiprocessing child, named by what it ran: as it named itself
+  (``blackbox helper: NAME``, from its Process's target, FORMAT.md), else from
+  its own stack samples: a ``DataLoader worker`` (torch's ``_worker_loop``), a
   ``multiprocessing Pool worker`` (``multiprocessing/pool.py``'s ``worker``),
   else a ``multiprocessing worker``; its start method (``fork``, ``spawn``,
   ``forkserver``) is ``identity.start_method``, said beside the name;
@@ -23,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..ring import format as fmt
 from .kinds import of_kind
 
 ROLE = {"main": "main process", "worker": "multiprocessing worker", "mp_service": "multiprocessing service process",
@@ -58,7 +60,13 @@ def _is_torchrun(argv: Any) -> bool:
 
 
 def _worker_kind(table: pa.Table) -> str:
-    """What a multiprocessing child ran, from the distinct stacks it sampled."""
+    """What a multiprocessing child ran: as it named itself (a ``blackbox helper: NAME`` mark), else from the
+    distinct stacks it sampled."""
+    for chunk in of_kind(table, "mark", columns=["label"])["label"].chunks:
+        words = chunk.dictionary.to_pylist() if pa.types.is_dictionary(chunk.type) else chunk.to_pylist()
+        named = [w[len(fmt.HELPER_PREFIX) :] for w in words if isinstance(w, str) and w.startswith(fmt.HELPER_PREFIX)]
+        if named:
+            return named[0][:64]
     stacks = of_kind(table, "stack_sample", columns=["detail"])["detail"]
     if not len(stacks):
         return ROLE["worker"]

@@ -114,6 +114,7 @@ KINDS: dict[int, str] = {
 }
 KIND_CODES = {name: code for code, name in KINDS.items()}
 NOTE_PREFIX = "blackbox: "  # a ``mark`` with this label prefix is the recorder's own note (a collector failed)
+HELPER_PREFIX = "blackbox helper: "  # a ``mark`` naming what a multiprocessing child runs (``DataLoader worker``)
 # Two notes recovery reads back: PyTorch's allocator history lost actions between drains (the mark's value
 # is the total lost so far), and the caching allocator runs with expandable segments.
 NOTE_HISTORY_LOST = ("allocator history: actions lost between drains (PyTorch's history was full; raise "

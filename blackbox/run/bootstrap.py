@@ -173,6 +173,8 @@ def boot() -> None:
     imported numpy or torch. Never raises."""
     try:
         os.environ.setdefault(FIRST_PY_ENV, str(os.getpid()))  # the first Python process of this branch
+        if "--multiprocessing-fork" in " ".join(getattr(sys, "orig_argv", sys.argv)):
+            import multiprocessing.util  # noqa: F401  (a spawn child imports it next: armed, we hook its bootstrap)
         if arms_at_start():
             start()
         else:
