@@ -29,6 +29,7 @@ from .collect.exceptions import ExceptionRecorder
 from .collect.gpu import GpuProbe
 from .collect.host import HostProbe
 from .collect.identity import identity, role, versions
+from .collect.limits import SAMPLER_STACK, SMALL_CAPACITY, address_space, limits
 from .collect.signals import CrashRegion, SignalRecorder
 from .collect.stacks import StackSampler, thread_tuple
 from .collect.torch_hooks import DEFAULT_HISTORY_ENTRIES, TorchHooks
@@ -50,6 +51,19 @@ _KIND_GPU_SAMPLE = fmt.KIND_CODES["gpu_sample"]
 _KIND_MARK = fmt.KIND_CODES["mark"]
 _KIND_CGROUP_SAMPLE = fmt.KIND_CODES["cgroup_sample"]
 _KIND_CHILD_SAMPLE = fmt.KIND_CODES["child_sample"]
+
+
+def start_thread(thread: threading.Thread, stack: int | None) -> None:
+    """Start ``thread``, with a stack of ``stack`` bytes where given (threading's size is process-wide: set
+    for this start alone, then put back)."""
+    if stack is None:
+        thread.start()
+        return
+    before = threading.stack_size(stack)
+    try:
+        thread.start()
+    finally:
+        threading.stack_size(before)
 
 
 def _clock_pair() -> tuple[int, int]:
@@ -161,6 +175,8 @@ class Recorder:
             rec._stack_threads = thread_tuple(stack_threads) if stacks else None
             if capacity is None:
                 capacity = DEFAULT_CAPACITY if role() == "main" else HELPER_CAPACITY
+                if address_space() is not None:  # every mapped byte counts against ulimit -v: the job's, first
+                    capacity = min(capacity, SMALL_CAPACITY)
             history = DEFAULT_HISTORY_ENTRIES if allocator_history is True else int(allocator_history)
             if sync_interval is not None and not float(sync_interval) > 0:
                 raise ValueError(f"sync_interval must be > 0 seconds or None, got {sync_interval}")
@@ -212,6 +228,7 @@ class Recorder:
         self._probe = HostProbe()
         cg = self._probe.cgroup
         backend, c_ext = "c" if c_writer_module() is not None else "python", built_module() is not None
+        lim = limits()
         meta = {
             "format_version": fmt.FORMAT_VERSION,
             "writer": {"package": "blackbox", "version": __version__, "backend": backend, "c_extension": c_ext},
@@ -232,11 +249,16 @@ class Recorder:
                 "allocations_mean_bytes": self.allocations,
             },
             "cgroup": {"version": cg.version, "path": str(cg.directory)} if cg else None,
+            "limits": lim,
         }
+        limited = lim["address_space"] is not None
+        if limited:
+            self.notes.append(f"an address-space limit (RLIMIT_AS, ulimit -v) of {lim['address_space']} bytes "
+                              "is set: the ring and the sampler thread's stack are small, to take little of it")
 
         def header_for(locked: bool) -> bytes:
             m = dict(meta, liveness=LOCK_LIVENESS if locked else "pid")
-            heap = heap_bytes(self.role, self.allocations)
+            heap = heap_bytes("helper" if limited else self.role, self.allocations)
             return fmt.encode_header(capacity, strings, m, stacks_size=DEFAULT_STACKS_SIZE,
                                      crash_size=fmt.DEFAULT_CRASH_SIZE, heap_size=heap)  # fmt: skip
 
@@ -269,7 +291,7 @@ class Recorder:
         install_collectors(self, ring.path, history, modules)
         self.sample_now()
         self._sampler = threading.Thread(target=self._sample_loop, name="blackbox-sampler", daemon=True)
-        self._sampler.start()
+        start_thread(self._sampler, SAMPLER_STACK if limited else None)
 
     def note(self, text: str) -> None:
         """Something a collector could not do: kept in ``notes`` and written as a ``blackbox: ...`` mark."""

@@ -49,6 +49,7 @@ RECOVERY_ORDER = {
     "pandas_meta": 0,
     "arrays": 0,
     "family": 0,
+    "limits": 0,
     "parquet_footer": 0,
     "row_groups": 0,
     "stacks": 1,

@@ -60,6 +60,7 @@ from .hang import with_hang
 from .helpers import process_name, start_method
 from .kinds import of_kind
 from .levers import analysis
+from .limits import limit_hit
 from .slurm import SENDERS as SLURM_SENDERS
 from .timeline import iso_ns
 
@@ -100,6 +101,11 @@ def diagnose(table: pa.Table, clean: bool, ev: Evidence, meta: dict[str, Any]) -
         own = _Death(f, ev, ident, name, children=False)
         own.decide(clean)
         death["own_end"] = {k: v for k, v in own.result().items() if k in OWN_END}
+    oom = f.main_uncaught[-1] if death["cause"] == "oom_exception" and f.main_uncaught else None
+    kill = ev.kernel_kills[-1].line if ev.kernel_kills else None
+    if (hit := limit_hit(death["cause"], meta.get("limits"), f.samples[-1] if f.samples else None, oom, kill)):
+        death["limit"] = hit
+        death["evidence"].append(f"the limit it hit: {hit['text']}")
     ranked = isinstance(ident.get("world_size"), int) and ident["world_size"] > 1
     return with_hang(death, table, ranked, crashed=d.crash is not None)
 

@@ -77,6 +77,7 @@ SCHEMA: dict[str, Any] = {
     "versions": MapOf(str),
     "sample_interval_s": Number(0, 10**9),
     "cgroup": {"version": Int(1, 2), "path": str},
+    "limits": {"address_space": Int(0, INT64 - 1), "mem_total": Int(0, INT64 - 1)},
     "writer": {"package": str, "version": str, "backend": str},
     "liveness": str,
     "record_dtype": ListOf(list),

@@ -73,7 +73,9 @@ def _death(d: dict[str, Any] | None) -> list[str]:
         + (f", exit status {d['exit_status']}" if d.get("exit_status") is not None else "")
         + ".",
     ]
-    for extra in (_victim(d.get("victim")), _composition(d.get("memory_at_end"))):
+    limit = d.get("limit")
+    hit = f"The limit it hit: {limit['text']}." if isinstance(limit, dict) and limit.get("text") else ""
+    for extra in (_victim(d.get("victim")), hit, _composition(d.get("memory_at_end"))):
         if extra:
             lines += ["", extra]
     killer = d.get("killed_by")
