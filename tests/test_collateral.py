@@ -152,7 +152,7 @@ def test_a_rank_stopped_after_a_death_on_another_host_is_collateral_job_wide(tmp
     rows = {r["pid"]: r for r in job_pass.ranks().to_pylist()}
     assert (rows[rank1]["collateral_of"], rows[rank0]["collateral_of"]) == (rank0, None)
     assert rows[rank1]["stopped_by"] is None  # its parent is no launcher blackbox knows by name
-    assert "2 ranks: rank 0 killed; rank 1 stopped by the launcher after rank 0 died." in text
+    assert "2 ranks: rank 0 killed; rank 1 stopped by the parent process after rank 0 died." in text
 
 
 RANK_UNDER_RUN = """

@@ -89,6 +89,10 @@ def test_a_pool_helper_oom_killed_is_named_and_the_main_keeps_its_timeout(tmp_pa
     assert any("TimeoutError" in e for e in death["evidence"]) and death["after"]["pid"] == helper, death
     assert death["time"] > first["time"]
     assert meta["attempts"][-1]["deaths"] - sum(r["death"]["cause"] == "host_oom_kill" for r in meta["rings"]) == 1
+    # AND the helpers the Pool's main terminated after it are said to be stopped by it, not by a launcher
+    (run,) = (tmp_path / "run").glob("run-*")
+    summary = (run / "bundle" / "summary.md").read_text()
+    assert f"stopped by the parent process after pid {helper} died" in summary and "the launcher" not in summary
 
 
 # PyTorch's words for a worker that died, as the main learns it (killed, or gone while the main waited)

@@ -175,7 +175,7 @@ def _after_first(first: dict[str, Any], r: dict[str, Any]) -> str:
     """How a collateral row ended, after the first death: stopped by its launcher; in a hang, that or its own
     end while it waited for the stuck rank (a collective's timeout)."""
     if first.get("cause") != "hang":
-        return f"stopped by {r.get('stopped_by') or 'the launcher'} after {_short(first)} died"
+        return f"stopped by {r.get('stopped_by') or 'the parent process'} after {_short(first)} died"  # a Pool's main
     if r.get("stopped_by"):
         return f"stopped by {r['stopped_by']} after {_short(first)} hung"
     if r.get("rank") is None:  # the launcher: torchrun's agent failing the job
