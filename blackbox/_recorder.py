@@ -211,6 +211,9 @@ class Recorder:
         self.role, self._identity, self._started_ns = ident["role"], ident, wall
         target, is_folder = resolve_target(path)
         folder = target if is_folder else target.parent
+        if not is_folder and not target.suffix and not os.path.lexists(target):  # arm("rings"): a file or a folder?
+            warn(f"made the ring file {target} (a path that does not exist names the ring file: end it with "
+                 f"'/', or make the folder first, for a folder of rings)")  # fmt: skip
         if path is None:
             safe_folder(folder)  # the default folder: ours alone, or we do not arm
         else:

@@ -7,6 +7,7 @@ import re
 import socket
 import stat
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -235,3 +236,16 @@ def test_sync_interval_msyncs_periodically_without_changing_the_sampling(tmp_pat
     with pytest.warns(blackbox.BlackboxWarning, match="sync_interval"):
         bad = blackbox.Recorder.arm(tmp_path / "b.ring", sync_interval=0)
     assert not bad.armed
+
+
+def test_a_new_path_without_a_suffix_says_it_made_the_ring_file_not_a_folder(tmp_path: Path) -> None:
+    # GIVEN paths where nothing is: "rings" (a folder or a file?), "job.ring" and "new/" (plain)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        # WHEN each is armed
+        for path in (tmp_path / "rings", tmp_path / "job.ring", str(tmp_path / "new") + "/"):
+            blackbox.Recorder.arm(path, capacity=64, sample_interval=3600).disarm()
+    # THEN "rings" is the ring file, and arm said so in one warning; the others said nothing
+    texts = [str(w.message) for w in said if issubclass(w.category, blackbox.BlackboxWarning)]
+    assert (tmp_path / "rings").is_file() and (tmp_path / "job.ring").is_file() and (tmp_path / "new").is_dir()
+    assert len(texts) == 1 and f"made the ring file {tmp_path / 'rings'}" in texts[0] and "'/'" in texts[0], texts

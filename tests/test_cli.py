@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest import REPO, tick_kinds
 
 import blackbox
-from blackbox.cli import info, main, recover
+from blackbox.cli import demo, info, main, recover
 
 
 @pytest.fixture
@@ -43,9 +46,12 @@ def test_recover_cli_writes_bundle_and_prints_summary(
 ) -> None:
     out = tmp_path / "bundle"
     assert recover.main([str(ring), "-o", str(out), "--summary"]) == 0
-    printed = capsys.readouterr().out
-    assert printed.startswith(f"wrote {out}/ (64 events") and "## Recovery" in printed
-    assert (out / "timeline.parquet").exists()
+    printed = capsys.readouterr()
+    assert printed.out.startswith(f"wrote {out}/ (64 events") and "## Recovery" in printed.out
+    assert (out / "timeline.parquet").exists() and "replaced" not in printed.err
+    # AND recovered again to the same OUT, it says in one line that it replaced the earlier bundle
+    assert recover.main([str(ring), "-o", str(out)]) == 0
+    assert capsys.readouterr().err == f"blackbox: replaced the earlier bundle at {out}/\n"
 
 
 def test_recover_without_out_is_a_usage_error(ring: Path) -> None:
@@ -67,6 +73,25 @@ def test_demo_arms_kills_recovers_and_summarises(tmp_path: Path, capsys: pytest.
     assert "sent SIGKILL" in out and "No clean end was recorded" in out
     meta = json.loads((tmp_path / "demo" / "bundle" / "metadata.json").read_text())
     assert meta["clean"] is False and meta["last_step"] >= 5
+    # AND its last hint runs as printed (by a shell: shlex splits it as bash does)
+    (hint,) = [line for line in out.splitlines() if line.startswith("[demo] query it with DuckDB: ")]
+    counted = subprocess.run(shlex.split(hint.split(": ", 1)[1]), capture_output=True, text=True, timeout=120)
+    assert counted.returncode == 0 and "stack_sample" in counted.stdout, counted.stderr
+
+
+def test_the_demos_hint_without_duckdb_counts_with_pyarrow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a timeline whose path has a space and a quote, and no DuckDB
+    timeline = tmp_path / "it's a bundle" / "timeline.parquet"
+    timeline.parent.mkdir()
+    pq.write_table(pa.table({"kind": ["sample", "step", "sample"]}), timeline)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "duckdb" else real(name, *a))
+    # WHEN the hint is run as printed
+    hint = demo.query_hint(timeline)
+    counted = subprocess.run(shlex.split(hint.split(": ", 1)[1]), capture_output=True, text=True, timeout=120)
+    # THEN it counts the rows by kind
+    assert hint.startswith("count its rows by kind (pip install duckdb for SQL): ")
+    assert counted.returncode == 0 and "sample" in counted.stdout and "2" in counted.stdout, counted.stderr
 
 
 def test_demo_names_its_planted_leak_with_the_bytes_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

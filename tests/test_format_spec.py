@@ -100,3 +100,11 @@ def test_stack_entry_table_matches_struct() -> None:
     assert "1 = frame, 2 = stack" in rows[1][2] and (fmt.STACK_FRAME, fmt.STACK_STACK) == (1, 2)
     assert f"at most {fmt.MAX_FRAME_BYTES} bytes" in SPEC and f"at most {fmt.MAX_STACK_DEPTH}" in SPEC
     assert fmt.STACK_TRUNCATED_TEXT in SPEC and fmt.STRING_BUSY_TEXT in SPEC
+
+
+def test_readme_lists_every_kind_of_the_timeline() -> None:
+    # README's paragraph on timeline.parquet names every kind a row may have (cgroup_sample was missing)
+    readme = (Path(fmt.__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    paragraph = readme.split("`timeline.parquet` has one row per event", 1)[1].split("`label`, `value`", 1)[0]
+    named = set(re.findall(r"`([a-z_]+)`", paragraph))
+    assert set(fmt.KIND_CODES) <= named, sorted(set(fmt.KIND_CODES) - named)

@@ -12,11 +12,13 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 from conftest import REPO, spawn_py
 
+import blackbox
 from blackbox._postmortem import write_postmortem
 from blackbox.ring.reader import find_rings, read_ring
 from blackbox.ring.writer import NO_C_ENV, NO_C_EXTENSION
@@ -228,3 +230,21 @@ def test_a_one_shot_handler_installed_after_arm_is_the_jobs(tmp_path: Path) -> N
     # THEN its exception reaches the job, never taken for blackbox's failure (the one warning is arm's)
     assert out == "the job caught: worker died\n", out + err
     assert err.count("BlackboxWarning") == 1 and NO_C_EXTENSION in err, err
+
+
+def test_allocations_asked_for_are_not_sampled_and_the_recorder_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN no C extension (neither is built without a C compiler)
+    monkeypatch.setenv(NO_C_ENV, "1")
+    # WHEN a job asks for allocation sampling
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rec = blackbox.Recorder.arm(tmp_path / "job.ring", capacity=1024, sample_interval=3600, allocations=True)
+    try:
+        # THEN it records, samples no allocation, and its notes say so, as NO_C_EXTENSION does at arm
+        assert rec.armed and rec._allocs is None
+        assert any(n.startswith("allocations not sampled") and "not built" in n for n in rec.notes), rec.notes
+        assert "allocations are not sampled" in NO_C_EXTENSION
+    finally:
+        rec.disarm()

@@ -81,8 +81,13 @@ def test_arm_keeps_the_default_count_and_never_a_live_ring(tmp_path: Path, monke
         _age(live, 100_000)  # the oldest of all
         old = [_old_ring(tmp_path, f"old{i:03}.ring", 10_000 - i) for i in range(DEFAULT_COUNT + 5)]
         # WHEN a process arms with no setting at all
-        assert _arm_in(tmp_path).stdout.strip() == "True"
-        # THEN the folder holds the default count: the live ring, the newest old ones and the new ring
+        armed = _arm_in(tmp_path)
+        assert armed.stdout.strip() == "True"
+        # THEN it says in one line what it removed, where, and by which setting
+        said = [line for line in armed.stderr.splitlines() if "BlackboxWarning" in line]
+        assert len(said) == 1 and "removed 7 old rings (" in said[0] and f"from {tmp_path}" in said[0], armed.stderr
+        assert f"within {DEFAULT_KEEP} (the default keep" in said[0], said
+        # AND the folder holds the default count: the live ring, the newest old ones and the new ring
         rings = sorted(tmp_path.glob("*.ring"))
         assert len(rings) == DEFAULT_COUNT
         assert live.exists(), "another process's armed ring is never removed"
@@ -112,9 +117,12 @@ def test_arm_keeps_the_default_size(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 def test_keep_off_and_keep_argument_override_the_default(tmp_path: Path) -> None:
     old = [_old_ring(tmp_path, f"old{i}.ring", 10_000 - i) for i in range(4)]
-    assert _arm_in(tmp_path, {"BLACKBOX_KEEP": "off"}).stdout.strip() == "True"
+    kept = _arm_in(tmp_path, {"BLACKBOX_KEEP": "off"})
+    assert kept.stdout.strip() == "True" and "BlackboxWarning" not in kept.stderr, "nothing removed: nothing said"
     assert all(p.exists() for p in old), "BLACKBOX_KEEP=off keeps everything"
-    assert _arm_in(tmp_path, {"BLACKBOX_KEEP": "off"}, keep="count=2").stdout.strip() == "True"
+    pruned = _arm_in(tmp_path, {"BLACKBOX_KEEP": "off"}, keep="count=2")
+    assert pruned.stdout.strip() == "True" and "removed 4 old rings (" in pruned.stderr, pruned.stderr
+    assert "within count=2 (keep=;" in pruned.stderr, pruned.stderr
     assert not any(p.exists() for p in old), "arm's keep= wins over the environment"
     assert len(list(tmp_path.glob("*.ring"))) == 2, "the young ring of the first arm stays (never removed)"
     bad = _arm_in(tmp_path, keep="forever")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -63,9 +65,23 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write((bundle / SUMMARY).read_text())
     meta = json.loads((bundle / "metadata.json").read_text())
     print(f"\n[demo] {leak_found(meta.get('allocations'), *planted, steps=last + 1)}", flush=True)
-    query = f"SELECT kind, count(*) AS n FROM '{bundle}/timeline.parquet' GROUP BY kind ORDER BY n DESC"
-    print(f'\n[demo] query it with DuckDB: python -c "import duckdb; duckdb.sql(\\"{query}\\").show()"')
+    print(f"\n[demo] {query_hint(bundle / 'timeline.parquet')}")
     return 0
+
+
+def query_hint(timeline: Path) -> str:
+    """A command that counts the timeline's rows by kind, runnable as printed: this interpreter, the path
+    quoted for the shell; DuckDB where it is installed, else pyarrow (a dependency)."""
+    path = json.dumps(str(timeline))  # a Python string in double quotes: the shell's single quotes hold it
+    if importlib.util.find_spec("duckdb") is not None:
+        code = (f'import duckdb; duckdb.read_parquet({path})'
+                '.aggregate("kind, count(*) AS n", "kind").order("n DESC").show()')
+        how = "query it with DuckDB"
+    else:
+        code = (f'import pyarrow.parquet as pq; t = pq.read_table({path}, columns=["kind"]); '
+                'print(t.group_by("kind").aggregate([("kind", "count")]).sort_by([("kind_count", "descending")]))')
+        how = "count its rows by kind (pip install duckdb for SQL)"
+    return f"{how}: {shlex.join([sys.executable, '-c', code])}"
 
 
 def _short(site: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,9 +53,11 @@ def run(args: argparse.Namespace) -> int:
 
     out = args.out
     targets = [str(t) for t in args.rings]  # a URI never goes through Path
+    earlier = _holds_something(out)
     if kind_of(targets) != "rings":
         with writing(out, "the job-wide bundle", reads_too=True):
             meta = write_job(targets, out)
+        _say_replaced(out, earlier)
         if args.json:
             return _json(out, meta, args.summary)
         print(f"wrote {out}/ (job-wide: {_count(meta['ring_count'], 'ring')} on {_count(meta['hosts'], 'host')} "
@@ -68,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     with writing(out, "the bundle", reads_too=True), progress("recovering") as tick:
         meta = write_postmortem([Path(p) for p in targets], out, progress=tick, raw=args.raw)
+    _say_replaced(out, earlier)
     if args.json:
         return _json(out, meta, args.summary)
     rec = meta["recovery"]
@@ -107,6 +111,23 @@ def _json(out: str, meta: dict[str, Any], summary: bool) -> int:
         said["summary"] = read_summary(out)
     print(json.dumps(said, indent=1, default=str))
     return 0
+
+
+def _holds_something(out: str) -> bool:
+    """OUT is a local folder with something in it: an earlier bundle, which the new one replaces whole (a
+    folder holding anything else is refused, untouched)."""
+    if "://" in out:
+        return False
+    try:
+        with os.scandir(out) as entries:
+            return any(True for _ in entries)
+    except OSError:
+        return False
+
+
+def _say_replaced(out: str, earlier: bool) -> None:
+    if earlier:
+        print(f"blackbox: replaced the earlier bundle at {out}/", file=sys.stderr)
 
 
 def _count(n: int, noun: str) -> str:

@@ -39,6 +39,7 @@ except ImportError:  # pragma: no cover (an interpreter built without it)
     from hashlib import blake2b
 
 from ..ring import format as fmt
+from ..ring.writer import NO_C_ENV
 from .stacks import StackTable
 
 DEFAULT_MEAN_BYTES = 1 << 20  # R: one sample per MiB allocated, on average
@@ -51,7 +52,10 @@ _STDLIB = (os.path.dirname(os.__file__) + os.sep, os.path.dirname(os.path.dirnam
 
 
 def sample_module() -> Any:
-    """The compiled sampler, or None where it is not built."""
+    """The compiled sampler, or None where it is not built (or BLACKBOX_NO_C_EXTENSION=1 says to act as an
+    install without a C compiler, which builds neither extension)."""
+    if os.environ.get(NO_C_ENV, "") not in ("", "0"):
+        return None
     try:
         from . import _csample  # type: ignore[attr-defined]
     except ImportError:

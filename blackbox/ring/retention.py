@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._errors import BlackboxError
+from .._units import human_bytes
 from . import format as fmt
 from .file import RING_SUFFIX, SIDECAR_SUFFIXES, SLURM_FOLDER_PREFIX
 from .header import probe
@@ -264,10 +265,10 @@ def folder_entries(where: Folder | Path, now: float | None = None) -> list[Entry
         return _rings_in(folder, listed, now) + _runs_in(folder, listed, now, 0)
 
 
-def prune_ring_folder(path: Path, keep: str, new: int = 1) -> list[Path]:
+def prune_ring_folder(path: Path, keep: str, new: int = 1) -> list[Entry]:
     """Make room in a ring folder by a keep setting (``new``: entries about to be made count already): the
     folder opened once, everything listed and removed relative to it. As root, a folder of another user's
-    is left as it is (its owner's own arms keep it within their setting)."""
+    is left as it is (its owner's own arms keep it within their setting). Returns the entries removed."""
     count, size = parse_keep(keep)
     if count is None and size is None:
         return []
@@ -278,7 +279,7 @@ def prune_ring_folder(path: Path, keep: str, new: int = 1) -> list[Path]:
         for e in doomed:
             delete(folder, e)
         sweep(folder)
-    return [e.path for e in doomed]
+    return doomed
 
 
 def keep_setting(keep: str | None) -> str:
@@ -299,14 +300,29 @@ def in_run_folder(folder: Path) -> bool:
     )
 
 
+def _counted(gone: list[Entry]) -> str:
+    """``2 old rings and 1 old folder`` (a run folder, a Slurm job's folder)."""
+    rings = sum(e.path.name.endswith(RING_SUFFIX) for e in gone)
+    parts = [(rings, "ring"), (len(gone) - rings, "folder")]
+    return " and ".join(f"{n} old {what}{'s' if n > 1 else ''}" for n, what in parts if n)
+
+
 def keep_at_arm(folder: Path, keep: str | None, new: int = 1) -> str | None:
     """At arm: keep the ring folder within the keep setting in force (``new``: entries about to be made).
-    Never raises: what went wrong comes back as a warning's text (a bad setting never stops arming)."""
+    Never raises. Returns a warning's text: what it removed (one line, never silently), or what went wrong
+    (a bad setting never stops arming); None where it removed nothing."""
+    removed: list[tuple[Path, list[Entry]]] = []
     try:
         if not in_run_folder(folder):
-            prune_ring_folder(folder, keep_setting(keep), new)
+            removed.append((folder, prune_ring_folder(folder, keep_setting(keep), new)))
         if folder.name.startswith(SLURM_FOLDER_PREFIX):  # a Slurm job's own folder: the user's folder around it
-            prune_ring_folder(folder.parent, keep_setting(keep), 0)
+            removed.append((folder.parent, prune_ring_folder(folder.parent, keep_setting(keep), 0)))
     except Exception as exc:
         return f"{'keep=' if keep is not None else KEEP_ENV} not applied: {exc}"
-    return None
+    said = [f"removed {_counted(gone)} ({human_bytes(sum(e.size for e in gone))}) from {where}"
+            for where, gone in removed if gone]  # fmt: skip
+    if not said:
+        return None
+    how = "keep=" if keep is not None else KEEP_ENV if os.environ.get(KEEP_ENV) else "the default keep"
+    return (f"{'; '.join(said)}, to keep it within {keep_setting(keep)} ({how}; keep=\"off\" or {KEEP_ENV}=off "
+            "keeps everything)")  # fmt: skip
