@@ -1,6 +1,7 @@
 """The raw rings a bundle keeps (rings/<ring>.zst): byte for byte the rings recovered, read from the
-descriptor they were recovered through, within a cap; read again by `recover` as rings, a planted
-decompression bomb or a file that is not zstd refused in one line."""
+descriptor they were recovered through, within a cap; read again by `recover` as rings, only as their
+bundle lists them (size and sha256) and within a ratio and a budget: a planted decompression bomb, a
+changed or cut ring, or a file that is not zstd refused in one line."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ from blackbox._errors import NotARingError
 from blackbox.cli import main
 from blackbox.recovery import bundle
 from blackbox.recovery.pipeline import RecoveryPass
+from blackbox.ring import format as fmt
 from blackbox.ring import packed, reader
+from blackbox.ring import packed as unpack
 from blackbox.ring.reader import read_header
 
 _KILLED = """
@@ -247,30 +250,117 @@ def _limit_file_size(limit: int) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
 
-def test_a_zstd_bomb_is_refused_in_one_line_and_no_file_grows_past_the_cap(ring: Path, tmp_path: Path) -> None:
-    # GIVEN a small .zst: the ring's real header (declaring 34 MiB) followed by 1 GiB of ones
-    declared = read_header(ring).file_size
-    head = ring.read_bytes()[: 1 << 20]
-    compressor = zstandard.ZstdCompressor(level=3).compressobj()
-    parts = [compressor.compress(head), *(compressor.compress(b"\x01" * (1 << 20)) for _ in range(1023))]
-    bomb = tmp_path / "bomb.ring.zst"
-    bomb.write_bytes(b"".join([*parts, compressor.flush()]))
-    assert bomb.stat().st_size < 1 << 20
+def planted(folder: Path, frame: bytes, raw: bytes | None = None, name: str = "planted.ring.zst") -> Path:
+    """``folder`` made a bundle of one kept ring, the .zst ``frame``, listed in its metadata.json as
+    ``raw`` (the bytes it should decompress to; by default what it does) as a hostile writer would list it."""
+    (folder / "rings").mkdir(parents=True)
+    (folder / "rings" / name).write_bytes(frame)
+    if raw is None:
+        raw = zstandard.ZstdDecompressor().stream_reader(frame, read_across_frames=True).read()
+    listed = {"file": f"rings/{name}", "raw_bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+    (folder / "metadata.json").write_text(json.dumps({"raw_rings": {"kept": [listed]}}))
+    return folder / "rings" / name
+
+
+def bomb(ring: Path, declared: int) -> tuple[bytes, int, str]:
+    """A small .zst: a ring header (the ring's metadata) declaring about ``declared`` bytes, then ones up to
+    that size: (the frame, its size once decompressed, the sha256 of those bytes, as a planted listing)."""
+    crafted = fmt.encode_header(declared // fmt.RECORD_SIZE, 64 << 10, read_header(ring).meta, stacks_size=8192,
+                                crash_size=4096)  # fmt: skip
+    size = fmt.decode_header(crafted, len(crafted)).file_size
+    compressor, digest = zstandard.ZstdCompressor(level=3).compressobj(), hashlib.sha256(crafted)
+    parts, ones, at = [compressor.compress(crafted)], b"\x01" * (1 << 20), len(crafted)
+    while at < size:
+        piece = ones[: size - at]
+        parts.append(compressor.compress(piece))
+        digest.update(piece)
+        at += len(piece)
+    return b"".join([*parts, compressor.flush()]), size, digest.hexdigest()
+
+
+def test_a_zstd_bomb_is_refused_in_one_line_and_no_file_grows_past_the_ratio(ring: Path, tmp_path: Path) -> None:
+    # GIVEN a planted bundle whose one .zst of a few KiB decompresses to 256 MiB of ones, as its ring's header
+    # and its bundle's listing (size and sha256) both declare
+    frame, size, sha = bomb(ring, 256 << 20)
+    assert len(frame) < 64 << 10
+    planted_ring = planted(tmp_path / "bundle", frame, raw=b"")
+    listed = {"file": f"rings/{planted_ring.name}", "raw_bytes": size, "sha256": sha}
+    (tmp_path / "bundle" / "metadata.json").write_text(json.dumps({"raw_rings": {"kept": [listed]}}))
     private = tmp_path / "tmp"
     private.mkdir()
-    # WHEN it is recovered, no process allowed to write a file past the declared size and a MiB
+    room = unpack.RATIO_FLOOR + unpack.MAX_RATIO * len(frame)
+    # WHEN its rings/ is recovered, no process allowed to write a file past the ratio's room and a MiB
     env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(private))
     proc = subprocess.run(
-        [sys.executable, "-m", "blackbox", "recover", str(bomb), "-o", str(tmp_path / "b")],
+        [sys.executable, "-m", "blackbox", "recover", str(planted_ring.parent), "-o", str(tmp_path / "b")],
         capture_output=True, text=True, env=env, timeout=120,
-        preexec_fn=lambda: _limit_file_size(declared + (1 << 20)),
+        preexec_fn=lambda: _limit_file_size(room + (1 << 20)),
     )  # fmt: skip
     # THEN one line names what was expected and what was found, and nothing is left behind
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr
-    assert f"{bomb}: expected at most {declared} bytes once decompressed" in proc.stderr
+    said = f"{planted_ring}: expected at most 16 MiB and 64 times its {len(frame)} bytes once decompressed"
+    assert said in proc.stderr
     assert "found more" in proc.stderr
     assert os.listdir(private) == [] and not (tmp_path / "b").exists()
+
+
+def test_what_one_recovery_decompresses_is_bounded_in_all(ring: Path, tmp_path: Path) -> None:
+    # GIVEN a bundle keeping three rings, and a recovery that may decompress two of them
+    folder = tmp_path / "rings"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"rank{i}.ring").write_bytes(ring.read_bytes())
+    assert main(["recover", str(folder), "-o", str(tmp_path / "b")]) == 0
+    recovery = RecoveryPass([tmp_path / "b" / "rings"])
+    recovery.unpacking = unpack.Unpacking(2 * ring.stat().st_size + 1)
+    # WHEN they are recovered
+    tables = list(recovery.tables())
+    meta = recovery.finish()
+    # THEN two are read, the third named unread in one line, and all of the budget but a byte was used
+    assert len(tables) == 2
+    (unread,) = meta["unread_rings"]
+    assert unread["ring"].endswith("rank2.ring.zst") and "beyond what one recovery decompresses" in unread["reason"]
+    assert recovery.unpacking.left == 1
+
+
+def test_a_kept_ring_whose_bytes_are_not_what_its_bundle_lists_is_refused(ring: Path, tmp_path: Path) -> None:
+    # GIVEN the ring's bundle, its .zst then replaced by the ring with one byte of a record changed
+    out = tmp_path / "b"
+    assert main(["recover", str(ring), "-o", str(out)]) == 0
+    changed = bytearray(ring.read_bytes())
+    changed[read_header(ring).records_offset + 5000] ^= 0xFF
+    zst = out / raw_of(out)["kept"][0]["file"]
+    zst.write_bytes(zstandard.ZstdCompressor(level=1).compress(bytes(changed)))
+    # WHEN the kept ring is recovered, THEN it is refused in one line naming both sizes and hashes
+    code, err = _recover_err(zst, tmp_path / "again")
+    listed = hashlib.sha256(ring.read_bytes()).hexdigest()[:16]
+    found = hashlib.sha256(changed).hexdigest()[:16]
+    assert code == 1 and err.count("\n") == 1, err
+    assert f"expected the {len(changed)} bytes of sha256 {listed}... its bundle lists, found {len(changed)} bytes " \
+           f"of sha256 {found}... (not read); `zstd -dc` gives the ring back" in err  # fmt: skip
+
+
+def test_a_zst_no_bundle_lists_is_refused_and_zstd_gives_it_back(ring: Path, tmp_path: Path) -> None:
+    # GIVEN a ring compressed by hand, in a folder with no bundle's metadata.json
+    zst = tmp_path / "x" / "job.ring.zst"
+    zst.parent.mkdir()
+    zst.write_bytes(zstandard.ZstdCompressor(level=1).compress(ring.read_bytes()))
+    # WHEN it is recovered, THEN it is refused in one line that says how to read it
+    code, err = _recover_err(zst, tmp_path / "b")
+    assert code == 1 and err.count("\n") == 1 and "`zstd -dc` gives the ring back" in err, err
+    assert "metadata.json: expected the bundle's metadata.json, found nothing at that path" in err, err
+    # AND decompressed by zstd it is recovered as any ring
+    (tmp_path / "x" / "job.ring").write_bytes(subprocess.run(["zstd", "-dc", str(zst)], capture_output=True,
+                                                             check=True).stdout)  # fmt: skip
+    assert main(["recover", str(tmp_path / "x" / "job.ring"), "-o", str(tmp_path / "c"), "--no-raw"]) == 0
+
+
+def _recover_err(target: Path, out: Path) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, "-m", "blackbox", "recover", str(target), "-o", str(out), "--no-raw"],
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                          timeout=120)  # fmt: skip
+    return proc.returncode, proc.stderr
 
 
 def _frame_with_window(log: int) -> bytes:
@@ -303,29 +393,37 @@ def _frame_with_window(log: int) -> bytes:
 def test_a_zst_that_is_not_a_compressed_ring_is_refused_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, found: str
 ) -> None:
-    planted = tmp_path / "planted.ring.zst"
-    planted.write_bytes(content)
-    assert main(["recover", str(planted), "-o", str(tmp_path / "b")]) == 1
+    target = planted(tmp_path / "bundle", content, raw=b"listed as anything")
+    assert main(["recover", str(target), "-o", str(tmp_path / "b")]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"{planted}{found}" in err, err
+    assert err.count("\n") == 1 and f"{target}{found}" in err, err
 
 
-def test_a_frame_cut_short_is_recovered_as_a_truncated_ring(ring: Path, tmp_path: Path) -> None:
-    # GIVEN the ring's .zst cut short (a copy interrupted) where its first thousand slots end
-    header = read_header(ring)
-    data = ring.read_bytes()
-    stream = zstandard.ZstdCompressor(level=1).compressobj()
-    cut = stream.compress(data[: header.records_offset + 1000 * 128]) + stream.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
-    planted = tmp_path / "cut.ring.zst"
-    planted.write_bytes(cut)
-    # WHEN it is recovered
+def test_a_frame_cut_short_is_refused_and_zstd_gives_its_events_back(ring: Path, tmp_path: Path) -> None:
+    # GIVEN the ring's bundle, its .zst cut short (a copy interrupted) where the ring's first thousand slots end
     out = tmp_path / "b"
-    assert main(["recover", str(planted), "-o", str(out), "--no-raw"]) == 0
-    # THEN the events of those slots are salvaged, and the recovery says the rest was missing
-    meta = json.loads((out / "metadata.json").read_text())
-    assert meta["recovery"]["slots_read"] == 1000 and meta["recovery"]["slots"] == header.capacity
-    seqs = pq.read_table(out / "timeline.parquet", columns=["seq"])["seq"].to_pylist()
-    assert len(seqs) == meta["events"] == 999 and max(seqs) == 999
+    assert main(["recover", str(ring), "-o", str(out)]) == 0
+    header = read_header(ring)
+    stream = zstandard.ZstdCompressor(level=1).compressobj()
+    data = ring.read_bytes()
+    cut = stream.compress(data[: header.records_offset + 1000 * 128]) + stream.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+    zst = out / raw_of(out)["kept"][0]["file"]
+    zst.write_bytes(cut)
+    # WHEN it is recovered, THEN it is refused in one line: not the bytes its bundle lists
+    code, err = _recover_err(zst, tmp_path / "again")
+    assert code == 1 and err.count("\n") == 1, err
+    assert f"expected the {len(data)} bytes of sha256" in err and f"found {header.records_offset + 128000} bytes" in err
+    # AND what zstd gives back of it (the CLI stops at its last whole buffer: 992 of the 1000 slots here) is
+    # recovered as a truncated ring: every event of those slots salvaged
+    back = tmp_path / "cut.ring"
+    back.write_bytes(subprocess.run(["zstd", "-dc", str(zst)], capture_output=True).stdout)
+    slots = (back.stat().st_size - header.records_offset) // 128
+    assert 900 < slots <= 1000
+    assert main(["recover", str(back), "-o", str(tmp_path / "c"), "--no-raw"]) == 0
+    meta = json.loads((tmp_path / "c" / "metadata.json").read_text())
+    assert meta["recovery"]["slots_read"] == slots and meta["recovery"]["slots"] == header.capacity
+    seqs = pq.read_table(tmp_path / "c" / "timeline.parquet", columns=["seq"])["seq"].to_pylist()
+    assert len(seqs) == meta["events"] == slots - 1 and max(seqs) == slots - 1
 
 
 _PACKING_STALLS = """

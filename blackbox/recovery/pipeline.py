@@ -23,7 +23,7 @@ from .._errors import BlackboxError
 from ..ring import format as fmt
 from ..ring.folded import read_folded
 from ..ring.inputs import Folder
-from ..ring.packed import KeptRings
+from ..ring.packed import KeptRings, Unpacking
 from ..ring.reader import Listing, Ring, Unread, list_rings, nothing_read, read_header, read_ring
 from .diagnosis import diagnose
 from .evidence import CgroupCounters, KernelKill, gather, kernel_oom_kills
@@ -161,10 +161,11 @@ class RecoveryPass:
         self.progress: Callable[[int, int, str], None] | None = None  # told (done, all, ring) per ring read
         self.relays = RelayIndex()  # the real senders of the signals `blackbox run` relayed
         self.kept = KeptRings() if keep_raw else None  # the rings read, held open for the bundle's rings/
+        self.unpacking = Unpacking()  # kept rings (*.zst) read back: as their bundle lists them, 2 GiB in all
 
     def _one(self, path: Path) -> tuple[pa.Table, dict[str, Any], KernelKill | None, str | None, int]:
         kept, folder = self.kept, self.listing.folders[path]
-        ring = read_ring(path, folder, owners=self.owners,
+        ring = read_ring(path, folder, owners=self.owners, unpacking=self.unpacking,
                          hold=None if kept is None else lambda fd: kept.hold(path, fd))  # fmt: skip
         window, children = _window_and_children(ring)
         table = ring_table(ring, release=True)  # the ring's slots are freed once their columns are taken

@@ -32,7 +32,7 @@ from .header import read_header as read_header
 from .heap import HeapScan, read_heap
 from .inputs import Folder, nonzero_spans, open_folder, open_input, read_at, what_is
 from .liveness import lock_held
-from .packed import PACKED_SUFFIX, unpack
+from .packed import PACKED_SUFFIX, Unpacking
 from .scan import StackScan, scan_stack_spans, scan_string_spans
 from .slots import read_slots
 
@@ -125,15 +125,18 @@ def read_ring(
     *,
     hold: Callable[[int], None] | None = None,
     owners: Collection[int] | None = None,
+    unpacking: Unpacking | None = None,
 ) -> Ring:
     """Read and validate one ring file, as untrusted input (see ``inputs``): never through a link,
     never blocking on a FIFO, memory and time bounded by the bytes the file really holds. A
-    ``*.zst`` is decompressed first into a private file (``packed.unpack``: its header bounds it).
+    ``*.zst`` is decompressed first into a private file (``unpack``: its bundle's listing bounds it).
 
     ``folder``: the folder holding it, already open (``path``'s name is looked up in it).
     ``hold``: given a descriptor of the file read (the decompressed file of a ``.zst``), the callee's to close,
     once its header is valid and before its slots are read (so that it can be copied meanwhile).
     ``owners``: the only uids whose rings are read (Slurm's epilogue: the job's user); another's is refused.
+    ``unpacking``: the recovery's reading back of kept rings (``unpack``: a ``.zst`` is read only as its
+    bundle lists it, within the recovery's budget); None: one of its own.
     """
     p = Path(path)
     name = str(p)
@@ -148,7 +151,7 @@ def read_ring(
             if p.name.endswith(PACKED_SUFFIX):
                 packed, fd = fd, -1
                 try:
-                    fd, size = unpack(packed, name)
+                    fd, size = (unpacking or Unpacking()).unpack(packed, where, p.name, name)
                 finally:
                     os.close(packed)
             header = header_of(fd, size, name)
