@@ -207,9 +207,9 @@ def test_ranks_whose_collective_timed_out_waited_for_the_stuck_rank(tmp_path: Pa
     pytest.importorskip("torch.distributed")
     script = tmp_path / "train.py"
     script.write_text(DDP_JOB)
-    # GIVEN the same job with gloo's timeout at 3 s: ranks 0 and 2 raise gloo's "Timed out waiting" in backward,
+    # GIVEN the same job with gloo's timeout at 5 s: ranks 0 and 2 raise gloo's "Timed out waiting" in backward,
     # then torchrun stops rank 1, still stuck; unarmed and under `blackbox run`, side by side
-    env = dict(ENV, PG_TIMEOUT_S="3")
+    env = dict(ENV, PG_TIMEOUT_S="5")
     runs = tmp_path / "runs"
     procs = [subprocess.Popen([*launcher, str(TORCHRUN), "--nproc-per-node=3", "--max-restarts=0",
                                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}", str(script),
@@ -220,7 +220,7 @@ def test_ranks_whose_collective_timed_out_waited_for_the_stuck_rank(tmp_path: Pa
     # THEN it ends as it does unarmed: torchrun's failure, gloo's timeout in both logs
     assert procs[0].returncode == procs[1].returncode == 1, (err0[-2000:], err1[-3000:])
     assert sorted(out0.splitlines()) == sorted(out1.splitlines())
-    assert "Timed out waiting 3000ms" in err0 and "Timed out waiting 3000ms" in err1
+    assert "Timed out waiting 5000ms" in err0 and "Timed out waiting 5000ms" in err1
     # AND the first death is rank 1's hang, not the timeouts that came first; ranks 0 and 2 waited and timed out
     meta = _bundle(runs)
     first, (attempt,) = meta["first_death"], meta["attempts"]
@@ -230,7 +230,7 @@ def test_ranks_whose_collective_timed_out_waited_for_the_stuck_rank(tmp_path: Pa
     waited = {w["rank"]: w for w in attempt["hang"]["waited"]}
     assert sorted(waited) == [0, 2] and all(w["step"] == 20 for w in waited.values()), waited
     timed_out = [w for w in waited.values() if w["timed_out"]]
-    assert timed_out and all(w["timed_out"].startswith("RuntimeError: [") and "Timed out waiting 3000ms for "
+    assert timed_out and all(w["timed_out"].startswith("RuntimeError: [") and "Timed out waiting 5000ms for "
                              in w["timed_out"] for w in timed_out), waited  # fmt: skip
     by_rank = {m["rank"]: m for m in meta["rings"]}
     assert {by_rank[w["rank"]]["death"]["cause"] for w in timed_out} == {"exception"}  # what happened to them

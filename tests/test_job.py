@@ -290,7 +290,6 @@ def test_a_thousand_ranks_on_four_hosts_read_back_over_object_storage(s3: dict[s
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
     assert text.startswith("# blackbox: job of 1000 rings on 4 hosts, from 4 bundles")
-    assert "**First death: rank 613 (host node002," in text
     assert "1000 ranks `killed`" in text
     assert len(text.splitlines()) <= 200
     # AND the job bundle's ranks.parquet holds one row per rank, for DuckDB and pandas
@@ -299,6 +298,16 @@ def test_a_thousand_ranks_on_four_hosts_read_back_over_object_storage(s3: dict[s
     ranks = pq.read_table(out / "ranks.parquet")
     assert sorted(ranks["rank"].to_pylist()) == list(range(1000))
     assert {h: ranks["host"].to_pylist().count(h) for h in hosts} == dict.fromkeys(hosts, 250)
+    # AND the first death named is rank 613 or, on a host so loaded that the ranks were starved of CPU (a
+    # starved rank's last record may be older than its death), one whose death's window holds 613's (or 613's
+    # holds it), the order said not to be known and the starved ranks named
+    if "**First death: rank 613 (host node002," not in text:
+        named = int(text.split("**First death: rank ", 1)[1].split(" ", 1)[0])
+        rows = {r["rank"]: r for r in ranks.select(["rank", "host", "death_time", "death_time_error_s"]).to_pylist()}
+        (a, b), margin = (rows[named], rows[613]), 0.1 + 0.1  # the clock error assumed per host
+        ta, tb = a["death_time"].timestamp(), b["death_time"].timestamp()
+        assert tb <= ta + a["death_time_error_s"] + margin and ta <= tb + b["death_time_error_s"] + margin, (a, b)
+        assert "Order not known: " in text and "Starved at the end: " in text, text[:3000]
     # AND README's fleet query runs as written (pyarrow lists and reads the bucket, DuckDB downloads nothing)
     pytest.importorskip("duckdb")
     code = readme_fleet_query().replace("s3://ml-postmortems/", f"s3://{BUCKET}/job1000/")
@@ -306,7 +315,8 @@ def test_a_thousand_ranks_on_four_hosts_read_back_over_object_storage(s3: dict[s
     with contextlib.redirect_stdout(printed):
         exec(compile(code, "README.md", "exec"), {})
     first_row = next(line for line in printed.getvalue().splitlines() if "node" in line)
-    assert "node002" in first_row and " 613 " in first_row, printed.getvalue()
+    earliest = min(ranks.select(["rank", "host", "death_time"]).to_pylist(), key=lambda r: r["death_time"])
+    assert earliest["host"] in first_row and f" {earliest['rank']} " in first_row, printed.getvalue()
 
 
 # ------------------------------------------------------------------ hostile bundles (as root over users' files)

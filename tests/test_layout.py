@@ -60,6 +60,7 @@ RECOVERY_ORDER = {
     "levers": 2,
     "crash": 2,
     "hang": 2,
+    "timing": 1,
     "diagnosis": 3,
     "metadata": 4,
     "pipeline": 5,

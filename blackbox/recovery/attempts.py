@@ -42,6 +42,10 @@ another stalled outside any, that stuck rank is the first death whatever signal 
 other death of the attempt (the ranks that waited, the launcher the end's signal passed through) is
 collateral of it, ``by`` the launcher or what ended the job (``timeout``).
 
+Deaths are ordered by their times; where the first was starved at its end (``death.starved``: its last
+record, the time of a SIGKILL, may be older than its death by up to ``time_error_s``), the first death
+within that window of a process that ran on time comes first, where there is one (``timing``).
+
 A ring telling of a child's death that the child's own ring tells too (a launcher's ring, of the
 kernel's OOM kill of its rank) is never the first death: the child's ring is.
 """
@@ -66,7 +70,7 @@ ENDERS = ("timeout", "scancel", "srun", "slurmd", "kubelet")  # what ends a hung
 SLIM = ("rank", "host", "pid", "ppid", "role", "job", "attempt", "started_at", "last_event_at", "last_step",
         "clock_error_s")  # fmt: skip
 DEFAULT_CLOCK_ERROR_S = 0.1  # assumed where a host's time service did not say how far off its clock may be
-SLIM_DEATH = ("cause", "confidence", "headline", "victim", "time", "step", "hang")
+SLIM_DEATH = ("cause", "confidence", "headline", "victim", "time", "step", "hang", "time_error_s", "starved")
 SLIM_KILLER = ("signal", "sender", "sender_pid", "time")
 
 
@@ -250,6 +254,24 @@ def _told_by_its_own(m: dict[str, Any], dead: list[dict[str, Any]]) -> bool:
     return any(o is not m and o.get("pid") == victim and o.get("host") == m.get("host") for o in dead)
 
 
+def _error_s(m: dict[str, Any]) -> float:
+    e = m["death"].get("time_error_s")
+    return float(e) if isinstance(e, (int, float)) and not isinstance(e, bool) and e >= 0 else 0.0
+
+
+def _earliest(dead: list[dict[str, Any]], when: dict[int, tuple[float, str]]) -> dict[str, Any]:
+    """The death that came first, by its time; where that process was starved (its last record, the time of
+    a SIGKILL, may be older than its death by up to ``time_error_s``), the first death within that window
+    of a process that ran on time until it died, where there is one (not one whose records stopped while it
+    waited for a CPU). Where every one was starved, the times alone decide (nothing better is known)."""
+    first = min(dead, key=lambda m: when[id(m)])
+    if not first["death"].get("starved"):
+        return first
+    t0 = when[id(first)][0]
+    on_time = [m for m in dead if t0 <= when[id(m)][0] <= t0 + _error_s(first) and not m["death"].get("starved")]
+    return min(on_time, key=lambda m: when[id(m)]) if on_time else first
+
+
 def deaths(
     group: list[dict[str, Any]],
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], dict[str, Any] | None]:
@@ -273,11 +295,11 @@ def deaths(
     own = [m for m in dead if id(m) not in torn and id(m) not in told]
     collateral = []
     if own:
-        first_own = min(own, key=lambda m: when[id(m)])
+        first_own = _earliest(own, when)
         collateral = [m for m in dead if id(m) in torn and _after(m, torn[id(m)].get("time"), first_own)]
     gone = {id(m) for m in collateral}
     rest = [m for m in dead if id(m) not in gone and id(m) not in told] or [m for m in dead if id(m) not in gone]
-    first = min(rest, key=lambda m: when[id(m)]) if rest else None
+    first = _earliest(rest, when) if rest else None
     for m in collateral:
         m["death"]["collateral_of"] = _who(first or {}) | {"by": LAUNCHERS.get(torn[id(m)].get("sender") or "")}
     return first, collateral, None

@@ -275,6 +275,8 @@ def _slim(m: dict[str, Any], at: tuple[int, int]) -> dict[str, Any]:
         else None,
         "killed_by": _killer(d.get("killed_by")),
         "hang": _stall(d.get("hang")),
+        "time_error_s": _float(d.get("time_error_s")),
+        "starved": _starved(d.get("starved")),
     }
     return {
         "host": _text(m.get("host"), TEXT_LIMITS["host"]),
@@ -305,6 +307,13 @@ def _killer(v: Any) -> dict[str, Any] | None:
         return None
     return {"signal": _text(v.get("signal")), "sender": _text(v.get("sender")), "sender_pid": _int(v.get("sender_pid")),
             "time": _time(v.get("time"))}  # fmt: skip
+
+
+def _starved(v: Any) -> dict[str, Any] | None:
+    """How late a ring's sampler ran at its end (``death.starved``), checked for its type."""
+    if not isinstance(v, dict) or _float(v.get("late_s")) is None:
+        return None
+    return {"late_s": _float(v.get("late_s")), "interval_s": _float(v.get("interval_s"))}
 
 
 def _stall(v: Any) -> dict[str, Any] | None:

@@ -44,6 +44,8 @@ SCHEMA = with_nullable_ints(pa.schema(
         ("job", pa.string()),
         ("collateral_of", pa.int64()),
         ("stopped_by", pa.string()),
+        ("death_time_error_s", pa.float64()),
+        ("starved_late_s", pa.float64()),
     ]
 ))  # fmt: skip
 COLUMNS = tuple(SCHEMA.names)
@@ -76,8 +78,15 @@ def _rows(rings: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             "peak_cgroup_usage": _peak(m, "cgroup_usage"), "peak_gpu_allocated": _peak(m, "gpu_allocated"),
             "peak_gpu_reserved": _peak(m, "gpu_reserved"), "clock_error_s": m.get("clock_error_s"),
             "ring": m.get("ring"), "job": m.get("job"), **collateral_columns(after),
+            "death_time_error_s": _number(d.get("time_error_s")),
+            "starved_late_s": _number((d.get("starved") or {}).get("late_s") if isinstance(d.get("starved"), dict)
+                                      else None),
         })  # fmt: skip
     return rows
+
+
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def collateral_columns(after: dict[str, Any] | None) -> dict[str, Any]:

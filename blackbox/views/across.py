@@ -100,21 +100,50 @@ def first_death_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]]) 
         lines += ["", _torn_down_sentence(first, rows, torn)]
     t0 = _t(first["time"])
     me = next((r for r in rows if r.get("pid") == first.get("pid") and r.get("host") == first.get("host")), {})
-    close = []
+    e0 = _window(me)
+    close: list[tuple[float, float, dict[str, Any]]] = []
+    uncertain: list[tuple[float, dict[str, Any]]] = []
     for r in rows:
         t = _t(r.get("death_time"))
-        if t is None or t0 is None or r.get("host") == first.get("host") or r.get("cause") == "clean_exit":
+        if t is None or t0 is None or r is me or r.get("cause") in ("clean_exit", None) or r.get("collateral_of"):
             continue
-        margin = _error(me) + _error(r)
-        if abs(t - t0) <= margin:
+        margin = 0.0 if r.get("host") == first.get("host") else _error(me) + _error(r)
+        if r.get("host") != first.get("host") and abs(t - t0) <= margin:
             close.append((abs(t - t0), margin, r))
+        elif t <= t0 + e0 + margin and t0 <= t + _window(r) + margin and (e0 or _window(r)):
+            uncertain.append((t, r))  # its death's window and the first's overlap: either may have come first
     if close:
         gap, margin, r = min(close, key=lambda c: c[0])
         lines += ["", f"Order not known: {_who(r)} died {gap * 1e3:.1f} ms from it, within the two hosts' clock "
                       f"error (±{margin * 1e3:.0f} ms together; ±{DEFAULT_CLOCK_ERROR_S * 1e3:.0f} ms assumed per "
                       "host whose time service did not report one). "
                       f"{len(close)} death(s) on other hosts are that close."]  # fmt: skip
+    if uncertain and t0 is not None:
+        t, r = min(uncertain, key=lambda c: c[0])
+        lines += ["", f"Order not known: {_who(r)} ended {_seconds(abs(t - t0))} {'before' if t < t0 else 'after'} "
+                      "it by their last records, "
+                      f"within the time their deaths may have come after those records (up to {_seconds(_window(r))} "
+                      f"for it, {_seconds(e0)} for the first death, the longest gap between each one's last "
+                      f"records). {len(uncertain)} death(s) are that close."]  # fmt: skip
+    lines += _starved_lines(rows)
     return [*lines, ""]
+
+
+def _window(r: dict[str, Any]) -> float:
+    """How long after its recorded time a death may have come (``death_time_error_s``; 0 where unknown)."""
+    e = r.get("death_time_error_s")
+    return float(e) if isinstance(e, (int, float)) and e > 0 else 0.0
+
+
+def _starved_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Processes starved of CPU at their end: their last records, the times of their deaths, may be early."""
+    starved = [r for r in rows if isinstance(r.get("starved_late_s"), (int, float))]
+    if not starved:
+        return []
+    late = max(r["starved_late_s"] for r in starved)
+    return ["", f"Starved at the end: {_named(starved)} ({len(starved)} of {len(rows)}): their samplers ran up to "
+                f"{_seconds(late)} later than asked, short of CPU or of the GIL; the time of a death that left no "
+                "record of its own is its last record, which may be older than the death by that much."]  # fmt: skip
 
 
 ENDED = {

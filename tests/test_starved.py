@@ -1,0 +1,71 @@
+"""A rank starved of CPU before it was SIGKILLed looks as if it died early: its last record is older than its
+death. The first death is still the rank that really died first, each death carries how long after its
+time it may have come, and the summary says which ranks were starved and that their order is not known."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from blackbox._postmortem import write_postmortem
+
+RANK = """\
+import sys, time, blackbox
+blackbox.arm(sys.argv[1] + "/", sample_interval=0.1)
+for step in range(10**9):
+    blackbox.step(step)
+    if step == 5:
+        print("up", flush=True)
+    time.sleep(0.02)
+"""
+STOPPED, RUNNING = 0.8, 0.05  # the starved rank's duty cycle: what a CPU it shares with many gives it
+
+
+@pytest.mark.slow
+def test_a_starved_rank_is_not_named_first_and_is_said_to_be_starved(tmp_path: Path) -> None:
+    rings, out = tmp_path / "rings", tmp_path / "bundle"
+    env = dict(os.environ, PYTHONPATH=str(REPO), WORLD_SIZE="3")
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(rings)], stdout=subprocess.PIPE, text=True,
+                              env=dict(env, RANK=str(r))) for r in range(3)]  # fmt: skip
+    for p in ranks:
+        assert p.stdout is not None and p.stdout.readline().strip() == "up"
+    victim, starved, other = ranks[1], ranks[2], ranks[0]
+    # GIVEN rank 2 starved of CPU for 3 s (stopped, then let run a moment, as a crowded scheduler does)
+    for _ in range(4):
+        starved.send_signal(signal.SIGSTOP)
+        time.sleep(STOPPED)
+        starved.send_signal(signal.SIGCONT)
+        time.sleep(RUNNING)
+    starved.send_signal(signal.SIGSTOP)
+    time.sleep(0.3)
+    # WHEN rank 1 is SIGKILLed first (the planted truth), ranks 0 and 2 0.2 s later, as a fleet's are
+    victim.kill()
+    time.sleep(0.2)
+    for p in (other, starved):
+        p.kill()
+    for p in ranks:
+        p.wait(timeout=30)
+    meta = write_postmortem([rings], out, plot=False)
+    by_rank = {m["rank"]: m for m in meta["rings"]}
+    # THEN rank 2's last record is older than rank 1's death: by its time alone it would be named first
+    assert by_rank[2]["death"]["time"] < by_rank[1]["death"]["time"] < by_rank[0]["death"]["time"]
+    # AND rank 2 is said to be starved, its death's time uncertain by about how long it was stopped
+    death = by_rank[2]["death"]
+    assert death["starved"]["interval_s"] == 0.1 and STOPPED - 0.2 <= death["starved"]["late_s"] <= STOPPED + 1.0
+    assert STOPPED - 0.1 <= death["time_error_s"] <= STOPPED + 1.0, death
+    assert by_rank[1]["death"]["starved"] is None and by_rank[1]["death"]["time_error_s"] < 0.2
+    # AND rank 1, which ran on time until it was killed, is the first death
+    assert (meta["first_death"]["rank"], meta["first_death"]["cause"]) == (1, "killed"), meta["first_death"]
+    # AND the summary says that rank 2's order is not known and that it was starved
+    summary = (out / "summary.md").read_text()
+    assert "**First death: rank 1 " in summary
+    known = summary.split("Order not known: ", 1)[1].split("\n", 1)[0]
+    assert known.startswith("rank 2 (host ") and " ms before it by their last records" in known, known
+    assert "Starved at the end: rank 2 (1 of 3): their samplers ran up to " in summary
