@@ -72,3 +72,22 @@ def crash_reading(pid: Any, text: str | None) -> dict[str, Any] | None:
     stack = crashing_stack(text)
     return {"file": f"crash-{pid}.txt", "first_line": lines[0] if lines else "", "signal": crash_signal(text),
             "stack": stack, "site": site_of(stack) if stack else None}  # fmt: skip
+
+
+def native_crash(text: str, status_signal: str | None, pid: Any) -> tuple[dict[str, Any], str]:
+    """(the crash as the headline tells it: ``signal``, ``site``; the evidence line) of a fatal signal in
+    native code, from faulthandler's output: the signal it names (else the exit status's), the crashing
+    thread's Python stack, and the file that holds every thread's."""
+    name = crash_signal(text) or status_signal
+    stack = crashing_stack(text)
+    first = next((ln for ln in text.splitlines() if ln.strip()), "")
+    shown = innermost_first(stack) if stack else "none (no Python thread)"
+    return {"signal": name, "site": site_of(stack) if stack else None}, (
+        f'{name or "a fatal signal"} in native code: faulthandler\'s "{first}" (crash-{pid}.txt); the crashing '
+        f"thread's Python stack, innermost frame first: {shown}")  # fmt: skip
+
+
+def crash_headline(who: str, crash: dict[str, Any]) -> str:
+    """``The main process (pid 7) died of SIGSEGV in native code, called from die (train.py:7).``"""
+    site = f", called from {short_frame(crash['site'])}" if crash.get("site") else ""
+    return f"{who} died of {crash['signal']} in native code{site}."

@@ -52,8 +52,7 @@ import pyarrow as pa
 from .._units import human_bytes
 from ..ring import format as fmt
 from ..ring.reader import without_c_extension
-from .allocs import site_of
-from .crash import crash_signal, crashing_stack, innermost_first, short_frame
+from .crash import crash_headline, native_crash
 from .evidence import Evidence, KernelKill
 from .facts import Facts, facts
 from .hang import with_hang
@@ -319,7 +318,8 @@ class _Death:
         elif rose:
             self._set("host_oom_kill", "strong", rose)
         elif ev.crash:
-            self._native_crash(ev.crash, sig)
+            self.crash, why = native_crash(ev.crash, signals.Signals(sig).name if sig else None, self.pid)
+            self._set("signal", "certain", why)
         elif ev.signal_stacks:  # faulthandler's stack in the slot of the signal that ended it (no C extension)
             name, stack = next(iter(ev.signal_stacks.items()))
             why = f"{name} with its default action, in {_innermost(stack)} (its stack then, by faulthandler)"
@@ -345,17 +345,6 @@ class _Death:
             self._sigkill(near, last_signal, seen=sig is not None)
         else:
             self.evidence.append("the host rebooted or could not be checked: SIGKILL, power loss or kernel crash")
-
-    def _native_crash(self, text: str, status_signal: int | None) -> None:
-        """A fatal signal in native code, from faulthandler's output: the signal it names (else the exit
-        status's), the crashing thread's Python stack, and the file that holds every thread's."""
-        name = crash_signal(text) or (signals.Signals(status_signal).name if status_signal else None)
-        stack = crashing_stack(text)
-        self.crash = {"signal": name, "site": site_of(stack) if stack else None}
-        shown = innermost_first(stack) if stack else "none (no Python thread)"
-        self._set("signal", "certain", f"{name or 'a fatal signal'} in native code: faulthandler's "
-                  f"\"{_first_line(text)}\" (crash-{self.pid}.txt); the crashing thread's Python stack, innermost "
-                  f"frame first: {shown}")  # fmt: skip
 
     def _sigkill(
         self, near: tuple[float, str] | None, last_signal: dict[str, Any] | None, *, seen: bool, how: str = ""
@@ -474,8 +463,7 @@ def headline(
     method = f", started by {victim['start_method']}" if victim.get("start_method") else ""
     who = f"The {victim.get('role', 'process')} (pid {victim.get('pid')}{method})"
     if cause == "signal" and crash and crash.get("signal"):
-        site = f", called from {short_frame(crash['site'])}" if crash.get("site") else ""
-        return f"{who} died of {crash['signal']} in native code{site}."
+        return crash_headline(who, crash)
     by = f" {killed_by['signal']} from {killed_by['sender']}" if killed_by and killed_by.get("sender") else ""
     if by and killed_by and killed_by.get("reason"):
         by += f": {str(killed_by['reason']).split(' (Slurm')[0]}"
@@ -530,10 +518,6 @@ def _innermost(stack: str) -> str:
     """The innermost frame of faulthandler's stack (``  File "x.py", line 5 in f``) as ``f (x.py:5)``."""
     m = re.search(r'File "(.*)", line (\d+) in (.*)', stack)
     return f"{m[3]} ({m[1]}:{m[2]})" if m else "a frame faulthandler could not name"
-
-
-def _first_line(text: str | None) -> str:
-    return next((ln for ln in (text or "").splitlines() if ln.strip()), "")
 
 
 def _signal_of(status: int | None) -> int | None:
