@@ -82,6 +82,9 @@ def test_a_pool_helper_oom_killed_is_named_and_the_main_keeps_its_timeout(tmp_pa
     assert first["victim"]["role"] == "multiprocessing Pool worker" and first["victim"]["start_method"] == "fork"
     assert first["headline"] == (f"The multiprocessing Pool worker (pid {helper}, started by fork) was killed by the "
                                  "kernel OOM killer.")  # fmt: skip
+    # AND the limit it hit is named: its memory cgroup's, at its planted size
+    told = next(r for r in meta["rings"] if r["pid"] == helper)["death"]
+    assert (told["limit"]["name"], told["limit"]["bytes"]) == ("cgroup", 300 << 20), told.get("limit")
     # AND the main keeps its own cause, later: its TimeoutError at its own step, the helper's death named before it
     main = next(r for r in meta["rings"] if r["role"] == "main")
     death = main["death"]
