@@ -29,7 +29,7 @@ import blackbox
 from blackbox.recovery.bundle import read_bundle
 
 pytestmark = pytest.mark.slow  # each starts root's command in a process of its own, and users
-PADDING = 10_000  # entries root lists between its first listing of the swapped folder and its use of it
+PADDING = 2_000  # entries root lists between its first listing of the swapped folder and its use of it
 
 
 @pytest.fixture(scope="module")

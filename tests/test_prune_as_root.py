@@ -24,7 +24,7 @@ from users import User, local_users, shared_folder
 import blackbox
 
 pytestmark = pytest.mark.slow  # each starts root's command in a process of its own, and users
-PADDING = 10_000  # entries root walks after it has listed the decoy and before it deletes it
+PADDING = 2_000  # entries root walks after it has listed the decoy and before it deletes it
 OLD = time.time() - 30 * 86400
 
 

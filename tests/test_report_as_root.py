@@ -28,6 +28,7 @@ from blackbox.cli import main
 
 pytestmark = pytest.mark.slow  # root's command in a process of its own, and users
 PADDING = 2_000_000  # values in the attacker's metadata.json that root parses before it opens the timeline
+PADDED_FOLDERS = 300  # folders root looks into after it has found the attacker's bundle
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +93,51 @@ def test_a_bundle_swapped_for_another_users_after_its_metadata_is_read_gives_no_
     assert done.returncode == 0, done.stderr
     text = page.read_text()
     assert "attackers_job" in text and secret not in text
+
+
+def test_a_bundle_found_in_a_folder_and_swapped_for_another_users_gives_no_other_users_timeline(
+    users: tuple[User, User], tmp_path: Path
+) -> None:
+    victim, attacker = users
+    secret = f"victim_{secrets.token_hex(4)}"
+    with shared_folder() as shared:
+        # GIVEN the victim's bundle in her private folder, and the attacker's job folder: her bundle host-a,
+        # and after it many empty folders for root to look into
+        theirs = _bundle(victim, shared / "victim", secret)
+        job = shared / "job"
+        job.mkdir()
+        mine = _bundle(attacker, job / "host-a", "attackers_job")
+        attacker.give(job)
+        attacker.run(lambda: [(job / f"x-{i}").mkdir() for i in range(PADDED_FOLDERS)] and None)
+        # and the attacker waiting (inotify) for root to list host-a, to swap it for a link to the victim's
+        ready_r, ready_w = os.pipe()
+
+        def swap() -> None:
+            with Watch() as watch:
+                watch.add(mine)
+                os.write(ready_w, b"w")
+                watch.wait(120)
+                os.rename(mine, job / "moved")
+                os.symlink(theirs, mine)
+                os.write(ready_w, b"s")
+
+        pid = attacker.start(swap)
+        try:
+            assert select.select([ready_r], [], [], 30)[0] and os.read(ready_r, 1) == b"w"
+            # WHEN root writes the report of her job folder
+            page = tmp_path / "r.html"
+            t0 = time.monotonic()
+            done = subprocess.run([sys.executable, "-m", "blackbox", "report", str(job), "-o", str(page)],
+                                  capture_output=True, text=True, timeout=120,
+                                  env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
+            assert select.select([ready_r], [], [], 30)[0] and os.read(ready_r, 1) == b"s", "the swap was not made"
+        finally:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            os.close(ready_r)
+            os.close(ready_w)
+    print("REPORT", time.monotonic() - t0, done.stderr)
+    # THEN the victim's timeline is nowhere: the bundle, now a link, is refused in one line
+    assert secret not in done.stdout + done.stderr
+    assert not page.exists() or secret not in page.read_text()
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr

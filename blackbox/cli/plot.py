@@ -75,17 +75,19 @@ def picture_source(
             recovered = recover_rings(held, progress=progress)  # a run folder whose job runs still: no bundle yet
         return _rings(recovered, f"in {', '.join(map(str, live))}: no bundle yet")
     if len(job.places) == 1:
-        place = str(job.places[0])
-        return (*_node_bundle(place, read_bundle), f"the bundle {one_line(place)}")
+        place = job.places[0]
+        return (*_node_bundle(str(place), read_bundle, place), f"the bundle {one_line(str(place))}")
     meta = job.finish()
     first = meta.get("first_death")
-    bundle = next((str(p) for p in job.places if first and one_line(str(p)) == first.get("bundle")), None)
-    if bundle is None:
+    chosen = next((p for p in job.places if first and one_line(str(p)) == first.get("bundle")), None)
+    if chosen is None:
         raise BlackboxError(
             f"{' '.join(map(one_line, targets))}: expected one bundle, or bundles with a death to draw, found "
             f"{len(job.places)} bundles and no death (name one: blackbox plot {one_line(str(job.places[0]))})"
         )
-    return (*_node_bundle(bundle, read_bundle), f"the first death's bundle {one_line(bundle)}, of {len(job.places)}")
+    bundle = str(chosen)
+    return (*_node_bundle(bundle, read_bundle, chosen),
+            f"the first death's bundle {one_line(bundle)}, of {len(job.places)}")  # fmt: skip
 
 
 def _rings(recovered: Any, where: str) -> tuple[pa.Table, dict[str, Any], str]:
@@ -105,15 +107,20 @@ def _rings(recovered: Any, where: str) -> tuple[pa.Table, dict[str, Any], str]:
     return table, meta, drawn
 
 
-def _node_bundle(bundle: str, read_bundle: Any) -> tuple[pa.Table, dict[str, Any]]:
-    """A node bundle's timeline and metadata; a job-wide bundle (no timeline) named for what it is."""
+def _node_bundle(bundle: str, read_bundle: Any, place: Any = None) -> tuple[pa.Table, dict[str, Any]]:
+    """A node bundle's timeline and metadata; a job-wide bundle (no timeline) named for what it is. A bundle
+    found below a folder (``place``, a ``job.Place``) is read from that folder's descriptor, never its path."""
     from ..recovery.bundle import MAX_METADATA_BYTES, METADATA, TIMELINE, parse_metadata
     from ..recovery.job import find_bundles
 
+    local = place is not None and place.fs is None
     try:
+        if local:
+            with place.folder() as folder:
+                return read_bundle(folder)  # type: ignore[no-any-return]
         return read_bundle(bundle)  # type: ignore[no-any-return]
     except RingNotFoundError:
-        places = find_bundles(bundle)
+        places = [place] if local else find_bundles(bundle)
         meta = parse_metadata(places[0].read(METADATA, MAX_METADATA_BYTES), f"{bundle}/{METADATA}") if places else {}
         if meta.get("scope") != "job":
             raise

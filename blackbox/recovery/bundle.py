@@ -21,7 +21,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .._errors import BundleDestinationError
-from ..ring.inputs import open_folder, open_input
+from ..ring.inputs import Folder, folder_at, open_folder, open_input
 from ..ring.packed import KeptRings, Packed, pack, stored_name
 from .outfolder import OutFolder
 from .pipeline import OOM_REPORT, RecoveryPass, recover_rings
@@ -469,11 +469,11 @@ def _bundle_file(name: str) -> bool:
     return name in BUNDLE_FILES or name == RAW_RINGS or (name.startswith("crash-") and name.endswith(".txt"))
 
 
-def read_bundle(bundle: str | os.PathLike[str]) -> tuple[pa.Table, dict[str, Any]]:
-    """(timeline, metadata) of a bundle folder or URI; a verdict alone (``complete: false``: its
-    recovery was cut short before the timeline) is refused in one line."""
-    dest = Destination(bundle)
-    with _files(dest) as open_file:  # a local bundle's folder opened once: both files read through it
+def read_bundle(bundle: str | os.PathLike[str] | Folder) -> tuple[pa.Table, dict[str, Any]]:
+    """(timeline, metadata) of a bundle folder (by path, or already open) or URI; a verdict alone
+    (``complete: false``: its recovery was cut short before the timeline) is refused in one line."""
+    dest = Destination(bundle.path if isinstance(bundle, Folder) else bundle)
+    with _files(dest, bundle if isinstance(bundle, Folder) else None) as open_file:  # one folder, both files
         with open_file(METADATA) as f:
             meta = parse_metadata(f.read(MAX_METADATA_BYTES), dest.path(METADATA))
         if meta.get("complete") is False:
@@ -518,13 +518,13 @@ def _open(dest: Destination, name: str) -> BinaryIO:
 
 
 @contextlib.contextmanager
-def _files(dest: Destination) -> Iterator[Callable[[str], BinaryIO]]:
-    """Opens files of one bundle: a local bundle's folder is opened once, each file relative to it (a
-    folder swapped meanwhile for another user's bundle changes nothing)."""
-    if dest.local is None:
+def _files(dest: Destination, held: Folder | None = None) -> Iterator[Callable[[str], BinaryIO]]:
+    """Opens files of one bundle: a local bundle's folder (``held``, else opened here) is opened once,
+    each file relative to it (a folder swapped meanwhile for another user's bundle changes nothing)."""
+    if dest.local is None and held is None:
         yield lambda name: cast(BinaryIO, dest.fs.open_input_file(dest.path(name)))
         return
-    with open_folder(dest.local) as folder:
+    with folder_at(held) if held is not None else open_folder(Path(dest.local or "")) as folder:
 
         def open_file(name: str) -> BinaryIO:
             fd, _ = open_input(folder, name, {folder.uid}, f"a bundle's {name}")

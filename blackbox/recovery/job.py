@@ -45,15 +45,28 @@ RING_SUFFIXES = (".ring", ".ring.zst")  # a ring, and one a bundle keeps in ring
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+class Held:
+    """A folder the user named, opened once and shared by the bundles found below it (closed when the last
+    of them is dropped): every later read starts from this descriptor, never from the path again."""
+
+    def __init__(self, folder: Folder) -> None:
+        self.folder = folder
+
+    def __del__(self) -> None:
+        self.folder.close()
+
+
 @dataclass(frozen=True)
 class Place:
-    """Where a bundle is: a local folder (``root`` as the user named it, then ``parts`` below it, each
-    entered without following a link) or a path on a pyarrow filesystem (``scheme://`` + ``root``)."""
+    """Where a bundle is: a local folder (``root`` as the user named it, held open in ``top``, then ``parts``
+    below it, each entered without following a link) or a path on a pyarrow filesystem (``scheme://`` +
+    ``root``)."""
 
     root: str
     parts: tuple[str, ...] = ()
     fs: pafs.FileSystem | None = None  # None: local
     scheme: str = ""
+    top: Held | None = field(default=None, compare=False, hash=False, repr=False)
 
     def __str__(self) -> str:
         path = "/".join([self.root.rstrip("/") or "/", *self.parts]) if self.parts else self.root
@@ -74,15 +87,18 @@ class Place:
             except OSError as exc:
                 found = one_line(str(exc))
                 raise RingNotFoundError(f"{self}/{name}: expected a readable {name}, found {found}") from None
-        with self._folder() as folder:
+        with self.folder() as folder:
             fd, st = open_input(folder, name, {folder.uid}, name)
         with os.fdopen(fd, "rb") as f:
             if st.st_size > limit:
                 raise BundleDestinationError(f"{self}/{name}: expected at most {limit} bytes, found {st.st_size}")
             return f.read(limit)
 
-    def _folder(self) -> Folder:
-        folder = open_folder(Path(self.root))
+    def folder(self) -> Folder:
+        """The local bundle's folder, opened from the folder the user named (held since the bundle was found),
+        each part below it entered without following a link; the caller's to close."""
+        top = self.top.folder if self.top is not None else None
+        folder = Folder(os.dup(top.fd), top.path, top.uid) if top is not None else open_folder(Path(self.root))
         for part in self.parts:
             try:
                 fd = os.open(part, _DIR_FLAGS, dir_fd=folder.fd)
@@ -105,7 +121,8 @@ def find_bundles(target: str, problems: list[dict[str, str]] | None = None) -> l
     if dest.local is None:
         return _find_remote(target, dest.fs, dest.root)
     root = dest.root if is_uri(target) else target
-    return [Place(root, parts) for parts in _find_local(root, [] if problems is None else problems)]
+    top = Held(open_folder(Path(root)))  # opened once: every bundle below is read from this descriptor
+    return [Place(root, parts, top=top) for parts in _find_local(top.folder, [] if problems is None else problems)]
 
 
 def _find_remote(target: str, fs: pafs.FileSystem, root: str) -> list[Place]:
@@ -126,7 +143,7 @@ def _find_remote(target: str, fs: pafs.FileSystem, root: str) -> list[Place]:
     return [Place(f, (), fs, scheme) for f in folders]
 
 
-def _find_local(target: str, problems: list[dict[str, str]]) -> list[tuple[str, ...]]:
+def _find_local(top: Folder, problems: list[dict[str, str]]) -> list[tuple[str, ...]]:
     """Bundle folders below ``target`` (as name parts); folders that could not be entered go to
     ``problems`` with their reason. Any entry named metadata.json (a link, a FIFO) marks a bundle, so
     that reading it says what is wrong instead of the bundle vanishing from the account."""
@@ -159,10 +176,9 @@ def _find_local(target: str, problems: list[dict[str, str]]) -> list[tuple[str, 
             with Folder(fd, folder.path / name, os.fstat(fd).st_uid) as inner:
                 walk(inner, (*parts, name))
             if len(found) > MAX_BUNDLES:
-                raise BundleDestinationError(f"{target}: expected at most {MAX_BUNDLES} bundles, found more")
+                raise BundleDestinationError(f"{top.path}: expected at most {MAX_BUNDLES} bundles, found more")
 
-    with open_folder(Path(target)) as top:
-        walk(top, ())
+    walk(top, ())
     return found
 
 
