@@ -119,3 +119,25 @@ def test_a_real_jobs_ring_that_dies_during_a_test_is_never_removed() -> None:
         if not existed:
             with contextlib.suppress(OSError):
                 private_tmp.machine_path(folder).rmdir()
+
+
+def test_a_killed_sessions_private_var_tmp_goes_and_a_live_ones_stays() -> None:
+    private_tmp.need()
+    # GIVEN in the machine's /var/tmp the private folder of a session killed an hour ago, and this session's
+    real = os.open(private_tmp.machine_path(ROOT / "x").parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        dead = private_tmp.machine_path(ROOT / f"{private_tmp.PREFIX}killed{os.getpid()}")
+        (dead / "blackbox-0").mkdir(parents=True)
+        (dead / "blackbox-0" / "left.ring").write_bytes(b"x")
+        hour_ago = time.time() - 3600
+        os.utime(dead, (hour_ago, hour_ago))
+        ours = private_tmp.machine_path(ROOT / private_tmp._State.private.name)  # type: ignore[union-attr]
+        os.utime(ours, (hour_ago, hour_ago))
+        # WHEN a session starts and sweeps them
+        private_tmp._sweep(real)
+        # THEN the dead one went whole, and this one (the root of this session's /var/tmp) stayed
+        assert not dead.exists() and ours.is_dir()
+    finally:
+        os.close(real)
+        if dead.exists():
+            subprocess.run(["rm", "-rf", str(dead)], check=False)
