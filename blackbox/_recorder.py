@@ -26,6 +26,7 @@ from ._warn import warn
 from .collect.allocs import AllocSampler, heap_bytes, mean_bytes
 from .collect.clock import clock_error_s
 from .collect.exceptions import ExceptionRecorder
+from .collect.flight import flight_recorder
 from .collect.gpu import GpuProbe
 from .collect.host import HostProbe
 from .collect.identity import identity, role, versions
@@ -254,6 +255,8 @@ class Recorder:
             "cgroup": {"version": cg.version, "path": str(cg.directory)} if cg else None,
             "limits": lim,
         }
+        if (fr := flight_recorder()) is not None:  # absent otherwise: older readers refuse a null object
+            meta["flight_recorder"] = fr
         limited = lim["address_space"] is not None
         if limited:
             self.notes.append(f"an address-space limit (RLIMIT_AS, ulimit -v) of {lim['address_space']} bytes "

@@ -34,9 +34,19 @@ def wait_for_batch(step, rank):
         threading.Event().wait()  # its data source never delivers
     return torch.randn(16, 32)
 
+def watchdog(rank, last):  # what NCCL's watchdog does on a collective's timeout, for gloo: dump the recorder
+    import torch._C._distributed_c10d as c10d
+    while last[0] is None or time.monotonic() - last[0] < 2.0:  # no step for 2 s, once training began
+        time.sleep(0.1)
+    with open(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(rank), "wb") as f:
+        f.write(c10d._dump_fr_trace())
+
 def main():
     dist.init_process_group("gloo")  # gloo's default timeout: 30 minutes
     rank = dist.get_rank()
+    last = [None]
+    if "TORCH_FR_DUMP_TEMP_FILE" in os.environ:
+        threading.Thread(target=watchdog, args=(rank, last), daemon=True).start()
     group = None
     if "PG_TIMEOUT_S" in os.environ:  # a short one for training only, once every rank is up
         dist.barrier()
@@ -50,6 +60,7 @@ def main():
         opt.zero_grad()
         loss.backward()  # DDP all-reduces the gradients here: ranks 0 and 2 wait in it for rank 1
         opt.step()
+        last[0] = time.monotonic()
         os.write(1, f"rank {rank} step {step}\\n".encode())  # one write: the ranks share torchrun's stdout
         time.sleep(0.02)
 
@@ -63,14 +74,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _end_when_stuck(jobs: list[tuple[list[str], Path]]) -> list[subprocess.Popen[str]]:
+def _end_when_stuck(jobs: list[tuple[list[str], Path, dict[str, str]]]) -> list[subprocess.Popen[str]]:
     """Run each command under `timeout 120`, side by side; once each one's ``stuck`` file appears and
     STUCK_FOR more seconds pass, SIGALRM makes its `timeout` act as if its time had run out (a shorter run
     than waiting for it). The `timeout` processes, ended, their output read (``.out``, ``.err``)."""
     procs = [subprocess.Popen(["timeout", "120", *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=ENV) for cmd, _ in jobs]  # fmt: skip
+                              env=dict(ENV, TORCH_FR_BUFFER_SIZE="200", **env)) for cmd, _, env in jobs]  # fmt: skip
     deadline = time.monotonic() + 150
-    for (_, stuck), proc in zip(jobs, procs, strict=True):
+    for (_, stuck, _), proc in zip(jobs, procs, strict=True):
         while not stuck.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
     time.sleep(STUCK_FOR)
@@ -97,12 +108,15 @@ def test_a_stuck_rank_is_named_not_the_rank_whose_sigterm_landed_first(tmp_path:
     torchrun = [str(TORCHRUN), "--nproc-per-node=3", "--max-restarts=0", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint=127.0.0.1:{_free_port()}"]  # fmt: skip
     # GIVEN 3 gloo ranks under torchrun, rank 1 stuck in its data source at step 20; `timeout` ends the job,
-    # unarmed and under `blackbox run`
+    # unarmed and under `blackbox run`; the flight recorder on, its dumps written by a watchdog thread 2 s into
+    # the stall (NCCL's watchdog writes them on a collective's timeout; gloo has none)
     runs = tmp_path / "runs"
     unarmed, armed = _end_when_stuck([
-        ([*torchrun, str(script), str(tmp_path / "stuck0")], tmp_path / "stuck0"),
+        ([*torchrun, str(script), str(tmp_path / "stuck0")], tmp_path / "stuck0",
+         {"TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "unarmed_fr_")}),
         ([sys.executable, "-m", "blackbox", "run", "--dir", str(runs), "--", *torchrun[:-1],
-          f"--rdzv-endpoint=127.0.0.1:{_free_port()}", str(script), str(tmp_path / "stuck1")], tmp_path / "stuck1"),
+          f"--rdzv-endpoint=127.0.0.1:{_free_port()}", str(script), str(tmp_path / "stuck1")], tmp_path / "stuck1",
+         {"TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "fr_")}),
     ])  # fmt: skip
     timeout_pid = armed.pid
     # THEN the job ends as it does unarmed: timeout's status, the same steps printed, torchrun's SIGTERMs
@@ -143,6 +157,13 @@ def test_a_stuck_rank_is_named_not_the_rank_whose_sigterm_landed_first(tmp_path:
     assert f"- then timeout (pid {timeout_pid}) sent SIGTERM to torchrun (pid {agent['pid']})" in summary
     assert f"- then torchrun (pid {agent['pid']}) sent SIGTERM to ranks 0 to 2" in summary
     assert "These rings are of 2 jobs" not in summary
+    # AND the flight recorder's dumps, read without unpickling them, say the same: ranks 0 and 2 entered the
+    # all-reduce that rank 1 never did
+    fr = told["flight_recorder"]
+    assert [e["rank"] for e in fr["entered"]] == [0, 2] and [b["rank"] for b in fr["behind"]] == [1], fr
+    assert fr["collective"] == "gloo:all_reduce" and fr["behind"][0]["last_seq"] == fr["seq"] - 1
+    assert by_rank[1]["death"]["hang"]["flight_recorder"]["file"] == str(tmp_path / "fr_1")
+    assert f"entered gloo:all_reduce #{fr['seq']} (process group 0); rank 1's last was #{fr['seq'] - 1}" in summary
     assert "cause: hang; The main process (pid " in armed.err
 
 

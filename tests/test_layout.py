@@ -61,6 +61,7 @@ RECOVERY_ORDER = {
     "crash": 2,
     "hang": 2,
     "timing": 1,
+    "flight": 0,
     "diagnosis": 3,
     "metadata": 4,
     "pipeline": 5,

@@ -108,7 +108,7 @@ def diagnose(table: pa.Table, clean: bool, ev: Evidence, meta: dict[str, Any]) -
         death["limit"] = hit
         death["evidence"].append(f"the limit it hit: {hit['text']}")
     ranked = isinstance(ident.get("world_size"), int) and ident["world_size"] > 1
-    return with_hang(death, table, ranked, crashed=d.crash is not None)
+    return with_hang(death, table, ranked, crashed=d.crash is not None, flight=(ev.flight, ev.flight_note))
 
 
 EXPANDABLE_ON = ("expandable_segments is already on: the cached bytes were pages inside the growing segment "

@@ -69,6 +69,8 @@ class Evidence:
     now_ns: int | None = None  # the monotonic clock at recovery
     slurm: str | None = None  # why Slurm ended the job, from its own account (``slurm``), where readable
     slurm_mem_limit: int | None = None  # the job's memory limit per node in Slurm's account (bytes)
+    flight: dict[str, Any] | None = None  # the rank's flight recorder dump, summed up (``flight``)
+    flight_note: str | None = None  # why a dump that should be there was not read
     notes: list[str] = field(default_factory=list)
 
     @property

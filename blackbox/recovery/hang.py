@@ -14,7 +14,10 @@ died of its timeout (gloo's "Timed out waiting", NCCL's watchdog "Watchdog caugh
 timeout", a SIGABRT from that watchdog), while others stalled outside any (stuck), the stuck rank whose
 stall began first is the attempt's first death, whatever signal landed first; the ranks that waited, and
 the launcher that the end's signal passed through, are collateral of it. The chain of senders (``timeout``
--> torchrun's agent -> the ranks) is read from the signals each ring recorded.
+-> torchrun's agent -> the ranks) is read from the signals each ring recorded. Where the job turned on
+PyTorch's flight recorder and its dumps were read (``recovery.flight``: NCCL's watchdog writes them on a
+collective's timeout), they decide: the ranks whose last collective is behind the others' never entered
+the one those waited in (what a stack cannot show where the wait is on a GPU stream).
 """
 
 from __future__ import annotations
@@ -98,15 +101,27 @@ def _stack_since(table: pa.Table, since_ns: int, end_ns: int) -> tuple[str | Non
     return str(counts.field("values")[i].as_py()), round(float(n[i]) / len(details), 4), len(details)
 
 
-def with_hang(death: dict[str, Any], table: pa.Table, ranked: bool, crashed: bool) -> dict[str, Any]:
+def with_hang(
+    death: dict[str, Any],
+    table: pa.Table,
+    ranked: bool,
+    crashed: bool,
+    flight: tuple[dict[str, Any] | None, str | None] = (None, None),
+) -> dict[str, Any]:
     """``death`` with its ``hang`` where the ring stalled before it; a death by a signal from outside or
-    SIGKILL after the stall (never a native crash: a watchdog's abort is the wait ending) becomes ``hang``."""
+    SIGKILL after the stall (never a native crash: a watchdog's abort is the wait ending) becomes ``hang``.
+    ``flight``: the rank's flight recorder dump summed up (``recovery.flight``), and why one was not read."""
     end = epoch_ns(death.get("time"))
     if end is None or death.get("cause") not in ("signal", "killed", "exception", "interrupted"):
         return death
     st = stall(table, end, ranked)
     if st is None:
         return death
+    dump, note = flight
+    if dump is not None:
+        st["flight_recorder"] = dump
+    if note is not None:
+        death = {**death, "evidence": [*death.get("evidence", []), note]}
     told = next((e for e in death.get("evidence", []) if TIMEOUT.search(str(e))), None)
     if death["cause"] == "exception" and told is not None:  # the collective's own timeout ended its wait
         st["timed_out"] = str(told).split(": ", 1)[-1][:300] if str(told).startswith("uncaught") else str(told)[:300]
@@ -174,6 +189,11 @@ def attempt_hang(dead: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[
     stalled = [m for m in dead if _hang(m) is not None]
     stuck = [m for m in stalled if not (_hang(m) or {}).get("collective") and not _timed_out(m)]
     waited = [m for m in dead if m not in stuck and (_timed_out(m) or (_hang(m) or {}).get("collective"))]
+    recorded = _flight(stalled)
+    if recorded is not None:  # the dumps say who entered the collective and who never did
+        behind = [m for m in stalled if id(m) in recorded["_behind"]]
+        stuck, waited = behind, [m for m in dead if id(m) in recorded["_entered"] or (m not in behind and
+                                                                                        _timed_out(m))]
     if not stuck or not (waited or any(m["death"].get("cause") == "hang" for m in stuck)):
         return None
     first = min(stuck, key=_since)
@@ -189,7 +209,34 @@ def attempt_hang(dead: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[
         "step_s": (_hang(first) or {}).get("step_s"),
         "chain": chain,
     }
+    if recorded is not None:
+        info["flight_recorder"] = {k: v for k, v in recorded.items() if not k.startswith("_")}
     return first, collateral, info
+
+
+def _flight(stalled: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What the stalled ranks' flight recorder dumps say, where at least two were read and one process group's
+    last collective differs between them: ``pg``, ``seq`` and ``collective`` (the last one entered, by the
+    ranks ``entered``), ``behind`` (the ranks whose last was an earlier one: ``last_seq``); ``_entered`` and
+    ``_behind``, the rings'. None: no such difference (or too few dumps)."""
+    dumps = [(m, g) for m in stalled if isinstance(g := ((_hang(m) or {}).get("flight_recorder") or {}).get("groups"),
+                                                    dict)]  # fmt: skip
+    if len(dumps) < 2:
+        return None
+    for pg in sorted({pg for _, g in dumps for pg in g}):
+        seqs = [(m, g[pg]) for m, g in dumps if isinstance(g.get(pg), dict) and isinstance(g[pg].get("last_seq"), int)]
+        top = max((e["last_seq"] for _, e in seqs), default=None)
+        behind = [(m, e) for m, e in seqs if e["last_seq"] != top]
+        if top is None or not behind:
+            continue
+        entered = [(m, e) for m, e in seqs if e["last_seq"] == top]
+        return {"pg": pg, "seq": top, "collective": entered[0][1].get("last"),
+                "entered": [_who(m) for m, _ in entered[:SHOWN]], "entered_count": len(entered),
+                "behind": [_who(m) | {"last_seq": e["last_seq"]} for m, e in behind[:SHOWN]],
+                "behind_count": len(behind), "files": [str((_hang(m) or {})["flight_recorder"].get("file"))
+                                                       for m, _ in dumps[:SHOWN]],
+                "_entered": {id(m) for m, _ in entered}, "_behind": {id(m) for m, _ in behind}}  # fmt: skip
+    return None
 
 
 def _entry(m: dict[str, Any]) -> dict[str, Any]:

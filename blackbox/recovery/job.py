@@ -337,7 +337,13 @@ def _stall(v: Any) -> dict[str, Any] | None:
     if not isinstance(v, dict):
         return None
     collective = _text(v.get("collective"), 256)  # a waiter's stack is not shown: not kept for each of many ranks
-    return {"since": _time(v.get("since")), "step": _int(v.get("step")), "stalled_s": _float(v.get("stalled_s")),
+    fr: dict[str, Any] = v["flight_recorder"] if isinstance(v.get("flight_recorder"), dict) else {}
+    groups: dict[Any, Any] = fr["groups"] if isinstance(fr.get("groups"), dict) else {}
+    flight = {"file": _text(fr.get("file"), TEXT_LIMITS["ring"]), "groups": {
+        _text(pg) or "?": {"last_seq": _int(g.get("last_seq")), "last": _text(g.get("last"), 128)}
+        for pg, g in list(groups.items())[:64] if isinstance(g, dict)}} if fr else None  # fmt: skip
+    return {"flight_recorder": flight, "since": _time(v.get("since")), "step": _int(v.get("step")),
+            "stalled_s": _float(v.get("stalled_s")),
             "step_s": _float(v.get("step_s")), "site": _text(v.get("site"), TEXT_LIMITS["ring"]),
             "stack": None if collective else _text(v.get("stack"), TEXT_LIMITS["stack"]), "collective": collective,
             "timed_out": _text(v.get("timed_out"), 300)}  # fmt: skip

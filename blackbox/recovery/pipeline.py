@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .._errors import BlackboxError
 from ..ring import format as fmt
@@ -28,6 +29,7 @@ from ..ring.reader import Listing, Ring, Unread, list_rings, nothing_read, read_
 from .diagnosis import diagnose
 from .evidence import CgroupCounters, KernelKill, gather, kernel_oom_kills
 from .facts import named_workers
+from .flight import read_dump
 from .kinds import of_kind
 from .metadata import bundle_metadata, helper_groups, ring_metadata
 from .relays import RelayIndex
@@ -175,6 +177,10 @@ class RecoveryPass:
         evidence = gather(ring.writer_locked, ring.meta, status, self.kills, ring.crash, window, pids, self.cgroups,
                           lambda: _sampled_workers(table))  # fmt: skip
         evidence.signal_stacks = ring.signal_stacks  # written by faulthandler where the C extension was not built
+        if evidence.same_host and table.num_rows:  # the flight recorder's dump, on this host's disk
+            life = ((ring.meta.get("clock") or {}).get("wall_ns") or 0) / 1e9, pc.max(table["time"]).value / 1e9
+            rank = (ring.meta.get("identity") or {}).get("rank")
+            evidence.flight, evidence.flight_note = read_dump(ring.meta.get("flight_recorder"), rank, ring.owner, life)
         death = diagnose(table, ring.clean, evidence, ring.meta)
         kill = evidence.kernel_kills[-1] if evidence.kernel_kills else None
         if kill is not None:

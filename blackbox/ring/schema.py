@@ -82,6 +82,7 @@ SCHEMA: dict[str, Any] = {
     "liveness": str,
     "record_dtype": ListOf(list),
     "regions": MapOf(int),
+    "flight_recorder": {"dump_prefix": str, "buffer_size": Int(0, INT64 - 1)},
 }
 
 

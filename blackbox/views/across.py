@@ -278,6 +278,11 @@ def hang_lines(hang: dict[str, Any] | None) -> list[str]:
                      + (f"then timed out{told}" if told else how))  # fmt: skip
     if more > 0:
         lines.append(f"- {more} more waited (metadata.json: attempts[].hang)")
+    fr = hang.get("flight_recorder")
+    if isinstance(fr, dict):
+        behind = ", ".join(f"{_short(b)}'s last was #{b.get('last_seq')}" for b in (fr.get("behind") or [])[:MAX_NAMED])
+        lines.append(f"- the flight recorder's dumps: {_named(fr.get('entered') or [])} entered {fr.get('collective')} "
+                     f"#{fr.get('seq')} (process group {fr.get('pg')}); {behind}")  # fmt: skip
     chain = hang.get("chain") or []
     for i, link in enumerate(chain):
         to = link.get("to") or []
