@@ -19,8 +19,11 @@ DUMP = {"version": "2.10", "pg_config": {"0": {"name": "0", "ranks": "[0, 1, 2]"
         "entries": [{"record_id": i, "pg_id": 0, "collective_seq_id": i + 1, "p2p_seq_id": 0, "is_p2p": False,
                      "profiling_name": "gloo:all_reduce", "state": "scheduled", "retired": True,
                      "time_created_ns": 10**18 + i, "input_sizes": [[4]], "frames": []} for i in range(5)]}  # fmt: skip
-NOW = time.time()
-LIFE = (NOW - 60, NOW)
+
+
+def _life() -> tuple[float, float]:
+    """A ring's life that ended now, in epoch seconds."""
+    return time.time() - 60, time.time()
 
 
 class Planted:
@@ -39,7 +42,7 @@ def test_a_dump_of_plain_data_reads_as_pickle_would(protocol: int) -> None:
 
 def test_a_rank_s_dump_says_the_last_collective_it_entered(tmp_path: Path) -> None:
     (tmp_path / "nccl_trace_rank_1").write_bytes(pickle.dumps(DUMP, protocol=2))
-    dump, note = read_dump(_config(tmp_path), 1, os.getuid(), LIFE)
+    dump, note = read_dump(_config(tmp_path), 1, os.getuid(), _life())
     assert note is None and dump == {"file": str(tmp_path / "nccl_trace_rank_1"), "groups": {
         "0": {"last_seq": 5, "last": "gloo:all_reduce", "state": "scheduled", "entries": 5}}}  # fmt: skip
 
@@ -47,7 +50,7 @@ def test_a_rank_s_dump_says_the_last_collective_it_entered(tmp_path: Path) -> No
 def test_a_planted_pickle_runs_nothing_and_is_refused_in_one_line(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "nccl_trace_rank_0").write_bytes(pickle.dumps({"entries": [Planted()]}))
     monkeypatch.chdir(tmp_path)
-    dump, note = read_dump(_config(tmp_path), 0, os.getuid(), LIFE)
+    dump, note = read_dump(_config(tmp_path), 0, os.getuid(), _life())
     assert dump is None and note is not None and "\n" not in note and "GLOBAL" in note, note
     assert not (tmp_path / "planted-ran").exists()
 
@@ -62,14 +65,14 @@ def test_a_dump_that_is_not_this_rank_s_is_not_read(tmp_path: Path, case: str) -
     elif case != "none":
         path.write_bytes(pickle.dumps(DUMP))
     if case == "stale":  # an earlier job's, at torch's default path
-        os.utime(path, (NOW - 3600, NOW - 3600))
+        os.utime(path, (time.time() - 3600, time.time() - 3600))
     if case == "other owner":
         if os.getuid() != 0:
             pytest.skip("changing a file's owner needs root")
         os.chown(path, 65534, 65534)
     if case == "relative":
         config = {"dump_prefix": "nccl_trace_rank_", "buffer_size": 2000}
-    dump, note = read_dump(config, 0, os.getuid(), LIFE)
+    dump, note = read_dump(config, 0, os.getuid(), _life())
     assert dump is None
     expected = {"link": "symbolic link", "stale": "outside this process's life", "other owner": "uid 65534",
                 "relative": "relative", "none": None}[case]  # fmt: skip

@@ -18,7 +18,7 @@ from blackbox._postmortem import write_postmortem
 
 RANK = """\
 import sys, time, blackbox
-blackbox.arm(sys.argv[1] + "/", sample_interval=0.1)
+blackbox.arm(sys.argv[1] + "/", sample_interval=0.25)
 for step in range(10**9):
     blackbox.step(step)
     if step == 5:
@@ -58,9 +58,9 @@ def test_a_starved_rank_is_not_named_first_and_is_said_to_be_starved(tmp_path: P
     assert by_rank[2]["death"]["time"] < by_rank[1]["death"]["time"] < by_rank[0]["death"]["time"]
     # AND rank 2 is said to be starved, its death's time uncertain by about how long it was stopped
     death = by_rank[2]["death"]
-    assert death["starved"]["interval_s"] == 0.1 and STOPPED - 0.2 <= death["starved"]["late_s"] <= STOPPED + 1.0
+    assert death["starved"]["interval_s"] == 0.25 and STOPPED - 0.4 <= death["starved"]["late_s"] <= STOPPED + 1.0
     assert STOPPED - 0.1 <= death["time_error_s"] <= STOPPED + 1.0, death
-    assert by_rank[1]["death"]["starved"] is None and by_rank[1]["death"]["time_error_s"] < 0.2
+    assert by_rank[1]["death"]["starved"] is None and by_rank[1]["death"]["time_error_s"] < STOPPED / 2
     # AND rank 1, which ran on time until it was killed, is the first death
     assert (meta["first_death"]["rank"], meta["first_death"]["cause"]) == (1, "killed"), meta["first_death"]
     # AND the summary says that rank 2's order is not known and that it was starved
