@@ -50,8 +50,6 @@ RECOVERY_ORDER = {
     "arrays": 0,
     "family": 0,
     "limits": 0,
-    "parquet_footer": 0,
-    "row_groups": 0,
     "stacks": 1,
     "allocs": 1,
     "facts": 1,

@@ -3,7 +3,7 @@
 the cores that CPU time comes to (CPU / wall) and peak RSS, each run in a fresh process.
 
     python tools/bench_cores.py [--rings 8] [--events 1250000] [--runs 3] [--cores 1,2,4,8,16] [--keep DIR]
-                                [--variant NAME=WORKERS:THREADS:BUDGET_MIB[:ROWS] ...]
+                                [--variant NAME=WORKERS:BUDGET_MIB[:ROWS] ...]
 
 The rings are tools/bench_ring.py's typical training rings of the default 32 MiB (262,144 slots), given a
 lap and a quarter, as a rank armed with ``arm()`` leaves them; made once, in parallel. Each run is a fresh interpreter
@@ -12,7 +12,7 @@ recovers the folder once to warm up and once timed (``write_postmortem``, no pic
 timed the same way beside it, so "8 rings in k × one ring's time" reads off one run. CPU time is the
 timed recovery's, all its threads (``process_time``); peak RSS the whole child's, from ``wait4``.
 
---variant: besides the shipped defaults, run with the decoding workers, the Parquet encoding threads, the
+--variant: besides the shipped defaults, run with the decoding workers, the
 in-flight ring budget and (optionally) the rows per row group set to these (``auto`` for the number of
 cores): how much the caps cost in memory and give in time.
 """
@@ -37,11 +37,10 @@ from pathlib import Path
 cores, caps, folder, out = int(sys.argv[1]), json.loads(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
 os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])
 from blackbox._postmortem import write_postmortem
-from blackbox.recovery import bundle, pipeline, row_groups
+from blackbox.recovery import bundle, pipeline
 if caps:
-    workers, threads, budget, *group = (cores if c == "auto" else int(c) for c in caps)
+    workers, budget, *group = (cores if c == "auto" else int(c) for c in caps)
     pipeline._workers = lambda: workers
-    row_groups.MAX_THREADS = threads
     pipeline.IN_FLIGHT_BYTES = budget << 20
     bundle.ROW_GROUP = group[0] if group else bundle.ROW_GROUP
 one = sorted(folder.glob("*.ring"))[:1]
@@ -95,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--cores", default="1,2,4,8,16")
     ap.add_argument("--keep", help="make (or reuse) the rings here instead of a temporary folder")
-    ap.add_argument("--variant", action="append", default=[], help="NAME=WORKERS:THREADS:BUDGET_MIB[:ROWS]")
+    ap.add_argument("--variant", action="append", default=[], help="NAME=WORKERS:BUDGET_MIB[:ROWS]")
     args = ap.parse_args(argv)
     work = Path(args.keep or tempfile.mkdtemp(prefix="bench-cores-", dir=os.environ.get("TMPDIR", "/var/tmp")))
     folder = work / "rings"

@@ -16,8 +16,9 @@ can bring the ratio below it on this machine, only less CPU (or more cores) can.
 pyarrow call, on one core.
 
 --baseline SRC: another blackbox source tree (``git archive REV | tar -x -C DIR``, its C extension built)
-run beside this one, run by run alternating; the ratios of the medians compare them (the machine is
-noisy: only side-by-side figures compare).
+run beside this one, run by run alternating (which goes first, too); the ratios of the medians compare
+them, and the median of the run-by-run ratios with its quartiles (the machine is noisy: only side-by-side
+figures compare).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         ring = typical_ring(Path(d) / "full.ring", args.events)
         for run in range(args.runs):
             for raw in (True, False) if run % 2 else (False, True):  # neither always first
-                for name, tree in trees.items():
+                for name, tree in list(trees.items())[:: -1 if run % 2 else 1]:  # nor either tree
                     results[name, raw].append(one_run(tree, ring, raw))
     cores = len(os.sched_getaffinity(0))
     print(f"machine: {cores} cores; {args.runs} runs each, medians; ratio: each run over its own floor\n")
@@ -97,7 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline:
         for raw in (True, False):
             ratio = medians["baseline", raw] / medians["this tree", raw]
-            print(f"\nraw kept {'yes' if raw else 'no'}: this tree is {ratio:.2f}x as fast as the baseline")
+            # run by run: each run of this tree over the baseline's beside it (a loaded machine's drift cancels)
+            paired = sorted(b["seconds"] / t["seconds"] for t, b in zip(results["this tree", raw],
+                                                                         results["baseline", raw], strict=True))
+            q = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
+            print(f"\nraw kept {'yes' if raw else 'no'}: this tree is {ratio:.2f}x as fast as the baseline "
+                  f"(run by run: median {statistics.median(paired):.2f}x, quartiles {q[0]:.2f} to {q[2]:.2f})")
     return 0
 
 

@@ -58,8 +58,11 @@ def one_run(repo: Path, work: Path, kill_after: float | None) -> dict[str, float
     (run,) = (work / "d").glob("run-*")
     meta_path = run / "bundle" / "metadata.json"
     pidfd = os.pidfd_open(job_pid)
+    # every process of the job, as slurmstepd does: the job's group is blackbox run's own (since f3c15ea;
+    # before, a group of its own)
+    groups = sorted({os.getpgid(launcher.pid), os.getpgid(job_pid)})
     signalled = time.monotonic()
-    for group in (launcher.pid, job_pid):  # every process of the job, as slurmstepd does
+    for group in groups:
         os.killpg(group, signal.SIGTERM)
     select.select([pidfd], [], [], 60)
     died = time.monotonic()
@@ -71,7 +74,7 @@ def one_run(repo: Path, work: Path, kill_after: float | None) -> dict[str, float
         done = launcher.poll() is not None  # then one last look at what it left
         now = time.monotonic()
         if kill_after is not None and not killed and now - signalled >= kill_after:
-            for group in (launcher.pid, job_pid):
+            for group in groups:
                 try:
                     os.killpg(group, signal.SIGKILL)
                 except ProcessLookupError:

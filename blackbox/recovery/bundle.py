@@ -26,7 +26,6 @@ from ..ring.packed import KeptRings, Packed, pack, stored_name
 from .outfolder import OutFolder
 from .pipeline import OOM_REPORT, RecoveryPass, recover_rings
 from .ranks import rank_rows, ranks_table
-from .row_groups import RowGroupWriter
 from .spill import SpilledRings
 from .timeline import TIMELINE_SCHEMA
 
@@ -310,7 +309,7 @@ def _fill(
             yield table
             del table  # not held while the next ring is decoded
 
-    with whole.create(TIMELINE) as sink, RowGroupWriter(sink, TIMELINE_SCHEMA, **_PARQUET) as writer:
+    with whole.create(TIMELINE) as sink, pq.ParquetWriter(sink, TIMELINE_SCHEMA, **_PARQUET) as writer:
         _write_row_groups(writer, tables(), lambda: recovery.last)
     meta, ranks, texts = verdict[0] if verdict else put_verdict()
 
@@ -344,7 +343,7 @@ def _put_verdict(recovery: RecoveryPass, views: Views, out: _Out) -> Verdict:
 
 
 def _write_row_groups(
-    writer: RowGroupWriter | pq.ParquetWriter, tables: Iterator[pa.Table], last: Callable[[], bool] = lambda: False
+    writer: pq.ParquetWriter, tables: Iterator[pa.Table], last: Callable[[], bool] = lambda: False
 ) -> None:
     """Write the rings' timelines as row groups of ``ROW_GROUP`` rows, small rings sharing one: the
     writer keeps every row group's metadata until the footer (about 80 KiB each, whatever its size), so
