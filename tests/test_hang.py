@@ -41,12 +41,19 @@ def watchdog(rank, last):  # what NCCL's watchdog does on a collective's timeout
     with open(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(rank), "wb") as f:
         f.write(c10d._dump_fr_trace())
 
+def aborter(pending):  # what NCCL's watchdog does by default on a collective's timeout: abort the process
+    while pending[0] is None or time.monotonic() - pending[0] < float(os.environ["ABORT_AFTER_S"]):
+        time.sleep(0.1)
+    os.abort()
+
 def main():
     dist.init_process_group("gloo")  # gloo's default timeout: 30 minutes
     rank = dist.get_rank()
-    last = [None]
+    last, pending = [None], [None]
     if "TORCH_FR_DUMP_TEMP_FILE" in os.environ:
         threading.Thread(target=watchdog, args=(rank, last), daemon=True).start()
+    if "ABORT_AFTER_S" in os.environ:
+        threading.Thread(target=aborter, args=(pending,), daemon=True).start()
     group = None
     if "PG_TIMEOUT_S" in os.environ:  # a short one for training only, once every rank is up
         dist.barrier()
@@ -58,7 +65,9 @@ def main():
         x = wait_for_batch(step, rank)
         loss = model(x).pow(2).mean()
         opt.zero_grad()
+        pending[0] = time.monotonic()
         loss.backward()  # DDP all-reduces the gradients here: ranks 0 and 2 wait in it for rank 1
+        pending[0] = None
         opt.step()
         last[0] = time.monotonic()
         os.write(1, f"rank {rank} step {step}\\n".encode())  # one write: the ranks share torchrun's stdout
@@ -222,15 +231,22 @@ def test_a_single_process_stuck_on_a_lock_is_a_hang_not_a_signal_death(tmp_path:
     assert len(list((tmp_path / "rings").glob("*.ring"))) == 1  # the unarmed run left none
 
 
+TIMEOUTS = {"gloo": ({"PG_TIMEOUT_S": "5"}, "Timed out waiting 5000ms for ", "exception"),
+            "watchdog abort": ({"ABORT_AFTER_S": "3"}, "SIGABRT while it waited in a collective", "signal")}
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="no torchrun beside this Python")
-def test_ranks_whose_collective_timed_out_waited_for_the_stuck_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", list(TIMEOUTS))
+def test_ranks_whose_collective_timed_out_waited_for_the_stuck_rank(tmp_path: Path, how: str) -> None:
     pytest.importorskip("torch.distributed")
     script = tmp_path / "train.py"
     script.write_text(DDP_JOB)
-    # GIVEN the same job with gloo's timeout at 5 s: ranks 0 and 2 raise gloo's "Timed out waiting" in backward,
+    setting, told, cause = TIMEOUTS[how]
+    # GIVEN the same job where the collective times out: gloo's timeout at 5 s (ranks 0 and 2 raise gloo's "Timed
+    # out waiting" in backward), or a watchdog thread that aborts a rank 3 s into a collective, as NCCL's does;
     # then torchrun stops rank 1, still stuck; unarmed and under `blackbox run`, side by side
-    env = dict(ENV, PG_TIMEOUT_S="5")
+    env = dict(ENV, **setting)
     runs = tmp_path / "runs"
     procs = [subprocess.Popen([*launcher, str(TORCHRUN), "--nproc-per-node=3", "--max-restarts=0",
                                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}", str(script),
@@ -238,10 +254,11 @@ def test_ranks_whose_collective_timed_out_waited_for_the_stuck_rank(tmp_path: Pa
                               text=True, env=env)
              for i, launcher in enumerate([[], [sys.executable, "-m", "blackbox", "run", "--dir", str(runs), "--"]])]
     (out0, err0), (out1, err1) = [p.communicate(timeout=240) for p in procs]  # fmt: skip
-    # THEN it ends as it does unarmed: torchrun's failure, gloo's timeout in both logs
+    # THEN it ends as it does unarmed: torchrun's failure, the timeout in both logs
     assert procs[0].returncode == procs[1].returncode == 1, (err0[-2000:], err1[-3000:])
     assert sorted(out0.splitlines()) == sorted(out1.splitlines())
-    assert "Timed out waiting 5000ms" in err0 and "Timed out waiting 5000ms" in err1
+    shown = "Timed out waiting 5000ms" if how == "gloo" else "exitcode  : -6"
+    assert shown in err0 and shown in err1, (err0[-2000:], err1[-2000:])
     # AND the first death is rank 1's hang, not the timeouts that came first; ranks 0 and 2 waited and timed out
     meta = _bundle(runs)
     first, (attempt,) = meta["first_death"], meta["attempts"]
@@ -251,11 +268,12 @@ def test_ranks_whose_collective_timed_out_waited_for_the_stuck_rank(tmp_path: Pa
     waited = {w["rank"]: w for w in attempt["hang"]["waited"]}
     assert sorted(waited) == [0, 2] and all(w["step"] == 20 for w in waited.values()), waited
     timed_out = [w for w in waited.values() if w["timed_out"]]
-    assert timed_out and all(w["timed_out"].startswith("RuntimeError: [") and "Timed out waiting 5000ms for "
-                             in w["timed_out"] for w in timed_out), waited  # fmt: skip
+    assert timed_out and all(told in w["timed_out"] for w in timed_out), waited
     by_rank = {m["rank"]: m for m in meta["rings"]}
-    assert {by_rank[w["rank"]]["death"]["cause"] for w in timed_out} == {"exception"}  # what happened to them
+    assert {by_rank[w["rank"]]["death"]["cause"] for w in timed_out} == {cause}  # what happened to them
+    if how == "watchdog abort":
+        assert all("died of SIGABRT in native code, called from aborter (train.py:" in by_rank[w["rank"]]["death"][
+            "headline"] for w in timed_out)  # fmt: skip
     assert (attempt["deaths"], attempt["collateral"]) == (1, 3)
     summary = meta["_summary"]
-    assert "**First death: rank 1 " in summary and "waited for it from step 20, then timed out (RuntimeError: [" in (
-        summary)
+    assert "**First death: rank 1 " in summary and "waited for it from step 20, then timed out (" in summary
