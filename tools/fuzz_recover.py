@@ -72,6 +72,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import zstandard
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -248,7 +249,8 @@ def check_folder(folder: Path, out: Path, good: int, maybe: int) -> str:
     rings = meta.get("rings", [meta])
     assert good <= len(rings) <= good + maybe, f"{len(rings)} rings recovered of {good} good, {maybe} damaged"
     assert all("\n" not in u["reason"] for u in meta.get("unread_rings", []))
-    text = b"".join(p.read_bytes() for p in out.iterdir())
+    text = b"".join(p.read_bytes() for p in out.rglob("*") if p.is_file())  # rings/ too, and decompressed:
+    text += b"".join(zstandard.ZstdDecompressor().stream_reader(p.read_bytes()).read() for p in out.glob("rings/*"))
     assert SECRET.encode() not in text, "a file outside the folder reached the bundle"
     return f"ok:{len(meta.get('unread_rings', []))} unread"
 
