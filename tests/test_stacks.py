@@ -33,6 +33,7 @@ from blackbox.recovery.kinds import of_kind
 from blackbox.recovery.timeline import STACK_LOST, py_rows, ring_table
 from blackbox.ring import format as fmt
 from blackbox.ring.reader import find_rings, read_ring
+from blackbox.ring.scan import scan_stack_spans
 from blackbox.ring.writer import c_writer_module
 
 MiB = 1 << 20
@@ -296,6 +297,53 @@ def test_kernel_oom_killed_job_names_its_leaking_function(tmp_path: Path, backen
     assert len(out.split()) >= 2, "the job went through leak/idle cycles before it died"
     meta = assert_names_the_leak(ring_dir, tmp_path / "bundle", last=False)
     assert meta["death"]["cause"] == "host_oom_kill"
+
+
+def test_a_kill_while_a_half_is_zeroed_leaves_each_stack_whole_or_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a stack table that flipped once: generation 1's stacks fill the first half, which the next flip
+    # zeroes while older records still name them
+    monkeypatch.setattr(_recorder, "DEFAULT_STACKS_SIZE", 16 << 10)
+    rec = blackbox.Recorder.arm(tmp_path / "d.ring", capacity=4096, sample_interval=3600)
+    sampler = rec._stacks
+    assert sampler is not None
+    functions = []
+    for i in range(400):
+        namespace: dict = {}
+        exec(compile(f"def gen_{i}(sample):\n    sample()\n", f"<gen {i}>", "exec"), namespace)
+        functions.append(namespace[f"gen_{i}"])
+    for f in functions:
+        if sampler.generation == 2:
+            break
+        f(sampler.sample)
+    hdr = read_ring(rec.path).header
+    table = bytearray(rec.path.read_bytes()[hdr.stacks_offset : hdr.stacks_offset + hdr.stacks_size])
+    rec.disarm()
+    half = len(table) // 2
+    first = scan_stack_spans([(0, bytearray(table))], len(table))
+    named = {key: frames for key, frames in first.stacks.items() if key[0] == 1}
+    assert len(named) > 20 and all((1, f) in first.frames for frames in named.values() for f in frames)
+
+    def partial_stacks(zeroed: range) -> int:
+        """Generation 1's stacks that resolve with a frame missing, once these words of its half are zero."""
+        cut = bytearray(table)
+        for w in zeroed:
+            cut[8 * w : 8 * w + 8] = bytes(8)
+        scan = scan_stack_spans([(0, cut)], len(cut))
+        return sum(1 for key, frames in named.items()
+                   if key in scan.stacks and not all((1, f) in scan.frames for f in frames))  # fmt: skip
+
+    words = half // 8
+    # WHEN a kill cuts the zeroing short after any word, zeroed as stacks.zero_down does (top down)
+    # THEN every stack of generation 1 is whole or lost: never one with a frame gone
+    assert [k for k in range(0, words + 1, 8) if partial_stacks(range(words - k, words))] == []
+    # (zeroed bottom up, as before, cuts left stacks without their frames: the flake's cause)
+    assert any(partial_stacks(range(0, k)) for k in range(0, words + 1, 8))
+    # AND zero_down zeroes the whole region, a tail shorter than a word too
+    region = bytearray(b"\xff" * 43)
+    stacks_mod.zero_down(memoryview(region))
+    assert region == bytes(43)
 
 
 CHURN_JOB = """
