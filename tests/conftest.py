@@ -123,6 +123,17 @@ def _default_ring_folders_left_clean() -> Iterator[None]:
     clean(before)
 
 
+# Under pytest-xdist (tools/test.sh runs `-n 2 --dist loadgroup`) a test file is one unit: its tests run on one
+# worker, in order, and set up its module fixtures once. Each worker is its own process, so each makes its
+# own private /var/tmp (private_tmp.enter above), memory cgroups (named by pid) and users (named by pid).
+# The Slurm files share one unit: one private cluster at a time on the machine.
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            module = item.module.__name__ if getattr(item, "module", None) is not None else item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group("slurm" if module.startswith("test_slurm") else module))
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """What the session left in its private /var/tmp (or its BLACKBOX_DIR) goes whole."""
     private_tmp.leave()

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The fast tests (pytest -m "not slow") on each other supported Python, so that none breaks silently:
-# 3.10, 3.12 and 3.13 (tools/test.sh runs the whole suite on the default one). Each gets its own
+# The fast tests (pytest -m "not slow") on the oldest and the newest supported Python, so that neither breaks
+# silently: 3.10 and 3.13 (tools/test.sh runs the whole suite on the default one, 3.11), on two workers. Each gets its own
 # virtual environment, .venv-<version>, with blackbox and its dev tools but not torch (the tests that
 # need torch skip, saying so; recover and the analysis never need it). A Python that is not installed
 # (neither python<version> on PATH nor a pyenv version) is skipped with the reason. Exit status: 1 if
-# any lane failed. BLACKBOX_PYTHONS="3.10 3.13" picks the lanes.
+# any lane failed. BLACKBOX_PYTHONS="3.10 3.12 3.13" picks the lanes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 failed=""
-for version in ${BLACKBOX_PYTHONS:-3.10 3.12 3.13}; do
+for version in ${BLACKBOX_PYTHONS:-3.10 3.13}; do
   python=""
   if command -v "python$version" >/dev/null && "python$version" -c "" 2>/dev/null; then
     python=$(command -v "python$version")
@@ -29,7 +29,8 @@ for version in ${BLACKBOX_PYTHONS:-3.10 3.12 3.13}; do
     failed="$failed $version"
     continue
   fi
-  "$venv/bin/python" -m pytest -q -m "not slow" -p no:cacheprovider || failed="$failed $version"
+  "$venv/bin/python" -m pytest -q -m "not slow" -p no:cacheprovider -n "${BLACKBOX_TEST_WORKERS:-2}" \
+      --dist loadgroup --durations=10 || failed="$failed $version"
 done
 if [ -n "$failed" ]; then
   echo "test_pythons: failed on Python$failed" >&2
