@@ -229,7 +229,8 @@ def _flight(stalled: list[dict[str, Any]]) -> dict[str, Any] | None:
         behind = [(m, e) for m, e in seqs if e["last_seq"] != top]
         if top is None or not behind:
             continue
-        entered = [(m, e) for m, e in seqs if e["last_seq"] == top]
+        entered = sorted(((m, e) for m, e in seqs if e["last_seq"] == top), key=lambda me: _since(me[0])[1])
+        behind.sort(key=lambda me: _since(me[0])[1])  # by rank
         return {"pg": pg, "seq": top, "collective": entered[0][1].get("last"),
                 "entered": [_who(m) for m, _ in entered[:SHOWN]], "entered_count": len(entered),
                 "behind": [_who(m) | {"last_seq": e["last_seq"]} for m, e in behind[:SHOWN]],
