@@ -173,6 +173,13 @@ def test_a_stuck_rank_is_named_not_the_rank_whose_sigterm_landed_first(tmp_path:
     assert fr["collective"] == "gloo:all_reduce" and fr["behind"][0]["last_seq"] == fr["seq"] - 1
     assert by_rank[1]["death"]["hang"]["flight_recorder"]["file"] == str(tmp_path / "fr_1")
     assert f"entered gloo:all_reduce #{fr['seq']} (process group 0); rank 1's last was #{fr['seq'] - 1}" in summary
+    # AND the job-wide account over the node bundle, which reads its metadata as untrusted input, says the same
+    from blackbox._postmortem import job_account
+
+    _, job, text = job_account([str(next(runs.glob("run-*/bundle")))])
+    assert (job["cause"], job["first_death"]["rank"]) == ("hang", 1)
+    assert "**A hang:** rank 1 made no progress for " in text and "- ranks 0 and 2 waited for it from step 20" in text
+    assert f"rank 1's last was #{fr['seq'] - 1}" in text
     assert "cause: hang; The main process (pid " in armed.err
 
 
