@@ -197,8 +197,8 @@ def attempt_hang(dead: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[
     if not stuck or not (waited or any(m["death"].get("cause") == "hang" for m in stuck)):
         return None
     first = min(stuck, key=_since)
-    if first["death"].get("cause") != "hang" and not waited:
-        return None
+    if first["death"].get("cause") != "hang" and not any(_timed_out(m) for m in waited):
+        return None  # it died of its own cause (an exception after a long evaluation): no hang
     collateral = [m for m in dead if m is not first and m not in stuck]  # the waiters and the launcher
     chain = _chain(dead, first)
     info = {

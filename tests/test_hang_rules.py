@@ -1,0 +1,59 @@
+"""The rules that tell a hang from other deaths across an attempt's rings (recovery.hang.attempt_hang), over
+the slim metadata the real jobs of test_hang.py produce: the cases those jobs do not reach on CPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from blackbox.recovery.hang import attempt_hang
+
+BACKWARD = "backward (where DDP all-reduces the gradients)"
+
+
+def _ring(rank: int | None, pid: int, cause: str, collective: str | None = None, *, killer: int | None = 100,
+          timed_out: str | None = None, last_seq: int | None = None) -> dict[str, Any]:  # fmt: skip
+    hang = {"since": f"2026-01-01T00:00:0{rank or 0}.000000Z", "stalled_s": 30.0, "step": 20, "step_s": 0.05,
+            "site": "wait_for_batch (train.py:7)", "stack": "main (train.py:9);wait_for_batch (train.py:7)",
+            "collective": collective, "timed_out": timed_out}  # fmt: skip
+    if last_seq is not None:
+        hang["flight_recorder"] = {"file": f"/tmp/fr_{rank}", "groups": {"0": {"last_seq": last_seq,
+                                                                              "last": "nccl:all_reduce"}}}  # fmt: skip
+    death = {"cause": cause, "time": "2026-01-01T00:00:40.000000Z", "hang": hang,
+             "killed_by": {"signal": "SIGTERM", "sender": "pt_elastic", "sender_pid": killer,
+                           "time": "2026-01-01T00:00:40.000000Z"} if killer else None}  # fmt: skip
+    return {"rank": rank, "host": "h", "pid": pid, "ppid": 100, "death": death}
+
+
+def test_the_rank_stuck_outside_a_collective_is_first_and_the_waiters_collateral() -> None:
+    rings = [_ring(0, 10, "hang", BACKWARD), _ring(1, 11, "hang"), _ring(2, 12, "hang", BACKWARD)]
+    first, collateral, info = attempt_hang(rings)  # type: ignore[misc]
+    assert first["rank"] == 1 and {m["rank"] for m in collateral} == {0, 2}
+    assert [w["rank"] for w in info["waited"]] == [0, 2] and info["stuck_count"] == 1
+
+
+def test_a_rank_that_died_of_its_own_exception_after_a_long_stall_is_no_hang() -> None:
+    # rank 1 evaluated for minutes (no step) and raised; the others waited in a barrier until torchrun stopped them
+    rings = [_ring(0, 10, "hang", "barrier"), _ring(1, 11, "exception", killer=None), _ring(2, 12, "hang", "barrier")]
+    assert attempt_hang(rings) is None
+
+
+def test_ranks_that_all_waited_in_collectives_name_no_stuck_rank_without_a_dump() -> None:
+    assert attempt_hang([_ring(0, 10, "hang", BACKWARD), _ring(1, 11, "hang", BACKWARD)]) is None
+
+
+def test_the_flight_recorder_names_the_rank_behind_where_every_stack_is_in_a_collective() -> None:
+    # NCCL: the stuck rank's Python stack is in backward too (its kernel never launched the all-reduce)
+    rings = [_ring(0, 10, "hang", BACKWARD, last_seq=26), _ring(1, 11, "hang", BACKWARD, last_seq=25),
+             _ring(2, 12, "signal", BACKWARD, last_seq=26, timed_out="SIGABRT while it waited in a collective")]
+    first, collateral, info = attempt_hang(rings)  # type: ignore[misc]
+    assert first["rank"] == 1 and {m["rank"] for m in collateral} == {0, 2}
+    fr = info["flight_recorder"]
+    assert (fr["seq"], [e["rank"] for e in fr["entered"]], fr["behind"][0]["last_seq"]) == (26, [0, 2], 25)
+
+
+def test_one_process_stuck_and_ended_by_timeout_is_a_hang_with_its_sender() -> None:
+    ring = _ring(None, 10, "hang")
+    ring["death"]["killed_by"] = {"signal": "SIGTERM", "sender": "timeout", "sender_pid": 9, "time": "t"}
+    first, collateral, info = attempt_hang([ring])  # type: ignore[misc]
+    assert first is ring and collateral == [] and info["waited"] == []
+    assert [(c["sender"], c["sender_pid"], c["to_count"]) for c in info["chain"]] == [("timeout", 9, 1)]
