@@ -69,3 +69,9 @@ def test_a_starved_rank_is_not_named_first_and_is_said_to_be_starved(tmp_path: P
     known = summary.split("Order not known: ", 1)[1].split("\n", 1)[0]
     assert known.startswith("rank 2 (host ") and " ms before it by their last records" in known, known
     assert "Starved at the end: rank 2 (1 of 3): their samplers ran up to " in summary
+    # AND rank 2's own account says how well its death's time is known and that it was starved
+    from blackbox.views.summary import ring_summary
+
+    own = ring_summary(by_rank[2])
+    assert "Its time is its last record: the death came after it, within " in own
+    assert "It was starved at its end (of CPU, or of the GIL): its sampler, asked to run every 0.25 s" in own

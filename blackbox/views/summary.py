@@ -75,7 +75,7 @@ def _death(d: dict[str, Any] | None) -> list[str]:
     ]
     limit = d.get("limit")
     hit = f"The limit it hit: {limit['text']}." if isinstance(limit, dict) and limit.get("text") else ""
-    for extra in (_victim(d.get("victim")), hit, _composition(d.get("memory_at_end"))):
+    for extra in (_when(d), _victim(d.get("victim")), hit, _composition(d.get("memory_at_end"))):
         if extra:
             lines += ["", extra]
     killer = d.get("killed_by")
@@ -102,6 +102,19 @@ def _death(d: dict[str, Any] | None) -> list[str]:
     if d.get("levers"):
         lines += ["", "What to change:", "", *[f"- {lever}" for lever in d["levers"]]]
     return [*lines, ""]
+
+
+def _when(d: dict[str, Any]) -> str:
+    """How well the death's time is known, where it is the last record; that the process was starved."""
+    error, starved = d.get("time_error_s"), d.get("starved")
+    text = ""
+    if isinstance(error, (int, float)) and error > 0:
+        text = (f"Its time is its last record: the death came after it, within {error:.3g} s if it ran as in its "
+                "last seconds (the longest gap between its last records).")  # fmt: skip
+    if isinstance(starved, dict) and isinstance(starved.get("late_s"), (int, float)):
+        text += (f" It was starved at its end (of CPU, or of the GIL): its sampler, asked to run every "
+                 f"{starved.get('interval_s')} s, ran up to {starved['late_s']:.3g} s late.")  # fmt: skip
+    return text.strip()
 
 
 def _per_step(growth: dict[str, Any]) -> str:
