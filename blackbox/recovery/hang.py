@@ -73,6 +73,7 @@ def stall(table: pa.Table, end_ns: int, ranked: bool) -> dict[str, Any] | None:
     steps = of_kind(table, "step", columns=["time", "step"])
     if steps.num_rows < 3:
         return None
+    steps = steps.slice(max(0, steps.num_rows - STEPS_SEEN - 1))  # the last ones are all it reads
     times = steps["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
     gaps = np.diff(times[-(STEPS_SEEN + 1) :]) / 1e9
     step_s, longest, last = float(np.median(gaps)), float(gaps.max()), int(times[-1])

@@ -42,8 +42,11 @@ def death_timing(table: pa.Table, interval_s: Any, from_last_record: bool) -> di
     return {"time_error_s": error, "starved": hungry}
 
 
+TAIL = 4096  # records looked at: the last ones (the ring is in write order; its times nearly so)
+
+
 def _error(table: pa.Table) -> float | None:
-    times = np.sort(_ns(table))
+    times = np.sort(_ns(table.slice(max(0, table.num_rows - TAIL))))
     if len(times) < 2:
         return None
     recent = times[times >= times[-1] - int(RECENT_S * 1e9)]
@@ -57,7 +60,8 @@ def starved(table: pa.Table, interval_s: Any) -> dict[str, Any] | None:
     enough samples to tell."""
     if not isinstance(interval_s, (int, float)) or isinstance(interval_s, bool) or interval_s <= 0:
         return None
-    times = _ns(of_kind(table, "sample", columns=["time"]))
+    samples = of_kind(table, "sample", columns=["time"])
+    times = _ns(samples.slice(max(0, samples.num_rows - 4 * LAST_SAMPLES)))
     if len(times) < 2:
         return None
     late = float(np.diff(np.sort(times)[-(LAST_SAMPLES + 1) :]).max()) / 1e9 - float(interval_s)
