@@ -172,6 +172,7 @@ def test_a_stuck_rank_is_named_not_the_rank_whose_sigterm_landed_first(tmp_path:
     assert [e["rank"] for e in fr["entered"]] == [0, 2] and [b["rank"] for b in fr["behind"]] == [1], fr
     assert fr["collective"] == "gloo:all_reduce" and fr["behind"][0]["last_seq"] == fr["seq"] - 1
     assert by_rank[1]["death"]["hang"]["flight_recorder"]["file"] == str(tmp_path / "fr_1")
+    assert not any("TORCH_FR_BUFFER_SIZE" in lever for lever in by_rank[1]["death"]["levers"])  # it is on
     assert f"entered gloo:all_reduce #{fr['seq']} (process group 0); rank 1's last was #{fr['seq'] - 1}" in summary
     # AND the job-wide account over the node bundle, which reads its metadata as untrusted input, says the same
     from blackbox._postmortem import job_account
@@ -236,6 +237,8 @@ def test_a_single_process_stuck_on_a_lock_is_a_hang_not_a_signal_death(tmp_path:
     ender = "SIGTERM from timeout" if not kill else "SIGKILL"
     assert death["headline"].endswith(f"stuck in next_batch (job.py:{line}); then {ender} ended it."), death
     assert len(list((tmp_path / "rings").glob("*.ring"))) == 1  # the unarmed run left none
+    assert death["levers"] == [f"look at next_batch (job.py:{line}): the process was stuck there (a data source, "
+                               f"a lock, I/O) for {death['hang']['stalled_s']:.0f} s"]  # fmt: skip
 
 
 TIMEOUTS = {"gloo": ({"PG_TIMEOUT_S": "5"}, "Timed out waiting 5000ms for ", "exception"),
@@ -284,3 +287,5 @@ def test_ranks_whose_collective_timed_out_waited_for_the_stuck_rank(tmp_path: Pa
     assert (attempt["deaths"], attempt["collateral"]) == (1, 3)
     summary = meta["_summary"]
     assert "**First death: rank 1 " in summary and "waited for it from step 20, then timed out (" in summary
+    levers = by_rank[1]["death"]["levers"]  # where to look; the recorder, off here, named for the next hang
+    assert levers[0].startswith("look at wait_for_batch (train.py:") and "TORCH_FR_BUFFER_SIZE=2000" in levers[-1]

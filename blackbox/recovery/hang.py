@@ -131,7 +131,21 @@ def with_hang(
                           "timed out)"
     out = {**death, "hang": st, "evidence": [*death.get("evidence", []), _stall_evidence(st)]}
     if death["cause"] in ("signal", "killed") and not crashed:
-        out.update(cause="hang", confidence="strong", headline=_headline(death, st))
+        out.update(cause="hang", confidence="strong", headline=_headline(death, st), levers=_levers(st, ranked))
+    return out
+
+
+def _levers(st: dict[str, Any], ranked: bool) -> list[str]:
+    """What to change after a hang: where to look, and, for a rank, what makes the next one end and tell."""
+    out = [f"look at {short_frame(st['site'])}: the process was stuck there (a data source, a lock, I/O) for "
+           f"{st['stalled_s']:.0f} s" if st.get("site") and not st.get("collective") else
+           "find the rank that never entered the collective this one waited in (the job's other ranks)"]  # fmt: skip
+    if ranked:
+        out.append("a collective timeout shorter than the job's time limit (init_process_group(timeout="
+                   "timedelta(minutes=10))) ends the waiting ranks with the collective named, before the scheduler")
+        if not st.get("flight_recorder"):
+            out.append("TORCH_FR_BUFFER_SIZE=2000 turns PyTorch's flight recorder on: on a collective's timeout NCCL "
+                       "dumps each rank's collectives, which blackbox reads to name the rank that never entered it")
     return out
 
 
