@@ -241,6 +241,55 @@ def test_a_single_process_stuck_on_a_lock_is_a_hang_not_a_signal_death(tmp_path:
                                f"a lock, I/O) for {death['hang']['stalled_s']:.0f} s"]  # fmt: skip
 
 
+BUSY = """\
+import sys, time
+import blackbox
+blackbox.arm(sys.argv[1] + "/", sample_interval=0.05)
+
+def attention(x):
+    return sum(i * i for i in range(x))
+
+def mlp(x):
+    return sum(i + 1 for i in range(x))
+
+def norm(x):
+    return max(i % 7 for i in range(x))
+
+def evaluate(batches):  # a long evaluation: no optimizer step, the time spread over its layers
+    for b in range(batches):
+        for layer in (attention, mlp, norm, attention, mlp, norm):
+            layer(20000)
+
+for step in range(40):
+    blackbox.step(step)
+    time.sleep(0.01)
+open(sys.argv[2], "w").close()
+while True:
+    evaluate(10**6)
+"""
+
+
+@pytest.mark.slow
+def test_a_process_busy_without_steps_when_killed_keeps_its_cause(tmp_path: Path) -> None:
+    # GIVEN a job that evaluates for seconds after its last step (its stack always changing), then the
+    # scheduler's SIGTERM: no step for 30x its step time, but it was working, not stuck
+    (tmp_path / "job.py").write_text(BUSY)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(tmp_path / "rings"), str(tmp_path / "go")],
+                            env=ENV)  # fmt: skip
+    while not (tmp_path / "go").exists() and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(STUCK_FOR)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == -signal.SIGTERM
+    from blackbox.recovery.pipeline import recover_rings
+
+    death = recover_rings([tmp_path / "rings"]).meta["death"]
+    # THEN its cause stays the signal, and the stall is kept, said busy, where it worked
+    assert death["cause"] == "signal" and death["hang"]["busy"] is True, death
+    assert death["hang"]["stalled_s"] >= STUCK_FOR - 0.5 and death["hang"]["share"] < 0.5
+    assert "busy, not stuck" in " ".join(death["evidence"]) and "hung" not in death["headline"]
+
+
 TIMEOUTS = {"gloo": ({"PG_TIMEOUT_S": "5"}, "Timed out waiting 5000ms for ", "exception"),
             "watchdog abort": ({"ABORT_AFTER_S": "3"}, "SIGABRT while it waited in a collective", "signal")}
 

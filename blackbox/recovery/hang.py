@@ -35,6 +35,7 @@ from .crash import innermost_first, short_frame
 from .kinds import of_kind
 from .timeline import iso_ns
 
+BUSY_SHARE = 0.5  # a stall whose most sampled stack is under this share of 4 or more samples was busy, not stuck
 HANG_FACTOR = 10.0  # a stall this many times the job's own step time (the median of its last steps)...
 HANG_MIN_S = 2.0  # ...and at least this long (and longer than any of those steps) is no progress
 STEPS_SEEN = 50  # the step intervals the step time is taken from: the last ones
@@ -129,8 +130,11 @@ def with_hang(
     elif crashed and st["collective"] and "SIGABRT" in str(death.get("headline")):
         st["timed_out"] = "SIGABRT while it waited in a collective (NCCL's watchdog aborts a rank whose collective " \
                           "timed out)"
+    # Its stack changing from sample to sample, it was working (an evaluation, a checkpoint, a slow data
+    # pass killed at the time limit): no progress in steps, but not stuck. It keeps its cause.
+    st["busy"] = st["samples"] >= 4 and (st["share"] or 0.0) < BUSY_SHARE
     out = {**death, "hang": st, "evidence": [*death.get("evidence", []), _stall_evidence(st)]}
-    if death["cause"] in ("signal", "killed") and not crashed:
+    if death["cause"] in ("signal", "killed") and not crashed and not st["busy"]:
         out.update(cause="hang", confidence="strong", headline=_headline(death, st), levers=_levers(st, ranked))
     return out
 
@@ -158,6 +162,8 @@ def _where(st: dict[str, Any]) -> str:
 def _stall_evidence(st: dict[str, Any]) -> str:
     seen = (f"; {100 * st['share']:.0f}% of the main thread's {st['samples']} stack samples since were "
             f"{innermost_first(st['stack'])}") if st.get("stack") else "; no stack was sampled since"  # fmt: skip
+    if st.get("busy"):
+        seen += "; its stack kept changing: busy, not stuck (no hang called)"
     return (f"no step for {st['stalled_s']:.1f} s before the end (the last, step {st['step']}, at {st['since']}; its "
             f"steps took {st['step_s']:.3g} s, median of the last {STEPS_SEEN} at most, the longest "
             f"{st['longest_s']:.3g} s){seen}")  # fmt: skip
@@ -212,7 +218,9 @@ def attempt_hang(dead: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[
     if not stuck or not (waited or any(m["death"].get("cause") == "hang" for m in stuck)):
         return None
     first = min(stuck, key=_since)
-    if first["death"].get("cause") != "hang" and not any(_timed_out(m) for m in waited):
+    if first["death"].get("cause") != "hang" and not any(_timed_out(m) for m in waited) and not (
+        (_hang(first) or {}).get("busy") and waited and first["death"].get("cause") in ("signal", "killed")
+    ):
         return None  # it died of its own cause (an exception after a long evaluation): no hang
     collateral = [m for m in dead if m is not first and m not in stuck]  # the waiters and the launcher
     chain = _chain(dead, first)
