@@ -6,6 +6,7 @@
     with blackbox.phase("forward"):
         ...
     blackbox.mark("checkpoint", 3)
+    blackbox.on_alert(lambda alert: print(alert))   # memory near its limit, a leak, the time left
 
 After a death: ``blackbox recover RING -o bundle/`` (or :func:`recover`).
 """
@@ -21,8 +22,11 @@ from ._errors import (
 )
 from ._recorder import Recorder
 from ._version import __version__
+from .collect.alert_actions import on_alert
+from .collect.alerts import Alert
 
 __all__ = [
+    "Alert",
     "BlackboxError",
     "BlackboxWarning",
     "CorruptHeaderError",
@@ -36,6 +40,7 @@ __all__ = [
     "capture_oom",
     "disarm",
     "mark",
+    "on_alert",
     "phase",
     "recover",
     "step",

@@ -47,6 +47,11 @@ def arm(
     stack_threads: Iterable[str | threading.Thread] = (),
     allocations: bool | int | None = None,
     keep: str | None = None,
+    alerts: bool = True,
+    alert_levels: Any = None,
+    alert_signal: Any = None,
+    alert_before: float | None = None,
+    watchdog: bool | None = None,
 ) -> Recorder:
     """Arm the flight recorder and return it; a second call returns the armed one.
 
@@ -96,6 +101,19 @@ def arm(
             rings and ``blackbox run`` folders beyond N or SIZE in all, never
             one still in use (armed, or made in the last 5 minutes); ``"off"``
             keeps everything. None: ``$BLACKBOX_KEEP``, else ``count=64,size=2G``.
+        alerts: alerts before the death (README, "Before the death"), in the job's main process: memory
+            against the limit that will end it (the lowest cgroup limit, MemTotal, RLIMIT_AS, each
+            GPU's total), a leak the fit says is real, GPU fragmentation, and the forecast of the time
+            to the limit, each an ``alert`` record in the ring and a call of the ``on_alert`` callbacks.
+        alert_levels: (warning, critical) fractions of the limit (None: ``$BLACKBOX_ALERT_LEVELS``,
+            e.g. ``80,95``, else 0.80 and 0.95).
+        alert_signal: a signal (``"USR1"``) sent once to this process at the first critical alert, where
+            the job has a handler for it, so it can save its work (None: ``$BLACKBOX_ALERT_SIGNAL``,
+            which ``blackbox run --alert-signal`` sets; unset: none).
+        alert_before: seconds: the forecast under this is critical (None: ``$BLACKBOX_ALERT_BEFORE``,
+            else 60).
+        watchdog: free the CUDA cache (``torch.cuda.empty_cache()``) on a GPU fragmentation alert, at
+            most once in 30 s (None: ``$BLACKBOX_WATCHDOG``; unset: off).
 
     Never raises: if the ring cannot be made, a BlackboxWarning is issued and
     the returned Recorder is disarmed (``recorder.armed`` is False).
@@ -109,7 +127,9 @@ def arm(
     try:
         with _lock:
             return _arm_locked(path, capacity, sample_interval, strings_size, on_fork, allocator_history, modules,
-                                sync_interval, stacks, stack_threads, allocations, keep)  # fmt: skip
+                                sync_interval, stacks, stack_threads, allocations, keep,
+                                {"alerts": alerts, "alert_levels": alert_levels, "alert_signal": alert_signal,
+                                 "alert_before": alert_before, "watchdog": watchdog})  # fmt: skip
     finally:
         _arming.discard(me)
 
@@ -127,6 +147,7 @@ def _arm_locked(
     stack_threads: Iterable[str | threading.Thread] = (),
     allocations: bool | int | None = None,
     keep: str | None = None,
+    alerting: dict[str, Any] | None = None,
 ) -> Recorder:
     global _active, _atexit_registered
     if _active.armed:
@@ -144,6 +165,7 @@ def _arm_locked(
         stack_threads=stack_threads,
         allocations=allocations,
         keep=keep,
+        **(alerting or {}),
     )
     _active = Recorder.arm(path, **{k: v for k, v in _settings.items() if k != "path"})
     if _active.armed:

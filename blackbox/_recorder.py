@@ -19,10 +19,12 @@ from types import TracebackType
 from typing import Any
 
 from ._jobsignal import Latch, the_jobs
-from ._recorder_collect import install_collectors, upkeep
+from ._recorder_collect import install_collectors, tick_alerts, upkeep
 from ._recorder_end import _noop, _null_event, abandon_after_fork, disarm, teardown
 from ._version import __version__
 from ._warn import warn
+from .collect.alert_actions import AlertActions, alert_settings
+from .collect.alerts import AlertEngine
 from .collect.allocs import AllocSampler, heap_bytes, mean_bytes
 from .collect.clock import clock_error_s
 from .collect.exceptions import ExceptionRecorder
@@ -138,6 +140,9 @@ class Recorder:
         self._crash: CrashRegion | None = None
         self._stacks: StackSampler | None = None
         self._allocs: AllocSampler | None = None
+        self._alerts: AlertEngine | None = None  # the job's main process only (collect/alerts.py)
+        self.alert_actions: AlertActions | None = None
+        self.alert_settings: dict[str, Any] | None = None
         self.allocations = 0  # the mean sampling interval in bytes (0: allocations not sampled)
         self._stack_threads: tuple[str | threading.Thread, ...] | None = ()  # None: stacks off
         self._stop = Latch()  # (not threading.Event: see Latch)
@@ -168,11 +173,17 @@ class Recorder:
         stack_threads: Iterable[str | threading.Thread] = (),
         allocations: bool | int | None = None,
         keep: str | None = None,
+        alerts: bool = True,
+        alert_levels: Any = None,
+        alert_signal: Any = None,
+        alert_before: float | None = None,
+        watchdog: bool | None = None,
     ) -> Recorder:
         rec = cls()
         rec.on_fork, rec._keep = on_fork, keep
         try:
             rec.allocations = mean_bytes(allocations)
+            rec.alert_settings = alert_settings(alerts, alert_levels, alert_signal, alert_before, watchdog)
             rec._stack_threads = thread_tuple(stack_threads) if stacks else None
             if capacity is None:
                 capacity = DEFAULT_CAPACITY if role() == "main" else HELPER_CAPACITY
@@ -251,6 +262,7 @@ class Recorder:
                 if self._stack_threads is None
                 else [str(getattr(t, "name", t)) for t in self._stack_threads],
                 "allocations_mean_bytes": self.allocations,
+                "alerts": self.alert_settings if self.role == "main" else None,
             },
             "cgroup": {"version": cg.version, "path": str(cg.directory)} if cg else None,
             "limits": lim,
@@ -328,9 +340,11 @@ class Recorder:
             w.event(_KIND_CGROUP_SAMPLE, None, None, -1, stat)
         for pid, rss, comm in probe.last_children:
             w.event(_KIND_CHILD_SAMPLE, comm or None, None, -1, (pid, rss))
-        if gpu is not None:
-            for device, payload in gpu.poll():
-                w.event(_KIND_GPU_SAMPLE, None, None, device, payload)
+        readings = gpu.poll() if gpu is not None else []
+        for device, payload in readings:
+            w.event(_KIND_GPU_SAMPLE, None, None, device, payload)
+        if self._alerts is not None:
+            tick_alerts(self, figures, readings)
         self._drop_ring_pages()
 
     def _drop_ring_pages(self) -> None:

@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._fds import OwnedFd
+from ._jobsignal import the_jobs
 from ._warn import warn
+from .collect.alert_actions import AlertActions
+from .collect.alerts import AlertEngine
 from .collect.allocs import start_allocs
 from .collect.exceptions import ExceptionRecorder, exit_status_unrecorded
 from .collect.gpu import GpuProbe
@@ -67,10 +70,45 @@ def install_collectors(rec: Recorder, ring: Path, history: int, modules: bool) -
                 rec.note(f"{what} not installed: {why}")
         except Exception as exc:
             rec.note(f"{what} not installed: {type(exc).__name__}: {exc}")
+    start_alerts(rec)
     if rec._crash.note:
         rec.notes.append(rec._crash.note)  # the job's own choice, not a failure: no event
     if exit_status_unrecorded(built_module()):
         rec.note(exit_status_unrecorded(built_module()))
+
+
+def start_alerts(rec: Recorder) -> None:
+    """Alerts, in the job's main process (one per rank): a helper's would repeat its cgroup's."""
+    settings, w = rec.alert_settings, rec._writer
+    if settings is None or rec.role != "main" or w is None:
+        return
+    allocs = rec._allocs
+    rec.alert_actions = actions = AlertActions(w.event, w.intern, _signum(settings["signal"]), settings["watchdog"],
+                                               allocs.top_site if allocs is not None else None, warn)  # fmt: skip
+    levels = settings["levels"]
+    rec._alerts = AlertEngine(w.event, rec.sample_interval or 0.1, (levels[0], levels[1]), settings["before_s"],
+                              actions.alerted)  # fmt: skip
+
+
+def _signum(name: str | None) -> int | None:
+    import signal
+
+    return None if name is None else int(signal.Signals[name])
+
+
+def tick_alerts(rec: Recorder, figures: tuple[int, ...], readings: list[tuple[int, tuple[int, ...]]]) -> None:
+    """The sample's alerts; a failure turns alerts off with a note, never the recorder."""
+    engine, probe, w = rec._alerts, rec._probe, rec._writer
+    if engine is None or probe is None or w is None:
+        return
+    torch = rec._torch
+    try:
+        engine.tick(probe, figures, readings, w.current_step(), torch.oom_requests if torch is not None else None)
+    except Exception as exc:
+        if the_jobs(exc) is not None:  # the job's handler raised as disarm took the last sample: the job's
+            raise
+        rec._alerts = None
+        rec.note(f"alerts off: {type(exc).__name__}: {exc}")
 
 
 def upkeep(rec: Recorder) -> None:
@@ -116,6 +154,8 @@ def uninstall_collectors(
         return
     torch, exceptions, crash, allocs = rec._torch, rec._exceptions, rec._crash, rec._allocs
     steps: list[Callable[[], None]] = [lambda: allocs.stop(in_child=in_child)] if allocs is not None else []
+    if rec.alert_actions is not None:
+        steps.append(rec.alert_actions.stop)
     if crash is not None:
         steps.append(crash.disable)
     if torch is not None:

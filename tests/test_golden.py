@@ -122,3 +122,17 @@ def test_golden_v4_allocation_samples_and_heap_table_read_by_hand() -> None:
     assert [r["alloc_domain"] for r in rows] == ["native", "python", "native", "native", "native", "gpu"]
     assert all(r["step"] == 7 for r in rows)  # filled from the record before: the hooks cannot read it
     assert (rows[0]["value"], rows[0]["sample_weight"], rows[-1]["device"]) == (4 << 20, 5 << 20, 0)
+
+
+def test_golden_v5_alerts_and_their_actions_read_by_hand() -> None:
+    rows = [r for r in ring_table(read_ring(DATA / "ring-v5.ring")).to_pylist() if r["kind"].startswith("alert")]
+    memory, forecast, sent, returned = rows
+    assert (memory["label"], memory["alert_kind"], memory["alert_level"], memory["limit_kind"]) == (
+        "memory critical", "memory", "critical", "cgroup")  # fmt: skip
+    assert (memory["value"], memory["limit_bytes"], memory["growth_per_s"]) == (980 << 20, 1 << 30, 12 << 20)
+    assert (memory["forecast_ms"], memory["forecast_error_ms"], memory["forecast_steps"]) == (3700, 400, 21)
+    assert (forecast["device"], forecast["limit_kind"], forecast["forecast_steps"]) == (0, "gpu", None)  # not counted
+    assert (sent["detail"], sent["label"], sent["value"], sent["alert_kind"]) == ("signal sent", "SIGUSR1", 10,
+                                                                                  "forecast")  # fmt: skip
+    assert (returned["detail"], returned["label"], returned["alert_level"]) == (
+        "handler returned", "on_usr1 (train.py:9)", "critical")  # fmt: skip

@@ -36,6 +36,7 @@ LEAVES = {
     "blackbox._times",
     "blackbox._fds",
     "blackbox._jobsignal",
+    "blackbox._fit",
 }
 RECOVERY_ORDER = {
     "timeline": 0,
@@ -55,6 +56,7 @@ RECOVERY_ORDER = {
     "facts": 1,
     "helpers": 1,
     "relays": 1,
+    "alerts": 1,
     "levers": 2,
     "crash": 2,
     "hang": 2,

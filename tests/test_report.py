@@ -392,3 +392,19 @@ def test_who_holds_the_memory_of_a_really_sampled_job(page: Page, tmp_path: Path
     # the error is a 95% half-width: one run in twenty lies outside it (40 runs of this job: z of mean 0.04,
     # spread 0.94, 3 outside), so the truth is held to twice it (about 4 sigma), as the other sampling tests are
     assert abs(live - 200) <= 2 * error, "40 steps of 5 MiB kept: the truth within twice the error said"
+
+
+def test_alerts_are_marked_on_the_timeline_with_their_words(page: Page, tmp_path: Path) -> None:
+    # GIVEN the golden version-5 ring: a cgroup's memory critical alert, a GPU's forecast critical alert
+    bundle = blackbox.recover(REPO / "tests" / "data" / "ring-v5.ring", tmp_path / "bundle", raw=False)
+    out = tmp_path / "report.html"
+    assert blackbox_cmd("report", str(bundle), "-o", str(out)).returncode == 0
+    page.open(out.as_uri())
+    assert_offline(page, out.as_uri())
+    # THEN each is a line of its level in its limit's panel, its title the alert's words, and the legend says so
+    marked = page.evaluate("[...document.querySelectorAll('#timeline line.alert')].map(l => l.getAttribute('class') "
+                           "+ ': ' + l.textContent)")  # fmt: skip
+    assert marked and all(m.startswith("alert critical: ") for m in marked), marked
+    assert any("memory critical: 96% of the cgroup limit (1.0 GiB)" in m for m in marked), marked
+    legend = page.evaluate("[...document.querySelectorAll('li.alert-entry')].map(li => li.textContent)")
+    assert legend and legend[0].startswith("alerts: 1, first at"), legend

@@ -8,6 +8,8 @@ with no PATH). Its jobs run at once, as root and as a user made with ``useradd``
   OUT_OF_MEMORY; blackbox run's own verdict (no kernel log for a normal user) is
   ``host_oom_kill`` from the task cgroup's counter, and the epilogue's (root,
   the kernel's line) is ``host_oom_kill``, certain, in a bundle the user owns;
+  blackbox run's verdict is the job's comment (``scontrol show job``), which the
+  epilogue cannot set on a finished job (it says so);
 - ``neighbour`` (the same user, still running when the others end) and
   ``cancelled`` (``scancel``): the cancelled job's bundle holds its own ring
   alone, says SIGTERM from slurmstepd was a cancel, not the neighbour's death;
@@ -125,6 +127,13 @@ def test_slurm_epilogue_recovers_each_job_alone_for_its_user(tmp_path: Path) -> 
         owners = {p.stat().st_uid for p in [place, *place.rglob("*")]}
         assert owners == {user.uid}, f"the bundle is not the user's alone: {owners}"
         assert (dest / str(ids["oom"])).stat().st_uid == user.uid
+        # blackbox run's verdict is the job's comment, in one line (scontrol update while the job still runs, as
+        # its user); the epilogue's cannot be there: this slurmctld refuses a finished job's update, and says so
+        shown = c.run("scontrol", "-o", "show", "job", str(ids["oom"]))
+        assert "Comment=blackbox: host_oom_kill (strong): The main process" in shown, shown
+        assert f"Bundle: {run_bundle}" in shown, shown
+        said = [ln for ln in c.log("epilog.log").splitlines() if f"job {ids['oom']}: 1 rings" in ln]
+        assert said and "no comment: scontrol said: Job has already finished" in said[0], said
 
         cancelled = _bundle(dest, ids["cancelled"], host)
         started = [int(line.split()[1]) for line in log["cancelled"].read_text().splitlines()]

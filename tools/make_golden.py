@@ -79,6 +79,10 @@ def build(version: int) -> bytes:
     if version >= 3:
         entries += [fmt.string_entry(13, "SIGUSR1"), fmt.string_entry(14, "handled by the job's handler")]
         entries += [fmt.string_entry(15, "pt_data_worker")]
+    if version >= 5:
+        entries += [fmt.string_entry(16, "memory critical"), fmt.string_entry(17, "forecast critical"),
+                    fmt.string_entry(18, "signal sent"), fmt.string_entry(19, "handler returned"),
+                    fmt.string_entry(20, "on_usr1 (train.py:9)")]  # fmt: skip
     pos = h.strings_offset
     for e in entries:
         buf[pos : pos + len(e)] = e
@@ -121,6 +125,8 @@ def build(version: int) -> bytes:
         v3_events(put, buf, h)
     if version >= 4:
         v4_events(put, buf, h)
+    if version >= 5:
+        v5_events(put)
     put("mark", label=4, value=None, step=7)  # its string is damaged
     put("mark", label=1, value=-5, step=7)  # the region-full placeholder
     put("mark", label=5, value=-(1 << 63), step=7)
@@ -224,6 +230,16 @@ def v4_events(put, buf: bytearray, h: fmt.Header) -> None:  # type: ignore[no-un
     for i, slot in enumerate([*slots, bytes(torn)]):
         at = h.heap_offset + (3 * i + 1) * fmt.HEAP_SLOT
         buf[at : at + fmt.HEAP_SLOT] = slot
+
+
+def v5_events(put) -> None:  # type: ignore[no-untyped-def]
+    """Version 5: alerts (the host's cgroup with a forecast in seconds and steps; a GPU's without steps) and
+    what blackbox did about them (the alert signal sent, the job's handler returned)."""
+    mib, gib = 1 << 20, 1 << 30
+    put("alert", label=16, value=980 * mib, step=7, payload=(1, 3, 1, gib, 12 * mib, 3700, 400, 21, 3))
+    put("alert", label=17, value=70 * gib, step=7, device=0, payload=(4, 3, 4, 80 * gib, 200 * mib, 45_000, 8000))
+    put("alert_action", label=13, value=10, step=7, payload=(18, 4, 3))
+    put("alert_action", label=20, step=7, payload=(19, 4, 3))
 
 
 def expected(path: Path) -> dict[str, object]:

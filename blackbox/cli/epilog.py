@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
 def _recover(out: str, job: str, uid: int, gid: int, restarts: int | None, host: str) -> None:
     from .._postmortem import write_postmortem
     from ..run.epilog import destination, find, give, make_job_folder, summary_line
+    from ..run.notice import slurm_comment, verdict_line
 
     found = find(job, uid, restarts)  # the job's folders, held open: recovery reads through them alone
     count = found.ring_count
@@ -97,7 +98,9 @@ def _recover(out: str, job: str, uid: int, gid: int, restarts: int | None, host:
         meta = write_postmortem(found.folders, place, owners={uid})  # only the job's user's rings
     finally:
         found.close()
-    say(job, f"{count} rings of attempt {found.attempt}: {summary_line(meta)} bundle in {place}/")
+    comment = slurm_comment(job, verdict_line(meta, place)) if meta.get("cause") != "clean_exit" else ""
+    say(job, f"{count} rings of attempt {found.attempt}: {summary_line(meta)} bundle in {place}/"
+        + (f" ({comment})" if comment else ""))  # fmt: skip
     if local:
         give(place, uid, gid)
         if made:

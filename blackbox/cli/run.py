@@ -36,6 +36,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="sample allocations by bytes in every process of the job (BLACKBOX_ALLOCATIONS=1 in its "
         "environment): summary.md then says which line holds the memory (README: 'Who holds the memory')",
     )
+    parser.add_argument(
+        "--alert-signal",
+        metavar="SIG",
+        help="send SIG (e.g. USR1, the signal Lightning and Slurm jobs checkpoint on) once to the job's main "
+        "process (each rank's, under torchrun) at its first critical alert: memory past the critical level of "
+        "the limit that will end it, or the forecast of the time to that limit under --alert-before; only "
+        "where the job has a handler for SIG (README: 'Before the death')",
+    )
+    parser.add_argument("--alert-before", type=float, metavar="SECONDS",
+                        help="a forecast under SECONDS is critical (default 60)")  # fmt: skip
+    parser.add_argument("--alert-levels", metavar="WARN,CRIT",
+                        help="the warning and critical levels, percent of the limit (default 80,95)")  # fmt: skip
+    parser.add_argument("--watchdog", action="store_true",
+                        help="free the CUDA cache (torch.cuda.empty_cache) on a GPU fragmentation alert")  # fmt: skip
     parser.add_argument("job", nargs=argparse.REMAINDER, metavar="-- CMD...", help="the job to run")
 
 
@@ -52,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         raise BlackboxError("expected a command after `--` (blackbox run -- python train.py ...), found none")
     if args.allocations:
         os.environ[ALLOCATIONS_ENV] = "1"  # the job's environment is a copy of ours (launcher.job_environment)
+    alerting(args)
     work = work_folder(args.dir)
     hold_run_lock(work)  # in use while we live: no retention removes this run
     if (why := keep_at_arm(work.parent, None, new=0)) is not None:  # the oldest runs and rings beside it go
@@ -73,6 +88,24 @@ def run(args: argparse.Namespace) -> int:
     name_leftovers(count, left)
     recover(rings, work / "bundle", ended, args.quiet, left)  # never raises: the job's status is what we return
     return end_like(ended)
+
+
+def alerting(args: argparse.Namespace) -> None:
+    """The alert options, checked here (a bad one is this command's error, not each process's warning) and
+    passed to the job's processes through its environment."""
+    from .._errors import BlackboxError
+    from ..collect.alert_actions import SIGNAL_ENV, WATCHDOG_ENV, alert_settings
+    from ..collect.alerts import BEFORE_ENV, LEVELS_ENV
+
+    try:
+        alert_settings(True, args.alert_levels, args.alert_signal, args.alert_before, args.watchdog)
+    except ValueError as exc:
+        text = str(exc).replace("alert_signal", "--alert-signal").replace("alert_before", "--alert-before")
+        raise BlackboxError(text.replace("alert levels", "--alert-levels")) from None
+    for env, value in ((SIGNAL_ENV, args.alert_signal), (BEFORE_ENV, args.alert_before),
+                       (LEVELS_ENV, args.alert_levels), (WATCHDOG_ENV, "1" if args.watchdog else None)):  # fmt: skip
+        if value is not None:
+            os.environ[env] = str(value)
 
 
 def say(text: str) -> None:
@@ -125,6 +158,7 @@ def recover(rings: Path, bundle: Path, ended: Ended, quiet: bool, left: list[dic
     try:
         from .._postmortem import write_postmortem
         from ..recovery.bundle import SUMMARY
+        from ..run.notice import slurm_comment, termination_message, verdict_line
 
         rank = torchelastic.rank()
         of_rank = "" if rank is None else f"rank {rank}: "
@@ -142,6 +176,12 @@ def recover(rings: Path, bundle: Path, ended: Ended, quiet: bool, left: list[dic
                     f"{headline} bundle in {bundle}/")  # fmt: skip
         if torchelastic.write_error_file(meta, status, bundle):
             line += " (the verdict is in torchrun's error file: its Root Cause table)"
+        if meta["cause"] != "clean_exit":
+            verdict = verdict_line(meta, str(bundle))
+            if written := termination_message(verdict):
+                line += f" (and in {written}, the pod's termination message)"
+            if os.environ.get("SLURM_JOB_ID", "").isdigit() and account_here(ended, bundle.parent.parent):
+                line += f" ({slurm_comment(os.environ['SLURM_JOB_ID'], verdict)})"
         say(of_rank + line)
         if not quiet and account_here(ended, bundle.parent.parent):
             with contextlib.suppress(OSError, ValueError):

@@ -168,6 +168,7 @@ class AllocSampler:
         self._gpu_pending: list[tuple[int, list[bytes], int, str]] = []
         self.started = False
         self.unwritten = 0  # stacks that did not fit the table
+        self._heap: tuple[Any, int, int] | None = None  # (the mapping, the heap table's offset and size)
 
     @classmethod
     def start(cls, cmod: Any, mapping: Any, header: fmt.Header, sequence: Any, mean: int,
@@ -176,6 +177,7 @@ class AllocSampler:
         if sequence is None or type(sequence).__name__ != "Sequence":
             raise RuntimeError("the C write path's seq counter is not built")
         self = cls(cmod, table, note)
+        self._heap = (mapping, header.heap_offset, header.heap_size)
         self._mean = float(mean)
         self._gpu_countdown = self._rng.expovariate(1.0 / mean)
         got = cmod.start(mapping, header.records_offset, header.capacity, sequence, header.heap_offset,
@@ -277,6 +279,30 @@ class AllocSampler:
             frames = [t.encode("utf-8", "replace") for t in texts]
             self._gpu_pending.append((fingerprint, frames, len(entry.get("frames") or []), user_line(texts)))
         self._c.track(addr, size, int(size / p + 0.5) if p > 0 else size, fingerprint, device)
+
+    def top_site(self) -> dict[str, Any] | None:
+        """Where the most sampled live bytes were allocated: ``{"site", "line", "live_bytes"}`` (for an
+        alert's callbacks, off the sampler thread); None where nothing sampled is live. The heap table is
+        read in 64 KiB copies (a job at its memory limit is not asked for its 4 MiB at once)."""
+        import numpy as np
+
+        if not self.started or self._heap is None:
+            return None
+        mapping, offset, size = self._heap
+        weights: dict[int, int] = {}
+        chunk = (64 << 10) // fmt.HEAP_SLOT * fmt.HEAP_SLOT
+        for at in range(offset, offset + size, chunk):
+            slots = np.frombuffer(bytes(mapping[at : min(at + chunk, offset + size)]), fmt.HEAP_DTYPE)
+            live = slots[slots["address"] != 0]
+            for stack, weight in zip(live["stack"].tolist(), live["weight"].tolist(), strict=True):
+                weights[stack] = weights.get(stack, 0) + weight
+        if not weights:
+            return None
+        top = max(weights, key=weights.__getitem__)
+        known = self._known.get(top)
+        texts = [f.decode("utf-8", "replace") for f in known[0]] if known else []
+        site = next((t for t in texts if not is_library(split_frame(t)[1])), texts[0] if texts else None)
+        return {"site": site or fmt.STACK_UNWRITTEN_TEXT, "line": known[3] if known else "", "live_bytes": weights[top]}
 
     def stats(self) -> dict[str, int]:
         out: dict[str, int] = dict(self._c.stats()) if self.started else {}

@@ -178,10 +178,31 @@ def parse_memory_stat(text: str, version: int) -> tuple[int, ...]:
     return tuple(values.get(k, -1) for k in MEMORY_STAT_KEYS.get(version, ()))
 
 
-def meminfo_available(text: str) -> int | None:
-    """MemAvailable from /proc/meminfo, in bytes."""
+def file_cache(stat: tuple[int, ...]) -> int:
+    """The page cache the kernel reclaims before it kills, from a ``parse_memory_stat`` tuple: the file cache
+    less shared memory (tmpfs, /dev/shm: not reclaimable without swap); -1 where a figure is missing. Dirty
+    pages count as reclaimable (written back first): the ring itself is 36 MiB of them once made, written
+    back and dropped as the cgroup nears its limit. A cgroup's usage less this is what its limit really
+    holds, and it is stable where a working set (usage less inactive_file) is not: a reader of the ring
+    (``blackbox watch``) moves its pages to the active list, and the working set jumps by tens of MiB."""
+    if len(stat) < 3 or min(stat[1:3]) < 0:
+        return -1
+    return max(0, stat[1] - stat[2])
+
+
+def _statm(data: bytes | None) -> tuple[int, int]:
+    """(resident, size) in bytes from /proc/self/statm; -1 where it cannot be read."""
+    try:
+        fields = data.split() if data else []
+        return int(fields[1]) * _PAGE, int(fields[0]) * _PAGE
+    except (ValueError, IndexError):
+        return -1, -1
+
+
+def meminfo_available(text: str, key: str = "MemAvailable:") -> int | None:
+    """MemAvailable (or another ``key``: ``MemTotal:``) from /proc/meminfo, in bytes."""
     for line in text.splitlines():
-        if line.startswith("MemAvailable:"):
+        if line.startswith(key):
             parts = line.split()
             try:
                 return int(parts[1]) * 1024
@@ -248,6 +269,11 @@ class HostProbe:
             self._psi = Source(f"{proc}/pressure/memory")
         owner = limit_file.parent if limit_file else (self.cgroup.directory if self.cgroup else None)
         self._stat = Source(owner / "memory.stat" if owner else None)
+        # where the limit is, its usage (the alerts' figure: usage there less its page cache); ours otherwise
+        self._owner_usage = Source(owner / self.cgroup.usage.name) if owner and self.cgroup and owner != \
+            self.cgroup.directory else None  # fmt: skip
+        # Figures the alerts read (collect/alerts.py), not records: -1 where unknown.
+        self.vm_size = self.mem_total = self.owner_usage = self.file_cache = -1
         self._children: dict[int, Source] = {}  # child pid -> its statm
         self._comms: dict[int, str] = {}
         self._renaming: dict[int, int] = {}  # child pid -> until when (monotonic ns) its name is read again
@@ -267,17 +293,22 @@ class HostProbe:
     def read(self) -> tuple[int, int, int, int, int, int, int, int]:
         usage = limit = mem_available = oom_kills = -1
         self._statm.read(0)  # the identity check for rss()
-        rss = self.rss()
+        rss, self.vm_size = _statm(self._statm.read(128, check=False))
         if (text := self._usage.text(64)) is not None:
             try:
                 usage = int(text)
             except ValueError:
                 usage = -1
+        self.owner_usage = usage
+        if self._owner_usage is not None and (text := self._owner_usage.text(64)) is not None:
+            self.owner_usage = int(text) if text.strip().isdigit() else -1
         if (text := self._limit.text(64)) is not None:
             parsed = parse_limit(text)
             limit = -1 if parsed is None else parsed
         if (text := self._meminfo.text()) is not None:
             mem_available = meminfo_available(text) or -1
+            if self.mem_total < 0:
+                self.mem_total = meminfo_available(text, "MemTotal:") or -1
         if (text := self._events.text(1024)) is not None:
             n = oom_kill_count(text)
             oom_kills = -1 if n is None else n
@@ -292,7 +323,9 @@ class HostProbe:
         text = self._stat.text(8192)
         if text is None or self.cgroup is None:
             return None
-        return parse_memory_stat(text, self.cgroup.version)
+        stat = parse_memory_stat(text, self.cgroup.version)
+        self.file_cache = file_cache(stat)
+        return stat
 
     def children_rss(self) -> int:
         """Summed RSS of this process's children (e.g. DataLoader workers); -1 if unknowable."""
@@ -343,8 +376,10 @@ class HostProbe:
         return out
 
     def close(self) -> None:
-        for src in (self._statm, self._usage, self._limit, self._meminfo, self._events, self._psi, self._stat):
-            src.close()
+        for src in (self._statm, self._usage, self._limit, self._meminfo, self._events, self._psi, self._stat,
+                    self._owner_usage):  # fmt: skip
+            if src is not None:
+                src.close()
         for src in self._children.values():
             src.close()
         self._children.clear()

@@ -96,6 +96,7 @@ class TorchHooks:
         self._note = note
         self._attached = False
         self._cuda_attached = False
+        self.oom_requests: dict[int, int] = {}  # device -> the bytes its last OOM asked for (the observer's)
         self._handles: list[Any] = []
         self._torch: Any = None
         self._orig_backward: Any = None
@@ -309,6 +310,7 @@ class TorchHooks:
     def _on_oom(self, device: int, requested: int, limit: int, free: int) -> None:
         """PyTorch's OOM observer: runs in the allocating thread before the error is raised."""
         try:
+            self.oom_requests[int(device)] = int(requested)  # for the fragmentation alert (collect/alerts.py)
             payload = (self._oom_detail, int(limit), int(free))
             self._w.event(OOM, "allocator out of memory", int(requested), int(device), payload)
             if self._history_on and snapshot_safe(may_import=True):  # the dying thread may import, no other

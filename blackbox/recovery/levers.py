@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .._fit import trend
 from .._units import human_bytes
 from .facts import Facts, Rows
 
@@ -43,44 +44,6 @@ PAGE_CACHE_LEVER = (
 )
 LIMIT_LEVER = "raise the memory limit only once the growth is explained"
 MAX_FIT_POINTS = 1 << 16
-
-
-# Student's t, two-sided 95%, for 1..10 degrees of freedom; beyond, 1.96 + 2.5 / df is within 0.01
-_T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23)
-
-
-def _t95(df: float) -> float:
-    return _T95[max(int(df), 1) - 1] if df < 11 else 1.96 + 2.5 / df
-
-
-def trend(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
-    """(slope, half-width of its 95% interval) of ``y`` over ``x`` by least squares, the points in time
-    order; None with fewer than 3 points or one value of ``x``.
-
-    The interval comes from the residuals, widened for their serial correlation: memory samples are
-    not independent draws (a warm-up, a plateau, a cache filled once leave long runs of residuals of
-    one sign), so the effective number of points is n (1 - r) / (1 + r), r the residuals' lag-1
-    autocorrelation. A slope inside its interval's reach of zero is not growth but noise."""
-    ok = np.isfinite(x) & np.isfinite(y)
-    x, y = x[ok], y[ok]
-    n = len(x)
-    if n < 3 or np.ptp(x) <= 0:
-        return None
-    with np.errstate(all="ignore"):  # figures no process has (a damaged or planted ring) end as non-finite
-        dx, dy = x - x.mean(), y - y.mean()
-        sxx = float(dx @ dx)
-        slope = float(dx @ dy) / sxx
-        resid = dy - slope * dx
-        sse = float(resid @ resid)
-        lag = float(resid[1:] @ resid[:-1])
-    if not (np.isfinite(slope) and np.isfinite(sse) and np.isfinite(lag)):
-        return None
-    r = min(max(lag / sse, 0.0), 0.99) if sse > 0 else 0.0
-    n_eff = n * (1 - r) / (1 + r)
-    if n_eff <= 2.5:  # too few independent points to tell a trend from a drift
-        return slope, float("inf")
-    se = (sse / (n - 2) / sxx) ** 0.5 * ((1 + r) / (1 - r)) ** 0.5
-    return slope, _t95(n_eff - 2) * se
 
 
 def host_growth(f: Facts) -> dict[str, Any] | None:

@@ -13,10 +13,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .._times import epoch_ns
 from .._version import __version__
 from ..ring import format as fmt
 from ..ring.reader import Ring, without_c_extension
 from ..ring.writer import NO_C_EXTENSION
+from .alerts import alerts_report, with_alert_evidence
 from .allocs import live_sites, main_thread_of, step_records, with_site_lever
 from .attempts import SLIM_DEATH, attempt_metadata, group_attempts, slim
 from .crash import crash_reading
@@ -106,6 +108,8 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
     allocations = live_sites(ring.heap, ring.stacks, ring.meta, last_step, end_ns, main_thread_of(table),
                              step_records(table) if ring.heap is not None else None)  # fmt: skip
     death = with_site_lever(death, allocations, ident.get("role"))
+    alerts = alerts_report(table, death_time(death, evidence.writer_alive))
+    death = with_alert_evidence(death, alerts)
     return {
         "format_version": ring.header.version,
         "ring": str(ring.path),
@@ -139,6 +143,7 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
         "module_growth": _module_growth(table, 5),
         "stacks": stack_report(table),
         "allocations": allocations,
+        "alerts": alerts,
         "exceptions": _events(table, ("oom", "exception"), _EXC_COLUMNS, 10),
         "signals": _events(table, ("signal",), ("label", "value", "detail"), 10),
         "native_crash": native,
@@ -148,6 +153,14 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
         "recovery": ring.recovery.as_dict(),
         "recovered_by": {"blackbox": __version__},
     }
+
+
+def death_time(death: dict[str, Any], alive: bool | None) -> int | None:
+    """When the process died (ns since the epoch: the kernel's kill, else its last event); None where it is
+    alive, ended cleanly, or its end is not known."""
+    if alive or not death or death.get("cause") in ("clean_exit", "unknown"):
+        return None
+    return epoch_ns(death.get("time"))
 
 
 def _last_step_s(table: pa.Table) -> float | None:

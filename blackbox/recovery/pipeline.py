@@ -26,6 +26,7 @@ from ..ring.folded import read_folded
 from ..ring.inputs import Folder
 from ..ring.packed import KeptRings, Unpacking
 from ..ring.reader import Listing, Ring, Unread, list_rings, nothing_read, read_header, read_ring
+from .alerts import own_signals
 from .diagnosis import diagnose
 from .evidence import CgroupCounters, KernelKill, gather, kernel_oom_kills
 from .facts import named_workers
@@ -171,7 +172,7 @@ class RecoveryPass:
                          hold=None if kept is None else lambda fd: kept.hold(path, fd))  # fmt: skip
         window, children = _window_and_children(ring)
         table = ring_table(ring, release=True)  # the ring's slots are freed once their columns are taken
-        table = self.relays.attribute(table, folder, ring.owner)
+        table = own_signals(self.relays.attribute(table, folder, ring.owner))
         status = self.exit_status if path == self.owner else None
         pids = children | named_workers(table)  # a forkserver's worker is sampled by none, named by the job
         evidence = gather(ring.writer_locked, ring.meta, status, self.kills, ring.crash, window, pids, self.cgroups,

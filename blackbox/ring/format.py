@@ -1,7 +1,7 @@
 """The ring file format: the one module that knows byte offsets.
 
 ``FORMAT.md`` beside this file is the normative description; ``tests/test_format_spec.py``
-keeps the two in step. A version-4 ring file is six regions (versions 1 and 2
+keeps the two in step. A version-4 or 5 ring file is six regions (versions 1 and 2
 have no stack table and no crash region, version 3 no heap table)::
 
     [ header (header_size bytes, a multiple of 4096) ]
@@ -29,8 +29,8 @@ from .._errors import CorruptHeaderError, NotARingError, UnsupportedVersionError
 from .schema import parse_meta
 
 MAGIC = b"\x89BLKBOX\n"
-FORMAT_VERSION = 4
-SUPPORTED_VERSIONS = (1, 2, 3, 4)
+FORMAT_VERSION = 5
+SUPPORTED_VERSIONS = (1, 2, 3, 4, 5)
 PAGE = 4096
 
 # ---------------------------------------------------------------- header prefix
@@ -111,6 +111,8 @@ KINDS: dict[int, str] = {
     24: "cgroup_sample",
     25: "alloc_sample",
     26: "free_sample",
+    27: "alert",
+    28: "alert_action",
 }
 KIND_CODES = {name: code for code, name in KINDS.items()}
 NOTE_PREFIX = "blackbox: "  # a ``mark`` with this label prefix is the recorder's own note (a collector failed)
@@ -200,49 +202,35 @@ PAYLOAD_COLUMNS[3] = {
 # slot in the heap table (-1: the table was full).
 _SAMPLE_WORDS = ("address", "sample_weight", "alloc_stack", "alloc_domain", "heap_slot")
 PAYLOAD_COLUMNS[4] = {**PAYLOAD_COLUMNS[3], "alloc_sample": _SAMPLE_WORDS, "free_sample": _SAMPLE_WORDS}
+# Version 5: alerts (collect/alerts.py), written by the sampler before the death. An ``alert`` names what
+# (alert_kind), how bad (alert_level), against which limit (limit_kind, limit_bytes), the growth per second
+# the fit found and the forecast of the time (ms) and steps to the limit with the half-widths of their 95%
+# intervals; an ``alert_action`` is what blackbox did about one (its ``detail``) and the alert it answered.
+PAYLOAD_COLUMNS[5] = {
+    **PAYLOAD_COLUMNS[4],
+    "alert": ("alert_kind", "alert_level", "limit_kind", "limit_bytes", "growth_per_s", "forecast_ms",
+              "forecast_error_ms", "forecast_steps", "forecast_steps_error"),
+    "alert_action": ("detail", "alert_kind", "alert_level"),
+}  # fmt: skip
 STRING_COLUMNS = frozenset({"detail"})  # the word holds a string id (0 = none)
 TEXT_COLUMNS = frozenset({"sender"})  # consecutive words hold UTF-8 text, zero padded
 ALLOC_DOMAINS = {1: "python", 2: "native", 3: "gpu"}  # alloc_domain codes: the allocator the block came from
-CODED_COLUMNS = {"alloc_domain": ALLOC_DOMAINS}  # the word holds a code, shown as its name
+ALERT_KINDS = {1: "memory", 2: "leak", 3: "fragmentation", 4: "forecast"}
+ALERT_LEVELS = {1: "info", 2: "warning", 3: "critical"}
+LIMIT_KINDS = {1: "cgroup", 2: "host", 3: "rlimit_as", 4: "gpu"}
+CODED_COLUMNS = {"alloc_domain": ALLOC_DOMAINS, "alert_kind": ALERT_KINDS, "alert_level": ALERT_LEVELS,
+                 "limit_kind": LIMIT_KINDS}  # the word holds a code, shown as its name  # fmt: skip
 RESOLVED_WORDS = frozenset({"thread", "stack_id", "stack_generation", "alloc_stack", "heap_slot"})  # read by the reader
 # Every payload column, in timeline order.
-PAYLOAD_COLUMN_ORDER = (
-    "host_rss",
-    "cgroup_usage",
-    "cgroup_limit",
-    "children_rss",
-    "mem_available",
-    "cgroup_oom_kills",
-    "psi_some_us",
-    "psi_full_us",
-    "gpu_allocated",
-    "gpu_reserved",
-    "gpu_active",
-    "gpu_inactive_split",
-    "gpu_peak_allocated",
-    "gpu_alloc_retries",
-    "gpu_ooms",
-    "device_free",
-    "device_total",
-    "address",
-    "stream",
-    "allocator_time_us",
-    "sender_pid",
-    "signal_code",
-    "sender",
-    "stack_depth",
-    "child_pid",
-    "child_rss",
-    "cgroup_anon",
-    "cgroup_file",
-    "cgroup_shmem",
-    "cgroup_file_dirty",
-    "cgroup_file_writeback",
-    "cgroup_pgmajfault",
-    "sample_weight",
-    "alloc_domain",
-    "detail",
-)
+PAYLOAD_COLUMN_ORDER = tuple("""
+host_rss cgroup_usage cgroup_limit children_rss mem_available cgroup_oom_kills psi_some_us
+psi_full_us gpu_allocated gpu_reserved gpu_active gpu_inactive_split gpu_peak_allocated
+gpu_alloc_retries gpu_ooms device_free device_total address stream allocator_time_us sender_pid
+signal_code sender stack_depth child_pid child_rss cgroup_anon cgroup_file cgroup_shmem
+cgroup_file_dirty cgroup_file_writeback cgroup_pgmajfault sample_weight alloc_domain alert_kind
+alert_level limit_kind limit_bytes growth_per_s forecast_ms forecast_error_ms forecast_steps
+forecast_steps_error detail
+""".split())
 SAMPLE_FIELDS = PAYLOAD_COLUMNS[FORMAT_VERSION]["sample"]
 GPU_SAMPLE_FIELDS = PAYLOAD_COLUMNS[FORMAT_VERSION]["gpu_sample"]
 assert all(len(words) <= PAYLOAD_WORDS for layout in PAYLOAD_COLUMNS.values() for words in layout.values())

@@ -20,6 +20,8 @@ import pyarrow.compute as pc
 
 from .._errors import one_line
 from .._units import human_bytes
+from ..collect.alerts import limit_name, plus_minus
+from ..recovery.alerts import live_alerts
 from ..recovery.allocs import live_sites
 from ..recovery.crash import short_frame
 from ..recovery.kinds import of_kind
@@ -126,6 +128,7 @@ def ring_state(ring: Ring, running: bool, now_ns: int | None = None) -> dict[str
         "memory": None,
         "gpus": [],
         "holders": None,
+        "alerts": None,
         "last_event": None,
     }
     steps = of_kind(table, "step", columns=["time", "value"])
@@ -154,6 +157,7 @@ def ring_state(ring: Ring, running: bool, now_ns: int | None = None) -> dict[str
             "reserved_per_s": _rate(*_series(rows, "gpu_reserved")),
         })  # fmt: skip
     state["holders"] = _holders(ring, state["step"], int(times[-1]) if len(times) else None)
+    state["alerts"] = live_alerts(table, now)
     events = of_kind(table, "oom", "exception", "signal", columns=["time", "kind", "label"])
     if events.num_rows:
         e = py_rows(events.slice(events.num_rows - 1))[0]
@@ -197,7 +201,32 @@ def ring_lines(ring: Ring, running: bool, now_ns: int | None = None) -> list[str
             lines.append(f"  {human_bytes(site['live_bytes'])} ± {human_bytes(site['error_bytes'])} "
                          f"{one_line(short_frame(site['site']))} [{one_line(site['thread'])}]"
                          + (f" +{human_bytes(growth)}/s" if growth and growth > 0 else ""))  # fmt: skip
+    lines += _alert_lines(s["alerts"])
     e = s["last_event"]
     if e is not None:
         lines.append(f"last {e['kind']}: {one_line((e['label'] or '')[:160])}")
     return lines
+
+
+def _alert_lines(alerts: dict[str, Any] | None) -> list[str]:
+    """The live view's alerts: the latest forecast, the last alerts with their age, the alert signal."""
+    if not alerts:
+        return []
+    out = []
+    f = alerts["forecast"]
+    if f is not None and f["forecast_s"] is not None:
+        steps = plus_minus(f["forecast_steps"], f["forecast_steps_error"]) if f["forecast_steps"] is not None else None
+        left = plus_minus(f["forecast_s"], f["forecast_error_s"])
+        out.append(f"forecast: {limit_name(f['limit_kind'], f['device'])} in {left} s"
+                   + (f" ({steps} steps)" if steps else "")
+                   + f" at {human_bytes(int(f['growth_per_s'] or 0))}/s ({f['age_s']:.0f} s ago)")
+    out.append(f"alerts: {alerts['count']}")
+    out += [f"  {a['level'].upper()} {one_line(a['text'])} ({a['age_s']:.0f} s ago)" for a in alerts["last"]]
+    sig = alerts["signal"]
+    if sig is not None:
+        if sig["sent"]:
+            ran = (sig.get("handler") or {}).get("ran", "not seen")
+            out.append(f"  sent {sig['signal']} at step {sig['step']} ({sig['alert']}); the job's handler: {ran}")
+        else:
+            out.append(f"  alert signal not sent: {one_line(sig['why'])}")
+    return out

@@ -102,6 +102,11 @@
         g.appendChild(path);
       }
       for (const t of tl.ooms) g.appendChild(svg("line", { x1: x(t), x2: x(t), y1: top, y2: top + height, class: "oom" }));
+      for (const a of (tl.alerts || []).filter(a => a.panel === panel)) {
+        const line = svg("line", { x1: x(a.t), x2: x(a.t), y1: top, y2: top + height, class: "alert " + a.level });
+        line.appendChild(svg("title", {}, a.text));
+        g.appendChild(line);
+      }
       for (const d of tl.deaths) {
         g.appendChild(svg("line", { x1: x(d.t), x2: x(d.t), y1: top, y2: top + height, class: d.first ? "death first" : "death" }));
       }
@@ -150,6 +155,8 @@
       const li = el("li", { class: "limit-entry" }, l.name + " " + bytes(l.value) + (l.value > FIT * peak && peak ? " (above the lines, not drawn)" : ""));
       ul.appendChild(li);
     }
+    const said = (tl.alerts || []).filter(a => a.panel === panel);
+    if (said.length) ul.appendChild(el("li", { class: "alert-entry" }, "alerts: " + said.length + ", first at " + secs(said[0].t) + ": " + said[0].text));
     const deaths = tl.deaths.filter(d => d.first);
     if (panel === "job" && deaths.length) ul.appendChild(el("li", { class: "death-entry" }, "death: " + deaths[0].who + " " + deaths[0].cause));
     return ul;

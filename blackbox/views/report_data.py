@@ -22,7 +22,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..recovery.alerts import ALERT_COLUMNS, alert_of
 from ..recovery.kinds import of_kind, rows_of_kind
+from ..recovery.timeline import py_rows
 from .plot import drawn_process
 
 MAX_POINTS = 2000  # points per series
@@ -153,7 +155,22 @@ def timeline_data(table: pa.Table, meta: dict[str, Any]) -> dict[str, Any]:
         "steps": _steps(table, pids, t0),
         "deaths": _deaths(meta, t0),
         "ooms": [round(float(x), 4) for x in _seconds(of_kind(table, "oom", columns=["time"])["time"], t0)[-200:]],
+        "alerts": _alerts(table, t0),
     }
+
+
+ALERT_PANEL = {"cgroup": "cgroup", "gpu": "gpu"}  # the host's and RLIMIT_AS's alerts go on the job's panel
+
+
+def _alerts(table: pa.Table, t0: int) -> list[dict[str, Any]]:
+    """The alerts (their forecasts' updates aside), at most 200: seconds, level, panel, the alert's line."""
+    rows = of_kind(table, "alert", columns=ALERT_COLUMNS)
+    keep = pc.invert(pc.equal(pc.fill_null(rows["alert_level"].cast(pa.string()), ""), "info"))
+    rows = rows.filter(keep)
+    t = _seconds(rows["time"], t0)
+    return [{"t": round(float(at), 4), "level": r["alert_level"], "panel": ALERT_PANEL.get(r["limit_kind"], "job"),
+             "text": alert_of(r).text} for at, r in zip(t[-200:], py_rows(rows.slice(max(0, rows.num_rows - 200))),
+                                                        strict=True)]  # fmt: skip
 
 
 def _iso(ns: int) -> str:

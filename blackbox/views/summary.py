@@ -10,6 +10,7 @@ from ..recovery.ranks import rank_rows
 from ..recovery.spill import derived
 from ..recovery.timeline import COUNTERS, GAUGES
 from .across import across_lines
+from .alerts import alert_section
 from .allocs import allocation_sections, job_allocation_sections
 from .stacks import crash_section, stack_sections
 from .text import shown
@@ -147,6 +148,7 @@ def ring_summary(m: dict[str, Any], folder: str = "") -> str:
         f"- Ending: {_ending(m)}",
         "",
         *_death(m.get("death")),
+        *alert_section(m),
         *crash_section(m.get("native_crash"), folder),
         *allocation_sections(m.get("allocations"), m.get("role")),
         *stack_sections(m.get("stacks")),

@@ -171,6 +171,10 @@ class Allocator:
             for seg in self.segments:
                 seg[:] = [b for b in seg if b[2]]
 
+    def empty_cache(self) -> None:
+        """``torch.cuda.empty_cache()``: the segments with no live block go back to the device."""
+        self._release_cache()
+
     def free(self, block: list[int]) -> None:
         self._trace("free_requested", block[0], block[1])
         block[2] = 0
@@ -253,6 +257,7 @@ def install() -> types.ModuleType:
     cuda.get_allocator_backend = lambda: ALLOCATOR.backend  # type: ignore[attr-defined]
     cuda.memory_stats = lambda d=0: ALLOCATOR.flat_stats()  # type: ignore[attr-defined]
     cuda.synchronize = lambda d=None: None  # type: ignore[attr-defined]
+    cuda.empty_cache = ALLOCATOR.empty_cache  # type: ignore[attr-defined]
     cuda.get_device_name = lambda d=0: "fake CUDA device (gpu_check --dry-run)"  # type: ignore[attr-defined]
     cuda.OutOfMemoryError = OutOfMemoryError  # type: ignore[attr-defined]
     cuda._queued_calls = []  # type: ignore[attr-defined]  # run at initialisation, as torch.cuda._lazy_init does
