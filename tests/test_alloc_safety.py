@@ -61,12 +61,12 @@ if __name__ == "__main__":
         rec = blackbox.arm(sys.argv[1], sample_interval=0.02, allocations=True)
         assert rec._allocs is not None, rec.notes
     signal.signal(signal.SIGUSR1, handler)
-    threads = [threading.Thread(target=churn, args=(200,)) for _ in range(4)]
+    threads = [threading.Thread(target=churn, args=(60,)) for _ in range(4)]  # ~18 MB each: dozens of samples at R = 1 MiB
     for t in threads:
         t.start()
     for _ in range(20):
         os.kill(os.getpid(), signal.SIGUSR1)
-    print("main", churn(100), flush=True)
+    print("main", churn(40), flush=True)
     for t in threads:
         t.join()
     pid = os.fork()
