@@ -234,6 +234,11 @@ def _wait_for_the_group(watched: set[int], relayer: Relayer) -> None:
             while os.waitpid(-1, os.WNOHANG)[0] > 0:
                 pass
         if not relayer.job_processes():
+            # one that ended between the reaping above and that look is a zombie of ours now (the look
+            # counts only live processes): reaped too, so none of the job's is left once we are gone
+            with contextlib.suppress(ChildProcessError):
+                while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                    pass
             return
         info = signal.sigtimedwait(watched, 0.25)  # a leftover's end wakes us (SIGCHLD: it is ours now)
         if info is not None and info.si_signo != signal.SIGCHLD:
