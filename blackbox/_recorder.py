@@ -334,7 +334,7 @@ class Recorder:
             self._sample_stacks()
         figures = probe.read()
         self.peak_rss = max(self.peak_rss, figures[0])
-        w.sample(figures + (fmt.NULL,))
+        w.sample(figures)
         stat = probe.memory_stat()
         if stat is not None:
             w.event(_KIND_CGROUP_SAMPLE, None, None, -1, stat)

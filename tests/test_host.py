@@ -69,8 +69,8 @@ def test_probe_reads_this_process() -> None:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and probe.read()[3] < 64 << 20:
             time.sleep(0.05)
-        rss, usage, limit, children, available, oom_kills, psi_some, psi_full = probe.read()
-        assert rss > 1 << 20
+        rss, usage, limit, children, available, oom_kills, psi_some, psi_full, anon = probe.read()
+        assert rss > 1 << 20 and 0 < anon < rss
         assert children >= 64 << 20, "the child's 64 MiB buffer counts in children_rss"
         assert 0 < available
         if probe.cgroup is not None:
@@ -82,7 +82,7 @@ def test_probe_reads_this_process() -> None:
         child.kill()
         child.wait()
         probe.close()
-    assert probe.read() == (-1,) * 8
+    assert probe.read() == (-1,) * 9
 
 
 def test_oom_kill_psi_and_meminfo_parsers() -> None:

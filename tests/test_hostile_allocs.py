@@ -73,18 +73,18 @@ def test_a_thread_name_holding_a_pipe_opens_no_column_in_summary_md(tmp_path: Pa
     heap = heap_slots(2, weight=1 << 20, stack=STACK, thread=7).tobytes()
     allocs = {(1, 100): alloc_payload(STACK, 2, [1, 2], b"loader|forged cell", b"x.append(y)")}
     ring = craft_v4(tmp_path / "r.ring", {2: "MainThread"}, FRAMES, allocs, heap, steps([0, 1, 2]))
-    # WHEN it is recovered; THEN the site's row of "Who holds the memory" has its six cells, no more
+    # WHEN it is recovered; THEN the site's row of "Who holds the memory" has its seven cells, no more
     write_postmortem([ring], tmp_path / "bundle", plot=False)
     summary = (tmp_path / "bundle" / "summary.md").read_text()
     (row,) = [line for line in summary.splitlines() if line.startswith("| `leak (")]
-    assert row.endswith("| loader\\|forged cell |") and len(row.replace("\\|", "").split("|")) == 8
+    assert row.endswith("| loader\\|forged cell |") and len(row.replace("\\|", "").split("|")) == 9
 
 
 def test_a_step_of_two_to_the_62_does_not_ask_for_an_array_of_every_step(tmp_path: Path) -> None:
-    # GIVEN blocks allocated in step 0 of a ring whose last step record says 2**62
-    heap = heap_slots(3, weight=1 << 20, stack=STACK, thread=7, step=0).tobytes()
+    # GIVEN blocks allocated in steps 0, 1 and 2 of a ring whose last step record says 2**62
+    heap = heap_slots(3, weight=1 << 20, stack=STACK, thread=7, step=np.arange(3)).tobytes()
     allocs = {(1, 100): alloc_payload(STACK, 2, [1, 2], b"MainThread", b"")}
-    ring = craft_v4(tmp_path / "r.ring", {2: "MainThread"}, FRAMES, allocs, heap, steps([0, 1 << 62]))
+    ring = craft_v4(tmp_path / "r.ring", {2: "MainThread"}, FRAMES, allocs, heap, steps([0, 1, 2, 1 << 62]))
     # WHEN it is recovered; THEN the growth per step is measured over a bounded grid, not 2**62 steps
     site = allocations(ring, tmp_path / "bundle")["sites"][0]
     assert site["live_bytes"] == 3 << 20 and site["first_step"] == 0

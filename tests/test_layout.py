@@ -62,6 +62,7 @@ RECOVERY_ORDER = {
     "hang": 2,
     "timing": 1,
     "flight": 0,
+    "alloc_levers": 3,
     "diagnosis": 3,
     "metadata": 4,
     "pipeline": 5,

@@ -199,6 +199,16 @@ def _statm(data: bytes | None) -> tuple[int, int]:
         return -1, -1
 
 
+def _anon(data: bytes | None) -> int:
+    """Anonymous resident bytes from /proc/self/statm: resident less shared (the file and shared-memory
+    pages); -1 where it cannot be read."""
+    try:
+        fields = data.split() if data else []
+        return (int(fields[1]) - int(fields[2])) * _PAGE
+    except (ValueError, IndexError):
+        return -1
+
+
 def meminfo_available(text: str, key: str = "MemAvailable:") -> int | None:
     """MemAvailable (or another ``key``: ``MemTotal:``) from /proc/meminfo, in bytes."""
     for line in text.splitlines():
@@ -248,9 +258,9 @@ class Source:
 class HostProbe:
     """Reads the host figures of a ``sample`` through descriptors kept open.
 
-    ``read()`` returns the version-2 ``sample`` payload: host_rss,
+    ``read()`` returns the version-4 ``sample`` payload: host_rss,
     cgroup_usage, cgroup_limit, children_rss, mem_available, cgroup_oom_kills,
-    psi_some_us, psi_full_us (-1 where unknown).
+    psi_some_us, psi_full_us, host_anon (-1 where unknown).
     """
 
     def __init__(self, proc: str = "/proc") -> None:
@@ -290,10 +300,11 @@ class HostProbe:
         except (ValueError, IndexError):
             return -1
 
-    def read(self) -> tuple[int, int, int, int, int, int, int, int]:
+    def read(self) -> tuple[int, int, int, int, int, int, int, int, int]:
         usage = limit = mem_available = oom_kills = -1
         self._statm.read(0)  # the identity check for rss()
-        rss, self.vm_size = _statm(self._statm.read(128, check=False))
+        data = self._statm.read(128, check=False)
+        (rss, self.vm_size), anon = _statm(data), _anon(data)
         if (text := self._usage.text(64)) is not None:
             try:
                 usage = int(text)
@@ -316,7 +327,7 @@ class HostProbe:
         children = self.children()
         self.last_children = children or []
         children_rss = -1 if children is None else sum(rss for _, rss, _ in children)
-        return rss, usage, limit, children_rss, mem_available, oom_kills, some, full
+        return rss, usage, limit, children_rss, mem_available, oom_kills, some, full, anon
 
     def memory_stat(self) -> tuple[int, ...] | None:
         """The cgroup_sample payload (see ``parse_memory_stat``), or None without a memory cgroup."""

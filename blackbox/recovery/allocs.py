@@ -11,9 +11,22 @@ reads files: the caller passes what the reader decoded.
 
 A site is the innermost frame of the job's own code (outside site-packages,
 the standard library and blackbox) in the allocating stack, with the thread
-that allocated; its growth is the least-squares slope of its live bytes
-accumulated by the step (or second) each block was allocated in, so memory
-allocated once at the start and kept is not growth, and a leak is.
+that allocated; where the stack has none, the innermost frame outside the
+standard library and the import machinery (a library's own line). A site whose
+memory was made by an import (importlib's frames between the site and the
+allocation: ``import torch``) is marked ``imports`` and is ranked after every
+other site, so import machinery never heads "who holds".
+
+What was there is told apart from what grew. A block allocated before the
+job's first step (imports, the model, the optimizer's state made before it) is
+``resident_bytes``, never growth; one allocated in the step the ring ended in
+is ``last_step_bytes`` (in flight: that step's temporaries, or a spike). Growth
+counts only the blocks allocated in the steps between, and is given only where
+they span ``MIN_GROWTH_STEPS`` distinct steps: per step for the thread that
+counts steps, per second for the others (and for a ring without steps), then
+only over a window of at least ``MIN_GROWTH_WINDOW_S`` (never extrapolated from
+a step or a tick). ``grew`` ranks the sites by the bytes they grew, apart from
+``sites``, which ranks them by the bytes they hold.
 """
 
 from __future__ import annotations
@@ -32,25 +45,54 @@ from ..ring.scan import StackScan
 from .spill import derived
 
 TOP_SITES = 20
+TOP_GROWERS = 5  # sites in ``grew``
 UNWRITTEN = AllocStack(fmt.STACK_UNWRITTEN_TEXT, "", "")  # a fingerprint the stack table does not hold
 TOP_STACKS = 500  # live bytes per folded stack kept in metadata.json (the export's input from a bundle)
 Z95 = 1.96
+GPU_DOMAIN = next(code for code, name in fmt.ALLOC_DOMAINS.items() if name == "gpu")
+MIN_GROWTH_STEPS = 3  # distinct steps a site's blocks must span before it is said to grow per step
+MIN_GROWTH_WINDOW_S = 2.0  # and seconds, for growth per second (at least 5 sample intervals too)
 _LIBRARY = re.compile(r"site-packages|dist-packages|<frozen|/lib/python3\.\d+/|/blackbox/(ring|collect)/")
+# the standard library (site-packages apart), frozen modules and blackbox: never a site where a library's is
+_STDLIB = re.compile(r"<frozen |/lib/python3\.\d+/(?!site-packages/|dist-packages/)|/blackbox/(ring|collect)/")
+_IMPORT = re.compile(r"<frozen importlib\._bootstrap|/importlib/_bootstrap(_external)?\.py:")
+
+
+def _where(frame: str) -> str:
+    return frame.rpartition(" (")[2]
 
 
 def is_library_frame(frame: str) -> bool:
     """A frame of a library (``fn (path:line)``): site-packages, the standard library, blackbox."""
-    _, _, where = frame.rpartition(" (")
-    return bool(_LIBRARY.search(where))
+    return bool(_LIBRARY.search(_where(frame)))
+
+
+def is_import_frame(frame: str) -> bool:
+    """A frame of the import machinery (importlib's bootstrap, frozen or not)."""
+    return bool(_IMPORT.search(_where(frame)))
+
+
+def is_stdlib_frame(frame: str) -> bool:
+    """A frame of the standard library, a frozen module or blackbox (not site-packages), or a placeholder."""
+    return frame.startswith("<blackbox:") or bool(_STDLIB.search(_where(frame)))
+
+
+def site_and_imports(folded: str) -> tuple[str, bool]:
+    """(site, imports) of a folded stack: the innermost frame of the job's own code, else the innermost
+    outside the standard library and the import machinery, else the innermost; ``imports``: the memory an
+    import made (the import machinery ran between the job's frame and the allocation; for a library's
+    line, anywhere in the stack)."""
+    frames = folded.split(";")
+    for i in range(len(frames) - 1, -1, -1):
+        if not is_library_frame(frames[i]) and not frames[i].startswith("<blackbox:"):
+            return frames[i], any(map(is_import_frame, frames[i + 1 :]))
+    imports = any(map(is_import_frame, frames))  # a library's own line: made while a module was imported
+    return next((f for f in reversed(frames) if not is_stdlib_frame(f)), frames[-1]), imports
 
 
 def site_of(folded: str) -> str:
-    """The innermost frame outside libraries (else the innermost frame) of a folded stack."""
-    frames = folded.split(";")
-    for frame in reversed(frames):
-        if not is_library_frame(frame) and not frame.startswith("<blackbox:"):
-            return frame
-    return frames[-1]
+    """The site of a folded stack (``site_and_imports``)."""
+    return site_and_imports(folded)[0]
 
 
 def _wall(ring_meta: dict[str, Any], mono: np.ndarray) -> np.ndarray:
@@ -133,8 +175,10 @@ def live_sites(
     main_thread: int | None = None,
     steps: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, Any] | None:
-    """``allocations`` of a ring's metadata: live bytes by site (largest first) with their error and
-    growth, the totals, and live bytes by folded stack; None where allocations were not sampled.
+    """``allocations`` of a ring's metadata: live bytes by site (``sites``: who holds, the job's own sites
+    first by live bytes, import sites after them) with their error, what was resident since start-up and
+    what grew (``grew``: who grew, by the bytes grown), the totals, and live bytes by folded stack; None
+    where allocations were not sampled.
 
     ``last_step``, ``end_ns``: the ring's last step and last event (UTC ns), where growth is measured to;
     ``main_thread``: the thread that counted the steps (its sites' growth is per step, others' per second);
@@ -166,28 +210,77 @@ def live_sites(
     group_weight = np.bincount(rows_of, slots["weight"].astype(float), len(keys))
     order = np.argsort(rows_of, kind="stable")
     starts = np.searchsorted(rows_of[order], np.arange(len(keys) + 1))
-    del rows_of
-    site_names = [names[0][int(k) // len(names[1])] for k in keys.tolist()]
-    rank = np.argsort(np.argsort(np.array(site_names, dtype=object), kind="stable"), kind="stable")
-    top = np.lexsort((rank, -group_weight))[:TOP_SITES]  # by live bytes, then by site
+    site_keys = [names[0][int(k) // len(names[1])] for k in keys.tolist()]
+    imports = np.array([imp for _, imp in site_keys], bool)
+    rank = np.argsort(np.argsort(np.array([f for f, _ in site_keys], dtype=object), kind="stable"), kind="stable")
     when = _wall(ring_meta, slots["time"])
     step_of = np.clip(_steps(slots, when, steps), -1, np.iinfo(np.int32).max).astype(np.int32)
     end = end_ns if end_ns is not None else (int(when.max()) if len(when) else 0)
-    sites = [_site(slots, step_of, order[starts[g] : starts[g + 1]], site_names[g],
-                   names[1][int(keys[g]) % len(names[1])], resolved, when, end, last_step, main_thread)
-             for g in top.tolist()]  # fmt: skip
-    sites.sort(key=lambda s: (-s["live_bytes"], s["site"]))
+    window = Window(last_step, end, _interval(ring_meta), main_thread)
+    slot_imports = imports[rows_of]
+    grows = window.growing(slots, step_of, when, slot_imports)
+    grown = np.bincount(rows_of, np.where(grows, slots["weight"].astype(float), 0.0), len(keys))
+    del rows_of
+    holders = np.lexsort((rank, -group_weight))[:TOP_SITES]  # by live bytes; the job's own first below
+    growers = np.lexsort((rank, -grown))[:TOP_GROWERS]
+    made = {g: _site(slots, step_of, grows, order[starts[g] : starts[g + 1]], site_keys[g],
+                     names[1][int(keys[g]) % len(names[1])], resolved, when, window)
+            for g in {*holders.tolist(), *growers[grown[growers] > 0].tolist()}}  # fmt: skip
+    sites = sorted((made[g] for g in holders.tolist()), key=lambda s: (s["imports"], -s["live_bytes"], s["site"]))
+    grew = [_grew(made[g]) for g in growers.tolist() if g in made and made[g]["grows"]]
     stacks_out = sorted(by_stack.items(), key=lambda kv: -kv[1])
+    stepped = last_step is not None
     return {
+        "recorded": True,
         "mean_bytes": mean_bytes(ring_meta),
         "live_bytes": total_bytes(slots["weight"]),
         "error_bytes": int(round(error95(slots["size"], slots["weight"]))),
+        "host_live_bytes": total_bytes(slots["weight"][slots["domain"] != GPU_DOMAIN]),
+        "resident_bytes": total_bytes(slots["weight"][window.resident(step_of, slot_imports)]),
+        "last_step_bytes": total_bytes(slots["weight"][step_of == last_step]) if stepped else None,
         "sampled_blocks": len(slots),
         "torn_slots": heap.torn,
         "sites": sites,
+        "grew": grew,
         "site_count": len(keys),
         "stacks": [{"stack": s, "live_bytes": int(round(b))} for s, b in stacks_out[:TOP_STACKS]],
     }
+
+
+def _interval(ring_meta: dict[str, Any]) -> float:
+    value = ring_meta.get("sample_interval_s")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else 0.1
+
+
+class Window:
+    """When a block counts as grown: not resident (allocated before the first step, or by an import in a
+    ring without steps), not in flight (allocated in the step the ring ended in, or within the last sample
+    interval), and how its site's growth is measured (per step or per second)."""
+
+    def __init__(self, last_step: int | None, end_ns: int, interval_s: float, main_thread: int | None) -> None:
+        self.last_step, self.end_ns, self.main_thread = last_step, end_ns, main_thread
+        self.interval_ns = int(interval_s * 1e9)
+        self.min_window_s = max(MIN_GROWTH_WINDOW_S, 5 * interval_s)
+
+    def resident(self, step_of: np.ndarray, imports: np.ndarray) -> np.ndarray:
+        """Blocks resident since start-up: allocated before the first step (all import-made blocks where the
+        ring has no steps)."""
+        return step_of < 0 if self.last_step is not None else imports.copy()
+
+    def growing(self, slots: np.ndarray, step_of: np.ndarray, when: np.ndarray, imports: np.ndarray) -> np.ndarray:
+        """Blocks that count as growth (resident and in-flight ones left out)."""
+        out = ~self.resident(step_of, imports)
+        if self.last_step is not None:
+            out &= step_of < self.last_step
+        by_second = slots["thread"] != self.main_thread if self.main_thread is not None else np.ones(len(out), bool)
+        out &= ~by_second | (when < self.end_ns - self.interval_ns)
+        return out
+
+
+def _grew(site: dict[str, Any]) -> dict[str, Any]:
+    keep = ("site", "thread", "line", "imports", "grown_bytes", "grown_error_bytes", "growth_per_step",
+            "growth_per_s", "growth_by", "first_step", "live_bytes")  # fmt: skip
+    return {k: site[k] for k in keep}
 
 
 def _distinct(values: np.ndarray) -> np.ndarray:
@@ -214,19 +307,21 @@ def total_bytes(weights: np.ndarray) -> int:
 
 
 def _groups(slots: np.ndarray, where: np.ndarray, count: int, found: dict[int, AllocStack]
-            ) -> tuple[np.ndarray, tuple[list[str], list[str]]]:  # fmt: skip
+            ) -> tuple[np.ndarray, tuple[list[tuple[str, bool]], list[str]]]:  # fmt: skip
     """A (site, thread) key per slot, and the sites' and threads' names the keys index (key = site *
     len(threads) + thread): ``found``, the stacks of the fingerprints (by index) the table holds, the
-    others unwritten; each site found once, a thread named by the stack where it was written there, else by
-    the slot's thread id. A million slots of distinct stacks cost numpy, not Python."""
-    site_index = {site_of(UNWRITTEN.folded): 0}
+    others unwritten; each site, (frame, made by an import), found once, a thread named by the stack where
+    it was written there, else by the slot's thread id. A million slots of distinct stacks cost numpy, not
+    Python."""
+    unwritten = site_and_imports(UNWRITTEN.folded)
+    site_index = {unwritten: 0}
     folded_site = {UNWRITTEN.folded: 0}
     thread_index: dict[str, int] = {}
     fp_site = np.zeros(count, np.int64)
     fp_thread = np.full(count, -1, np.int64)
     for i, stack in found.items():
         if stack.folded not in folded_site:
-            folded_site[stack.folded] = site_index.setdefault(site_of(stack.folded), len(site_index))
+            folded_site[stack.folded] = site_index.setdefault(site_and_imports(stack.folded), len(site_index))
         fp_site[i] = folded_site[stack.folded]
         if stack.thread:
             fp_thread[i] = thread_index.setdefault(stack.thread, len(thread_index))
@@ -243,14 +338,13 @@ def _groups(slots: np.ndarray, where: np.ndarray, count: int, found: dict[int, A
 def _site(
     slots: np.ndarray,
     step_of: np.ndarray,
+    grows: np.ndarray,
     idx: np.ndarray,
-    frame: str,
+    key: tuple[str, bool],
     thread: str,
     resolved: dict[int, AllocStack],
     when: np.ndarray,
-    end_ns: int,
-    last_step: int | None,
-    main_thread: int | None,
+    window: Window,
 ) -> dict[str, Any]:
     w, t, steps = slots["weight"][idx], when[idx], step_of[idx].astype(np.int64)  # a field at a time
     fps, inverse = _codes(slots["stack"][idx])
@@ -258,18 +352,27 @@ def _site(
     del fps, inverse
     stepped = steps >= 0
     first_step = int(steps[stepped].min()) if stepped.any() else None
-    per_step = None
-    if first_step is not None and last_step is not None and last_step > first_step:
-        per_step = _slope(steps[stepped], w[stepped], _step_grid(first_step, last_step))
-    first_ns = int(t.min())
-    seconds = t.astype(float)
-    seconds -= first_ns
-    seconds /= 1e9
-    del t
-    per_s = _slope(seconds, w, np.linspace(0.0, max(0.0, (end_ns - first_ns) / 1e9), 50))
-    by_step = main_thread is not None and bool((slots["thread"][idx] == main_thread).any()) and per_step is not None
+    g = grows[idx]
+    by_step = window.main_thread is not None and bool((slots["thread"][idx] == window.main_thread).any())
+    by_step = by_step and window.last_step is not None
+    per_step = per_s = None
+    if by_step and len(np.unique(steps[g])) >= MIN_GROWTH_STEPS:
+        assert window.last_step is not None
+        per_step = _slope(steps[g], w[g], _step_grid(int(steps[g].min()), window.last_step - 1))
+    elif not by_step and g.any():
+        first_ns = int(t[g].min())
+        span_s = (window.end_ns - first_ns) / 1e9
+        ticks = len(np.unique((t[g] - first_ns) // max(window.interval_ns, 1)))
+        if span_s >= window.min_window_s and ticks >= MIN_GROWTH_STEPS:
+            seconds = (t[g] - first_ns).astype(float) / 1e9
+            per_s = _slope(seconds, w[g], np.linspace(0.0, span_s, 50))
+    grown_bytes = total_bytes(w[g])
+    grown_error = error95(slots["size"][idx][g], w[g])
+    rate = per_step if by_step else per_s
+    resident = window.resident(steps, np.full(len(idx), key[1]))
     return {
-        "site": frame,
+        "site": key[0],
+        "imports": key[1],
         "thread": thread,
         "line": top.line,
         "stack": top.folded,
@@ -277,11 +380,17 @@ def _site(
         "live_bytes": total_bytes(w),
         "error_bytes": int(round(error95(slots["size"][idx], w))),
         "blocks": len(idx),
+        "largest_block": int(slots["size"][idx].max()) if len(idx) else 0,
+        "resident_bytes": total_bytes(w[resident]),
+        "last_step_bytes": total_bytes(w[steps == window.last_step]) if window.last_step is not None else None,
+        "grown_bytes": grown_bytes,
+        "grown_error_bytes": int(round(grown_error)),
+        "grows": rate is not None and rate > 0 and grown_bytes > grown_error,
         "growth_per_step": None if per_step is None else int(round(per_step)),
         "growth_per_s": None if per_s is None else int(round(per_s)),
         "growth_by": "step" if by_step else "second",
         "first_step": first_step,
-        "first_seen_ns": first_ns,
+        "first_seen_ns": int(t.min()),
     }
 
 
@@ -300,36 +409,6 @@ def main_thread_of(table: pa.Table) -> int | None:
     return int(threads[0]) if threads and threads[0] is not None else None
 
 
-def site_lever(site: dict[str, Any], role: str | None) -> str:
-    """What to change, from where the memory is held (the site's function, line and thread)."""
-    name, _, where = site["site"].rpartition(" (")
-    at = f"`{where.rstrip(')')}` (`{name}`)"
-    line = site.get("line") or ""
-    if name.endswith("__getitem__") or role == "worker":
-        why = "the Dataset keeps what __getitem__ makes (a cache in every worker): return it without keeping it"
-    elif ".append(" in line or ".extend(" in line or "+=" in line:
-        why = "a list appended in the loop keeps every step's objects: keep `x.item()` or a bounded deque"
-    elif "cache" in line.lower() or "cache" in name.lower() or re.search(r"\]\s*=", line):
-        why = "a cache that never evicts: bound it (functools.lru_cache(maxsize=...), or evict by size)"
-    elif "gpu" in site.get("domains", []):
-        why = "tensors kept on the GPU across steps: keep `.item()` or `.detach().cpu()` of what you log"
-    else:
-        why = "memory allocated there is kept: find what holds on to it"
-    where_thread = "" if site.get("thread") in (None, "MainThread") else f" in thread `{site['thread']}`"
-    return f"{at}{where_thread} holds most of the sampled memory: {why}"
-
-
-MEMORY_CAUSES = frozenset({"host_oom_kill", "userspace_oom_kill", "oom_exception"})
-
-
-def with_site_lever(death: dict[str, Any], allocations: dict[str, Any] | None, role: str | None) -> dict[str, Any]:
-    """The death with the lever of its largest allocation site first, where it ran out of memory."""
-    sites = (allocations or {}).get("sites") or []
-    if not death or death.get("cause") not in MEMORY_CAUSES or not sites:
-        return death
-    return {**death, "levers": [site_lever(sites[0], role), *(death.get("levers") or [])]}
-
-
 def ring_sites(rings: Iterable[dict[str, Any]], top: int = TOP_SITES) -> list[dict[str, Any]]:
     """The largest sites of every ring's ``allocations``, each with its process, largest first (rings spilled
     to disk are read once for every caller: the sites are shared, not to be changed)."""
@@ -342,6 +421,6 @@ def _sites(rings: Iterable[dict[str, Any]], top: int) -> list[dict[str, Any]]:
         report = m.get("allocations") or {}
         who = {"pid": m.get("pid"), "role": m.get("role"), "rank": m.get("rank"), "host": m.get("host")}
         out.extend({**site, **who} for site in report.get("sites") or [])
-        out.sort(key=lambda s: -int(s.get("live_bytes") or 0))
+        out.sort(key=lambda s: (bool(s.get("imports")), -int(s.get("live_bytes") or 0)))  # imports never first
         del out[top:]
     return out

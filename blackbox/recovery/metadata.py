@@ -19,7 +19,8 @@ from ..ring import format as fmt
 from ..ring.reader import Ring, without_c_extension
 from ..ring.writer import NO_C_EXTENSION
 from .alerts import alerts_report, with_alert_evidence
-from .allocs import live_sites, main_thread_of, step_records, with_site_lever
+from .alloc_levers import coverage, with_site_lever
+from .allocs import live_sites, main_thread_of, step_records
 from .attempts import SLIM_DEATH, attempt_metadata, group_attempts, slim
 from .crash import crash_reading
 from .evidence import Evidence
@@ -65,6 +66,27 @@ def _last_sample(table: pa.Table) -> dict[str, Any] | None:
     return out
 
 
+def _first_anon(table: pa.Table) -> int | None:
+    """The process's anonymous resident memory at its first sample (as blackbox armed)."""
+    rows = of_kind(table, "sample", columns=["host_anon"])
+    values = rows["host_anon"].drop_null() if rows.num_rows else None
+    return int(values[0].as_py()) if values is not None and len(values) else None
+
+
+OFF = "allocation sampling was off (arm(allocations=False), BLACKBOX_ALLOCATIONS=0 or blackbox run --no-allocations)"
+
+
+UNSAMPLED = "allocations not sampled"  # the recorder's note where the hooks could not go in (collect/allocs.py)
+
+
+def not_recorded(ring: Ring, unsampled: list[str]) -> dict[str, Any] | None:
+    """``allocations`` of a ring where nothing was sampled: ``recorded`` false and ``why`` (the recorder's
+    note, else sampling turned off); None for a ring older than allocation sampling (before version 4)."""
+    if ring.header.version < 4:
+        return None
+    return {"recorded": False, "why": unsampled[0] if unsampled else OFF}
+
+
 def _peaks(table: pa.Table) -> dict[str, Any]:
     out: dict[str, Any] = {}
     times = stamps_ns(table["time"])
@@ -107,7 +129,13 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
     last_step = int(pc.max(steps).as_py()) if len(steps) else None
     allocations = live_sites(ring.heap, ring.stacks, ring.meta, last_step, end_ns, main_thread_of(table),
                              step_records(table) if ring.heap is not None else None)  # fmt: skip
-    death = with_site_lever(death, allocations, ident.get("role"))
+    last_sample, notes = _last_sample(table), _notes(table, ring.meta)
+    unsampled = [n for n in notes if n.startswith(UNSAMPLED)]
+    if allocations is not None and not unsampled:
+        allocations["coverage"] = coverage(allocations, (last_sample or {}).get("host_anon"), _first_anon(table))
+    else:
+        allocations = not_recorded(ring, unsampled)
+    death = with_site_lever(death, allocations, ident.get("role"), last_sample)
     alerts = alerts_report(table, death_time(death, evidence.writer_alive))
     death = with_alert_evidence(death, alerts)
     return {
@@ -137,7 +165,7 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
         "clock_error_s": clock.get("error_s") if isinstance(clock.get("error_s"), (int, float)) else None,
         "sample_interval_s": ring.meta.get("sample_interval_s"),
         "cgroup": ring.meta.get("cgroup"),
-        "last_sample": _last_sample(table),
+        "last_sample": last_sample,
         "peaks": _peaks(table),
         "last_samples": _tail(table, 10),
         "module_growth": _module_growth(table, 5),
@@ -148,7 +176,7 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
         "signals": _events(table, ("signal",), ("label", "value", "detail"), 10),
         "native_crash": native,
         "death": death,
-        "notes": _notes(table, ring.meta),
+        "notes": notes,
         "allocator_history": allocator_history(table, ring.meta),
         "recovery": ring.recovery.as_dict(),
         "recovered_by": {"blackbox": __version__},

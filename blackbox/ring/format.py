@@ -206,8 +206,11 @@ PAYLOAD_COLUMNS[4] = {**PAYLOAD_COLUMNS[3], "alloc_sample": _SAMPLE_WORDS, "free
 # (alert_kind), how bad (alert_level), against which limit (limit_kind, limit_bytes), the growth per second
 # the fit found and the forecast of the time (ms) and steps to the limit with the half-widths of their 95%
 # intervals; an ``alert_action`` is what blackbox did about one (its ``detail``) and the alert it answered.
+# p8 of ``sample`` (version 5): the process's anonymous resident memory (statm's resident less shared), what
+# the sampled allocations are compared with.
 PAYLOAD_COLUMNS[5] = {
     **PAYLOAD_COLUMNS[4],
+    "sample": (*PAYLOAD_COLUMNS[4]["sample"], "host_anon"),
     "alert": ("alert_kind", "alert_level", "limit_kind", "limit_bytes", "growth_per_s", "forecast_ms",
               "forecast_error_ms", "forecast_steps", "forecast_steps_error"),
     "alert_action": ("detail", "alert_kind", "alert_level"),
@@ -223,7 +226,7 @@ CODED_COLUMNS = {"alloc_domain": ALLOC_DOMAINS, "alert_kind": ALERT_KINDS, "aler
 RESOLVED_WORDS = frozenset({"thread", "stack_id", "stack_generation", "alloc_stack", "heap_slot"})  # read by the reader
 # Every payload column, in timeline order.
 PAYLOAD_COLUMN_ORDER = tuple("""
-host_rss cgroup_usage cgroup_limit children_rss mem_available cgroup_oom_kills psi_some_us
+host_rss host_anon cgroup_usage cgroup_limit children_rss mem_available cgroup_oom_kills psi_some_us
 psi_full_us gpu_allocated gpu_reserved gpu_active gpu_inactive_split gpu_peak_allocated
 gpu_alloc_retries gpu_ooms device_free device_total address stream allocator_time_us sender_pid
 signal_code sender stack_depth child_pid child_rss cgroup_anon cgroup_file cgroup_shmem

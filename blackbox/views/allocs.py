@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .._units import human_bytes
-from ..recovery.allocs import ring_sites
+from ..recovery.allocs import is_import_frame, is_stdlib_frame, ring_sites
 from ..recovery.crash import short_frame
 from .stacks import innermost_first
 from .text import shown
@@ -29,13 +29,28 @@ def _growth(site: dict[str, Any]) -> str:
     return "-"
 
 
-def _cells(site: dict[str, Any]) -> list[str]:
+def _where(site: dict[str, Any]) -> str:
     line = (site.get("line") or "").replace("|", "\\|").replace("`", "'")
     where = f"`{short_frame(site['site']).replace('|', chr(92) + '|')}`" + (f": `{line}`" if line else "")
+    return where + (" (imports)" if site.get("imports") else "")
+
+
+def _held(site: dict[str, Any]) -> str:
+    """Where a site's live bytes came from: resident since start-up, in the last step, grown."""
+    live, parts = site.get("live_bytes") or 0, []
+    for key, word in (("resident_bytes", "start-up"), ("last_step_bytes", "last step")):
+        n = site.get(key)
+        if n and live and n >= 0.05 * live:
+            parts.append(f"{100 * n / live:.0f}% {word}")
+    return ", ".join(parts) or "-"
+
+
+def _cells(site: dict[str, Any]) -> list[str]:
     return [
-        where,
+        _where(site),
         f"{human_bytes(site['live_bytes'])} ± {human_bytes(site['error_bytes'])}",
-        _growth(site),
+        _held(site),
+        _growth(site) if site.get("grows", True) else "-",
         "-" if site.get("first_step") is None else str(site["first_step"]),
         "/".join(site.get("domains") or []) or "-",
     ]
@@ -46,10 +61,57 @@ def _thread(site: dict[str, Any]) -> str:
     return (site.get("thread") or "-").replace("|", "\\|")
 
 
+def shown_stack(folded: str | None) -> str:
+    """A site's allocating stack for summary.md, innermost first: the import machinery's frames hidden, and the
+    standard library's never heading it (they are dropped until the first frame of the job or a library)."""
+    frames = [f for f in (folded or "").split(";") if f and not is_import_frame(f)]
+    while len(frames) > 1 and is_stdlib_frame(frames[-1]):
+        frames.pop()
+    return innermost_first(";".join(frames))
+
+
+def _totals(report: dict[str, Any]) -> str:
+    live = report.get("live_bytes") or 0
+    parts = []
+    for key, word in (("resident_bytes", "resident since start-up (before the first step: imports, the model, "
+                                          "the optimizer's state)"),
+                      ("last_step_bytes", "allocated in the last step (in flight)")):  # fmt: skip
+        if report.get(key) is not None:
+            parts.append(f"{human_bytes(report[key])} {word}")
+    grown = sum(int(g.get("grown_bytes") or 0) for g in report.get("grew") or [])
+    if report.get("last_step_bytes") is not None:
+        parts.append(f"{human_bytes(max(0, live - (report.get('resident_bytes') or 0) - report['last_step_bytes']))}"
+                     " allocated in the steps between")  # fmt: skip
+    return ("; of it " + ", ".join(parts) if parts else "") + (f" (the sites that grew: {human_bytes(grown)})"
+                                                                if grown else "")  # fmt: skip
+
+
+def coverage_line(cov: dict[str, Any] | None) -> list[str]:
+    """What the samples account for against the process's anonymous memory at the end, and why not all."""
+    if not cov:
+        return []
+    anon, sampled = cov["anon_rss"], cov["sampled_bytes"]
+    if sampled > anon:
+        return [f"The sampled blocks ({human_bytes(sampled)}) exceed the process's anonymous resident memory at its "
+                f"last sample ({human_bytes(anon)}): {cov['reasons'][0]}.", ""]  # fmt: skip
+    share = 100 * sampled / anon if anon else 0.0
+    return [f"The samples account for {human_bytes(sampled)} of the {human_bytes(anon)} of anonymous resident "
+            f"memory at the last sample ({share:.0f}%); {human_bytes(cov['unaccounted_bytes'])} is not accounted "
+            "for: " + "; ".join(cov.get("reasons") or []) + ".", ""]  # fmt: skip
+
+
+NOT_RECORDED = (
+    "Not recorded in this process: {why}. Allocation sampling is on by default; see README, \"Who holds the memory\"."
+)
+
+
 def allocation_sections(report: dict[str, Any] | None, role: str | None = None) -> list[str]:
-    """summary.md lines for one ring's ``allocations`` (``recovery.allocs.live_sites``)."""
+    """summary.md lines for one ring's ``allocations`` (``recovery.allocs.live_sites``): who holds the memory,
+    who grew, and what the samples do not cover; "not recorded" (never "0 B") where nothing was sampled."""
     if not report:
         return []
+    if report.get("recorded") is False:
+        return ["## Who holds the memory", "", NOT_RECORDED.format(why=report.get("why") or "unknown"), ""]
     sites = report.get("sites") or []
     lines = [
         "## Who holds the memory",
@@ -57,15 +119,31 @@ def allocation_sections(report: dict[str, Any] | None, role: str | None = None) 
         f"Allocations sampled by bytes (one sample per {human_bytes(report.get('mean_bytes'))} on average, each "
         f"weighted so totals are unbiased): {human_bytes(report['live_bytes'])} ± "
         f"{human_bytes(report['error_bytes'])} (95%) live in {report['sampled_blocks']} sampled blocks at the "
-        f"end, from {report.get('site_count', len(sites))} sites. Largest first, the job's own line first:",
+        f"end, from {report.get('site_count', len(sites))} sites{_totals(report)}.",
         "",
+        *coverage_line(report.get("coverage")),
     ]
     if not sites:
         return [*lines, "No sampled allocation was live at the end.", ""]
-    lines += ["| site | live | growth | first step | allocator | thread |", "|---|---:|---:|---:|---|---|"]
+    lines += ["Who holds it, largest first (an import's memory after the job's own):", "",
+              "| site | live | of it | growth | first step | allocator | thread |",
+              "|---|---:|---|---:|---:|---|---|"]  # fmt: skip
     lines += ["| " + " | ".join([*_cells(s), _thread(s)]) + " |" for s in sites[:SHOWN]]
-    lines += ["", f"Allocating stack of the largest: {innermost_first(sites[0]['stack'])}.", ""]
-    return lines
+    lines += ["", f"Allocating stack of the largest: {shown_stack(sites[0]['stack'])}.", ""]
+    return [*lines, *_grew_lines(report)]
+
+
+def _grew_lines(report: dict[str, Any]) -> list[str]:
+    grew = report.get("grew") or []
+    if not grew:
+        return ["Who grew: no site grew across the steps (or, for threads without steps, over "
+                "several sample intervals) beyond its sampling error.", ""]  # fmt: skip
+    lines = ["Who grew, most first (live bytes allocated since start-up, outside the last step):", "",
+             "| site | grew | growth | since step | thread |", "|---|---:|---:|---:|---|"]  # fmt: skip
+    lines += [f"| {_where(g)} | {human_bytes(g['grown_bytes'])} ± {human_bytes(g['grown_error_bytes'])} | "
+              f"{_growth(g)} | {'-' if g.get('first_step') is None else g['first_step']} | {_thread(g)} |"
+              for g in grew]  # fmt: skip
+    return [*lines, ""]
 
 
 def job_allocation_sections(rings: Iterable[dict[str, Any]]) -> list[str]:
@@ -79,8 +157,8 @@ def job_allocation_sections(rings: Iterable[dict[str, Any]]) -> list[str]:
         "",
         "Allocations sampled by bytes in each process (live at its end, 95% error), largest first:",
         "",
-        "| site | live | growth | first step | allocator | process | thread |",
-        "|---|---:|---:|---:|---|---|---|",
+        "| site | live | of it | growth | first step | allocator | process | thread |",
+        "|---|---:|---|---:|---:|---|---|---|",
     ]
     for s in sites[:SHOWN]:
         who = f"{s.get('role') or 'process'} pid {s.get('pid')}" + (f" rank {s['rank']}" if s.get("rank") is not None

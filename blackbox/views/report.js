@@ -339,20 +339,33 @@
     host.textContent = "";
     host.appendChild(el("p", {}, bytes(al.live_bytes) + " \u00b1 " + bytes(al.error_bytes) +
       " (95%) live at the end in sampled allocations, by allocating stack (width is live bytes):"));
+    // the import machinery's frames hidden by default (as memray's "hide import frames"): an import's memory
+    // then sits under the job's import line, not under ten frames of importlib
+    const hide = el("input", { type: "checkbox", id: "alloc-hide-imports" });
+    hide.checked = true;
+    const label = el("label", {}, " hide import frames");
+    label.prepend(hide);
+    host.appendChild(label);
+    const importFrame = /<frozen importlib\._bootstrap|\/importlib\/_bootstrap(_external)?\.py:/;
+    const shownStacks = () => hide.checked
+      ? al.stacks.map(([s, n]) => [s.split(";").filter(f => !importFrame.test(f)).join(";") || s, n]) : al.stacks;
     const flame = el("div", { id: "alloc-flame", class: "flame" });
     host.appendChild(flame);
-    flameGraph(flame, "bytes", () => al.stacks, { empty: "No sampled allocation was live at the end." });
+    const redraw = flameGraph(flame, "bytes", shownStacks, { empty: "No sampled allocation was live at the end." });
+    hide.addEventListener("change", redraw);
     if (!al.sites.length) return;
     const table = el("table", { class: "sortable sites" });
     const head = el("tr");
-    for (const h of ["site", "line", "live", "\u00b1", "growth", "first step", "thread", "process"]) head.appendChild(el("th", {}, h));
+    for (const h of ["site", "line", "live", "\u00b1", "since start-up", "growth", "first step", "thread", "process"]) head.appendChild(el("th", {}, h));
     table.appendChild(el("thead")).appendChild(head);
     const body = el("tbody");
     for (const s of al.sites) {
       const tr = el("tr");
-      const growth = s.growth_per_step !== null && s.growth_per_step !== undefined ? bytes(s.growth_per_step) + "/step"
+      const growth = s.grows === false ? "-"
+        : s.growth_per_step !== null && s.growth_per_step !== undefined ? bytes(s.growth_per_step) + "/step"
         : s.growth_per_s !== null && s.growth_per_s !== undefined ? bytes(s.growth_per_s) + "/s" : "-";
-      for (const v of [s.site, s.line, bytes(s.live_bytes), bytes(s.error_bytes), growth, s.first_step, s.thread, s.process]) {
+      const site = s.imports ? s.site + " (imports)" : s.site;
+      for (const v of [site, s.line, bytes(s.live_bytes), bytes(s.error_bytes), bytes(s.resident_bytes), growth, s.first_step, s.thread, s.process]) {
         tr.appendChild(el("td", {}, v === null || v === undefined ? "-" : v));
       }
       body.appendChild(tr);

@@ -34,7 +34,8 @@ MAX_STACK_SAMPLES = 100_000  # the last ones
 MAX_STACKS = 20_000  # distinct folded stacks
 MAX_STACK_BYTES = 16 << 20  # their text, all together (a ring's stacks may be 64 frames of long names each)
 MAX_LIVE_STACKS = 2000
-SITE_FIELDS = ("site", "line", "thread", "live_bytes", "error_bytes", "growth_per_step", "growth_per_s", "first_step")
+SITE_FIELDS = ("site", "line", "thread", "live_bytes", "error_bytes", "growth_per_step", "growth_per_s", "first_step",
+               "imports", "resident_bytes", "grows")  # fmt: skip
 SAMPLE_COLUMNS = ["time", "kind", "pid", "rank", "device", "host_rss", "children_rss", "cgroup_usage", "cgroup_limit",
                   "gpu_allocated", "gpu_reserved", "device_total", "cgroup_anon", "cgroup_file"]  # fmt: skip
 
@@ -251,7 +252,7 @@ def allocation_data(meta: dict[str, Any]) -> dict[str, Any] | None:
     found = False
     for m in rings:
         report = m.get("allocations")
-        if not isinstance(report, dict):
+        if not isinstance(report, dict) or report.get("recorded") is False:  # not recorded: never "0 B live"
             continue
         found = True
         who = f"{m.get('role') or 'process'} pid {m.get('pid')}" + (
@@ -271,7 +272,7 @@ def allocation_data(meta: dict[str, Any]) -> dict[str, Any] | None:
     if not found:
         return None
     stacks.sort(key=lambda s: -s[1])
-    sites.sort(key=lambda s: -_number(s.get("live_bytes")))
+    sites.sort(key=lambda s: (bool(s.get("imports")), -_number(s.get("live_bytes"))))  # an import's memory never first
     return {"live_bytes": live, "error_bytes": error, "stacks": stacks[:MAX_LIVE_STACKS], "sites": sites[:50]}
 
 
