@@ -93,9 +93,11 @@ def arm(
             it, in every thread; one sample per ``allocations`` bytes on average
             (True: 1 MiB), each weighted so live bytes per site are an unbiased
             estimate. Sampled blocks live at the end are in the ring's heap
-            table, so they survive SIGKILL and the OOM killer. None (the
-            default) reads ``BLACKBOX_ALLOCATIONS`` (``1``, ``0`` or bytes;
-            unset: off). Its cost is in README.
+            table, so they survive SIGKILL and the OOM killer. On by default:
+            None reads ``BLACKBOX_ALLOCATIONS`` (``0`` off, ``1`` or unset on,
+            or bytes); ``False`` turns it off. Without the C extension nothing
+            is sampled and the bundle says "not recorded". Its cost is in
+            docs/performance.md ("Allocation sampling").
         keep: the ring folder's retention, applied before the ring is made:
             ``"count=N,size=SIZE"`` (either part alone too) removes the oldest
             rings and ``blackbox run`` folders beyond N or SIZE in all, never

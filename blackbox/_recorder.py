@@ -25,7 +25,7 @@ from ._version import __version__
 from ._warn import warn
 from .collect.alert_actions import AlertActions, alert_settings
 from .collect.alerts import AlertEngine
-from .collect.allocs import AllocSampler, heap_bytes, mean_bytes
+from .collect.allocs import AllocSampler, heap_bytes, mean_bytes, unavailable
 from .collect.clock import clock_error_s
 from .collect.exceptions import ExceptionRecorder
 from .collect.flight import flight_recorder
@@ -144,6 +144,7 @@ class Recorder:
         self.alert_actions: AlertActions | None = None
         self.alert_settings: dict[str, Any] | None = None
         self.allocations = 0  # the mean sampling interval in bytes (0: allocations not sampled)
+        self._allocs_why: str | None = None  # why allocations asked for cannot be sampled (no C extension)
         self._stack_threads: tuple[str | threading.Thread, ...] | None = ()  # None: stacks off
         self._stop = Latch()  # (not threading.Event: see Latch)
         self._sampler: threading.Thread | None = None
@@ -184,6 +185,8 @@ class Recorder:
         try:
             rec.allocations = mean_bytes(allocations)
             rec.alert_settings = alert_settings(alerts, alert_levels, alert_signal, alert_before, watchdog)
+            rec._allocs_why = unavailable() if rec.allocations else None  # no heap table where nothing can fill it
+            rec.allocations = 0 if rec._allocs_why else rec.allocations
             rec._stack_threads = thread_tuple(stack_threads) if stacks else None
             if capacity is None:
                 capacity = DEFAULT_CAPACITY if role() == "main" else HELPER_CAPACITY

@@ -47,6 +47,8 @@ def install_collectors(rec: Recorder, ring: Path, history: int, modules: bool) -
             warn(rec.notes[-1])
     rec._allocs = start_allocs(rec._ring.map.buffer, hdr, w.sequence, rec.allocations,
                                rec._stack_threads is None, lambda: rec._stacks, rec.note)  # fmt: skip
+    if rec._allocs_why:
+        rec.note(f"allocations not sampled: {rec._allocs_why}")
     rec._torch = TorchHooks(
         w,
         modules=modules,

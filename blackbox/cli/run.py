@@ -30,11 +30,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "changeable by no other user (sticky folders such as /tmp excepted)",
     )
     parser.add_argument("--quiet", action="store_true", help="do not print the summary")
-    parser.add_argument(
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument(
+        "--no-allocations",
+        dest="allocations",
+        action="store_false",
+        default=None,
+        help="do not sample allocations in the job's processes (BLACKBOX_ALLOCATIONS=0 in its environment); by "
+        "default each process samples them, and summary.md says which line holds the memory (README: 'Who holds "
+        "the memory')",
+    )
+    what.add_argument(
         "--allocations",
+        dest="allocations",
         action="store_true",
-        help="sample allocations by bytes in every process of the job (BLACKBOX_ALLOCATIONS=1 in its "
-        "environment): summary.md then says which line holds the memory (README: 'Who holds the memory')",
+        help="sample allocations by bytes in every process of the job (the default; BLACKBOX_ALLOCATIONS=1)",
     )
     parser.add_argument(
         "--alert-signal",
@@ -64,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
     command = args.job[1:] if args.job[:1] == ["--"] else args.job
     if not command:
         raise BlackboxError("expected a command after `--` (blackbox run -- python train.py ...), found none")
-    if args.allocations:
-        os.environ[ALLOCATIONS_ENV] = "1"  # the job's environment is a copy of ours (launcher.job_environment)
+    if args.allocations is not None:  # the job's environment is a copy of ours (launcher.job_environment)
+        os.environ[ALLOCATIONS_ENV] = "1" if args.allocations else "0"
     alerting(args)
     work = work_folder(args.dir)
     hold_run_lock(work)  # in use while we live: no retention removes this run

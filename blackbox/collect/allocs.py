@@ -39,14 +39,14 @@ except ImportError:  # pragma: no cover (an interpreter built without it)
     from hashlib import blake2b
 
 from ..ring import format as fmt
-from ..ring.writer import NO_C_ENV
+from ..ring.writer import NO_C_ENV, built_module
 from .stacks import StackTable
 
 DEFAULT_MEAN_BYTES = 1 << 20  # R: one sample per MiB allocated, on average
 HEAP_SLOTS = 1 << 16  # the main process's heap table: 4 MiB, 64 GiB of live memory at R = 1 MiB
 HELPER_HEAP_SLOTS = 1 << 12  # a helper's (a DataLoader worker): 256 KiB
 MAX_KNOWN = 16384  # stacks whose text is kept to write again after the table turns over
-ENV = "BLACKBOX_ALLOCATIONS"  # "0" off, "1" on, or the mean interval in bytes
+ENV = "BLACKBOX_ALLOCATIONS"  # "0" off, "1" on (the default), or the mean interval in bytes
 _LIBRARY_MARKS = ("site-packages", "dist-packages", "<frozen")
 _STDLIB = (os.path.dirname(os.__file__) + os.sep, os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
 
@@ -63,14 +63,23 @@ def sample_module() -> Any:
     return _csample
 
 
+UNAVAILABLE = "the C extension (blackbox.collect._csample, blackbox.ring._cwriter) is not built"
+
+
+def unavailable() -> str | None:
+    """Why allocations cannot be sampled in this process (no C extension), or None."""
+    return UNAVAILABLE if sample_module() is None or built_module() is None else None
+
+
 def mean_bytes(setting: bool | int | None) -> int:
     """R in bytes for ``arm(allocations=...)``: False/0 off, True the default, an int the interval; None
-    reads ``BLACKBOX_ALLOCATIONS`` (unset: off)."""
+    reads ``BLACKBOX_ALLOCATIONS`` (``0``/``false``/``no``/``off``: off; ``1``/``true``/``yes``/``on``: on; a
+    number: the interval; unset: on, at the default interval)."""
     if setting is None:
         raw = os.environ.get(ENV, "").strip().lower()
-        if raw in ("", "0", "false", "no", "off"):
+        if raw in ("0", "false", "no", "off"):
             return 0
-        setting = True if raw in ("1", "true", "yes", "on") else int(raw)
+        setting = True if raw in ("", "1", "true", "yes", "on") else int(raw)
     if setting is True:
         return DEFAULT_MEAN_BYTES
     if setting is False or setting == 0:

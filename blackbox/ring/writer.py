@@ -80,8 +80,9 @@ NO_C_EXTENSION = (
     "allocations are not sampled (arm(allocations=...) needs blackbox.collect._csample, built with it); "
     "a signal is recorded only where its default action ends the process, and without its sender; a signal "
     "the job's own handler takes, and the status of an exit that calls neither sys.exit nor os._exit (a "
-    "top-level `raise SystemExit(n)`), are not recorded. Reinstall blackbox where a C compiler and Python's "
-    "headers are present to record them"
+    "top-level `raise SystemExit(n)`), are not recorded, and allocations are not sampled (summary.md's \"Who "
+    "holds the memory\" says not recorded). Reinstall blackbox where a C compiler and Python's headers are "
+    "present to record them"
 )
 
 
