@@ -448,19 +448,21 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-@pytest.mark.parametrize("flag", [True, False], ids=["allocations", "default"])
-def test_blackbox_run_allocations_samples_the_job(tmp_path: Path, flag: bool) -> None:
+@pytest.mark.parametrize("flag", ["", "--no-allocations"], ids=["default", "no-allocations"])
+def test_blackbox_run_samples_the_job_by_default(tmp_path: Path, flag: str) -> None:
     job = tmp_path / "train.py"
     job.write_text(RUN_JOB)
     cmd = [sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "run"),
-           *(["--allocations"] if flag else []), "--", sys.executable, str(job)]  # fmt: skip
+           *([flag] if flag else []), "--", sys.executable, str(job)]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "BLACKBOX_ALLOCATIONS"} | {"PYTHONPATH": str(REPO)}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]  # blackbox run ends as its job did
     (bundle,) = (tmp_path / "run").glob("*/bundle")
     report = json.loads((bundle / "metadata.json").read_text()).get("allocations")
-    if not flag:  # off by default: nothing sampled, no section
-        assert not report and "## Who holds the memory" not in (bundle / "summary.md").read_text()
+    if flag:  # turned off: "not recorded", and how to get it, never "0 B live"
+        assert report == {"recorded": False, "why": report["why"]} and "--no-allocations" in report["why"], report
+        section = (bundle / "summary.md").read_text().split("## Who holds the memory", 1)[1].split("\n## ", 1)[0]
+        assert "Not recorded" in section and "0 B" not in section, section
         return
     top = report["sites"][0]
     assert top["site"] == f"<module> ({job}:{leak_line(RUN_JOB, 'run')})", report["sites"][:3]

@@ -1,14 +1,22 @@
-"""Step-time overhead of the recorder on a small CPU training loop.
+"""Step-time overhead of the recorder on a CPU training loop: a small MLP, or a small GPT (a realistic step).
 
-    .venv/bin/python tools/bench_overhead.py [--rounds N] [--steps N]
+    .venv/bin/python tools/bench_overhead.py [--model mlp|gpt] [--rounds N] [--steps N] [--interleaved-only]
 
-Each configuration (not armed, default ``arm()``, ``arm(modules=True)``,
-``arm(allocations=True)``: allocations sampled by bytes) runs in a fresh
-process; configurations alternate round by round so machine drift hits
-all alike. Each process reports its median step time; the table gives the
-median over rounds and the overhead against "not armed" measured in the same
-run. Budget: default at most 1% (never above 3%), ``modules=True`` at most 5%;
-allocation sampling goes on by default only within 0.5% (README, "Who holds the memory").
+Configurations: not armed; default ``arm()`` (allocation sampling on, as every
+job now gets it); ``arm(allocations=False)`` (sampling off); ``arm(modules=True)``.
+Three measurements:
+
+1. fresh processes, configurations alternating round by round, each process's
+   median step time (wall);
+2. in one process, blocks of steps of each configuration in shuffled order,
+   alternating, wall and CPU time per step (CPU: the whole process, the
+   sampler thread's included; the machine's other load disturbs it less than
+   wall time); medians over the blocks of each process, then over 3 processes;
+3. what the recorder itself adds, measured directly (events per step x the
+   cost of one, the sampler's tick; samples per step of allocation sampling).
+
+Budget: default at most 1% (never above 3%), of which allocation sampling at
+most 0.5% of a realistic step; ``modules=True`` at most 5%.
 """
 
 from __future__ import annotations
@@ -27,51 +35,64 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 JOB = r"""
-import json, sys, time, statistics
-config, steps, ring_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+import json, os, sys, time, statistics
+config, steps, ring_dir, model = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+sys.path.insert(0, os.path.join(os.environ["BENCH_ROOT"], "tools"))
 import blackbox
-if config == "default":
-    blackbox.arm(ring_dir)
-elif config == "modules":
-    blackbox.arm(ring_dir, modules=True)
-elif config == "allocations":
-    blackbox.arm(ring_dir, allocations=True)
+SETTINGS = {"default": {}, "noalloc": {"allocations": False}, "modules": {"modules": True}}
+if config in SETTINGS:
+    blackbox.arm(ring_dir, **SETTINGS[config])
 import torch
-torch.set_num_threads(1)
-torch.manual_seed(0)
-layers = []
-for _ in range(8):
-    layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
-model = torch.nn.Sequential(*layers, torch.nn.Linear(256, 10))
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+if model == "gpt":
+    from small_gpt import gpt_step
+    run = gpt_step()
+else:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(8):
+        layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
+    mlp = torch.nn.Sequential(*layers, torch.nn.Linear(256, 10))
+    opt = torch.optim.AdamW(mlp.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+    def run():
+        loss = torch.nn.functional.cross_entropy(mlp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
 def step():
     t0 = time.perf_counter_ns()
-    loss = torch.nn.functional.cross_entropy(model(x), y)
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
+    run()
     return time.perf_counter_ns() - t0
-for _ in range(30):
+for _ in range(30 if model == "mlp" else 5):
     step()
 if config == "attributed":
     # What the recorder itself adds per step, measured directly (far less noisy than A/B on a shared VM):
     # events written per step x the cost of writing one such event, and the sampler's tick.
     from blackbox.ring.reader import read_ring
+    from blackbox.collect.allocs import sample_module
+    n = 100 if model == "mlp" else 20
     out = {}
     for modules in (False, True):
-        rec = blackbox.arm(ring_dir, capacity=1 << 16, sample_interval=3600, modules=modules)
-        for _ in range(100):
+        rec = blackbox.arm(ring_dir, capacity=1 << 16, sample_interval=3600, modules=modules, allocations=False)
+        for _ in range(n):
             step()
         blackbox.disarm()
-        per_step = len(read_ring(rec.path).records) / 100
-        rec = blackbox.arm(ring_dir, capacity=1 << 16, sample_interval=3600)
+        per_step = len(read_ring(rec.path).records) / n
+        rec = blackbox.arm(ring_dir, capacity=1 << 16, sample_interval=3600, allocations=False)
         ev, rss = rec._writer.event, rec._probe.rss
         t0 = time.perf_counter_ns()
         for _ in range(20000):
             ev(19, "Sequential.0", None, -1, (-1, rss()) if modules else None)
         out["modules" if modules else "default"] = {"events": per_step, "ns": (time.perf_counter_ns() - t0) / 20000}
         blackbox.disarm()
+    cmod = sample_module()
+    rec = blackbox.arm(ring_dir, capacity=1 << 16, sample_interval=0.1)
+    before = cmod.stats()["samples"] if cmod is not None else 0
+    for _ in range(n):
+        step()
+    out["samples_per_step"] = ((cmod.stats()["samples"] - before) / n) if cmod is not None else None
+    blackbox.disarm()
     rec = blackbox.arm(ring_dir, capacity=1 << 14, sample_interval=3600)
     ticks, bare = [], []  # alternating: with the stack sample, and without it
     sampler = rec._stacks
@@ -86,37 +107,48 @@ if config == "attributed":
     blackbox.disarm()
     out["tick_ns"] = statistics.median(ticks)
     out["tick_no_stacks_ns"] = statistics.median(bare)
-    out["step_ns"] = statistics.median(step() for _ in range(100))
+    out["step_ns"] = statistics.median(step() for _ in range(n))
     print(json.dumps(out))
     sys.exit(0)
 if config != "interleaved":
     print(json.dumps({"median_ns": statistics.median(step() for _ in range(steps))}))
     sys.exit(0)
-# In one process: blocks of steps not armed / armed / armed with modules, alternating.
+# In one process: blocks of steps of each configuration, in shuffled order; wall and CPU per step.
 import random
 random.seed(1)
-blocks = {"not": [], "default": [], "modules": [], "allocations": []}
-for _ in range(steps // 25):
-    order = list(blocks)
+block = 25 if model == "mlp" else 5
+walls = {"not": [], "default": [], "noalloc": [], "modules": []}
+cpus = {k: [] for k in walls}
+for _ in range(max(1, steps // block)):
+    order = list(walls)
     random.shuffle(order)  # no configuration always follows another
     for name in order:
         if name != "not":
             # a small ring: creating and writing back a 32 MiB file per block would be measured too
-            blackbox.arm(ring_dir, capacity=1 << 14, modules=name == "modules", allocations=name == "allocations")
+            blackbox.arm(ring_dir, capacity=1 << 14, **SETTINGS[name])
             time.sleep(0.01)  # let the sampler attach its torch hooks
-        blocks[name].append(statistics.median(step() for _ in range(25)))
+        c0 = time.process_time()
+        walls[name].append(statistics.median(step() for _ in range(block)))
+        cpus[name].append((time.process_time() - c0) / block * 1e9)
         blackbox.disarm()
-print(json.dumps({k: statistics.median(v) for k, v in blocks.items()}))
+def ratios(per):
+    return {k: statistics.median(a / b for a, b in zip(v, per["not"])) for k, v in per.items()}
+print(json.dumps({"wall": {k: statistics.median(v) for k, v in walls.items()},
+                  "cpu": {k: statistics.median(v) for k, v in cpus.items()},
+                  "cpu_ratios": ratios(cpus), "wall_ratios": ratios(walls)}))
 """
 
-CONFIGS = ("not armed", "default", "modules", "allocations")
+CONFIGS = ("not armed", "default", "noalloc", "modules")
+NAMES = {"not": "not armed", "default": "default (allocations sampled)", "noalloc": "allocations=False",
+         "modules": "modules=True"}  # fmt: skip
 
 
-def run_job(config: str, steps: int, ring_dir: str) -> dict[str, Any]:
+def run_job(config: str, steps: int, ring_dir: str, model: str) -> dict[str, Any]:
     """Run JOB in a fresh process; its last stdout line is a JSON object."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), BENCH_ROOT=str(ROOT))
+    env.pop("BLACKBOX_ALLOCATIONS", None)
     out = subprocess.run(
-        [sys.executable, "-c", JOB, config.split()[0], str(steps), ring_dir],
+        [sys.executable, "-c", JOB, config.split()[0], str(steps), ring_dir, model],
         capture_output=True,
         text=True,
         env=env,
@@ -128,31 +160,39 @@ def run_job(config: str, steps: int, ring_dir: str) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=("mlp", "gpt"), default="gpt", help="gpt: the realistic step (default)")
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--steps", type=int, default=None, help="steps per process (default 400 mlp, 60 gpt)")
+    ap.add_argument("--processes", type=int, default=3, help="processes of interleaved blocks")
     ap.add_argument("--interleaved-only", action="store_true", help="only the in-process alternating blocks")
     args = ap.parse_args()
+    steps = args.steps or (400 if args.model == "mlp" else 60)
     results: dict[str, list[float]] = {c: [] for c in CONFIGS}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BLACKBOX_DIR") or "/var/tmp") as d:
         for _ in range(0 if args.interleaved_only else args.rounds):
             for config in CONFIGS:
-                results[config].append(float(run_job(config, args.steps, d)["median_ns"]))
-        inter = [run_job("interleaved", args.steps, d) for _ in range(3)]
-        attributed = run_job("attributed", 0, d)
+                results[config].append(float(run_job(config, steps, d, args.model)["median_ns"]))
+        inter = [run_job("interleaved", steps, d, args.model) for _ in range(args.processes)]
+        attributed = run_job("attributed", 0, d, args.model)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print(
-        f"loop: 8x[Linear(256,256), ReLU] + head, batch 64, AdamW, 1 thread; {args.steps} steps x {args.rounds} rounds"
-    )
+    loop = ("small GPT (4 blocks, d=128, 4 heads, seq 64, batch 16), AdamW" if args.model == "gpt" else
+            "8x[Linear(256,256), ReLU] + head, batch 64, AdamW")  # fmt: skip
+    print(f"loop: {loop}, 1 thread; {steps} steps x {args.rounds} rounds")
     if not args.interleaved_only:
         _fresh_table(results)
     _attributed_table(attributed)
-    print("\nIn one process, blocks of 25 steps, the four configurations in shuffled order (3 processes):")
-    print("\n| configuration | median block step | overhead |\n|---|---:|---:|")
-    for key, name in (("not", "not armed"), ("default", "default"), ("modules", "modules"),
-                      ("allocations", "allocations")):  # fmt: skip
-        med = statistics.median(r[key] for r in inter)
-        ratios = [r[key] / r["not"] - 1 for r in inter]
-        print(f"| {name} | {med / 1e3:.0f} us | {100 * statistics.median(ratios):+.2f}% |")
+    print(f"\nIn one process, blocks of steps, the four configurations in shuffled order ({args.processes} processes;"
+          " medians of the blocks, then of the processes):")
+    print("\n| configuration | wall per step | overhead (wall) | CPU per step | overhead (CPU) | per process (CPU) |")
+    print("|---|---:|---:|---:|---:|---|")
+    for key, name in NAMES.items():
+        wall = statistics.median(r["wall"][key] for r in inter)
+        cpu = statistics.median(r["cpu"][key] for r in inter)
+        wr = statistics.median(r["wall_ratios"][key] for r in inter)
+        cr = statistics.median(r["cpu_ratios"][key] for r in inter)
+        each = ", ".join(f"{100 * (r['cpu_ratios'][key] - 1):+.2f}%" for r in inter)
+        print(f"| {name} | {wall / 1e6:.2f} ms | {100 * (wr - 1):+.2f}% | {cpu / 1e6:.2f} ms | {100 * (cr - 1):+.2f}% |"
+              f" {each} |")
     return 0
 
 
@@ -170,6 +210,9 @@ def _attributed_table(a: dict[str, Any]) -> None:
             f"{sampler_pct:.3f}% ({tick_us:.0f} us per tick) |"
         )
     print(f"\n(the sampler tick without its stack sample: {a['tick_no_stacks_ns'] / 1e3:.0f} us)")
+    if a.get("samples_per_step") is not None:
+        print(f"\nallocation sampling: {a['samples_per_step']:.1f} blocks sampled per step (one per MiB allocated "
+              "on average)")
     print(
         f"\n(step: {step_us:.0f} us; modules=True also pays torch's global-hook dispatch, about 1.3 us per hook "
         "call, which only the A/B tables include)"
@@ -182,9 +225,10 @@ def _fresh_table(results: dict[str, list[float]]) -> None:
     print("\n| configuration | median step | overhead | per-round overheads |\n|---|---:|---:|---|")
     for config in CONFIGS:
         med = statistics.median(results[config])
+        name = NAMES.get(config.split()[0], config)
         paired = [100 * (v / b - 1) for v, b in zip(results[config], results["not armed"], strict=True)]
         spread = ", ".join(f"{p:+.1f}%" for p in paired) if config != "not armed" else "reference"
-        print(f"| {config} | {med / 1e3:.0f} us | {100 * (med / base - 1):+.2f}% | {spread} |")
+        print(f"| {name} | {med / 1e3:.0f} us | {100 * (med / base - 1):+.2f}% | {spread} |")
 
 
 if __name__ == "__main__":

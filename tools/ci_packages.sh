@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The system packages some tests need, as .ci/run installs them on a fresh machine (root, Debian's apt):
 # slurmctld, slurmd, slurm-client and munge for the Slurm lane (tests/test_slurm_*.py), chromium for
-# blackbox report's browser tests (tests/test_report.py). Where they cannot be installed, those tests skip
+# blackbox report's browser tests (tests/test_report.py), libjemalloc2 and libtcmalloc-minimal4 for the
+# allocator cases of tests/test_alloc_safety.py. Where they cannot be installed, those tests skip
 # and say why. Nothing is done where they are installed already, or without root and apt-get.
 set -uo pipefail
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
@@ -10,6 +11,10 @@ fi
 want=""
 command -v slurmd >/dev/null || want="$want slurmctld slurmd slurm-client munge"
 command -v chromium >/dev/null || want="$want chromium"
+# jemalloc and tcmalloc: allocation sampling must keep working under a job that LD_PRELOADs either
+# (tests/test_alloc_safety.py skips those cases without them)
+[ -e /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 ] || want="$want libjemalloc2"
+[ -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 ] || want="$want libtcmalloc-minimal4"
 if [ -n "$want" ]; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $want) >/dev/null 2>&1 \
         || echo "ci_packages: not installed:$want; the tests that need them will skip" >&2

@@ -98,6 +98,7 @@ typedef struct {
     uint32_t guard;    /* > 0: inside a hook or a forwarded allocator: go straight through */
     uint32_t nosample; /* the recorder's own sampler thread: frees are tracked, nothing sampled */
     uint64_t epoch;    /* the arming this thread's countdown was drawn for */
+    double mean;       /* the mean R its countdown was drawn with (R may be raised since: set_mean) */
 } Local;
 /* initial-exec: a thread-pointer-relative load, no __tls_get_addr call on the hot path (the few bytes
  * come from the static TLS surplus glibc keeps for modules loaded later) */
@@ -163,7 +164,8 @@ static int64_t draw(Local *t) {
     x ^= x >> 27;
     t->rng = x;
     double u = ((double)((x * 0x2545F4914F6CDD1DULL) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-    double d = -log(u) * g.mean;
+    __atomic_load(&g.mean, &t->mean, __ATOMIC_RELAXED); /* set_mean may raise it on another thread */
+    double d = -log(u) * t->mean;
     return d >= 4e18 ? (int64_t)4e18 : (int64_t)d + 1;
 }
 
@@ -489,6 +491,7 @@ static void on_sample(Local *t, void *ptr, size_t size, int domain) {
         if (t->countdown >= 0)
             return;
     }
+    double mean = t->mean; /* the mean of the countdown that ran out: the block's probability (set_mean) */
     t->countdown = draw(t);
     if (ptr == NULL || t->nosample || !__atomic_load_n(&g.active, __ATOMIC_ACQUIRE))
         return;
@@ -499,7 +502,7 @@ static void on_sample(Local *t, void *ptr, size_t size, int domain) {
         int depth, n = walk_frames(frames, &depth);
         uint64_t stack = fingerprint(frames, n, depth);
         queue_stack(stack, frames, n, depth);
-        double s = (double)size, p = -expm1(-s / g.mean);
+        double s = (double)size, p = -expm1(-s / mean);
         uint64_t weight = (uint64_t)(p > 0 ? s / p + 0.5 : s);
         uint64_t addr = (uint64_t)(uintptr_t)ptr, h = addr_hash(ptr);
         int64_t slot = heap_claim(addr, h), time = now_ns();
@@ -1040,7 +1043,7 @@ static PyObject *start(PyObject *Py_UNUSED(m), PyObject *args) {
     g.heap = (char *)g.view.buf + hoff;
     g.slots = slots;
     g.buckets = slots / BUCKET;
-    g.mean = mean;
+    __atomic_store(&g.mean, &mean, __ATOMIC_RELAXED);
     g.step = -1;
     g.samples = g.frees = g.table_full = g.stale = g.pending_full = g.seen_full = 0;
     g.forked = 0;
@@ -1099,6 +1102,21 @@ static PyObject *set_step(PyObject *Py_UNUSED(m), PyObject *arg) {
     if (n == -1 && PyErr_Occurred())
         return NULL;
     g.step = n < -1 || n > INT32_MAX ? -1 : n;
+    Py_RETURN_NONE;
+}
+
+/* set_mean(R): countdowns drawn from now on have mean R bytes (the tick raises it where a job allocates so
+ * fast that sampling would cost too much); each block keeps the weight of the probability it was sampled
+ * with, so estimates stay unbiased across the change. */
+static PyObject *set_mean(PyObject *Py_UNUSED(m), PyObject *arg) {
+    double mean = PyFloat_AsDouble(arg);
+    if (mean == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (!(mean >= 1.0) || mean > 1e15) {
+        PyErr_SetString(PyExc_ValueError, "mean bytes must be >= 1 and <= 1e15");
+        return NULL;
+    }
+    __atomic_store(&g.mean, &mean, __ATOMIC_RELAXED);
     Py_RETURN_NONE;
 }
 
@@ -1222,6 +1240,7 @@ static PyMethodDef methods[] = {
     {"rescan", rescan, METH_NOARGS, "Patch shared objects loaded since the last scan; how many."},
     {"set_step", set_step, METH_O, "The step in force, for the heap table's slots."},
     {"ignore_thread", ignore_thread, METH_NOARGS, "Never sample the calling thread's allocations."},
+    {"set_mean", set_mean, METH_O, "set_mean(R): the mean sampling interval, bytes, for countdowns drawn from now."},
     {"pending", pending, METH_NOARGS, "Stacks seen for the first time: (fingerprint, thread, depth, frames)."},
     {"live_stacks", live_stacks, METH_NOARGS, "{fingerprint: blocks} in the heap table now."},
     {"track", track, METH_VARARGS, "track(address, size, weight, fingerprint, device) -> heap slot or -1."},

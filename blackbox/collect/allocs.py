@@ -30,6 +30,7 @@ import math
 import os
 import random
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +47,12 @@ DEFAULT_MEAN_BYTES = 1 << 20  # R: one sample per MiB allocated, on average
 HEAP_SLOTS = 1 << 16  # the main process's heap table: 4 MiB, 64 GiB of live memory at R = 1 MiB
 HELPER_HEAP_SLOTS = 1 << 12  # a helper's (a DataLoader worker): 256 KiB
 MAX_KNOWN = 16384  # stacks whose text is kept to write again after the table turns over
+# A sampled block costs about 0.3-0.5 us (its stack read, its heap slot, two records; docs/performance.md):
+# past this many a second (0.25% of a core) the tick raises R, so a job that allocates faster than about
+# 5 GB/s pays no more; the weights follow the R each block was sampled with, so estimates stay unbiased.
+MAX_SAMPLES_PER_S = 5000
+MAX_MEAN_BYTES = 1 << 30
+RAISED = "allocations: sampling interval raised to {} bytes"  # a note; recovery reads the last R from it
 ENV = "BLACKBOX_ALLOCATIONS"  # "0" off, "1" on (the default), or the mean interval in bytes
 _LIBRARY_MARKS = ("site-packages", "dist-packages", "<frozen")
 _STDLIB = (os.path.dirname(os.__file__) + os.sep, os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
@@ -171,10 +178,11 @@ class AllocSampler:
         self._generation = 0
         self._ids = self._ids_generation = 0  # kind-3 entry ids, per generation
         self._ignored = False  # the sampler thread told the hooks to leave it out
-        self._mean = 1.0
+        self._mean = self._gpu_mean = 1.0
         self._rng = random.Random()
         self._gpu_countdown = 0.0  # bytes of GPU allocations before the next sample
         self._gpu_pending: list[tuple[int, list[bytes], int, str]] = []
+        self._window: tuple[float, int] | None = None  # (monotonic s, samples) where the rate is measured from
         self.started = False
         self.unwritten = 0  # stacks that did not fit the table
         self._heap: tuple[Any, int, int] | None = None  # (the mapping, the heap table's offset and size)
@@ -187,7 +195,7 @@ class AllocSampler:
             raise RuntimeError("the C write path's seq counter is not built")
         self = cls(cmod, table, note)
         self._heap = (mapping, header.heap_offset, header.heap_size)
-        self._mean = float(mean)
+        self._mean = self._gpu_mean = float(mean)
         self._gpu_countdown = self._rng.expovariate(1.0 / mean)
         got = cmod.start(mapping, header.records_offset, header.capacity, sequence, header.heap_offset,
                          header.heap_size // fmt.HEAP_SLOT, float(mean), True, True)  # fmt: skip
@@ -209,9 +217,30 @@ class AllocSampler:
             self._c.set_step(step)
             self._c.rescan()
             self.drain()
+            self._adapt()
         except Exception as exc:
             self.stop()
             self._note(f"allocations no longer sampled: {type(exc).__name__}: {exc}")
+
+    def _adapt(self) -> None:
+        """Raise R (doubling, to at most MAX_MEAN_BYTES) where the samples of the last second or more passed
+        MAX_SAMPLES_PER_S, with a note that says to what and why."""
+        now, samples = time.monotonic(), int(self._c.stats()["samples"])
+        if self._window is None:
+            self._window = (now, samples)
+            return
+        t0, s0 = self._window
+        if now - t0 < 1.0:
+            return
+        self._window = (now, samples)
+        rate = (samples - s0) / (now - t0)
+        if rate <= MAX_SAMPLES_PER_S or self._mean >= MAX_MEAN_BYTES:
+            return
+        old = self._mean
+        self._mean = min(float(MAX_MEAN_BYTES), old * 2.0 ** math.ceil(math.log2(rate / MAX_SAMPLES_PER_S)))
+        self._c.set_mean(self._mean)
+        self._note(RAISED.format(int(self._mean)) + f" ({rate:.0f} samples/s at {int(old)}: the job allocates "
+                   f"{rate * old / 1e9:.1f} GB/s; estimates stay unbiased)")  # fmt: skip
 
     def drain(self) -> None:
         """Write the stacks seen for the first time, and rewrite live ones after the table turned over.
@@ -279,8 +308,9 @@ class AllocSampler:
         self._gpu_countdown -= size
         if self._gpu_countdown >= 0:
             return
+        p = -math.expm1(-size / self._gpu_mean)  # the mean its countdown was drawn with (R may be raised since)
+        self._gpu_mean = self._mean
         self._gpu_countdown = self._rng.expovariate(1.0 / self._mean)
-        p = -math.expm1(-size / self._mean)
         texts = [gpu_frame_text(f) for f in entry.get("frames") or [] if isinstance(f, dict)][: fmt.MAX_STACK_DEPTH]
         digest = blake2b(b"\n".join(t.encode("utf-8", "replace") for t in texts), digest_size=8).digest()
         fingerprint = max(int.from_bytes(digest, "little"), 2) if texts else fmt.NO_PYTHON_STACK

@@ -6,6 +6,7 @@ gathered (``evidence``) and the death diagnosed (``diagnosis``) before.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -76,6 +77,7 @@ def _first_anon(table: pa.Table) -> int | None:
 OFF = "allocation sampling was off (arm(allocations=False), BLACKBOX_ALLOCATIONS=0 or blackbox run --no-allocations)"
 
 
+RAISED = re.compile(r"allocations: sampling interval raised to (\d+) bytes")  # the tick's note (collect/allocs.py)
 UNSAMPLED = "allocations not sampled"  # the recorder's note where the hooks could not go in (collect/allocs.py)
 
 
@@ -133,6 +135,8 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
     unsampled = [n for n in notes if n.startswith(UNSAMPLED)]
     if allocations is not None and not unsampled:
         allocations["coverage"] = coverage(allocations, (last_sample or {}).get("host_anon"), _first_anon(table))
+        raised = [int(m.group(1)) for n in notes if (m := RAISED.match(n))]
+        allocations["mean_bytes_raised_to"] = raised[-1] if raised else None
     else:
         allocations = not_recorded(ring, unsampled)
     death = with_site_lever(death, allocations, ident.get("role"), last_sample)

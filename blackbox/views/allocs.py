@@ -86,6 +86,11 @@ def _totals(report: dict[str, Any]) -> str:
                                                                 if grown else "")  # fmt: skip
 
 
+def _raised(report: dict[str, Any]) -> str:
+    raised = report.get("mean_bytes_raised_to")
+    return f", raised to {human_bytes(raised)} as the job allocated faster" if raised else ""
+
+
 def coverage_line(cov: dict[str, Any] | None) -> list[str]:
     """What the samples account for against the process's anonymous memory at the end, and why not all."""
     if not cov:
@@ -116,8 +121,8 @@ def allocation_sections(report: dict[str, Any] | None, role: str | None = None) 
     lines = [
         "## Who holds the memory",
         "",
-        f"Allocations sampled by bytes (one sample per {human_bytes(report.get('mean_bytes'))} on average, each "
-        f"weighted so totals are unbiased): {human_bytes(report['live_bytes'])} ± "
+        f"Allocations sampled by bytes (one sample per {human_bytes(report.get('mean_bytes'))} on average"
+        f"{_raised(report)}, each weighted so totals are unbiased): {human_bytes(report['live_bytes'])} ± "
         f"{human_bytes(report['error_bytes'])} (95%) live in {report['sampled_blocks']} sampled blocks at the "
         f"end, from {report.get('site_count', len(sites))} sites{_totals(report)}.",
         "",
