@@ -25,7 +25,7 @@ from ._version import __version__
 from ._warn import warn
 from .collect.alert_actions import AlertActions, alert_settings
 from .collect.alerts import AlertEngine
-from .collect.allocs import AllocSampler, heap_bytes, mean_bytes, unavailable
+from .collect.allocs import AllocSampler, heap_bytes, mean_bytes, tail_bytes, unavailable
 from .collect.clock import clock_error_s
 from .collect.exceptions import ExceptionRecorder
 from .collect.flight import flight_recorder
@@ -145,6 +145,7 @@ class Recorder:
         self.alert_settings: dict[str, Any] | None = None
         self.allocations = 0  # the mean sampling interval in bytes (0: allocations not sampled)
         self._allocs_why: str | None = None  # why allocations asked for cannot be sampled (no C extension)
+        self._fold_sites: list[dict[str, Any]] = []  # a folded helper's largest allocation sites (_recorder_end)
         self._stack_threads: tuple[str | threading.Thread, ...] | None = ()  # None: stacks off
         self._stop = Latch()  # (not threading.Event: see Latch)
         self._sampler: threading.Thread | None = None
@@ -280,7 +281,8 @@ class Recorder:
         def header_for(locked: bool) -> bytes:
             m = dict(meta, liveness=LOCK_LIVENESS if locked else "pid")
             heap = heap_bytes("helper" if limited else self.role, self.allocations)
-            return fmt.encode_header(capacity, strings, m, stacks_size=DEFAULT_STACKS_SIZE,
+            stacks = DEFAULT_STACKS_SIZE + tail_bytes(self.allocations)
+            return fmt.encode_header(capacity, strings, m, stacks_size=stacks,
                                      crash_size=fmt.DEFAULT_CRASH_SIZE, heap_size=heap)  # fmt: skip
 
         ring = self._ring = create_ring(target, header_for)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ._jobsignal import HeldForTheJob
 from ._recorder_collect import uninstall_collectors
 from .collect.exceptions import exit_record_possible, record_status_at_exit
+from .collect.identity import parent_gone
 from .ring import format as fmt
 from .ring.folded import FOLDED, fold_line
 from .ring.writer import built_module
@@ -76,12 +77,22 @@ def _ending_steps(rec: Recorder, held: HeldForTheJob, at_exit: bool) -> list[tup
         if promised[0]:
             _record_status_at_exit(rec)
 
+    def fold_sites() -> None:  # a helper to be folded keeps its largest allocation sites, read before its ring goes
+        allocs, hdr = rec._allocs, rec._header
+        if _foldable(rec) is not None and allocs is not None and ring is not None and hdr is not None and hdr.heap_size:
+            view = ring.map.buffer[hdr.heap_offset : hdr.heap_offset + hdr.heap_size]
+            try:
+                rec._fold_sites = allocs.top_sites(view)
+            finally:
+                view.release()
+
     # Signals last: one that lands while the job shuts down is still recorded (after the clean end).
     return [(lambda: setattr(rec, "armed", False), True), (rec._stop.set, True), (await_sampler, True),
             (lambda: uninstall_collectors(rec, in_child=False, signals=False, run=held.run), False),
             (possible, True), (rec.sample_now, True), (in_flight, False), (disarm_record, False), (clean, True),
             (lambda: uninstall_collectors(rec, in_child=False, signals=True, run=held.run), False),
-            (exit_record, True), (lambda: teardown(rec, flush=rec.sync_interval is not None), False),
+            (fold_sites, True), (exit_record, True),
+            (lambda: teardown(rec, flush=rec.sync_interval is not None), False),
             (lambda: _fold(rec, at_exit=promised[0]), False)]  # fmt: skip
 
 
@@ -95,15 +106,17 @@ def _record_status_at_exit(rec: Recorder) -> None:  # (run by disarm's HeldForTh
 
 def _foldable(rec: Recorder) -> Path | None:
     """The ring to fold, where this is a helper under `blackbox run` whose end looks clean so far: no
-    uncaught exception, no exit with a nonzero status, none in flight as it ended."""
+    uncaught exception, no exit with a nonzero status, none in flight as it ended, and its parent still
+    alive (a DataLoader worker ending by itself after its main process was killed keeps its ring: what it
+    held is part of that death)."""
     exceptions = rec._exceptions
     if not rec._fold_clean or rec.path is None or (exceptions is not None and exceptions.failed):
         return None
-    return rec.path
+    return None if parent_gone(rec._identity) else rec.path
 
 
 def _line(rec: Recorder) -> bytes:
-    return fold_line(rec._identity, rec._started_ns, rec.peak_rss)
+    return fold_line(rec._identity, rec._started_ns, rec.peak_rss, rec._fold_sites)
 
 
 def _fold(rec: Recorder, *, at_exit: bool) -> None:

@@ -76,8 +76,10 @@ def writer_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
 
 @pytest.fixture
 def recorder(tmp_path: Path, writer_backend: str) -> Iterator[blackbox.Recorder]:
-    """An armed Recorder on a small ring, not the process-wide one; disarmed after."""
-    rec = blackbox.Recorder.arm(tmp_path / "t.ring", capacity=256, sample_interval=3600)
+    """An armed Recorder on a small ring, not the process-wide one; disarmed after. Allocation sampling (on by
+    default) is off here: its samples of the test process's own allocations would fill the 256 slots that
+    these tests read record by record (real jobs, sampled by default, are the allocation tests')."""
+    rec = blackbox.Recorder.arm(tmp_path / "t.ring", capacity=256, sample_interval=3600, allocations=False)
     assert rec.armed
     assert rec.writer_backend == writer_backend
     yield rec

@@ -26,7 +26,7 @@ CAPACITY = 4 * CHUNK  # four chunks: the binary search for where the seqs wrap p
 
 
 def _ring(path: Path, records: int) -> Path:
-    rec = blackbox.Recorder.arm(path, capacity=CAPACITY, sample_interval=3600)
+    rec = blackbox.Recorder.arm(path, capacity=CAPACITY, sample_interval=3600, allocations=False)
     for i in range(records):
         rec.mark("m", i)
     rec.disarm()
@@ -234,16 +234,16 @@ def test_closing_up_keeps_a_payload_word_only_where_a_kind_uses_it() -> None:
     """``columns.keep``: a word no record uses is made anew untouched, one some kinds use is copied for
     those records only (the rest of its pages never touched), not remade whole (72 MB of a full ring)."""
     n = 1 << 20
-    plan = columns.plan(4, np.array([fmt.KIND_CODES["mark"], fmt.KIND_CODES["sample"]], np.uint8))
+    plan = columns.plan(4, np.array([fmt.KIND_CODES["mark"], fmt.KIND_CODES["cgroup_sample"]], np.uint8))
     used = [w for w, uses in enumerate(plan) if isinstance(uses, np.ndarray)]
     unused = [w for w, uses in enumerate(plan) if uses is False]
     assert used and unused
     words = columns.empty(n, plan)
     kinds = np.full(n, fmt.KIND_CODES["mark"], np.uint64)
-    kinds[::100_000] = fmt.KIND_CODES["sample"]  # eleven samples
+    kinds[::100_000] = fmt.KIND_CODES["cgroup_sample"]  # eleven samples (p0..p5: p6..p8 unused)
     words[columns._KIND_WORD][:] = kinds << np.uint64(columns._KIND_SHIFT)
     for w in used:
-        words[w][kinds == fmt.KIND_CODES["sample"]] = w
+        words[w][kinds == fmt.KIND_CODES["cgroup_sample"]] = w
     records = np.arange(1, n, dtype=np.intp)  # the first record dropped
     columns.keep(words, records, plan)
     # (pages first: reading an untouched page maps the zero page in)
@@ -251,5 +251,5 @@ def test_closing_up_keeps_a_payload_word_only_where_a_kind_uses_it() -> None:
     assert all(_rss_of(words[w]) == 0 for w in unused)
     kept_kinds = kinds[1:]
     for w in used:
-        assert (words[w] == np.where(kept_kinds == fmt.KIND_CODES["sample"], w, 0)).all()
+        assert (words[w] == np.where(kept_kinds == fmt.KIND_CODES["cgroup_sample"], w, 0)).all()
     assert all(len(words[w]) == n - 1 and not words[w].any() for w in unused)

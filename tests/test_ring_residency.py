@@ -29,8 +29,10 @@ from blackbox.ring.writer import WINDOW_SLOTS
 
 # two chunks of records (at the instant one is left for the next, the page-cache folio that the next
 # one's first write faults in may reach back into it), the folios one sampler tick writes in the
-# strings and the stack table before it unmaps them, and the crash region (64 KiB) next door
-BOUND_KIB = (2 * WINDOW_SLOTS * fmt.RECORD_SIZE + 2 * FILL_PIECE >> 10) + 128
+# strings and the stack table before it unmaps them, the crash region (64 KiB) next door, and the
+# folio of the heap table that allocation sampling (on by default) writes between two ticks (its
+# live slots are handed out lowest first, so they pack into the table's first folio)
+BOUND_KIB = (2 * WINDOW_SLOTS * fmt.RECORD_SIZE + 3 * FILL_PIECE >> 10) + 128
 
 WRITER = """
 import sys, threading, blackbox

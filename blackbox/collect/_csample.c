@@ -128,7 +128,10 @@ static struct {
     int have_view;
     PyObject *seq_ref;
     /* anonymous, allocated once and never unmapped: safe for a hook that outlives a disarm */
-    uint64_t *index; /* address per heap slot: 0 empty, BUSY, or the block */
+    uint64_t *index; /* address per index entry: 0 empty, BUSY, or the block */
+    uint32_t *fslot; /* per index entry: its slot in the file's heap table */
+    uint64_t *used;  /* a bit per file slot: taken */
+    uint64_t hint;   /* atomic: no free file slot below this word of used (a heuristic) */
     uint64_t index_slots;
     uint8_t *filter; /* per hash of an address: how many tracked blocks (saturating) */
     uint64_t *seen;  /* stack fingerprints whose text is queued or written */
@@ -206,9 +209,40 @@ static void buckets_of(uint64_t h, uint64_t *b1, uint64_t *b2) {
     *b2 = mix64(h) % g.buckets;
 }
 
-/* Claim a slot for block p (an entry already there for p is a block freed where no hook saw it:
- * replaced). Returns the slot, or -1 when both buckets are full. */
-static int64_t heap_claim(uint64_t p, uint64_t h) {
+/* The file's heap slots are handed out lowest first (a bit per slot in ``used``; ``hint``: no free slot
+ * below that word, a heuristic a race may leave high, which only leaves a slot unused a while), so the
+ * live blocks' slots pack into the first pages of the table: the pages a tick's hooks write, and that
+ * the mapping then holds until the tick drops them (a page-cache folio is mapped whole), stay few
+ * however the blocks' addresses hash. The index (by address) holds each entry's file slot in fslot. */
+static int64_t file_claim(void) {
+    uint64_t words = (g.slots + 63) / 64;
+    for (uint64_t w = __atomic_load_n(&g.hint, __ATOMIC_RELAXED); w < words; w++) {
+        uint64_t v = __atomic_load_n(&g.used[w], __ATOMIC_RELAXED);
+        while (v != ~0ULL) {
+            uint64_t bit = 1ULL << __builtin_ctzll(~v);
+            if (__atomic_compare_exchange_n(&g.used[w], &v, v | bit, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+                if ((v | bit) == ~0ULL) {
+                    uint64_t expect = w;
+                    __atomic_compare_exchange_n(&g.hint, &expect, w + 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+                }
+                return (int64_t)(w * 64 + (uint64_t)__builtin_ctzll(bit));
+            }
+        }
+    }
+    return -1;
+}
+
+static void file_release(uint64_t f) {
+    uint64_t w = f / 64, h = __atomic_load_n(&g.hint, __ATOMIC_RELAXED);
+    __atomic_and_fetch(&g.used[w], ~(1ULL << (f % 64)), __ATOMIC_RELEASE);
+    while (w < h && !__atomic_compare_exchange_n(&g.hint, &h, w, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+}
+
+/* Claim an index entry for block p and its file slot (an entry already there for p is a block freed where
+ * no hook saw it: replaced, its file slot reused). Returns the entry, or -1 when both buckets or the file's
+ * slots are full; *f: the file slot. */
+static int64_t heap_claim(uint64_t p, uint64_t h, int64_t *f) {
     uint64_t b[2];
     buckets_of(h, &b[0], &b[1]);
     for (int k = 0; k < 2; k++)
@@ -216,7 +250,8 @@ static int64_t heap_claim(uint64_t p, uint64_t h) {
             uint64_t expect = p;
             if (__atomic_load_n(&g.index[j], __ATOMIC_RELAXED) == p &&
                 __atomic_compare_exchange_n(&g.index[j], &expect, BUSY, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
-                __atomic_store_n((uint64_t *)(g.heap + j * HEAP_SLOT), 0, __ATOMIC_RELEASE);
+                *f = g.fslot[j];
+                __atomic_store_n((uint64_t *)(g.heap + (uint64_t)*f * HEAP_SLOT), 0, __ATOMIC_RELEASE);
                 __atomic_add_fetch(&g.stale, 1, __ATOMIC_RELAXED);
                 return (int64_t)j;
             }
@@ -226,9 +261,14 @@ static int64_t heap_claim(uint64_t p, uint64_t h) {
             uint64_t expect = 0;
             if (__atomic_load_n(&g.index[j], __ATOMIC_RELAXED) == 0 &&
                 __atomic_compare_exchange_n(&g.index[j], &expect, BUSY, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
-                uint8_t *f = &g.filter[filter_of(p)];
-                if (__atomic_load_n(f, __ATOMIC_RELAXED) != 255)
-                    __atomic_add_fetch(f, 1, __ATOMIC_RELAXED);
+                *f = file_claim();
+                if (*f < 0) {
+                    __atomic_store_n(&g.index[j], 0, __ATOMIC_RELEASE);
+                    return -1;
+                }
+                uint8_t *c = &g.filter[filter_of(p)];
+                if (__atomic_load_n(c, __ATOMIC_RELAXED) != 255)
+                    __atomic_add_fetch(c, 1, __ATOMIC_RELAXED);
                 return (int64_t)j;
             }
         }
@@ -236,10 +276,10 @@ static int64_t heap_claim(uint64_t p, uint64_t h) {
 }
 
 /* key: what the index holds (the address; a GPU block's with GPU_KEY and its device set, so it never
- * meets a host address); addr: the block's address, written into the slot. */
-static void heap_fill(int64_t j, uint64_t key, uint64_t p, uint64_t size, uint64_t weight, uint64_t stack, int64_t t,
-                      int domain) {
-    uint64_t *s = (uint64_t *)(g.heap + (uint64_t)j * HEAP_SLOT);
+ * meets a host address); addr: the block's address, written into file slot f. */
+static void heap_fill(int64_t j, int64_t f, uint64_t key, uint64_t p, uint64_t size, uint64_t weight, uint64_t stack,
+                      int64_t t, int domain) {
+    uint64_t *s = (uint64_t *)(g.heap + (uint64_t)f * HEAP_SLOT);
     uint64_t w[8];
     w[0] = p;
     w[1] = size;
@@ -251,10 +291,12 @@ static void heap_fill(int64_t j, uint64_t key, uint64_t p, uint64_t size, uint64
     w[7] = heap_check(w);
     memcpy(&s[1], &w[1], 7 * 8);
     __atomic_store_n(&s[0], p, __ATOMIC_RELEASE); /* publishes the slot */
+    g.fslot[j] = (uint32_t)f;
     __atomic_store_n(&g.index[j], key, __ATOMIC_RELEASE);
 }
 
-/* Find and empty p's slot: 1 with its data in out[0..3] (size, weight, stack, domain), else 0. */
+/* Find and empty p's entry and file slot: 1 with its data in out[0..3] (size, weight, stack, domain) and the
+ * file slot in *slot, else 0. */
 static int heap_take(uint64_t p, uint64_t h, int64_t *slot, uint64_t out[4]) {
     uint64_t b[2];
     buckets_of(h, &b[0], &b[1]);
@@ -264,17 +306,19 @@ static int heap_take(uint64_t p, uint64_t h, int64_t *slot, uint64_t out[4]) {
             if (__atomic_load_n(&g.index[j], __ATOMIC_RELAXED) != p ||
                 !__atomic_compare_exchange_n(&g.index[j], &expect, BUSY, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
                 continue;
-            uint64_t *s = (uint64_t *)(g.heap + j * HEAP_SLOT);
+            uint64_t f = g.fslot[j];
+            uint64_t *s = (uint64_t *)(g.heap + f * HEAP_SLOT);
             out[0] = s[1];
             out[1] = s[2];
             out[2] = s[3];
             out[3] = (s[6] >> 32) & 0xFFFF;
             __atomic_store_n(&s[0], 0, __ATOMIC_RELEASE);
+            file_release(f);
             __atomic_store_n(&g.index[j], 0, __ATOMIC_RELEASE);
-            uint8_t *f = &g.filter[filter_of(p)];
-            if (__atomic_load_n(f, __ATOMIC_RELAXED) != 255)
-                __atomic_sub_fetch(f, 1, __ATOMIC_RELAXED);
-            *slot = (int64_t)j;
+            uint8_t *c = &g.filter[filter_of(p)];
+            if (__atomic_load_n(c, __ATOMIC_RELAXED) != 255)
+                __atomic_sub_fetch(c, 1, __ATOMIC_RELAXED);
+            *slot = (int64_t)f;
             return 1;
         }
     return 0;
@@ -449,6 +493,157 @@ static int seen_add(uint64_t h) {
     return 0;
 }
 
+/* ------------------------------------------------------------------ the stack table's tail
+ * A stack first seen is written at once into the ring's stack table too, so that its text reaches the
+ * file however soon the process dies (the tick's copy, with the thread's name and the source line,
+ * follows within a sample interval). The last TAIL bytes of the current generation's half are the
+ * hooks' own: entries (FORMAT.md, "Stack table": frames, then the kind-3 entry naming them) are
+ * appended at an atomically claimed cursor that wraps, so a burst of new stacks overwrites the oldest
+ * tail entries (the tick has copied those by then; a torn or overwritten entry fails its CRC and is
+ * skipped by readers). Frame ids here count from TAIL_IDS, never met by the tick's. The tick moves
+ * the tail to the next generation's half when the table turns over (set_tail), waiting for a hook in
+ * flight there; a hook never waits. */
+#define TAIL_IDS 0x80000000u
+#define NAMES 512     /* threads whose name the hooks can write (the tick keeps it: name_threads) */
+#define NAME_BYTES 56
+typedef struct {
+    uint64_t thread; /* atomic: 0 while the name is being written */
+    char name[NAME_BYTES];
+} ThreadName;
+static ThreadName g_names[NAMES];
+
+/* The calling thread's name as the tick last gave it (0 bytes where unknown), into out. */
+static uint32_t thread_name(char out[NAME_BYTES]) {
+    uint64_t me = (uint64_t)pthread_self(), i = mix64(me) % NAMES;
+    for (int k = 0; k < 8; k++, i = (i + 1) % NAMES) {
+        if (__atomic_load_n(&g_names[i].thread, __ATOMIC_ACQUIRE) != me)
+            continue;
+        memcpy(out, g_names[i].name, NAME_BYTES);
+        if (__atomic_load_n(&g_names[i].thread, __ATOMIC_ACQUIRE) != me) /* rewritten meanwhile */
+            return 0;
+        return (uint32_t)strnlen(out, NAME_BYTES);
+    }
+    return 0;
+}
+static uint32_t crc_table[256];
+static struct {
+    int on;       /* atomic */
+    int inflight; /* atomic: hooks writing into the tail */
+    char *base;
+    uint64_t size;
+    uint32_t gen;
+    uint64_t cursor;  /* atomic: bytes claimed since set_tail */
+    uint32_t next_id; /* atomic */
+    uint64_t written, dropped;
+} tl;
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+}
+
+/* zlib's crc32(data, start) */
+static uint32_t crc32_of(uint32_t start, const void *data, size_t n) {
+    const unsigned char *p = data;
+    uint32_t c = start ^ 0xFFFFFFFFu;
+    while (n--)
+        c = crc_table[(c ^ *p++) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+/* One entry (format.stack_entry: generation u4, kind u2, flags u2, id u4, length u4, crc u4, reserved u4,
+ * the payload zero padded to 8) written into the tail; 0 where it cannot be (off, or too long). */
+static int tail_put(uint32_t gen, uint16_t kind, uint32_t id, const void *payload, uint32_t len) {
+    uint64_t size = (24 + (uint64_t)len + 7) & ~7ULL;
+    if (size > tl.size / 4)
+        return 0;
+    unsigned char head[14];
+    memcpy(head, &gen, 4);
+    memcpy(head + 4, &kind, 2);
+    memcpy(head + 6, &id, 4);
+    memcpy(head + 10, &len, 4);
+    uint32_t crc = crc32_of(crc32_of(0, head, 14), payload, len);
+    for (;;) {
+        uint64_t at = __atomic_fetch_add(&tl.cursor, size, __ATOMIC_RELAXED) % tl.size;
+        char *p = tl.base + at;
+        if (at + size > tl.size) { /* it would cross the end: this run is ours, zeroed; claim again */
+            memset(p, 0, tl.size - at);
+            continue;
+        }
+        uint32_t words[6] = {gen, (uint32_t)kind, id, len, crc, 0};
+        memset(p, 0, 24); /* the header last but its first word: a torn entry fails its CRC */
+        memcpy(p + 24, payload, len);
+        memset(p + 24 + len, 0, size - 24 - len);
+        memcpy(p + 4, &words[1], 20);
+        __atomic_store_n((uint32_t *)p, gen, __ATOMIC_RELEASE);
+        return 1;
+    }
+}
+
+/* The kind-3 entry (format.alloc_stack_payload: fingerprint u8, depth u4, n u4, the frame ids outermost
+ * first, then the thread's name where the tick gave it, and no source line: the tick's copy has it) for
+ * frames ``ids``, innermost first. */
+static int tail_alloc(uint32_t gen, uint64_t h, int depth, const uint32_t *ids, uint32_t nframes) {
+    unsigned char payload[16 + 4 * MAX_DEPTH + NAME_BYTES + 1];
+    uint32_t d = (uint32_t)depth, at = 16 + 4 * nframes;
+    memcpy(payload, &h, 8);
+    memcpy(payload + 8, &d, 4);
+    memcpy(payload + 12, &nframes, 4);
+    for (uint32_t k = 0; k < nframes; k++)
+        memcpy(payload + 16 + 4 * k, &ids[nframes - 1 - k], 4);
+    at += thread_name((char *)payload + at);
+    payload[at++] = 0;
+    uint32_t sid = TAIL_IDS + __atomic_fetch_add(&tl.next_id, 1, __ATOMIC_RELAXED) % TAIL_IDS;
+    return tail_put(gen, 3, sid, payload, at);
+}
+
+/* The stack's frames and its kind-3 entry into the tail: ``texts`` holds the frames' text, innermost
+ * first, frame k at [off[k], off[k + 1]). */
+static void tail_stack(uint64_t h, int depth, const char *texts, const uint16_t *off, uint32_t nframes) {
+    __atomic_add_fetch(&tl.inflight, 1, __ATOMIC_SEQ_CST);
+    if (!__atomic_load_n(&tl.on, __ATOMIC_SEQ_CST)) {
+        __atomic_sub_fetch(&tl.inflight, 1, __ATOMIC_SEQ_CST);
+        return;
+    }
+    uint32_t gen = tl.gen, ids[MAX_DEPTH];
+    int ok = 1;
+    for (uint32_t k = 0; k < nframes && ok; k++) {
+        ids[k] = TAIL_IDS + __atomic_fetch_add(&tl.next_id, 1, __ATOMIC_RELAXED) % TAIL_IDS;
+        ok = tail_put(gen, 1, ids[k], texts + off[k], (uint32_t)(off[k + 1] - off[k]));
+    }
+    if (ok)
+        ok = tail_alloc(gen, h, depth, ids, nframes);
+    __atomic_add_fetch(ok ? &tl.written : &tl.dropped, 1, __ATOMIC_RELAXED);
+    __atomic_sub_fetch(&tl.inflight, 1, __ATOMIC_SEQ_CST);
+}
+
+static void tail_off(void) {
+    __atomic_store_n(&tl.on, 0, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&tl.inflight, __ATOMIC_SEQ_CST) != 0)
+        sched_yield();
+}
+
+/* ------------------------------------------------------------------ stacks awaiting the tick */
+static void format_frames(const FrameRef *frames, int n, char *text, uint16_t *off, uint32_t *nframes,
+                          uint32_t *used_out) {
+    uint32_t used = 0, k = 0;
+    for (; k < (uint32_t)n; k++) {
+        off[k] = (uint16_t)used;
+        used += (uint32_t)frame_text(&frames[k], text + used, PENDING_TEXT - used);
+        if (PENDING_TEXT - used < 64) {
+            k++;
+            break;
+        }
+    }
+    off[k] = (uint16_t)used;
+    *nframes = k;
+    *used_out = used;
+}
+
 static void queue_stack(uint64_t h, const FrameRef *frames, int n, int depth) {
     if (n == 0 || seen_has(h))
         return;
@@ -462,25 +657,32 @@ static void queue_stack(uint64_t h, const FrameRef *frames, int n, int depth) {
             __atomic_store_n(&e->state, 0, __ATOMIC_RELEASE);
             return;
         }
-        uint32_t used = 0, k = 0;
-        for (; k < (uint32_t)n; k++) {
-            e->off[k] = (uint16_t)used;
-            used += (uint32_t)frame_text(&frames[k], e->text + used, PENDING_TEXT - used);
-            if (PENDING_TEXT - used < 64) {
-                k++;
-                break;
-            }
-        }
-        e->off[k] = (uint16_t)used;
-        e->nframes = k;
+        format_frames(frames, n, e->text, e->off, &e->nframes, &e->used);
         e->depth = (uint32_t)depth;
-        e->used = used;
         e->hash = h;
         e->thread = (uint64_t)pthread_self();
+        tail_stack(h, depth, e->text, e->off, e->nframes); /* in the ring now; the tick's copy follows */
         __atomic_store_n(&e->state, 2, __ATOMIC_RELEASE);
         return;
     }
+    /* No pending entry free (a burst of new stacks within one tick): the text still goes into the ring's
+     * tail, a frame at a time; not marked seen, so a later sample of this stack queues it for the tick. */
     __atomic_add_fetch(&g.pending_full, 1, __ATOMIC_RELAXED);
+    char one[MAX_FRAME + 8];
+    uint16_t off[2] = {0, 0};
+    uint32_t ids[MAX_DEPTH], k = 0;
+    __atomic_add_fetch(&tl.inflight, 1, __ATOMIC_SEQ_CST);
+    int ok = __atomic_load_n(&tl.on, __ATOMIC_SEQ_CST);
+    uint32_t gen = tl.gen;
+    for (; k < (uint32_t)n && ok; k++) {
+        off[1] = (uint16_t)frame_text(&frames[k], one, sizeof one);
+        ids[k] = TAIL_IDS + __atomic_fetch_add(&tl.next_id, 1, __ATOMIC_RELAXED) % TAIL_IDS;
+        ok = tail_put(gen, 1, ids[k], one, off[1]);
+    }
+    if (ok)
+        ok = tail_alloc(gen, h, depth, ids, k);
+    __atomic_add_fetch(ok ? &tl.written : &tl.dropped, 1, __ATOMIC_RELAXED);
+    __atomic_sub_fetch(&tl.inflight, 1, __ATOMIC_SEQ_CST);
 }
 
 /* ------------------------------------------------------------------ the slow paths */
@@ -505,9 +707,9 @@ static void on_sample(Local *t, void *ptr, size_t size, int domain) {
         double s = (double)size, p = -expm1(-s / mean);
         uint64_t weight = (uint64_t)(p > 0 ? s / p + 0.5 : s);
         uint64_t addr = (uint64_t)(uintptr_t)ptr, h = addr_hash(ptr);
-        int64_t slot = heap_claim(addr, h), time = now_ns();
-        if (slot >= 0)
-            heap_fill(slot, addr, addr, size, weight, stack, time, domain);
+        int64_t slot = -1, entry = heap_claim(addr, h, &slot), time = now_ns();
+        if (entry >= 0)
+            heap_fill(entry, slot, addr, addr, size, weight, stack, time, domain);
         else
             __atomic_add_fetch(&g.table_full, 1, __ATOMIC_RELAXED);
         int64_t payload[PAYLOAD_WORDS] = {(int64_t)addr, (int64_t)weight, (int64_t)stack, domain, slot, 0, 0, 0, 0};
@@ -696,6 +898,13 @@ static void *h_reallocarray(void *old, size_t k, size_t n) {
     return p;
 }
 
+/* dlsym, in the objects that hand Python code a C function by name (ctypes, cffi) alone: a malloc looked
+ * up there (``ctypes.CDLL(None).malloc``) gets the forwarding hook, so its blocks are sampled with the
+ * Python stack that called it. Everything else is glibc's answer, unchanged. One caveat: a lookup with
+ * RTLD_NEXT (which ctypes and cffi never pass themselves) resolves after this module, not after theirs. */
+static void *(*r_dlsym)(void *, const char *);
+static void *h_dlsym(void *handle, const char *name);
+
 typedef struct {
     const char *name;
     void *hook;
@@ -712,8 +921,23 @@ static HookDef g_hooks[] = {
     {"valloc", (void *)h_valloc, (void **)&r_valloc},
     {"pvalloc", (void *)h_pvalloc, (void **)&r_pvalloc},
     {"reallocarray", (void *)h_reallocarray, (void **)&r_reallocarray},
+    {"dlsym", (void *)h_dlsym, (void **)&r_dlsym}, /* last: patched only where dlsym_object says */
 };
 #define NHOOKS ((int)(sizeof g_hooks / sizeof g_hooks[0]))
+
+static void *h_dlsym(void *handle, const char *name) {
+    void *r = r_dlsym(handle, name);
+    if (r != NULL)
+        for (int k = 0; k < NHOOKS - 1; k++)
+            if (r == *g_hooks[k].real)
+                return g_hooks[k].hook;
+    return r;
+}
+
+/* Whether an object's dlsym slot is patched: ctypes' and cffi's extension modules. */
+static int dlsym_object(const char *name) {
+    return name != NULL && (strstr(name, "/_ctypes") != NULL || strstr(name, "/_cffi_backend") != NULL);
+}
 
 static int resolve_reals(void) {
     for (int i = 0; i < NHOOKS; i++)
@@ -809,6 +1033,7 @@ typedef struct {
 
 static void patch_relocs(const struct dl_phdr_info *info, const ElfW(Rela) * rel, size_t count,
                          const ElfW(Sym) * symtab, const char *strtab, uint64_t oname, int undo, int *added) {
+    int hooks = dlsym_object(info->dlpi_name) ? NHOOKS : NHOOKS - 1;
     for (size_t i = 0; i < count; i++) {
         unsigned long type = ELF64_R_TYPE(rel[i].r_info);
 #if defined(__x86_64__)
@@ -825,7 +1050,7 @@ static void patch_relocs(const struct dl_phdr_info *info, const ElfW(Rela) * rel
         if (sym->st_name == 0 || sym->st_shndx != SHN_UNDEF)
             continue;
         const char *name = strtab + sym->st_name;
-        for (int k = 0; k < NHOOKS; k++) {
+        for (int k = 0; k < hooks; k++) {
             if (strcmp(name, g_hooks[k].name) != 0 || *g_hooks[k].real == NULL)
                 continue;
             uintptr_t slot = info->dlpi_addr + rel[i].r_offset;
@@ -952,6 +1177,8 @@ static void native_undo(void) {
 /* ------------------------------------------------------------------ fork */
 static void after_fork_child(void) {
     __atomic_store_n(&g.active, 0, __ATOMIC_SEQ_CST);
+    tl.on = 0; /* the tail is the parent's file */
+    tl.inflight = 0;
     g.forked = 1;
     g.inflight = 0;
     g_patching = 0;
@@ -1001,6 +1228,7 @@ static PyObject *start(PyObject *Py_UNUSED(m), PyObject *args) {
         return NULL;
     }
     wait_quiet();
+    tail_off(); /* until the tick says where (set_tail) */
     release_view();
     if (PyObject_GetBuffer(buffer, &g.view, PyBUF_WRITABLE) < 0)
         return NULL;
@@ -1012,16 +1240,21 @@ static PyObject *start(PyObject *Py_UNUSED(m), PyObject *args) {
         return NULL;
     }
     if (g.index == NULL || g.index_slots < slots) { /* grows only: an older one stays mapped (a hook may read it) */
-        uint64_t *index = anon(slots * 8);
-        if (index == NULL) {
+        uint64_t *index = anon(slots * 8), *used = anon((slots + 63) / 64 * 8);
+        uint32_t *fslot = anon(slots * 4);
+        if (index == NULL || used == NULL || fslot == NULL) {
             release_view();
             return PyErr_NoMemory();
         }
         g.index = index;
+        g.used = used;
+        g.fslot = fslot;
         g.index_slots = slots;
     } else {
         memset(g.index, 0, g.index_slots * 8);
+        memset(g.used, 0, (g.index_slots + 63) / 64 * 8);
     }
+    g.hint = 0;
     if (g.filter == NULL)
         g.filter = anon(FILTER_SIZE);
     if (g.seen == NULL)
@@ -1042,6 +1275,8 @@ static PyObject *start(PyObject *Py_UNUSED(m), PyObject *args) {
     g.cap = cap;
     g.heap = (char *)g.view.buf + hoff;
     g.slots = slots;
+    if (slots % 64) /* a table of fewer than 64 slots: the bits past it are never free */
+        g.used[slots / 64] |= ~0ULL << (slots % 64);
     g.buckets = slots / BUCKET;
     __atomic_store(&g.mean, &mean, __ATOMIC_RELAXED);
     g.step = -1;
@@ -1070,6 +1305,10 @@ static PyObject *stop(PyObject *Py_UNUSED(m), PyObject *args) {
     if (!PyArg_ParseTuple(args, "|p", &in_child))
         return NULL;
     __atomic_store_n(&g.active, 0, __ATOMIC_SEQ_CST);
+    if (in_child)
+        tl.on = tl.inflight = 0;
+    else
+        tail_off();
     py_uninstall();
     if (in_child) { /* no dl_iterate_phdr here: a thread of the parent may have held the loader's lock at
                      * the fork. The slots stay patched: our hooks only forward now (and sample again if
@@ -1102,6 +1341,64 @@ static PyObject *set_step(PyObject *Py_UNUSED(m), PyObject *arg) {
     if (n == -1 && PyErr_Occurred())
         return NULL;
     g.step = n < -1 || n > INT32_MAX ? -1 : n;
+    Py_RETURN_NONE;
+}
+
+/* set_tail(offset, size, generation): the hooks write new stacks' entries into bytes [offset, offset + size)
+ * of the mapping, as entries of that generation (size 0: nowhere). Waits for a hook writing into the old
+ * tail, so the caller may then zero it. */
+static PyObject *set_tail(PyObject *Py_UNUSED(m), PyObject *args) {
+    unsigned long long off, size;
+    unsigned int gen;
+    if (!PyArg_ParseTuple(args, "KKI", &off, &size, &gen))
+        return NULL;
+    tail_off();
+    if (size == 0)
+        Py_RETURN_NONE;
+    if (!g.have_view || off + size > (unsigned long long)g.view.len || size < 4096 || size % 8 || off % 8 || gen == 0) {
+        PyErr_SetString(PyExc_ValueError, "the tail must lie in the mapping, 8-byte aligned, at least 4096 bytes");
+        return NULL;
+    }
+    tl.base = (char *)g.view.buf + off;
+    tl.size = size;
+    tl.gen = gen;
+    tl.cursor = 0;
+    tl.next_id = 0; /* (the tail is zero: a new ring's, or a half the table zeroed as it turned over) */
+    __atomic_store_n(&tl.on, 1, __ATOMIC_SEQ_CST);
+    Py_RETURN_NONE;
+}
+
+/* name_threads([(ident, name bytes)]): the names the hooks write with a new stack (the tick gives every live
+ * thread's; a name longer than NAME_BYTES - 1 bytes is cut). */
+static PyObject *name_threads(PyObject *Py_UNUSED(m), PyObject *arg) {
+    PyObject *seq = PySequence_Fast(arg, "name_threads takes a sequence of (ident, name bytes)");
+    if (seq == NULL)
+        return NULL;
+    for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(seq); j++) {
+        unsigned long long ident;
+        const char *name;
+        Py_ssize_t len;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, j), "Ky#", &ident, &name, &len)) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        uint64_t i = mix64(ident) % NAMES, free_at = NAMES;
+        for (int k = 0; k < 8; k++, i = (i + 1) % NAMES) {
+            uint64_t t = __atomic_load_n(&g_names[i].thread, __ATOMIC_ACQUIRE);
+            if (t == ident || t == 0) {
+                free_at = i;
+                break;
+            }
+        }
+        if (free_at == NAMES) /* its neighbourhood full: take the first slot of it */
+            free_at = mix64(ident) % NAMES;
+        ThreadName *e = &g_names[free_at];
+        __atomic_store_n(&e->thread, 0, __ATOMIC_RELEASE);
+        memset(e->name, 0, NAME_BYTES);
+        memcpy(e->name, name, (size_t)(len < NAME_BYTES - 1 ? len : NAME_BYTES - 1));
+        __atomic_store_n(&e->thread, (uint64_t)ident, __ATOMIC_RELEASE);
+    }
+    Py_DECREF(seq);
     Py_RETURN_NONE;
 }
 
@@ -1196,9 +1493,9 @@ static PyObject *track(PyObject *Py_UNUSED(m), PyObject *args) {
         return PyLong_FromLongLong(-1);
     uint64_t key = addr | GPU_KEY | (uint64_t)device << 55;
     tls.guard++;
-    int64_t slot = heap_claim(key, addr_hash((void *)(uintptr_t)key));
-    if (slot >= 0)
-        heap_fill(slot, key, addr, size, weight, stack, now_ns(), DOMAIN_GPU);
+    int64_t slot = -1, entry = heap_claim(key, addr_hash((void *)(uintptr_t)key), &slot);
+    if (entry >= 0)
+        heap_fill(entry, slot, key, addr, size, weight, stack, now_ns(), DOMAIN_GPU);
     else
         g.table_full++;
     int64_t payload[PAYLOAD_WORDS] = {(int64_t)addr, (int64_t)weight, (int64_t)stack, DOMAIN_GPU, slot, 0, 0, 0, 0};
@@ -1225,12 +1522,13 @@ static PyObject *untrack(PyObject *Py_UNUSED(m), PyObject *args) {
 }
 
 static PyObject *stats(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
-    return Py_BuildValue("{sKsKsKsKsKsKsKsKsi}", "samples", (unsigned long long)g.samples, "frees",
+    return Py_BuildValue("{sKsKsKsKsKsKsKsKsisKsK}", "samples", (unsigned long long)g.samples, "frees",
                          (unsigned long long)g.frees, "table_full", (unsigned long long)g.table_full, "stale",
                          (unsigned long long)g.stale, "pending_full", (unsigned long long)g.pending_full,
                          "seen_full", (unsigned long long)g.seen_full, "objects_patched",
                          (unsigned long long)g_objects_patched, "slots_skipped", (unsigned long long)g_slots_skipped,
-                         "slots_patched", g_npatched);
+                         "slots_patched", g_npatched, "tail_written", (unsigned long long)tl.written, "tail_dropped",
+                         (unsigned long long)tl.dropped);
 }
 
 static PyMethodDef methods[] = {
@@ -1240,6 +1538,8 @@ static PyMethodDef methods[] = {
     {"rescan", rescan, METH_NOARGS, "Patch shared objects loaded since the last scan; how many."},
     {"set_step", set_step, METH_O, "The step in force, for the heap table's slots."},
     {"ignore_thread", ignore_thread, METH_NOARGS, "Never sample the calling thread's allocations."},
+    {"set_tail", set_tail, METH_VARARGS, "set_tail(offset, size, generation): where hooks write new stacks."},
+    {"name_threads", name_threads, METH_O, "name_threads([(ident, name bytes)]): threads' names for the hooks."},
     {"set_mean", set_mean, METH_O, "set_mean(R): the mean sampling interval, bytes, for countdowns drawn from now."},
     {"pending", pending, METH_NOARGS, "Stacks seen for the first time: (fingerprint, thread, depth, frames)."},
     {"live_stacks", live_stacks, METH_NOARGS, "{fingerprint: blocks} in the heap table now."},
@@ -1256,6 +1556,7 @@ PyMODINIT_FUNC PyInit__csample(void) {
     static int atfork_done;
     if (!atfork_done && pthread_atfork(NULL, NULL, after_fork_child) == 0)
         atfork_done = 1;
+    crc_init();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;

@@ -46,6 +46,7 @@ from .stacks import StackTable
 DEFAULT_MEAN_BYTES = 1 << 20  # R: one sample per MiB allocated, on average
 HEAP_SLOTS = 1 << 16  # the main process's heap table: 4 MiB, 64 GiB of live memory at R = 1 MiB
 HELPER_HEAP_SLOTS = 1 << 12  # a helper's (a DataLoader worker): 256 KiB
+STACK_TAIL = 128 << 10  # the end of each half of the stack table: the hooks write new stacks there at once
 MAX_KNOWN = 16384  # stacks whose text is kept to write again after the table turns over
 # A sampled block costs about 0.3-0.5 us (its stack read, its heap slot, two records; docs/performance.md):
 # past this many a second (0.25% of a core) the tick raises R, so a job that allocates faster than about
@@ -101,6 +102,11 @@ def heap_bytes(role: str, mean: int) -> int:
     return ((HEAP_SLOTS if role == "main" else HELPER_HEAP_SLOTS) * fmt.HEAP_SLOT) if mean else 0
 
 
+def tail_bytes(mean: int) -> int:
+    """What allocation sampling adds to the stack table: a tail in each half (none without sampling)."""
+    return 2 * STACK_TAIL if mean else 0
+
+
 def is_library(path: str) -> bool:
     """A frame of a library (site-packages, the standard library, blackbox itself), not the job's code."""
     return path.startswith(_STDLIB) or any(mark in path for mark in _LIBRARY_MARKS)
@@ -151,7 +157,7 @@ def intern_alloc(table: StackTable, fingerprint: int, texts: list[bytes], depth:
         payload = fmt.alloc_stack_payload(fingerprint, depth, ids, thread, line)
         entries.append(fmt.stack_entry(table.generation, fmt.STACK_ALLOC, entry_id, payload))
         size = sum(map(len, entries))
-        if table.pos + size > table.half:
+        if table.pos + size > table.limit:
             if attempt == 0 and (table.pos or table.frame_ids or table.text_ids):
                 table._flip()
                 continue
@@ -182,6 +188,8 @@ class AllocSampler:
         self._rng = random.Random()
         self._gpu_countdown = 0.0  # bytes of GPU allocations before the next sample
         self._gpu_pending: list[tuple[int, list[bytes], int, str]] = []
+        self._named: dict[int | None, str] = {}  # the thread names the hooks were given last
+        self._unname: Callable[[], None] | None = None  # puts threading.Thread._set_ident back
         self._window: tuple[float, int] | None = None  # (monotonic s, samples) where the rate is measured from
         self.started = False
         self.unwritten = 0  # stacks that did not fit the table
@@ -200,9 +208,48 @@ class AllocSampler:
         got = cmod.start(mapping, header.records_offset, header.capacity, sequence, header.heap_offset,
                          header.heap_size // fmt.HEAP_SLOT, float(mean), True, True)  # fmt: skip
         self.started = True
+        self._name_new_threads()
+        self._tail_at(header)
         if not got.get("native"):
             note("allocations: native allocations (torch CPU tensors, numpy) not sampled: malloc not found")
         return self
+
+    def _name_new_threads(self) -> None:
+        """Every thread's name for the hooks as it starts (``Thread._set_ident``, run first in the new thread,
+        wrapped: a frame only while it runs, never in the thread's stacks), so a thread that allocates and dies
+        before the next tick is still named; the tick gives renames and the threads alive now."""
+        original = getattr(threading.Thread, "_set_ident", None)
+        if original is None or getattr(original, "_blackbox", False):
+            return
+        name_threads = self._c.name_threads
+
+        def _set_ident(thread: threading.Thread) -> None:
+            original(thread)
+            try:
+                name_threads(((thread.ident, thread.name.encode("utf-8", "replace")),))
+            except Exception:
+                pass
+
+        _set_ident._blackbox = True  # type: ignore[attr-defined]
+        setattr(threading.Thread, "_set_ident", _set_ident)  # noqa: B010
+        self._unname = lambda: setattr(threading.Thread, "_set_ident", original)
+        name_threads([(t.ident, t.name.encode("utf-8", "replace")) for t in threading.enumerate() if t.ident])
+
+    def _tail_at(self, header: fmt.Header) -> None:
+        """Give the hooks the end of each half of the stack table (where the table's stack sampler or our own
+        table stops interning), moved to the new half each time the table turns over."""
+        owner = self._table()
+        table = owner if isinstance(owner, StackTable) else getattr(owner, "_table", None)
+        if not isinstance(table, StackTable) or table.half - STACK_TAIL < max(4096, table.pos):
+            return
+        table.limit = table.half - STACK_TAIL
+
+        def moved(generation: int) -> None:
+            base = header.stacks_offset + ((generation - 1) % 2) * table.half + table.limit
+            self._c.set_tail(base, STACK_TAIL, generation)
+
+        table.on_flip = moved
+        moved(table.generation)
 
     def tick(self, step: int) -> None:
         """Once a sample interval: the step in force, newly loaded libraries, and new stacks' text. A
@@ -258,6 +305,9 @@ class AllocSampler:
 
     def _drain(self, table: StackTable) -> None:
         names = {t.ident: t.name for t in threading.enumerate()}
+        if names != self._named:  # the hooks write a thread's name with a new stack's text at once
+            self._c.name_threads([(i, n.encode("utf-8", "replace")) for i, n in names.items() if i is not None])
+            self._named = names
         gpu, self._gpu_pending = self._gpu_pending, []
         for fingerprint, frames, depth, line in gpu:  # GPU blocks' stacks, from the allocator's history
             info = (frames, depth, "", line)
@@ -343,6 +393,37 @@ class AllocSampler:
         site = next((t for t in texts if not is_library(split_frame(t)[1])), texts[0] if texts else None)
         return {"site": site or fmt.STACK_UNWRITTEN_TEXT, "line": known[3] if known else "", "live_bytes": weights[top]}
 
+    def top_sites(self, heap: Any, top: int = 3) -> list[dict[str, Any]]:
+        """The largest allocation sites of the blocks live in ``heap`` (this ring's heap table) now: ``site``
+        (the innermost frame outside libraries), ``thread``, ``line``, ``live_bytes`` and ``error_bytes``
+        (95%), ``blocks``. What a helper folded away at its end keeps of who held its memory."""
+        import numpy as np
+
+        slots = np.frombuffer(heap, fmt.HEAP_DTYPE)
+        slots = slots[slots["address"] != 0]
+        if not len(slots):
+            return []
+        stacks, where = np.unique(slots["stack"], return_inverse=True)
+        w = slots["weight"].astype(float)
+        p = np.clip(np.divide(slots["size"].astype(float), w, out=np.ones_like(w), where=w > 0), 0.0, 1.0)
+        weights = np.bincount(where, w, len(stacks))
+        variance = np.bincount(where, (1.0 - p) * w * w, len(stacks))
+        blocks = np.bincount(where, minlength=len(stacks))
+        threads = slots["thread"][np.unique(where, return_index=True)[1]]
+        sites: dict[tuple[str, str], list[Any]] = {}
+        for fp, weight, var, n, tid in zip(stacks.tolist(), weights, variance, blocks, threads.tolist(),
+                                           strict=True):  # fmt: skip
+            frames, _, thread, line = self._known.get(fp, ([], 0, "", ""))
+            texts = [f.decode("utf-8", "replace") for f in frames]
+            site = next((t for t in texts if not is_library(split_frame(t)[1])), texts[0] if texts else (
+                fmt.STACK_UNWRITTEN_TEXT if fp != fmt.NO_PYTHON_STACK else fmt.NO_PYTHON_TEXT))  # fmt: skip
+            entry = sites.setdefault((site, thread or f"thread {int(tid):#x}"), [0.0, 0.0, 0, line])
+            entry[0], entry[1], entry[2] = entry[0] + weight, entry[1] + var, entry[2] + int(n)
+        ranked = sorted(sites.items(), key=lambda kv: -kv[1][0])[:top]
+        return [{"site": site[:300], "thread": thread[:64], "line": (line or "")[:120], "live_bytes": int(round(b)),
+                 "error_bytes": int(round(1.96 * math.sqrt(v))), "blocks": n}
+                for (site, thread), (b, v, n, line) in ranked]  # fmt: skip
+
     def stats(self) -> dict[str, int]:
         out: dict[str, int] = dict(self._c.stats()) if self.started else {}
         out["stacks_unwritten"] = self.unwritten
@@ -359,6 +440,9 @@ class AllocSampler:
                 pass
         self.started = False
         self._c.stop(in_child)
+        unname, self._unname = self._unname, None
+        if unname is not None and getattr(getattr(threading.Thread, "_set_ident", None), "_blackbox", False):
+            unname()
         owner = self._table()
         if isinstance(owner, StackTable) and owner.view is not None:
             view, owner.view = owner.view, None

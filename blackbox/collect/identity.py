@@ -207,3 +207,10 @@ def versions(blackbox_version: str) -> dict[str, str | None]:
         "torch": getattr(torch, "__version__", None) if torch is not None else None,
         "blackbox": blackbox_version,
     }
+
+
+def parent_gone(ident: dict[str, Any]) -> bool:
+    """Whether the process that started this one (``ppid`` at arm) has died since: this one was handed to
+    another parent (a DataLoader worker whose main process was killed)."""
+    ppid = ident.get("ppid")
+    return isinstance(ppid, int) and not isinstance(ppid, bool) and os.getppid() != ppid

@@ -81,6 +81,8 @@ class StackTable:
     def __init__(self, region: Any) -> None:
         self.view: Any = region
         self.half = len(region) // 2
+        self.limit = self.half  # where interning stops in a half (allocation sampling's hooks own the rest)
+        self.on_flip: Callable[[int], None] | None = None  # told each new generation, its half zeroed
         self.generation = 1
         self.pos = 0
         self.frame_ids: dict[Any, int] = {}  # a frame's key (its code object and instruction) -> frame id
@@ -107,6 +109,8 @@ class StackTable:
         self.text_ids.clear()
         self.stack_ids.clear()
         self.next_frame = self.next_stack = 1
+        if self.on_flip is not None:
+            self.on_flip(self.generation)
 
     def intern(self, frames: list[Any], keys: list[Any]) -> int:
         """The stack id of these frames (innermost first) in the current generation, writing what is
@@ -136,7 +140,7 @@ class StackTable:
                 payload = struct.pack(f"<{len(ids)}I", *reversed(ids))  # outermost first
                 entries.append(fmt.stack_entry(self.generation, fmt.STACK_STACK, sid, payload))
             size = sum(map(len, entries))
-            if self.pos + size > self.half:
+            if self.pos + size > self.limit:
                 if attempt == 0 and (self.pos or self.frame_ids):
                     self._flip()
                     continue

@@ -121,18 +121,20 @@ def with_site_lever(death: dict[str, Any], allocations: dict[str, Any] | None, r
                     last_sample: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """The death with its allocation sites' lever first, where it ran out of memory: the site that grew most,
     or a spike (``memory_pattern``: ``spike``, the leak levers dropped), or the largest holder."""
-    top = holder(allocations)
-    if not death or death.get("cause") not in MEMORY_CAUSES or top is None:
+    if not death or death.get("cause") not in MEMORY_CAUSES or not (allocations or {}).get("recorded"):
         return death
-    levers = list(death.get("levers") or [])
+    top, levers = holder(allocations), list(death.get("levers") or [])
+    unseen = unseen_lever(death, allocations)
+    if unseen is not None:
+        held = [site_lever(top, role)] if top is not None else []
+        return {**death, "memory_pattern": "unseen_growth", "levers": [unseen, *levers, *held]}
+    if top is None:
+        return death
     spike = spike_of(allocations, death)
     if spike is not None:
         kept = [lever for lever in levers if lever not in LEAK_LEVERS and not lever.startswith("memory grew ")]
         return {**death, "memory_pattern": "spike", "spike": spike, "levers": [spike_lever(spike, last_sample), *kept]}
     grew = (allocations or {}).get("grew") or []
-    unseen = unseen_lever(death, allocations)
-    if unseen is not None:
-        return {**death, "memory_pattern": "unseen_growth", "levers": [unseen, *levers, site_lever(top, role)]}
     lever = site_lever(grew[0], role, grew=True) if grew else site_lever(top, role)
     return {**death, "memory_pattern": "growth" if grew else "held", "levers": [lever, *levers]}
 

@@ -294,9 +294,13 @@ def allocator_history(table: pa.Table, header: dict[str, Any]) -> dict[str, Any]
     }
 
 
+FOLDED_SITES = 10  # allocation sites kept per group of folded helpers
+
+
 def helper_groups(folded: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Helper processes that ended cleanly (``folded.jsonl``), grouped by parent and role: how many,
-    when the first started and the last ended, and the highest peak RSS among them."""
+    when the first started and the last ended, the highest peak RSS among them, and the largest
+    allocation sites live at their ends (``sites``, each with its helper's pid)."""
     groups: dict[tuple[int, str], dict[str, Any]] = {}
     for h in folded:
         g = groups.setdefault(
@@ -308,6 +312,9 @@ def helper_groups(folded: list[dict[str, Any]]) -> list[dict[str, Any]]:
         g["first_started_at"] = min(g["first_started_at"], h["started_at"])
         g["last_ended_at"] = max(g["last_ended_at"], h["ended_at"])
         g["peak_rss"] = max(g["peak_rss"], h["peak_rss"])
+        g.setdefault("sites", []).extend({**site, "pid": h["pid"]} for site in h.get("sites") or [])
+    for g in groups.values():  # the largest allocation sites of the group's helpers, each with its pid
+        g["sites"] = sorted(g.get("sites") or [], key=lambda site: -site["live_bytes"])[:FOLDED_SITES]
     return sorted(groups.values(), key=lambda g: (-g["count"], g["ppid"], g["role"]))
 
 

@@ -5,7 +5,10 @@ Python subprocess of the job) that ends cleanly under ``blackbox run`` leaves no
 ring: it appends one line here and removes its ring, so hundreds of short-lived
 helpers cost a few hundred bytes each. A line holds ``pid``, ``ppid``, ``role``,
 ``argv`` (its first three words, redacted at arm), ``started_at``, ``ended_at``
-(UTC ISO-8601), ``peak_rss`` (bytes, -1 if unknown) and ``rank``. Readers treat
+(UTC ISO-8601), ``peak_rss`` (bytes, -1 if unknown), ``rank`` and, where its allocations were
+sampled, ``sites``: its largest allocation sites live at its end (``site``, ``thread``, ``line``,
+``live_bytes``, ``error_bytes``, ``blocks``; at most three, fewer where the line would pass 4 KiB).
+A helper whose parent died before it ended is not folded: its ring is kept. Readers treat
 the file as untrusted: bounded size, one JSON object per line, fields checked.
 """
 
@@ -14,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +27,17 @@ from .inputs import Folder, folder_at, open_input, read_at
 FOLDED = "folded.jsonl"
 MAX_FOLDED_BYTES = 16 << 20
 MAX_LINE = 4096
+MAX_SITES = 3  # allocation sites kept per folded helper
 
 
 def _iso(ns: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns / 1e9)) + f".{(ns // 1000) % 1_000_000:06d}Z"
 
 
-def fold_line(ident: dict[str, Any], started_ns: int, peak_rss: int) -> bytes:
-    """The line for one helper that ended cleanly now."""
-    entry = {
+def fold_line(ident: dict[str, Any], started_ns: int, peak_rss: int, sites: Sequence[dict[str, Any]] = ()) -> bytes:
+    """The line for one helper that ended cleanly now; ``sites``: its largest allocation sites (as many as fit
+    the line)."""
+    entry: dict[str, Any] = {
         "pid": ident.get("pid"),
         "ppid": ident.get("ppid"),
         "rank": ident.get("rank"),
@@ -42,7 +47,12 @@ def fold_line(ident: dict[str, Any], started_ns: int, peak_rss: int) -> bytes:
         "ended_at": _iso(time.time_ns()),
         "peak_rss": peak_rss,
     }
-    line = json.dumps(entry, separators=(",", ":"))
+    kept = list(sites)[:MAX_SITES]
+    while True:
+        line = json.dumps({**entry, "sites": kept} if kept else entry, separators=(",", ":"))
+        if len(line.encode()) < MAX_LINE or not kept:
+            break
+        kept.pop()  # the smallest site first: the line stays whole JSON
     return (line[: MAX_LINE - 1] if len(line) >= MAX_LINE else line).encode() + b"\n"
 
 
@@ -56,6 +66,19 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "ended_at": (str,),
     "peak_rss": (int,),
 }
+
+
+_SITE_FIELDS: dict[str, type] = {"site": str, "thread": str, "line": str, "live_bytes": int, "error_bytes": int,
+                                 "blocks": int}  # fmt: skip
+
+
+def _sites(value: Any) -> list[dict[str, Any]]:
+    """A line's ``sites`` where each is well formed (else none): untrusted input."""
+    if not isinstance(value, list) or len(value) > MAX_SITES:
+        return []
+    ok = all(isinstance(s, dict) and all(isinstance(s.get(k), t) and not isinstance(s.get(k), bool)
+                                         for k, t in _SITE_FIELDS.items()) for s in value)  # fmt: skip
+    return [{k: s[k] for k in _SITE_FIELDS} for s in value] if ok else []
 
 
 def read_folded(folder: Folder | Path, owners: Collection[int] = ()) -> list[dict[str, Any]]:
@@ -81,5 +104,5 @@ def read_folded(folder: Folder | Path, owners: Collection[int] = ()) -> list[dic
             continue
         if isinstance(entry, dict) and all(isinstance(entry.get(k), t) for k, t in _FIELDS.items()):
             if all(isinstance(a, str) for a in entry["argv"]) and not isinstance(entry["pid"], bool):
-                out.append({k: entry[k] for k in _FIELDS})
+                out.append({**{k: entry[k] for k in _FIELDS}, "sites": _sites(entry.get("sites"))})
     return out

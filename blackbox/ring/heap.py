@@ -104,7 +104,9 @@ def _rendered(table: StackScan | None, fingerprint: int, budget: list[int] | Non
     fingerprint &= (1 << 64) - 1
     if fingerprint == fmt.NO_PYTHON_STACK:
         return AllocStack(fmt.NO_PYTHON_TEXT, "", "")
-    for gen, ids, depth, thread, line in table.allocs.get(fingerprint, []) if table is not None else []:
+    entries = table.allocs.get(fingerprint, []) if table is not None else []
+    # the tick's entry (with the source line and the thread's name) before the hooks' own (written at sample time)
+    for gen, ids, depth, thread, line in sorted(entries, key=lambda e: (not e[4], not e[3])):
         names = [table.frames.get((gen, f)) for f in ids] if table is not None else []
         if names and None not in names:
             texts = [n for n in names if n is not None]

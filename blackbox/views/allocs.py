@@ -151,6 +151,13 @@ def _grew_lines(report: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def folded_site(site: dict[str, Any]) -> str:
+    """One allocation site a folded helper kept (``folded.jsonl``), for a summary line."""
+    line = (site.get("line") or "").replace("`", "'")
+    return (f"`{short_frame(site['site'])}`" + (f": `{line}`" if line else "") +
+            f", {human_bytes(site['live_bytes'])} ± {human_bytes(site['error_bytes'])} (thread {site['thread']})")
+
+
 def job_allocation_sections(rings: Iterable[dict[str, Any]]) -> list[str]:
     """summary.md lines across a job's rings: the largest sites of every process, workers' included (their
     text escaped, ``text``)."""

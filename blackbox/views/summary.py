@@ -11,7 +11,7 @@ from ..recovery.spill import derived
 from ..recovery.timeline import COUNTERS, GAUGES
 from .across import across_lines
 from .alerts import alert_section
-from .allocs import allocation_sections, job_allocation_sections
+from .allocs import allocation_sections, folded_site, job_allocation_sections
 from .stacks import crash_section, stack_sections
 from .text import shown
 
@@ -229,6 +229,8 @@ def helpers_section(meta: dict[str, Any]) -> list[str]:
             f"{g['first_started_at']} to {g['last_ended_at']}, peak RSS up to {human_bytes(g['peak_rss'])}"
             + (f" (`{argv}`)" if argv else "")
         )
+        lines += [f"  - held at its end by pid {site['pid']}: {folded_site(site)}"
+                  for site in (g.get("sites") or [])[:3]]  # fmt: skip
     return [*lines, ""]
 
 

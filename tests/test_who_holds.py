@@ -1,0 +1,327 @@
+"""Who holds the memory, on by default, told right: real jobs with a planted line and known bytes.
+
+Every job here is armed with the defaults (``blackbox.arm(path)`` or plain ``blackbox run``: allocation
+sampling on), SIGKILLed or killed by the kernel's OOM killer in a child memory cgroup, and recovered.
+What each one plants, and what the bundle must say:
+
+- a cache that grows every step, beside imports and a model made before the first step: the cache's
+  line is who grew (its growth per step within its error of the truth), the imports never head who
+  holds, the model is resident since start-up, not growth;
+- a job with no leak: no site grows;
+- a spike (one 1.5 GiB temporary in one step, killed in a 1 GiB cgroup): the levers say spike, name
+  the line and the step, and say the block was requested, not all touched; no leak lever;
+- a malloc reached through ``dlsym`` (ctypes' ``libc.malloc``): looked up after arming it is named;
+  looked up before, the growth it makes is stated as unseen, with figures;
+- a stack first seen just before the kill, in a thread started just before: its text and the thread's
+  name are in the ring;
+- DataLoader fork workers that end by themselves after the main process was killed: their rings are
+  kept and their sites named; workers that end cleanly while the job runs are folded with their sites.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO, MemoryCgroup
+
+import blackbox
+from blackbox.collect.allocs import sample_module
+
+if sample_module() is None:
+    pytest.skip("the C extension blackbox.collect._csample is not built", allow_module_level=True)
+
+MiB = 1 << 20
+
+
+def line_of(job: str, mark: str) -> int:
+    """The line of ``job`` that carries ``# PLANT: <mark>``."""
+    return next(i for i, text in enumerate(job.splitlines(), 1) if f"# PLANT: {mark}" in text)
+
+
+Ran = tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]
+
+
+def run(tmp_path: Path, job: str, *args: str, cgroup: MemoryCgroup | None = None,
+        env: dict[str, str] | None = None) -> Ran:  # fmt: skip
+    """Run ``job`` (its first argument: the ring folder), recover its rings; (the run, metadata, the job file)."""
+    path = tmp_path / "train.py"
+    path.write_text(job)
+    full = {k: v for k, v in os.environ.items() if k != "BLACKBOX_ALLOCATIONS"} | {"PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, str(path), f"{tmp_path / 'rings'}/", *args], capture_output=True,
+                          text=True, env=full | (env or {}), timeout=300,
+                          preexec_fn=cgroup.join if cgroup is not None else None)  # fmt: skip
+    blackbox.recover(tmp_path / "rings", tmp_path / "bundle")
+    return proc, json.loads((tmp_path / "bundle" / "metadata.json").read_text()), path
+
+
+CACHE_JOB = """
+import functools, os, signal, sys, time
+import numpy as np
+import torch
+import blackbox
+
+blackbox.arm(sys.argv[1], sample_interval=0.05)  # the defaults: allocation sampling on
+torch.set_num_threads(1)
+model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.Linear(4096, 1024))  # PLANT: model
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+
+@functools.lru_cache(maxsize=None)
+def features(step):
+    return np.ones(1 << 19)  # PLANT: cache
+
+
+for step in range(30):
+    blackbox.step(step)
+    x = torch.randn(32, 1024)
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    features(step)
+    time.sleep(0.01)
+time.sleep(0.2)  # a tick: the thread names and the source lines
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.slow
+def test_a_cache_is_who_grew_the_model_is_resident_and_imports_never_head_the_table(tmp_path: Path) -> None:
+    proc, meta, job = run(tmp_path, CACHE_JOB)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    report = meta["allocations"]
+    assert report["recorded"] is True and report["mean_bytes"] == MiB, "sampled by default, one per MiB"
+    # who grew: the cache, 4 MiB a step, within its error; nothing the imports or the model made
+    top = report["grew"][0]
+    assert top["site"] == f"features ({job}:{line_of(CACHE_JOB, 'cache')})", report["grew"]
+    assert top["growth_by"] == "step" and abs(top["growth_per_step"] - 4 * MiB) < 0.25 * 4 * MiB, top
+    assert abs(top["grown_bytes"] - 29 * 4 * MiB) <= 2 * top["grown_error_bytes"] + 4 * MiB, top
+    assert not any(g["imports"] for g in report["grew"]) and all(g["site"] == top["site"] for g in report["grew"])
+    # who holds: never an import first; the model's 32 MiB resident since start-up, not growth
+    assert not report["sites"][0]["imports"] and any(s["imports"] for s in report["sites"]), report["sites"][:4]
+    (model,) = [s for s in report["sites"] if s["site"].endswith(f":{line_of(CACHE_JOB, 'model')})")]
+    assert model["resident_bytes"] == model["live_bytes"] and not model["grows"], model
+    assert abs(model["live_bytes"] - 32 * MiB) <= 2 * model["error_bytes"] + 2 * MiB, model
+    assert report["resident_bytes"] >= model["live_bytes"]
+    summary = (tmp_path / "bundle" / "summary.md").read_text()
+    section = summary.split("## Who holds the memory", 1)[1].split("\n## ", 1)[0]
+    grew_rows = section.split("Who grew", 1)[1]
+    assert f"train.py:{line_of(CACHE_JOB, 'cache')})`" in next(r for r in grew_rows.splitlines() if r.startswith("| `"))
+    shown = section.split("Allocating stack of the largest: ", 1)[1].split("\n", 1)[0]
+    assert "importlib" not in shown and "<frozen" not in shown.split(" ← ")[0], shown
+
+
+STEADY_JOB = """
+import os, signal, sys, time
+import numpy as np
+import blackbox
+
+blackbox.arm(sys.argv[1], sample_interval=0.05)
+for step in range(40):
+    blackbox.step(step)
+    scratch = [np.ones(1 << 17) for _ in range(8)]  # 8 MiB a step, freed the next
+    total = sum(float(a[0]) for a in scratch)
+    time.sleep(0.02)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.slow
+def test_a_job_with_no_leak_shows_no_site_growing(tmp_path: Path) -> None:
+    proc, meta, _ = run(tmp_path, STEADY_JOB)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    report = meta["allocations"]
+    assert report["grew"] == [] and not any(s["grows"] for s in report["sites"]), report["sites"][:3]
+    assert "Who grew: no site grew" in (tmp_path / "bundle" / "summary.md").read_text()
+
+
+SPIKE_JOB = """
+import os, sys, time
+import numpy as np
+import blackbox
+
+blackbox.arm(sys.argv[1], sample_interval=0.05)
+for step in range(12):
+    blackbox.step(step)
+    scratch = np.ones(1 << 20)
+    time.sleep(0.05)
+    if step == 10:
+        print("spike", flush=True)
+        batch = np.ones(3 << 26)  # PLANT: spike (1.5 GiB, filled: the kernel kills it at the 1 GiB limit)
+"""
+
+
+@pytest.mark.slow
+def test_a_spike_is_told_from_a_leak_with_its_line_step_and_requested_bytes(
+    tmp_path: Path, memory_cgroup: Any
+) -> None:
+    cg = memory_cgroup(1 << 30)
+    kills = cg.oom_kills()
+    proc, meta, job = run(tmp_path, SPIKE_JOB, cgroup=cg)
+    assert proc.returncode == -signal.SIGKILL and cg.oom_kills() == kills + 1, proc.stderr[-2000:]
+    death = meta["death"]
+    assert death["cause"] == "host_oom_kill" and death["memory_pattern"] == "spike", death
+    lever = death["levers"][0]
+    assert f"one allocation of 1.5 GiB at `{job}:{line_of(SPIKE_JOB, 'spike')}`" in lever, lever
+    assert "in step 10, the step it died in" in lever and "chunk it" in lever and "raise the limit" in lever
+    assert "was requested, not all touched" in lever, lever
+    assert not any("find what holds on to it" in lv or "kept across steps" in lv or "once the growth is explained"
+                   in lv for lv in death["levers"]), death["levers"]  # fmt: skip
+
+
+DLSYM_JOB = """
+import ctypes, os, signal, sys, time
+import blackbox
+
+libc = ctypes.CDLL(None)
+if sys.argv[2] == "before":
+    malloc = libc.malloc  # looked up before arm: calls go straight to glibc, never sampled
+blackbox.arm(sys.argv[1], sample_interval=0.05)
+malloc = libc.malloc
+malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+kept = []
+
+
+def c_buffer():
+    p = malloc(8 << 20)  # PLANT: dlsym
+    libc.memset(p, 1, 8 << 20)
+    kept.append(p)
+
+
+for step in range(1000):
+    blackbox.step(step)
+    c_buffer()
+    print("kept", len(kept) * (8 << 20), flush=True)
+    if sys.argv[3] == "sigkill" and step == 29:
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.02)
+"""
+
+
+@pytest.mark.slow
+def test_a_malloc_looked_up_through_dlsym_after_arming_is_named(tmp_path: Path) -> None:
+    proc, meta, job = run(tmp_path, DLSYM_JOB, "after", "sigkill")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    top = meta["allocations"]["grew"][0]
+    assert top["site"] == f"c_buffer ({job}:{line_of(DLSYM_JOB, 'dlsym')})", top
+    assert abs(top["growth_per_step"] - 8 * MiB) < 0.1 * 8 * MiB, top
+
+
+@pytest.mark.slow
+def test_a_malloc_looked_up_before_arming_is_stated_as_unseen_growth_with_figures(
+    tmp_path: Path, memory_cgroup: Any
+) -> None:
+    cg = memory_cgroup(512 * MiB)
+    proc, meta, _ = run(tmp_path, DLSYM_JOB, "before", "oom", cgroup=cg)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    kept = max(int(n) for n in re.findall(r"kept (\d+)", proc.stdout))
+    cov = meta["allocations"]["coverage"]
+    assert cov["unseen_growth_bytes"] >= 0.75 * kept and cov["sampled_bytes"] < 0.25 * kept, (cov, kept)
+    death = meta["death"]
+    assert death["memory_pattern"] == "unseen_growth", death
+    assert "no sampled allocation site grew" in death["levers"][0] and "dlsym" in death["levers"][0], death["levers"]
+    summary = (tmp_path / "bundle" / "summary.md").read_text()
+    assert "grew after arming than the sampled blocks hold" in summary
+
+
+SOON_JOB = """
+import os, signal, sys, threading
+import numpy as np
+import blackbox
+
+blackbox.arm(sys.argv[1], sample_interval=3600)  # no tick after arm's own: nothing but the hooks writes text
+kept = []
+
+
+def loader():
+    kept.append(np.ones(64 << 20, np.uint8))  # PLANT: soon
+
+
+t = threading.Thread(target=loader, name="prefetch-loader")
+t.start()
+t.join()
+os.kill(os.getpid(), signal.SIGKILL)  # at once: no tick between the allocation and the death
+"""
+
+
+@pytest.mark.slow
+def test_a_stack_and_thread_name_reach_the_ring_however_soon_the_process_dies(tmp_path: Path) -> None:
+    proc, meta, job = run(tmp_path, SOON_JOB)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    top = meta["allocations"]["sites"][0]
+    assert top["site"] == f"loader ({job}:{line_of(SOON_JOB, 'soon')})" and top["thread"] == "prefetch-loader", top
+    assert top["live_bytes"] == 64 * MiB  # a block of 64 MiB is sampled with probability 1 - e^-64
+
+
+WORKERS_JOB = """
+import os, signal, sys, time
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Cached(Dataset):
+    def __init__(self):
+        self.cache = []
+
+    def __len__(self):
+        return 1 << 20
+
+    def __getitem__(self, i):
+        self.cache.append(np.ones(1 << 17))  # PLANT: item (1 MiB an item, kept by the worker)
+        time.sleep(0.005)
+        return torch.tensor([float(i)])
+
+
+if __name__ == "__main__":
+    short = DataLoader(Cached(), batch_size=1, num_workers=1, multiprocessing_context="fork")
+    for step, _ in enumerate(short):  # a worker that ends cleanly while the job runs: folded, sites kept
+        if step == 19:
+            break
+    del short
+    time.sleep(1.0)
+    loader = DataLoader(Cached(), batch_size=1, num_workers=2, multiprocessing_context="fork",
+                        persistent_workers=True)
+    for step, _ in enumerate(loader):
+        time.sleep(0.01)
+        if step == 40:
+            print("workers", *(w.pid for w in loader._iterator._workers), flush=True)
+            time.sleep(0.3)  # the workers' ticks
+            os.kill(os.getpid(), signal.SIGKILL)  # the main process alone: its workers then end by themselves
+"""
+
+
+@pytest.mark.slow
+def test_fork_workers_ending_after_the_main_process_died_keep_their_allocation_sites(tmp_path: Path) -> None:
+    job = tmp_path / "train.py"
+    job.write_text(WORKERS_JOB)
+    env = {k: v for k, v in os.environ.items() if k != "BLACKBOX_ALLOCATIONS"} | {"PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "run"), "--",
+                           sys.executable, str(job)], capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]  # blackbox run ends as its job did
+    workers = {int(p) for p in re.search(r"workers (\d+) (\d+)", proc.stdout).groups()}  # type: ignore[union-attr]
+    (bundle,) = (tmp_path / "run").glob("*/bundle")
+    meta = json.loads((bundle / "metadata.json").read_text())
+    site = f"Cached.__getitem__ ({job}:{line_of(WORKERS_JOB, 'item')})"
+    kept = {m["pid"]: m for m in meta["rings"] if m["pid"] in workers}
+    assert set(kept) == workers, [(m["role"], m["pid"]) for m in meta["rings"]]  # neither was folded away
+    for m in kept.values():
+        top = m["allocations"]["sites"][0]
+        assert m["role"] == "worker" and top["site"] == site, (m["role"], top)
+        assert 10 * MiB <= top["live_bytes"] <= 40 * MiB, top  # about 20 items each, 1 MiB an item
+    # the first loader's worker ended cleanly while the job ran: folded, with its largest site
+    folded = [s for g in meta.get("helpers") or [] for s in g.get("sites") or []]
+    assert any(s["site"] == site and 10 * MiB <= s["live_bytes"] <= 40 * MiB for s in folded), meta.get("helpers")
+    summary = (bundle / "summary.md").read_text()
+    across = summary.split("## Who holds the memory, in every process", 1)[1].split("\n## ", 1)[0]
+    assert "Cached.__getitem__" in next(line for line in across.splitlines() if line.startswith("| `"))
