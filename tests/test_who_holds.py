@@ -325,3 +325,40 @@ def test_fork_workers_ending_after_the_main_process_died_keep_their_allocation_s
     summary = (bundle / "summary.md").read_text()
     across = summary.split("## Who holds the memory, in every process", 1)[1].split("\n## ", 1)[0]
     assert "Cached.__getitem__" in next(line for line in across.splitlines() if line.startswith("| `"))
+
+
+SUBINTERPRETER = "kept = [bytearray(1 << 16) for _ in range(2000)]\nassert sum(len(b) for b in kept) == 2000 << 16\n"
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="subinterpreters with a GIL of their own: Python 3.12+")
+def test_subinterpreters_keep_working_armed_with_the_defaults(tmp_path: Path, writer_backend: str) -> None:
+    """A subinterpreter with a GIL of its own runs its code on this thread and on another while the main
+    interpreter allocates, armed with the defaults (stacks and allocations sampled every 10 ms): reading
+    every interpreter's frames (``sys._current_frames``) crashed the process (free(): invalid pointer)."""
+    import threading
+
+    if sys.version_info >= (3, 13):
+        import _interpreters as interpreters  # type: ignore[import-not-found]
+
+        iid = interpreters.create("isolated")
+        run_in = lambda: interpreters.exec(iid, SUBINTERPRETER)  # noqa: E731
+    else:
+        import _xxsubinterpreters as interpreters  # type: ignore[import-not-found]
+
+        iid = interpreters.create(isolated=True)
+        run_in = lambda: interpreters.run_string(iid, SUBINTERPRETER)  # noqa: E731
+    rec = blackbox.Recorder.arm(tmp_path / "s.ring", sample_interval=0.01)
+    try:
+        assert rec.armed and rec._allocs is not None, rec.notes
+        errors = [run_in()]
+        other = threading.Thread(target=lambda: errors.append(run_in()))
+        other.start()
+        mine = [bytearray(1 << 16) for _ in range(4000)]  # the main interpreter allocates meanwhile
+        other.join()
+        rec.sample_now()
+    finally:
+        rec.disarm()
+        interpreters.destroy(iid)
+    assert errors == [None, None] and len(mine) == 4000
+    meta = blackbox.recover(tmp_path / "s.ring", tmp_path / "bundle")
+    assert json.loads((meta / "metadata.json").read_text())["allocations"]["recorded"] is True

@@ -1,4 +1,4 @@
-"""Who filled the memory: allocations sampled by bytes, in every process, into the ring.
+"""Who filled the memory: allocations sampled by bytes, in every process, into the ring (on by default).
 
 The sampling itself is the C extension ``_csample`` (its header comment says why
 it patches the loaded libraries' relocation slots and wraps PyMem's MEM and OBJ
@@ -11,16 +11,41 @@ so live bytes per site are an unbiased estimate whose error recovery computes
 until it is freed (so what was live at a kill is there however long ago it was
 allocated), and each sample and each free is a record (the timeline).
 
+On by default (``arm()``, every process ``blackbox run`` arms): off with
+``arm(allocations=False)``, ``BLACKBOX_ALLOCATIONS=0`` or ``blackbox run
+--no-allocations``. Where a job allocates so fast that sampling would cost more
+than MAX_SAMPLES_PER_S blocks a second (about 0.25% of a core), the tick raises
+R (doubling, with a note in the ring that says to what); a block keeps the
+weight of the R its countdown was drawn with, so estimates stay unbiased across
+the change. Without the C extension nothing is sampled, no heap table is made,
+and the ring's note makes the bundle say "not recorded", never "0 B".
+
+A malloc reached through ``dlsym`` (``ctypes.CDLL(None).malloc``, cffi) calls
+glibc through a pointer, past every relocation slot: the hooks never see it.
+How it is caught, safely: ``dlsym``'s own slot is patched, in ctypes' and cffi's
+extension modules alone (the ways Python code looks a C function up by name);
+the hook calls glibc's ``dlsym`` and, where the answer is one of the malloc
+family's real definitions, returns the forwarding hook instead, so the blocks
+are sampled with the Python stack that called them, served by the same
+allocator. Every other answer is glibc's, unchanged, and no other object's
+``dlsym`` is touched (an interposer's ``dlsym(RTLD_NEXT, ...)`` must resolve
+after its own object). A function looked up before arming keeps glibc's
+address: its memory is not seen, and recovery states it (the process's
+anonymous memory grew after arming beyond what the samples hold: the
+``coverage`` of recovery/alloc_levers.py, with its figures).
+
 This module is the sampler tick's half (Python, the GIL held, on the recorder's
 sampler thread): it writes the text of stacks the hooks saw for the first time
 into the stack table (one kind-3 entry per stack fingerprint, with the
 allocating thread's name and the source line of the innermost frame outside
 libraries), writes them again into a new generation when the table turns over
-(for the blocks still live), tells the hooks the step in force, and patches
-libraries loaded since the last tick (torch imported after arm). What a kill
-loses: the text of stacks first seen since the last tick (at most one sample
-interval); their records and heap slots survive and read as
-``format.STACK_UNWRITTEN_TEXT``.
+(for the blocks still live), tells the hooks the step in force and the threads'
+names, and patches libraries loaded since the last tick (torch imported after
+arm). The hooks themselves write a new stack's text (frames, thread name) into
+the tail of the stack table's current half at once (STACK_TAIL, ``_csample``'s
+"the stack table's tail"), so a kill right after an allocation loses neither;
+the tick's copy adds the source line. A thread's name reaches the hooks as the
+thread starts (``Thread._set_ident`` wrapped while sampling) and at each tick.
 """
 
 from __future__ import annotations

@@ -181,14 +181,26 @@ def _walk(frame: Any, max_depth: int, skip: str | None, frame_ids: dict[Any, int
     return ids, keys, None, depth
 
 
+def _subinterpreters() -> bool:
+    """Whether subinterpreters exist (3.12+: each may run its threads under a GIL of its own, while
+    ``sys._current_frames()`` reads every interpreter's frames: the C walk reads this interpreter's only)."""
+    module = sys.modules.get("_interpreters") or sys.modules.get("_xxsubinterpreters")
+    try:
+        return module is not None and len(module.list_all()) > 1
+    except Exception:
+        return True
+
+
 def py_walks(
     idents: tuple[int, ...], max_depth: int, skip_ident: int, skip: str | None, frame_ids: dict[Any, int]
 ) -> Any:
     """The pure-Python twin of ``_cwriter.stack_walks``: per thread, None or (ids or None, keys,
-    frames or None, depth). The collector is off while frames are walked (``frame.f_back``
+    frames or None, depth); every thread None while subinterpreters exist. The collector is off while frames are walked (``frame.f_back``
     allocates frame objects; a collection there can release the GIL mid-call and let the walked
     thread pop the frame being linked: see _cwriter.c); unlike the C walk, bytecode boundaries in
     between can let the job run meanwhile with its collector off, for microseconds."""
+    if _subinterpreters():  # sys._current_frames() would read their threads' frames as they run: no sample
+        return [None] * len(idents)
     collecting = gc.isenabled()
     if collecting:
         gc.disable()

@@ -1057,6 +1057,36 @@ error:
     return NULL;
 }
 
+/* {thread ident: its innermost frame} of this interpreter's threads alone. Not sys._current_frames(): it
+ * walks every interpreter's threads, and a subinterpreter with a GIL of its own (3.12+) runs them while
+ * we read: its frames, materialised from here, crashed the job (free(): invalid pointer). Our GIL keeps
+ * this interpreter's thread list and frames still; a thread now running in a subinterpreter shows the
+ * frames it left here. */
+static PyObject *own_frames(void) {
+    PyObject *out = PyDict_New();
+    if (out == NULL)
+        return NULL;
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(PyInterpreterState_Get()); ts != NULL;
+         ts = PyThreadState_Next(ts)) {
+        PyFrameObject *frame = PyThreadState_GetFrame(ts);
+        if (frame == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            continue;
+        }
+        PyObject *key = PyLong_FromUnsignedLong(ts->thread_id);
+        int bad = key == NULL || PyDict_SetItem(out, key, (PyObject *)frame) < 0;
+        Py_XDECREF(key);
+        Py_DECREF(frame);
+        if (bad)
+            goto fail;
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyObject *stack_walks(PyObject *Py_UNUSED(m), PyObject *args) {
     PyObject *idents, *skip, *frame_ids;
     int max_depth;
@@ -1068,18 +1098,13 @@ static PyObject *stack_walks(PyObject *Py_UNUSED(m), PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "stack_walks(idents, 1..64, skip_ident, str or None, dict)");
         return NULL;
     }
-    PyObject *current_frames = PySys_GetObject("_current_frames"); /* borrowed */
-    if (current_frames == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "sys._current_frames is missing");
-        return NULL;
-    }
     Py_ssize_t count = PyTuple_GET_SIZE(idents);
     PyObject *out = PyList_New(count), *current = NULL;
     if (out == NULL)
         return NULL;
     int collecting = PyGC_Disable(); /* see above: no collection, so no code, while frames are walked */
-    current = PyObject_CallNoArgs(current_frames);
-    int failed = current == NULL || !PyDict_Check(current);
+    current = own_frames();
+    int failed = current == NULL;
     for (Py_ssize_t i = 0; i < count && !failed; i++) {
         PyObject *ident = PyTuple_GET_ITEM(idents, i);
         PyObject *start = PyDict_GetItemWithError(current, ident);
@@ -1104,8 +1129,8 @@ static PyObject *stack_walks(PyObject *Py_UNUSED(m), PyObject *args) {
     /* Only now drop what we hold: a frame whose function has returned since may free its locals. */
     Py_XDECREF(current);
     if (failed) {
-        if (current != NULL && !PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "sys._current_frames() did not return a dict");
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "the threads' frames could not be read");
         Py_DECREF(out);
         return NULL;
     }
