@@ -195,10 +195,11 @@ def py_walks(
     idents: tuple[int, ...], max_depth: int, skip_ident: int, skip: str | None, frame_ids: dict[Any, int]
 ) -> Any:
     """The pure-Python twin of ``_cwriter.stack_walks``: per thread, None or (ids or None, keys,
-    frames or None, depth); every thread None while subinterpreters exist. The collector is off while frames are walked (``frame.f_back``
-    allocates frame objects; a collection there can release the GIL mid-call and let the walked
-    thread pop the frame being linked: see _cwriter.c); unlike the C walk, bytecode boundaries in
-    between can let the job run meanwhile with its collector off, for microseconds."""
+    frames or None, depth); every thread None while subinterpreters exist. The collector is off while
+    frames are walked (``frame.f_back`` allocates frame objects; a collection there can release the GIL
+    mid-call and let the walked thread pop the frame being linked: see _cwriter.c); unlike the C walk,
+    bytecode boundaries in between can let the job run meanwhile with its collector off, for
+    microseconds."""
     if _subinterpreters():  # sys._current_frames() would read their threads' frames as they run: no sample
         return [None] * len(idents)
     collecting = gc.isenabled()
