@@ -77,12 +77,11 @@ NO_C_ENV = "BLACKBOX_NO_C_EXTENSION"  # "1": behave as an install without a C co
 NO_C_SAID_ENV = "BLACKBOX_NO_C_EXTENSION_SAID"  # set by `blackbox run` once it has said NO_C_EXTENSION for its job
 NO_C_EXTENSION = (
     "blackbox's C extension (blackbox.ring._cwriter) is not built, as after an install without a C compiler: "
-    "allocations are not sampled (arm(allocations=...) needs blackbox.collect._csample, built with it); "
-    "a signal is recorded only where its default action ends the process, and without its sender; a signal "
-    "the job's own handler takes, and the status of an exit that calls neither sys.exit nor os._exit (a "
-    "top-level `raise SystemExit(n)`), are not recorded, and allocations are not sampled (summary.md's \"Who "
-    "holds the memory\" says not recorded). Reinstall blackbox where a C compiler and Python's headers are "
-    "present to record them"
+    "allocations are not sampled (they need blackbox.collect._csample, built with it; summary.md's \"Who holds "
+    "the memory\" says not recorded); a signal is recorded only where its default action ends the process, and "
+    "without its sender; a signal the job's own handler takes, and the status of an exit that calls neither "
+    "sys.exit nor os._exit (a top-level `raise SystemExit(n)`), are not recorded. Reinstall blackbox where a C "
+    "compiler and Python's headers are present to record them"
 )
 
 
