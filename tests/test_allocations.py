@@ -291,7 +291,7 @@ import fake_torch
 fake_torch.install()
 import blackbox
 
-rec = blackbox.arm(sys.argv[1], sample_interval=0.02, allocator_history=True, allocations=True)
+rec = blackbox.arm(sys.argv[1], sample_interval=0.02, allocator_history=True)  # allocations sampled by default
 fake_torch.state["initialised"] = True  # the job sets CUDA up: the hooks attach, history on
 while not rec._torch._history_on:
     time.sleep(0.01)
@@ -312,10 +312,12 @@ def scratch(i):
 
 
 for i in range(12):
+    blackbox.step(i)
     keep_activations(i)
     scratch(i)
     rec._torch.drain()
     print("leaked", (i + 1) * GiB, flush=True)
+blackbox.step(12)
 rec.sample_now()  # the tick writes the GPU stacks' text
 os.kill(os.getpid(), signal.SIGKILL)
 """
@@ -334,6 +336,10 @@ def test_gpu_blocks_are_sampled_from_the_allocator_history_with_their_stacks(tmp
     assert top["site"] == f"keep_activations ({job}:{leak_line(GPU_JOB, 'gpu')})" and top["domains"] == ["gpu"], top
     assert 9 << 30 <= top["live_bytes"] <= 15 << 30, top  # 12 GiB kept
     assert all(not s["site"].startswith("scratch (") for s in sites), "freed blocks hold nothing"
+    # told as the host's are: who grew, 1 GiB a step, by the step each block was allocated in
+    grew = json.loads((tmp_path / "bundle" / "metadata.json").read_text())["allocations"]["grew"]
+    assert grew and grew[0]["site"] == top["site"] and grew[0]["growth_by"] == "step", grew
+    assert 0.7 * (1 << 30) <= grew[0]["growth_per_step"] <= 1.3 * (1 << 30), grew[0]
 
 
 WATCHED_JOB = """

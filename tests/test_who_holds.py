@@ -362,3 +362,39 @@ def test_subinterpreters_keep_working_armed_with_the_defaults(tmp_path: Path, wr
     assert errors == [None, None] and len(mine) == 4000
     meta = blackbox.recover(tmp_path / "s.ring", tmp_path / "bundle")
     assert json.loads((meta / "metadata.json").read_text())["allocations"]["recorded"] is True
+
+
+FAST_JOB = """
+import os, signal, sys, time
+import numpy as np
+import blackbox
+
+blackbox.arm(sys.argv[1], sample_interval=0.05)
+before = [np.ones(1 << 17) for _ in range(64)]  # PLANT: before (64 MiB, sampled at R = 1 MiB)
+end = time.monotonic() + 1.5
+while time.monotonic() < end:  # a job that allocates gigabytes a second: sampling it all would cost too much
+    for _ in range(300):
+        scratch = np.empty(1 << 17)
+    time.sleep(0.001)
+size = int(blackbox.active()._allocs._mean)  # the R it raised to: blocks of R, each sampled with p = 1 - 1/e
+after = [np.empty(size // 8) for _ in range(16)]  # PLANT: after (16 R untouched, sampled at the raised R)
+print("after", 16 * (size // 8) * 8, flush=True)
+time.sleep(0.2)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.slow
+def test_a_job_allocating_too_fast_gets_a_larger_interval_and_unbiased_estimates(tmp_path: Path) -> None:
+    proc, meta, job = run(tmp_path, FAST_JOB)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    report = meta["allocations"]
+    raised = report["mean_bytes_raised_to"]
+    assert report["mean_bytes"] == MiB and raised is not None and raised > MiB, report["mean_bytes_raised_to"]
+    assert any(n.startswith(f"allocations: sampling interval raised to {raised} bytes") for n in meta["notes"])
+    after = int(re.search(r"after (\d+)", proc.stdout).group(1))  # type: ignore[union-attr]
+    sites = {s["site"]: s for s in report["sites"]}
+    for mark, truth in (("before", 64 * MiB), ("after", after)):  # each block weighted by the R it met
+        site = sites[f"<module> ({job}:{line_of(FAST_JOB, mark)})"]
+        assert abs(site["live_bytes"] - truth) <= 2 * site["error_bytes"], (mark, truth, site)  # within 4 sigma
+    assert f"raised to {raised / MiB:.1f} MiB" in (tmp_path / "bundle" / "summary.md").read_text()

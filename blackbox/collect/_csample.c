@@ -1283,6 +1283,10 @@ static PyObject *start(PyObject *Py_UNUSED(m), PyObject *args) {
     g.samples = g.frees = g.table_full = g.stale = g.pending_full = g.seen_full = 0;
     g.forked = 0;
     g.epoch++;
+    /* A thread's countdown drawn under an earlier arming with a larger R runs on until it runs out (the fast
+     * path never looks at the arming); the arming thread's (the main thread's, mostly) is reset here, so its
+     * next allocation draws afresh with this R. */
+    tls.countdown = 0;
     int native = 0;
     if (want_native && resolve_reals()) {
         Dl_info self;
