@@ -20,6 +20,7 @@ from ._recorder_collect import uninstall_collectors
 from .collect.exceptions import exit_record_possible, record_status_at_exit
 from .collect.identity import parent_gone
 from .ring import format as fmt
+from .ring.file import died_armed
 from .ring.folded import FOLDED, fold_line
 from .ring.writer import built_module
 
@@ -106,13 +107,15 @@ def _record_status_at_exit(rec: Recorder) -> None:  # (run by disarm's HeldForTh
 
 def _foldable(rec: Recorder) -> Path | None:
     """The ring to fold, where this is a helper under `blackbox run` whose end looks clean so far: no
-    uncaught exception, no exit with a nonzero status, none in flight as it ended, and its parent still
-    alive (a DataLoader worker ending by itself after its main process was killed keeps its ring: what it
-    held is part of that death)."""
+    uncaught exception, no exit with a nonzero status, none in flight as it ended, and its parent not
+    dead (gone, its ring left armed: a DataLoader worker ending by itself after its main process was killed
+    keeps its ring, what it held being part of that death; one ending after its parent's clean end folds)."""
     exceptions = rec._exceptions
     if not rec._fold_clean or rec.path is None or (exceptions is not None and exceptions.failed):
         return None
-    return None if parent_gone(rec._identity) else rec.path
+    ppid = rec._identity.get("ppid")
+    died = parent_gone(rec._identity) and isinstance(ppid, int) and died_armed(rec.path.parent, ppid)
+    return None if died else rec.path
 
 
 def _line(rec: Recorder) -> bytes:

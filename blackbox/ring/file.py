@@ -35,7 +35,7 @@ from pathlib import Path
 
 from .._errors import BlackboxError
 from .._fds import OwnedFd
-from .format import MAGIC, Header, decode_header
+from .format import MAGIC, STATE_ARMED, Header, decode_header
 from .header import CRASH_SUFFIX as CRASH_SUFFIX
 from .header import RING_SUFFIX as RING_SUFFIX
 from .header import header_of
@@ -111,6 +111,29 @@ def safe_folder(folder: Path) -> None:
         raise PermissionError(f"{folder}: {what}, found one owned by uid {st.st_uid}")
     if st.st_mode & 0o022:
         raise PermissionError(f"{folder}: {what}, found mode {stat.S_IMODE(st.st_mode):o}")
+
+
+def died_armed(folder: Path, pid: int) -> bool:
+    """Whether a ring of process ``pid`` in ``folder`` was left armed, not cleanly ended: the process died
+    (SIGKILL, the OOM killer) where it is gone. One directory listing and a 12-byte read per match."""
+    try:
+        names = [n for n in os.listdir(folder) if f"-pid{pid}-" in n and n.endswith(RING_SUFFIX)]
+    except OSError:
+        return False
+    for name in names:
+        try:
+            fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            head = os.pread(fd, 12, 0)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        if len(head) == 12 and head[:8] == MAGIC and int.from_bytes(head[10:12], "little") == STATE_ARMED:
+            return True
+    return False
 
 
 def ring_name(host: str, pid: int, rank: int | None, started_ns: int) -> str:
