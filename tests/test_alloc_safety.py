@@ -61,7 +61,8 @@ if __name__ == "__main__":
         rec = blackbox.arm(sys.argv[1], sample_interval=0.02)  # the default: allocations sampled
         assert rec._allocs is not None, rec.notes
     signal.signal(signal.SIGUSR1, handler)
-    threads = [threading.Thread(target=churn, args=(60,)) for _ in range(4)]  # ~18 MB each: dozens of samples at R = 1 MiB
+    # ~18 MB each: dozens of samples at R = 1 MiB
+    threads = [threading.Thread(target=churn, args=(60,)) for _ in range(4)]
     for t in threads:
         t.start()
     for _ in range(20):
