@@ -1,6 +1,7 @@
 """Step-time overhead of the recorder on a CPU training loop: a small MLP, or a small GPT (a realistic step).
 
     .venv/bin/python tools/bench_overhead.py [--model mlp|gpt] [--rounds N] [--steps N] [--interleaved-only]
+    .venv/bin/python tools/bench_overhead.py --model gpt --ab 100   # allocation sampling alone, with its interval
 
 Configurations: not armed; default ``arm()`` (allocation sampling on, as every
 job now gets it); ``arm(allocations=False)`` (sampling off); ``arm(modules=True)``.
@@ -110,6 +111,31 @@ if config == "attributed":
     out["step_ns"] = statistics.median(step() for _ in range(n))
     print(json.dumps(out))
     sys.exit(0)
+if config == "ab":
+    # allocation sampling alone: default arm() against arm(allocations=False) (and R = 1 GiB: the hooks in, nothing
+    # sampled), blocks of 4 steps (one more unmeasured after arming) in shuffled order, CPU time; `steps` rounds
+    import random
+    random.seed(4)
+    pairs = {"default": {}, "hooks only (R = 1 GiB)": {"allocations": 1 << 30}, "off": {"allocations": False}}
+    cpu = {k: [] for k in pairs}
+    for _ in range(steps):
+        for name in random.sample(list(pairs), len(pairs)):
+            blackbox.arm(ring_dir, capacity=1 << 14, **pairs[name])
+            step()
+            c0 = time.process_time()
+            for _ in range(4):
+                step()
+            cpu[name].append((time.process_time() - c0) / 4 * 1e9)
+            blackbox.disarm()
+    out = {}
+    for name in ("default", "hooks only (R = 1 GiB)"):
+        r = sorted(a / b for a, b in zip(cpu[name], cpu["off"]))
+        n = len(r)
+        lo, hi = r[max(0, int(n / 2 - 0.98 * n ** 0.5))], r[min(n - 1, int(n / 2 + 0.98 * n ** 0.5))]
+        out[name] = [statistics.median(r), lo, hi]
+    out["off_ns"] = statistics.median(cpu["off"])
+    print(json.dumps(out))
+    sys.exit(0)
 if config != "interleaved":
     print(json.dumps({"median_ns": statistics.median(step() for _ in range(steps))}))
     sys.exit(0)
@@ -166,7 +192,16 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=None, help="steps per process (default 400 mlp, 60 gpt)")
     ap.add_argument("--processes", type=int, default=3, help="processes of interleaved blocks")
     ap.add_argument("--interleaved-only", action="store_true", help="only the in-process alternating blocks")
+    ap.add_argument("--ab", type=int, metavar="ROUNDS", help="only allocation sampling against allocations=False: "
+                    "ROUNDS rounds of blocks in one process, the median CPU ratio with its 95%% interval")  # fmt: skip
     args = ap.parse_args()
+    if args.ab:
+        with tempfile.TemporaryDirectory(dir=os.environ.get("BLACKBOX_DIR") or "/var/tmp") as d:
+            ab = run_job("ab", args.ab, d, args.model)
+        print(f"{args.model}: CPU per step with allocations=False {ab.pop('off_ns') / 1e6:.2f} ms; {args.ab} rounds")
+        for name, (med, lo, hi) in ab.items():
+            print(f"| {name} / off | {100 * (med - 1):+.2f}% (95%: {100 * (lo - 1):+.2f} .. {100 * (hi - 1):+.2f}%) |")
+        return 0
     steps = args.steps or (400 if args.model == "mlp" else 60)
     results: dict[str, list[float]] = {c: [] for c in CONFIGS}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BLACKBOX_DIR") or "/var/tmp") as d:
