@@ -44,7 +44,7 @@ blackbox.step(7)
 print("armed", flush=True)
 time.sleep(120)
 """
-SHELL_METAVARS = {"FILE", "OUT", "DIR", "SECONDS", "N", "SIZE", "SHELL"}
+SHELL_METAVARS = {"FILE", "OUT", "DIR", "SECONDS", "N", "SIZE", "SHELL", "SIG", "LEVELS"}
 POSITIONAL = re.compile(r"^[A-Z]+(\|[A-Z]+)*$")
 
 

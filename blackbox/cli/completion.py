@@ -12,7 +12,7 @@ from ._common import standalone
 
 SHELLS = ("bash", "zsh", "fish")
 FOLDER_METAVARS = {"DIR", "OUT"}  # values completed as folders; FILE and the positional targets as any path
-VALUE_FREE = {"SECONDS", "N", "SIZE"}  # values no path completes
+VALUE_FREE = {"SECONDS", "N", "SIZE", "SIG", "LEVELS"}  # values no path completes
 FISH_FOLDERS = "-x -a '(__fish_complete_directories (commandline -ct))'"
 
 

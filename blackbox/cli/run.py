@@ -56,8 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--alert-before", type=float, metavar="SECONDS",
                         help="a forecast under SECONDS is critical (default 60)")  # fmt: skip
-    parser.add_argument("--alert-levels", metavar="WARN,CRIT",
-                        help="the warning and critical levels, percent of the limit (default 80,95)")  # fmt: skip
+    parser.add_argument("--alert-levels", metavar="LEVELS",
+                        help="WARN,CRIT: warning and critical levels, percent of the limit (80,95)")  # fmt: skip
     parser.add_argument("--watchdog", action="store_true",
                         help="free the CUDA cache (torch.cuda.empty_cache) on a GPU fragmentation alert")  # fmt: skip
     parser.add_argument("job", nargs=argparse.REMAINDER, metavar="-- CMD...", help="the job to run")

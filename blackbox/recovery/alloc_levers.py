@@ -118,12 +118,22 @@ def spike_lever(spike: dict[str, Any], last_sample: dict[str, Any] | None) -> st
 
 
 def with_site_lever(death: dict[str, Any], allocations: dict[str, Any] | None, role: str | None,
-                    last_sample: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+                    last_sample: dict[str, Any] | None = None, pid: int | None = None) -> dict[str, Any]:  # fmt: skip
     """The death with its allocation sites' lever first, where it ran out of memory: the site that grew most,
-    or a spike (``memory_pattern``: ``spike``, the leak levers dropped), or the largest holder."""
+    or a spike (``memory_pattern``: ``spike``, the leak levers dropped), or the largest holder. Where the
+    process killed is another one (``victim.pid`` is not ``pid``: a DataLoader worker, a pool's helper), these
+    sites are not the victim's: its own levers stay first and this process's site comes last, named as its."""
     if not death or death.get("cause") not in MEMORY_CAUSES or not (allocations or {}).get("recorded"):
         return death
     top, levers = holder(allocations), list(death.get("levers") or [])
+    victim = (death.get("victim") or {}).get("pid")
+    if isinstance(victim, int) and isinstance(pid, int) and victim != pid:
+        grew = (allocations or {}).get("grew") or []
+        site = grew[0] if grew else top
+        if site is None:
+            return death
+        return {**death, "levers": [*levers, f"in this process (pid {pid}, not the one killed): "
+                                              f"{site_lever(site, role, grew=bool(grew))}"]}  # fmt: skip
     unseen = unseen_lever(death, allocations)
     if unseen is not None:
         held = [site_lever(top, role)] if top is not None else []

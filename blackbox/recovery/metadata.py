@@ -139,7 +139,7 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
         allocations["mean_bytes_raised_to"] = raised[-1] if raised else None
     else:
         allocations = not_recorded(ring, unsampled)
-    death = with_site_lever(death, allocations, ident.get("role"), last_sample)
+    death = with_site_lever(death, allocations, ident.get("role"), last_sample, ident.get("pid"))
     alerts = alerts_report(table, death_time(death, evidence.writer_alive))
     death = with_alert_evidence(death, alerts)
     return {

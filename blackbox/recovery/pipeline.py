@@ -50,9 +50,13 @@ class Recovered:
 
 
 def _window_and_children(ring: Ring) -> tuple[tuple[int, int], set[int]]:
-    """(first, last) monotonic ns of the ring's events, and the pids of the children it sampled."""
+    """(first, last) monotonic ns of the ring's events, and the pids of the children it sampled. A ring with
+    no event readable spans from its arm (the header's clock) on: never from the boot, which let a kernel
+    kill of its pid long before it (a pid reused) pass for its death."""
     if not ring.count:
-        return (0, 0), set()
+        armed = (ring.meta.get("clock") or {}).get("monotonic_ns")
+        at = armed if isinstance(armed, int) and not isinstance(armed, bool) and armed > 0 else 0
+        return (at, at), set()
     times, kinds = ring.field("time"), ring.field("kind")
     children = ring.field("p0")[kinds == fmt.KIND_CODES["child_sample"]] if ring.header.version >= 3 else np.zeros(0)
     return (int(times.min()), int(times.max())), {int(p) for p in np.unique(children)}

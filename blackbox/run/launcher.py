@@ -196,9 +196,18 @@ def launch(command: list[str], rings: Path, boot: Path, on_end: Callable[[Ended]
         signal.pthread_sigmask(signal.SIG_SETMASK, set(before) | {int(s) for s in FORWARDED})
 
 
+def _sigtimedwait(watched: set[int], timeout: float) -> Any:
+    """``signal.sigtimedwait``, but None for what is no signal of ``watched``. Interrupted (EINTR: a stop and a
+    continue, Ctrl-Z then fg) after its timeout ran out, CPython (3.10-3.13) returns the siginfo it never
+    filled in: a signal number of whatever the stack held, which relayed to the job was an EINVAL that ended
+    blackbox run (seen under load, test_run_groups' Ctrl-Z, 1 run in 5 with 30 busy processes beside it)."""
+    info = signal.sigtimedwait(watched, timeout)
+    return info if info is not None and info.si_signo in watched else None
+
+
 def _wait(pid: int, watched: set[int], relayer: Relayer) -> Ended:
     while True:
-        info = signal.sigtimedwait(watched, 0.5)
+        info = _sigtimedwait(watched, 0.5)
         if info is not None and info.si_signo != signal.SIGCHLD:
             relayer.relay(info)
             continue
@@ -240,7 +249,7 @@ def _wait_for_the_group(watched: set[int], relayer: Relayer) -> None:
                 while os.waitpid(-1, os.WNOHANG)[0] > 0:
                     pass
             return
-        info = signal.sigtimedwait(watched, 0.25)  # a leftover's end wakes us (SIGCHLD: it is ours now)
+        info = _sigtimedwait(watched, 0.25)  # a leftover's end wakes us (SIGCHLD: it is ours now)
         if info is not None and info.si_signo != signal.SIGCHLD:
             relayer.relay(info)
 
