@@ -342,6 +342,75 @@ def test_gpu_blocks_are_sampled_from_the_allocator_history_with_their_stacks(tmp
     assert 0.7 * (1 << 30) <= grew[0]["growth_per_step"] <= 1.3 * (1 << 30), grew[0]
 
 
+GPU_DRAINED_LATE_JOB = """
+import inspect, os, signal, sys, threading, time
+sys.path.insert(0, sys.argv[2])
+import fake_torch
+fake_torch.install()
+import blackbox
+
+rec = blackbox.arm(sys.argv[1], sample_interval=0.02, allocator_history=True)
+fake_torch.state["initialised"] = True
+while not rec._torch._history_on:
+    time.sleep(0.01)
+GiB = 1 << 30
+
+
+def frames():
+    return [{"name": f.function, "filename": f.filename, "line": f.lineno} for f in inspect.stack()[1:]]
+
+
+def now_us():  # what PyTorch's history holds: microseconds since the epoch
+    return time.time_ns() // 1000
+
+
+def build_model():
+    for j in range(4):
+        fake_torch.add_trace("alloc", 0x7D00_0000_0000 + j * GiB, GiB, now_us(), frames())  # LEAK: model
+
+
+def keep_activations(i):
+    fake_torch.add_trace("alloc", 0x7F00_0000_0000 + i * GiB, GiB, now_us(), frames())  # LEAK: gpu
+
+
+build_model()
+time.sleep(0.05)
+for i in range(12):
+    blackbox.step(i)
+    time.sleep(0.02)
+    keep_activations(i)
+    if i % 4 == 3:  # drained every 4 steps from another thread, as the sampler drains, seconds apart
+        drainer = threading.Thread(target=rec._torch.drain)
+        drainer.start()
+        drainer.join()
+blackbox.step(12)
+rec.sample_now()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_gpu_block_takes_the_step_it_was_allocated_in_not_the_drains(tmp_path: Path) -> None:
+    # GIVEN GPU blocks drained from PyTorch's history every 4 steps: the model's 4 GiB before the first step
+    # (found by the drain in step 3), then 1 GiB kept each step
+    job = tmp_path / "train.py"
+    job.write_text(GPU_DRAINED_LATE_JOB)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, str(job), f"{tmp_path / 'rings'}/", str(REPO / "tests")],
+                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    blackbox.recover(tmp_path / "rings", tmp_path / "bundle")
+    report = json.loads((tmp_path / "bundle" / "metadata.json").read_text())["allocations"]
+    sites = {s["site"].split(" (")[0]: s for s in report["sites"]}
+    # THEN the model's blocks are resident (allocated before the first step), not growth found in step 3
+    model, leak = sites["build_model"], sites["keep_activations"]
+    assert model["resident_bytes"] == model["live_bytes"] > 2 << 30 and not model["grows"], model
+    assert [g["site"] for g in report["grew"]] == [leak["site"]], report["grew"]
+    # and the kept blocks grew from step 0, a GiB a step, as each was allocated (per step, as the thread that
+    # counts the steps: PyTorch's history names no thread, and the drain's thread is not the allocating one)
+    assert report["grew"][0]["first_step"] == 0 and report["grew"][0]["growth_by"] == "step", report["grew"]
+    assert 0.7 * (1 << 30) <= report["grew"][0]["growth_per_step"] <= 1.3 * (1 << 30), report["grew"]
+
+
 WATCHED_JOB = """
 import sys, time
 import numpy as np

@@ -1485,21 +1485,25 @@ static PyObject *live_stacks(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) 
     return out;
 }
 
-/* track(address, size, weight, fingerprint, device) -> slot or -1: a GPU block sampled by the tick
- * (from the allocator's history) into the heap table, with its alloc_sample record. */
+/* track(address, size, weight, fingerprint, device[, when]) -> slot or -1: a GPU block sampled by the tick
+ * (from the allocator's history) into the heap table, with its alloc_sample record. ``when``: the block's
+ * allocation (CLOCK_MONOTONIC ns, from the history's own time), kept in its slot where it is not later than
+ * now; else the slot holds now, the drain's time. */
 static PyObject *track(PyObject *Py_UNUSED(m), PyObject *args) {
     unsigned long long addr, size, weight, stack;
     int device;
-    if (!PyArg_ParseTuple(args, "KKKKi", &addr, &size, &weight, &stack, &device))
+    long long when = 0;
+    if (!PyArg_ParseTuple(args, "KKKKi|L", &addr, &size, &weight, &stack, &device, &when))
         return NULL;
     if (!__atomic_load_n(&g.active, __ATOMIC_SEQ_CST) || addr <= BUSY || addr >= (1ULL << 55) || device < 0 ||
         device > 255)
         return PyLong_FromLongLong(-1);
     uint64_t key = addr | GPU_KEY | (uint64_t)device << 55;
+    int64_t t = now_ns();
     tls.guard++;
     int64_t slot = -1, entry = heap_claim(key, addr_hash((void *)(uintptr_t)key), &slot);
     if (entry >= 0)
-        heap_fill(entry, slot, key, addr, size, weight, stack, now_ns(), DOMAIN_GPU);
+        heap_fill(entry, slot, key, addr, size, weight, stack, when > 0 && when < t ? when : t, DOMAIN_GPU);
     else
         g.table_full++;
     int64_t payload[PAYLOAD_WORDS] = {(int64_t)addr, (int64_t)weight, (int64_t)stack, DOMAIN_GPU, slot, 0, 0, 0, 0};
@@ -1547,7 +1551,7 @@ static PyMethodDef methods[] = {
     {"set_mean", set_mean, METH_O, "set_mean(R): the mean sampling interval, bytes, for countdowns drawn from now."},
     {"pending", pending, METH_NOARGS, "Stacks seen for the first time: (fingerprint, thread, depth, frames)."},
     {"live_stacks", live_stacks, METH_NOARGS, "{fingerprint: blocks} in the heap table now."},
-    {"track", track, METH_VARARGS, "track(address, size, weight, fingerprint, device) -> heap slot or -1."},
+    {"track", track, METH_VARARGS, "track(address, size, weight, fingerprint, device[, when]) -> heap slot or -1."},
     {"untrack", untrack, METH_VARARGS, "untrack(address, device) -> whether it was a tracked GPU block."},
     {"stats", stats, METH_NOARGS, "Counters since start."},
     {NULL, NULL, 0, NULL},

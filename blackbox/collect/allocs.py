@@ -369,7 +369,8 @@ class AllocSampler:
     def gpu_block(self, device: int, entry: dict[str, Any]) -> None:
         """One entry of PyTorch's CUDA allocator history (drained by torch_hooks): an ``alloc`` is sampled
         by bytes like a host block (a countdown of the same mean), with the Python stack PyTorch recorded
-        for it (``frames``, innermost first); a completed free of a sampled block empties its slot."""
+        for it (``frames``, innermost first) and the time PyTorch recorded (its step is the step then, not
+        the drain's: drains come seconds apart); a completed free of a sampled block empties its slot."""
         if not self.started:
             return
         action, addr, size = entry.get("action"), entry.get("addr"), entry.get("size")
@@ -392,7 +393,7 @@ class AllocSampler:
         if texts and fingerprint not in self._known:
             frames = [t.encode("utf-8", "replace") for t in texts]
             self._gpu_pending.append((fingerprint, frames, len(entry.get("frames") or []), user_line(texts)))
-        self._c.track(addr, size, int(size / p + 0.5) if p > 0 else size, fingerprint, device)
+        self._c.track(addr, size, int(size / p + 0.5) if p > 0 else size, fingerprint, device, _monotonic(entry))
 
     def top_site(self) -> dict[str, Any] | None:
         """Where the most sampled live bytes were allocated: ``{"site", "line", "live_bytes"}`` (for an
@@ -491,3 +492,13 @@ def start_allocs(mapping: Any, header: fmt.Header, sequence: Any, mean: int, own
     except Exception as exc:
         note(f"allocations not sampled: {type(exc).__name__}: {exc}")
         return None
+
+
+def _monotonic(entry: dict[str, Any]) -> int:
+    """A history entry's ``time_us`` (PyTorch's: microseconds since the epoch) on CLOCK_MONOTONIC, the heap
+    table's clock; 0 where it has none or it reads before the boot."""
+    time_us = entry.get("time_us")
+    if not isinstance(time_us, int) or isinstance(time_us, bool) or time_us <= 0:
+        return 0
+    when = time.monotonic_ns() - (time.time_ns() - time_us * 1000)
+    return when if when > 0 else 0

@@ -157,13 +157,18 @@ def step_records(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
 
 def _steps(slots: np.ndarray, when: np.ndarray, steps: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
     """The step each block was allocated in: from the ring's step records where they cover its time (the
-    slot's own step is the sampler's last tick's, up to a sample interval late), else the slot's."""
+    slot's own step is the sampler's last tick's, up to a sample interval late), else the slot's. A GPU
+    block's slot holds its allocation's time (PyTorch's history) but the step of the drain that found it,
+    seconds later: before the first step record, it was allocated in the step before that record's (before
+    the first step, where the ring kept every step record)."""
     out = slots["step"].astype(np.int64)
     if steps is None or not len(steps[0]):
         return out
     at = np.searchsorted(steps[0], when, side="right") - 1
     covered = at >= 0
     out[covered] = steps[1][at[covered]]
+    earlier = ~covered & (slots["domain"] == GPU_DOMAIN)
+    out[earlier] = np.minimum(out[earlier], steps[1][0] - 1)
     return out
 
 
@@ -188,6 +193,11 @@ def live_sites(
     if heap is None:
         return None
     slots = heap.slots
+    gpu = slots["domain"] == GPU_DOMAIN
+    if main_thread is not None and gpu.any():  # a GPU block's slot names the thread that drained the history
+        slots = slots.copy()  # (PyTorch's history names none): its growth is the step-counting thread's, per step
+        slots["thread"][gpu] = main_thread
+    del gpu
     fingerprints, where = _codes(slots["stack"])
     weights = np.bincount(where, slots["weight"].astype(float), len(fingerprints))
     # only fingerprints the table holds are looked up (the rest, a million in a hostile heap, are unwritten)

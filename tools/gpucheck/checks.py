@@ -216,15 +216,18 @@ def check_gpu_leak(ctx: Ctx) -> dict[str, Any]:
         "named_first": str(top.get("site", "")).endswith(f"job.py:{line})"),
         "gpu_domain": "gpu" in (top.get("domains") or []),
         "within_25_percent": near(top.get("live_bytes"), leaked, 0.25),
+        # each block takes the step it was allocated in (PyTorch's time_us), not the step of the drain that found it
+        "growth_per_step_within_25_percent": near(top.get("growth_per_step"), s["leak"], 0.25),
         "error_covers_truth": top.get("live_bytes") is not None
         and abs(top["live_bytes"] - leaked) <= 2 * max(top.get("error_bytes") or 0, 1) + 0.25 * leaked,
     }
     return {
         "ok": all(v for k, v in held.items() if k != "error_covers_truth"),
-        "truth": f"{s['leak_steps']} CUDA tensors of {mib(s['leak'])} kept in a list at job.py:{line} "
+        "truth": f"{s['leak_steps']} CUDA tensors of {mib(s['leak'])} kept in a list at job.py:{line}, one a step "
         f"({mib(leaked)}), SIGKILLed after",
         "found": f"first site {top.get('site')}: {mib(top.get('live_bytes'))} ± {mib(top.get('error_bytes'))} "
-        f"({', '.join(top.get('domains') or [])})" if top else "no allocation site",
+        f"({', '.join(top.get('domains') or [])}), growing {mib(top.get('growth_per_step'))} a step"
+        if top else "no allocation site",
         "figures": {"leaked": leaked, "top": {k: top.get(k) for k in ("site", "live_bytes", "error_bytes", "blocks",
                     "growth_per_step", "growth_per_s", "domains")}, "sites": len(sites),
                     "live_bytes": allocations.get("live_bytes"), "held": held,
