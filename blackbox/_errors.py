@@ -25,6 +25,10 @@ class RingNotFoundError(BlackboxError):
     """The path given does not exist or holds no ring files."""
 
 
+class NothingThereError(RingNotFoundError):
+    """Nothing at all at the path (a file that is optional may be absent)."""
+
+
 class NotARingError(BlackboxError):
     """The file does not start with the ring magic (empty, garbage, another format)."""
 

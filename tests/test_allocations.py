@@ -31,7 +31,8 @@ if sample_module() is None:
 MiB = 1 << 20
 LEAK = 8 * MiB  # per step (per 0.05 s in the thread case)
 LIMIT = 640 * MiB
-STEPS = 40  # the SIGKILLed jobs kill themselves after this many steps
+STEPS = 40  # the SIGKILLed jobs kill themselves after this many steps (the thread's job after twice as many:
+# its growth per second needs 2 s of grown blocks, and 40 steps of 0.05 s left it at the edge, null under load)
 JOB = """
 import os, signal, sys, threading, time
 import numpy as np
@@ -148,7 +149,7 @@ def run_job(tmp_path: Path, case: str, mode: str, cgroup: MemoryCgroup | None = 
     rings = tmp_path / "rings"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run(
-        [sys.executable, str(train), f"{rings}/", case, mode, str(LEAK), str(STEPS)],
+        [sys.executable, str(train), f"{rings}/", case, mode, str(LEAK), str(2 * STEPS if case == "thread" else STEPS)],
         capture_output=True, text=True, env=env, timeout=600,
         preexec_fn=cgroup.join if cgroup is not None else None,
     )  # fmt: skip

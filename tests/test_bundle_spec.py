@@ -51,6 +51,13 @@ def test_ranks_table_matches_the_schema() -> None:
     assert documented == [(f.name, str(f.type)) for f in ranks.SCHEMA]
 
 
+def test_allocations_table_matches_the_schema() -> None:
+    from blackbox.recovery import live_stacks
+
+    documented = [(r[0].strip("`"), r[1]) for r in rows("allocations.parquet")]
+    assert documented == [(f.name, str(f.type)) for f in live_stacks.SCHEMA]
+
+
 def test_every_documented_death_field_is_written_by_the_code() -> None:
     for field in names("death"):
         assert f'"{field}"' in SOURCES, field

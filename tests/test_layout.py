@@ -45,6 +45,7 @@ RECOVERY_ORDER = {
     "slurm": 0,
     "ranks": 0,
     "spill": 0,
+    "live_stacks": 0,
     "attempts": 2,
     "outfolder": 0,
     "pandas_meta": 0,

@@ -20,9 +20,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from .._errors import BundleDestinationError
+from .._errors import BundleDestinationError, NothingThereError
 from ..ring.inputs import Folder, folder_at, open_folder, open_input
 from ..ring.packed import KeptRings, Packed, pack, stored_name
+from . import live_stacks
 from .outfolder import OutFolder
 from .pipeline import OOM_REPORT, RecoveryPass, recover_rings
 from .ranks import rank_rows, ranks_table
@@ -34,7 +35,8 @@ METADATA = "metadata.json"
 SUMMARY = "summary.md"
 PLOT = "memory.png"
 RANKS = "ranks.parquet"
-BUNDLE_FILES = frozenset({TIMELINE, RANKS, METADATA, SUMMARY, PLOT, OOM_REPORT})  # and crash-<pid>.txt
+BUNDLE_FILES = frozenset({TIMELINE, RANKS, METADATA, SUMMARY, PLOT, OOM_REPORT, live_stacks.ALLOCATIONS})
+# and crash-<pid>.txt
 RAW_RINGS = "rings"  # the folder of the rings read, each <ring>.zst
 MAX_METADATA_BYTES = 256 << 20
 # Delta encoding turns seq and time into a few bits per row; dictionaries carry the strings. The folded
@@ -204,6 +206,10 @@ def _last_files(create: Callable[[str], BinaryIO], ranks: pa.Table, files: dict[
     for name, data in files.items():
         with create(name) as f:
             f.write(data)
+    found = live_stacks.bundle_rows(meta)
+    if found:
+        with create(live_stacks.ALLOCATIONS) as f:
+            live_stacks.write(found, f)
     with create(METADATA) as f:
         _dump(meta, f)
 
@@ -400,12 +406,17 @@ def _dump(meta: dict[str, Any], sink: Any) -> None:
     def indented(value: Any, level: int) -> str:
         return json.dumps(value, indent=2).replace("\n", "\n" + "  " * level)
 
+    meta = live_stacks.strip(meta)[0]  # the stacks are in allocations.parquet
+    if isinstance(meta.get("rings"), list):
+        meta = {**meta, "rings": [live_stacks.strip(m)[0] if isinstance(m, dict) else m for m in meta["rings"]]}
     put("{")
     for n, (key, value) in enumerate(meta.items()):
         put(("," if n else "") + f"\n  {json.dumps({key: None})[1:-7]}: ")  # the key as json writes one
         if isinstance(value, SpilledRings):
+            stacked = set(value.with_stacks())
             for i in range(len(value)):  # kept as json writes it: copied, not parsed and encoded again
-                put(("[" if not i else ",") + "\n    " + value.text(i).replace("\n", "\n    "))
+                text = indented(live_stacks.strip(value[i])[0], 0) if i in stacked else value.text(i)
+                put(("[" if not i else ",") + "\n    " + text.replace("\n", "\n    "))
             put("\n  ]" if len(value) else "[]")
         else:
             put(indented(value, 1))
@@ -482,7 +493,20 @@ def read_bundle(bundle: str | os.PathLike[str] | Folder) -> tuple[pa.Table, dict
             )
         with open_file(TIMELINE) as f, _native(f) as source:
             table = pq.read_table(source)
-    return table, meta
+        try:
+            stacks_file = open_file(live_stacks.ALLOCATIONS)
+        except (NothingThereError, FileNotFoundError):  # a bundle with nothing sampled, or older than the file
+            return table, live_stacks.attach(meta, live_stacks.table([]))
+        with stacks_file as f, _native(f) as source:
+            found = live_stacks.read(source, _size(f), dest.path(live_stacks.ALLOCATIONS))
+    return table, live_stacks.attach(meta, found)
+
+
+def _size(f: BinaryIO) -> int:
+    try:
+        return os.fstat(f.fileno()).st_size
+    except (OSError, ValueError, AttributeError):  # an object store's file: its own size
+        return int(f.size()) if hasattr(f, "size") else 0
 
 
 def _native(f: BinaryIO) -> Any:

@@ -41,10 +41,14 @@ class SpilledRings(Sequence[dict[str, Any]]):
             self._file = io.BytesIO()
         self._ends = array("q", [0])  # ring i's JSON is bytes [_ends[i], _ends[i + 1])
         self._derived: dict[str, tuple[int, Any]] = {}  # key -> (ring count, value): see ``derived``
+        self._with_stacks: list[int] = []  # the rings with allocations.stacks (kept apart: live_stacks.py)
         for m in metas:
             self.append(m)
 
     def append(self, meta: dict[str, Any]) -> None:
+        allocations = meta.get("allocations")
+        if isinstance(allocations, dict) and allocations.get("stacks"):
+            self._with_stacks.append(len(self))
         data = _ENCODER.encode(meta).encode("utf-8")
         try:
             self._put(data)
@@ -93,6 +97,10 @@ class SpilledRings(Sequence[dict[str, Any]]):
         if not 0 <= index < len(self):
             raise IndexError("ring index out of range")
         return self._read(index).decode("utf-8")
+
+    def with_stacks(self) -> list[int]:
+        """The rings whose metadata holds ``allocations.stacks``, in order."""
+        return list(self._with_stacks)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         i = 0

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._errors import RingNotFoundError, UnsafeInputError
+from .._errors import NothingThereError, RingNotFoundError, UnsafeInputError
 
 OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 PAGE = 4096
@@ -165,8 +165,8 @@ def trusted(st: os.stat_result, owners: Collection[int]) -> bool:
 
 
 def open_input(folder: Folder, name: str, owners: Collection[int] | None, what: str) -> tuple[int, os.stat_result]:
-    """Open ``name`` in ``folder`` as untrusted input: (descriptor, fstat). Raises RingNotFoundError
-    when nothing is there, UnsafeInputError for a link, a special file or a file of the wrong owner.
+    """Open ``name`` in ``folder`` as untrusted input: (descriptor, fstat). Raises NothingThereError (a
+    RingNotFoundError) when nothing is there, UnsafeInputError for a link, a special file or a file of the wrong owner.
 
     ``owners``: uids whose files are accepted (see :func:`trusted`); None accepts a file of any owner
     with a single name, and the folder owner's with more.
@@ -175,7 +175,7 @@ def open_input(folder: Folder, name: str, owners: Collection[int] | None, what: 
     try:
         fd = os.open(name, OPEN_FLAGS, dir_fd=folder.fd)
     except FileNotFoundError:
-        raise RingNotFoundError(f"{path}: expected {what}, found nothing at that path") from None
+        raise NothingThereError(f"{path}: expected {what}, found nothing at that path") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnsafeInputError(f"{path}: expected {what}, found a symbolic link (not followed)") from None
