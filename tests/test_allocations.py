@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import REPO, MemoryCgroup
@@ -324,21 +325,28 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def test_gpu_blocks_are_sampled_from_the_allocator_history_with_their_stacks(tmp_path: Path) -> None:
+def run_fake_gpu_job(tmp_path: Path, source: str) -> tuple[Path, dict[str, Any]]:
+    """(the job's file, its allocations report) of a job on the fake CUDA backend that SIGKILLs itself."""
     job = tmp_path / "train.py"
-    job.write_text(GPU_JOB)
+    job.write_text(source)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, str(job), f"{tmp_path / 'rings'}/", str(REPO / "tests")],
                           capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     blackbox.recover(tmp_path / "rings", tmp_path / "bundle")
-    sites = json.loads((tmp_path / "bundle" / "metadata.json").read_text())["allocations"]["sites"]
+    report: dict[str, Any] = json.loads((tmp_path / "bundle" / "metadata.json").read_text())["allocations"]
+    return job, report
+
+
+def test_gpu_blocks_are_sampled_from_the_allocator_history_with_their_stacks(tmp_path: Path) -> None:
+    job, report = run_fake_gpu_job(tmp_path, GPU_JOB)
+    sites = report["sites"]
     top = sites[0]
     assert top["site"] == f"keep_activations ({job}:{leak_line(GPU_JOB, 'gpu')})" and top["domains"] == ["gpu"], top
     assert 9 << 30 <= top["live_bytes"] <= 15 << 30, top  # 12 GiB kept
     assert all(not s["site"].startswith("scratch (") for s in sites), "freed blocks hold nothing"
     # told as the host's are: who grew, 1 GiB a step, by the step each block was allocated in
-    grew = json.loads((tmp_path / "bundle" / "metadata.json").read_text())["allocations"]["grew"]
+    grew = report["grew"]
     assert grew and grew[0]["site"] == top["site"] and grew[0]["growth_by"] == "step", grew
     assert 0.7 * (1 << 30) <= grew[0]["growth_per_step"] <= 1.3 * (1 << 30), grew[0]
 
@@ -393,14 +401,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 def test_a_gpu_block_takes_the_step_it_was_allocated_in_not_the_drains(tmp_path: Path) -> None:
     # GIVEN GPU blocks drained from PyTorch's history every 4 steps: the model's 4 GiB before the first step
     # (found by the drain in step 3), then 1 GiB kept each step
-    job = tmp_path / "train.py"
-    job.write_text(GPU_DRAINED_LATE_JOB)
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, str(job), f"{tmp_path / 'rings'}/", str(REPO / "tests")],
-                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
-    blackbox.recover(tmp_path / "rings", tmp_path / "bundle")
-    report = json.loads((tmp_path / "bundle" / "metadata.json").read_text())["allocations"]
+    _, report = run_fake_gpu_job(tmp_path, GPU_DRAINED_LATE_JOB)
     sites = {s["site"].split(" (")[0]: s for s in report["sites"]}
     # THEN the model's blocks are resident (allocated before the first step), not growth found in step 3
     model, leak = sites["build_model"], sites["keep_activations"]
