@@ -82,7 +82,8 @@ def test_a_bundle_is_private_and_made_only_of_new_files(ring: Path, tmp_path: Pa
     write_postmortem([ring], out, plot=False)
     assert stat.S_IMODE(os.lstat(out).st_mode) == 0o700
     modes = {p.name: stat.S_IMODE(os.lstat(p).st_mode) for p in out.iterdir()}
-    files = dict.fromkeys(["timeline.parquet", "ranks.parquet", "metadata.json", "summary.md"], 0o600)
+    files = dict.fromkeys(["timeline.parquet", "ranks.parquet", "metadata.json", "summary.md", "allocations.parquet"],
+                          0o600)  # fmt: skip
     assert modes == {**files, "rings": 0o700}
     assert {p.name: stat.S_IMODE(os.lstat(p).st_mode) for p in (out / "rings").iterdir()} == {"r.ring.zst": 0o600}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left
@@ -185,7 +186,8 @@ def test_concurrent_recoveries_into_one_folder_leave_one_bundle_never_a_mix(tmp_
             assert f"pid {meta['pid']}" in read_summary(out)
             crash = [f"crash-{meta['pid']}.txt"] if which == "a" else []
             assert sorted(p.name for p in out.iterdir()) == sorted(
-                ["timeline.parquet", "ranks.parquet", "metadata.json", "summary.md", "rings", *crash]
+                ["timeline.parquet", "ranks.parquet", "metadata.json", "summary.md", "rings", "allocations.parquet",
+                 *crash]
             )
             assert [p.name for p in (out / "rings").iterdir()] == [f"{which}.ring.zst"]
     finally:

@@ -453,7 +453,8 @@ def test_a_recovery_killed_while_packing_the_rings_leaves_the_verdict(ring: Path
     # THEN OUT holds the verdict: its metadata (complete: false) and summary, no rings/ yet
     verdict = json.loads((out / "metadata.json").read_text())
     assert verdict["complete"] is False and verdict["cause"] == "killed" and "raw_rings" not in verdict
-    assert sorted(p.name for p in out.iterdir()) == ["metadata.json", "ranks.parquet", "summary.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["allocations.parquet", "metadata.json", "ranks.parquet",
+                                                      "summary.md"]  # fmt: skip
     # AND the next recovery into OUT writes the whole bundle, its raw ring with it
     assert main(["recover", str(ring), "-o", str(out)]) == 0
     assert raw_of(out)["kept"][0]["file"] == f"rings/{ring.name}.zst"

@@ -127,7 +127,8 @@ def test_a_written_bundle_says_whether_it_is_whole_as_the_commit_rule_says(tmp_p
     meta = bundle.stream_bundle(RecoveryPass([tmp_path / "r.ring"]), out, views)
     # THEN first the verdict alone, complete false, then the whole bundle, complete true: the field documented
     ((files, verdict),) = seen
-    assert files == ["metadata.json", "ranks.parquet", "summary.md"] and verdict["complete"] is False
+    assert files == ["allocations.parquet", "metadata.json", "ranks.parquet", "summary.md"]
+    assert verdict["complete"] is False
     written = json.loads((out / "metadata.json").read_text())
     assert written["complete"] is True and meta["complete"] is True
     assert set(written) == set(recover_rings([tmp_path / "r.ring"]).meta) | {"complete"}

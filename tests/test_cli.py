@@ -135,7 +135,7 @@ def test_recover_to_a_filesystem_uri_and_a_bad_one(
     assert "# blackbox: " in capsys.readouterr().out
     names = {p.name for p in (tmp_path / "remote" / "bundle").iterdir()}
     plotted = importlib.util.find_spec("matplotlib") is not None
-    files = {"timeline.parquet", "ranks.parquet", "metadata.json", "summary.md", "rings"}
+    files = {"timeline.parquet", "ranks.parquet", "metadata.json", "summary.md", "rings", "allocations.parquet"}
     assert names == files | ({"memory.png"} if plotted else set())
     assert main(["recover", str(ring), "-o", "nosuchscheme://bucket/x"]) == 1
     err = capsys.readouterr().err

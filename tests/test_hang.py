@@ -242,7 +242,7 @@ def test_a_single_process_stuck_on_a_lock_is_a_hang_not_a_signal_death(tmp_path:
 
 
 BUSY = """\
-import sys, time
+import random, sys, time
 import blackbox
 blackbox.arm(sys.argv[1] + "/", sample_interval=0.05)
 
@@ -255,10 +255,10 @@ def mlp(x):
 def norm(x):
     return max(i % 7 for i in range(x))
 
-def evaluate(batches):  # a long evaluation: no optimizer step, the time spread over its layers
-    for b in range(batches):
-        for layer in (attention, mlp, norm, attention, mlp, norm):
-            layer(20000)
+def evaluate(batches):  # a long evaluation: no optimizer step, the time spread over its layers (of sizes that
+    for b in range(batches):  # vary, as batches do: a fixed loop's period can beat with the sampler's, one layer
+        for layer in (attention, mlp, norm, attention, mlp, norm):  # then taking every sample, seen under load)
+            layer(random.randint(5000, 40000))
 
 for step in range(40):
     blackbox.step(step)

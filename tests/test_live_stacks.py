@@ -96,10 +96,11 @@ def test_one_rings_bundle_keeps_its_stacks_apart_too(rings: Path, tmp_path: Path
 
 
 def test_a_bundle_without_the_file_reads_as_before(rings: Path, tmp_path: Path) -> None:
+    # (a bundle written before the file existed: its stacks, if any, are in its metadata.json)
     bundle = blackbox.recover(rings, tmp_path / "bundle")
     (bundle / "allocations.parquet").unlink()
-    _, read = read_bundle(bundle)  # (a bundle of rings that held no live block has none either)
-    assert [m["allocations"]["stacks"] for m in read["rings"]] == [[], []]
+    _, read = read_bundle(bundle)
+    assert all("stacks" not in m["allocations"] for m in read["rings"])
 
 
 @pytest.mark.parametrize("plant", ["garbage", "other_columns", "huge_claim"])

@@ -43,7 +43,8 @@ def killed_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_bundle_holds_its_files_and_the_picture(killed_bundle: Path) -> None:
     names = sorted(p.name for p in killed_bundle.iterdir())
     picture = ["memory.png"] if importlib.util.find_spec("matplotlib") else []
-    assert names == sorted(["metadata.json", "summary.md", "timeline.parquet", "ranks.parquet", "rings", *picture])
+    assert names == sorted(["metadata.json", "summary.md", "timeline.parquet", "ranks.parquet", "rings",
+                            "allocations.parquet", *picture])  # fmt: skip
     assert [p.name for p in (killed_bundle / "rings").iterdir()] == ["job.ring.zst"]
 
 

@@ -131,7 +131,8 @@ def test_killed_after_its_verdict_run_leaves_a_verdict_that_says_so(tmp_path: Pa
     # the command that writes the rest; the holder it was writing the rest in is left beside it
     meta = metadata(bundle)
     assert meta is not None and meta.get("complete") is False and meta["cause"] == "signal"
-    assert sorted(p.name for p in bundle.iterdir()) == ["metadata.json", "ranks.parquet", "summary.md"]
+    assert sorted(p.name for p in bundle.iterdir()) == ["allocations.parquet", "metadata.json", "ranks.parquet",
+                                                         "summary.md"]  # fmt: skip
     summary = (bundle / "summary.md").read_text()
     assert summary.startswith("# blackbox:") and "**Verdict only.**" in summary
     assert f"`blackbox recover {run / 'rings'} -o {bundle}` writes the whole bundle" in summary

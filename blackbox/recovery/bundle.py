@@ -198,18 +198,17 @@ class _Prefix:
 
 
 def _last_files(create: Callable[[str], BinaryIO], ranks: pa.Table, files: dict[str, bytes],
-                meta: dict[str, Any]) -> None:  # fmt: skip
-    """What follows the timeline: ranks.parquet, the other files (views, recovered texts) and, last,
-    metadata.json (a bundle is there once it is)."""
+                meta: dict[str, Any], stacks: bool = True) -> None:  # fmt: skip
+    """What follows the timeline: ranks.parquet, the other files (views, recovered texts), allocations.parquet
+    (a bundle of rings: ``stacks``, even with no row) and, last, metadata.json (a bundle is there once it is)."""
     with create(RANKS) as sink:
         pq.write_table(ranks, sink, compression="zstd")
     for name, data in files.items():
         with create(name) as f:
             f.write(data)
-    found = live_stacks.bundle_rows(meta)
-    if found:
+    if stacks:
         with create(live_stacks.ALLOCATIONS) as f:
-            live_stacks.write(found, f)
+            live_stacks.write(live_stacks.bundle_rows(meta), f)
     with create(METADATA) as f:
         _dump(meta, f)
 
@@ -235,7 +234,7 @@ def write_job_bundle(out_dir: str | os.PathLike[str], ranks: pa.Table, meta: dic
 
     def fill(out: _Out) -> None:
         folder = out.folder()
-        _last_files(folder.create, ranks, views, meta)
+        _last_files(folder.create, ranks, views, meta, stacks=False)
         out.put(folder)
 
     _write(out_dir, fill)
@@ -495,8 +494,8 @@ def read_bundle(bundle: str | os.PathLike[str] | Folder) -> tuple[pa.Table, dict
             table = pq.read_table(source)
         try:
             stacks_file = open_file(live_stacks.ALLOCATIONS)
-        except (NothingThereError, FileNotFoundError):  # a bundle with nothing sampled, or older than the file
-            return table, live_stacks.attach(meta, live_stacks.table([]))
+        except (NothingThereError, FileNotFoundError):  # a bundle older than the file, or a job-wide one
+            return table, meta
         with stacks_file as f, _native(f) as source:
             found = live_stacks.read(source, _size(f), dest.path(live_stacks.ALLOCATIONS))
     return table, live_stacks.attach(meta, found)

@@ -126,8 +126,9 @@ def _columns(schema: pa.Schema) -> str:
 
 def attach(meta: dict[str, Any], found: pa.Table) -> dict[str, Any]:
     """``meta`` (a bundle's metadata, as read) with each ring's stacks back in ``allocations.stacks``,
-    largest first, for the rings whose allocations were recorded (none: an empty list), where metadata.json
-    does not hold them itself (a bundle older than the file); a row naming no such ring is left out."""
+    largest first, for the rings whose allocations were recorded and that have rows (a ring with none live has
+    no ``stacks``, as in memory), where metadata.json does not hold them itself (a bundle older than the file);
+    a row naming no such ring is left out."""
     by_ring: dict[int, list[dict[str, Any]]] = {}
     for ring, stack, live in zip(found["ring"].to_pylist(), found["stack"].to_pylist(),
                                  found["live_bytes"].to_pylist(), strict=True):  # fmt: skip
@@ -137,6 +138,8 @@ def attach(meta: dict[str, Any], found: pa.Table) -> dict[str, Any]:
     targets = list(enumerate(rings)) if isinstance(rings, list) else [(0, meta)]
     for i, ring_meta in targets:
         allocations = ring_meta.get("allocations") if isinstance(ring_meta, dict) else None
-        if isinstance(allocations, dict) and allocations.get("recorded") and "stacks" not in allocations:
-            allocations["stacks"] = sorted(by_ring.get(i, []), key=lambda s: -s["live_bytes"])
+        if not isinstance(allocations, dict) or not allocations.get("recorded"):
+            continue
+        if i in by_ring and "stacks" not in allocations:
+            allocations["stacks"] = sorted(by_ring[i], key=lambda s: -s["live_bytes"])
     return meta

@@ -47,8 +47,11 @@ class SpilledRings(Sequence[dict[str, Any]]):
 
     def append(self, meta: dict[str, Any]) -> None:
         allocations = meta.get("allocations")
-        if isinstance(allocations, dict) and allocations.get("stacks"):
-            self._with_stacks.append(len(self))
+        if isinstance(allocations, dict) and "stacks" in allocations:
+            if allocations["stacks"]:  # (metadata.json is then written without them: bundle.py)
+                self._with_stacks.append(len(self))
+            else:  # none: kept as metadata.json holds it, and as a reader of the bundle finds it
+                meta = {**meta, "allocations": {k: v for k, v in allocations.items() if k != "stacks"}}
         data = _ENCODER.encode(meta).encode("utf-8")
         try:
             self._put(data)
