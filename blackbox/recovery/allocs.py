@@ -193,11 +193,10 @@ def live_sites(
     if heap is None:
         return None
     slots = heap.slots
-    gpu = slots["domain"] == GPU_DOMAIN
-    if main_thread is not None and gpu.any():  # a GPU block's slot names the thread that drained the history
-        slots = slots.copy()  # (PyTorch's history names none): its growth is the step-counting thread's, per step
-        slots["thread"][gpu] = main_thread
-    del gpu
+    if main_thread is not None:  # a GPU block's slot names the thread that drained the history (PyTorch's history
+        # names none): its growth is the step-counting thread's, per step. In place: the scan's own copy (a hostile
+        # heap's million slots are 64 MiB; a second copy would pass recovery's memory bound)
+        slots["thread"][slots["domain"] == GPU_DOMAIN] = main_thread
     fingerprints, where = _codes(slots["stack"])
     weights = np.bincount(where, slots["weight"].astype(float), len(fingerprints))
     # only fingerprints the table holds are looked up (the rest, a million in a hostile heap, are unwritten)
