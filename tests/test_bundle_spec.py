@@ -18,7 +18,8 @@ from blackbox.recovery import bundle, diagnosis, ranks
 from blackbox.recovery.pipeline import RecoveryPass, recover_rings
 
 SPEC = (REPO / "blackbox" / "recovery" / "BUNDLE.md").read_text()
-WRITERS = ("diagnosis.py", "levers.py", "pipeline.py", "attempts.py", "family.py")  # where death's fields are set
+# where death's fields are set
+WRITERS = ("diagnosis.py", "levers.py", "pipeline.py", "attempts.py", "family.py", "alloc_levers.py")
 SOURCES = "".join((REPO / "blackbox" / "recovery" / f).read_text() for f in WRITERS)
 
 
