@@ -107,7 +107,7 @@ def _wall(ring_meta: dict[str, Any], mono: np.ndarray) -> np.ndarray:
 def mean_bytes(ring_meta: dict[str, Any]) -> int | None:
     """R, the mean sampling interval the writer used (None: not recorded)."""
     value = (ring_meta.get("options") or {}).get("allocations_mean_bytes")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 62 else None
 
 
 def error95(size: np.ndarray, weight: np.ndarray) -> float:
