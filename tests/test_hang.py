@@ -255,9 +255,18 @@ def mlp(x):
 def norm(x):
     return max(i % 7 for i in range(x))
 
+def embed(x):
+    return min(i - 3 for i in range(x))
+
+def rotary(x):
+    return sum(i & 5 for i in range(x))
+
+def head(x):
+    return max(i ^ 9 for i in range(x))
+
 def evaluate(batches):  # a long evaluation: no optimizer step, the time spread over its layers (of sizes that
     for b in range(batches):  # vary, as batches do: a fixed loop's period can beat with the sampler's, one layer
-        for layer in (attention, mlp, norm, attention, mlp, norm):  # then taking every sample, seen under load)
+        for layer in (embed, attention, rotary, mlp, norm, head):  # then taking every sample, seen under load)
             layer(random.randint(5000, 40000))
 
 for step in range(40):
@@ -278,7 +287,7 @@ def test_a_process_busy_without_steps_when_killed_keeps_its_cause(tmp_path: Path
                             env=ENV)  # fmt: skip
     while not (tmp_path / "go").exists() and proc.poll() is None:
         time.sleep(0.05)
-    time.sleep(STUCK_FOR)
+    time.sleep(2 * STUCK_FOR)  # twice as long: enough stack samples, under load too, that no layer has half
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == -signal.SIGTERM
     from blackbox.recovery.pipeline import recover_rings
