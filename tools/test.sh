@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # README's test command: set up .venv, then lint, type-check and run the whole test suite as CI does, on two
 # workers (pytest-xdist: each test file is one unit on one worker; BLACKBOX_TEST_WORKERS=N changes the count,
-# 0 runs in this process alone), printing the 30 slowest tests. CI (.ci/run) also runs tools/ci_packages.sh
+# 0 runs in this process alone), printing the 30 slowest tests; a test that fails there runs again alone, and
+# only a second failure fails (tools/pytest_twice.sh names the flakes). CI (.ci/run) also runs tools/ci_packages.sh
 # first and tools/test_pythons.sh after: this script says what of theirs is missing here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,6 @@ echo "test.sh: not run here: the fast tests on Python 3.10 and 3.13 (CI runs the
 workers=${BLACKBOX_TEST_WORKERS:-2}
 if [ "$workers" = 0 ]; then
     .venv/bin/python -m pytest -q --durations=30
-else
-    .venv/bin/python -m pytest -q -n "$workers" --dist loadgroup --durations=30
+else  # the tests that fail on two workers run again alone (tools/pytest_twice.sh says which, and why)
+    ./tools/pytest_twice.sh .venv/bin/python .pytest_cache -q -n "$workers" --dist loadgroup --durations=30
 fi

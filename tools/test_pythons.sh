@@ -29,8 +29,8 @@ for version in ${BLACKBOX_PYTHONS:-3.10 3.13}; do
     failed="$failed $version"
     continue
   fi
-  "$venv/bin/python" -m pytest -q -m "not slow" -p no:cacheprovider -n "${BLACKBOX_TEST_WORKERS:-2}" \
-      --dist loadgroup --durations=10 || failed="$failed $version"
+  ./tools/pytest_twice.sh "$venv/bin/python" ".pytest_cache-$version" -q -m "not slow" \
+      -n "${BLACKBOX_TEST_WORKERS:-2}" --dist loadgroup --durations=10 || failed="$failed $version"
 done
 if [ -n "$failed" ]; then
   echo "test_pythons: failed on Python$failed" >&2
