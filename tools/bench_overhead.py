@@ -44,23 +44,8 @@ SETTINGS = {"default": {}, "noalloc": {"allocations": False}, "modules": {"modul
 if config in SETTINGS:
     blackbox.arm(ring_dir, **SETTINGS[config])
 import torch
-if model == "gpt":
-    from small_gpt import gpt_step
-    run = gpt_step()
-else:
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(8):
-        layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
-    mlp = torch.nn.Sequential(*layers, torch.nn.Linear(256, 10))
-    opt = torch.optim.AdamW(mlp.parameters(), lr=1e-3)
-    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
-    def run():
-        loss = torch.nn.functional.cross_entropy(mlp(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+from small_gpt import gpt_step, mlp_step
+run = gpt_step() if model == "gpt" else mlp_step()
 def step():
     t0 = time.perf_counter_ns()
     run()

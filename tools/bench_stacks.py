@@ -41,19 +41,8 @@ import torch
 import blackbox
 from blackbox.recovery.timeline import ring_table
 from blackbox.ring.reader import read_ring
-torch.set_num_threads(1)
-torch.manual_seed(0)
-layers = []
-for _ in range(8):
-    layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
-model = torch.nn.Sequential(*layers, torch.nn.Linear(256, 10))
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
-def step():
-    loss = torch.nn.functional.cross_entropy(model(x), y)
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
+from small_gpt import mlp_step
+step = mlp_step()
 for _ in range(30):
     step()
 rec = blackbox.arm(ring_dir, capacity=1 << 16, sample_interval=3600)  # the sampler thread stays idle
@@ -106,7 +95,7 @@ print(json.dumps({**out, "steps": steps, "depth": statistics.median(depth), "bac
 
 def run_job(backend: str, ticks: int, gap: float, nest: int, ring_dir: str) -> dict[str, Any]:
     """Run JOB in a fresh process; its last stdout line is a JSON object."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), BLACKBOX_WRITER=backend)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tools")]), BLACKBOX_WRITER=backend)
     argv = [sys.executable, "-c", JOB, str(ticks), str(gap), str(nest), ring_dir]
     out = subprocess.run(argv, capture_output=True, text=True, env=env)
     if out.returncode != 0:

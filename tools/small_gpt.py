@@ -4,6 +4,8 @@
     step = gpt_step()          # builds the model and its AdamW; returns one training step
     step()                     # forward, loss, backward, optimizer step
 
+``mlp_step()`` is the lighter step the benchmarks also use (an MLP of 8 layers of 256, batch 64).
+
 4 blocks of d=128 with 4 heads, a 512-token vocabulary, sequences of 64 tokens,
 batch 16: about 1 M parameters, 20 to 100 ms a step on one core of the 2-vCPU VM
 (the issue's realistic step). Each step allocates and frees a few thousand
@@ -55,6 +57,28 @@ def gpt_step(*, batch: int = 16, blocks: int = 4, width: int = 128, seq: int = 6
     def step() -> None:
         idx = torch.randint(0, 512, (batch, seq))
         loss = nn.functional.cross_entropy(model(idx).flatten(0, 1), idx.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def mlp_step() -> Callable[[], None]:
+    """One training step of an MLP (8 Linear(256, 256) + ReLU, then Linear(256, 10), AdamW), batch 64."""
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    for _ in range(8):
+        layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(256, 10))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+
+    def step() -> None:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
