@@ -15,6 +15,7 @@ import pytest
 from conftest import REPO
 
 from blackbox._postmortem import write_postmortem
+from blackbox._times import epoch_ns
 
 RANK = """\
 import sys, time, blackbox
@@ -75,3 +76,60 @@ def test_a_starved_rank_is_not_named_first_and_is_said_to_be_starved(tmp_path: P
     own = ring_summary(by_rank[2])
     assert "Its time is its last record: the death came after it, within " in own
     assert "It was starved at its end (of CPU, or of the GIL): its sampler, asked to run every 0.25 s" in own
+
+
+GLOO_RANK = """\
+import os, sys, time, blackbox
+blackbox.arm(sys.argv[1] + "/", sample_interval=0.1)
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=int(os.environ["RANK"]),
+                        world_size=2)
+x = torch.ones(4)
+for step in range(10**9):
+    blackbox.step(step)
+    dist.all_reduce(x)
+    if step == 20:
+        print("up", flush=True)
+    time.sleep(0.02)
+"""
+
+
+@pytest.mark.slow
+def test_a_starved_rank_killed_first_is_not_displaced_by_the_peer_that_lost_it(tmp_path: Path) -> None:
+    pytest.importorskip("torch.distributed", reason="gloo needs torch")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    rings, out = tmp_path / "rings", tmp_path / "bundle"
+    env = dict(os.environ, PYTHONPATH=str(REPO), WORLD_SIZE="2", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-c", GLOO_RANK, str(rings), port]
+    pipe = subprocess.PIPE
+    ranks = [subprocess.Popen(cmd, stdout=pipe, stderr=pipe, text=True, env=dict(env, RANK=str(r))) for r in range(2)]
+    for p in ranks:
+        assert p.stdout is not None and p.stdout.readline().strip() == "up"
+    peer, victim = ranks
+    # GIVEN rank 1 starved of CPU (stopped, let run a moment, as a crowded scheduler does), under the hang's 2 s
+    for _ in range(3):
+        victim.send_signal(signal.SIGSTOP)
+        time.sleep(0.3)
+        victim.send_signal(signal.SIGCONT)
+        time.sleep(0.03)
+    victim.send_signal(signal.SIGSTOP)
+    time.sleep(0.1)
+    # WHEN it is SIGKILLed (the planted first death): rank 0, waiting in the all-reduce, loses its peer
+    victim.kill()
+    assert victim.wait(timeout=30) == -signal.SIGKILL
+    assert peer.wait(timeout=60) != 0
+    meta = write_postmortem([rings], out, plot=False)
+    by_rank = {m["rank"]: m for m in meta["rings"]}
+    killed, lost = by_rank[1]["death"], by_rank[0]["death"]
+    # THEN rank 0 died of gloo's error, on time, inside the window where rank 1's death may have come
+    assert lost["cause"] == "exception" and lost["peer_lost"] == "Connection reset by peer", lost
+    assert killed["cause"] == "killed" and killed["starved"] is not None and lost["starved"] is None, killed
+    t1, t0 = (epoch_ns(killed["time"]), epoch_ns(lost["time"]))
+    assert t1 is not None and t0 is not None and t1 < t0 <= t1 + killed["time_error_s"] * 1e9, (killed, lost)
+    # AND the starved rank that was killed is still the first death: the peer's error came after it
+    assert (meta["first_death"]["rank"], meta["first_death"]["cause"]) == (1, "killed"), meta["first_death"]
+    assert meta["first_death"]["peer_lost"] is None

@@ -44,7 +44,9 @@ collateral of it, ``by`` the launcher or what ended the job (``timeout``).
 
 Deaths are ordered by their times; where the first was starved at its end (``death.starved``: its last
 record, the time of a SIGKILL, may be older than its death by up to ``time_error_s``), the first death
-within that window of a process that ran on time comes first, where there is one (``timing``).
+within that window of a process that ran on time comes first, where there is one (``timing``), unless that
+death tells that a peer went away (``death.peer_lost``: gloo's "Connection reset by peer", NCCL's "remote
+process exited"): it came after a peer's death, so it never displaces one.
 
 A ring telling of a child's death that the child's own ring tells too (a launcher's ring, of the
 kernel's OOM kill of its rank) is never the first death: the child's ring is.
@@ -70,7 +72,8 @@ ENDERS = ("timeout", "scancel", "srun", "slurmd", "kubelet")  # what ends a hung
 SLIM = ("rank", "host", "pid", "ppid", "role", "job", "attempt", "started_at", "last_event_at", "last_step",
         "clock_error_s")  # fmt: skip
 DEFAULT_CLOCK_ERROR_S = 0.1  # assumed where a host's time service did not say how far off its clock may be
-SLIM_DEATH = ("cause", "confidence", "headline", "victim", "time", "step", "hang", "time_error_s", "starved")
+SLIM_DEATH = ("cause", "confidence", "headline", "victim", "time", "step", "hang", "time_error_s", "starved",
+              "peer_lost")  # fmt: skip
 SLIM_KILLER = ("signal", "sender", "sender_pid", "time")
 
 
@@ -263,12 +266,14 @@ def _earliest(dead: list[dict[str, Any]], when: dict[int, tuple[float, str]]) ->
     """The death that came first, by its time; where that process was starved (its last record, the time of
     a SIGKILL, may be older than its death by up to ``time_error_s``), the first death within that window
     of a process that ran on time until it died, where there is one (not one whose records stopped while it
-    waited for a CPU). Where every one was starved, the times alone decide (nothing better is known)."""
+    waited for a CPU, nor one that died because a peer went away: that came after a peer's death). Where
+    every one was starved, the times alone decide (nothing better is known)."""
     first = min(dead, key=lambda m: when[id(m)])
     if not first["death"].get("starved"):
         return first
     t0 = when[id(first)][0]
-    on_time = [m for m in dead if t0 <= when[id(m)][0] <= t0 + _error_s(first) and not m["death"].get("starved")]
+    on_time = [m for m in dead if t0 <= when[id(m)][0] <= t0 + _error_s(first) and not m["death"].get("starved")
+               and not m["death"].get("peer_lost")]  # fmt: skip
     return min(on_time, key=lambda m: when[id(m)]) if on_time else first
 
 

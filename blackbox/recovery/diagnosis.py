@@ -62,7 +62,7 @@ from .levers import analysis
 from .limits import limit_hit
 from .slurm import SENDERS as SLURM_SENDERS
 from .timeline import iso_ns
-from .timing import death_timing
+from .timing import death_timing, peer_lost
 
 CAUSES = ("clean_exit", "nonzero_exit", "interrupted", "exception", "oom_exception", "host_oom_kill",
           "userspace_oom_kill", "killed", "signal", "hang", "unknown")  # fmt: skip
@@ -98,6 +98,7 @@ def diagnose(table: pa.Table, clean: bool, ev: Evidence, meta: dict[str, Any]) -
         gpu["levers"] = [lever]
         death["levers"] = [lever, *(x for x in death["levers"] if "expandable_segments" not in x)]
     death.update(death_timing(table, meta.get("sample_interval_s"), not clean and d.when is f.last_event))
+    death["peer_lost"] = peer_lost(death.get("evidence"))
     if death["victim"].get("pid") != d.pid:  # a child's death: this process's own end too, for the bundle
         own = _Death(f, ev, ident, name, children=False)
         own.decide(clean)

@@ -9,10 +9,14 @@ before the next one: ``time_error_s`` is the longest gap between its consecutive
 have gone that long (the interval and its lateness) without a record before it died: ``time_error_s`` is
 at least that. So a starved process may look as if it died before processes that died earlier
 (``attempts.deaths`` takes that into account, and the summary says so).
+
+A death whose exception says that a peer went away (``peer_lost``: its socket reset or closed, NCCL's
+remote error) came after that peer's death, however well its own time is known: it never displaces one.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -24,6 +28,9 @@ RECENT_S = 5.0
 MIN_GAPS = 4
 LAST_SAMPLES = 5  # sampler intervals looked at for starvation: the last ones
 MIN_LATE_S = 0.1
+# What an exception says where the process's peer went away: gloo's pair.cc (a read or write on the peer's
+# socket), NCCL's ncclRemoteError ("remote process exited or there was a network error").
+PEER_LOST = re.compile(r"Connection (?:reset|closed) by peer|Broken pipe|remote process exited|ncclRemoteError")
 
 
 def _ns(table: pa.Table) -> np.ndarray:
@@ -40,6 +47,15 @@ def death_timing(table: pa.Table, interval_s: Any, from_last_record: bool) -> di
     if hungry is not None and error is not None and from_last_record:  # it may have gone unscheduled that long
         error = max(error, round(hungry["late_s"] + hungry["interval_s"], 6))
     return {"time_error_s": error, "starved": hungry}
+
+
+def peer_lost(evidence: Any) -> str | None:
+    """The words of a death's evidence that say a peer went away (``PEER_LOST``); None: none do."""
+    for e in evidence if isinstance(evidence, list) else ():
+        hit = PEER_LOST.search(e) if isinstance(e, str) else None
+        if hit:
+            return hit.group(0)
+    return None
 
 
 TAIL = 4096  # records looked at: the last ones (the ring is in write order; its times nearly so)
