@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from conftest import REPO
@@ -68,8 +69,15 @@ def test_the_stacks_leave_metadata_json_and_come_back_for_the_right_ring(rings: 
     text = (bundle / "metadata.json").read_text()
     meta = json.loads(text)
     assert len(meta["rings"]) == 2 and all("stacks" not in m["allocations"] for m in meta["rings"])
+    assert all(m["allocations"]["sites"] and all("stack" not in s for s in m["allocations"]["sites"])
+               for m in meta["rings"])  # fmt: skip
     table = pq.read_table(bundle / "allocations.parquet")
     assert table.num_rows >= 2 and set(table["ring"].to_pylist()) == {0, 1}
+    # the sites' stacks come back as they were in memory, each to its site
+    _, direct = load([str(rings)])
+    _, read = read_bundle(bundle)
+    assert [m["allocations"]["sites"] for m in read["rings"]] == [m["allocations"]["sites"] for m in direct["rings"]]
+    assert all(";leak (" in m["allocations"]["sites"][0]["stack"] for m in read["rings"])
     # every reader of the bundle gets them back, each ring its own: the ring that kept 4 MiB blocks holds ~4x
     _, read = read_bundle(bundle)
     held = {}
@@ -93,6 +101,26 @@ def test_one_rings_bundle_keeps_its_stacks_apart_too(rings: Path, tmp_path: Path
     _, read = read_bundle(bundle)
     _, direct = load([str(one)])
     assert read["allocations"]["stacks"] == direct["allocations"]["stacks"] != []
+    assert read["allocations"]["sites"] == direct["allocations"]["sites"] != []
+    assert all("stack" not in site for site in meta["allocations"]["sites"])
+
+
+def test_a_file_of_live_stacks_alone_still_reads(rings: Path, tmp_path: Path) -> None:
+    # (the file as first written: four columns, live stacks alone; its bundle's sites kept their stacks)
+    bundle = blackbox.recover(rings, tmp_path / "bundle")
+    _, direct = load([str(rings)])
+    target, meta_file = bundle / "allocations.parquet", bundle / "metadata.json"
+    table = pq.read_table(target)
+    live = table.filter(pc.is_null(table["site"])).drop_columns(["site"])
+    pq.write_table(live, target)
+    meta = json.loads(meta_file.read_text())
+    for mine, theirs in zip(meta["rings"], direct["rings"], strict=True):
+        mine["allocations"]["sites"] = theirs["allocations"]["sites"]
+    meta_file.write_text(json.dumps(meta))
+    _, read = read_bundle(bundle)
+    for mine, theirs in zip(read["rings"], direct["rings"], strict=True):
+        assert mine["allocations"]["stacks"] == theirs["allocations"]["stacks"] != []
+        assert mine["allocations"]["sites"] == theirs["allocations"]["sites"]
 
 
 def test_a_bundle_without_the_file_reads_as_before(rings: Path, tmp_path: Path) -> None:
@@ -112,7 +140,8 @@ def test_a_planted_file_is_refused_in_one_line(rings: Path, tmp_path: Path, plan
         expected = "expected a Parquet table, found"
     elif plant == "other_columns":
         pq.write_table(pa.table({"ring": pa.array([0], pa.int64()), "code": ["__import__('os')"]}), target)
-        expected = "expected the columns ring (int32), pid (int64), stack (string), live_bytes (int64), found"
+        expected = ("expected the columns ring (int32), pid (int64), stack (string), live_bytes (int64), site "
+                    "(int32), found")  # fmt: skip
     else:  # 20,000 rows of a 100 KB stack each: a small file (one value, repeated) that decodes to 2 GB
         stack = pa.array(["x" * 100_000] * 20_000, pa.string()).dictionary_encode()
         columns = [pa.array([0] * 20_000, pa.int32()), pa.array([1] * 20_000, pa.int64()), stack,

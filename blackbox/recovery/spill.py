@@ -19,6 +19,8 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, BinaryIO, TypeVar, overload
 
+from .live_stacks import holds_stacks
+
 T = TypeVar("T")
 
 
@@ -41,17 +43,17 @@ class SpilledRings(Sequence[dict[str, Any]]):
             self._file = io.BytesIO()
         self._ends = array("q", [0])  # ring i's JSON is bytes [_ends[i], _ends[i + 1])
         self._derived: dict[str, tuple[int, Any]] = {}  # key -> (ring count, value): see ``derived``
-        self._with_stacks: list[int] = []  # the rings with allocations.stacks (kept apart: live_stacks.py)
+        self._with_stacks: list[int] = []  # the rings with stacks kept apart (live_stacks.py)
         for m in metas:
             self.append(m)
 
     def append(self, meta: dict[str, Any]) -> None:
         allocations = meta.get("allocations")
-        if isinstance(allocations, dict) and "stacks" in allocations:
-            if allocations["stacks"]:  # (metadata.json is then written without them: bundle.py)
-                self._with_stacks.append(len(self))
-            else:  # none: kept as metadata.json holds it, and as a reader of the bundle finds it
-                meta = {**meta, "allocations": {k: v for k, v in allocations.items() if k != "stacks"}}
+        if isinstance(allocations, dict) and "stacks" in allocations and not allocations["stacks"]:
+            # none: kept as metadata.json holds it, and as a reader of the bundle finds it
+            meta = {**meta, "allocations": {k: v for k, v in allocations.items() if k != "stacks"}}
+        if holds_stacks(meta):  # (metadata.json is then written without them: bundle.py)
+            self._with_stacks.append(len(self))
         data = _ENCODER.encode(meta).encode("utf-8")
         try:
             self._put(data)
@@ -102,7 +104,7 @@ class SpilledRings(Sequence[dict[str, Any]]):
         return self._read(index).decode("utf-8")
 
     def with_stacks(self) -> list[int]:
-        """The rings whose metadata holds ``allocations.stacks``, in order."""
+        """The rings whose metadata holds stacks kept apart (``live_stacks.holds_stacks``), in order."""
         return list(self._with_stacks)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
