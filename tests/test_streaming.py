@@ -103,7 +103,9 @@ def test_metadata_json_holds_every_rings_metadata_written_a_ring_at_a_time(share
     plain = {k: [live_stacks.strip(m)[0] for m in v] if isinstance(v, SpilledRings) else v for k, v in meta.items()}
     assert text == json.dumps(plain, indent=2) + "\n"
     stacks = sum(len(m["allocations"].get("stacks") or []) for m in meta["rings"])  # few ranks hold a sampled block
-    assert pq.read_table(out / "allocations.parquet").num_rows == stacks
+    sites = sum(len(m["allocations"].get("sites") or []) for m in meta["rings"])  # each with its stack
+    table = pq.read_table(out / "allocations.parquet")
+    assert table.num_rows == stacks + sites and table["site"].null_count == stacks
     assert sorted(m["rank"] for m in json.loads(text)["rings"]) == list(range(RANKS))
 
 

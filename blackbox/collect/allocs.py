@@ -466,10 +466,13 @@ class AllocSampler:
                 pass
         self.started = False
         self._c.stop(in_child)
+        owner = self._table()
+        table = owner if isinstance(owner, StackTable) else getattr(owner, "_table", None)
+        if isinstance(table, StackTable):  # the stack sampler's last tick may turn the table over: no hooks to tell
+            table.on_flip = None
         unname, self._unname = self._unname, None
         if unname is not None and getattr(getattr(threading.Thread, "_set_ident", None), "_blackbox", False):
             unname()
-        owner = self._table()
         if isinstance(owner, StackTable) and owner.view is not None:
             view, owner.view = owner.view, None
             view.release()
