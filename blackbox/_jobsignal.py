@@ -41,9 +41,22 @@ def _code_of(handler: Any) -> CodeType | None:
             if isinstance(handler, type):
                 return None
             handler = type(handler).__call__  # an object called as a handler: its class's method
-    except Exception:  # a handler object whose attributes raise: not one we can name
+    except Exception as exc:  # a handler object whose attributes raise: not one we can name
+        if _from_installed(exc):  # (the job's handler ran inside this walk: its exception is the job's)
+            raise
         return None
     return None
+
+
+def _from_installed(exc: BaseException) -> bool:
+    """Whether ``exc`` came out of a handler the job installed while armed (``_INSTALLED``: no walk of the
+    signal table, which is where ``_code_of`` runs)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in _INSTALLED:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 _INSTALLED: set[CodeType] = set()  # every handler the job installed while armed: a one-shot handler puts

@@ -272,3 +272,52 @@ def test_a_one_shot_handlers_exception_reaches_the_job(tmp_path: Path, installed
     # THEN its exception reaches the job, never taken for blackbox's own failure
     assert proc.stdout == "the job caught: worker died\n", proc.stdout + proc.stderr
     assert not blackbox_warned(proc.stderr), proc.stderr
+
+
+WALK = """
+import os, signal, sys
+import blackbox
+from blackbox import _jobsignal
+
+class WorkerDied(Exception):
+    pass
+
+def on_usr1(signum, frame):
+    raise WorkerDied("worker died")
+
+fire = False
+
+class Odd:  # a handler object of another library's, whose attribute lookup is where SIGUSR1 lands
+    def __getattr__(self, name):
+        if fire:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            for _ in range(1000):  # the handler runs at the next bytecode boundary: within these
+                pass
+        raise AttributeError(name)
+    def __call__(self, signum, frame):
+        pass
+
+blackbox.arm(sys.argv[1])
+signal.signal(signal.SIGUSR1, on_usr1)
+signal.signal(signal.SIGUSR2, Odd())
+fire = True
+try:
+    try:
+        raise ValueError("blackbox's own")
+    except ValueError as exc:
+        print("answered:", _jobsignal.raised_by_signal_handler(exc))
+except WorkerDied as exc:
+    print("the job caught:", exc)
+"""
+
+
+def test_the_jobs_exception_raised_while_blackbox_reads_the_signal_table_reaches_the_job(tmp_path: Path) -> None:
+    # GIVEN the job's handler raising while blackbox walks the signal table to ask whether an exception is the
+    # job's (inside the lookup of another handler object's attributes, which blackbox's walk guards)
+    job = tmp_path / "job.py"
+    job.write_text(WALK)
+    proc = subprocess.run([sys.executable, str(job), str(tmp_path / "j.ring")], capture_output=True, text=True,
+                          env=ENV, timeout=60)  # fmt: skip
+    # THEN that exception reaches the job, never swallowed as an attribute lookup that failed
+    assert proc.stdout == "the job caught: worker died\n", proc.stdout + proc.stderr
+    assert not blackbox_warned(proc.stderr), proc.stderr
