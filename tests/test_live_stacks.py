@@ -153,3 +153,15 @@ def test_a_planted_file_is_refused_in_one_line(rings: Path, tmp_path: Path, plan
         read_bundle(bundle)
     message = str(info.value)
     assert "\n" not in message and expected in message and "allocations.parquet" in message, message
+
+
+def test_a_jobs_summary_shows_the_first_deaths_allocating_stack_from_its_bundle(rings: Path, tmp_path: Path) -> None:
+    # (the job-wide account reads the first death's ring again from its node bundle: its sites' stacks too)
+    from blackbox._postmortem import job_account
+
+    blackbox.recover(rings, tmp_path / "bundles" / "node1")
+    _, meta, text = job_account([str(tmp_path / "bundles")])
+    assert meta["first_death"] and "## Detail of the first death" in text, text
+    detail = text.split("## Detail of the first death", 1)[1]
+    line = next((ln for ln in detail.splitlines() if ln.startswith("Allocating stack of the largest: ")), None)
+    assert line is not None and "leak (" in line, detail

@@ -34,6 +34,7 @@ from .._errors import BlackboxError, BundleDestinationError, RingNotFoundError, 
 from .._times import epoch_ns
 from .._version import __version__
 from ..ring.inputs import Folder, open_folder, open_input
+from . import live_stacks
 from .attempts import attempt_metadata, group_attempts
 from .bundle import METADATA, RANKS, SUMMARY, Destination, parse_metadata
 from .ranks import SCHEMA, collateral_columns, rank_rows, ranks_table, table_rows
@@ -585,9 +586,19 @@ class JobPass:
         if not first:
             return None
         i, j = self._first_ring(first)["_at"]
+        place = self.places[i]
         try:
-            rings = _rings_of(_read_meta(self.places[i]), self.places[i])
+            meta_i = _read_meta(place)
+            rings = _rings_of(meta_i, place)
         except BlackboxError:
             return None
-        ring = rings[j] if j < len(rings) else None
-        return ring if ring is not None and ring.get("pid") == first["pid"] else None
+        ring: dict[str, Any] | None = rings[j] if j < len(rings) else None
+        if ring is None or ring.get("pid") != first["pid"]:
+            return None
+        try:  # its stacks, where its bundle keeps them apart (allocations.parquet): the sites' stacks are shown
+            raw = place.read(live_stacks.ALLOCATIONS, live_stacks.MAX_FILE_BYTES)
+            found = live_stacks.read(pa.BufferReader(raw), len(raw), f"{place}/{live_stacks.ALLOCATIONS}")
+            live_stacks.attach({"rings": rings} if "rings" in meta_i else ring, found)
+        except BlackboxError:  # a bundle older than the file, or one unreadable: the account without them
+            pass
+        return ring

@@ -134,7 +134,8 @@ def allocation_sections(report: dict[str, Any] | None, role: str | None = None) 
               "| site | live | of it | growth | first step | allocator | thread |",
               "|---|---:|---|---:|---:|---|---|"]  # fmt: skip
     lines += ["| " + " | ".join([*_cells(s), _thread(s)]) + " |" for s in sites[:SHOWN]]
-    lines += ["", f"Allocating stack of the largest: {shown_stack(sites[0]['stack'])}.", ""]
+    stack = sites[0].get("stack")  # (none where a reader did not put allocations.parquet's stacks back)
+    lines += ["", f"Allocating stack of the largest: {shown_stack(stack)}.", ""] if isinstance(stack, str) else [""]
     return [*lines, *_grew_lines(report)]
 
 
