@@ -321,3 +321,37 @@ def test_the_jobs_exception_raised_while_blackbox_reads_the_signal_table_reaches
     # THEN that exception reaches the job, never swallowed as an attribute lookup that failed
     assert proc.stdout == "the job caught: worker died\n", proc.stdout + proc.stderr
     assert not blackbox_warned(proc.stderr), proc.stderr
+
+
+def test_the_backward_phase_keeps_every_exception_of_the_jobs_handler_in_the_chain() -> None:
+    # (PhaseCall, the C wrapper around torch.autograd.backward, writes the phase's end after the call raised;
+    # the job's timer handler raised in that write, and again while blackbox handled the first: the chain the job
+    # catches held the second and the call's, the first lost. CI's test_job_signal_handlers[arm-python], 1 in
+    # about 1,850 under load)
+    from blackbox.ring.writer import built_module
+
+    cmod = built_module()
+    if cmod is None:
+        pytest.skip("PhaseCall is the C extension's")
+
+    class Tick(Exception):
+        pass
+
+    def backward() -> None:
+        raise Tick("the call's")
+
+    def event(kind: int, name: str, value: object = None) -> int:
+        if kind == 2:  # the phase's end
+            try:
+                raise Tick("the first, in the end's write")
+            except Tick:
+                raise Tick("the second, while blackbox handled the first")  # noqa: B904 (its context: the first)
+        return 1
+
+    with pytest.raises(Tick) as info:
+        cmod.PhaseCall(backward, event, 1, 2, "backward")()
+    chain, exc = [], info.value
+    while exc is not None and len(chain) < 8:
+        chain.append(exc.args[0])
+        exc = exc.__context__
+    assert chain == ["the second, while blackbox handled the first", "the first, in the end's write", "the call's"]

@@ -1291,12 +1291,40 @@ static PyObject *exit_record_release(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED
  * traceback through it, and a stack sampled while it runs, are the job's own (torch_hooks.py puts one
  * around torch.autograd.backward). The writer swallows its own errors, so an event that raises raised
  * the job's exception (its signal handler ran meanwhile): that one reaches the job (the call is not
- * made where the begin event raised). Attributes it does not hold go to `function`; __wrapped__ is it. */
+ * made where the begin event raised), the call's own exception at the end of its chain of contexts
+ * (chain_last). Attributes it does not hold go to `function`; __wrapped__ is it. */
 typedef struct {
     PyObject_HEAD
     PyObject *function, *event, *begin, *end, *name;
     vectorcallfunc vectorcall;
 } PhaseCall;
+
+/* `cause` becomes the context at the end of `exc`'s chain of contexts, as Python chains an exception raised
+ * while another is handled: the chain may already hold one (the job's handler raised again while blackbox
+ * handled the first: that one's context is the first), and setting `exc`'s own context would drop it. Not
+ * where `cause` is in the chain already, or the chain is longer than bounded or loops. */
+static void chain_last(PyObject *exc, PyObject *cause) {
+    PyObject *last = exc;
+    for (int k = 0; k < 64; k++) {
+        PyObject *next = PyException_GetContext(last); /* a new reference: the chain keeps it alive */
+        if (next == NULL) {
+            PyObject *c = cause;
+            for (int j = 0; c != NULL && j < 64; j++) { /* no loop through `cause`'s own chain */
+                if (c == exc)
+                    return;
+                PyObject *up = PyException_GetContext(c);
+                Py_XDECREF(up);
+                c = up;
+            }
+            PyException_SetContext(last, Py_NewRef(cause));
+            return;
+        }
+        Py_DECREF(next);
+        if (next == cause)
+            return;
+        last = next;
+    }
+}
 
 static PyObject *PhaseCall_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     PhaseCall *p = (PhaseCall *)self;
@@ -1333,7 +1361,7 @@ static PyObject *PhaseCall_call(PyObject *self, PyObject *const *args, size_t na
             if (tb != NULL)
                 PyException_SetTraceback(value, tb);
             if (v2 != NULL && value != NULL)
-                PyException_SetContext(v2, Py_NewRef(value));
+                chain_last(v2, value);
             Py_XDECREF(type);
             Py_XDECREF(value);
             Py_XDECREF(tb);
