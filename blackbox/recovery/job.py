@@ -17,6 +17,7 @@ ring of the job.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -588,17 +589,12 @@ class JobPass:
         i, j = self._first_ring(first)["_at"]
         place = self.places[i]
         try:
-            meta_i = _read_meta(place)
-            rings = _rings_of(meta_i, place)
+            rings = _rings_of(meta_i := _read_meta(place), place)
         except BlackboxError:
             return None
-        ring: dict[str, Any] | None = rings[j] if j < len(rings) else None
-        if ring is None or ring.get("pid") != first["pid"]:
+        ring: dict[str, Any] | None = rings[j] if j < len(rings) and rings[j].get("pid") == first["pid"] else None
+        if ring is None:
             return None
-        try:  # its stacks, where its bundle keeps them apart (allocations.parquet): the sites' stacks are shown
-            raw = place.read(live_stacks.ALLOCATIONS, live_stacks.MAX_FILE_BYTES)
-            found = live_stacks.read(pa.BufferReader(raw), len(raw), f"{place}/{live_stacks.ALLOCATIONS}")
-            live_stacks.attach({"rings": rings} if "rings" in meta_i else ring, found)
-        except BlackboxError:  # a bundle older than the file, or one unreadable: the account without them
-            pass
+        with contextlib.suppress(BlackboxError):  # its stacks (none where its bundle has no readable file)
+            live_stacks.attach_bytes(meta_i, place.read(live_stacks.ALLOCATIONS, live_stacks.MAX_FILE_BYTES), place)
         return ring

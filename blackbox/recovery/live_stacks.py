@@ -152,6 +152,11 @@ def read(source: Any, size: int, where: str) -> pa.Table:
         raise BundleDestinationError(f"{where}: expected a Parquet table, found {type(exc).__name__}") from None
 
 
+def attach_bytes(meta: dict[str, Any], raw: bytes, bundle: Any) -> dict[str, Any]:
+    """``attach`` of the file's bytes ``raw``, read from ``bundle`` (named in the error a bad file gives)."""
+    return attach(meta, read(pa.BufferReader(raw), len(raw), f"{bundle}/{ALLOCATIONS}"))
+
+
 def _plain(t: pa.DataType) -> pa.DataType:
     return t.value_type if pa.types.is_dictionary(t) else t
 
