@@ -70,35 +70,24 @@ WORKLOADS: dict[str, Callable[[int], None]] = {"python objects": python_objects,
 
 
 def training_steps() -> Callable[[int], None]:
-    """tools/bench_overhead.py's loop: 8x[Linear(256, 256), ReLU] + head, batch 64, AdamW, one thread."""
-    import torch
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    layers: list[torch.nn.Module] = []
-    for _ in range(8):
-        layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers, torch.nn.Linear(256, 10))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
-
-    def steps(n: int) -> None:
-        for _ in range(max(1, n // 10000)):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-
-    return steps
+    """tools/bench_overhead.py's loop (tools/small_gpt.py's ``mlp_step``), one step per 10,000 iterations."""
+    return _per_10000(_tool_step("mlp_step"))
 
 
 def gpt_steps() -> Callable[[int], None]:
     """The realistic step (tools/small_gpt.py), one per 10,000 iterations."""
+    return _per_10000(_tool_step("gpt_step"))
+
+
+def _tool_step(name: str) -> Callable[[], None]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from small_gpt import gpt_step
+    import small_gpt
 
-    step = gpt_step()
+    step: Callable[[], None] = getattr(small_gpt, name)()
+    return step
 
+
+def _per_10000(step: Callable[[], None]) -> Callable[[int], None]:
     def steps(n: int) -> None:
         for _ in range(max(1, n // 10000)):
             step()
