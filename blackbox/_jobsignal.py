@@ -42,18 +42,17 @@ def _code_of(handler: Any) -> CodeType | None:
                 return None
             handler = type(handler).__call__  # an object called as a handler: its class's method
     except Exception as exc:  # a handler object whose attributes raise: not one we can name
-        if _from_installed(exc):  # (the job's handler ran inside this walk: its exception is the job's)
+        if _raised_in(exc, _INSTALLED):  # (the job's handler ran inside this walk, which only _INSTALLED names)
             raise
         return None
     return None
 
 
-def _from_installed(exc: BaseException) -> bool:
-    """Whether ``exc`` came out of a handler the job installed while armed (``_INSTALLED``: no walk of the
-    signal table, which is where ``_code_of`` runs)."""
+def _raised_in(exc: BaseException, codes: set[CodeType]) -> bool:
+    """Whether a frame of one of ``codes`` is in ``exc``'s traceback."""
     tb = exc.__traceback__
     while tb is not None:
-        if tb.tb_frame.f_code in _INSTALLED:
+        if tb.tb_frame.f_code in codes:
             return True
         tb = tb.tb_next
     return False
@@ -96,15 +95,7 @@ def raised_by_signal_handler(exc: BaseException) -> bool:
     the traceback): the job's exception, to re-raise, never to swallow. Costs a walk of the signal table,
     on the error path only. Nothing here raises but a signal handler of the job's, which then propagates
     from here, as it should."""
-    tb = exc.__traceback__
-    if tb is None:
-        return False
-    codes = _handler_codes()
-    while tb is not None and codes:
-        if tb.tb_frame.f_code in codes:
-            return True
-        tb = tb.tb_next
-    return False
+    return exc.__traceback__ is not None and _raised_in(exc, _handler_codes())
 
 
 def the_jobs(exc: BaseException) -> BaseException | None:

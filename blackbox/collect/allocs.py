@@ -260,12 +260,17 @@ class AllocSampler:
         self._unname = lambda: setattr(threading.Thread, "_set_ident", original)
         name_threads([(t.ident, t.name.encode("utf-8", "replace")) for t in threading.enumerate() if t.ident])
 
+    def _stack_table(self) -> StackTable | None:
+        """The stack table the hooks write into: the stack sampler's, or our own."""
+        owner = self._table()
+        table = owner if isinstance(owner, StackTable) else getattr(owner, "_table", None)
+        return table if isinstance(table, StackTable) else None
+
     def _tail_at(self, header: fmt.Header) -> None:
         """Give the hooks the end of each half of the stack table (where the table's stack sampler or our own
         table stops interning), moved to the new half each time the table turns over."""
-        owner = self._table()
-        table = owner if isinstance(owner, StackTable) else getattr(owner, "_table", None)
-        if not isinstance(table, StackTable) or table.half - STACK_TAIL < max(4096, table.pos):
+        table = self._stack_table()
+        if table is None or table.half - STACK_TAIL < max(4096, table.pos):
             return
         table.limit = table.half - STACK_TAIL
 
@@ -466,13 +471,13 @@ class AllocSampler:
                 pass
         self.started = False
         self._c.stop(in_child)
-        owner = self._table()
-        table = owner if isinstance(owner, StackTable) else getattr(owner, "_table", None)
-        if isinstance(table, StackTable):  # the stack sampler's last tick may turn the table over: no hooks to tell
+        table = self._stack_table()
+        if table is not None:  # the stack sampler's last tick may turn the table over: no hooks to tell
             table.on_flip = None
         unname, self._unname = self._unname, None
         if unname is not None and getattr(getattr(threading.Thread, "_set_ident", None), "_blackbox", False):
             unname()
+        owner = self._table()
         if isinstance(owner, StackTable) and owner.view is not None:
             view, owner.view = owner.view, None
             view.release()

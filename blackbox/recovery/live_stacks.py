@@ -66,7 +66,7 @@ def strip(meta: dict[str, Any]) -> tuple[dict[str, Any], Stacks]:
     found: Stacks = [(None, s) for s in live if isinstance(s, dict)] if isinstance(live, list) else []
     sites = allocations.get("sites")
     kept = {k: v for k, v in allocations.items() if k != "stacks"}
-    if isinstance(sites, list) and _site_stacks(sites):
+    if isinstance(sites, list) and _site_stacks(sites):  # (the isinstance narrows for mypy)
         found += [(i, s) for i, s in enumerate(sites) if isinstance(s, dict) and isinstance(s.get("stack"), str)]
         kept["sites"] = [{k: v for k, v in s.items() if k != "stack"} if isinstance(s, dict) else s for s in sites]
     elif "stacks" not in allocations:
@@ -85,7 +85,7 @@ def rows(ring: int, pid: Any, stacks: Stacks) -> Iterator[Row]:
     for site, s in stacks:
         live = s.get("live_bytes")
         live = live if isinstance(live, (int, float)) and not isinstance(live, bool) and live == live else 0
-        yield ring, who, str(s.get("stack", "")), max(0, min(int(min(live, INT64_MAX)), INT64_MAX)), site
+        yield ring, who, str(s.get("stack", "")), max(0, int(min(live, INT64_MAX))), site
 
 
 def bundle_rows(meta: dict[str, Any]) -> list[Row]:
