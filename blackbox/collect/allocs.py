@@ -14,7 +14,7 @@ allocated), and each sample and each free is a record (the timeline).
 On by default (``arm()``, every process ``blackbox run`` arms): off with
 ``arm(allocations=False)``, ``BLACKBOX_ALLOCATIONS=0`` or ``blackbox run
 --no-allocations``. Where a job allocates so fast that sampling would cost more
-than MAX_SAMPLES_PER_S blocks a second (about 0.25% of a core), the tick raises
+than MAX_SAMPLES_PER_S blocks a second (about 0.1% of a core), the tick raises
 R (doubling, with a note in the ring that says to what); a block keeps the
 weight of the R its countdown was drawn with, so estimates stay unbiased across
 the change. Without the C extension nothing is sampled, no heap table is made,
@@ -73,10 +73,11 @@ HEAP_SLOTS = 1 << 16  # the main process's heap table: 4 MiB, 64 GiB of live mem
 HELPER_HEAP_SLOTS = 1 << 12  # a helper's (a DataLoader worker): 256 KiB
 STACK_TAIL = 128 << 10  # the end of each half of the stack table: the hooks write new stacks there at once
 MAX_KNOWN = 16384  # stacks whose text is kept to write again after the table turns over
-# A sampled block costs about 0.3-0.5 us (its stack read, its heap slot, two records; docs/performance.md):
-# past this many a second (0.25% of a core) the tick raises R, so a job that allocates faster than about
-# 5 GB/s pays no more; the weights follow the R each block was sampled with, so estimates stay unbiased.
-MAX_SAMPLES_PER_S = 5000
+# A sampled block costs about 1.8 us inside a real training step (its stack read, its heap slot, two records,
+# each a cache miss there; 0.3-0.5 us in a warm loop: docs/performance.md): past this many a second (0.1% of
+# a core) the tick raises R, so a job that allocates faster than about 500 MB/s pays no more; the weights
+# follow the R each block was sampled with, so estimates stay unbiased.
+MAX_SAMPLES_PER_S = 500
 MAX_MEAN_BYTES = 1 << 30
 RAISED = "allocations: sampling interval raised to {} bytes"  # a note; recovery reads the last R from it
 ENV = "BLACKBOX_ALLOCATIONS"  # "0" off, "1" on (the default), or the mean interval in bytes
