@@ -27,8 +27,8 @@
  * Python frames are stable while it runs C code (a torch op that released the GIL included), and are
  * read from the interpreter's frame structs (code object and instruction only). The fast path is a
  * thread-local subtraction; the free path one bit of a 16 KiB filter (never unmapped) looked up: a bit, not the
- * count beside it, so the filter stays in cache between frees (perf: a byte per entry, 128 KiB, missed the cache
- * on most native frees of a GPT step, 0.3% of its time in that one load).
+ * count beside it (a byte each, 128 KiB, missed the cache on most native frees of a GPT step: perf put 0.3% of
+ * its time on that one load, 0.2% on the whole free path with bits; docs/performance.md, round 3).
  *
  * Where the samples go (FORMAT.md, "Heap table", version 4): each sampled block takes a slot of the
  * ring file's heap table (address, size, weight, stack, time, thread, step, check word written last

@@ -118,21 +118,33 @@ def int64(value: Any) -> int:
 def _pipeline(
     record: struct.Struct, records: Any, capacity: int, sequence: Iterator[int]
 ) -> tuple[Callable[[tuple[int, ...]], None], Callable[[], None]]:
-    """(push, write) for the Python write path: ``push`` queues a record's own fields (thread, step,
-    value, tag word, payload); ``write`` writes the oldest queued one into its slot in one C-level
-    call: the iterators below take the seq (``tee``: the same one for the offset, the seq word and
-    the commit word), read the clock, pop the fields and end in ``struct.pack_into``, all without
-    running a bytecode, so no other thread can run between taking a seq and writing its slot (else
-    a thread held back for a whole lap of the ring would overwrite a newer record with its stale one).
-    Each ``write`` writes one queued record, whoever pushed it."""
+    """(push, write) for the Python write path, one pair per thread (``_Pipelines``): ``push`` queues a
+    record's own fields (thread, step, value, tag word, payload); ``write`` writes the newest queued one
+    into its slot in one C-level call: the iterators below take the seq (``tee``: the same one for the
+    offset, the seq word and the commit word), read the clock, pop the fields and end in
+    ``struct.pack_into``, so no other thread can run between taking a seq and writing its slot (else a
+    thread held back for a whole lap of the ring would overwrite a newer record with its stale one), but
+    for a garbage collection's finalizers on 3.10 and 3.11, which may run inside that call. So each
+    thread writes only what it pushed: a call returns with its own record written, whoever ran meanwhile
+    (one queue for all threads once let a thread return while its record waited for another's write,
+    and a SIGKILL lost that acknowledged event: tests/test_writer_acknowledges.py). The newest first: a
+    signal handler's write that runs between its thread's push and write writes its own record."""
     queue: deque[tuple[int, ...]] = deque()
     for_offset, for_seq, for_commit = tee(sequence, 3)
     offsets = map(operator.lshift, map(operator.mod, for_offset, repeat(capacity)), repeat(7))
     clock = starmap(time.monotonic_ns, repeat(()))
     head = zip(repeat(records), offsets, for_seq, clock)  # noqa: B905 (endless iterators)
-    tail = map(operator.add, iter(queue.popleft, None), zip(for_commit))
+    tail = map(operator.add, iter(queue.pop, None), zip(for_commit))
     writes = starmap(record.pack_into, map(operator.add, head, tail))
     return queue.append, writes.__next__
+
+
+class _Pipelines(threading.local):
+    """The calling thread's (push, write) pairs for events and samples (made on its first write)."""
+
+    def __init__(self, records: Any, capacity: int, sequence: Iterator[int]) -> None:
+        self.push_event, self.write_event = _pipeline(TAGGED_EVENT_STRUCT, records, capacity, sequence)
+        self.push_sample, self.write_sample = _pipeline(TAGGED_SAMPLE_STRUCT, records, capacity, sequence)
 
 
 def new_sequence(cmod: Any) -> Iterator[int]:
@@ -278,8 +290,7 @@ class RingWriter:
             self.current_step, self.kill, self.backend = w.current_step, kill_c, "c"
             return
 
-        push_event, write_event = _pipeline(TAGGED_EVENT_STRUCT, records, capacity, sequence)
-        push_sample, write_sample = _pipeline(TAGGED_SAMPLE_STRUCT, records, capacity, sequence)
+        pipes = _Pipelines(records, capacity, sequence)
         monotonic_ns = time.monotonic_ns
         index = operator.index
         step_now = -1
@@ -289,12 +300,12 @@ class RingWriter:
             try:
                 if value is None:
                     lid = lookup(label) or intern(label)
-                    push_event((get_ident(), step_now, 0, lid | MARK_TAG))
+                    pipes.push_event((get_ident(), step_now, 0, lid | MARK_TAG))
                 else:
                     v = int64(value)
                     lid = lookup(label) or intern(label)
-                    push_event((get_ident(), step_now, v, lid | MARK_VALUE_TAG))
-                write_event()
+                    pipes.push_event((get_ident(), step_now, v, lid | MARK_VALUE_TAG))
+                pipes.write_event()
             except Exception as exc:
                 if raised_by_signal_handler(exc):  # the job's signal handler ran meanwhile: the job's
                     raise
@@ -309,8 +320,8 @@ class RingWriter:
                 if new < 0:
                     raise ValueError(f"step must be >= 0, got {new}")
                 step_now = new
-                push_event((get_ident(), new, new, STEP_TAG))
-                write_event()
+                pipes.push_event((get_ident(), new, new, STEP_TAG))
+                pipes.write_event()
             except Exception as exc:
                 if raised_by_signal_handler(exc):  # the job's signal handler ran meanwhile: the job's
                     raise
@@ -335,11 +346,11 @@ class RingWriter:
                 lid = (lookup(label) or intern(label)) if label is not None else 0
                 word = tag(lid, kind, flags, device)
                 if payload is None:
-                    push_event((get_ident(), step_now, v, word))
-                    write_event()
+                    pipes.push_event((get_ident(), step_now, v, word))
+                    pipes.write_event()
                 else:
-                    push_sample((get_ident(), step_now, v, word, *words))
-                    write_sample()
+                    pipes.push_sample((get_ident(), step_now, v, word, *words))
+                    pipes.write_sample()
                 return monotonic_ns()  # at or after the record's own stamp: durations from it never exceed the gap
             except Exception as exc:
                 if raised_by_signal_handler(exc):  # the job's signal handler ran meanwhile: the job's
@@ -355,8 +366,8 @@ class RingWriter:
                     raise ValueError(f"payload must hold {PAYLOAD_WORDS} ints, got {len(payload)}")
                 device = index(device)
                 payload = tuple(map(int64, payload))
-                push_sample((get_ident(), step_now, 0, SAMPLE_TAG | (device & 0xFFFF) << 48, *payload))
-                write_sample()
+                pipes.push_sample((get_ident(), step_now, 0, SAMPLE_TAG | (device & 0xFFFF) << 48, *payload))
+                pipes.write_sample()
             except Exception as exc:
                 if raised_by_signal_handler(exc):  # the job's signal handler ran meanwhile: the job's
                     raise
