@@ -54,12 +54,13 @@ for line in sys.stdin:
     n = int(line)
     run()  # the other processes' turns left this one's caches cold: the same for every configuration
     s0 = cmod.stats()["samples"] if cmod is not None else 0
-    f0, c0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time_ns()
+    f0, c0, m0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time_ns(), time.thread_time_ns()
     for _ in range(n):
         run()
-    c1, f1 = time.process_time_ns(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    c1, m1, f1 = time.process_time_ns(), time.thread_time_ns(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     s1 = cmod.stats()["samples"] if cmod is not None else 0
-    print(json.dumps({"cpu_ns": (c1 - c0) / n, "faults": (f1 - f0) / n, "samples": (s1 - s0) / n}), flush=True)
+    print(json.dumps({"cpu_ns": (c1 - c0) / n, "main_ns": (m1 - m0) / n, "faults": (f1 - f0) / n,
+                      "samples": (s1 - s0) / n}), flush=True)
 """
 
 TOGGLE = r"""
@@ -193,24 +194,29 @@ def toggle(args: argparse.Namespace, env: dict[str, str]) -> int:
 
 
 def report(got: dict[tuple[str, int], list[dict[str, float]]], args: argparse.Namespace) -> None:
-    per_round = {c: [statistics.fmean(got[c, i][r]["cpu_ns"] for i in range(args.processes))
-                     for r in range(args.rounds)] for c in CONFIGS}  # fmt: skip
+    def rounds(key: str) -> dict[str, list[float]]:
+        return {c: [statistics.fmean(got[c, i][r][key] for i in range(args.processes)) for r in range(args.rounds)]
+                for c in CONFIGS}  # fmt: skip
+
+    per_round, main_thread = rounds("cpu_ns"), rounds("main_ns")
     print(f"{args.model}: {args.processes} processes per configuration, {args.warmup} steps of warm-up, "
           f"{args.rounds} rounds of {args.block} steps; load average now {os.getloadavg()[0]:.1f}")  # fmt: skip
     print("\n| configuration | CPU per step | against allocations=False (95%) | against not armed (95%) |"
-          " processes' medians | faults a step | samples a step |")  # fmt: skip
-    print("|---|---:|---:|---:|---|---:|---:|")
+          " the job's thread alone, against allocations=False | processes' medians | faults a step |"
+          " samples a step | other threads' CPU a step |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---|---:|---:|---:|")
     for c, name in CONFIGS.items():
         cols = []
-        for base in ("off", "not"):
-            ratios = [a / b for a, b in zip(per_round[c], per_round[base], strict=True)]
+        for table, base in ((per_round, "off"), (per_round, "not"), (main_thread, "off")):
+            ratios = [a / b for a, b in zip(table[c], table[base], strict=True)]
             cols.append("" if c == base else pct(*interval(ratios)))
         each = ", ".join(f"{statistics.median(b['cpu_ns'] for b in got[c, i]) / 1e6:.2f}"
                          for i in range(args.processes))  # fmt: skip
         faults = statistics.median(b["faults"] for i in range(args.processes) for b in got[c, i])
         samples = statistics.median(b["samples"] for i in range(args.processes) for b in got[c, i])
-        print(f"| {name} | {statistics.median(per_round[c]) / 1e6:.2f} ms | {cols[0]} | {cols[1]} | {each} ms |"
-              f" {faults:.0f} | {samples:.0f} |")  # fmt: skip
+        others = statistics.median(b["cpu_ns"] - b["main_ns"] for i in range(args.processes) for b in got[c, i])
+        print(f"| {name} | {statistics.median(per_round[c]) / 1e6:.2f} ms | {' | '.join(cols)} | {each} ms |"
+              f" {faults:.0f} | {samples:.0f} | {others / 1e3:.0f} us |")  # fmt: skip
     spread = [100 * (statistics.median(b["cpu_ns"] for b in got[c, i]) / statistics.median(per_round[c]) - 1)
               for c in CONFIGS for i in range(args.processes)]  # fmt: skip
     print(
