@@ -9,6 +9,7 @@ from pathlib import Path
 
 from blackbox.collect.host import (
     HostProbe,
+    _read_proc,
     effective_limit_file,
     find_memory_cgroup,
     meminfo_available,
@@ -16,6 +17,17 @@ from blackbox.collect.host import (
     parse_limit,
     psi_totals,
 )
+
+
+def test_read_proc_reads_past_one_page_up_to_its_limit(tmp_path: Path) -> None:
+    """The children lists are read with plain system calls: a list longer than one read (a job with
+    hundreds of workers) comes whole, a limit bounds it, an unreadable path is None (the thread has gone)."""
+    text = b" ".join(str(pid).encode() for pid in range(100000, 102000))  # 13,999 bytes: four reads
+    (tmp_path / "children").write_bytes(text)
+    assert _read_proc(str(tmp_path / "children")) == text
+    assert _read_proc(str(tmp_path / "children"), 5000) == text[:5000]
+    assert _read_proc(str(tmp_path / "gone")) is None
+    assert _read_proc("/proc/self/comm", 64) == Path("/proc/self/comm").read_bytes()
 
 
 def _fake(tmp_path: Path, cgroup: str, mountinfo: str) -> tuple[str, str]:
