@@ -64,7 +64,7 @@ for line in sys.stdin:
 """
 
 TOGGLE = r"""
-import json, os, random, resource, sys, time
+import json, os, random, sys, time
 rounds, warmup, ring_dir, model, block, settle = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4],
                                                   int(sys.argv[5]), int(sys.argv[6]))
 sys.path.insert(0, os.path.join(os.environ["BENCH_ROOT"], "tools"))
