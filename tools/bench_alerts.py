@@ -24,8 +24,10 @@ to the engine offline, alerts per hour.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -77,6 +79,7 @@ def cost(ticks: int, rounds: int) -> None:
     from blackbox.collect.host import HostProbe
 
     folder = Path(tempfile.mkdtemp(prefix="bench-alerts-"))
+    atexit.register(shutil.rmtree, folder, True)  # the rings go with the run, as in every other benchmark
     on = blackbox.Recorder.arm(folder / "on.ring", capacity=1 << 16, sample_interval=3600)
     off = blackbox.Recorder.arm(folder / "off.ring", capacity=1 << 16, sample_interval=3600, alerts=False)
     assert on._alerts is not None and off._alerts is None
@@ -146,6 +149,7 @@ def forecast(rates: list[float], limit_mib: int, repeats: int) -> None:
     for rate in rates:
         for _ in range(repeats):
             folder = Path(tempfile.mkdtemp(prefix="bench-alerts-"))
+            atexit.register(shutil.rmtree, folder, True)
             (folder / "r").mkdir()
             t0 = time.monotonic()
             status = _in_cgroup(LEAK, [str(folder / "r"), str(rate)], limit_mib * MIB, "bench-alerts", 600)
@@ -168,6 +172,7 @@ def forecast(rates: list[float], limit_mib: int, repeats: int) -> None:
 
 def steady(seconds: float, hours: float) -> None:
     folder = Path(tempfile.mkdtemp(prefix="bench-alerts-"))
+    atexit.register(shutil.rmtree, folder, True)
     (folder / "r").mkdir()
     status = _in_cgroup(STEADY, [str(folder / "r"), str(seconds)], 512 * MIB, "bench-alerts", seconds + 120)
     meta = _recovered(folder / "r")
