@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from blackbox.collect import host
 from blackbox.collect.host import (
     HostProbe,
     _read_proc,
@@ -132,3 +137,65 @@ def test_a_child_that_names_itself_after_it_is_first_seen_is_sampled_by_its_new_
     finally:
         child.kill()
         child.wait()
+
+
+def test_between_full_reads_only_the_threads_that_made_children_have_their_lists_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each thread's ``children`` file lists the children it made. Reading every thread's list every tick
+    cost 436 us with 64 threads (a job has a thread per core); now all are read once per FULL_SCAN_NS, and
+    in between only the main thread's and those of threads that had children at the last full read."""
+    monkeypatch.setattr(host, "FULL_SCAN_NS", 400_000_000)
+    lists: list[str] = []
+    real = host._read_proc
+
+    def counted(path: str, limit: int = 1 << 16) -> bytes | None:
+        if path.endswith("/children"):
+            lists.append(path)
+        return real(path, limit)
+
+    monkeypatch.setattr(host, "_read_proc", counted)
+    done = threading.Event()
+    made: list[Any] = []
+
+    def make_child() -> None:  # a thread that makes a child and stays (its list keeps it)
+        made.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]))
+        done.wait(60)
+
+    # GIVEN 32 idle threads and one that made a child, in a process whose main thread made none
+    idle = [threading.Thread(target=done.wait, args=(60,)) for _ in range(32)]
+    for t in idle:
+        t.start()
+    first = threading.Thread(target=make_child)
+    first.start()
+    probe = HostProbe()
+    try:
+        while not made:
+            time.sleep(0.01)
+        # WHEN the probe reads the children: first every thread's list, then ticks between full reads
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and made[0].pid not in {pid for pid, _, _ in probe.children() or []}:
+            time.sleep(0.05)
+        lists.clear()
+        seen = {pid for pid, _, _ in probe.children() or []}
+        # THEN a tick reads the main thread's list and the maker's (not all 35), and still finds the child
+        maker = f"/task/{first.native_id}/children"
+        assert made[0].pid in seen and any(p.endswith(maker) for p in lists) and len(lists) < 5, lists
+        # AND a child made by another thread shows at the next full read, within FULL_SCAN_NS and a tick
+        second = threading.Thread(target=make_child)
+        second.start()
+        while len(made) < 2:
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        while time.monotonic() < deadline and made[1].pid not in {pid for pid, _, _ in probe.children() or []}:
+            time.sleep(0.05)
+        assert time.monotonic() - t0 < 0.4 + 2.5, "seen at the next full read"
+        lists.clear()
+        seen = {pid for pid, _, _ in probe.children() or []}
+        assert {made[0].pid, made[1].pid} <= seen and len(lists) < 6, lists
+    finally:
+        done.set()
+        for child in made:
+            child.kill()
+            child.wait()
+        probe.close()

@@ -165,6 +165,7 @@ MAX_CHILDREN = 64  # child_sample records per tick at most
 # DataLoader worker's interpreter starts before it names itself ``pt_data_worker``) has its name read again
 # each tick for this long, until it differs: read once, it kept the name it had before its rename for good.
 RENAME_WINDOW_NS = 5 * 10**9
+FULL_SCAN_NS = 10**9  # every thread's children list read once a second; the main thread's every tick
 
 
 def parse_memory_stat(text: str, version: int) -> tuple[int, ...]:
@@ -287,6 +288,8 @@ class HostProbe:
         self._children: dict[int, Source] = {}  # child pid -> its statm
         self._comms: dict[int, str] = {}
         self._renaming: dict[int, int] = {}  # child pid -> until when (monotonic ns) its name is read again
+        self._parents: set[str] = set()  # the threads whose children lists each tick reads (see _child_pids)
+        self._next_scan = 0  # when every thread's list is read again (monotonic ns)
         self._own = _comm(f"{proc}/self/comm")
         self.last_children: list[tuple[int, int, str]] = []  # (pid, rss, command name) at the last read()
         self._closed = False
@@ -346,22 +349,8 @@ class HostProbe:
         """(pid, RSS, command name) of this process's children (e.g. DataLoader workers); None if unknowable."""
         if self._closed:
             return None
-        pids: set[int] = set()
-        try:
-            tasks = os.listdir(f"{self.proc}/self/task")
-        except OSError:
-            return None
-        readable = False
-        for tid in tasks:
-            data = _read_proc(f"{self.proc}/self/task/{tid}/children")
-            if data is None:
-                continue
-            try:
-                pids.update(int(p) for p in data.split())
-            except ValueError:
-                continue
-            readable = True
-        if not readable:
+        pids = self._child_pids()
+        if pids is None:
             return None
         for gone in set(self._children) - pids:
             self._children.pop(gone).close()
@@ -386,6 +375,44 @@ class HostProbe:
             except (ValueError, IndexError):
                 continue
         return out
+
+    def _child_pids(self) -> set[int] | None:
+        """The children's pids, from the ``children`` lists of this process's threads (each lists those that
+        thread made). Every thread's list is read once a second (FULL_SCAN_NS); in between, only the main
+        thread's and those of threads that had children at the last full read: a job has a thread per core
+        (torch's, a data loader's), and reading each one's list every tick cost 436 us a tick with 64
+        threads, 868 with 128 (docs/performance.md). A child made by another thread shows within a second."""
+        now = time.monotonic_ns()
+        full = now >= self._next_scan or not self._parents
+        if full:
+            try:
+                tids = os.listdir(f"{self.proc}/self/task")
+            except OSError:
+                return None
+        else:
+            tids = list(self._parents)
+        pids: set[int] = set()
+        parents: set[str] = set()  # the threads read whose list had children (or, between full reads, any)
+        readable = False
+        for tid in tids:
+            data = _read_proc(f"{self.proc}/self/task/{tid}/children")
+            if data is None:
+                continue
+            try:
+                pids.update(int(p) for p in data.split())
+            except ValueError:
+                continue
+            readable = True
+            if data.strip() or not full:
+                parents.add(tid)
+        if full:
+            if not readable:
+                return None
+            self._parents, self._next_scan = parents | {str(os.getpid())}, now + FULL_SCAN_NS
+        elif not parents:  # the threads read have all gone: read every thread's list now
+            self._next_scan = 0
+            return self._child_pids()
+        return pids
 
     def close(self) -> None:
         for src in (self._statm, self._usage, self._limit, self._meminfo, self._events, self._psi, self._stat,
