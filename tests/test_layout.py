@@ -68,7 +68,8 @@ RECOVERY_ORDER = {
     "metadata": 4,
     "pipeline": 5,
     "bundle": 6,
-    "job": 7,
+    "locate": 7,
+    "job": 8,
 }
 
 

@@ -55,7 +55,8 @@ def picture_source(
     one holding the first death; a run folder whose job has written no bundle yet, its rings. ``progress``
     is told of each ring recovered in memory."""
     from ..recovery.bundle import read_bundle
-    from ..recovery.job import JobPass, kind_of
+    from ..recovery.job import JobPass
+    from ..recovery.locate import kind_of
     from ..recovery.pipeline import recover_rings
     from ..ring.inputs import open_named
 
@@ -109,9 +110,9 @@ def _rings(recovered: Any, where: str) -> tuple[pa.Table, dict[str, Any], str]:
 
 def _node_bundle(bundle: str, read_bundle: Any, place: Any = None) -> tuple[pa.Table, dict[str, Any]]:
     """A node bundle's timeline and metadata; a job-wide bundle (no timeline) named for what it is. A bundle
-    found below a folder (``place``, a ``job.Place``) is read from that folder's descriptor, never its path."""
+    found below a folder (``place``, a ``locate.Place``) is read from that folder's descriptor, never its path."""
     from ..recovery.bundle import MAX_METADATA_BYTES, METADATA, TIMELINE, parse_metadata
-    from ..recovery.job import find_bundles
+    from ..recovery.locate import find_bundles
 
     local = place is not None and place.fs is None
     try:

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from .._errors import one_line
     from .._postmortem import printable, write_job, write_postmortem
     from ..recovery.bundle import read_summary
-    from ..recovery.job import kind_of
+    from ..recovery.locate import kind_of
     from ..views.summary import claimed_lines
 
     out = args.out

@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from .._errors import one_line
     from .._postmortem import job_account, printable
     from ..recovery.bundle import read_metadata, read_summary
-    from ..recovery.job import kind_of
+    from ..recovery.locate import kind_of
     from ..recovery.pipeline import RecoveryPass
     from ..views.summary import bundle_summary, claimed_lines
 

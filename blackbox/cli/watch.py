@@ -58,7 +58,7 @@ def _folder_of_rings(target: str) -> tuple[Path, bool] | None:
     """The folder whose rings to follow, and whether a link may be followed to it: ``target`` (named by
     the user: yes), or a run folder's rings/ (no); None for a ring file. A bundle is what a job left once
     it ended: named as such, with the commands that read it."""
-    from ..recovery.job import holds_rings, is_one_bundle
+    from ..recovery.locate import holds_rings, is_one_bundle
 
     if not os.path.isdir(target) or holds_rings(target):
         return (Path(target), True) if os.path.isdir(target) else None
