@@ -199,3 +199,21 @@ def test_between_full_reads_only_the_threads_that_made_children_have_their_lists
             child.kill()
             child.wait()
         probe.close()
+
+
+def test_the_probes_pread_holds_the_gil_and_reads_what_os_pread_reads(tmp_path: Path) -> None:
+    """The tick's reads take microseconds; releasing the GIL for each let a job's thread busy in Python keep it
+    5 ms (the switch interval) before the sampler got it back. PREAD is libc's pread through ctypes.PyDLL."""
+    import os
+
+    assert host.PREAD is not os.pread, "libc's pread through PyDLL is available on Linux"
+    (tmp_path / "f").write_bytes(b"0123456789" * 1000)
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        assert host.PREAD(fd, 4096, 0) == os.pread(fd, 4096, 0) and host.PREAD(fd, 10, 9995) == b"56789"
+        assert os.lseek(fd, 0, os.SEEK_CUR) == 0, "pread leaves the offset alone"
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError) as caught:
+        host.PREAD(fd, 16, 0)  # closed now
+    assert caught.value.errno == 9

@@ -44,8 +44,9 @@ _OWNER: list[DeathSignals] = []  # the one recorder of this process that records
 @functools.cache
 def _libc_sigaction() -> Any:
     """libc's sigaction, looked up once: each tick asks for five signals' handlers, and a fresh
-    ``ctypes.CDLL(None)`` (dlopen and dlsym) made each ask cost 14 us where the call costs 1.4."""
-    return ctypes.CDLL(None, use_errno=True).sigaction
+    ``ctypes.CDLL(None)`` (dlopen and dlsym) made each ask cost 14 us where the call costs 1.4. Called with
+    the GIL held (PyDLL): a CDLL call releases it, and a job's thread busy in Python kept it 5 ms each time."""
+    return ctypes.PyDLL(None, use_errno=True).sigaction
 
 
 def os_handler(signum: int) -> int | None:

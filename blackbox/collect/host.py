@@ -8,14 +8,57 @@ Any probe that cannot be read is left out: its gauge is recorded as -1 (null).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from .._fds import OwnedFd
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _holding_the_gil() -> tuple[Callable[[int, int, int], bytes], Callable[[str, int], int], Callable[[int], None]]:
+    """pread, open and close (2) called with the GIL held (ctypes.PyDLL), or os's where libc cannot be had so.
+    A read of a /proc or cgroup file takes microseconds; os's calls release the GIL around it, and a job's
+    thread busy in Python then keeps it for the switch interval (5 ms) before the sampler thread gets it
+    back: with ~20 such calls a tick, a tick took 32-37 ms of wall time instead of 0.5 (docs/performance.md)."""
+    try:
+        libc = ctypes.PyDLL(None, use_errno=True)
+        c_pread, c_open, c_close = libc.pread, libc.open, libc.close
+    except (OSError, AttributeError):
+        return os.pread, os.open, os.close
+    c_pread.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long]
+    c_pread.restype = ctypes.c_ssize_t
+    c_open.argtypes, c_open.restype = [ctypes.c_char_p, ctypes.c_int], ctypes.c_int
+    c_close.argtypes, c_close.restype = [ctypes.c_int], ctypes.c_int
+
+    def failed(name: str) -> OSError:
+        err = ctypes.get_errno()
+        return OSError(err, f"{name}: {os.strerror(err)}")
+
+    def pread(fd: int, size: int, offset: int) -> bytes:
+        buf = ctypes.create_string_buffer(size)
+        n = c_pread(fd, buf, size, offset)
+        if n < 0:
+            raise failed("pread")
+        return buf.raw[:n]
+
+    def open_(path: str, flags: int) -> int:
+        fd = c_open(os.fsencode(path), flags)
+        if fd < 0:
+            raise failed("open")
+        return int(fd)
+
+    def close(fd: int) -> None:
+        c_close(fd)  # (Linux frees the number whatever close returns)
+
+    return pread, open_, close
+
+
+PREAD, _OPEN, _CLOSE = _holding_the_gil()  # (tools/bench_tick_gil.py compares them with os's)
 _UNLIMITED = 1 << 60  # cgroup v1 reports "no limit" as a page-rounded 2**63 - 1
 
 
@@ -242,7 +285,7 @@ class Source:
             if fd is None:
                 return None
         try:
-            return os.pread(fd.fd, size, 0)
+            return PREAD(fd.fd, size, 0)
         except OSError:
             return None
 
@@ -427,17 +470,18 @@ class HostProbe:
 
 def _read_proc(path: str, limit: int = 1 << 16) -> bytes | None:
     """A small /proc file's bytes (at most ``limit``), or None where it cannot be read: open, read and
-    close, no buffered file object, whose fstat, ioctl and lseek each cost as much as the read on the
-    sampler's core (children(): 147 us a tick with file objects, docs/performance.md)."""
+    close with the GIL held (``_holding_the_gil``), no buffered file object, whose fstat, ioctl and lseek
+    each cost as much as the read on the sampler's core (children(): 147 us a tick with file objects,
+    docs/performance.md)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = _OPEN(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
         parts, total = [], 0
         while total < limit:
             want = min(4096, limit - total)
-            chunk = os.read(fd, want)
+            chunk = PREAD(fd, want, total)
             parts.append(chunk)
             total += len(chunk)
             if len(chunk) < want:  # a /proc file's read falls short only at its end
@@ -446,7 +490,7 @@ def _read_proc(path: str, limit: int = 1 << 16) -> bytes | None:
     except OSError:
         return None
     finally:
-        os.close(fd)
+        _CLOSE(fd)
 
 
 def _comm(path: str) -> str:
