@@ -6,7 +6,8 @@ A system call made through ``os.pread`` or a ctypes CDLL function releases the G
 thread is busy in Python it takes the GIL and keeps it for the switch interval (5 ms) before the sampler
 thread gets it back, so a tick of ~25 such calls stretches over tens of milliseconds. ``released`` is
 blackbox before 2026-11-29 (os.pread, os.open, os.close, sigaction through CDLL); ``held`` is now (libc's
-through ctypes.PyDLL). Identity checks (os.fstat) and the sampler's own wait release it either way.
+through ctypes.PyDLL). Identity checks (os.fstat), memory.stat (its read may flush per-CPU statistics for
+milliseconds) and the sampler's own wait release it either way.
 Each run is a process of its own: ``arm(allocations=False)``, then the main thread counting words in a
 dict for ``--seconds``; printed: ticks a second (10 is the interval), a tick's wall time and CPU, and the
 main thread's step (and each run's), medians over ``--repeats``; ``not armed`` for the step alone.
@@ -30,7 +31,7 @@ sys.path.insert(0, os.environ["BENCH_ROOT"])
 mode, ring_dir, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
 from blackbox.collect import death_signals, host
 if mode == "released":
-    host.PREAD, host._OPEN, host._CLOSE = os.pread, os.open, os.close
+    host.PREAD, host._OPEN, host._CLOSE = os.pread, os.open, os.close  # (before arm: its Sources take PREAD)
     death_signals._libc_sigaction.cache_clear()
     death_signals._libc_sigaction = lambda: ctypes.CDLL(None, use_errno=True).sigaction
 import blackbox

@@ -266,13 +266,16 @@ def meminfo_available(text: str, key: str = "MemAvailable:") -> int | None:
 
 
 class Source:
-    """One /proc or cgroup file read again and again through a descriptor of ours (see ``_fds``)."""
+    """One /proc or cgroup file read again and again through a descriptor of ours (see ``_fds``), with the
+    GIL held (``PREAD``), or released where ``slow``: a file whose read may take milliseconds (memory.stat
+    flushes the cgroup's per-CPU statistics first), which a job's thread should not wait for."""
 
-    __slots__ = ("fd", "path")
+    __slots__ = ("fd", "path", "pread")
 
-    def __init__(self, path: str | Path | None) -> None:
+    def __init__(self, path: str | Path | None, *, slow: bool = False) -> None:
         self.path = path
         self.fd = OwnedFd.open(path) if path is not None else None
+        self.pread = os.pread if slow else PREAD
 
     def read(self, size: int = 4096, *, check: bool = True) -> bytes | None:
         """The file's current text (the kernel regenerates it on every read); None if unreadable.
@@ -285,7 +288,7 @@ class Source:
             if fd is None:
                 return None
         try:
-            return PREAD(fd.fd, size, 0)
+            return self.pread(fd.fd, size, 0)
         except OSError:
             return None
 
@@ -322,7 +325,7 @@ class HostProbe:
         if self._psi.fd is None:
             self._psi = Source(f"{proc}/pressure/memory")
         owner = limit_file.parent if limit_file else (self.cgroup.directory if self.cgroup else None)
-        self._stat = Source(owner / "memory.stat" if owner else None)
+        self._stat = Source(owner / "memory.stat" if owner else None, slow=True)
         # where the limit is, its usage (the alerts' figure: usage there less its page cache); ours otherwise
         self._owner_usage = Source(owner / self.cgroup.usage.name) if owner and self.cgroup and owner != \
             self.cgroup.directory else None  # fmt: skip
