@@ -438,7 +438,7 @@ class HostProbe:
         else:
             tids = list(self._parents)
         pids: set[int] = set()
-        parents: set[str] = set()  # the threads read whose list had children (or, between full reads, any)
+        parents: set[str] = set()  # at a full read, the threads whose list had children
         readable = False
         for tid in tids:
             data = _read_proc(f"{self.proc}/self/task/{tid}/children")
@@ -449,13 +449,13 @@ class HostProbe:
             except ValueError:
                 continue
             readable = True
-            if data.strip() or not full:
+            if full and data.strip():
                 parents.add(tid)
         if full:
             if not readable:
                 return None
             self._parents, self._next_scan = parents | {str(os.getpid())}, now + FULL_SCAN_NS
-        elif not parents:  # the threads read have all gone: read every thread's list now
+        elif not readable:  # the threads read have all gone: read every thread's list now
             self._next_scan = 0
             return self._child_pids()
         return pids
