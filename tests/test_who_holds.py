@@ -398,3 +398,51 @@ def test_a_job_allocating_too_fast_gets_a_larger_interval_and_unbiased_estimates
         (site,) = [s for s in report["sites"] if s["site"].endswith(f"({job}:{line_of(FAST_JOB, mark)})")]
         assert abs(site["live_bytes"] - truth) <= 2 * site["error_bytes"], (mark, truth, site)  # within 4 sigma
     assert f"raised to {raised / MiB:.1f} MiB" in (tmp_path / "bundle" / "summary.md").read_text()
+
+
+PACED_JOB = """
+import os, signal, sys, time
+import numpy as np
+import blackbox
+
+os.sched_setaffinity(0, {int(sys.argv[2])})  # one core (its sampler thread too), shared with the test's spinners
+blackbox.arm(sys.argv[1], sample_interval=0.05)
+work = np.ones(1 << 14)
+end = time.monotonic() + 3.0
+while time.monotonic() < end:  # 0.63 samples an iteration at R = 1 MiB
+    scratch = np.empty(1 << 17)
+    if sys.argv[3] == "computes":  # about 0.4 ms of work: some 1,500 samples a second of running
+        for _ in range(120):
+            work.sum()
+    else:  # waits as for input: some 125 samples a second, every one of them while it runs
+        time.sleep(0.005)
+print("R", int(blackbox.active()._allocs._mean), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pace", ["computes", "waits"])
+def test_the_sampling_rate_is_per_second_the_job_ran_not_waited_for_a_core(tmp_path: Path, pace: str) -> None:
+    """R is raised past MAX_SAMPLES_PER_S samples a second of the time the job ran: wall time less its main
+    thread's wait for a core. Starved to about a quarter of one core by three spinners, the computing job
+    samples some 400 blocks a second of wall time (below the cap, where a wall-time rate never raises R)
+    and about 1,500 a second of running: R is raised, and the note says it waited. The job that waits as
+    for input samples 125 a second of wall time, all of it its own: R is kept."""
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    spin = [subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+            for _ in range(3)]  # fmt: skip
+    try:
+        proc, meta, _ = run(tmp_path, PACED_JOB, str(cpu), pace)
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    raised = meta["allocations"]["mean_bytes_raised_to"]
+    notes = [n for n in meta["notes"] if n.startswith("allocations: sampling interval raised to")]
+    if pace == "waits":
+        assert raised is None and notes == [] and "R 1048576" in proc.stdout, (meta["allocations"], notes)
+        return
+    assert raised is not None and raised >= 2 * MiB and f"R {raised}" in proc.stdout, meta["allocations"]
+    assert "for a core" in notes[-1], notes

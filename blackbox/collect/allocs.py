@@ -14,8 +14,9 @@ allocated), and each sample and each free is a record (the timeline).
 On by default (``arm()``, every process ``blackbox run`` arms): off with
 ``arm(allocations=False)``, ``BLACKBOX_ALLOCATIONS=0`` or ``blackbox run
 --no-allocations``. Where a job allocates so fast that sampling would cost more
-than MAX_SAMPLES_PER_S blocks a second (about 0.1% of a core), the tick raises
-R (doubling, with a note in the ring that says to what); a block keeps the
+than MAX_SAMPLES_PER_S blocks a second of the time it ran (about 0.1% of its
+work; wall time less its main thread's wait for a core), the tick raises R
+(doubling, with a note in the ring that says to what); a block keeps the
 weight of the R its countdown was drawn with, so estimates stay unbiased across
 the change. Without the C extension nothing is sampled, no heap table is made,
 and the ring's note makes the bundle say "not recorded", never "0 B".
@@ -78,11 +79,25 @@ MAX_KNOWN = 16384  # stacks whose text is kept to write again after the table tu
 # a core) the tick raises R, so a job that allocates faster than about 500 MB/s pays no more; the weights
 # follow the R each block was sampled with, so estimates stay unbiased.
 MAX_SAMPLES_PER_S = 500
+MIN_SAMPLES_TO_RAISE = 50  # fewer in a window: a burst, whose rate says little
 MAX_MEAN_BYTES = 1 << 30
 RAISED = "allocations: sampling interval raised to {} bytes"  # a note; recovery reads the last R from it
 ENV = "BLACKBOX_ALLOCATIONS"  # "0" off, "1" on (the default), or the mean interval in bytes
 _LIBRARY_MARKS = ("site-packages", "dist-packages", "<frozen")
 _STDLIB = (os.path.dirname(os.__file__) + os.sep, os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+
+
+def _queued_s() -> float:
+    """Seconds this process's main thread has waited for a core since it began (the second figure of
+    ``/proc/self/schedstat``); 0.0 where the kernel keeps no such count."""
+    try:
+        fd = os.open("/proc/self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return int(os.read(fd, 128).split()[1]) / 1e9
+        finally:
+            os.close(fd)
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def sample_module() -> Any:
@@ -216,7 +231,7 @@ class AllocSampler:
         self._gpu_pending: list[tuple[int, list[bytes], int, str]] = []
         self._named: dict[int | None, str] = {}  # the thread names the hooks were given last
         self._unname: Callable[[], None] | None = None  # puts threading.Thread._set_ident back
-        self._window: tuple[float, int] | None = None  # (monotonic s, samples) where the rate is measured from
+        self._window: tuple[float, float, int] | None = None  # (monotonic s, queued s, samples): the rate's start
         self.started = False
         self.unwritten = 0  # stacks that did not fit the table
         self._heap: tuple[Any, int, int] | None = None  # (the mapping, the heap table's offset and size)
@@ -302,24 +317,34 @@ class AllocSampler:
 
     def _adapt(self) -> None:
         """Raise R (doubling, to at most MAX_MEAN_BYTES) where the samples of the last second or more passed
-        MAX_SAMPLES_PER_S, with a note that says to what and why."""
+        MAX_SAMPLES_PER_S, with a note that says to what and why. The rate is per second the job could run:
+        wall time less what its main thread spent waiting for a core (``/proc/self/schedstat``). A job
+        starved of its core (more processes than cores, DataLoader workers among them) does its work and its
+        samples in what it gets, so a second of wall time would understate what a sample costs it; a job
+        waiting for input or a device does not run then, and a sample costs it no more than usual."""
         now = time.monotonic()
         if self._window is not None and now - self._window[0] < 1.0:
             return  # (before the counters: stats() builds a dict, 7 us of every tick)
-        samples = int(self._c.stats()["samples"])
+        queued, samples = _queued_s(), int(self._c.stats()["samples"])
         if self._window is None:
-            self._window = (now, samples)
+            self._window = (now, queued, samples)
             return
-        t0, s0 = self._window
-        self._window = (now, samples)
-        rate = (samples - s0) / (now - t0)
-        if rate <= MAX_SAMPLES_PER_S or self._mean >= MAX_MEAN_BYTES:
+        t0, q0, s0 = self._window
+        self._window = (now, queued, samples)
+        n, wall = samples - s0, now - t0
+        if n < MIN_SAMPLES_TO_RAISE or self._mean >= MAX_MEAN_BYTES:
+            return
+        ran = max(wall - (queued - q0), 0.05 * wall)  # (a stale or odd counter never inflates the rate 20-fold)
+        rate = n / ran
+        if rate <= MAX_SAMPLES_PER_S:
             return
         old = self._mean
         self._mean = min(float(MAX_MEAN_BYTES), old * 2.0 ** math.ceil(math.log2(rate / MAX_SAMPLES_PER_S)))
         self._c.set_mean(self._mean)
-        self._note(RAISED.format(int(self._mean)) + f" ({rate:.0f} samples/s at {int(old)}: the job allocates "
-                   f"{rate * old / 1e9:.1f} GB/s; estimates stay unbiased)")  # fmt: skip
+        starved = f", {n / wall:.0f} a second of wall time: the job waited {1 - ran / wall:.0%} of it for a core" \
+            if ran < 0.9 * wall else ""  # fmt: skip
+        self._note(RAISED.format(int(self._mean)) + f" ({rate:.0f} samples a second of running at {int(old)}"
+                   f"{starved}; estimates stay unbiased)")  # fmt: skip
 
     def drain(self) -> None:
         """Write the stacks seen for the first time, and rewrite live ones after the table turned over.
