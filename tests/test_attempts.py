@@ -370,3 +370,27 @@ def test_a_ranks_kernel_oom_kill_is_the_first_death_not_its_launchers_reading_of
     other["death"].update(cause="host_oom_kill", victim={"pid": rank_pid})
     other["death"]["time"] = iso_ns(int(np.datetime64(own["death"]["time"].rstrip("Z"), "ns").astype(np.int64)) - 1)
     assert deaths(slims)[0] is own
+
+
+def _dead(pid: int, rank: int | None, cause: str, at_ms: int, ppid: int = 50, **death: Any) -> dict[str, Any]:
+    """A ring's slim metadata for deaths(): died ``at_ms`` after 12:00:00 on host h."""
+    return {"rank": rank, "host": "h", "pid": pid, "ppid": ppid,
+            "death": {"cause": cause, "time": f"2026-01-01T12:00:00.{at_ms:03d}000Z", **death}}  # fmt: skip
+
+
+def test_a_starved_rank_killed_first_is_not_displaced_by_the_teardown_it_caused() -> None:
+    # GIVEN torchrun's agent (pid 50) whose rank 1 was SIGKILLed while starved of CPU (its last record at .100,
+    # its death up to 0.5 s later); rank 0 then raised gloo's "Connection reset by peer", the agent raised
+    # (a child failed) and stopped rank 2 with SIGTERM: every one of those within rank 1's window
+    sigterm = {"signal": "SIGTERM", "sender": "pt_elastic", "sender_pid": 50, "time": "2026-01-01T12:00:00.250000Z"}
+    rings = [
+        _dead(10, 0, "exception", 130, peer_lost="Connection reset by peer"),
+        _dead(11, 1, "killed", 100, time_error_s=0.5, starved={"late_s": 0.3, "interval_s": 0.1}),
+        _dead(12, 2, "signal", 250, killed_by=sigterm),
+        _dead(50, None, "exception", 400, ppid=1),
+    ]
+    # WHEN the attempt's deaths are ordered
+    first, collateral, _ = deaths(rings)
+    # THEN rank 1 died first: a launcher's teardown and the launcher's own end came after a death, never before
+    assert first is not None and first["rank"] == 1, first
+    assert [m["rank"] for m in collateral] == [2]

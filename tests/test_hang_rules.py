@@ -57,3 +57,23 @@ def test_one_process_stuck_and_ended_by_timeout_is_a_hang_with_its_sender() -> N
     first, collateral, info = attempt_hang([ring])  # type: ignore[misc]
     assert first is ring and collateral == [] and info["waited"] == []
     assert [(c["sender"], c["sender_pid"], c["to_count"]) for c in info["chain"]] == [("timeout", 9, 1)]
+
+
+def _killed_at(rank: int, pid: int, time: str) -> dict[str, Any]:
+    """A rank SIGKILLed without a stall: no handler ran, its death's time is its last record's."""
+    return {"rank": rank, "host": "h", "pid": pid, "ppid": 100,
+            "death": {"cause": "killed", "time": time, "hang": None, "killed_by": None}}  # fmt: skip
+
+
+def test_ranks_that_stalled_after_a_peer_was_killed_are_no_hang() -> None:
+    # rank 1 SIGKILLed at step 20; rank 0 waited in backward, rank 2 (starved: no stack sample since its
+    # last step) shows none; torchrun, slow under load, stopped them seconds later (the CI flake of test_ranks)
+    rings = [_ring(0, 10, "hang", BACKWARD), _killed_at(1, 11, "2026-01-01T00:00:02.020000Z"), _ring(2, 12, "hang")]
+    assert attempt_hang(rings) is None
+
+
+def test_a_peer_killed_long_after_the_stall_began_leaves_the_hang() -> None:
+    # rank 2 stuck from 00:00:02; rank 1, still stepping on another group, killed at the end like the rest
+    rings = [_ring(0, 10, "hang", BACKWARD), _killed_at(1, 11, "2026-01-01T00:00:40.000000Z"), _ring(2, 12, "hang")]
+    first, collateral, _ = attempt_hang(rings)  # type: ignore[misc]
+    assert first["rank"] == 2 and {m["rank"] for m in collateral} == {0, 1}

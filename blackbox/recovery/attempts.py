@@ -46,7 +46,9 @@ Deaths are ordered by their times; where the first was starved at its end (``dea
 record, the time of a SIGKILL, may be older than its death by up to ``time_error_s``), the first death
 within that window of a process that ran on time comes first, where there is one (``timing``), unless that
 death tells that a peer went away (``death.peer_lost``: gloo's "Connection reset by peer", NCCL's "remote
-process exited"): it came after a peer's death, so it never displaces one.
+process exited"), or is a launcher's teardown signal, or a launcher's own end where a child of it died: each
+came after a death, so it never displaces one (a rank SIGKILLed while starved, then torchrun's SIGTERM to
+another and its own exit, all within the first one's window).
 
 A ring telling of a child's death that the child's own ring tells too (a launcher's ring, of the
 kernel's OOM kill of its rank) is never the first death: the child's ring is.
@@ -262,18 +264,21 @@ def _error_s(m: dict[str, Any]) -> float:
     return float(e) if isinstance(e, (int, float)) and not isinstance(e, bool) and e >= 0 else 0.0
 
 
-def _earliest(dead: list[dict[str, Any]], when: dict[int, tuple[float, str]]) -> dict[str, Any]:
+def _earliest(dead: list[dict[str, Any]], when: dict[int, tuple[float, str]],
+              parents: frozenset[tuple[Any, Any]] = frozenset()) -> dict[str, Any]:  # fmt: skip
     """The death that came first, by its time; where that process was starved (its last record, the time of
     a SIGKILL, may be older than its death by up to ``time_error_s``), the first death within that window
     of a process that ran on time until it died, where there is one (not one whose records stopped while it
-    waited for a CPU, nor one that died because a peer went away: that came after a peer's death). Where
-    every one was starved, the times alone decide (nothing better is known)."""
+    waited for a CPU, nor one that came after a death by its nature: a peer gone away, a launcher's teardown
+    signal, a launcher's own end where a child of it died, ``parents``). Where every one was starved, the
+    times alone decide (nothing better is known)."""
     first = min(dead, key=lambda m: when[id(m)])
     if not first["death"].get("starved"):
         return first
     t0 = when[id(first)][0]
     on_time = [m for m in dead if t0 <= when[id(m)][0] <= t0 + _error_s(first) and not m["death"].get("starved")
-               and not m["death"].get("peer_lost")]  # fmt: skip
+               and not m["death"].get("peer_lost") and _teardown(m) is None
+               and (m.get("host"), m.get("pid")) not in parents]  # fmt: skip
     return min(on_time, key=lambda m: when[id(m)]) if on_time else first
 
 
@@ -298,13 +303,14 @@ def deaths(
     torn = {id(m): k for m in dead if (k := _teardown(m)) is not None}
     told = {id(m) for m in dead if _told_by_its_own(m, dead)}
     own = [m for m in dead if id(m) not in torn and id(m) not in told]
+    parents = frozenset((m.get("host"), m.get("ppid")) for m in dead)
     collateral = []
     if own:
-        first_own = _earliest(own, when)
+        first_own = _earliest(own, when, parents)
         collateral = [m for m in dead if id(m) in torn and _after(m, torn[id(m)].get("time"), first_own)]
     gone = {id(m) for m in collateral}
     rest = [m for m in dead if id(m) not in gone and id(m) not in told] or [m for m in dead if id(m) not in gone]
-    first = _earliest(rest, when) if rest else None
+    first = _earliest(rest, when, parents) if rest else None
     for m in collateral:
         m["death"]["collateral_of"] = _who(first or {}) | {"by": LAUNCHERS.get(torn[id(m)].get("sender") or "")}
     return first, collateral, None

@@ -13,7 +13,9 @@ DDP all-reduces the gradients); else the process was *stuck* where its stack say
 died of its timeout (gloo's "Timed out waiting", NCCL's watchdog "Watchdog caught collective operation
 timeout", a SIGABRT from that watchdog), while others stalled outside any (stuck), the stuck rank whose
 stall began first is the attempt's first death, whatever signal landed first; the ranks that waited, and
-the launcher that the end's signal passed through, are collateral of it. The chain of senders (``timeout``
+the launcher that the end's signal passed through, are collateral of it; unless a rank that did not stall
+died of its own cause (killed, an exception) before that stall had lasted ``HANG_MIN_S``: the others waited
+for a dead rank, whose death comes first (attempts.deaths). The chain of senders (``timeout``
 -> torchrun's agent -> the ranks) is read from the signals each ring recorded. Where the job turned on
 PyTorch's flight recorder and its dumps were read (``recovery.flight``: NCCL's watchdog writes them on a
 collective's timeout), they decide: the ranks whose last collective is behind the others' never entered
@@ -218,6 +220,8 @@ def attempt_hang(dead: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[
     if not stuck or not (waited or any(m["death"].get("cause") == "hang" for m in stuck)):
         return None
     first = min(stuck, key=_since)
+    if _peer_died_first(dead, stalled, _since(first)[0]):
+        return None  # the stalls waited for a rank that had died: its death comes first, not a hang
     if first["death"].get("cause") != "hang" and not any(_timed_out(m) for m in waited) and not (
         (_hang(first) or {}).get("busy") and waited and first["death"].get("cause") in ("signal", "killed")
     ):
@@ -235,6 +239,23 @@ def attempt_hang(dead: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[
     if recorded is not None:
         info["flight_recorder"] = {k: v for k, v in recorded.items() if not k.startswith("_")}
     return first, collateral, info
+
+
+def _peer_died_first(dead: list[dict[str, Any]], stalled: list[dict[str, Any]], since_ns: float) -> bool:
+    """A rank that did not stall died of its own cause (killed, an exception, out of memory; not a signal, not a
+    peer's loss, not a collective's timeout) before the first stall had lasted ``HANG_MIN_S``: the others
+    stalled waiting for it (a rank SIGKILLed at step 20 while its peers wait in the all-reduce, and the
+    torchrun agent, slow under load, stops them seconds later)."""
+    if since_ns == float("inf"):
+        return False
+    for m in dead:
+        d = m["death"]
+        if m in stalled or d.get("cause") in ("signal", "hang", "clean_exit") or d.get("peer_lost") or _timed_out(m):
+            continue
+        at = epoch_ns(d.get("time"))
+        if at is not None and at - since_ns < HANG_MIN_S * 1e9:
+            return True
+    return False
 
 
 def _flight(stalled: list[dict[str, Any]]) -> dict[str, Any] | None:
