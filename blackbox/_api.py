@@ -23,6 +23,7 @@ from ._jobsignal import TRIES, the_jobs
 from ._recorder import DEFAULT_SAMPLE_INTERVAL, DEFAULT_STRINGS_SIZE, Phase, Recorder
 from ._warn import note_arm_site
 from .collect.exceptions import capture
+from .collect.identity import helper_name
 from .ring import format as fmt
 from .ring.writer import built_module
 
@@ -201,7 +202,7 @@ def _at_worker_exit() -> None:
 
         def register(_anchor: object = None) -> None:
             util.Finalize(None, _disarm_at_exit, exitpriority=10)
-            _name_helper(mp)
+            _name_helper()
 
         register()
         util.register_after_fork(_worker_exit_anchor, register)
@@ -209,21 +210,17 @@ def _at_worker_exit() -> None:
         pass
 
 
-HELPER_TARGETS = {("torch.utils.data._utils.worker", "_worker_loop"): "DataLoader worker",
-                  ("multiprocessing.pool", "worker"): "multiprocessing Pool worker"}  # fmt: skip
 _named: list[bool] = []
 
 
-def _name_helper(mp: Any) -> None:
+def _name_helper() -> None:
     """In a multiprocessing child, once its Process is known (a fork child at once, a spawn child when its
     bootstrap runs the after-fork hooks): a ``blackbox helper: NAME`` mark saying what it runs, once."""
-    process = mp.current_process()
-    target = getattr(process, "_target", None)
-    if _named or target is None or mp.parent_process() is None:
+    name = helper_name()
+    if _named or name is None:
         return
     _named.append(True)
-    key = (getattr(target, "__module__", None), getattr(target, "__qualname__", None))
-    _active.mark(fmt.HELPER_PREFIX + HELPER_TARGETS.get(key, "multiprocessing worker"))  # type: ignore[arg-type]
+    _active.mark(fmt.HELPER_PREFIX + name)
 
 
 def disarm() -> None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ._jobsignal import HeldForTheJob
 from ._recorder_collect import uninstall_collectors
 from .collect.exceptions import exit_record_possible, record_status_at_exit
-from .collect.identity import parent_gone
+from .collect.identity import helper_name, parent_gone
 from .ring import format as fmt
 from .ring.file import died_armed
 from .ring.folded import FOLDED, fold_line
@@ -119,7 +119,10 @@ def _foldable(rec: Recorder) -> Path | None:
 
 
 def _line(rec: Recorder) -> bytes:
-    return fold_line(rec._identity, rec._started_ns, rec.peak_rss, rec._fold_sites)
+    """Its folded.jsonl line, with what it ran where it is a multiprocessing child (known by now)."""
+    name = helper_name()
+    ident = rec._identity | ({"helper": name} if name is not None else {})
+    return fold_line(ident, rec._started_ns, rec.peak_rss, rec._fold_sites)
 
 
 def _fold(rec: Recorder, *, at_exit: bool) -> None:

@@ -92,10 +92,19 @@ def test_a_pool_helper_oom_killed_is_named_and_the_main_keeps_its_timeout(tmp_pa
     assert any("TimeoutError" in e for e in death["evidence"]) and death["after"]["pid"] == helper, death
     assert death["time"] > first["time"]
     assert meta["attempts"][-1]["deaths"] - sum(r["death"]["cause"] == "host_oom_kill" for r in meta["rings"]) == 1
-    # AND the helpers the Pool's main terminated after it are said to be stopped by it, not by a launcher
+    # AND the other helpers are told: those the Pool's terminate() reached are said to be stopped by the main,
+    # not by a launcher; one that read the task handler's end-of-work sentinel first ended cleanly (folded).
+    # Which of the two is CPython's race (Pool._terminate_pool drains the queue once, then the sentinels come),
+    # decided the other way under load (a CI run: no helper stopped, both folded)
     (run,) = (tmp_path / "run").glob("run-*")
     summary = (run / "bundle" / "summary.md").read_text()
-    assert f"stopped by the parent process after pid {helper} died" in summary and "the launcher" not in summary
+    stopped = [r["pid"] for r in meta["rings"] if (r["death"].get("collateral_of") or {}).get("pid") == helper]
+    folded = sum(g["count"] for g in meta.get("helpers") or [] if g["ppid"] == main["pid"])
+    assert stopped or folded, (meta["rings"], meta.get("helpers"))
+    assert len(meta["rings"]) == 2 + len(stopped), [(r["pid"], r["role"], r["death"]["cause"]) for r in meta["rings"]]
+    if stopped:
+        assert f"stopped by the parent process after pid {helper} died" in summary
+    assert "the launcher" not in summary
 
 
 # PyTorch's words for a worker that died, as the main learns it (killed, or gone while the main waited)

@@ -58,8 +58,9 @@ def test_spawn_workers_under_run_are_small_folded_and_grouped(tmp_path: Path) ->
     assert meta["death"]["cause"] == "clean_exit" and meta["first_death"] is None
     (group,) = [g for g in meta["helpers"] if g["argv"][-1:] == ["--multiprocessing-fork"]]
     assert group["count"] == 6 and group["ppid"] == meta["pid"] and group["role"] == "worker"
+    assert (group["name"], group["start_method"]) == ("DataLoader worker", "spawn"), group
     summary = (run / "bundle" / "summary.md").read_text()
-    assert f"6 multiprocessing workers (DataLoader workers, spawn or forkserver) of pid {meta['pid']}" in summary
+    assert f"6 DataLoader workers (started by spawn) of pid {meta['pid']}" in summary
 
 
 @pytest.mark.slow
@@ -79,3 +80,37 @@ def test_arm_at_the_top_of_a_script_workers_that_exit_normally_are_not_deaths(tm
     assert recovered.meta["first_death"] is None
     helpers = [m for m in rings if m["pid"] != rings[0]["pid"]]
     assert all(read["capacity"] <= 8192 for read in [{"capacity": m["recovery"]["slots"]} for m in helpers])
+
+
+POOL_JOB = """
+import multiprocessing as mp, sys
+def square(i):
+    return i * i
+if __name__ == "__main__":
+    pool = mp.get_context(sys.argv[1]).Pool(2)
+    print(sum(pool.map(square, range(8))), flush=True)
+    pool.close()
+    pool.join()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", ["fork", "forkserver"])
+def test_pool_helpers_that_end_cleanly_are_folded_under_their_own_name(tmp_path: Path, context: str) -> None:
+    # GIVEN a multiprocessing Pool whose helpers end cleanly (close, join) under `blackbox run`
+    script = tmp_path / "job.py"
+    script.write_text(POOL_JOB)
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "d"), "--",
+                           sys.executable, str(script), context], capture_output=True, text=True, timeout=300,
+                          env=env)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout == "140\n", proc.stderr[-2000:]
+    # THEN they are folded and told as Pool workers started by their start method, not DataLoader workers
+    (run,) = (tmp_path / "d").glob("run-*")
+    meta = json.loads((run / "bundle" / "metadata.json").read_text())
+    (group,) = [g for g in meta["helpers"] if g["role"] == "worker"]
+    assert (group["count"], group["name"], group["start_method"]) == (2, "multiprocessing Pool worker", context)
+    summary = (run / "bundle" / "summary.md").read_text()
+    parent = meta["pid"] if context == "fork" else group["ppid"]  # a forkserver's helpers are the forkserver's
+    assert f"2 multiprocessing Pool workers (started by {context}) of pid {parent}" in summary, summary
+    assert "DataLoader" not in summary

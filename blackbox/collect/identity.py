@@ -179,6 +179,27 @@ def start_method() -> str | None:
     return "forkserver" if "multiprocessing.forkserver" in command else "fork"
 
 
+HELPER_TARGETS = {("torch.utils.data._utils.worker", "_worker_loop"): "DataLoader worker",
+                  ("multiprocessing.pool", "worker"): "multiprocessing Pool worker"}  # fmt: skip
+
+
+def helper_name() -> str | None:
+    """What this multiprocessing child runs, by its Process's target (``DataLoader worker``,
+    ``multiprocessing Pool worker``, else ``multiprocessing worker``); None where it is no such child or
+    its Process is not known yet (a spawn child before its bootstrap)."""
+    mp = sys.modules.get("multiprocessing")
+    try:
+        if mp is None or mp.parent_process() is None:
+            return None
+        target = getattr(mp.current_process(), "_target", None)
+    except Exception:
+        return None
+    if target is None:
+        return None
+    key = (getattr(target, "__module__", None), getattr(target, "__qualname__", None))
+    return HELPER_TARGETS.get(key, "multiprocessing worker")  # type: ignore[arg-type]
+
+
 def identity() -> dict[str, Any]:
     """The ``identity`` object of a ring's header metadata."""
     return {

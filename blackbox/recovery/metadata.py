@@ -298,15 +298,17 @@ FOLDED_SITES = 10  # allocation sites kept per group of folded helpers
 
 
 def helper_groups(folded: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Helper processes that ended cleanly (``folded.jsonl``), grouped by parent and role: how many,
+    """Helper processes that ended cleanly (``folded.jsonl``), grouped by parent, role, name (``DataLoader
+    worker``, ``multiprocessing Pool worker``) and start method, each null where not said: how many,
     when the first started and the last ended, the highest peak RSS among them, and the largest
     allocation sites live at their ends (``sites``, each with its helper's pid)."""
-    groups: dict[tuple[int, str], dict[str, Any]] = {}
+    groups: dict[tuple[int, str, str, str], dict[str, Any]] = {}
     for h in folded:
         g = groups.setdefault(
-            (h["ppid"], h["role"]),
-            {"ppid": h["ppid"], "role": h["role"], "count": 0, "first_started_at": h["started_at"],
-             "last_ended_at": h["ended_at"], "peak_rss": -1, "argv": h["argv"]},
+            (h["ppid"], h["role"], h.get("name") or "", h.get("start_method") or ""),
+            {"ppid": h["ppid"], "role": h["role"], "name": h.get("name"), "start_method": h.get("start_method"),
+             "count": 0, "first_started_at": h["started_at"], "last_ended_at": h["ended_at"], "peak_rss": -1,
+             "argv": h["argv"]},
         )  # fmt: skip
         g["count"] += 1
         g["first_started_at"] = min(g["first_started_at"], h["started_at"])
@@ -315,7 +317,7 @@ def helper_groups(folded: list[dict[str, Any]]) -> list[dict[str, Any]]:
         g.setdefault("sites", []).extend({**site, "pid": h["pid"]} for site in h.get("sites") or [])
     for g in groups.values():  # the largest allocation sites of the group's helpers, each with its pid
         g["sites"] = sorted(g.get("sites") or [], key=lambda site: -site["live_bytes"])[:FOLDED_SITES]
-    return sorted(groups.values(), key=lambda g: (-g["count"], g["ppid"], g["role"]))
+    return sorted(groups.values(), key=lambda g: (-g["count"], g["ppid"], g["role"], g["name"] or ""))
 
 
 def bundle_metadata(rings: Sequence[dict[str, Any]]) -> dict[str, Any]:

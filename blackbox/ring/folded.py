@@ -5,7 +5,9 @@ Python subprocess of the job) that ends cleanly under ``blackbox run`` leaves no
 ring: it appends one line here and removes its ring, so hundreds of short-lived
 helpers cost a few hundred bytes each. A line holds ``pid``, ``ppid``, ``role``,
 ``argv`` (its first three words, redacted at arm), ``started_at``, ``ended_at``
-(UTC ISO-8601), ``peak_rss`` (bytes, -1 if unknown), ``rank`` and, where its allocations were
+(UTC ISO-8601), ``peak_rss`` (bytes, -1 if unknown), ``rank``, for a multiprocessing
+child ``name`` (what it ran: ``DataLoader worker``, ``multiprocessing Pool worker``) and
+``start_method`` (``fork``, ``spawn``, ``forkserver``) where known, and, where its allocations were
 sampled, ``sites``: its largest allocation sites live at its end (``site``, ``thread``, ``line``,
 ``live_bytes``, ``error_bytes``, ``blocks``; at most three, fewer where the line would pass 4 KiB).
 A helper whose parent died before it ended is not folded: its ring is kept. Readers treat
@@ -47,6 +49,7 @@ def fold_line(ident: dict[str, Any], started_ns: int, peak_rss: int, sites: Sequ
         "ended_at": _iso(time.time_ns()),
         "peak_rss": peak_rss,
     }
+    entry |= {k: v for k in ("name", "start_method") if isinstance(v := ident.get(_IDENT_KEY.get(k, k)), str)}
     kept = list(sites)[:MAX_SITES]
     while True:
         line = json.dumps({**entry, "sites": kept} if kept else entry, separators=(",", ":"))
@@ -66,6 +69,10 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "ended_at": (str,),
     "peak_rss": (int,),
 }
+
+
+_OPTIONAL = {"name": 64, "start_method": 16}  # str fields a line may hold, with their longest
+_IDENT_KEY = {"name": "helper"}  # where fold_line finds them in the identity, where named otherwise
 
 
 _SITE_FIELDS: dict[str, type] = {"site": str, "thread": str, "line": str, "live_bytes": int, "error_bytes": int,
@@ -104,5 +111,6 @@ def read_folded(folder: Folder | Path, owners: Collection[int] = ()) -> list[dic
             continue
         if isinstance(entry, dict) and all(isinstance(entry.get(k), t) for k, t in _FIELDS.items()):
             if all(isinstance(a, str) for a in entry["argv"]) and not isinstance(entry["pid"], bool):
-                out.append({**{k: entry[k] for k in _FIELDS}, "sites": _sites(entry.get("sites"))})
+                more = {k: v for k, n in _OPTIONAL.items() if isinstance(v := entry.get(k), str) and len(v) <= n}
+                out.append({**{k: entry[k] for k in _FIELDS}, **more, "sites": _sites(entry.get("sites"))})
     return out

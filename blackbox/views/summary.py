@@ -208,7 +208,7 @@ def ring_summary(m: dict[str, Any], folder: str = "") -> str:
 
 
 ROLE_TEXT = {
-    "worker": "multiprocessing workers (DataLoader workers, spawn or forkserver)",
+    "worker": "multiprocessing workers",
     "mp_service": "multiprocessing service processes (forkserver, resource tracker)",
     "compile_worker": "torch.compile workers",
     "child": "other Python processes of the job",
@@ -224,8 +224,10 @@ def helpers_section(meta: dict[str, Any]) -> list[str]:
     lines = ["## Helper processes that ended cleanly", ""]
     for g in groups:
         argv = " ".join(g.get("argv") or [])[:80]
+        what = g["name"] + ("s" if g["count"] != 1 else "") if g.get("name") else ROLE_TEXT.get(g["role"], g["role"])
+        how = f" (started by {g['start_method']})" if g.get("start_method") else ""
         lines.append(
-            f"- {g['count']} {ROLE_TEXT.get(g['role'], g['role'])} of pid {g['ppid']}, "
+            f"- {g['count']} {what}{how} of pid {g['ppid']}, "
             f"{g['first_started_at']} to {g['last_ended_at']}, peak RSS up to {human_bytes(g['peak_rss'])}"
             + (f" (`{argv}`)" if argv else "")
         )
