@@ -1,6 +1,6 @@
 """Allocation sampling's cost inside the job's thread, counted rather than timed: valgrind's callgrind.
 
-    .venv/bin/python tools/bench_callgrind.py [--steps 3] [--warmup 3] [--configs off default]
+    .venv/bin/python tools/bench_callgrind.py [--steps 3] [--warmup 3] [--configs off default settled]
 
 Timed A/Bs on a shared VM resolve about +-0.5% (docs/performance.md); an instruction count does not move
 with the load. Each configuration runs the GPT step of tools/small_gpt.py under ``valgrind
@@ -27,7 +27,8 @@ config, warmup, steps, lib, ring_dir = sys.argv[1], int(sys.argv[2]), int(sys.ar
 sys.path.insert(0, os.path.join(os.environ["BENCH_ROOT"], "tools"))
 toggle = ctypes.CDLL(lib).bb_toggle
 import blackbox
-SETTINGS = {"off": {"allocations": False}, "default": {}, "hooks": {"allocations": 1 << 30}}
+SETTINGS = {"off": {"allocations": False}, "default": {}, "hooks": {"allocations": 1 << 30},
+            "settled": {"allocations": int(os.environ.get("BENCH_SETTLED_R", 4 << 20))}}
 if config in SETTINGS:
     blackbox.arm(ring_dir, **SETTINGS[config])
 import torch
@@ -59,14 +60,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--configs", nargs="+", default=["off", "default"], choices=("not", "off", "default", "hooks"))
+    ap.add_argument("--configs", nargs="+", default=["off", "default"],
+                    choices=("not", "off", "default", "hooks", "settled"),
+                    help="settled: the default at the R a continuous run of this step settles at (--settled-r)")
+    ap.add_argument("--settled-r", type=int, default=4 << 20,
+                    help="bytes; under valgrind the tick never sees the rate that raises R, so it is set (4 MiB: "
+                    "what tools/bench_steady.py's default processes and a solo run of the step settle at)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-callgrind-") as tmp:
         work = Path(tmp)
         (work / "toggle.c").write_text(TOGGLE)
         lib = work / "libtoggle.so"
         subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(lib), str(work / "toggle.c")], check=True)
-        env = {"BENCH_ROOT": str(ROOT), "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0", "PATH": "/usr/bin:/bin"}
+        env = {"BENCH_ROOT": str(ROOT), "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0", "PATH": "/usr/bin:/bin",
+               "BENCH_SETTLED_R": str(args.settled_r)}
         got: dict[str, dict[str, int]] = {}
         for config in args.configs:
             out = work / f"cg.{config}"

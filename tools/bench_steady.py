@@ -5,11 +5,13 @@
 ``bench_overhead.py --ab`` arms afresh for every block of steps, so it measures a ring's first
 seconds (new tables, first stacks, first pages) over and over. A long job pays those once. Here
 each configuration runs in ``--processes`` processes of its own, armed once and warmed up for
-``--warmup`` steps (the sampling interval has settled by then: the tick raises it where a job
-samples more than 500 blocks a second), and then every process of every configuration runs a block
-of steps in turn (one unmeasured step, then ``--block`` measured), in a new shuffled order each
-round: only one process runs at a time, so every block meets the same machine, and drift in the
-machine's load falls on all configurations alike.
+``--warmup`` steps, side by side (the sampling interval has settled by then where a continuous run of
+the step puts it: the tick raises R where a job samples more than 500 blocks a second of the time it
+ran, its wait for a core left out; 4 MiB for the GPT step here, as alone), and then every process of
+every configuration runs a block of steps in turn (one unmeasured step, then ``--block`` measured),
+in a new shuffled order each round: only one process runs at a time, so every block meets the same
+machine, and drift in the machine's load falls on all configurations alike. (Before the rate left
+out the wait for a core, taking turns kept R at 1 MiB, what no continuous run of the step pays.)
 
 Configurations: not armed; ``arm(allocations=False)``; default ``arm()`` (sampling on); the hooks
 in with nothing sampled (R = 1 GiB). Figures: CPU time per step (the whole process: the sampler
@@ -126,6 +128,17 @@ def interval(ratios: list[float]) -> tuple[float, float, float]:
     return statistics.median(r), lo, hi
 
 
+def between(a: list[float], b: list[float], draws: int = 4000) -> tuple[float, float, float]:
+    """The ratio of two configurations' mean process medians, with a 95% interval from resampling the
+    processes (each a memory layout of its own): the interval holds what layout makes of a process, which
+    the rounds' intervals do not."""
+    rng = random.Random(1)
+    ratio = statistics.fmean(a) / statistics.fmean(b)
+    boot = sorted(statistics.fmean(rng.choices(a, k=len(a))) / statistics.fmean(rng.choices(b, k=len(b)))
+                  for _ in range(draws))  # fmt: skip
+    return ratio, boot[int(0.025 * draws)], boot[int(0.975 * draws)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=("mlp", "gpt"), default="gpt")
@@ -134,6 +147,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=60, help="steps each process runs before the first round")
     ap.add_argument("--block", type=int, default=4, help="measured steps per turn")
     ap.add_argument("--settle", type=int, default=2, help="--toggle: steps unmeasured after the hooks start")
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS),
+                    help="configurations to run (fewer: more processes each for the same memory)")
     ap.add_argument("--toggle", action="store_true", help="in one process: the hooks stopped and started again")
     args = ap.parse_args()
     env = dict(os.environ, PYTHONPATH=str(ROOT), BENCH_ROOT=str(ROOT))
@@ -143,7 +158,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=os.environ.get("BLACKBOX_DIR") or "/var/tmp") as d:
         procs = {(c, i): subprocess.Popen([sys.executable, "-c", WORKER, c, str(args.warmup), d, args.model],
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-                 for c in CONFIGS for i in range(args.processes)}  # fmt: skip
+                 for c in args.configs for i in range(args.processes)}  # fmt: skip
         try:
             for key, p in procs.items():  # started together, warmed up side by side
                 assert p.stdout is not None
@@ -196,20 +211,26 @@ def toggle(args: argparse.Namespace, env: dict[str, str]) -> int:
 def report(got: dict[tuple[str, int], list[dict[str, float]]], args: argparse.Namespace) -> None:
     def rounds(key: str) -> dict[str, list[float]]:
         return {c: [statistics.fmean(got[c, i][r][key] for i in range(args.processes)) for r in range(args.rounds)]
-                for c in CONFIGS}  # fmt: skip
+                for c in args.configs}  # fmt: skip
 
     per_round, main_thread = rounds("cpu_ns"), rounds("main_ns")
     print(f"{args.model}: {args.processes} processes per configuration, {args.warmup} steps of warm-up, "
           f"{args.rounds} rounds of {args.block} steps; load average now {os.getloadavg()[0]:.1f}")  # fmt: skip
+    medians = {c: [statistics.median(b["cpu_ns"] for b in got[c, i]) for i in range(args.processes)]
+               for c in args.configs}  # fmt: skip
     print("\n| configuration | CPU per step | against allocations=False (95%) | against not armed (95%) |"
-          " the job's thread alone, against allocations=False | processes' medians | faults a step |"
-          " samples a step | other threads' CPU a step |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---|---:|---:|---:|")
-    for c, name in CONFIGS.items():
-        cols = []
+          " the job's thread alone, against allocations=False | between processes, against allocations=False"
+          " (95%) | processes' medians | faults a step | samples a step | other threads' CPU a step |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+    for c in args.configs:
+        name, cols = CONFIGS[c], []
         for table, base in ((per_round, "off"), (per_round, "not"), (main_thread, "off")):
+            if c == base or base not in table:
+                cols.append("")
+                continue
             ratios = [a / b for a, b in zip(table[c], table[base], strict=True)]
-            cols.append("" if c == base else pct(*interval(ratios)))
+            cols.append(pct(*interval(ratios)))
+        cols.append("" if c == "off" or "off" not in medians else pct(*between(medians[c], medians["off"])))
         each = ", ".join(f"{statistics.median(b['cpu_ns'] for b in got[c, i]) / 1e6:.2f}"
                          for i in range(args.processes))  # fmt: skip
         faults = statistics.median(b["faults"] for i in range(args.processes) for b in got[c, i])
@@ -218,7 +239,7 @@ def report(got: dict[tuple[str, int], list[dict[str, float]]], args: argparse.Na
         print(f"| {name} | {statistics.median(per_round[c]) / 1e6:.2f} ms | {' | '.join(cols)} | {each} ms |"
               f" {faults:.0f} | {samples:.0f} | {others / 1e3:.0f} us |")  # fmt: skip
     spread = [100 * (statistics.median(b["cpu_ns"] for b in got[c, i]) / statistics.median(per_round[c]) - 1)
-              for c in CONFIGS for i in range(args.processes)]  # fmt: skip
+              for c in args.configs for i in range(args.processes)]  # fmt: skip
     print(
         f"\nA process's own median against its configuration's: {min(spread):+.2f} .. {max(spread):+.2f}% "
         "(what layout makes of one process; the rounds' intervals above do not include it)"
