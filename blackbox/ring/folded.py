@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
@@ -71,7 +72,8 @@ _FIELDS: dict[str, tuple[type, ...]] = {
 }
 
 
-_OPTIONAL = {"name": 64, "start_method": 16}  # str fields a line may hold, with their longest
+# str fields a line may hold: plain words (they are written into summary.md, so never markup or a new line)
+_OPTIONAL = {"name": re.compile(r"[A-Za-z0-9 ._-]{1,64}"), "start_method": re.compile(r"fork|spawn|forkserver")}
 _IDENT_KEY = {"name": "helper"}  # where fold_line finds them in the identity, where named otherwise
 
 
@@ -111,6 +113,7 @@ def read_folded(folder: Folder | Path, owners: Collection[int] = ()) -> list[dic
             continue
         if isinstance(entry, dict) and all(isinstance(entry.get(k), t) for k, t in _FIELDS.items()):
             if all(isinstance(a, str) for a in entry["argv"]) and not isinstance(entry["pid"], bool):
-                more = {k: v for k, n in _OPTIONAL.items() if isinstance(v := entry.get(k), str) and len(v) <= n}
+                more = {k: v for k, words in _OPTIONAL.items()
+                        if isinstance(v := entry.get(k), str) and words.fullmatch(v)}  # fmt: skip
                 out.append({**{k: entry[k] for k in _FIELDS}, **more, "sites": _sites(entry.get("sites"))})
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .._errors import one_line
 from .._units import human_bytes
 from ..recovery.ranks import rank_rows
 from ..recovery.spill import derived
@@ -223,7 +224,7 @@ def helpers_section(meta: dict[str, Any]) -> list[str]:
         return []
     lines = ["## Helper processes that ended cleanly", ""]
     for g in groups:
-        argv = " ".join(g.get("argv") or [])[:80]
+        argv = one_line(" ".join(g.get("argv") or [])[:80]).replace("`", "'")  # a helper's own words: one code span
         what = g["name"] + ("s" if g["count"] != 1 else "") if g.get("name") else ROLE_TEXT.get(g["role"], g["role"])
         how = f" (started by {g['start_method']})" if g.get("start_method") else ""
         lines.append(
