@@ -100,8 +100,11 @@ def test_a_pool_helper_oom_killed_is_named_and_the_main_keeps_its_timeout(tmp_pa
     summary = (run / "bundle" / "summary.md").read_text()
     stopped = [r["pid"] for r in meta["rings"] if (r["death"].get("collateral_of") or {}).get("pid") == helper]
     folded = sum(g["count"] for g in meta.get("helpers") or [] if g["ppid"] == main["pid"])
-    assert stopped or folded, (meta["rings"], meta.get("helpers"))
-    assert len(meta["rings"]) == 2 + len(stopped), [(r["pid"], r["role"], r["death"]["cause"]) for r in meta["rings"]]
+    others = [r for r in meta["rings"] if r["pid"] not in (helper, main["pid"])]
+    assert stopped or folded or others, (meta["rings"], meta.get("helpers"))
+    # (a helper that ended cleanly may keep its ring: told as a clean end, never as a death)
+    assert all(r["pid"] in stopped or r["death"]["cause"] == "clean_exit" for r in others), \
+        [(r["pid"], r["role"], r["death"]["cause"]) for r in meta["rings"]]  # fmt: skip
     if stopped:
         assert f"stopped by the parent process after pid {helper} died" in summary
     assert "the launcher" not in summary
