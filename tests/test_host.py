@@ -14,13 +14,13 @@ import pytest
 from blackbox.collect import host
 from blackbox.collect.host import (
     HostProbe,
-    _read_proc,
     effective_limit_file,
     find_memory_cgroup,
     meminfo_available,
     oom_kill_count,
     parse_limit,
     psi_totals,
+    read_proc,
 )
 
 
@@ -29,10 +29,10 @@ def test_read_proc_reads_past_one_page_up_to_its_limit(tmp_path: Path) -> None:
     hundreds of workers) comes whole, a limit bounds it, an unreadable path is None (the thread has gone)."""
     text = b" ".join(str(pid).encode() for pid in range(100000, 102000))  # 13,999 bytes: four reads
     (tmp_path / "children").write_bytes(text)
-    assert _read_proc(str(tmp_path / "children")) == text
-    assert _read_proc(str(tmp_path / "children"), 5000) == text[:5000]
-    assert _read_proc(str(tmp_path / "gone")) is None
-    assert _read_proc("/proc/self/comm", 64) == Path("/proc/self/comm").read_bytes()
+    assert read_proc(str(tmp_path / "children")) == text
+    assert read_proc(str(tmp_path / "children"), 5000) == text[:5000]
+    assert read_proc(str(tmp_path / "gone")) is None
+    assert read_proc("/proc/self/comm", 64) == Path("/proc/self/comm").read_bytes()
 
 
 def _fake(tmp_path: Path, cgroup: str, mountinfo: str) -> tuple[str, str]:
@@ -147,14 +147,14 @@ def test_between_full_reads_only_the_threads_that_made_children_have_their_lists
     in between only the main thread's and those of threads that had children at the last full read."""
     monkeypatch.setattr(host, "FULL_SCAN_NS", 400_000_000)
     lists: list[str] = []
-    real = host._read_proc
+    real = host.read_proc
 
     def counted(path: str, limit: int = 1 << 16) -> bytes | None:
         if path.endswith("/children"):
             lists.append(path)
         return real(path, limit)
 
-    monkeypatch.setattr(host, "_read_proc", counted)
+    monkeypatch.setattr(host, "read_proc", counted)
     done = threading.Event()
     made: list[Any] = []
 

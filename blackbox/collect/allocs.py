@@ -67,6 +67,7 @@ except ImportError:  # pragma: no cover (an interpreter built without it)
 
 from ..ring import format as fmt
 from ..ring.writer import NO_C_ENV, built_module
+from .host import read_proc
 from .stacks import StackTable
 
 DEFAULT_MEAN_BYTES = 1 << 20  # R: one sample per MiB allocated, on average
@@ -91,12 +92,8 @@ def _queued_s() -> float:
     """Seconds this process's main thread has waited for a core since it began (the second figure of
     ``/proc/self/schedstat``); 0.0 where the kernel keeps no such count."""
     try:
-        fd = os.open("/proc/self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            return int(os.read(fd, 128).split()[1]) / 1e9
-        finally:
-            os.close(fd)
-    except (OSError, ValueError, IndexError):
+        return int((read_proc("/proc/self/schedstat", 128) or b"").split()[1]) / 1e9
+    except (ValueError, IndexError):
         return 0.0
 
 

@@ -441,7 +441,7 @@ class HostProbe:
         parents: set[str] = set()  # at a full read, the threads whose list had children
         readable = False
         for tid in tids:
-            data = _read_proc(f"{self.proc}/self/task/{tid}/children")
+            data = read_proc(f"{self.proc}/self/task/{tid}/children")
             if data is None:
                 continue
             try:
@@ -471,7 +471,7 @@ class HostProbe:
         self._closed = True
 
 
-def _read_proc(path: str, limit: int = 1 << 16) -> bytes | None:
+def read_proc(path: str, limit: int = 1 << 16) -> bytes | None:
     """A small /proc file's bytes (at most ``limit``), or None where it cannot be read: open, read and
     close with the GIL held (``_holding_the_gil``), no buffered file object, whose fstat, ioctl and lseek
     each cost as much as the read on the sampler's core (children(): 147 us a tick with file objects,
@@ -498,5 +498,5 @@ def _read_proc(path: str, limit: int = 1 << 16) -> bytes | None:
 
 def _comm(path: str) -> str:
     """A process's command name (``/proc/<pid>/comm``); "" where it cannot be read (it has gone)."""
-    data = _read_proc(path, 64)
+    data = read_proc(path, 64)
     return "" if data is None else data.decode("utf-8", "replace").strip()

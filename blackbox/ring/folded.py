@@ -50,7 +50,8 @@ def fold_line(ident: dict[str, Any], started_ns: int, peak_rss: int, sites: Sequ
         "ended_at": _iso(time.time_ns()),
         "peak_rss": peak_rss,
     }
-    entry |= {k: v for k in ("name", "start_method") if isinstance(v := ident.get(_IDENT_KEY.get(k, k)), str)}
+    said = {"name": ident.get("helper"), "start_method": ident.get("start_method")}
+    entry |= {k: v for k, v in said.items() if isinstance(v, str)}
     kept = list(sites)[:MAX_SITES]
     while True:
         line = json.dumps({**entry, "sites": kept} if kept else entry, separators=(",", ":"))
@@ -74,7 +75,6 @@ _FIELDS: dict[str, tuple[type, ...]] = {
 
 # str fields a line may hold: plain words (they are written into summary.md, so never markup or a new line)
 _OPTIONAL = {"name": re.compile(r"[A-Za-z0-9 ._-]{1,64}"), "start_method": re.compile(r"fork|spawn|forkserver")}
-_IDENT_KEY = {"name": "helper"}  # where fold_line finds them in the identity, where named otherwise
 
 
 _SITE_FIELDS: dict[str, type] = {"site": str, "thread": str, "line": str, "live_bytes": int, "error_bytes": int,
