@@ -1,13 +1,16 @@
 """What the sampled allocations say to change, and what they do not cover: pure functions.
 
 ``with_site_lever`` puts the allocation sites' lever first in an out-of-memory
-death: the site that grew most where one grew across steps (a leak), else a
-spike where the largest holder was allocated in the step the job died in and
-nothing grew before it (one allocation too large for the limit: chunk it, lower
-the batch, checkpoint activations, or raise the limit; the leak levers are then
-dropped), else the largest holder. A spike's block is compared with what the
-process really held: a block requested larger than the anonymous memory at the
-last sample was requested, not all touched (the kernel charges touched pages).
+death, of the memory that ran out (a CUDA out-of-memory: the GPU's sampled
+blocks, none if none was sampled, and after a fragmented cache's own lever; any
+other: the host's): the site that grew most where one grew across steps (a
+leak), else a spike where the largest holder was allocated in the step the job
+died in and nothing grew before it (one allocation too large for the limit:
+chunk it, lower the batch, checkpoint activations, or raise the limit; the leak
+levers are then dropped), else the largest holder. A spike's block is compared
+with what the process really held: a block requested larger than the anonymous
+memory at the last sample was requested, not all touched (the kernel charges
+touched pages).
 
 ``coverage`` compares the sampled live bytes with the process's anonymous
 resident memory at the end (``host_anon``, from the ring's last ``sample``):
@@ -28,6 +31,7 @@ from .levers import LIMIT_LEVER, MAIN_LEVERS
 MEMORY_CAUSES = frozenset({"host_oom_kill", "userspace_oom_kill", "oom_exception"})
 SPIKE_SHARE = 0.5  # of the largest holder's live bytes, allocated in the last step, for a spike
 SPIKE_GROWTH = 0.25  # growth elsewhere (bytes grown) below this share of the spike's bytes: still a spike
+GPU = "gpu"  # the domain of the CUDA caching allocator's blocks
 LEAK_LEVERS = frozenset({*MAIN_LEVERS, LIMIT_LEVER})
 UNSEEN = (
     "allocators the hooks do not see (a malloc reached through dlsym before arming, mmap, a custom allocator), "
@@ -53,7 +57,7 @@ def _why(site: dict[str, Any], role: str | None) -> str:
         return "a list appended in the loop keeps every step's objects: keep `x.item()` or a bounded deque"
     if "cache" in line.lower() or "cache" in name.lower() or re.search(r"\]\s*=", line):
         return "a cache that never evicts: bound it (functools.lru_cache(maxsize=...), or evict by size)"
-    if "gpu" in site.get("domains", []):
+    if GPU in site.get("domains", []):
         return "tensors kept on the GPU across steps: keep `.item()` or `.detach().cpu()` of what you log"
     return "memory allocated there is kept: find what holds on to it"
 
@@ -117,13 +121,33 @@ def spike_lever(spike: dict[str, Any], last_sample: dict[str, Any] | None) -> st
     return text
 
 
+def of_memory(allocations: dict[str, Any], device: bool) -> dict[str, Any]:
+    """The sites (and growers) of the memory that ran out: the GPU's blocks for a device out-of-memory, the
+    host's (Python's and native) for any other; a site holding both counts for either."""
+
+    def ours(site: dict[str, Any]) -> bool:
+        domains = set(site.get("domains") or ())
+        return (GPU in domains) if device else not domains or bool(domains - {GPU})
+
+    return {**allocations, "sites": [s for s in allocations.get("sites") or [] if ours(s)],
+            "grew": [s for s in allocations.get("grew") or [] if ours(s)]}  # fmt: skip
+
+
 def with_site_lever(death: dict[str, Any], allocations: dict[str, Any] | None, role: str | None,
                     last_sample: dict[str, Any] | None = None, pid: int | None = None) -> dict[str, Any]:  # fmt: skip
-    """The death with its allocation sites' lever first, where it ran out of memory: the site that grew most,
-    or a spike (``memory_pattern``: ``spike``, the leak levers dropped), or the largest holder. Where the
-    process killed is another one (``victim.pid`` is not ``pid``: a DataLoader worker, a pool's helper), these
-    sites are not the victim's: its own levers stay first and this process's site comes last, named as its."""
+    """The death with its allocation sites' lever first (second after a fragmented GPU cache's lever), where it
+    ran out of memory: the site that grew most,
+    or a spike (``memory_pattern``: ``spike``, the leak levers dropped), or the largest holder, of the memory
+    that ran out (the GPU's sampled blocks for a CUDA out-of-memory, the host's for any other: a host line
+    never heads a device's levers). Where the process killed is another one (``victim.pid`` is not ``pid``: a
+    DataLoader worker, a pool's helper), these sites are not the victim's: its own levers stay first and this
+    process's site comes last, named as its."""
     if not death or death.get("cause") not in MEMORY_CAUSES or not (allocations or {}).get("recorded"):
+        return death
+    assert allocations is not None
+    device = bool(death.get("gpu_oom"))
+    allocations = of_memory(allocations, device)
+    if device and not allocations["sites"]:
         return death
     top, levers = holder(allocations), list(death.get("levers") or [])
     victim = (death.get("victim") or {}).get("pid")
@@ -134,7 +158,7 @@ def with_site_lever(death: dict[str, Any], allocations: dict[str, Any] | None, r
             return death
         return {**death, "levers": [*levers, f"in this process (pid {pid}, not the one killed): "
                                               f"{site_lever(site, role, grew=bool(grew))}"]}  # fmt: skip
-    unseen = unseen_lever(death, allocations)
+    unseen = None if device else unseen_lever(death, allocations)  # (the host's RSS: not the device's memory)
     if unseen is not None:
         held = [site_lever(top, role)] if top is not None else []
         return {**death, "memory_pattern": "unseen_growth", "levers": [unseen, *levers, *held]}
@@ -143,10 +167,19 @@ def with_site_lever(death: dict[str, Any], allocations: dict[str, Any] | None, r
     spike = spike_of(allocations, death)
     if spike is not None:
         kept = [lever for lever in levers if lever not in LEAK_LEVERS and not lever.startswith("memory grew ")]
-        return {**death, "memory_pattern": "spike", "spike": spike, "levers": [spike_lever(spike, last_sample), *kept]}
+        first = _first(death, spike_lever(spike, last_sample), kept)
+        return {**death, "memory_pattern": "spike", "spike": spike, "levers": first}
     grew = (allocations or {}).get("grew") or []
     lever = site_lever(grew[0], role, grew=True) if grew else site_lever(top, role)
-    return {**death, "memory_pattern": "growth" if grew else "held", "levers": [lever, *levers]}
+    return {**death, "memory_pattern": "growth" if grew else "held", "levers": _first(death, lever, levers)}
+
+
+def _first(death: dict[str, Any], lever: str, levers: list[str]) -> list[str]:
+    """The site's lever first, except after a fragmented device's own lever: there the cache's layout, not
+    what was held, failed the request (the held memory is what to lower next)."""
+    if (death.get("gpu_oom") or {}).get("kind") == "fragmentation" and levers:
+        return [levers[0], lever, *levers[1:]]
+    return [lever, *levers]
 
 
 def coverage(allocations: dict[str, Any] | None, anon_end: Any, anon_at_arm: Any) -> dict[str, Any] | None:

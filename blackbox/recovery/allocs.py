@@ -288,7 +288,7 @@ class Window:
 
 
 def _grew(site: dict[str, Any]) -> dict[str, Any]:
-    keep = ("site", "thread", "line", "imports", "grown_bytes", "grown_error_bytes", "growth_per_step",
+    keep = ("site", "thread", "line", "imports", "domains", "grown_bytes", "grown_error_bytes", "growth_per_step",
             "growth_per_s", "growth_by", "first_step", "live_bytes")  # fmt: skip
     return {k: site[k] for k in keep}
 
