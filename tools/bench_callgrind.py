@@ -14,6 +14,7 @@ compiler; under valgrind importing torch takes 10-20 minutes of CPU, each config
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -66,6 +67,9 @@ def main() -> int:
     ap.add_argument("--settled-r", type=int, default=4 << 20,
                     help="bytes; under valgrind the tick never sees the rate that raises R, so it is set (4 MiB: "
                     "what tools/bench_steady.py's default processes and a solo run of the step settle at)")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="copy the main thread's callgrind files here (cg.CONFIG), for callgrind_annotate's "
+                    "per-function figures: `callgrind_annotate --inclusive=yes DIR/cg.settled | grep _csample`")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-callgrind-") as tmp:
         work = Path(tmp)
@@ -86,6 +90,9 @@ def main() -> int:
             if proc.returncode != 0:
                 raise SystemExit(f"{config}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
             got[config] = totals(Path(f"{out}-01"))  # the main thread's file
+            if args.keep is not None:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                shutil.copy(f"{out}-01", args.keep / f"cg.{config}")
     print(f"the main thread over {args.steps} GPT steps after {args.warmup}, under callgrind")
     base = None
     for config, t in got.items():

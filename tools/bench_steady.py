@@ -15,7 +15,8 @@ out the wait for a core, taking turns kept R at 1 MiB, what no continuous run of
 
 Configurations: not armed; ``arm(allocations=False)``; default ``arm()`` (sampling on); the hooks
 in with nothing sampled (R = 1 GiB). Figures: CPU time per step (the whole process: the sampler
-thread's share included), each round's mean over a configuration's processes against
+thread's share included; its main thread's alone; and the wall time of the step, which the process
+running alone makes mean what a user times), each round's mean over a configuration's processes against
 ``allocations=False`` (what sampling costs) and against not armed (what arming costs in all), the
 median over the rounds with its 95% interval; and the processes' own medians, whose spread is the
 part of the difference that a process's memory layout makes and that no number of rounds removes.
@@ -57,12 +58,14 @@ for line in sys.stdin:
     run()  # the other processes' turns left this one's caches cold: the same for every configuration
     s0 = cmod.stats()["samples"] if cmod is not None else 0
     f0, c0, m0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time_ns(), time.thread_time_ns()
+    w0 = time.perf_counter_ns()
     for _ in range(n):
         run()
+    w1 = time.perf_counter_ns()
     c1, m1, f1 = time.process_time_ns(), time.thread_time_ns(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     s1 = cmod.stats()["samples"] if cmod is not None else 0
-    print(json.dumps({"cpu_ns": (c1 - c0) / n, "main_ns": (m1 - m0) / n, "faults": (f1 - f0) / n,
-                      "samples": (s1 - s0) / n}), flush=True)
+    print(json.dumps({"cpu_ns": (c1 - c0) / n, "main_ns": (m1 - m0) / n, "wall_ns": (w1 - w0) / n,
+                      "faults": (f1 - f0) / n, "samples": (s1 - s0) / n}), flush=True)
 """
 
 TOGGLE = r"""
@@ -213,18 +216,19 @@ def report(got: dict[tuple[str, int], list[dict[str, float]]], args: argparse.Na
         return {c: [statistics.fmean(got[c, i][r][key] for i in range(args.processes)) for r in range(args.rounds)]
                 for c in args.configs}  # fmt: skip
 
-    per_round, main_thread = rounds("cpu_ns"), rounds("main_ns")
+    per_round, main_thread, wall = rounds("cpu_ns"), rounds("main_ns"), rounds("wall_ns")
     print(f"{args.model}: {args.processes} processes per configuration, {args.warmup} steps of warm-up, "
           f"{args.rounds} rounds of {args.block} steps; load average now {os.getloadavg()[0]:.1f}")  # fmt: skip
     medians = {c: [statistics.median(b["cpu_ns"] for b in got[c, i]) for i in range(args.processes)]
                for c in args.configs}  # fmt: skip
     print("\n| configuration | CPU per step | against allocations=False (95%) | against not armed (95%) |"
-          " the job's thread alone, against allocations=False | between processes, against allocations=False"
-          " (95%) | processes' medians | faults a step | samples a step | other threads' CPU a step |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+          " the job's thread alone, against allocations=False | wall time a step, against allocations=False |"
+          " between processes, against allocations=False (95%) | processes' medians | faults a step |"
+          " samples a step | other threads' CPU a step |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
     for c in args.configs:
         name, cols = CONFIGS[c], []
-        for table, base in ((per_round, "off"), (per_round, "not"), (main_thread, "off")):
+        for table, base in ((per_round, "off"), (per_round, "not"), (main_thread, "off"), (wall, "off")):
             if c == base or base not in table:
                 cols.append("")
                 continue
