@@ -180,7 +180,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=os.environ.get("BLACKBOX_DIR") or "/var/tmp") as d:
         tmp = Path(d)
         writes = write_path(tmp, n, runs)
-        overhead = run_job("attributed", 0, d) if importlib.util.find_spec("torch") else None
+        overhead = run_job("attributed", 0, d, "mlp") if importlib.util.find_spec("torch") else None
         rec = recover_vs_floor(tmp, 100_000 if quick else 1_000_000, 3 if quick else 5)
         storm_bpe = stormlog_bytes_per_event(tmp)
         arm = arm_and_rss(tmp, 3 if quick else 5)
