@@ -183,7 +183,7 @@ def steady(seconds: float, hours: float) -> None:
 
 
 def simulated(hours: float) -> None:
-    from blackbox.collect.alerts import DEFAULT_BEFORE_S, DEFAULT_LEVELS, AlertEngine
+    from blackbox.collect.alerts import DEFAULT_BEFORE_S, DEFAULT_LEVELS, Alert, AlertEngine
 
     interval, limit = 0.1, 8 * GIB
     models: dict[str, Any] = {
@@ -197,7 +197,8 @@ def simulated(hours: float) -> None:
     print(f"simulated: {hours:g} h of steady series per model at a {interval} s interval, 3.2 of 8 GiB in use; "
           "alerts said (on_alert), and all alert records (with the forecasts' info updates)")  # fmt: skip
     for name, noise in models.items():
-        rng, said, level, records = random.Random(11), [], 0.0, [0]
+        rng, level, records = random.Random(11), 0.0, [0]
+        said: list[Alert] = []
         engine = AlertEngine(lambda *a, n=records: n.append(1) or 0, interval, DEFAULT_LEVELS, DEFAULT_BEFORE_S,
                              said.append)  # fmt: skip
         probe = types.SimpleNamespace(owner_usage=0, file_cache=0, mem_total=256 * GIB, vm_size=-1)

@@ -101,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
                                      for h in hosts]  # fmt: skip
                 job[source].append(measure([*bb, "summary", str(bundles)], source))
         base = sources[-1] if args.baseline else None
-        report(f"recover all {len(files)} rings into one bundle", every[HERE], base and every[base])
-        report(f"recover one host's rings (x{len(hosts)})", per_host[HERE], base and per_host[base])
-        report(f"summary over {len(hosts)} host bundles (job-wide)", job[HERE], base and job[base])
+        report(f"recover all {len(files)} rings into one bundle", every[HERE], every[base] if base else None)
+        report(f"recover one host's rings (x{len(hosts)})", per_host[HERE], per_host[base] if base else None)
+        report(f"summary over {len(hosts)} host bundles (job-wide)", job[HERE], job[base] if base else None)
         summary = subprocess.run([*bb, "summary", str(work / "bundles-0")], capture_output=True, text=True,
                                  env=dict(os.environ, PYTHONPATH=str(HERE)), cwd=HERE, check=True).stdout  # fmt: skip
         print(f"job-wide summary.md: {len(summary.splitlines())} lines")

@@ -44,7 +44,7 @@ def make_rings(folder: Path, count: int, events: int) -> int:
     base = meta()
     pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
     for i in range(count):
-        m = dict(base, identity=dict(base["identity"], pid=pid_max + 1 + i, rank=i))  # type: ignore[arg-type]
+        m = dict(base, identity=dict(base["identity"], pid=pid_max + 1 + i, rank=i))
         header = fmt.encode_header(h.capacity, h.strings_size, m, stacks_size=h.stacks_size, crash_size=h.crash_size)
         cut = fmt.decode_header(header, len(header)).strings_offset
         ring = header[:cut] + data[h.strings_offset :]

@@ -27,6 +27,7 @@ size (what recovery adds), and the wall time.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import shutil
@@ -75,7 +76,7 @@ def rings(tmp: Path, quick: bool) -> dict[str, Callable[[], Path]]:
         "training loop": lambda: typical_ring(tmp / "loop.ring", int(slots * 1.25)),  # 1 M slots, wrapped
     }
     for kind in ("sample", "signal", "module_begin", "stack_sample", "child_sample"):
-        out[f"only {kind}"] = lambda kind=kind: craft(tmp / f"{kind}.ring", slots, kind, payload=1 << 20)
+        out[f"only {kind}"] = functools.partial(craft, tmp / f"{kind}.ring", slots, kind, payload=1 << 20)
     out["sparse, 4 GiB of slots"] = lambda: craft(tmp / "s4g.ring", (4 << 30) // 128, "mark", events=1000, sparse=True)
     out["sparse, 100 GB of slots"] = lambda: craft(
         tmp / "s100g.ring", 100 * 10**9 // 128, "mark", events=1000, sparse=True

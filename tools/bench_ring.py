@@ -40,7 +40,7 @@ from blackbox.recovery.bundle import TIMELINE  # noqa: E402
 from blackbox.ring.reader import read_header  # noqa: E402
 
 
-def per_call_ns(fn, n: int) -> float:
+def per_call_ns(fn: Callable[[int], None], n: int) -> float:
     t0 = time.perf_counter_ns()
     fn(n)
     return (time.perf_counter_ns() - t0) / n
@@ -80,7 +80,7 @@ def bench_unarmed(tmp: Path, n: int, runs: int) -> dict[str, float]:
     C extension that returns at once, and beside the armed call (``blackbox.mark`` armed is ``Recorder.mark``)."""
     armed = blackbox.Recorder.arm(tmp / "armed.ring", capacity=1 << 18, sample_interval=3600)
     dead = blackbox.Recorder.arm(tmp / "dead.ring", capacity=1 << 18, sample_interval=3600)
-    _empty_c.mark = dead.mark  # called as blackbox.mark is: a module global's attribute
+    vars(_empty_c)["mark"] = dead.mark  # called as blackbox.mark is: a module global's attribute
     dead.disarm()  # its writer is dead: a call checks that and returns None
 
     def module_mark(k: int) -> None:
@@ -120,7 +120,7 @@ def bench_mark(tmp: Path, n: int, runs: int) -> dict[str, float]:
     py_rec = blackbox.Recorder.arm(tmp / "mark-py.ring", capacity=1 << 18, sample_interval=3600)
     py_whole = whole_ring_mapped(blackbox.Recorder.arm(tmp / "whole-py.ring", capacity=1 << 18, sample_interval=3600))
     del os.environ["BLACKBOX_WRITER"]
-    deque_ = collections.deque(maxlen=1 << 18)
+    deque_: collections.deque[dict[str, object]] = collections.deque(maxlen=1 << 18)
     monotonic_ns = time.monotonic_ns
 
     def module_mark(k: int) -> None:
@@ -156,7 +156,7 @@ def bench_mark(tmp: Path, n: int, runs: int) -> dict[str, float]:
         for _ in range(k):
             pass
 
-    cases = {
+    cases: dict[str, Callable[[int], None]] = {
         "blackbox.mark(label, value)": module_mark,
         f"Recorder.mark(label, value), {rec.writer_backend} path": recorder_mark,
         f"Recorder.mark(label, value), {rec.writer_backend} path, whole ring mapped (no write window)": whole_mark,

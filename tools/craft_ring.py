@@ -35,7 +35,7 @@ from blackbox.ring import format as fmt  # noqa: E402
 CHUNK = 1 << 16
 
 
-def meta() -> dict[str, object]:
+def meta() -> dict[str, Any]:
     wall, mono = time.time_ns(), time.monotonic_ns()
     return {
         "format_version": fmt.FORMAT_VERSION,
@@ -91,8 +91,8 @@ def craft(
                 rec[f"p{i}"] = payload
             slots = (seq % np.uint64(capacity)).astype(np.int64)
             breaks = np.flatnonzero(np.diff(slots) != 1) + 1
-            for part, at in zip(np.split(rec, breaks), np.split(slots, breaks), strict=True):
-                f.seek(h.records_offset + int(at[0]) * fmt.RECORD_SIZE)
+            for part, part_slots in zip(np.split(rec, breaks), np.split(slots, breaks), strict=True):
+                f.seek(h.records_offset + int(part_slots[0]) * fmt.RECORD_SIZE)
                 f.write(part.tobytes())
     return path
 

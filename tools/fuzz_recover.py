@@ -391,7 +391,9 @@ def check_allocs(path: Path, out: Path, timeout: int, planted: int) -> str:
             assert not raw_text((out / "summary.md").read_text()), "raw control characters in summary.md"
             text = (out / "metadata.json").read_text()
             assert not raw_text(text), "raw control characters in metadata.json"
-            report = _strict_json(text).get("allocations")  # type: ignore[union-attr]
+            doc = _strict_json(text)
+            assert isinstance(doc, dict), "metadata.json is not an object"
+            report = doc.get("allocations")
             assert isinstance(report, dict), "no allocations in metadata.json"
             live = _finite_count(report["live_bytes"], "live_bytes")
             _finite_count(report["error_bytes"], "error_bytes")

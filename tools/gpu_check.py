@@ -63,8 +63,8 @@ MIN_LEFT_S = 20.0  # a check is not started with less than this left
 
 
 def _check_function(name: str) -> Any:
-    import checks  # type: ignore[import-not-found]
-    import rates  # type: ignore[import-not-found]
+    import checks
+    import rates
 
     return {"oom": checks.check_oom, "history": rates.check_history, "snapshot": checks.check_snapshot,
             "sigkill": checks.check_sigkill, "gpu_leak": checks.check_gpu_leak, "cost": rates.check_cost,
@@ -73,7 +73,7 @@ def _check_function(name: str) -> Any:
 
 def run_one(name: str, args: argparse.Namespace) -> int:
     """One check, in this process (a child of the command): its result as JSON in the scratch folder."""
-    from runner import Ctx  # type: ignore[import-not-found]
+    from runner import Ctx
 
     scratch = Path(args.scratch) / name
     scratch.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ import json
 import struct
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -27,7 +28,7 @@ from blackbox.ring.reader import read_ring  # noqa: E402
 CAPACITY = 32
 STRINGS = 4096
 WALL, MONO = 1_767_225_600_000_000_000, 5_000_000_000  # 2026-01-01T00:00:00Z
-META = {
+META: dict[str, Any] = {
     "format_version": 0,  # set per version
     "writer": {"package": "blackbox", "version": "golden"},
     "identity": {
@@ -51,7 +52,7 @@ META = {
 def build(version: int) -> bytes:
     meta = dict(META, format_version=version)
     if version >= 3:
-        meta["identity"] = dict(META["identity"], role="main", attempt=1)  # type: ignore[arg-type]
+        meta["identity"] = dict(META["identity"], role="main", attempt=1)
         meta["liveness"] = "ofd-lock"
     header = fmt.encode_header(
         CAPACITY, STRINGS, meta, version=version, stacks_size=8192, crash_size=4096, heap_size=4096
@@ -93,7 +94,13 @@ def build(version: int) -> bytes:
     thread = 0x7F00_0000_1000
 
     def put(
-        kind: str, *, label: int = 0, value: int | None = None, step: int = -1, device: int = -1, payload=None
+        kind: str,
+        *,
+        label: int = 0,
+        value: int | None = None,
+        step: int = -1,
+        device: int = -1,
+        payload: tuple[int, ...] | None = None,
     ) -> None:
         nonlocal seq
         seq += 1

@@ -27,6 +27,7 @@ ring's page cache, charged to the cgroup, brings the OOM kill.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import subprocess
@@ -107,7 +108,7 @@ def limit_steps(jobs: dict[str, dict[str, str]], runs: int, folder: Path) -> dic
                 proc = subprocess.run(
                     [sys.executable, "-c", textwrap.dedent(LEAK), "no" if name == "unarmed" else "arm", str(work)],
                     env=dict(os.environ, OMP_NUM_THREADS="1", **env), cwd=work, capture_output=True, text=True,
-                    preexec_fn=lambda cg=cg: join(cg), timeout=600,
+                    preexec_fn=functools.partial(join, cg), timeout=600,
                 )  # fmt: skip
             if proc.returncode != -9:
                 raise SystemExit(f"{name}: expected the kernel's SIGKILL, got {proc.returncode}: {proc.stderr[-500:]}")

@@ -86,7 +86,7 @@ def trial(folder: Path, rng: random.Random, armed: bool, backend: str, handler: 
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     ready = proc.stdout.readline().strip()
-    sent = [rng.choice(SIGNALS) for _ in range(rng.choice((2, 3)))]
+    sent: list[int] = [rng.choice(SIGNALS) for _ in range(rng.choice((2, 3)))]
     if ready == "READY":
         time.sleep(rng.uniform(0.0, 0.03))
         for k, s in enumerate(sent):

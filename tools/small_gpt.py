@@ -35,7 +35,8 @@ def gpt_step(*, batch: int = 16, blocks: int = 4, width: int = 128, seq: int = 6
         def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
             a = self.ln1(x)
             x = x + self.att(a, a, a, attn_mask=mask, need_weights=False)[0]
-            return x + self.mlp(self.ln2(x))
+            mlp: torch.Tensor = self.mlp(self.ln2(x))
+            return x + mlp
 
     class GPT(nn.Module):
         def __init__(self, vocab: int = 512) -> None:
@@ -58,7 +59,7 @@ def gpt_step(*, batch: int = 16, blocks: int = 4, width: int = 128, seq: int = 6
         idx = torch.randint(0, 512, (batch, seq))
         loss = nn.functional.cross_entropy(model(idx).flatten(0, 1), idx.flatten())
         opt.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         opt.step()
 
     return step
@@ -80,7 +81,7 @@ def mlp_step() -> Callable[[], None]:
     def step() -> None:
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         opt.step()
 
     return step

@@ -85,8 +85,8 @@ def trial(
     chunks: list[bytes] = []
     deadline = time.monotonic() + kill_after
     while time.monotonic() < deadline:  # drain the acknowledgements so the writers never block on the pipe
-        r, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        if r:
+        readable, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if readable:
             try:
                 chunks.append(os.read(fd, 1 << 20))
             except BlockingIOError:
@@ -234,13 +234,13 @@ def main() -> int:
     if args.oom_trials:
         with tempfile.TemporaryDirectory(dir=os.environ.get("BLACKBOX_DIR") or "/var/tmp") as d:
             for n in range(args.oom_trials):
-                res = oom_trial(Path(d) / f"oom{n}", rng.choice([256, 384, 512]) << 20)
-                if isinstance(res, str):
-                    print(f"kernel OOM kills skipped: {res}")
+                oom = oom_trial(Path(d) / f"oom{n}", rng.choice([256, 384, 512]) << 20)
+                if isinstance(oom, str):
+                    print(f"kernel OOM kills skipped: {oom}")
                     break
                 print(
-                    f"oom trial {n}: cgroup v{res['version']} kernel OOM kill; {res['events']} events recovered, "
-                    f"last step {res['last_step']} (job printed {res['printed']}), {res['torn']} torn"
+                    f"oom trial {n}: cgroup v{oom['version']} kernel OOM kill; {oom['events']} events recovered, "
+                    f"last step {oom['last_step']} (job printed {oom['printed']}), {oom['torn']} torn"
                 )
     return 1 if totals["lost"] else 0
 

@@ -31,7 +31,7 @@ class RandomRows(Dataset):  # type: ignore[type-arg]
         return torch.randn(64, generator=g), torch.randn(1, generator=g)
 
 
-class Regressor(L.LightningModule):
+class Regressor(L.LightningModule):  # type: ignore[misc]  # lightning is optional: untyped (Any) where it is absent
     def __init__(self) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from runner import (  # type: ignore[import-not-found]
+from runner import (
     HERE,
     CheckError,
     Ctx,
@@ -77,6 +77,7 @@ def _oom_figures(name: str, planted: str | None, t: dict[str, Any], meta: dict[s
     stats = t.get("stats") or {}
     allocated = stats.get("allocated_bytes.all.current")
     reserved = stats.get("reserved_bytes.all.current")
+    unallocated = None if reserved is None or allocated is None else reserved - allocated
     uncaught = [r for r in rows(table, "oom") if r.get("detail") == "uncaught"]
     observed = [r for r in rows(table, "oom") if r.get("detail") == "observer"]
     u = uncaught[-1] if uncaught else {}
@@ -90,7 +91,7 @@ def _oom_figures(name: str, planted: str | None, t: dict[str, Any], meta: dict[s
                       "observer": o.get("value")},
         "allocated": {"pytorch_stats": allocated, "blackbox": u.get("oom_allocated")},
         "reserved_unallocated": {"blackbox": u.get("oom_reserved_unallocated"),
-                                 "pytorch_stats": None if None in (reserved, allocated) else reserved - allocated},
+                                 "pytorch_stats": unallocated},
         "device_total": {"pytorch": (t.get("mem_get_info") or [None, None])[1], "observer": o.get("device_total")},
         "message": (t.get("message") or "")[:400],
         "notes": notes,

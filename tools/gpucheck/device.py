@@ -18,7 +18,7 @@ class Device:
     def __init__(self, fake: bool) -> None:
         self.fake = fake
         if fake:
-            from fake_cuda import install  # type: ignore[import-not-found]
+            from fake_cuda import install
 
             self.torch = install()
         else:
@@ -84,6 +84,10 @@ class Trainer:
 
     batch: int
 
+    def set_batch(self, batch: int) -> None:
+        """Train on batches of ``batch`` from the next step on."""
+        raise NotImplementedError
+
     def step(self) -> float:
         raise NotImplementedError
 
@@ -97,7 +101,7 @@ class GptTrainer(Trainer):
         self.torch, self.batch = torch, batch
         width, heads, layers, self.tokens, self.vocab = 768, 12, 8, 512, 8192
 
-        class Block(nn.Module):  # type: ignore[misc]
+        class Block(nn.Module):  # type: ignore[misc,name-defined]  # nn: the torch passed in (Any)
             def __init__(self) -> None:
                 super().__init__()
                 self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
@@ -112,7 +116,7 @@ class GptTrainer(Trainer):
                 x = x + self.proj(y)
                 return x + self.down(F.gelu(self.up(self.ln2(x))))
 
-        class Gpt(nn.Module):  # type: ignore[misc]
+        class Gpt(nn.Module):  # type: ignore[misc,name-defined]  # nn: the torch passed in (Any)
             def __init__(self, vocab: int, tokens: int) -> None:
                 super().__init__()
                 self.emb, self.pos = nn.Embedding(vocab, width), nn.Embedding(tokens, width)

@@ -95,7 +95,7 @@ class Allocator:
     def _trace(self, action: str, addr: int, size: int) -> None:
         if self.history is None:
             return
-        frames = []
+        frames: list[dict[str, Any]] = []
         f = sys._getframe(2)
         while f is not None and len(frames) < 64:
             if "fake_cuda" not in f.f_code.co_filename:
@@ -247,7 +247,7 @@ def _snapshot() -> dict[str, Any]:
 def install() -> types.ModuleType:
     """Put the fake torch (and its submodules) in ``sys.modules``."""
     torch = types.ModuleType("torch")
-    torch.__spec__ = None  # type: ignore[assignment]
+    torch.__spec__ = None
     cuda = types.ModuleType("torch.cuda")
     cuda.is_initialized = lambda: STATE["initialised"]  # type: ignore[attr-defined]
     cuda.is_available = lambda: True  # type: ignore[attr-defined]

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from device import Device  # type: ignore[import-not-found]
+from device import Device
 
 MiB, GiB = 1 << 20, 1 << 30
 

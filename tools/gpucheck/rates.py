@@ -7,7 +7,7 @@ import bisect
 import statistics
 from typing import Any
 
-from runner import CheckError, Ctx, recover, rows, run_job, truth  # type: ignore[import-not-found]
+from runner import CheckError, Ctx, recover, rows, run_job, truth
 
 COUNTED_KINDS = ("alloc", "free", "segment_alloc", "segment_free")  # history actions PyTorch counts
 COST_CONFIGS: dict[str, dict[str, Any] | None] = {
