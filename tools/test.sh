@@ -17,7 +17,7 @@ command -v slurmd >/dev/null || echo "test.sh: slurmd is not installed: the Slur
 command -v chromium >/dev/null || echo "test.sh: chromium is not installed: the report's browser tests skip (CI installs it: tools/ci_packages.sh, as root)" >&2
 echo "test.sh: not run here: the fast tests on Python 3.10 and 3.13 (CI runs them after: tools/test_pythons.sh)" >&2
 .venv/bin/ruff check blackbox tools tests
-.venv/bin/mypy blackbox
+.venv/bin/mypy blackbox tools
 workers=${BLACKBOX_TEST_WORKERS:-2}
 if [ "$workers" = 0 ]; then
     .venv/bin/python -m pytest -q --durations=30
