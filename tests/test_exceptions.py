@@ -142,3 +142,48 @@ def test_clean_run_leaves_no_crash_file_and_restores_hooks(tmp_path: Path) -> No
     )
     assert run_py(code, str(tmp_path)).stdout.strip() == "ok"
     assert [p.name for p in tmp_path.iterdir() if p.suffix == ".crash"] == []
+
+
+# The job's uncaught exception, and its own signal handler raising while blackbox's excepthook records it
+# (the field's HF Trainer with spawn workers: torch's SIGCHLD handler raised "DataLoader worker ... is killed
+# by signal" inside the hook, once in a dozen runs). The job's intern call is wrapped to send the signal
+# right there, so the handler runs inside the hook every time.
+LATE_HANDLER = """
+import os, signal, sys
+if sys.argv[2] == "arm":
+    import blackbox, blackbox._api
+    blackbox.arm(sys.argv[1], capacity=4096, sample_interval=3600)
+    rec = blackbox._api._active._exceptions
+    real, sent = rec._intern, []
+    def intern(label):
+        if not sent:  # one signal, as the worker dies once
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return real(label)
+    rec._intern = intern
+def worker_died(signum, frame):
+    raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed.")
+signal.signal(signal.SIGUSR1, worker_died)
+def train():
+    raise ConnectionResetError("peer went away")
+train()
+"""
+
+
+def test_a_signal_handler_raising_inside_the_excepthook_leaves_the_jobs_own_report_whole(tmp_path: Path) -> None:
+    unarmed = run_py(LATE_HANDLER, str(tmp_path / "r"), "unarmed", check=False)
+    armed = run_py(LATE_HANDLER, f"{tmp_path}/", "arm", check=False)
+    assert unarmed.returncode == armed.returncode == 1
+    # the job's own report prints once, whole, first, as unarmed: never "Error in sys.excepthook"
+    assert "Error in sys.excepthook" not in armed.stderr and "Original exception" not in armed.stderr
+    job_report = unarmed.stderr[unarmed.stderr.index("Traceback") :]
+    assert armed.stderr.count("ConnectionResetError: peer went away") == 1
+    assert armed.stderr.index("in train") < armed.stderr.index("ConnectionResetError")
+    assert job_report.splitlines()[-1] in armed.stderr.splitlines()
+    # the handler's exception follows, as one Python could not propagate, its traceback the handler's own
+    late = armed.stderr[armed.stderr.index("ConnectionResetError: peer went away") :]
+    assert "Exception ignored in a signal handler" in late and "is killed by signal" in late
+    assert "in worker_died" in late and "blackbox" not in late
+    # and the ring still holds the job's exception: the hook tried again once the handler had run
+    (event,) = _events(tmp_path, "exception")
+    assert (event["label"], event["detail"]) == ("ConnectionResetError: peer went away", "uncaught")

@@ -23,6 +23,7 @@ import functools
 import os
 import sys
 import threading
+import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,9 +40,26 @@ KIND_OOM = fmt.KIND_CODES["oom"]
 KIND_EXCEPTION = fmt.KIND_CODES["exception"]
 KIND_EXIT = fmt.KIND_CODES["exit"]
 MAX_DETAIL = 512
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # blackbox/
 
 Event = Callable[..., int]
 Intern = Callable[[Any], int]
+
+
+def report_late(exc: BaseException) -> None:
+    """The exception a job's signal handler raised while an excepthook recorded, reported after the job's own
+    report as Python reports one that cannot propagate (unarmed, the handler would have run after the C
+    excepthook, at Python's shutdown: "Exception ignored in: <module 'threading'>"), its traceback from the
+    handler's frame on (blackbox's frames below it are not the job's). Never raises."""
+    try:
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_PACKAGE):
+            tb = tb.tb_next
+        sys.stderr.write("Exception ignored in a signal handler that ran as the exception above was reported:\n")
+        traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 (stderr closed: nothing to report to)
+        pass
 
 
 class ExceptionRecorder:
@@ -74,26 +92,52 @@ class ExceptionRecorder:
             sid = self._intern(detail[:MAX_DETAIL])
             self._event(code, label, None, -1, (sid, fmt.NULL, fmt.NULL) if code == KIND_OOM else (sid,))
             return kind
-        except Exception as exc:
-            if raised_by_signal_handler(exc):  # the job's handler ran meanwhile: its exception is the job's
+        except Exception as err:
+            if raised_by_signal_handler(err):  # the job's handler ran meanwhile: its exception is the job's
+                if self._recent and self._recent[-1] is exc:
+                    self._recent.pop()  # not recorded: a second try may record it
                 raise
             return ""
+
+    def _record_uncaught(self, exc: BaseException, detail: str) -> BaseException | None:
+        """Record an uncaught exception from an excepthook (tried again once where the job's signal handler
+        raised meanwhile); returns what the handler raised (record re-raises only that, and KeyboardInterrupt
+        or SystemExit), else None. In an
+        excepthook the job's stack is gone: nothing of the job's can catch it, and it must not keep the
+        job's own report from printing (Python would then print "Error in sys.excepthook")."""
+        late = None
+        for _ in range(2):  # the handler has run once it raised: a second try records what the first could not
+            try:
+                self.record(exc, detail)
+                break
+            except BaseException as err:  # noqa: BLE001 (a handler's SystemExit or KeyboardInterrupt too)
+                late = late or err
+        return late
 
     def install(self) -> None:
         prev_sys, prev_thread = sys.excepthook, threading.excepthook
 
         def sys_hook(et: type[BaseException], ev: BaseException, tb: TracebackType | None) -> Any:
+            late = None
             if ev is not None and not isinstance(ev, SystemExit):
                 self.failed = True
-                self.record(ev, "uncaught")
-            return prev_sys(et, ev, tb)
+                late = self._record_uncaught(ev, "uncaught")
+            try:
+                return prev_sys(et, ev, tb)
+            finally:
+                if late is not None:
+                    report_late(late)
 
         def thread_hook(args: Any) -> Any:
-            ev = args.exc_value
+            ev, late = args.exc_value, None
             if ev is not None and not isinstance(ev, SystemExit):
                 name = getattr(args.thread, "name", None) or "?"
-                self.record(ev, f"uncaught in thread {name}")
-            return prev_thread(args)
+                late = self._record_uncaught(ev, f"uncaught in thread {name}")
+            try:
+                return prev_thread(args)
+            finally:
+                if late is not None:
+                    report_late(late)
 
         self._prev_sys, self._prev_thread = prev_sys, prev_thread
         self._sys_hook, self._thread_hook = sys_hook, thread_hook
