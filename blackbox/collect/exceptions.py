@@ -5,19 +5,20 @@ wrapper writes one ``oom`` or ``exception`` event (an uncaught
 ``KeyboardInterrupt`` too: it tells an interrupt from a clean exit) and then
 calls the hook that was there before, so the user's traceback still prints and
 the exit status is unchanged. It calls it even where the job's own signal
-handler raised while the event was written (the job's stack is gone by then,
-so nothing of the job's could catch that exception): the job's report prints
-whole, then the handler's exception, as one Python could not propagate. ``sys.exit`` is wrapped the same way: called from
-the main thread, it writes an ``exit`` event with the status the process will
-exit with (detail ``sys.exit``: the job may still catch the SystemExit), then
-raises exactly what it would have; not once Python has begun to end (threading's
-shutdown, the exit handlers), where a SystemExit is reported and the status
-stays what it was. ``os._exit`` too, from any thread (detail
-``os._exit``: it ends the process at once, running no exit handler, so the ring
-has no clean end but still says the process chose to exit, and with what
-status); it then calls the real one, with the same arguments. An exception
-already recorded by ``capture_oom`` is not recorded twice when it later goes
-uncaught. Statuses are recorded as a parent sees them (the low 8 bits).
+handler raised while the event was written (the job's stack is gone by then, so
+nothing of the job's could catch that exception): the job's report prints
+whole, then the handler's exception, as one Python could not propagate.
+``sys.exit`` is wrapped the same way: called from the main thread, it writes an
+``exit`` event with the status the process will exit with (detail ``sys.exit``:
+the job may still catch the SystemExit), then raises exactly what it would
+have; not once Python has begun to end (threading's shutdown, the exit
+handlers), where a SystemExit is reported and the status stays what it was.
+``os._exit`` too, from any thread (detail ``os._exit``: it ends the process at
+once, running no exit handler, so the ring has no clean end but still says the
+process chose to exit, and with what status); it then calls the real one, with
+the same arguments. An exception already recorded by ``capture_oom`` is not
+recorded twice when it later goes uncaught. Statuses are recorded as a parent
+sees them (the low 8 bits).
 """
 
 from __future__ import annotations
