@@ -130,6 +130,12 @@ def test_gpu_oom_fragmentation_or_exhaustion() -> None:
     full = gpu_oom_kind({"oom_requested": 2 << 30, "oom_reserved_unallocated": 100 << 20})
     assert full is not None and full["kind"] == "exhaustion" and len(full["levers"]) == 3
     assert gpu_oom_kind({"oom_requested": None, "oom_reserved_unallocated": None}) is None
+    # PyTorch's CPU allocator gives a request too: host memory, never a device's exhaustion
+    cpu = ("RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+           "memory: you tried to allocate 4503599627370496 bytes. Error code 12 (Cannot allocate memory)")  # fmt: skip
+    assert gpu_oom_kind({"oom_requested": 1 << 52, "oom_reserved_unallocated": None, "label": cpu}) is None
+    cuda = "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB"
+    assert gpu_oom_kind({"oom_requested": 2 << 30, "oom_reserved_unallocated": None, "label": cuda}) is not None
 
 
 @pytest.mark.slow

@@ -10,6 +10,8 @@ What each one plants, and what the bundle must say:
 - a job with no leak: no site grows;
 - a spike (one 1.5 GiB temporary in one step, killed in a 1 GiB cgroup): the levers say spike, name
   the line and the step, and say the block was requested, not all touched; no leak lever;
+- PyTorch's CPU allocator's out-of-memory (a request in its message, as a CUDA one has): the host line
+  that grew heads the levers, and no GPU is told of;
 - a malloc reached through ``dlsym`` (ctypes' ``libc.malloc``): looked up after arming it is named;
   looked up before, the growth it makes is stated as unseen, with figures;
 - a stack first seen just before the kill, in a thread started just before: its text and the thread's
@@ -117,6 +119,35 @@ def test_a_cache_is_who_grew_the_model_is_resident_and_imports_never_head_the_ta
     assert f"train.py:{line_of(CACHE_JOB, 'cache')})`" in next(r for r in grew_rows.splitlines() if r.startswith("| `"))
     shown = section.split("Allocating stack of the largest: ", 1)[1].split("\n", 1)[0]
     assert "importlib" not in shown and "<frozen" not in shown.split(" ← ")[0], shown
+
+
+CPU_OOM_JOB = """
+import sys, time
+import torch
+import blackbox
+
+blackbox.arm(sys.argv[1], sample_interval=0.05)
+kept = []
+for step in range(10):
+    blackbox.step(step)
+    kept.append(torch.ones(1 << 22))  # PLANT: kept
+    time.sleep(0.03)
+time.sleep(0.2)  # a tick: the source lines
+torch.empty(1 << 50)  # PyTorch's CPU allocator refuses 4 PiB: "DefaultCPUAllocator: can't allocate memory"
+"""
+
+
+def test_a_cpu_allocator_out_of_memory_names_its_host_site_not_a_gpu(tmp_path: Path) -> None:
+    # GIVEN PyTorch's CPU allocator's out-of-memory (host memory; its message gives a request, as a CUDA
+    # one does), in a job whose list keeps 16 MiB a step
+    proc, meta, job = run(tmp_path, CPU_OOM_JOB)
+    assert proc.returncode == 1 and "DefaultCPUAllocator" in proc.stderr, proc.stderr[-2000:]
+    death = meta["death"]
+    # THEN no GPU is told of, and the host line that grew heads the levers
+    assert death["cause"] == "oom_exception" and "gpu_oom" not in death, death
+    assert death["memory_pattern"] == "growth", death
+    assert f"`{job}:{line_of(CPU_OOM_JOB, 'kept')}`" in death["levers"][0], death["levers"]
+    assert not any("shard more" in lever or "expandable_segments" in lever for lever in death["levers"])
 
 
 STEADY_JOB = """

@@ -50,6 +50,7 @@ from typing import Any
 import pyarrow as pa
 
 from .._units import human_bytes
+from ..collect.oom import parse_oom
 from ..ring import format as fmt
 from ..ring.reader import without_c_extension
 from .crash import crash_headline, native_crash
@@ -559,9 +560,10 @@ def _counter_rose(first: dict[str, Any] | None, last: dict[str, Any] | None, ev:
 
 
 def gpu_oom_kind(oom: dict[str, Any]) -> dict[str, Any] | None:
-    """True exhaustion or fragmentation, from the parsed OOM figures, with the levers for each."""
+    """True exhaustion or fragmentation, from the parsed OOM figures, with the levers for each; None for
+    PyTorch's CPU allocator (``DefaultCPUAllocator``: host memory, no device and no cache to fragment)."""
     req, unalloc = oom.get("oom_requested"), oom.get("oom_reserved_unallocated")
-    if req is None:
+    if req is None or (parse_oom(str(oom.get("label") or "")) or {}).get("backend") == "CPU":
         return None
     if unalloc is not None and unalloc >= req:
         return {
