@@ -68,7 +68,7 @@ except ImportError:  # pragma: no cover (an interpreter built without it)
 from ..ring import format as fmt
 from ..ring.writer import NO_C_ENV, built_module
 from .host import read_proc
-from .stacks import StackTable
+from .stacks import OWN_CODE, StackTable
 
 DEFAULT_MEAN_BYTES = 1 << 20  # R: one sample per MiB allocated, on average
 HEAP_SLOTS = 1 << 16  # the main process's heap table: 4 MiB, 64 GiB of live memory at R = 1 MiB
@@ -85,7 +85,7 @@ MAX_MEAN_BYTES = 1 << 30
 RAISED = "allocations: sampling interval raised to {} bytes"  # a note; recovery reads the last R from it
 ENV = "BLACKBOX_ALLOCATIONS"  # "0" off, "1" on (the default), or the mean interval in bytes
 _LIBRARY_MARKS = ("site-packages", "dist-packages", "<frozen")
-_STDLIB = (os.path.dirname(os.__file__) + os.sep, os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+_STDLIB = (os.path.dirname(os.__file__) + os.sep, OWN_CODE)
 
 
 def _queued_s() -> float:

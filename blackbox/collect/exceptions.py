@@ -39,12 +39,12 @@ from .._jobsignal import raised_by_signal_handler
 from ..ring import format as fmt
 from ..ring.writer import NO_C_EXTENSION, RingWriter, built_module
 from .oom import classify
+from .stacks import OWN_CODE
 
 KIND_OOM = fmt.KIND_CODES["oom"]
 KIND_EXCEPTION = fmt.KIND_CODES["exception"]
 KIND_EXIT = fmt.KIND_CODES["exit"]
 MAX_DETAIL = 512
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # blackbox/
 
 Event = Callable[..., int]
 Intern = Callable[[Any], int]
@@ -57,13 +57,22 @@ def report_late(exc: BaseException) -> None:
     handler's frame on (blackbox's frames below it are not the job's). Never raises."""
     try:
         tb = exc.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_PACKAGE):
+        while tb is not None and tb.tb_frame.f_code.co_filename.startswith(OWN_CODE):
             tb = tb.tb_next
         sys.stderr.write("Exception ignored in a signal handler that ran as the exception above was reported:\n")
         traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
         sys.stderr.flush()
     except Exception:  # noqa: BLE001 (stderr closed: nothing to report to)
         pass
+
+
+def _then(late: BaseException | None, prev: Callable[..., Any], *args: Any) -> Any:
+    """The hook that was there before, then what the job's handler raised meanwhile (``report_late``)."""
+    try:
+        return prev(*args)
+    finally:
+        if late is not None:
+            report_late(late)
 
 
 class ExceptionRecorder:
@@ -106,9 +115,9 @@ class ExceptionRecorder:
     def _record_uncaught(self, exc: BaseException, detail: str) -> BaseException | None:
         """Record an uncaught exception from an excepthook (tried again once where the job's signal handler
         raised meanwhile); returns what the handler raised (record re-raises only that, and KeyboardInterrupt
-        or SystemExit), else None. In an
-        excepthook the job's stack is gone: nothing of the job's can catch it, and it must not keep the
-        job's own report from printing (Python would then print "Error in sys.excepthook")."""
+        or SystemExit), else None. In an excepthook the job's stack is gone: nothing of the job's can catch
+        it, and it must not keep the job's own report from printing (Python would then print "Error in
+        sys.excepthook")."""
         late = None
         for _ in range(2):  # the handler has run once it raised: a second try records what the first could not
             try:
@@ -126,22 +135,14 @@ class ExceptionRecorder:
             if ev is not None and not isinstance(ev, SystemExit):
                 self.failed = True
                 late = self._record_uncaught(ev, "uncaught")
-            try:
-                return prev_sys(et, ev, tb)
-            finally:
-                if late is not None:
-                    report_late(late)
+            return _then(late, prev_sys, et, ev, tb)
 
         def thread_hook(args: Any) -> Any:
             ev, late = args.exc_value, None
             if ev is not None and not isinstance(ev, SystemExit):
                 name = getattr(args.thread, "name", None) or "?"
                 late = self._record_uncaught(ev, f"uncaught in thread {name}")
-            try:
-                return prev_thread(args)
-            finally:
-                if late is not None:
-                    report_late(late)
+            return _then(late, prev_thread, args)
 
         self._prev_sys, self._prev_thread = prev_sys, prev_thread
         self._sys_hook, self._thread_hook = sys_hook, thread_hook

@@ -36,7 +36,7 @@ KIND_STACK_SAMPLE = fmt.KIND_CODES["stack_sample"]
 MAX_DEPTH = fmt.MAX_STACK_DEPTH
 MAX_THREADS = 16  # threads sampled per tick, the main thread included
 _NO_IDS: dict[Any, int] = {}  # an empty frame-id table: a walk that returns every frame object
-_OWN_CODE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # blackbox's own frames
+OWN_CODE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # blackbox's own frames
 
 
 def frame_text(code: Any, lineno: int | None) -> bytes:
@@ -280,7 +280,7 @@ class StackSampler:
             table, walks, event = self._table, self._walks, self._event
             idents = tuple(ident for ident, _ in targets)
             # a synchronous sample (at arm, at disarm) leaves out blackbox's own frames
-            every = walks(idents, MAX_DEPTH, me, _OWN_CODE, table.frame_ids)
+            every = walks(idents, MAX_DEPTH, me, OWN_CODE, table.frame_ids)
             for (ident, name), walked in zip(targets, every, strict=True):
                 if walked is None or self.closed:
                     continue
@@ -288,7 +288,7 @@ class StackSampler:
                 sid = table.stack_ids.get(ids) if ids is not None else None
                 if sid is None:
                     if frames is None:  # known frames, a new stack: walk again for the frame objects
-                        (walked,) = walks((ident,), MAX_DEPTH, me, _OWN_CODE, _NO_IDS)
+                        (walked,) = walks((ident,), MAX_DEPTH, me, OWN_CODE, _NO_IDS)
                         if walked is None:
                             continue
                         _, keys, frames, depth = walked

@@ -136,23 +136,20 @@ def of_memory(allocations: dict[str, Any], device: bool) -> dict[str, Any]:
 def with_site_lever(death: dict[str, Any], allocations: dict[str, Any] | None, role: str | None,
                     last_sample: dict[str, Any] | None = None, pid: int | None = None) -> dict[str, Any]:  # fmt: skip
     """The death with its allocation sites' lever first (second after a fragmented GPU cache's lever), where it
-    ran out of memory: the site that grew most,
-    or a spike (``memory_pattern``: ``spike``, the leak levers dropped), or the largest holder, of the memory
-    that ran out (the GPU's sampled blocks for a CUDA out-of-memory, the host's for any other: a host line
-    never heads a device's levers). Where the process killed is another one (``victim.pid`` is not ``pid``: a
-    DataLoader worker, a pool's helper), these sites are not the victim's: its own levers stay first and this
-    process's site comes last, named as its."""
-    if not death or death.get("cause") not in MEMORY_CAUSES or not (allocations or {}).get("recorded"):
+    ran out of memory: the site that grew most, or a spike (``memory_pattern``: ``spike``, the leak levers
+    dropped), or the largest holder, of the memory that ran out (the GPU's sampled blocks for a CUDA
+    out-of-memory, the host's for any other: a host line never heads a device's levers). Where the process
+    killed is another one (``victim.pid`` is not ``pid``: a DataLoader worker, a pool's helper), these sites
+    are not the victim's: its own levers stay first and this process's site comes last, named as its."""
+    if not death or death.get("cause") not in MEMORY_CAUSES or allocations is None or not allocations.get("recorded"):
         return death
-    assert allocations is not None
     device = bool(death.get("gpu_oom"))
     allocations = of_memory(allocations, device)
     if device and not allocations["sites"]:
         return death
-    top, levers = holder(allocations), list(death.get("levers") or [])
+    top, grew, levers = holder(allocations), allocations["grew"], list(death.get("levers") or [])
     victim = (death.get("victim") or {}).get("pid")
     if isinstance(victim, int) and isinstance(pid, int) and victim != pid:
-        grew = (allocations or {}).get("grew") or []
         site = grew[0] if grew else top
         if site is None:
             return death
@@ -169,7 +166,6 @@ def with_site_lever(death: dict[str, Any], allocations: dict[str, Any] | None, r
         kept = [lever for lever in levers if lever not in LEAK_LEVERS and not lever.startswith("memory grew ")]
         first = _first(death, spike_lever(spike, last_sample), kept)
         return {**death, "memory_pattern": "spike", "spike": spike, "levers": first}
-    grew = (allocations or {}).get("grew") or []
     lever = site_lever(grew[0], role, grew=True) if grew else site_lever(top, role)
     return {**death, "memory_pattern": "growth" if grew else "held", "levers": _first(death, lever, levers)}
 
