@@ -14,6 +14,7 @@ from conftest import run_py, spawn_py
 
 import blackbox
 from blackbox._units import human_bytes
+from blackbox.collect.oom import is_oom_text
 from blackbox.recovery.diagnosis import gpu_oom_kind
 
 ARM = "import sys, blackbox\nblackbox.arm(sys.argv[1], capacity=1 << 14, sample_interval=0.02)\n"
@@ -136,6 +137,15 @@ def test_gpu_oom_fragmentation_or_exhaustion() -> None:
     assert gpu_oom_kind({"oom_requested": 1 << 52, "oom_reserved_unallocated": None, "label": cpu}) is None
     cuda = "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB"
     assert gpu_oom_kind({"oom_requested": 2 << 30, "oom_reserved_unallocated": None, "label": cuda}) is not None
+    # the CUDA runtime's, cuBLAS's, NCCL's out-of-memory: a device's, with no figure; a host's ENOMEM is not one
+    for label in ("RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported",
+                  "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+                  "DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error\n"
+                  "ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\nCuda failure 'out of memory'"):
+        kind = gpu_oom_kind({"oom_requested": None, "oom_reserved_unallocated": None, "label": label})
+        assert kind is not None and kind["kind"] == "outside_cache" and len(kind["levers"]) == 3, label
+        assert is_oom_text(label), label
+    assert gpu_oom_kind({"oom_requested": None, "label": "OSError: [Errno 12] Cannot allocate memory"}) is None
 
 
 @pytest.mark.slow

@@ -20,6 +20,9 @@ LIMITS = {"address_space": None, "mem_total": 64 * GIB}
 AS_LIMITED = {**LIMITS, "address_space": 2 * GIB}
 CGROUP_LINE = "Memory cgroup out of memory: Killed process 7 (python) total-vm:1kB"
 GLOBAL_LINE = "Out of memory: Killed process 7 (python) total-vm:1kB"
+# a device's out-of-memory with no capacity in its message: never a host limit (RLIMIT_AS, cgroup, MemTotal)
+CUDA_RUNTIME = "RuntimeError: CUDA error: out of memory"
+PREEMPTIVE = "OutOfMemoryError: CUDA out of memory. Allocation was preemptively rejected. Requested size: 1.00 GiB"
 
 
 @pytest.mark.parametrize(
@@ -31,10 +34,16 @@ GLOBAL_LINE = "Out of memory: Killed process 7 (python) total-vm:1kB"
         ("oom_exception", LIMITS, {"cgroup_limit": GIB, "cgroup_usage": GIB // 2}, {}, None, "MemTotal", 64 * GIB),
         ("host_oom_kill", LIMITS, {"cgroup_limit": GIB, "cgroup_usage": GIB // 2}, None, CGROUP_LINE, "cgroup", GIB),
         ("host_oom_kill", LIMITS, {}, None, GLOBAL_LINE, "MemTotal", 64 * GIB),
+        ("oom_exception", AS_LIMITED, {}, {"label": CUDA_RUNTIME, "device_total": 80 * GIB}, None, "device total",
+         80 * GIB),
+        ("oom_exception", AS_LIMITED, {"cgroup_limit": GIB, "cgroup_usage": GIB}, {"label": CUDA_RUNTIME}, None,
+         None, None),
+        ("oom_exception", LIMITS, {}, {"label": PREEMPTIVE, "oom_requested": GIB}, None, None, None),
         ("exception", AS_LIMITED, {}, None, None, None, None),
         ("killed", LIMITS, {"cgroup_limit": GIB, "cgroup_usage": GIB}, None, None, None, None),
     ],
-    ids=["address-space", "gpu", "cgroup-exception", "overcommit", "cgroup-kill", "global-kill", "not-oom", "sigkill"],
+    ids=["address-space", "gpu", "cgroup-exception", "overcommit", "cgroup-kill", "global-kill", "gpu-runtime-read",
+         "gpu-runtime-unknown", "gpu-no-capacity", "not-oom", "sigkill"],
 )
 def test_the_limit_hit_is_the_one_the_evidence_names(cause, limits, sample, oom, line, name, size) -> None:  # type: ignore[no-untyped-def]
     hit = limit_hit(cause, limits, sample, oom, line)

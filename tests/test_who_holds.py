@@ -151,6 +151,40 @@ def test_a_cpu_allocator_out_of_memory_names_its_host_site_not_a_gpu(tmp_path: P
     assert not any("shard more" in lever or "expandable_segments" in lever for lever in death["levers"])
 
 
+DEVICE_OOM_JOB = """
+import sys, time
+import numpy as np
+import blackbox
+
+blackbox.arm(sys.argv[1], sample_interval=0.05)
+kept = []
+for step in range(10):
+    blackbox.step(step)
+    kept.append(np.ones(1 << 21))  # PLANT: kept
+    time.sleep(0.03)
+time.sleep(0.2)  # a tick: the source lines
+# what torch raises where a CUDA call outside its cache fails (C10_CUDA_CHECK: cublasCreate, a launch)
+raise RuntimeError("CUDA error: out of memory\\nCUDA kernel errors might be asynchronously reported at some "
+                   "other API call, so the stacktrace below might be incorrect.")
+"""
+
+
+def test_a_device_out_of_memory_without_figures_is_the_devices_and_no_host_line_heads_it(tmp_path: Path) -> None:
+    # GIVEN "CUDA error: out of memory" (the CUDA runtime's status: no request, no figure), in a job whose list
+    # keeps 16 MiB of host memory a step
+    proc, meta, job = run(tmp_path, DEVICE_OOM_JOB)
+    assert proc.returncode == 1 and "CUDA error: out of memory" in proc.stderr, proc.stderr[-2000:]
+    death = meta["death"]
+    # THEN it is a device's out-of-memory outside PyTorch's cache, with that reading's levers first
+    assert death["cause"] == "oom_exception" and death["gpu_oom"]["kind"] == "outside_cache", death
+    assert death["levers"][0].startswith("leave room outside PyTorch's cache"), death["levers"]
+    # AND the host line that grew, whose memory did not run out, heads nothing; no host limit is named
+    assert "limit" not in death, death["limit"]
+    assert not any(f"{job}:{line_of(DEVICE_OOM_JOB, 'kept')}" in lever for lever in death["levers"]), death
+    summary = (tmp_path / "bundle" / "summary.md").read_text()
+    assert "GPU OOM: **outside_cache**: a CUDA call outside PyTorch's caching allocator" in summary
+
+
 STEADY_JOB = """
 import os, signal, sys, time
 import numpy as np

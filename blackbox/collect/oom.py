@@ -44,10 +44,17 @@ _OOM_TEXT = re.compile(
             r"\bCUDNN_STATUS_ALLOC_FAILED\b",
             r"\b(?:CUDA|HIP) error: out of memory\b",
             r"\b(?:cudaErrorMemoryAllocation|hipErrorOutOfMemory|CUDA_ERROR_OUT_OF_MEMORY)\b",
+            r"\bCuda failure 'out of memory'",  # NCCL's "Last error" of an ncclUnhandledCudaError
             r"\[Errno 12\] Cannot allocate memory",
             r"\bstd::bad_alloc\b",
         ]
     )
+)
+# A device's out-of-memory met outside PyTorch's caching allocator (its context, cuBLAS's or cuDNN's workspace,
+# NCCL's buffers, a launch): the CUDA runtime's or a library's status, with no figure to read
+_DEVICE_OOM_TEXT = re.compile(
+    r"\b(?:CUDA|HIP) error: out of memory\b|\b(?:CUBLAS|CUDNN)_STATUS_ALLOC_FAILED\b"
+    r"|\b(?:cudaErrorMemoryAllocation|hipErrorOutOfMemory|CUDA_ERROR_OUT_OF_MEMORY)\b|\bCuda failure 'out of memory'"
 )
 _OOM_CLASS_NAMES = frozenset({"OutOfMemoryError", "ResourceExhaustedError"})
 
@@ -94,6 +101,7 @@ _XLA = re.compile(
 )
 _TF = re.compile(r"OOM when allocating tensor (?:with|of) shape ?\[(?P<shape>[\d, ]*)\] and type (?P<dtype>\w+)")
 
+DEVICE_BACKENDS = frozenset({"CUDA", "HIP", "XPU", "MPS"})
 OOM_FIELDS = ("requested", "capacity", "free", "allocated", "reserved_unallocated", "private_pools", "allowed")
 
 
@@ -108,6 +116,17 @@ def size_bytes(text: str) -> int:
 def is_oom_text(message: str) -> bool:
     """True when a message reads as an out-of-memory error of some framework."""
     return _OOM_TEXT.search(message) is not None
+
+
+def on_device(message: str) -> bool:
+    """True when an out-of-memory message is an accelerator's (CUDA, HIP, XPU, MPS), figures or not."""
+    return is_device_oom_text(message) or (parse_oom(message) or {}).get("backend") in DEVICE_BACKENDS
+
+
+def is_device_oom_text(message: str) -> bool:
+    """True when a message is a GPU's out-of-memory met outside PyTorch's caching allocator (the CUDA or HIP
+    runtime's status, cuBLAS's, cuDNN's, NCCL's): a device's memory, though the message gives no figure."""
+    return _DEVICE_OOM_TEXT.search(message) is not None
 
 
 def parse_oom(message: str) -> dict[str, Any] | None:

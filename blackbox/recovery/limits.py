@@ -11,7 +11,9 @@ an address-space limit):
   cgroup out of memory", or the usage was at the limit;
 - ``MemTotal``: the host's memory (a global OOM kill, or an allocation the
   kernel's overcommit refused);
-- ``device total``: the accelerator's memory, from a GPU OOM's own message.
+- ``device total``: the accelerator's memory, from a GPU OOM's own message or
+  what the recorder read of the device at the OOM; none is named for a device's
+  out-of-memory whose size neither gives (never a host limit).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._units import human_bytes
+from ..collect.oom import on_device
 
 NEAR = 0.95  # the cgroup's usage at this share of its limit or more: it was the limit
 
@@ -39,9 +42,11 @@ def limit_hit(
     usage = _int(sample.get("cgroup_usage"))
     at_cgroup = cgroup is not None and usage is not None and usage >= NEAR * cgroup
     if cause == "oom_exception" and oom is not None:
-        device = _int(oom.get("oom_capacity"))
+        device = _int(oom.get("oom_capacity")) or _int(oom.get("device_total"))
         if device is not None:
             return _limit("device total", device, "the device's total memory")
+        if on_device(str(oom.get("label") or "")):
+            return None  # a device's memory, its size not known: no host limit was it
         address = _int(limits.get("address_space"))
         if address is not None:
             return _limit("RLIMIT_AS", address, "the address-space limit (RLIMIT_AS, `ulimit -v`)",
