@@ -90,6 +90,32 @@ def test_kill_of_the_group_ends_a_shell_wrappers_python(tmp_path: Path, armed: b
         _cleanup(pids)
 
 
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="coreutils timeout is not installed")
+@pytest.mark.parametrize("armed", [False, True], ids=["unarmed", "armed"])
+@pytest.mark.parametrize("signo", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "term"])
+def test_a_group_signal_reaches_a_job_that_made_a_group_of_its_own(tmp_path: Path, armed: bool,
+                                                                  signo: int) -> None:  # fmt: skip
+    # GIVEN `timeout 120 python worker.py` (timeout moves into a process group of its own, with python),
+    # started in a process group of its own as an interactive shell starts a job
+    (tmp_path / "worker.py").write_text(WORKER)
+    marks = tmp_path / "up"
+    job = ["timeout", "120", sys.executable, str(tmp_path / "worker.py"), str(marks)]
+    cmd = [*BLACKBOX, "--dir", str(tmp_path / "run"), "--", *job] if armed else job
+    proc = subprocess.Popen(cmd, env=ENV, start_new_session=True, stderr=subprocess.DEVNULL)
+    pids = _pids(marks, 1)
+    try:
+        # WHEN the job's group gets Ctrl-C's SIGINT or a SIGTERM (`kill -INT -PGID`)
+        os.killpg(proc.pid, signo)
+        proc.wait(timeout=30)  # (armed, before the fix: the job ran on until timeout's 120 s)
+        # THEN python ends at once, and the job by the signal (timeout raises it on itself), armed as unarmed
+        assert _left_after(pids) == []
+        assert proc.returncode == -signo, proc.returncode
+    finally:
+        _cleanup(pids)
+        with contextlib.suppress(OSError):
+            os.kill(proc.pid, signal.SIGKILL)
+
+
 PIPELINE = """\
 #!/bin/bash
 {py} {worker} {marks} | {py} {worker} {marks}

@@ -17,7 +17,10 @@ The job runs as it would without us:
   or by a sender that signals every process of the job itself (Slurm's
   ``slurmstepd`` under ``proctrack/linuxproc``), has reached the job already,
   which a witness process placed like the job tells (``witness``), and is not
-  passed on; one sent to our pid alone (``kill PID``, a terminal's hang-up,
+  passed on, except where the job's own process made a group of its own and
+  leads it (``timeout``, ``setsid``): unarmed, that group is the one a group
+  signal would have reached, so it is signalled as a whole (a SIGKILL to ours
+  cannot be passed on, and leaves that group running); one sent to our pid alone (``kill PID``, a terminal's hang-up,
   ``proctrack/cgroup``) is relayed to each process of the job in our group.
   Each relay is written down first, with its original sender (pid, uid,
   command, ``si_code``), in ``relayed.jsonl`` beside the rings: the job's rings
@@ -130,8 +133,11 @@ class Relayer:
             self._log = os.open(rings / RELAYED, flags, 0o600)
 
     def relay(self, info: Any) -> None:
-        if self.witness.saw(info.si_signo):
-            return  # sent to our process group, or to every process below us: the job has it already
+        moved = 0
+        if self.witness.saw(info.si_signo):  # sent to our process group, or to every process below us
+            moved = self.moved_group()
+            if not moved:
+                return  # the job has it already
         if info.si_code > 0 or info.si_pid <= 0:  # sent by the kernel (a terminal's hang-up)
             relay = Relay(info.si_signo, info.si_code, None, None, None, None, os.getpid(), time.time_ns())
         else:  # by a process (kill, sigqueue): who, read now, while it is most likely still there
@@ -143,7 +149,22 @@ class Relayer:
         if self._log >= 0 and len(line) <= self._room:
             with contextlib.suppress(OSError):
                 self._room -= os.write(self._log, line)  # one O_APPEND write: a line is never split
-        self.signal_job(info.si_signo)
+        if moved:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(moved, info.si_signo)
+        else:
+            self.signal_job(info.si_signo)
+
+    def moved_group(self) -> int:
+        """The process group the job's own process made and leads (``timeout``, ``setsid``, a shell with job
+        control move there), 0 where it stayed in ours. Unarmed, that group is the one a signal to the job's
+        group (Ctrl-C, ``kill -INT -PGID``) reaches: armed, ours does, and it is passed on to that group."""
+        job = self.job
+        try:
+            group = os.getpgid(job) if job > 0 else 0
+        except OSError:
+            return 0
+        return group if group == job and group != os.getpgrp() else 0
 
     def job_processes(self) -> list[int]:
         """The job's processes a signal to our group reaches: those below us in our group (the witness
