@@ -17,8 +17,8 @@ The job runs as it would without us:
   or by a sender that signals every process of the job itself (Slurm's
   ``slurmstepd`` under ``proctrack/linuxproc``), has reached the job already,
   which a witness process placed like the job tells (``witness``), and is not
-  passed on, except where the job's own process made a group of its own and
-  leads it (``timeout``, ``setsid``): unarmed, that group is the one a group
+  passed on, except where the job's own process made a group of its own in
+  our session and leads it (``timeout``): unarmed, that group is the one a group
   signal would have reached, so it is signalled as a whole (a SIGKILL to ours
   cannot be passed on, and leaves that group running); one sent to our pid alone (``kill PID``, a terminal's hang-up,
   ``proctrack/cgroup``) is relayed to each process of the job in our group.
@@ -156,15 +156,16 @@ class Relayer:
             self.signal_job(info.si_signo)
 
     def moved_group(self) -> int:
-        """The process group the job's own process made and leads (``timeout``, ``setsid``, a shell with job
-        control move there), 0 where it stayed in ours. Unarmed, that group is the one a signal to the job's
+        """The process group the job's own process made and leads in our session (``timeout`` and a shell
+        with job control move there), 0 where it stayed in ours or left the session (``setsid``: unarmed, a
+        terminal's signals never reach it either). Unarmed, that group is the one a signal to the job's
         group (Ctrl-C, ``kill -INT -PGID``) reaches: armed, ours does, and it is passed on to that group."""
         job = self.job
         try:
-            group = os.getpgid(job) if job > 0 else 0
+            group, session = (os.getpgid(job), os.getsid(job)) if job > 0 else (0, 0)
         except OSError:
             return 0
-        return group if group == job and group != os.getpgrp() else 0
+        return group if group == job and group != os.getpgrp() and session == os.getsid(0) else 0
 
     def job_processes(self) -> list[int]:
         """The job's processes a signal to our group reaches: those below us in our group (the witness
