@@ -278,11 +278,19 @@ while True:
 """
 
 
+# An evaluation as a model's really is: one layer (a matmul) takes most of its time, so most samples are there,
+# yet the stack keeps moving between the layers (it read as stuck in that layer: "hung", before BUSY_MOVES)
+SPREAD = "        for layer in (embed, attention, rotary, mlp, norm, head):"
+DOMINATED = BUSY.replace(SPREAD, "        for layer in (embed, *[attention] * 12, mlp, head):  # attention: 80% of it")
+
+
 @pytest.mark.slow
-def test_a_process_busy_without_steps_when_killed_keeps_its_cause(tmp_path: Path) -> None:
+@pytest.mark.parametrize("job", [BUSY, DOMINATED], ids=["spread", "one-layer-dominates"])
+def test_a_process_busy_without_steps_when_killed_keeps_its_cause(tmp_path: Path, job: str) -> None:
     # GIVEN a job that evaluates for seconds after its last step (its stack always changing), then the
     # scheduler's SIGTERM: no step for 30x its step time, but it was working, not stuck
-    (tmp_path / "job.py").write_text(BUSY)
+    assert job == BUSY or ("[attention] * 12" in job and SPREAD not in job)
+    (tmp_path / "job.py").write_text(job)
     proc = subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(tmp_path / "rings"), str(tmp_path / "go")],
                             env=ENV)  # fmt: skip
     while not (tmp_path / "go").exists() and proc.poll() is None:
@@ -295,7 +303,8 @@ def test_a_process_busy_without_steps_when_killed_keeps_its_cause(tmp_path: Path
     death = recover_rings([tmp_path / "rings"]).meta["death"]
     # THEN its cause stays the signal, and the stall is kept, said busy, where it worked
     assert death["cause"] == "signal" and death["hang"]["busy"] is True, death
-    assert death["hang"]["stalled_s"] >= STUCK_FOR - 0.5 and death["hang"]["share"] < 0.5
+    assert death["hang"]["stalled_s"] >= STUCK_FOR - 0.5
+    assert death["hang"]["share"] < 0.5 if job == BUSY else death["hang"]["share"] >= 0.5, death["hang"]
     assert "busy, not stuck" in " ".join(death["evidence"]) and "hung" not in death["headline"]
 
 

@@ -9,6 +9,10 @@ a stall is a ``hang`` (``with_hang``). A stall is *in a collective* when that st
 (``torch.distributed``, DeepSpeed's comm, DDP), or, for a rank of several, inside ``backward`` (where
 DDP all-reduces the gradients); else the process was *stuck* where its stack says.
 
+A stall whose main thread kept moving (its most sampled stack under ``BUSY_SHARE`` of its samples, or its
+stack changing between ``BUSY_MOVES`` of consecutive samples) was ``busy``: working without steps, an
+evaluation or a checkpoint, not stuck; its death keeps its cause.
+
 ``attempt_hang`` reads an attempt's dead rings (their slim metadata): where some stalled in a collective, or
 died of its timeout (gloo's "Timed out waiting", NCCL's watchdog "Watchdog caught collective operation
 timeout", a SIGABRT from that watchdog), while others stalled outside any (stuck), the stuck rank whose
@@ -38,6 +42,8 @@ from .kinds import of_kind
 from .timeline import iso_ns
 
 BUSY_SHARE = 0.5  # a stall whose most sampled stack is under this share of 4 or more samples was busy, not stuck
+BUSY_MOVES = 0.1  # or whose stack changed between this share of its consecutive samples (at least 3 times): an
+# evaluation's loop spends most samples in one op (a matmul) yet keeps moving; a stuck process moves once at most
 HANG_FACTOR = 10.0  # a stall this many times the job's own step time (the median of its last steps)...
 HANG_MIN_S = 2.0  # ...and at least this long (and longer than any of those steps) is no progress
 STEPS_SEEN = 50  # the step intervals the step time is taken from: the last ones
@@ -83,26 +89,30 @@ def stall(table: pa.Table, end_ns: int, ranked: bool) -> dict[str, Any] | None:
     stalled = (end_ns - last) / 1e9
     if stalled < max(HANG_FACTOR * step_s, HANG_MIN_S) or stalled <= longest:
         return None
-    stack, share, count = _stack_since(table, last, end_ns)
+    stack, share, count, moves = _stack_since(table, last, end_ns)
     return {"since": iso_ns(last), "step": steps["step"][-1].as_py(), "stalled_s": round(stalled, 3),
             "step_s": round(step_s, 6), "longest_s": round(longest, 6), "stack": stack, "share": share,
-            "samples": count, "site": site_of(stack) if stack else None,
+            "samples": count, "moves": moves, "site": site_of(stack) if stack else None,
             "collective": collective_of(stack, ranked)}  # fmt: skip
 
 
-def _stack_since(table: pa.Table, since_ns: int, end_ns: int) -> tuple[str | None, float | None, int]:
-    """The main thread's most sampled stack after ``since_ns`` (to ``end_ns``), its share, and the samples."""
+def _stack_since(table: pa.Table, since_ns: int, end_ns: int) -> tuple[str | None, float | None, int, int]:
+    """The main thread's most sampled stack after ``since_ns`` (to ``end_ns``), its share, the samples, and
+    how many times the stack changed from one sample to the next."""
     rows = of_kind(table, "stack_sample", columns=["time", "label", "detail"])
     t = rows["time"].cast(pa.int64())
     rows = rows.filter(pc.and_(pc.greater(t, since_ns), pc.less_equal(t, end_ns)))
     main = rows.filter(pc.equal(rows["label"].cast(pa.string()), "MainThread"))
-    details = (main if main.num_rows else rows)["detail"].cast(pa.string()).drop_null()
+    chosen = main if main.num_rows else rows
+    chosen = chosen.take(pc.array_sort_indices(chosen["time"].cast(pa.int64())))  # (in time order: its moves)
+    details = chosen["detail"].cast(pa.string()).drop_null()
     if not len(details):
-        return None, None, 0
+        return None, None, 0, 0
     counts = pc.value_counts(details)
     n = counts.field("counts").to_numpy(zero_copy_only=False)
     i = int(np.argmax(n))
-    return str(counts.field("values")[i].as_py()), round(float(n[i]) / len(details), 4), len(details)
+    moves = int(pc.sum(pc.not_equal(details[1:], details[:-1])).as_py() or 0) if len(details) > 1 else 0
+    return str(counts.field("values")[i].as_py()), round(float(n[i]) / len(details), 4), len(details), moves
 
 
 def with_hang(
@@ -134,7 +144,8 @@ def with_hang(
                           "timed out)"
     # Its stack changing from sample to sample, it was working (an evaluation, a checkpoint, a slow data
     # pass killed at the time limit): no progress in steps, but not stuck. It keeps its cause.
-    st["busy"] = st["samples"] >= 4 and (st["share"] or 0.0) < BUSY_SHARE
+    st["busy"] = st["samples"] >= 4 and ((st["share"] or 0.0) < BUSY_SHARE or
+                                         st["moves"] >= max(3, BUSY_MOVES * st["samples"]))  # fmt: skip
     out = {**death, "hang": st, "evidence": [*death.get("evidence", []), _stall_evidence(st)]}
     if death["cause"] in ("signal", "killed") and not crashed and not st["busy"]:
         out.update(cause="hang", confidence="strong", headline=_headline(death, st), levers=_levers(st, ranked))
@@ -165,7 +176,8 @@ def _stall_evidence(st: dict[str, Any]) -> str:
     seen = (f"; {100 * st['share']:.0f}% of the main thread's {st['samples']} stack samples since were "
             f"{innermost_first(st['stack'])}") if st.get("stack") else "; no stack was sampled since"  # fmt: skip
     if st.get("busy"):
-        seen += "; its stack kept changing: busy, not stuck (no hang called)"
+        seen += (f"; its stack kept changing ({st.get('moves', 0)} times between consecutive samples): busy, not "
+                 "stuck (no hang called)")  # fmt: skip
     return (f"no step for {st['stalled_s']:.1f} s before the end (the last, step {st['step']}, at {st['since']}; its "
             f"steps took {st['step_s']:.3g} s, median of the last {STEPS_SEEN} at most, the longest "
             f"{st['longest_s']:.3g} s){seen}")  # fmt: skip
