@@ -75,6 +75,8 @@ def install_collectors(rec: Recorder, ring: Path, history: int, modules: bool) -
     start_alerts(rec)
     if rec._crash.note:
         rec.notes.append(rec._crash.note)  # the job's own choice, not a failure: no event
+    if not rec._crash.ours():  # the job's faulthandler: the C handler records the crash signals
+        signals.record_crashes()
     if exit_status_unrecorded(built_module()):
         rec.note(exit_status_unrecorded(built_module()))
 
@@ -124,6 +126,8 @@ def upkeep(rec: Recorder) -> None:
                 part.watch()
             elif isinstance(part, CrashRegion):
                 part.check()
+                if not part.ours() and rec._signals is not None:  # the job enabled its own faulthandler since
+                    rec._signals.record_crashes()
             else:
                 part()
         except Exception as exc:

@@ -88,3 +88,41 @@ def test_a_native_crash_names_its_signal_and_the_crashing_stack(tmp_path: Path, 
 
     later = recover_rings([tmp_path / "rings"]).meta
     assert later["death"]["headline"].endswith(f"died of {name} in native code, called from die (train.py:{line}).")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(SIGNALS))
+@pytest.mark.parametrize("how", ["PYTHONFAULTHANDLER=1", "faulthandler.enable() after arm"])
+def test_a_native_crash_under_the_jobs_own_faulthandler_is_that_signal_not_sigkill(tmp_path: Path, kind: str,
+                                                                                   how: str) -> None:  # fmt: skip
+    # GIVEN the same crash in a job that enabled faulthandler itself (clusters set PYTHONFAULTHANDLER=1; some
+    # scripts call faulthandler.enable()): its tracebacks go to its stderr, and blackbox's crash region is not used
+    name, text, _ = SIGNALS[kind]
+    signum = getattr(signal, name)
+    env = dict(ENV, PYTHONFAULTHANDLER="1") if how.startswith("PYTHON") else ENV
+    job = JOB if how.startswith("PYTHON") else JOB.replace(
+        "        blackbox.arm(sys.argv[2] + \"/\", sample_interval=0.05)\n",
+        "        blackbox.arm(sys.argv[2] + \"/\", sample_interval=0.05)\n"
+        "        __import__('faulthandler').enable()\n        time.sleep(0.2)  # a sampler tick\n")  # fmt: skip
+    assert job != JOB or how.startswith("PYTHON")
+    script = tmp_path / "train.py"
+    script.write_text(job)
+    if not how.startswith("PYTHON"):  # unarmed, the job enables it itself (blackbox is not there to)
+        script.write_text(job.replace("    if len(sys.argv) > 2:\n", "    __import__('faulthandler').enable()\n"
+                                      "    if len(sys.argv) > 2:\n"))  # fmt: skip
+    runs = [subprocess.run([sys.executable, str(script), kind, *extra], capture_output=True, text=True, env=env,
+                           timeout=120) for extra in ((), (str(tmp_path / "rings"),))]  # fmt: skip
+    unarmed, armed = runs
+    # THEN it ends as it would unarmed: the same signal and output, and the job's faulthandler prints its
+    # traceback to its stderr (the crashing frame in it), armed as unarmed
+    assert unarmed.returncode == armed.returncode == -signum, (unarmed.stderr, armed.stderr)
+    assert unarmed.stdout == armed.stdout == "".join(f"{i}\n" for i in range(8))
+    for proc in runs:
+        assert f"Fatal Python error: {text}" in proc.stderr and "in die" in proc.stderr, proc.stderr
+    # AND the verdict names the signal in native code (it read "killed with SIGKILL; no handler ran"), at step 7
+    from blackbox.recovery.pipeline import recover_rings
+
+    death = recover_rings([tmp_path / "rings"]).meta["death"]
+    assert (death["cause"], death["step"]) == ("signal", 7), death
+    assert death["headline"].endswith(f"died of {name} in native code."), death["headline"]
+    assert "SIGKILL" not in death["headline"] and any("the job's own faulthandler" in e for e in death["evidence"])

@@ -4,8 +4,11 @@ and a worker that exits normally is never a death."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -114,3 +117,48 @@ def test_pool_helpers_that_end_cleanly_are_folded_under_their_own_name(tmp_path:
     parent = meta["pid"] if context == "fork" else group["ppid"]  # a forkserver's helpers are the forkserver's
     assert f"2 multiprocessing Pool workers (started by {context}) of pid {parent}" in summary, summary
     assert "DataLoader" not in summary
+
+
+SIGTERMED = """
+import os, sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Slow(Dataset):
+    def __len__(self): return 100000
+    def __getitem__(self, i):
+        if i == 40:
+            open(sys.argv[1], "w").write(str(os.getpid()))  # the planted truth: this worker gets the SIGTERM
+        time.sleep(0.002)
+        return torch.randn(4)
+
+for step, x in enumerate(DataLoader(Slow(), batch_size=8, num_workers=2)):
+    time.sleep(0.02)
+"""
+
+
+@pytest.mark.slow
+def test_a_dataloader_worker_sent_sigterm_died_of_it_not_of_sigkill(tmp_path: Path) -> None:
+    # GIVEN a DataLoader worker (fork) sent SIGTERM under `blackbox run`: PyTorch's own native handler in the
+    # worker takes it and raises it again with its default action; the main process then fails
+    (tmp_path / "job.py").write_text(SIGTERMED)
+    marked = tmp_path / "worker"
+    proc = subprocess.Popen([sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "run"), "--",
+                             sys.executable, str(tmp_path / "job.py"), str(marked)],
+                            env=dict(os.environ, PYTHONPATH=str(REPO)), stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not marked.exists() or not marked.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    time.sleep(0.5)
+    worker = int(marked.read_text())
+    os.kill(worker, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert f"DataLoader worker (pid {worker}) is killed by signal: Terminated" in err, err[-2000:]
+    # THEN the first death is that worker, ended by SIGTERM from its sender (it read "killed with SIGKILL after
+    # SIGTERM ...; no handler ran")
+    (bundle,) = (tmp_path / "run").glob("run-*/bundle")
+    meta = json.loads((bundle / "metadata.json").read_text())
+    first = meta["first_death"]
+    assert first["pid"] == worker and first["cause"] == "signal", first
+    assert "SIGKILL" not in first["headline"] and "SIGTERM from " in first["headline"], first["headline"]

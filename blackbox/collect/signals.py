@@ -21,7 +21,11 @@ is known as the job's (its exception raised inside blackbox's code is the job's)
 Native crashes (SIGSEGV, SIGFPE, SIGABRT, SIGBUS, SIGILL): ``faulthandler``
 writes every thread's traceback into the ring's crash region (version 3), so a
 crash survives in the ring itself and a SIGKILL leaves no sidecar file behind.
-A job that enabled faulthandler itself, before or after arm, keeps its own.
+A job that enabled faulthandler itself, before or after arm, keeps its own
+(``PYTHONFAULTHANDLER=1`` on many clusters): its tracebacks go where it sent
+them, and the C handler then records those signals too (``CRASHES``), wrapped
+over the job's faulthandler, which it calls next: the ring says which signal
+the process died of, and its stack samples where it was.
 """
 
 from __future__ import annotations
@@ -43,6 +47,10 @@ from .death_signals import DeathSignals
 
 KIND_SIGNAL = fmt.KIND_CODES["signal"]
 RECORDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
+# Native crashes, recorded by the same handler only where faulthandler is not ours (the job enabled its own,
+# PYTHONFAULTHANDLER=1 or faulthandler.enable(), before or after arm): its traceback goes where the job sent
+# it, and this record says the process died of the signal (the handler chains to the job's faulthandler)
+CRASHES = ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT")
 DEFAULT_ACTION = "default action"  # detail of a signal that ended the process (the diagnosis keys on it)
 
 
@@ -70,6 +78,7 @@ class SignalRecorder:
         self.active = False
         self._original_signal: Any = None
         self._our_signal: Any = None
+        self._crashes = False  # CRASHES recorded too
 
     def install(self, buffer: Any, records_offset: int, capacity: int, sequence: Any) -> str:
         """Start recording; returns why not, or "" when the handler is in place."""
@@ -94,6 +103,17 @@ class SignalRecorder:
         self.watch()
         self._wrap_signal_function()
         return ""
+
+    def record_crashes(self) -> None:
+        """Record the native crash signals too, from now on (``CRASHES``): faulthandler is the job's."""
+        if not self.active or self._fallback is not None or self._crashes:
+            return
+        self._crashes = True
+        for name in CRASHES:
+            signum = getattr(signal, name, None)
+            if signum is not None:
+                self._tags[signum] = fmt.tag(self._intern(name), KIND_SIGNAL, fmt.FLAG_VALUE, -1)
+        self.watch()
 
     def _wrap_signal_function(self) -> None:
         original = signal.signal

@@ -72,6 +72,9 @@ NEAR_LIMIT = 0.95
 OOM_DAEMONS = ("earlyoom", "systemd-oomd", "oomd", "nohang", "low-memory-mon")
 CRASH_SIGNALS = ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL")  # faulthandler's: a native crash
 DEFAULT_ACTION = "default action"  # the detail collect.signals writes for a signal that ended the process
+NATIVE = "handled by a native handler"  # ...for one a handler set outside Python took (faulthandler, torch's)
+TERMINATING = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", *CRASH_SIGNALS})
+RAISED_AGAIN_S = 0.25  # a process that lived on past its native handler writes a sample within 0.1 s
 SCHEDULERS = ("slurmstepd", "slurmd", "srun", "scancel", "kubelet", "containerd-shim", "timeout", "systemd", "torchrun",
               "pt_elastic", "torch.distributed.run")  # fmt: skip
 RUN_SAW = "run"  # the exit status came from `blackbox run`'s wait
@@ -336,6 +339,8 @@ class _Death:
                 cause = "interrupted" if s["label"] == "SIGINT" else "signal"
                 self._set(cause, "certain", f"{s['label']}{who}{self._role(s)} with its default action at {s['time']}")
             self.when = s
+        elif (again := self._raised_again(last_signal, sig)) is not None:
+            self._died_of_native(again)
         elif sig is not None and sig != signals.SIGKILL:
             self._set("signal", "certain", f"`blackbox run` saw the job end by {signals.Signals(sig).name}")
             if signals.Signals(sig).name in CRASH_SIGNALS:  # faulthandler's tracebacks went elsewhere, or none
@@ -373,6 +378,33 @@ class _Death:
                 self.killed_by = _sender(recent)
                 who = f" from {recent['sender']} (pid {recent['sender_pid']})" if recent["sender"] else ""
                 self.evidence.append(f"{recent['label']}{who}{self._role(recent)} came first, at {recent['time']}")
+
+    def _raised_again(self, last: dict[str, Any] | None, status_signal: int | None) -> dict[str, Any] | None:
+        """The signal a native handler took as the process's last record (nothing after it for
+        ``RAISED_AGAIN_S``), where that handler raised it again with its default action and the process died
+        of it: the job's own faulthandler after a crash (``PYTHONFAULTHANDLER=1``), PyTorch's DataLoader
+        worker's handler after a SIGTERM. None where the process lived on (a SIGKILL came later) or its exit
+        status names another signal."""
+        if last is None or last["detail"] != NATIVE or last["label"] not in TERMINATING:
+            return None
+        if status_signal is not None and signals.Signals(status_signal).name != last["label"]:
+            return None
+        return last if self.f.last_ns - self._signal_ns(last) <= RAISED_AGAIN_S * 1e9 else None
+
+    def _died_of_native(self, s: dict[str, Any]) -> None:
+        self.when = s
+        if s["label"] in CRASH_SIGNALS:
+            self.crash = {"signal": s["label"], "site": None}
+            self._set("signal", "strong", f"{s['label']} at {s['time']}, taken by a native handler (the job's own "
+                      "faulthandler: its traceback went where the job sent it, stderr by default), and nothing "
+                      "was recorded after it: the handler raised it again, with its default action")  # fmt: skip
+            return
+        self.killed_by = _sender(s)
+        who = f" from {s['sender']} (pid {s['sender_pid']})" if s["sender"] else ""
+        self._set("interrupted" if s["label"] == "SIGINT" else "signal", "strong",
+                  f"{s['label']}{who}{self._role(s)} at {s['time']}, taken by a native handler, and nothing was "
+                  "recorded after it: the handler raised it again, with its default action (PyTorch's DataLoader "
+                  "workers' does)")  # fmt: skip
 
     def _handled_signal(self) -> None:
         """A signal the job's own handler took before it ended by itself: a graceful shutdown (Lightning's
