@@ -187,3 +187,43 @@ def test_a_signal_handler_raising_inside_the_excepthook_leaves_the_jobs_own_repo
     # and the ring still holds the job's exception: the hook tried again once the handler had run
     (event,) = _events(tmp_path, "exception")
     assert (event["label"], event["detail"]) == ("ConnectionResetError: peer went away", "uncaught")
+
+
+OWN_HOOK = """
+import sys, time
+if sys.argv[2] == "arm":
+    import blackbox
+    blackbox.arm(sys.argv[1], capacity=4096, sample_interval=0.05)
+    step = blackbox.step
+else:
+    step = lambda n: None
+
+def log_and_quit(kind, value, tb):  # a logging setup's hook: it never calls the previous one
+    print("LOGGED", kind.__name__, value, file=sys.stderr)
+
+sys.excepthook = log_and_quit
+for n in range(12):
+    step(n)
+    time.sleep(0.01)
+    if n == 9 and sys.argv[3] == "raise":
+        open("/nonexistent/checkpoint.pt")
+"""
+
+
+@pytest.mark.parametrize("end", ["raise", "clean"])
+def test_an_exception_the_jobs_own_excepthook_took_is_still_the_death(tmp_path: Path, end: str) -> None:
+    # GIVEN a job whose own sys.excepthook, set after arm, logs and never calls blackbox's; it raises at step 9
+    # (or ends cleanly), unarmed and armed
+    unarmed = run_py(OWN_HOOK, str(tmp_path / "r"), "unarmed", end, check=False)
+    armed = run_py(OWN_HOOK, f"{tmp_path}/", "arm", end, check=False)
+    # THEN the job is the same: its status and its own hook's line, nothing more
+    assert unarmed.returncode == armed.returncode == (1 if end == "raise" else 0)
+    assert unarmed.stderr == armed.stderr == ("LOGGED FileNotFoundError [Errno 2] No such file or directory: "
+                                              "'/nonexistent/checkpoint.pt'\n" if end == "raise" else "")  # fmt: skip
+    # AND the verdict names the exception at step 9 (it read "exited with status 1"), and none where none was raised
+    death = recover_rings([tmp_path]).meta["death"]
+    if end == "raise":
+        assert (death["cause"], death["step"]) == ("exception", 9), death
+        assert any("FileNotFoundError" in e for e in death["evidence"]), death["evidence"]
+    else:
+        assert death["cause"] == "clean_exit" and _events(tmp_path, "exception") == [], death

@@ -91,6 +91,7 @@ class ExceptionRecorder:
         self._prev_os_exit: Any = None
         self._our_os_exit: Any = None
         self.failed = False  # an uncaught exception in the main thread, or an exit with a nonzero status
+        self._hook_replaced = False  # the job's excepthook replaced ours (seen as the hooks were put back)
 
     def record(self, exc: BaseException, detail: str) -> str:
         """Write the event; returns its kind (``oom`` or ``exception``), or "" if already recorded."""
@@ -186,6 +187,17 @@ class ExceptionRecorder:
         elif exc is not None:
             self.failed = True
             self.record(exc, "uncaught")
+        elif self._hook_replaced and not hasattr(sys, "ps1"):
+            self._uncaught_past_the_hook()
+
+    def _uncaught_past_the_hook(self) -> None:
+        """The job's own ``sys.excepthook``, set after ours and never calling it (a logging setup's), took
+        the main thread's uncaught exception: Python sets ``sys.last_exc`` (``last_value`` before 3.12) just
+        before it calls the hook, and nothing else does outside an interactive session."""
+        last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+        if isinstance(last, BaseException) and not isinstance(last, SystemExit):
+            self.failed = True
+            self.record(last, "uncaught")
 
     def record_exit(self, status: Any, how: str = fmt.EXIT_SYS) -> None:
         """An ``exit`` event: the status the process exits with (a non-int status prints and exits 1),
@@ -204,6 +216,7 @@ class ExceptionRecorder:
 
     def uninstall(self) -> None:
         """Put the previous hooks back, where ours are still the ones installed."""
+        self._hook_replaced = self._sys_hook is not None and sys.excepthook is not self._sys_hook
         if self._sys_hook is not None and sys.excepthook is self._sys_hook:
             sys.excepthook = self._prev_sys
         if self._thread_hook is not None and threading.excepthook is self._thread_hook:
