@@ -356,3 +356,37 @@ def test_ranks_whose_collective_timed_out_waited_for_the_stuck_rank(tmp_path: Pa
     assert "**First death: rank 1 " in summary and "waited for it from step 20, then timed out (" in summary
     levers = by_rank[1]["death"]["levers"]  # where to look; the recorder, off here, named for the next hang
     assert levers[0].startswith("look at wait_for_batch (train.py:") and "TORCH_FR_BUFFER_SIZE=2000" in levers[-1]
+
+
+SLOW_SHUTDOWN = """\
+import signal, sys, time
+import blackbox
+blackbox.arm(sys.argv[1] + "/", sample_interval=0.05)
+
+def slow_save(signum, frame):  # a checkpoint on SIGTERM that takes longer than the grace before SIGKILL
+    print("saving", flush=True)
+    time.sleep(60)
+
+signal.signal(signal.SIGTERM, slow_save)
+for step in range(100000):
+    blackbox.step(step)
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.slow
+def test_a_graceful_shutdown_killed_before_it_finished_is_no_hang(tmp_path: Path) -> None:
+    # GIVEN a job whose SIGTERM handler saves for longer than the grace `timeout -k 3` gives it before SIGKILL
+    (tmp_path / "job.py").write_text(SLOW_SHUTDOWN)
+    job = [sys.executable, str(tmp_path / "job.py"), str(tmp_path / "rings")]
+    proc = subprocess.run(["timeout", "-k", "3", "3", *job], env=ENV, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL and proc.stdout == "saving\n", proc  # (timeout kills itself too)
+    from blackbox.recovery.pipeline import recover_rings
+
+    death = recover_rings([tmp_path / "rings"]).meta["death"]
+    # THEN it was killed in its shutdown, not hung ("hung ... stuck in slow_save" before): the signal its handler
+    # took, from timeout, how long the shutdown had, and where it still was; the first lever says so
+    assert death["cause"] == "killed" and "hung" not in death["headline"], death
+    shutdown = death["hang"]["shutdown"]
+    assert (shutdown["signal"], shutdown["sender"]) == ("SIGTERM", "timeout") and 2.5 <= shutdown["lasted_s"] <= 6
+    assert death["hang"]["site"].startswith("slow_save") and "outlasted the grace" in death["levers"][0], death

@@ -53,6 +53,7 @@ _BACKWARD = re.compile(r"/torch/autograd/|/torch/_tensor\.py")
 # an exception that is a collective's timeout: gloo's, NCCL's watchdog, the c10d store's
 TIMEOUT = re.compile(r"Timed out waiting|Watchdog caught collective operation timeout|collective operation timeout|"
                      r"DistBackendError.*[Tt]imeout|[Ss]ocket [Tt]imeout")  # fmt: skip
+HANDLED = "handled by the job's handler"  # a signal record's detail (collect/signals.py)
 SHOWN = 20  # ranks listed by name in an attempt's hang (the rest counted)
 
 
@@ -142,6 +143,21 @@ def with_hang(
     elif crashed and st["collective"] and "SIGABRT" in str(death.get("headline")):
         st["timed_out"] = "SIGABRT while it waited in a collective (NCCL's watchdog aborts a rank whose collective " \
                           "timed out)"
+    shutdown = _shutdown_since(table, st, end) if death["cause"] in ("signal", "killed") else None
+    if shutdown is not None:  # the job's own handler began its shutdown: no hang, a shutdown past its grace
+        st["shutdown"] = shutdown
+        grace = f"{shutdown['lasted_s']:.1f} s" if shutdown["lasted_s"] is not None else "its time"
+        where = f", still in {short_frame(st['site'])}" if st.get("site") else ""
+        lever = (f"the shutdown the job's handler began on {shutdown['signal']} outlasted the grace it was given "
+                 f"({grace}{where}): save less or earlier (Slurm's sbatch --signal=USR1@120 warns 2 minutes "
+                 "ahead), or give it more (Slurm's KillWait, `timeout -k`, Kubernetes' "
+                 "terminationGracePeriodSeconds)")  # fmt: skip
+        ev = (f"{shutdown['signal']}{' from ' + shutdown['sender'] if shutdown['sender'] else ''} at "
+              f"{shutdown['time']} was taken by the job's own handler (a graceful shutdown); {grace} later"
+              f"{where}, it was ended before it finished")  # fmt: skip
+        levers = death.get("levers") or []
+        return {**death, "hang": st, "evidence": [*death.get("evidence", []), _stall_evidence(st), ev],
+                "levers": [lever, *levers] if death["cause"] == "killed" else levers}
     # Its stack changing from sample to sample, it was working (an evaluation, a checkpoint, a slow data
     # pass killed at the time limit): no progress in steps, but not stuck. It keeps its cause.
     st["busy"] = st["samples"] >= 4 and ((st["share"] or 0.0) < BUSY_SHARE or
@@ -150,6 +166,24 @@ def with_hang(
     if death["cause"] in ("signal", "killed") and not crashed and not st["busy"]:
         out.update(cause="hang", confidence="strong", headline=_headline(death, st), levers=_levers(st, ranked))
     return out
+
+
+def _shutdown_since(table: pa.Table, st: dict[str, Any], end_ns: int) -> dict[str, Any] | None:
+    """The signal the job's own handler took after its last step (its shutdown began there): ``signal``,
+    ``sender``, ``time``, ``lasted_s`` (from it to the end); None where its handler took none."""
+    since = epoch_ns(st.get("since"))
+    rows = of_kind(table, "signal", columns=["time", "label", "detail", "sender"])
+    if since is None or not rows.num_rows:
+        return None
+    t = rows["time"].cast(pa.int64())
+    rows = rows.filter(pc.and_(pc.and_(pc.greater_equal(t, since), pc.less_equal(t, end_ns)),
+                               pc.equal(rows["detail"].cast(pa.string()), HANDLED)))  # fmt: skip
+    if not rows.num_rows:
+        return None
+    first = rows.slice(0, 1).to_pylist()[0]
+    at = int(rows["time"].cast(pa.int64())[0].as_py())
+    return {"signal": str(first["label"]), "sender": first.get("sender"), "time": iso_ns(at),
+            "lasted_s": round((end_ns - at) / 1e9, 3)}  # fmt: skip
 
 
 def _levers(st: dict[str, Any], ranked: bool) -> list[str]:
