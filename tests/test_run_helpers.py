@@ -155,3 +155,34 @@ def test_a_spawn_dataloader_worker_has_its_name_its_step_and_the_main_its_error(
     main = next(r for r in meta["rings"] if r["role"] == "main")
     assert main["death"]["cause"] == "exception" and main["death"]["after"]["pid"] == worker, main["death"]
     assert any(re.search(_WORKER_DIED.format(worker), e) for e in main["death"]["evidence"]), main["death"]
+
+
+RAISING_POOL = MAYBE_BLACKBOX + """\
+import multiprocessing as mp, time
+def task(i):
+    time.sleep(0.05)
+    if i == 12:
+        raise KeyError(f"missing field 'label' in record {i}")
+    return i
+if __name__ == "__main__":
+    step(0)
+    with mp.get_context("fork").Pool(2) as pool:  # its __exit__ terminates the helpers as the error unwinds
+        print(len(pool.map(task, range(400), chunksize=1)))
+"""
+
+
+def test_a_pool_task_that_raised_is_the_first_death_not_the_helpers_terminate(tmp_path: Path) -> None:
+    # GIVEN a task that raises in a Pool helper: the main process re-raises it, and Pool.__exit__ SIGTERMs the
+    # helpers while it unwinds, before the excepthook records it
+    (tmp_path / "job.py").write_text(RAISING_POOL)
+    unarmed, armed = (_run(tmp_path, a, str(tmp_path / "job.py")) for a in (False, True))
+    assert unarmed.returncode == armed.returncode == 1
+    for proc in (unarmed, armed):
+        assert "KeyError: \"missing field 'label' in record 12\"" in proc.stderr.splitlines(), proc.stderr[-500:]
+    # THEN the first death is the main process's KeyError (it was a helper "ended by a signal (SIGTERM from
+    # python)"); the helpers its Pool terminated are collateral of it
+    meta = _bundle(tmp_path)
+    first = meta["first_death"]
+    assert (first["cause"], first["victim"]["role"]) == ("exception", "main process"), first
+    helpers = [r for r in meta["rings"] if r["pid"] != first["pid"]]
+    assert len(helpers) == 2 and all(r["death"]["collateral_of"]["pid"] == first["pid"] for r in helpers), helpers

@@ -31,7 +31,10 @@ its parent (torchrun's agent starts its ranks) or by a known launcher
 (``LAUNCHERS``, named by the sender's command), recorded after the attempt's
 first death that is not such a teardown (on another host: later than that
 death by more than the two clocks' error, so that a skewed clock does not make
-the teardown first). It keeps its cause, is marked
+the teardown first), or sent by a process of the job that itself died of its own
+cause within ``UNWINDING_S`` after (a ``multiprocessing.Pool``'s ``__exit__``
+terminates its workers while a task's exception unwinds, before the excepthook
+records it: the pool's owner's death is the cause). It keeps its cause, is marked
 ``collateral_of`` (that death's rank, host and pid, and ``by``: the launcher's
 name where the sender is a known one, else None: a parent may be ``blackbox
 run`` passing on a signal whose sender it did not record, and it is never named
@@ -74,6 +77,7 @@ ENDERS = ("timeout", "scancel", "srun", "slurmd", "kubelet")  # what ends a hung
 SLIM = ("rank", "host", "pid", "ppid", "role", "job", "attempt", "started_at", "last_event_at", "last_step",
         "clock_error_s")  # fmt: skip
 DEFAULT_CLOCK_ERROR_S = 0.1  # assumed where a host's time service did not say how far off its clock may be
+UNWINDING_S = 30.0  # a sender that tore a ring down and died of its own cause this soon after: the cause
 SLIM_DEATH = ("cause", "confidence", "headline", "victim", "time", "step", "hang", "time_error_s", "starved",
               "peer_lost")  # fmt: skip
 SLIM_KILLER = ("signal", "sender", "sender_pid", "time")
@@ -250,6 +254,19 @@ def _after(m: dict[str, Any], signalled: str | None, first: dict[str, Any]) -> b
     return a is not None and b is not None and a - b > margin
 
 
+def _by_its_dying_sender(m: dict[str, Any], killer: dict[str, Any], own: list[dict[str, Any]]) -> bool:
+    """Ring ``m`` was torn down by a process of the job that then died of its own cause within
+    ``UNWINDING_S``: a Pool's ``__exit__`` terminates its workers while the task's exception unwinds, before
+    the excepthook records it; the sender's death, later by its clock, is the cause."""
+    pid, at = killer.get("sender_pid"), _epoch(str(killer.get("time") or ""))
+    for o in own:
+        if o.get("pid") == pid and o.get("host") == m.get("host") and at is not None:
+            died = _epoch(o["death"]["time"])
+            if died is not None and 0 <= died - at <= UNWINDING_S:
+                return True
+    return False
+
+
 def _told_by_its_own(m: dict[str, Any], dead: list[dict[str, Any]]) -> bool:
     """Ring ``m``'s death is another process's (its child: a rank under torchrun's agent, a worker) whose
     own ring, dead too, tells it: the kernel's kill of that child, stamped once, read by both."""
@@ -307,7 +324,8 @@ def deaths(
     collateral = []
     if own:
         first_own = _earliest(own, when, parents)
-        collateral = [m for m in dead if id(m) in torn and _after(m, torn[id(m)].get("time"), first_own)]
+        collateral = [m for m in dead if id(m) in torn and (_after(m, torn[id(m)].get("time"), first_own)
+                                                           or _by_its_dying_sender(m, torn[id(m)], own))]  # fmt: skip
     gone = {id(m) for m in collateral}
     rest = [m for m in dead if id(m) not in gone and id(m) not in told] or [m for m in dead if id(m) not in gone]
     first = _earliest(rest, when, parents) if rest else None
