@@ -15,7 +15,7 @@ from conftest import run_py, spawn_py
 import blackbox
 from blackbox._units import human_bytes
 from blackbox.collect.oom import is_oom_text
-from blackbox.recovery.diagnosis import gpu_oom_kind
+from blackbox.recovery.gpu_oom import gpu_oom_kind
 
 ARM = "import sys, blackbox\nblackbox.arm(sys.argv[1], capacity=1 << 14, sample_interval=0.02)\n"
 

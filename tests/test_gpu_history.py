@@ -16,7 +16,7 @@ from conftest import REPO, run_py
 
 import blackbox
 from blackbox.collect import gpu as _gpu
-from blackbox.recovery.diagnosis import EXPANDABLE_ON
+from blackbox.recovery.gpu_oom import EXPANDABLE_ON
 from blackbox.ring import format as fmt
 
 pytestmark = pytest.mark.slow

@@ -121,3 +121,34 @@ def test_helpers_that_fail_keep_their_rings_and_the_job_that_outlived_them_says_
     assert meta["first_death"]["pid"] == worker["pid"] and meta["exit_status"] == 0
     assert "exit status 0: the job ended cleanly; a process of it died before: exception;" in proc.stderr
     assert all(h["role"] == "mp_service" for h in meta.get("helpers", [])), meta.get("helpers")
+
+
+LAUNCHER = """\
+import os, sys
+import numpy  # a launcher that checks the install, sets the environment, then execs the trainer
+os.environ["OMP_NUM_THREADS"] = "2"
+os.execv(sys.executable, [sys.executable, "train.py", "6", "0"])
+"""
+
+
+@pytest.mark.parametrize("end", ["segv", "clean"])
+def test_a_python_launcher_that_execs_the_trainer_is_no_death(tmp_path: Path, end: str) -> None:
+    # GIVEN launch.py, which execs train.py in its own process (same pid): train.py crashes in native code at
+    # step 5, or ends cleanly
+    (tmp_path / "launch.py").write_text(LAUNCHER)
+    crash = "import ctypes; ctypes.string_at(0)" if end == "segv" else "print('done')"
+    (tmp_path / "train.py").write_text(STEPS.format(end=crash))
+    proc, meta = _side_by_side(tmp_path, PY, "launch.py")
+    # THEN the job's death is train.py's, with its status (the launcher's ring, left without a clean end by
+    # the exec, read "killed with SIGKILL" first); the launcher's ring says it went on as train.py
+    assert proc.returncode == (-11 if end == "segv" else 0)
+    if end == "segv":
+        first = meta["first_death"]
+        assert first["cause"] == "signal" and "died of SIGSEGV in native code, called from <module> (train.py:" \
+            in first["headline"], first  # fmt: skip
+        assert first["step"] == 5, first
+    else:
+        assert meta["cause"] == "clean_exit", meta.get("first_death")
+    (launcher,) = [r for r in meta["rings"] if "launch.py" in " ".join(r["argv"])]
+    assert launcher["death"]["cause"] == "clean_exit", launcher["death"]
+    assert launcher["death"]["headline"].endswith("replaced itself with `train.py 6 0` (exec): it went on there.")

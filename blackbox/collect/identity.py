@@ -215,7 +215,19 @@ def identity() -> dict[str, Any]:
         "job": job_id(),
         "argv": bounded_argv(redact_argv([str(a) for a in sys.argv])),
         "boot_id": boot_id(),
+        "start_ticks": start_ticks(),
     }
+
+
+def start_ticks() -> int | None:
+    """The process's start time, in clock ticks since boot (``/proc/self/stat``, field 22): an ``exec`` keeps
+    it, a pid used again by another process does not, so two rings of one pid and one start are one process
+    that replaced its program (recovery tells the first ring's end so)."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            return int(f.read(4096).rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def versions(blackbox_version: str) -> dict[str, str | None]:

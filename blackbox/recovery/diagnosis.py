@@ -50,12 +50,12 @@ from typing import Any
 import pyarrow as pa
 
 from .._units import human_bytes
-from ..collect.oom import is_device_oom_text, parse_oom
 from ..ring import format as fmt
 from ..ring.reader import without_c_extension
 from .crash import crash_headline, native_crash
 from .evidence import Evidence, KernelKill
 from .facts import Facts, facts
+from .gpu_oom import EXPANDABLE_ON, gpu_oom_kind
 from .hang import with_hang
 from .helpers import process_name, start_method
 from .kinds import of_kind
@@ -116,11 +116,6 @@ def diagnose(table: pa.Table, clean: bool, ev: Evidence, meta: dict[str, Any]) -
     return with_hang(death, table, ranked, crashed=d.crash is not None, flight=(ev.flight, ev.flight_note))
 
 
-EXPANDABLE_ON = ("expandable_segments is already on: the cached bytes were pages inside the growing segment "
-                 "that the request could not use; lower the peak (smaller micro-batch) or call "
-                 "torch.cuda.empty_cache() between phases of different shapes")  # fmt: skip
-
-
 def _noted(table: pa.Table, note: str) -> bool:
     """The recorder wrote this note (a ``mark`` labelled ``blackbox: <note>``) into the ring."""
     labels = of_kind(table, "mark", columns=["label"])["label"]
@@ -142,6 +137,7 @@ class _Death:
         self.stat_at_end = f.stats[-1] if f.stats else None
         self.death_ns: int | None = None  # the monotonic time of the death, where the kernel stamped it
         self.crash: dict[str, Any] | None = None  # a native crash: its signal and the job's innermost frame
+        self.exec_into: str | None = None  # the program the process replaced itself with (exec)
         self.status, self.exit_how = exit_status(f, ev)
 
     # ---------------------------------------------------------------- the rules
@@ -153,6 +149,11 @@ class _Death:
             return
         others = ev.kernel_kills if self.children else []
         child_kill = next((k for k in reversed(others) if k.pid != self.pid), None)
+        if ev.exec_into is not None and not clean:  # the process went on as another program: no end of it
+            self._set("clean_exit", "certain", f"the process replaced itself (exec) with `{ev.exec_into}`: "
+                      "the same process (its pid and start time) went on in that program's ring")  # fmt: skip
+            self.exec_into = ev.exec_into
+            return
         if clean:
             self.evidence.insert(0, "a clean end was recorded (the process ran its exit handlers)")
             self._clean(child_kill, near)
@@ -473,6 +474,9 @@ class _Death:
             "exit_status": self.status,
             "killed_by": self.killed_by,
         }
+        if self.exec_into is not None:
+            d["headline"] = (f"The {self.victim.get('role') or 'process'} (pid {self.pid}) replaced itself with "
+                             f"`{self.exec_into}` (exec): it went on there.")  # fmt: skip
         d.update(analysis(self.f, self.cause, self.victim, self.stat_at_end))
         uncaught = self.f.main_uncaught
         if self.cause == "oom_exception" and uncaught:
@@ -589,48 +593,3 @@ def _counter_rose(first: dict[str, Any] | None, last: dict[str, Any] | None, ev:
         return (f"the memory cgroup's oom_kill counter rose from {last['cgroup_oom_kills']} (last sample) "
                 f"to {ev.cgroup_oom_kills_now}")  # fmt: skip
     return None
-
-
-# "CUDA error: out of memory", CUBLAS_STATUS_ALLOC_FAILED, NCCL's "Cuda failure 'out of memory'": the device had
-# no room for what PyTorch's cache does not hold (the context, libraries' workspaces and buffers)
-OUTSIDE_CACHE = {
-    "kind": "outside_cache",
-    "why": "a CUDA call outside PyTorch's caching allocator (the context, cuBLAS's or cuDNN's workspace, NCCL's "
-           "buffers, a kernel launch) found no free device memory; the message gives no figures",
-    "levers": [
-        "leave room outside PyTorch's cache: lower the peak (smaller micro-batch with gradient accumulation) or "
-        "cap the cache (torch.cuda.set_per_process_memory_fraction)",
-        "make libraries' handles and communicators before the cache fills (a warm-up step; init_process_group and "
-        "a first collective before the model's first forward), or torch.cuda.empty_cache() before the failing call",
-        "check that no other process holds the device (nvidia-smi: a previous run's survivor)",
-    ],
-}  # fmt: skip
-
-
-def gpu_oom_kind(oom: dict[str, Any]) -> dict[str, Any] | None:
-    """True exhaustion or fragmentation, from the parsed OOM figures, with the levers for each; outside the
-    cache (``outside_cache``) for a device's out-of-memory the CUDA runtime or a library reported, which gives
-    no figure; None for PyTorch's CPU allocator (``DefaultCPUAllocator``: host memory, no device and no cache
-    to fragment) and for any other memory."""
-    req, unalloc, label = oom.get("oom_requested"), oom.get("oom_reserved_unallocated"), str(oom.get("label") or "")
-    if req is None:
-        return {**OUTSIDE_CACHE, "levers": list(OUTSIDE_CACHE["levers"])} if is_device_oom_text(label) else None
-    if (parse_oom(label) or {}).get("backend") == "CPU":
-        return None
-    if unalloc is not None and unalloc >= req:
-        return {
-            "kind": "fragmentation",
-            "why": f"{human_bytes(unalloc)} reserved but unallocated >= the {human_bytes(req)} request",
-            "levers": [
-                "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the cache had the bytes, not in one piece)"
-            ],
-        }
-    return {
-        "kind": "exhaustion",
-        "why": f"the {human_bytes(req)} request exceeded what was free and cached",
-        "levers": [
-            "smaller micro-batch with gradient accumulation (same effective batch)",
-            "activation checkpointing on the largest blocks",
-            "shard more (FSDP / ZeRO stage up, tensor or pipeline parallel)",
-        ],
-    }

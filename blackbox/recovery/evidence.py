@@ -72,6 +72,7 @@ class Evidence:
     flight: dict[str, Any] | None = None  # the rank's flight recorder dump, summed up (``flight``)
     flight_note: str | None = None  # why a dump that should be there was not read
     notes: list[str] = field(default_factory=list)
+    exec_into: str | None = None  # the command line its process replaced itself with (exec), where a ring shows it
 
     @property
     def kernel_oom_line(self) -> str | None:

@@ -68,19 +68,52 @@ def _sampled_workers(table: pa.Table) -> bool:
     return any(isinstance(n, str) and n.startswith("pt_data") for n in names)
 
 
-def _status_owner(paths: list[Path], launcher_pid: int | None, listing: Listing) -> Path | None:
-    """The ring of the process whose exit status the launcher saw: its direct child (the only ring where
-    the launcher is unknown). A ring of a grandchild (a shell's Python child) never takes the job's
-    status: its process may have died otherwise. Decided from the headers alone, before any decoding."""
-    if launcher_pid is None:
-        return paths[0] if len(paths) == 1 else None
-    direct = []
+def _identities(paths: list[Path], listing: Listing) -> dict[Path, tuple[dict[str, Any], int]]:
+    """Each ring's header identity and its arm time (wall ns), from the headers alone; unreadable ones left out."""
+    out = {}
     for p in paths:
         try:
-            if (read_header(p, listing.folders[p]).meta.get("identity") or {}).get("ppid") == launcher_pid:
-                direct.append(p)
+            meta = read_header(p, listing.folders[p]).meta
         except BlackboxError:
             continue
+        ident, wall = meta.get("identity"), (meta.get("clock") or {}).get("wall_ns")
+        if isinstance(ident, dict):
+            st = listing.stats.get(p)
+            ident = {**ident, "_uid": st.st_uid if st is not None else None}  # (a chain is one user's rings)
+            out[p] = (ident, wall if isinstance(wall, int) and not isinstance(wall, bool) else 0)
+    return out
+
+
+def exec_successors(idents: dict[Path, tuple[dict[str, Any], int]]) -> dict[Path, str]:
+    """Ring -> the command line of the program its process replaced itself with (``exec``), where a later ring
+    of the same owner has its host, boot, pid and start time (``identity.start_ticks``: an exec keeps it; a pid
+    used again does not): the process went on there, so the earlier ring's lack of a clean end is no death.
+    (Another user's ring planted beside it, its fields copied, cannot make a death read so.)"""
+    chains: dict[tuple[Any, ...], list[tuple[int, Path]]] = {}
+    for p, (ident, wall) in idents.items():
+        ticks = ident.get("start_ticks")
+        if isinstance(ticks, int) and not isinstance(ticks, bool) and isinstance(ident.get("pid"), int):
+            key = (ident.get("_uid"), ident.get("host"), ident.get("boot_id"), ident["pid"], ticks)
+            chains.setdefault(key, []).append((wall, p))
+    out = {}
+    for chain in chains.values():
+        chain.sort(key=lambda c: (c[0], str(c[1])))
+        for (_, p), (_, after) in zip(chain, chain[1:], strict=False):
+            argv = idents[after][0].get("argv")
+            out[p] = " ".join(map(str, argv))[:200] if isinstance(argv, list) and argv else "another program"
+    return out
+
+
+def _status_owner(idents: dict[Path, tuple[dict[str, Any], int]], paths: list[Path], launcher_pid: int | None,
+                  execs: dict[Path, str]) -> Path | None:  # fmt: skip
+    """The ring of the process whose exit status the launcher saw: its direct child (the only ring where
+    the launcher is unknown), the last program it ran where it replaced itself (``exec``). A ring of a
+    grandchild (a shell's Python child) never takes the job's status: its process may have died otherwise.
+    Decided from the headers alone, before any decoding."""
+    if launcher_pid is None:
+        last = [p for p in paths if p not in execs]
+        return last[0] if len(last) == 1 else None
+    direct = [p for p, (ident, _) in idents.items() if ident.get("ppid") == launcher_pid and p not in execs]
     return direct[0] if len(direct) == 1 else None
 
 
@@ -159,7 +192,9 @@ class RecoveryPass:
         self.kills = kernel_oom_kills()  # one pass over the kernel log for every ring
         self.cgroups = CgroupCounters()  # each cgroup's oom_kill counter, read once
         self.exit_status = exit_status
-        self.owner = _status_owner(self.paths, launcher_pid, self.listing) if exit_status is not None else None
+        idents = _identities(self.paths, self.listing)
+        self.execs = exec_successors(idents)  # rings whose process went on in another program (exec)
+        self.owner = _status_owner(idents, self.paths, launcher_pid, self.execs) if exit_status is not None else None
         self.metas = SpilledRings()  # each ring's metadata, on disk until metadata.json is written
         self.files: dict[str, str] = {}  # bundle file name -> text (native crash tracebacks, kernel OOM reports)
         self._owners: set[int] = set()
@@ -182,6 +217,7 @@ class RecoveryPass:
         evidence = gather(ring.writer_locked, ring.meta, status, self.kills, ring.crash, window, pids, self.cgroups,
                           lambda: _sampled_workers(table))  # fmt: skip
         evidence.signal_stacks = ring.signal_stacks  # written by faulthandler where the C extension was not built
+        evidence.exec_into = self.execs.get(path)
         if evidence.same_host and table.num_rows:  # the flight recorder's dump, on this host's disk
             life = ((ring.meta.get("clock") or {}).get("wall_ns") or 0) / 1e9, pc.max(table["time"]).value / 1e9
             rank = (ring.meta.get("identity") or {}).get("rank")
