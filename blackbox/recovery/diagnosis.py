@@ -380,6 +380,11 @@ class _Death:
                 who = f" from {recent['sender']} (pid {recent['sender_pid']})" if recent["sender"] else ""
                 self.evidence.append(f"{recent['label']}{who}{self._role(recent)} came first, at {recent['time']}")
 
+    def _raised(self) -> str | None:
+        """The label of the uncaught exception the death is timed by, where it is one."""
+        row = self.when
+        return str(row.get("label") or "") or None if row and row.get("kind") in ("exception", "oom") else None
+
     def _raised_again(self, last: dict[str, Any] | None, status_signal: int | None) -> dict[str, Any] | None:
         """The signal a native handler took as the process's last record (nothing after it for
         ``RAISED_AGAIN_S``), where that handler raised it again with its default action and the process died
@@ -466,7 +471,7 @@ class _Death:
             "cause": self.cause,
             "confidence": self.confidence,
             "headline": headline(self.cause, self.victim, self.killed_by, self.status, self.handled,
-                                 in_shutdown=self.in_shutdown, crash=self.crash),  # fmt: skip
+                                 in_shutdown=self.in_shutdown, crash=self.crash, raised=self._raised()),  # fmt: skip
             "evidence": self.evidence,
             "time": self.when["time"] if self.when else None,
             "step": self.when["step"] if self.when else None,
@@ -496,8 +501,9 @@ def headline(
     *,
     in_shutdown: bool = False,
     crash: dict[str, Any] | None = None,
+    raised: str | None = None,
 ) -> str:
-    """One plain sentence: who died of what."""
+    """One plain sentence: who died of what (``raised``: the uncaught exception's label, its type named)."""
     method = f", started by {victim['start_method']}" if victim.get("start_method") else ""
     who = f"The {victim.get('role', 'process')} (pid {victim.get('pid')}{method})"
     if cause == "signal" and crash and crash.get("signal"):
@@ -518,12 +524,14 @@ def headline(
         if cause == "nonzero_exit":
             return f"The job exited with status {status}" + after
     job = "The job" if victim.get("role", "main process") == "main process" else who  # a helper's own end
+    kind = str(raised).split(":", 1)[0].strip()[:80] if raised else ""
+    kind = kind if kind.replace(".", "").replace("_", "").isalnum() else ""  # a type's name, or none said
     return {
         "clean_exit": f"{job} exited cleanly.",
         "nonzero_exit": f"{job} exited with status {status}.",
         "interrupted": f"{job} was interrupted (Ctrl-C or SIGINT).",
-        "exception": f"{job} died of an uncaught exception.",
-        "oom_exception": f"{job} died of an out-of-memory exception.",
+        "exception": f"{job} died of an uncaught {kind or 'exception'}.",
+        "oom_exception": f"{job} died of an out-of-memory exception{f' ({kind})' if kind else ''}.",
         "host_oom_kill": f"{who} was killed by the kernel OOM killer.",
         "userspace_oom_kill": f"{who} was killed by a userspace OOM killer ({(killed_by or {}).get('sender')}).",
         "killed": f"{who} was killed with SIGKILL{' after' + by if by else ''}; no handler ran.",
