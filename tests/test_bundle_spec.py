@@ -19,7 +19,8 @@ from blackbox.recovery.pipeline import RecoveryPass, recover_rings
 
 SPEC = (REPO / "blackbox" / "recovery" / "BUNDLE.md").read_text()
 # where death's fields are set
-WRITERS = ("diagnosis.py", "gpu_oom.py", "levers.py", "pipeline.py", "attempts.py", "family.py", "alloc_levers.py")
+WRITERS = ("diagnosis.py", "headline.py", "gpu_oom.py", "levers.py", "pipeline.py", "attempts.py", "family.py",
+           "alloc_levers.py")
 SOURCES = "".join((REPO / "blackbox" / "recovery" / f).read_text() for f in WRITERS)
 
 

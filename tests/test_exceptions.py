@@ -227,3 +227,46 @@ def test_an_exception_the_jobs_own_excepthook_took_is_still_the_death(tmp_path: 
         assert any("FileNotFoundError" in e for e in death["evidence"]), death["evidence"]
     else:
         assert death["cause"] == "clean_exit" and _events(tmp_path, "exception") == [], death
+
+
+CAUGHT_THEN_EXIT = """
+import sys, time
+if sys.argv[2] == "arm":
+    import blackbox
+    blackbox.arm(sys.argv[1], capacity=4096, sample_interval=0.05)
+    step = blackbox.step
+else:
+    step = lambda n: None
+
+def main():
+    for n in range(10):
+        step(n)
+        time.sleep(0.01)
+        if n == 6:
+            raise ValueError("bad batch at step 6")
+
+try:
+    main()
+except Exception as exc:  # the job's own top-level handler: log, then fail
+    print("error:", exc, file=sys.stderr)
+    sys.exit(int(sys.argv[3]))
+"""
+
+
+@pytest.mark.parametrize("status", [1, 0])
+def test_an_exception_the_job_caught_before_exiting_with_a_failure_is_the_death(tmp_path: Path, status: int) -> None:
+    # GIVEN `except Exception: log(...); sys.exit(1)` around the job (torch.multiprocessing.spawn's workers do
+    # the same), its ValueError at step 6; and the same handler exiting 0
+    unarmed = run_py(CAUGHT_THEN_EXIT, str(tmp_path / "r"), "unarmed", str(status), check=False)
+    armed = run_py(CAUGHT_THEN_EXIT, f"{tmp_path}/", "arm", str(status), check=False)
+    # THEN the job is unchanged: its status and its own line
+    assert unarmed.returncode == armed.returncode == status
+    assert unarmed.stderr == armed.stderr == "error: bad batch at step 6\n"
+    death = recover_rings([tmp_path]).meta["death"]
+    if status:  # AND the death is that exception, at its step, said caught (it read "exited with status 1")
+        assert (death["cause"], death["step"]) == ("exception", 6), death
+        assert death["headline"] == "The job died of a ValueError, which it caught and exited with status 1."
+        assert "exception at step 6: ValueError: bad batch at step 6; the job caught it and exited with status 1" \
+            in death["evidence"]  # fmt: skip
+    else:  # an exit with status 0 after catching it: the job's choice, no death
+        assert death["cause"] == "clean_exit" and _events(tmp_path, "exception") == [], death

@@ -52,6 +52,7 @@ RECOVERY_ORDER = {
     "arrays": 0,
     "family": 0,
     "limits": 0,
+    "headline": 2,
     "gpu_oom": 0,
     "stacks": 1,
     "allocs": 1,

@@ -160,6 +160,7 @@ class ExceptionRecorder:
         def exit(*args: Any, **kwargs: Any) -> Any:  # the arguments as given: sys.exit(status=3) is a TypeError
             if len(args) <= 1 and not kwargs and threading.current_thread() is threading.main_thread() \
                     and not getattr(threading, "_SHUTTING_DOWN", False):  # the status is fixed once Python ends
+                self._exiting_in_a_handler(args[0] if args else None)
                 self.record_exit(args[0] if args else None)
             return original(*args, **kwargs)
 
@@ -176,6 +177,18 @@ class ExceptionRecorder:
 
         self._prev_os_exit, self._our_os_exit = original_os, _exit
         os._exit = _exit
+
+    def _exiting_in_a_handler(self, status: Any) -> None:
+        """``sys.exit`` with a failing status inside an ``except`` block: the exception it handles is what the
+        process dies of (``except Exception: log(...); sys.exit(1)``, torch.multiprocessing.spawn's workers),
+        recorded as such before the exit."""
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, Exception) or status is None or status == 0:  # (a caught Ctrl-C is told apart)
+            return
+        code = status & 0xFF if isinstance(status, int) else 1
+        if code:
+            self.failed = True
+            self.record(exc, fmt.HANDLED_EXIT.format(code))
 
     def in_flight(self, exc: BaseException | None) -> None:
         """The exception going by as the recording ends at exit: a multiprocessing worker's target that

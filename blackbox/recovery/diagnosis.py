@@ -52,11 +52,12 @@ import pyarrow as pa
 from .._units import human_bytes
 from ..ring import format as fmt
 from ..ring.reader import without_c_extension
-from .crash import crash_headline, native_crash
+from .crash import native_crash
 from .evidence import Evidence, KernelKill
 from .facts import Facts, facts
 from .gpu_oom import EXPANDABLE_ON, gpu_oom_kind
 from .hang import with_hang
+from .headline import headline
 from .helpers import process_name, start_method
 from .kinds import of_kind
 from .levers import analysis
@@ -188,7 +189,12 @@ class _Death:
             self.cause = "oom_exception" if exc["kind"] == "oom" else "exception"
             self.confidence = "certain"
             at = f" at step {exc['step']}" if exc["step"] is not None else " before any step"
-            self.evidence.append(f"uncaught {exc['kind']}{at}: {_short(exc['label'])}")
+            detail = str(exc.get("detail") or "")
+            if detail.startswith(fmt.HANDLED_EXIT_PREFIX):  # its own handler caught it, then sys.exit(N)
+                self.evidence.append(f"{exc['kind']}{at}: {_short(exc['label'])}; the job caught it and exited with "
+                                     f"status {detail[len(fmt.HANDLED_EXIT_PREFIX):]}")  # fmt: skip
+            else:
+                self.evidence.append(f"uncaught {exc['kind']}{at}: {_short(exc['label'])}")
             self.when = exc
             return
         if self._died_in_shutdown(near):
@@ -380,10 +386,9 @@ class _Death:
                 who = f" from {recent['sender']} (pid {recent['sender_pid']})" if recent["sender"] else ""
                 self.evidence.append(f"{recent['label']}{who}{self._role(recent)} came first, at {recent['time']}")
 
-    def _raised(self) -> str | None:
-        """The label of the uncaught exception the death is timed by, where it is one."""
-        row = self.when
-        return str(row.get("label") or "") or None if row and row.get("kind") in ("exception", "oom") else None
+    def _raised(self) -> dict[str, Any] | None:
+        """The uncaught exception's row the death is timed by, where it is one."""
+        return self.when if self.when and self.when.get("kind") in ("exception", "oom") else None
 
     def _raised_again(self, last: dict[str, Any] | None, status_signal: int | None) -> dict[str, Any] | None:
         """The signal a native handler took as the process's last record (nothing after it for
@@ -490,53 +495,6 @@ class _Death:
                 d["gpu_oom"] = gpu
                 d["levers"] = gpu["levers"] + d.get("levers", [])
         return d
-
-
-def headline(
-    cause: str,
-    victim: dict[str, Any],
-    killed_by: dict[str, Any] | None,
-    status: int | None,
-    handled: dict[str, Any] | None = None,
-    *,
-    in_shutdown: bool = False,
-    crash: dict[str, Any] | None = None,
-    raised: str | None = None,
-) -> str:
-    """One plain sentence: who died of what (``raised``: the uncaught exception's label, its type named)."""
-    method = f", started by {victim['start_method']}" if victim.get("start_method") else ""
-    who = f"The {victim.get('role', 'process')} (pid {victim.get('pid')}{method})"
-    if cause == "signal" and crash and crash.get("signal"):
-        return crash_headline(who, crash)
-    by = f" {killed_by['signal']} from {killed_by['sender']}" if killed_by and killed_by.get("sender") else ""
-    if by and killed_by and killed_by.get("reason"):
-        by += f": {str(killed_by['reason']).split(' (Slurm')[0]}"
-    if in_shutdown and cause == "killed":
-        return f"{who} was killed with SIGKILL while it shut down{', after' + by if by else ''}, before it could exit."
-    if handled is not None:
-        sent = f" from {handled['sender']}" if handled.get("sender") else ""
-        if cause == "interrupted":
-            return (f"The job was interrupted by {handled['label']}{sent}; it caught the KeyboardInterrupt and "
-                    f"exited with status {status}.")  # fmt: skip
-        after = f" after {handled['label']}{sent}, which its own handler took (a graceful shutdown)."
-        if cause == "clean_exit":
-            return "The job exited cleanly" + after
-        if cause == "nonzero_exit":
-            return f"The job exited with status {status}" + after
-    job = "The job" if victim.get("role", "main process") == "main process" else who  # a helper's own end
-    kind = str(raised).split(":", 1)[0].strip()[:80] if raised else ""
-    kind = kind if kind.replace(".", "").replace("_", "").isalnum() else ""  # a type's name, or none said
-    return {
-        "clean_exit": f"{job} exited cleanly.",
-        "nonzero_exit": f"{job} exited with status {status}.",
-        "interrupted": f"{job} was interrupted (Ctrl-C or SIGINT).",
-        "exception": f"{job} died of an uncaught {kind or 'exception'}.",
-        "oom_exception": f"{job} died of an out-of-memory exception{f' ({kind})' if kind else ''}.",
-        "host_oom_kill": f"{who} was killed by the kernel OOM killer.",
-        "userspace_oom_kill": f"{who} was killed by a userspace OOM killer ({(killed_by or {}).get('sender')}).",
-        "killed": f"{who} was killed with SIGKILL{' after' + by if by else ''}; no handler ran.",
-        "signal": f"{who} was ended by a signal{' (' + by.strip() + ')' if by else ''}.",
-    }.get(cause, "The cause of death is unknown.")
 
 
 def exit_status(f: Facts, ev: Evidence) -> tuple[int | None, str | None]:

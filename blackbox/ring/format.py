@@ -127,6 +127,10 @@ NOTE_EXPANDABLE = ("allocator: expandable_segments is on (segments grow and shri
 # may still catch; ``os._exit`` ends the process at once (no exit handlers); ``process exit`` is the
 # status the process really exited with, written inside libc's exit() after the interpreter finished.
 EXIT_SYS, EXIT_OS, EXIT_PROCESS = "sys.exit", "os._exit", "process exit"
+# An exception's detail where the job caught it and then called sys.exit with a failing status in its handler
+# (``except Exception: log(...); sys.exit(1)``, torch.multiprocessing.spawn's workers): what the process died of
+HANDLED_EXIT_PREFIX = "uncaught; caught by the job, which exited with status "
+HANDLED_EXIT = HANDLED_EXIT_PREFIX + "{}"
 ALLOCATOR_KINDS = ("alloc", "free_requested", "free", "segment_alloc", "segment_free", "segment_map", "segment_unmap")
 
 # Payload words p0..p8: which timeline column each word of a kind fills, per format

@@ -1,0 +1,59 @@
+"""The verdict's one sentence (pure): who died of what, from the diagnosis's cause and its facts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..ring import format as fmt
+from .crash import crash_headline
+
+
+def headline(
+    cause: str,
+    victim: dict[str, Any],
+    killed_by: dict[str, Any] | None,
+    status: int | None,
+    handled: dict[str, Any] | None = None,
+    *,
+    in_shutdown: bool = False,
+    crash: dict[str, Any] | None = None,
+    raised: dict[str, Any] | None = None,
+) -> str:
+    """One plain sentence: who died of what (``raised``: the exception's row, its type named; where the job
+    caught it and exited, said so)."""
+    method = f", started by {victim['start_method']}" if victim.get("start_method") else ""
+    who = f"The {victim.get('role', 'process')} (pid {victim.get('pid')}{method})"
+    if cause == "signal" and crash and crash.get("signal"):
+        return crash_headline(who, crash)
+    by = f" {killed_by['signal']} from {killed_by['sender']}" if killed_by and killed_by.get("sender") else ""
+    if by and killed_by and killed_by.get("reason"):
+        by += f": {str(killed_by['reason']).split(' (Slurm')[0]}"
+    if in_shutdown and cause == "killed":
+        return f"{who} was killed with SIGKILL while it shut down{', after' + by if by else ''}, before it could exit."
+    if handled is not None:
+        sent = f" from {handled['sender']}" if handled.get("sender") else ""
+        if cause == "interrupted":
+            return (f"The job was interrupted by {handled['label']}{sent}; it caught the KeyboardInterrupt and "
+                    f"exited with status {status}.")  # fmt: skip
+        after = f" after {handled['label']}{sent}, which its own handler took (a graceful shutdown)."
+        if cause == "clean_exit":
+            return "The job exited cleanly" + after
+        if cause == "nonzero_exit":
+            return f"The job exited with status {status}" + after
+    job = "The job" if victim.get("role", "main process") == "main process" else who  # a helper's own end
+    kind = str((raised or {}).get("label") or "").split(":", 1)[0].strip()[:80]
+    kind = kind if kind.replace(".", "").replace("_", "").isalnum() else ""  # a type's name, or none said
+    detail = str((raised or {}).get("detail") or "")
+    if cause == "exception" and kind and detail.startswith(fmt.HANDLED_EXIT_PREFIX):
+        return f"{job} died of a {kind}, which it caught and exited with status {status}."
+    return {
+        "clean_exit": f"{job} exited cleanly.",
+        "nonzero_exit": f"{job} exited with status {status}.",
+        "interrupted": f"{job} was interrupted (Ctrl-C or SIGINT).",
+        "exception": f"{job} died of an uncaught {kind or 'exception'}.",
+        "oom_exception": f"{job} died of an out-of-memory exception{f' ({kind})' if kind else ''}.",
+        "host_oom_kill": f"{who} was killed by the kernel OOM killer.",
+        "userspace_oom_kill": f"{who} was killed by a userspace OOM killer ({(killed_by or {}).get('sender')}).",
+        "killed": f"{who} was killed with SIGKILL{' after' + by if by else ''}; no handler ran.",
+        "signal": f"{who} was ended by a signal{' (' + by.strip() + ')' if by else ''}.",
+    }.get(cause, "The cause of death is unknown.")
