@@ -390,3 +390,48 @@ def test_a_graceful_shutdown_killed_before_it_finished_is_no_hang(tmp_path: Path
     shutdown = death["hang"]["shutdown"]
     assert (shutdown["signal"], shutdown["sender"]) == ("SIGTERM", "timeout") and 2.5 <= shutdown["lasted_s"] <= 6
     assert death["hang"]["site"].startswith("slow_save") and "outlasted the grace" in death["levers"][0], death
+
+
+LOADER_HANG = """\
+import sys, threading, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+import blackbox
+blackbox.arm(sys.argv[1] + "/", sample_interval=0.05)
+
+class Items(Dataset):
+    def __len__(self): return 10000
+    def __getitem__(self, i):
+        if i == 80:  # batch 10 never comes: its worker blocks forever
+            open(sys.argv[2], "w").close()
+            threading.Event().wait()
+        time.sleep(0.001)
+        return torch.randn(4)
+
+for step, batch in enumerate(DataLoader(Items(), batch_size=8, num_workers=2, multiprocessing_context="fork")):
+    blackbox.step(step)
+    time.sleep(0.02)
+"""
+
+
+@pytest.mark.slow
+def test_a_main_process_waiting_for_a_stuck_dataloader_worker_is_said_to_wait_for_it(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    # GIVEN a DataLoader worker stuck in the dataset at batch 10, its main process waiting for that batch, until
+    # the scheduler's SIGTERM
+    (tmp_path / "job.py").write_text(LOADER_HANG)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(tmp_path / "rings"), str(tmp_path / "go")],
+                            env=ENV, stderr=subprocess.DEVNULL)  # fmt: skip
+    while not (tmp_path / "go").exists() and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(STUCK_FOR)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == -signal.SIGTERM
+    from blackbox.recovery.pipeline import recover_rings
+
+    death = recover_rings([tmp_path / "rings"]).meta["death"]
+    # THEN a hang at step 9 whose process waited for a batch from its DataLoader's workers (it read "stuck in
+    # <module>": the loop's line), with the dataset to look at first
+    assert death["cause"] == "hang" and death["hang"]["loader"] is True and death["step"] == 9, death
+    assert "waiting for a batch from its DataLoader's workers" in death["headline"], death["headline"]
+    assert death["levers"][0].startswith("look at the dataset's __getitem__"), death["levers"]

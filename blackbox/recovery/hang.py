@@ -49,6 +49,8 @@ HANG_MIN_S = 2.0  # ...and at least this long (and longer than any of those step
 STEPS_SEEN = 50  # the step intervals the step time is taken from: the last ones
 _COLLECTIVE = re.compile(r"/torch/distributed/(?!elastic/)|/deepspeed/comm/|/torch/nn/parallel/distributed\.py")
 _C10D = re.compile(r"/torch/distributed/distributed_c10d\.py")
+# the main process waiting for a batch from its DataLoader's worker processes
+_LOADER_WAIT = re.compile(r"_MultiProcessingDataLoaderIter\._(?:try_)?get_data \([^;]*/torch/utils/data/dataloader\.py")
 _BACKWARD = re.compile(r"/torch/autograd/|/torch/_tensor\.py")
 # an exception that is a collective's timeout: gloo's, NCCL's watchdog, the c10d store's
 TIMEOUT = re.compile(r"Timed out waiting|Watchdog caught collective operation timeout|collective operation timeout|"
@@ -94,7 +96,8 @@ def stall(table: pa.Table, end_ns: int, ranked: bool) -> dict[str, Any] | None:
     return {"since": iso_ns(last), "step": steps["step"][-1].as_py(), "stalled_s": round(stalled, 3),
             "step_s": round(step_s, 6), "longest_s": round(longest, 6), "stack": stack, "share": share,
             "samples": count, "moves": moves, "site": site_of(stack) if stack else None,
-            "collective": collective_of(stack, ranked)}  # fmt: skip
+            "collective": collective_of(stack, ranked),
+            "loader": bool(stack and _LOADER_WAIT.search(stack))}  # fmt: skip
 
 
 def _stack_since(table: pa.Table, since_ns: int, end_ns: int) -> tuple[str | None, float | None, int, int]:
@@ -188,9 +191,13 @@ def _shutdown_since(table: pa.Table, st: dict[str, Any], end_ns: int) -> dict[st
 
 def _levers(st: dict[str, Any], ranked: bool) -> list[str]:
     """What to change after a hang: where to look, and, for a rank, what makes the next one end and tell."""
-    out = [f"look at {short_frame(st['site'])}: the process was stuck there (a data source, a lock, I/O) for "
-           f"{st['stalled_s']:.0f} s" if st.get("site") and not st.get("collective") else
-           "find the rank that never entered the collective this one waited in (the job's other ranks)"]  # fmt: skip
+    if st.get("loader"):
+        out = ["look at the dataset's __getitem__ and collate_fn: a DataLoader worker never delivered its batch (the "
+               "workers' rings hold their stacks); DataLoader(timeout=600) raises where it would wait forever"]
+    else:
+        out = [f"look at {short_frame(st['site'])}: the process was stuck there (a data source, a lock, I/O) for "
+               f"{st['stalled_s']:.0f} s" if st.get("site") and not st.get("collective") else
+               "find the rank that never entered the collective this one waited in (the job's other ranks)"]
     if ranked:
         out.append("a collective timeout shorter than the job's time limit (init_process_group(timeout="
                    "timedelta(minutes=10))) ends the waiting ranks with the collective named, before the scheduler")
@@ -203,6 +210,9 @@ def _levers(st: dict[str, Any], ranked: bool) -> list[str]:
 def _where(st: dict[str, Any]) -> str:
     if st.get("collective"):
         return f"waiting in {st['collective']}"
+    if st.get("loader"):
+        at = f" in {short_frame(st['site'])}" if st.get("site") else ""
+        return f"waiting for a batch from its DataLoader's workers{at}"
     return f"stuck in {short_frame(st['site'])}" if st.get("site") else "where no stack was sampled"
 
 
