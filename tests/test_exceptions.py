@@ -189,7 +189,8 @@ def test_a_signal_handler_raising_inside_the_excepthook_leaves_the_jobs_own_repo
     assert (event["label"], event["detail"]) == ("ConnectionResetError: peer went away", "uncaught")
 
 
-OWN_HOOK = """
+# a job armed (its steps told) or not, by its second argument
+ARMED_OR_NOT = """
 import sys, time
 if sys.argv[2] == "arm":
     import blackbox
@@ -197,7 +198,8 @@ if sys.argv[2] == "arm":
     step = blackbox.step
 else:
     step = lambda n: None
-
+"""
+OWN_HOOK = ARMED_OR_NOT + """
 def log_and_quit(kind, value, tb):  # a logging setup's hook: it never calls the previous one
     print("LOGGED", kind.__name__, value, file=sys.stderr)
 
@@ -229,15 +231,7 @@ def test_an_exception_the_jobs_own_excepthook_took_is_still_the_death(tmp_path: 
         assert death["cause"] == "clean_exit" and _events(tmp_path, "exception") == [], death
 
 
-CAUGHT_THEN_EXIT = """
-import sys, time
-if sys.argv[2] == "arm":
-    import blackbox
-    blackbox.arm(sys.argv[1], capacity=4096, sample_interval=0.05)
-    step = blackbox.step
-else:
-    step = lambda n: None
-
+CAUGHT_THEN_EXIT = ARMED_OR_NOT + """
 def main():
     for n in range(10):
         step(n)

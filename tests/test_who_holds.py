@@ -121,20 +121,23 @@ def test_a_cache_is_who_grew_the_model_is_resident_and_imports_never_head_the_ta
     assert "importlib" not in shown and "<frozen" not in shown.split(" ← ")[0], shown
 
 
-CPU_OOM_JOB = """
+# a job whose list keeps 16 MiB a step ({ones}: torch's or numpy's), then runs out of memory: {end}
+KEEPS_THEN_ENDS = """
 import sys, time
-import torch
+import {module}
 import blackbox
 
 blackbox.arm(sys.argv[1], sample_interval=0.05)
 kept = []
 for step in range(10):
     blackbox.step(step)
-    kept.append(torch.ones(1 << 22))  # PLANT: kept
+    kept.append({ones})  # PLANT: kept
     time.sleep(0.03)
 time.sleep(0.2)  # a tick: the source lines
-torch.empty(1 << 50)  # PyTorch's CPU allocator refuses 4 PiB: "DefaultCPUAllocator: can't allocate memory"
+{end}
 """
+CPU_OOM_JOB = KEEPS_THEN_ENDS.format(module="torch", ones="torch.ones(1 << 22)", end=(
+    "torch.empty(1 << 50)  # PyTorch's CPU allocator refuses 4 PiB: \"DefaultCPUAllocator: can't allocate memory\""))
 
 
 def test_a_cpu_allocator_out_of_memory_names_its_host_site_not_a_gpu(tmp_path: Path) -> None:
@@ -151,22 +154,9 @@ def test_a_cpu_allocator_out_of_memory_names_its_host_site_not_a_gpu(tmp_path: P
     assert not any("shard more" in lever or "expandable_segments" in lever for lever in death["levers"])
 
 
-DEVICE_OOM_JOB = """
-import sys, time
-import numpy as np
-import blackbox
-
-blackbox.arm(sys.argv[1], sample_interval=0.05)
-kept = []
-for step in range(10):
-    blackbox.step(step)
-    kept.append(np.ones(1 << 21))  # PLANT: kept
-    time.sleep(0.03)
-time.sleep(0.2)  # a tick: the source lines
-# what torch raises where a CUDA call outside its cache fails (C10_CUDA_CHECK: cublasCreate, a launch)
-raise RuntimeError("CUDA error: out of memory\\nCUDA kernel errors might be asynchronously reported at some "
-                   "other API call, so the stacktrace below might be incorrect.")
-"""
+DEVICE_OOM_JOB = KEEPS_THEN_ENDS.format(module="numpy as np", ones="np.ones(1 << 21)", end=(
+    "# what torch raises where a CUDA call outside its cache fails (C10_CUDA_CHECK: cublasCreate, a launch)\n"
+    "raise RuntimeError('CUDA error: out of memory\\nCUDA kernel errors might be asynchronously reported')"))
 
 
 def test_a_device_out_of_memory_without_figures_is_the_devices_and_no_host_line_heads_it(tmp_path: Path) -> None:

@@ -96,11 +96,7 @@ class SignalRecorder:
         except RuntimeError as exc:  # one recorder per process owns the signals
             return str(exc)
         self.active = True
-        for name in RECORDED:
-            signum = getattr(signal, name, None)
-            if signum is not None:
-                self._tags[signum] = fmt.tag(self._intern(name), KIND_SIGNAL, fmt.FLAG_VALUE, -1)
-        self.watch()
+        self._record(RECORDED)
         self._wrap_signal_function()
         return ""
 
@@ -109,7 +105,10 @@ class SignalRecorder:
         if not self.active or self._fallback is not None or self._crashes:
             return
         self._crashes = True
-        for name in CRASHES:
+        self._record(CRASHES)
+
+    def _record(self, names: tuple[str, ...]) -> None:
+        for name in names:
             signum = getattr(signal, name, None)
             if signum is not None:
                 self._tags[signum] = fmt.tag(self._intern(name), KIND_SIGNAL, fmt.FLAG_VALUE, -1)
