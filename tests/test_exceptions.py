@@ -264,3 +264,20 @@ def test_an_exception_the_job_caught_before_exiting_with_a_failure_is_the_death(
             in death["evidence"]  # fmt: skip
     else:  # an exit with status 0 after catching it: the job's choice, no death
         assert death["cause"] == "clean_exit" and _events(tmp_path, "exception") == [], death
+
+
+def test_a_thread_that_died_while_the_process_went_on_is_in_the_evidence(tmp_path: Path) -> None:
+    # GIVEN a checkpoint uploader thread that dies of a ConnectionError while training goes on and ends cleanly
+    code = ARMED_OR_NOT + (
+        "import threading\n"
+        "def upload(): raise ConnectionError('checkpoint upload failed: connection reset')\n"
+        "threading.Thread(target=upload, name='uploader').start()\n"
+        "for n in range(5): step(n); time.sleep(0.02)\n"
+    )
+    proc = run_py(code, f"{tmp_path}/", "arm")
+    assert "ConnectionError: checkpoint upload failed" in proc.stderr
+    death = recover_rings([tmp_path]).meta["death"]
+    # THEN the job ended cleanly, and the evidence says the thread died (it was in metadata alone)
+    assert death["cause"] == "clean_exit", death
+    (said,) = [e for e in death["evidence"] if e.startswith("uncaught in thread uploader")]
+    assert said.endswith("(the process went on): ConnectionError: checkpoint upload failed: connection reset"), said

@@ -75,6 +75,7 @@ CRASH_SIGNALS = ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL")  # faulthan
 DEFAULT_ACTION = "default action"  # the detail collect.signals writes for a signal that ended the process
 NATIVE = "handled by a native handler"  # ...for one a handler set outside Python took (faulthandler, torch's)
 TERMINATING = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", *CRASH_SIGNALS})
+THREADS_SAID = 3  # threads' uncaught exceptions said in the evidence, the last ones
 RAISED_AGAIN_S = 0.25  # a process that lived on past its native handler writes a sample within 0.1 s
 SCHEDULERS = ("slurmstepd", "slurmd", "srun", "scancel", "kubelet", "containerd-shim", "timeout", "systemd", "torchrun",
               "pt_elastic", "torch.distributed.run")  # fmt: skip
@@ -163,6 +164,7 @@ class _Death:
             self._not_clean(near)
         if clean and self.cause in ("clean_exit", "nonzero_exit", "exception"):
             self._handled_signal()
+        self._thread_deaths()
         if self.status is not None and not any("exit status" in e for e in self.evidence):
             self.evidence.append(f"exit status {self.status} ({HOW_KNOWN.get(self.exit_how or '', 'recorded')})")
         at = self.death_ns if self.death_ns is not None else f.last_ns
@@ -385,6 +387,17 @@ class _Death:
                 self.killed_by = _sender(recent)
                 who = f" from {recent['sender']} (pid {recent['sender_pid']})" if recent["sender"] else ""
                 self.evidence.append(f"{recent['label']}{who}{self._role(recent)} came first, at {recent['time']}")
+
+    def _thread_deaths(self) -> None:
+        """Threads that died of an uncaught exception while the process went on (a prefetcher, an uploader: a
+        main thread that then waits for them hangs), said whatever the cause, the last THREADS_SAID of them."""
+        errors = self.f.errors
+        died = [errors[i] for i in range(len(errors))
+                if str(errors[i].get("detail") or "").startswith("uncaught in thread ")]  # fmt: skip
+        for row in died[-THREADS_SAID:]:
+            at = f" at step {row['step']}" if row.get("step") is not None else ""
+            self.evidence.append(f"{row['detail']}{at}, at {row['time']} (the process went on): "
+                                 f"{_short(row['label'], 200)}")  # fmt: skip
 
     def _raised(self) -> dict[str, Any] | None:
         """The uncaught exception's row the death is timed by, where it is one."""
