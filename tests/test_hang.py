@@ -390,6 +390,48 @@ def test_a_graceful_shutdown_killed_before_it_finished_is_no_hang(tmp_path: Path
     shutdown = death["hang"]["shutdown"]
     assert (shutdown["signal"], shutdown["sender"]) == ("SIGTERM", "timeout") and 2.5 <= shutdown["lasted_s"] <= 6
     assert death["hang"]["site"].startswith("slow_save") and "outlasted the grace" in death["levers"][0], death
+    # AND `blackbox recover` says the same (without pandas, where a ns time read into Python failed)
+    cli = subprocess.run([sys.executable, "-m", "blackbox", "recover", str(tmp_path / "rings"), "-o",
+                          str(tmp_path / "out")], env=ENV, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert cli.returncode == 0 and "outlasted the grace" in (tmp_path / "out" / "summary.md").read_text(), cli.stderr
+
+
+HUNG_THEN_FLAGGED = """\
+import signal, sys, threading, time
+import blackbox
+blackbox.arm(sys.argv[1] + "/", sample_interval=0.05)
+stop = []
+signal.signal(signal.SIGTERM, lambda s, f: stop.append(s))  # Lightning's way: a flag the loop reads
+for step in range(1000):
+    if stop:
+        break
+    blackbox.step(step)
+    if step == 30:
+        open(sys.argv[2], "w").close()
+        threading.Event().wait()  # its data source never answers: hung here, long before the SIGTERM
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.slow
+def test_a_job_hung_long_before_its_handler_took_the_sigterm_is_a_hang(tmp_path: Path) -> None:
+    # GIVEN a job hung for STUCK_FOR seconds, then sent SIGTERM (its handler sets a flag nobody reads), then
+    # SIGKILL 1 s later
+    (tmp_path / "job.py").write_text(HUNG_THEN_FLAGGED)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(tmp_path / "rings"), str(tmp_path / "go")],
+                            env=ENV)  # fmt: skip
+    while not (tmp_path / "go").exists() and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(STUCK_FOR)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(1.0)
+    proc.kill()
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    from blackbox.recovery.pipeline import recover_rings
+
+    death = recover_rings([tmp_path / "rings"]).meta["death"]
+    # THEN it is a hang at step 30 (it read "the shutdown outlasted its grace"), no shutdown told
+    assert death["cause"] == "hang" and death["step"] == 30 and "shutdown" not in death["hang"], death
 
 
 LOADER_HANG = """\

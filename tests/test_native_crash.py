@@ -126,3 +126,30 @@ def test_a_native_crash_under_the_jobs_own_faulthandler_is_that_signal_not_sigki
     assert (death["cause"], death["step"]) == ("signal", 7), death
     assert death["headline"].endswith(f"died of {name} in native code."), death["headline"]
     assert "SIGKILL" not in death["headline"] and any("the job's own faulthandler" in e for e in death["evidence"])
+
+
+REENABLED = """\
+import ctypes, faulthandler, sys, time
+if len(sys.argv) > 1:
+    import blackbox
+    blackbox.arm(sys.argv[1] + "/", sample_interval=0.05)
+faulthandler.disable()  # the job turns blackbox's faulthandler off (for an evaluation, a pytest run), a tick
+time.sleep(0.3)
+faulthandler.enable()  # and its own on again: it remembers the signal recorder's handler as the one before it
+time.sleep(0.3)  # another tick wraps the recorder's over it
+ctypes.string_at(0)
+"""
+
+
+@pytest.mark.slow
+def test_a_crash_under_a_faulthandler_enabled_again_after_arm_ends_the_job_once(tmp_path: Path) -> None:
+    # GIVEN faulthandler disabled and enabled again by the job after arm, then a SIGSEGV
+    script = tmp_path / "job.py"
+    script.write_text(REENABLED)
+    runs = [subprocess.run([sys.executable, str(script), *extra], capture_output=True, text=True, env=ENV,
+                           timeout=60) for extra in ((), (str(tmp_path / "rings"),))]  # fmt: skip
+    # THEN it dies of SIGSEGV with one traceback, armed as unarmed (it came back forever: the recorder and the
+    # faulthandler each handing the signal to the other, 81,501 tracebacks in 20 s)
+    for proc in runs:
+        assert proc.returncode == -signal.SIGSEGV, proc.stderr[-1000:]
+        assert proc.stderr.count("Fatal Python error: Segmentation fault") == 1, proc.stderr[-1000:]

@@ -183,10 +183,12 @@ def _shutdown_since(table: pa.Table, st: dict[str, Any], end_ns: int) -> dict[st
                                pc.equal(rows["detail"].cast(pa.string()), HANDLED)))  # fmt: skip
     if not rows.num_rows:
         return None
-    first = rows.slice(0, 1).to_pylist()[0]
-    at = int(rows["time"].cast(pa.int64())[0].as_py())
-    return {"signal": str(first["label"]), "sender": first.get("sender"), "time": iso_ns(at),
-            "lasted_s": round((end_ns - at) / 1e9, 3)}  # fmt: skip
+    at = int(rows["time"].cast(pa.int64())[0].as_py())  # (never to_pylist: no pandas, no ns datetimes there)
+    if (at - since) / 1e9 >= max(HANG_FACTOR * float(st["step_s"]), HANG_MIN_S):
+        return None  # it had stopped long before the signal came: a hang, whatever its handler did after
+    sender = rows["sender"][0].as_py() if "sender" in rows.column_names else None
+    return {"signal": str(rows["label"][0].as_py()), "sender": str(sender) if sender else None,
+            "time": iso_ns(at), "lasted_s": round((end_ns - at) / 1e9, 3)}  # fmt: skip
 
 
 def _levers(st: dict[str, Any], ranked: bool) -> list[str]:

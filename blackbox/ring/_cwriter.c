@@ -769,8 +769,22 @@ static void sender_comm(pid_t pid, char comm[16]) {
             comm[i] = 0;
 }
 
+/* The thread inside on_signal for each signal (0: none): a handler we wrapped that calls its previous one,
+ * which is on_signal again (faulthandler.register(chain=True) after arm captured ours), would recurse until
+ * the stack ran out; the nested call records nothing and hands nothing on. */
+static pthread_t g_inside[MAX_SIGNAL];
+static int is_ours(const struct sigaction *sa);
+
+static int crash_signal(int sig) {
+    return sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGABRT;
+}
+
 static void on_signal(int sig, siginfo_t *info, void *context) {
     int saved_errno = errno;
+    pthread_t self = pthread_self(), none = 0;
+    if (__atomic_load_n(&g_inside[sig], __ATOMIC_ACQUIRE) == self)
+        return; /* called back by the handler we hand it to: it has the signal already */
+    int outer = __atomic_compare_exchange_n(&g_inside[sig], &none, self, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
     SigChain *chain = &g_chain[sig];
     struct sigaction prev = chain->prev[__atomic_load_n(&chain->cur, __ATOMIC_ACQUIRE)];
     int to_default = !(prev.sa_flags & SA_SIGINFO) && prev.sa_handler == SIG_DFL;
@@ -808,6 +822,20 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
     } else if (prev.sa_handler != SIG_IGN && prev.sa_handler != NULL) {
         prev.sa_handler(sig);
     }
+    if (!to_default && crash_signal(sig)) {
+        /* A crash handler that put ours back and raised the signal again (a faulthandler enabled anew after
+         * arm remembers ours as the handler before it): the default action, or it would come back forever. */
+        struct sigaction cur;
+        if (sigaction(sig, NULL, &cur) == 0 && is_ours(&cur)) {
+            struct sigaction dfl;
+            memset(&dfl, 0, sizeof dfl);
+            dfl.sa_handler = SIG_DFL;
+            sigemptyset(&dfl.sa_mask);
+            sigaction(sig, &dfl, NULL);
+        }
+    }
+    if (outer)
+        __atomic_store_n(&g_inside[sig], (pthread_t)0, __ATOMIC_RELEASE);
     errno = saved_errno;
 }
 
