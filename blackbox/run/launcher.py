@@ -17,10 +17,12 @@ The job runs as it would without us:
   or by a sender that signals every process of the job itself (Slurm's
   ``slurmstepd`` under ``proctrack/linuxproc``), has reached the job already,
   which a witness process placed like the job tells (``witness``), and is not
-  passed on, except where the job's own process made a group of its own in
-  our session and leads it (``timeout``): unarmed, that group is the one a group
-  signal would have reached, so it is signalled as a whole (a SIGKILL to ours
-  cannot be passed on, and leaves that group running); one sent to our pid alone (``kill PID``, a terminal's hang-up,
+  passed on, except a terminal's (Ctrl-C) where the job's own process made a
+  group of its own in our session and leads it (``timeout``): unarmed, that
+  group is the one the terminal's signal would have reached, so it is signalled
+  as a whole (a ``kill -INT -PGID`` from a process is not: it may have been
+  sent to every process already; a SIGKILL to ours cannot be passed on); one
+  sent to our pid alone (``kill PID``, a terminal's hang-up,
   ``proctrack/cgroup``) is relayed to each process of the job in our group.
   Each relay is written down first, with its original sender (pid, uid,
   command, ``si_code``), in ``relayed.jsonl`` beside the rings: the job's rings
@@ -135,7 +137,10 @@ class Relayer:
     def relay(self, info: Any) -> None:
         moved = 0
         if self.witness.saw(info.si_signo):  # sent to our process group, or to every process below us
-            moved = self.moved_group()
+            # A terminal's (Ctrl-C, Ctrl-\, its hang-up: sent by the kernel) went to our group alone: the group
+            # the job made (timeout's) needs it too. A process's may have reached every process already
+            # (Slurm's linuxproc, systemd's control group): passed on, the job would get it twice.
+            moved = self.moved_group() if info.si_code > 0 else 0
             if not moved:
                 return  # the job has it already
         if info.si_code > 0 or info.si_pid <= 0:  # sent by the kernel (a terminal's hang-up)
