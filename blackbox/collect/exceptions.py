@@ -206,11 +206,11 @@ class ExceptionRecorder:
     def _uncaught_past_the_hook(self) -> None:
         """The job's own ``sys.excepthook``, set after ours and never calling it (a logging setup's), took
         the main thread's uncaught exception: Python sets ``sys.last_exc`` (``last_value`` before 3.12) just
-        before it calls the hook, and nothing else does outside an interactive session."""
+        before it calls the hook. Others may set it too (``code.InteractiveInterpreter``, ``pdb.pm()`` users):
+        recovery takes it as the death only where the process then exits with a failing status."""
         last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
         if isinstance(last, BaseException) and not isinstance(last, SystemExit):
-            self.failed = True
-            self.record(last, "uncaught")
+            self.record(last, fmt.LAST_EXC)
 
     def record_exit(self, status: Any, how: str = fmt.EXIT_SYS) -> None:
         """An ``exit`` event: the status the process exits with (a non-int status prints and exits 1),

@@ -48,6 +48,7 @@ import signal as signals
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .._units import human_bytes
 from ..ring import format as fmt
@@ -175,6 +176,8 @@ class _Death:
     def _clean(self, child_kill: KernelKill | None, near: tuple[float, str] | None) -> None:
         f = self.f
         uncaught = f.main_uncaught
+        if self.status == 0 and len(uncaught):  # sys.last_exc read at exit is an older one where it exits 0
+            uncaught = uncaught.keep(pc.not_equal(uncaught.column("detail").cast(pa.string()), fmt.LAST_EXC))
         if uncaught and uncaught[-1]["label"] and uncaught[-1]["label"].startswith("KeyboardInterrupt"):
             self._set("interrupted", "certain", "an uncaught KeyboardInterrupt (Ctrl-C or SIGINT)")
             self.when = uncaught[-1]

@@ -131,6 +131,9 @@ EXIT_SYS, EXIT_OS, EXIT_PROCESS = "sys.exit", "os._exit", "process exit"
 # (``except Exception: log(...); sys.exit(1)``, torch.multiprocessing.spawn's workers): what the process died of
 HANDLED_EXIT_PREFIX = "uncaught; caught by the job, which exited with status "
 HANDLED_EXIT = HANDLED_EXIT_PREFIX + "{}"
+# ...where it was read at exit from sys.last_exc, the job's own excepthook not calling blackbox's: an uncaught
+# one where the process then exits with a failing status (sys.last_exc may be an older one where it exits 0)
+LAST_EXC = "uncaught; read at exit from sys.last_exc (the job's excepthook did not call blackbox's)"
 ALLOCATOR_KINDS = ("alloc", "free_requested", "free", "segment_alloc", "segment_free", "segment_map", "segment_unmap")
 
 # Payload words p0..p8: which timeline column each word of a kind fills, per format
