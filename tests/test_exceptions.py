@@ -284,3 +284,28 @@ def test_a_thread_that_died_while_the_process_went_on_is_in_the_evidence(tmp_pat
     assert death["cause"] == "clean_exit", death
     (said,) = [e for e in death["evidence"] if e.startswith("uncaught in thread uploader")]
     assert said.endswith("(the process went on): ConnectionError: checkpoint upload failed: connection reset"), said
+
+
+NOT_THE_CAUSE = {
+    # argparse's error() exits 2 from its own frame, inside parse_args's `except ArgumentError`
+    "argparse": ("import argparse\nstep(0)\np = argparse.ArgumentParser()\np.add_argument('--mode', choices=['a'])\n"
+                 "p.parse_args(['--mode', 'c'])\n", 2),
+    # a SIGTERM handler's sys.exit(143) runs while the loop backs off in an `except ConnectionError:`
+    "signal handler": ("import os, signal\nsignal.signal(signal.SIGTERM, lambda s, f: sys.exit(143))\n"
+                       "for n in range(10):\n    step(n)\n    try:\n        raise ConnectionError('metrics down')\n"
+                       "    except ConnectionError:\n        os.kill(os.getpid(), signal.SIGTERM)\n"
+                       "        time.sleep(0.5)\n", 143),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_THE_CAUSE))
+def test_an_exception_handled_elsewhere_than_the_exit_is_not_the_death(tmp_path: Path, case: str) -> None:
+    # GIVEN sys.exit with a failing status called while an exception is handled, but not by the frame that
+    # caught it
+    code, status = NOT_THE_CAUSE[case]
+    proc = run_py(ARMED_OR_NOT + code, f"{tmp_path}/", "arm", "-", check=False)
+    assert proc.returncode == status, proc.stderr
+    # THEN that exception is not the death (the review: "died of a ConnectionError, which it caught"; argparse's
+    # invalid choice "died of an argparse.ArgumentError")
+    death = recover_rings([tmp_path]).meta["death"]
+    assert death["cause"] != "exception" and _events(tmp_path, "exception") == [], death

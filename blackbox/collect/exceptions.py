@@ -160,7 +160,7 @@ class ExceptionRecorder:
         def exit(*args: Any, **kwargs: Any) -> Any:  # the arguments as given: sys.exit(status=3) is a TypeError
             if len(args) <= 1 and not kwargs and threading.current_thread() is threading.main_thread() \
                     and not getattr(threading, "_SHUTTING_DOWN", False):  # the status is fixed once Python ends
-                self._exiting_in_a_handler(args[0] if args else None)
+                self._exiting_in_a_handler(args[0] if args else None, sys._getframe(1))
                 self.record_exit(args[0] if args else None)
             return original(*args, **kwargs)
 
@@ -178,13 +178,23 @@ class ExceptionRecorder:
         self._prev_os_exit, self._our_os_exit = original_os, _exit
         os._exit = _exit
 
-    def _exiting_in_a_handler(self, status: Any) -> None:
+    def _exiting_in_a_handler(self, status: Any, caller: Any) -> None:
         """``sys.exit`` with a failing status inside an ``except`` block: the exception it handles is what the
         process dies of (``except Exception: log(...); sys.exit(1)``, torch.multiprocessing.spawn's workers),
-        recorded as such before the exit."""
+        recorded as such before the exit. Only where the frame that calls ``sys.exit`` is the one that caught
+        it (not a signal handler that ran during a back-off's ``except``, nor argparse's ``error()``), and no
+        KeyboardInterrupt is behind it (a caught Ctrl-C is told apart)."""
         exc = sys.exc_info()[1]
-        if not isinstance(exc, Exception) or status is None or status == 0:  # (a caught Ctrl-C is told apart)
+        if not isinstance(exc, Exception) or status is None or status == 0:
             return
+        tb = exc.__traceback__
+        if tb is None or tb.tb_frame is not caller:
+            return
+        seen, link = 0, exc.__context__
+        while link is not None and seen < 16:
+            if isinstance(link, KeyboardInterrupt):
+                return
+            link, seen = link.__context__, seen + 1
         code = status & 0xFF if isinstance(status, int) else 1
         if code:
             self.failed = True

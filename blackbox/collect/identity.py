@@ -216,7 +216,16 @@ def identity() -> dict[str, Any]:
         "argv": bounded_argv(redact_argv([str(a) for a in sys.argv])),
         "boot_id": boot_id(),
         "start_ticks": start_ticks(),
+        "pid_ns": pid_namespace(),
     }
+
+
+def pid_namespace() -> str | None:
+    """The process's pid namespace (``pid:[4026531836]``): containers on one host name reuse pids."""
+    try:
+        return os.readlink("/proc/self/ns/pid")[:64]
+    except OSError:
+        return None
 
 
 def start_ticks() -> int | None:

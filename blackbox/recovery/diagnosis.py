@@ -75,7 +75,9 @@ OOM_DAEMONS = ("earlyoom", "systemd-oomd", "oomd", "nohang", "low-memory-mon")
 CRASH_SIGNALS = ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL")  # faulthandler's: a native crash
 DEFAULT_ACTION = "default action"  # the detail collect.signals writes for a signal that ended the process
 NATIVE = "handled by a native handler"  # ...for one a handler set outside Python took (faulthandler, torch's)
-TERMINATING = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", *CRASH_SIGNALS})
+# what a native handler raises again to die of it (faulthandler a crash, PyTorch's workers a SIGTERM); not
+# SIGUSR1, SIGUSR2 or SIGHUP, which a native handler takes to dump stacks and go on (faulthandler.register)
+TERMINATING = frozenset({"SIGTERM", "SIGINT", *CRASH_SIGNALS})
 THREADS_SAID = 3  # threads' uncaught exceptions said in the evidence, the last ones
 RAISED_AGAIN_S = 0.25  # a process that lived on past its native handler writes a sample within 0.1 s
 SCHEDULERS = ("slurmstepd", "slurmd", "srun", "scancel", "kubelet", "containerd-shim", "timeout", "systemd", "torchrun",

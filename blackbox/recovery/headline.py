@@ -45,7 +45,8 @@ def headline(
     kind = kind if kind.replace(".", "").replace("_", "").isalnum() else ""  # a type's name, or none said
     detail = str((raised or {}).get("detail") or "")
     if cause == "exception" and kind and detail.startswith(fmt.HANDLED_EXIT_PREFIX):
-        return f"{job} died of a {kind}, which it caught and exited with status {status}."
+        article = "an" if kind[:1].lower() in "aeiou" else "a"
+        return f"{job} died of {article} {kind}, which it caught and exited with status {status}."
     return {
         "clean_exit": f"{job} exited cleanly.",
         "nonzero_exit": f"{job} exited with status {status}.",

@@ -86,14 +86,15 @@ def _identities(paths: list[Path], listing: Listing) -> dict[Path, tuple[dict[st
 
 def exec_successors(idents: dict[Path, tuple[dict[str, Any], int]]) -> dict[Path, str]:
     """Ring -> the command line of the program its process replaced itself with (``exec``), where a later ring
-    of the same owner has its host, boot, pid and start time (``identity.start_ticks``: an exec keeps it; a pid
-    used again does not): the process went on there, so the earlier ring's lack of a clean end is no death.
+    of the same owner has its host, boot, pid namespace, pid and start time (``identity.start_ticks``: an exec
+    keeps it; a pid used again does not): the process went on there, so the earlier ring's lack of a clean end
+    is no death.
     (Another user's ring planted beside it, its fields copied, cannot make a death read so.)"""
     chains: dict[tuple[Any, ...], list[tuple[int, Path]]] = {}
     for p, (ident, wall) in idents.items():
         ticks = ident.get("start_ticks")
         if isinstance(ticks, int) and not isinstance(ticks, bool) and isinstance(ident.get("pid"), int):
-            key = (ident.get("_uid"), ident.get("host"), ident.get("boot_id"), ident["pid"], ticks)
+            key = (ident.get("_uid"), ident.get("host"), ident.get("boot_id"), ident.get("pid_ns"), ident["pid"], ticks)
             chains.setdefault(key, []).append((wall, p))
     out = {}
     for chain in chains.values():
