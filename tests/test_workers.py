@@ -162,3 +162,35 @@ def test_a_dataloader_worker_sent_sigterm_died_of_it_not_of_sigkill(tmp_path: Pa
     first = meta["first_death"]
     assert first["pid"] == worker and first["cause"] == "signal", first
     assert "SIGKILL" not in first["headline"] and "SIGTERM from " in first["headline"], first["headline"]
+
+
+SHUT_DOWN = """
+import time, torch
+from torch.utils.data import DataLoader, Dataset
+class Slow(Dataset):
+    def __len__(self): return 100
+    def __getitem__(self, i):
+        if i == 2:
+            time.sleep(15)  # still at it when the loop stops: its parent's shutdown SIGTERMs it
+        return torch.zeros(4)
+it = iter(DataLoader(Slow(), batch_size=2, num_workers=1, prefetch_factor=2))
+next(it)
+worker = it._workers[0]
+it._shutdown_workers()
+print("worker exit code", worker.exitcode, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_worker_its_parent_shut_down_is_no_death(tmp_path: Path) -> None:
+    # GIVEN a DataLoader shut down while its worker is busy: the parent SIGTERMs it, and PyTorch's native
+    # handler exits 0 on its parent's SIGTERM; the job exits 0
+    (tmp_path / "job.py").write_text(SHUT_DOWN)
+    proc = subprocess.run([sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "run"), "--",
+                           sys.executable, str(tmp_path / "job.py")], env=dict(os.environ, PYTHONPATH=str(REPO)),
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and "worker exit code 0" in proc.stdout, proc.stderr[-2000:]
+    # THEN the bundle tells no death (the worker read "ended by a signal (SIGTERM from python)", the first death)
+    (bundle,) = (tmp_path / "run").glob("run-*/bundle")
+    meta = json.loads((bundle / "metadata.json").read_text())
+    assert meta["cause"] == "clean_exit" and meta["first_death"] is None, meta["first_death"]

@@ -428,6 +428,12 @@ class _Death:
                       "faulthandler: its traceback went where the job sent it, stderr by default), and nothing "
                       "was recorded after it: the handler raised it again, with its default action")  # fmt: skip
             return
+        parent = self.ident.get("ppid")
+        if s["label"] == "SIGTERM" and isinstance(parent, int) and s["sender_pid"] == parent:
+            self._set("clean_exit", "probable", f"SIGTERM from its parent (pid {parent}) at {s['time']}, taken by "
+                      "a native handler: PyTorch's DataLoader worker exits 0 on its parent's SIGTERM (the parent "
+                      "shutting its workers down)")  # fmt: skip
+            return
         self.killed_by = _sender(s)
         who = f" from {s['sender']} (pid {s['sender_pid']})" if s["sender"] else ""
         self._set("interrupted" if s["label"] == "SIGINT" else "signal", "strong",
