@@ -111,9 +111,9 @@ def test_a_poll_waiting_but_not_working_is_not_throttled(monkeypatch) -> None:  
     probe = _gpu.GpuProbe()
     calls = []
 
-    def waits() -> list[tuple[int, tuple[int, ...]]]:
-        calls.append(1)
-        time.sleep(0.05)
+    def waits() -> list[tuple[int, tuple[int, ...]]]:  # 0.2 s of waiting: the next poll is due unless the
+        calls.append(1)  # poll's own CPU reached 1 ms (x 200 for MAX_DUTY; at 0.05 s, a loaded VM's 0.25 ms did)
+        time.sleep(0.2)
         return [(0, (1,) * 9)]
 
     monkeypatch.setattr(probe, "_poll", waits)
