@@ -6,6 +6,7 @@ of senders (timeout -> torchrun -> ranks), never the rank whose SIGTERM landed f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -445,7 +446,7 @@ class Items(Dataset):
     def __len__(self): return 10000
     def __getitem__(self, i):
         if i == 80:  # batch 10 never comes: its worker blocks forever
-            open(sys.argv[2], "w").close()
+            open(sys.argv[2], "w").write(str(__import__("os").getpid()))  # (the test ends it: nothing else will)
             threading.Event().wait()
         time.sleep(0.001)
         return torch.randn(4)
@@ -468,7 +469,11 @@ def test_a_main_process_waiting_for_a_stuck_dataloader_worker_is_said_to_wait_fo
         time.sleep(0.05)
     time.sleep(STUCK_FOR)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == -signal.SIGTERM
+    try:
+        assert proc.wait(timeout=60) == -signal.SIGTERM
+    finally:  # the stuck worker never looks for its parent again: it would be left running
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int((tmp_path / "go").read_text()), signal.SIGKILL)
     from blackbox.recovery.pipeline import recover_rings
 
     death = recover_rings([tmp_path / "rings"]).meta["death"]
