@@ -125,8 +125,10 @@ def test_a_starved_rank_killed_first_is_not_displaced_by_the_peer_that_lost_it(t
     meta = write_postmortem([rings], out, plot=False)
     by_rank = {m["rank"]: m for m in meta["rings"]}
     killed, lost = by_rank[1]["death"], by_rank[0]["death"]
-    # THEN rank 0 died of gloo's error, on time, inside the window where rank 1's death may have come
-    assert lost["cause"] == "exception" and lost["peer_lost"] == "Connection reset by peer", lost
+    # THEN rank 0 died of gloo's error, on time, inside the window where rank 1's death may have come; gloo says
+    # "reset" where the kernel answered its socket with RST (unread bytes in the dead rank's buffer), else "closed"
+    gone = ("Connection reset by peer", "Connection closed by peer")
+    assert lost["cause"] == "exception" and lost["peer_lost"] in gone, lost
     assert killed["cause"] == "killed" and killed["starved"] is not None and lost["starved"] is None, killed
     t1, t0 = (epoch_ns(killed["time"]), epoch_ns(lost["time"]))
     assert t1 is not None and t0 is not None and t1 < t0 <= t1 + killed["time_error_s"] * 1e9, (killed, lost)
