@@ -45,3 +45,10 @@ __all__ = [
     "recover",
     "step",
 ]
+
+# `blackbox run` arms a process once it imports numpy; where that import was this package's own (a job that
+# imports blackbox first), its bootstrap (run/bootstrap.py, ARM_WHEN_IMPORTED) left the arming to this line
+_arm_when_imported = globals().pop("_arm_when_imported", None)
+if _arm_when_imported is not None:
+    _arm_when_imported()
+del _arm_when_imported

@@ -66,6 +66,30 @@ def test_a_shells_python_armed_by_its_import_keeps_its_ring_when_it_is_killed(tm
     assert "cause: killed" not in proc.stderr and "**The job exited with status 0**" in proc.stderr
 
 
+@pytest.mark.parametrize("arms_itself", [False, True])
+def test_a_shells_python_that_imports_blackbox_first_is_armed_once_and_its_death_told(
+    tmp_path: Path, arms_itself: bool
+) -> None:
+    # GIVEN a shell job whose Python script imports blackbox before numpy (blackbox's own import loads numpy,
+    # the bootstrap's trigger), marks its steps, maybe calls arm() too, and dies of a ValueError at step 7
+    arm = "blackbox.arm(); " if arms_itself else ""
+    code = (f"import blackbox; {arm}print(blackbox.active().armed, flush=True)\n"
+            "for n in range(8):\n    blackbox.step(n)\nraise ValueError('planted at step 7')\n")  # fmt: skip
+    (tmp_path / "t.py").write_text(code)
+    proc = _run(tmp_path / "run", f"{sys.executable} {tmp_path / 't.py'}; exit $?")
+    # THEN it was armed by `blackbox run` once its import was done (before: "not armed (AttributeError: partially
+    # initialized module 'blackbox' ...)"), one ring, and the bundle tells its exception at its step
+    assert proc.returncode == 1 and proc.stdout == "True\n", proc.stderr
+    assert "not armed" not in proc.stderr and "partially initialized" not in proc.stderr, proc.stderr
+    (run,) = (tmp_path / "run").glob("run-*")
+    meta = json.loads((run / "bundle" / "metadata.json").read_text())
+    rings = sorted((run / "rings").glob("*.ring"))
+    assert len(rings) == 1 and "rings" not in meta and meta["role"] == "main", rings
+    death = meta["death"]
+    assert (death["cause"], death["step"]) == ("exception", 7), death
+    assert "The job died of an uncaught ValueError." in proc.stderr
+
+
 def test_a_child_that_imports_torch_arms_once_torch_is_imported(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     code = "import torch, sys, blackbox; print(blackbox.active().armed, 'torch' in sys.modules, flush=True)"

@@ -14,7 +14,9 @@ standard library alone, not the blackbox package) and calls :func:`boot`:
   doing array work: importing blackbox and arming costs about 0.2 s of CPU
   (numpy's import about half of it), eight times what a short Python process
   costs without it, and a job of hundreds of short scripts would pay that for
-  each. One that never imports either is not recorded. Its ring is a full one
+  each. One that never imports either is not recorded. Where the import that
+  brings numpy is the job's own ``import blackbox``, arming waits for that
+  import to be done (the package's last line). Its ring is a full one
   where no Python process of the job is above it (a shell wrapper's python:
   the job's own work, ``identity.role`` calls it ``main``), else a small one.
 
@@ -48,6 +50,7 @@ FIRST_PY_ENV = "BLACKBOX_RUN_PY"  # as collect.identity.FIRST_PY_ENV: set by the
 HELPER_CAPACITY = 8192  # slots: 1 MiB of records
 HELPER_STRINGS = 64 << 10
 TRIGGERS = ("numpy", "torch")  # a child process arms once it has imported one of these
+ARM_WHEN_IMPORTED = "_arm_when_imported"  # set on the blackbox package where a trigger fired inside its import
 # Command-line marks of the helpers that arm at start (collect.identity.role names them).
 ARM_AT_START = ("compile_worker", "multiprocessing.forkserver", "multiprocessing.resource_tracker",
                 "--multiprocessing-fork")  # fmt: skip
@@ -165,6 +168,12 @@ class ArmAfterImport:
         self.done = True
         if self in sys.meta_path:
             sys.meta_path.remove(self)
+        package = sys.modules.get("blackbox")
+        if package is not None and getattr(package.__spec__, "_initializing", False):
+            # numpy imported by the job's own `import blackbox`, half done: arming now would find no
+            # `blackbox.arm`; the package calls this as its last line instead (ARM_WHEN_IMPORTED)
+            setattr(package, ARM_WHEN_IMPORTED, self._arm)
+            return
         self._arm()
 
 
