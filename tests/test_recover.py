@@ -6,7 +6,10 @@ import contextlib
 import importlib.util
 import io
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -14,7 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import readme_fleet_query, run_py
+from conftest import REPO, readme_fleet_query, run_py
 
 import blackbox
 from blackbox.recovery.timeline import TIMELINE_SCHEMA
@@ -103,6 +106,19 @@ def test_clean_exit_bundle_is_marked_clean(tmp_path: Path) -> None:
     m = json.loads((blackbox.recover(tmp_path / "ok.ring", tmp_path / "b") / "metadata.json").read_text())
     assert m["clean"] is True and m["writer_state"] == "clean"
     assert "Ended cleanly" in (tmp_path / "b" / "summary.md").read_text()
+
+
+def test_a_process_that_raised_and_ran_its_exit_handlers_is_not_said_to_have_ended_cleanly(tmp_path: Path) -> None:
+    # GIVEN an armed process that dies of an uncaught exception: its exit handlers run, disarming the ring
+    code = f"import blackbox; blackbox.arm({str(tmp_path / 'r.ring')!r}); blackbox.step(3); raise ValueError('x')"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 1 and "ValueError" in proc.stderr
+    m = json.loads((blackbox.recover(tmp_path / "r.ring", tmp_path / "b") / "metadata.json").read_text())
+    # THEN the ring is clean, but the summary's ending line does not contradict its cause of death
+    assert m["writer_state"] == "clean" and m["death"]["cause"] == "exception", m["death"]
+    text = (tmp_path / "b" / "summary.md").read_text()
+    assert "Ended cleanly" not in text and "- Ending: The process ran its exit handlers" in text, text[:600]
 
 
 def test_folder_of_rings_merges_into_one_timeline(tmp_path: Path) -> None:

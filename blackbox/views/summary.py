@@ -19,6 +19,9 @@ from .text import shown
 
 def _ending(m: dict[str, Any]) -> str:
     state = m.get("writer_state")
+    cause = (m.get("death") or {}).get("cause")
+    if state == "clean" and cause not in (None, "clean_exit"):  # an exception, a deliberate exit status
+        return "The process ran its exit handlers (the recorder disarmed at exit); how it died: below."
     if state == "clean":
         return "Ended cleanly: the recorder was disarmed (normal exit or `blackbox.disarm()`)."
     if state == "running":
