@@ -200,3 +200,17 @@ def test_kind_lookups_belong_to_their_table_and_go_with_it() -> None:
     # AND nothing is kept once the tables are gone
     gc.collect()
     assert not kind_rows._KIND_CODES
+
+
+def test_a_process_ended_by_sigterm_is_not_offered_sigkill_or_the_oom_killer_as_its_ending(tmp_path: Path) -> None:
+    # GIVEN an armed process ended by SIGTERM's default action (no handler: no exit handlers run)
+    code = f"import blackbox, os, signal; blackbox.arm({str(tmp_path / 'r.ring')!r}); blackbox.step(2); " \
+           "os.kill(os.getpid(), signal.SIGTERM)"  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == -15, proc.stderr
+    m = json.loads((blackbox.recover(tmp_path / "r.ring", tmp_path / "b") / "metadata.json").read_text())
+    # THEN the cause is the signal, and the ending line leaves the how to it rather than listing other deaths
+    assert m["death"]["cause"] == "signal" and "SIGTERM" in m["death"]["headline"], m["death"]
+    text = (tmp_path / "b" / "summary.md").read_text()
+    assert "No clean end was recorded" in text and "OOM killer" not in text.split("## Cause of death")[0], text[:600]
