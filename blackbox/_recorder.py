@@ -28,6 +28,7 @@ from .collect.alerts import AlertEngine
 from .collect.allocs import AllocSampler, heap_bytes, mean_bytes, tail_bytes, unavailable
 from .collect.clock import clock_error_s
 from .collect.exceptions import ExceptionRecorder
+from .collect.execs import ExecWatch
 from .collect.flight import flight_recorder
 from .collect.gpu import GpuProbe
 from .collect.host import HostProbe
@@ -136,6 +137,7 @@ class Recorder:
         self._gpu: GpuProbe | None = None
         self._torch: TorchHooks | None = None
         self._exceptions: ExceptionRecorder | None = None
+        self._execs: ExecWatch | None = None
         self._signals: SignalRecorder | None = None
         self._crash: CrashRegion | None = None
         self._stacks: StackSampler | None = None

@@ -18,6 +18,7 @@ from .collect.alert_actions import AlertActions
 from .collect.alerts import AlertEngine
 from .collect.allocs import start_allocs
 from .collect.exceptions import ExceptionRecorder, exit_status_unrecorded
+from .collect.execs import ExecWatch
 from .collect.gpu import GpuProbe
 from .collect.signals import CrashRegion, SignalRecorder
 from .collect.stacks import StackSampler
@@ -35,6 +36,7 @@ def install_collectors(rec: Recorder, ring: Path, history: int, modules: bool) -
     w, hdr = rec._writer, rec._header
     assert w is not None and rec._probe is not None and hdr is not None and rec._ring is not None
     rec._exceptions = ExceptionRecorder(w.event, w.intern)
+    rec._execs = ExecWatch(w.mark)
     rec._signals = SignalRecorder(built_module(), w.intern, (ring, hdr))
     rec._crash = CrashRegion(ring, hdr.crash_offset)
     rec._gpu = GpuProbe()
@@ -62,6 +64,7 @@ def install_collectors(rec: Recorder, ring: Path, history: int, modules: bool) -
     signals = rec._signals
     for what, install in (
         ("exception hooks", rec._exceptions.install),
+        ("exec watch", rec._execs.install),
         ("signal recorder", lambda: signals.install(mapping, hdr.records_offset, hdr.capacity, sequence)),
         ("crash region", rec._crash.enable),
         ("torch hooks", rec._torch.poll),
@@ -168,5 +171,7 @@ def uninstall_collectors(
         steps.append(lambda: torch.detach(final_drain=not in_child, in_child=in_child))
     if exceptions is not None:
         steps.append(exceptions.uninstall)
+    if rec._execs is not None:
+        steps.append(rec._execs.uninstall)
     for step in steps:
         run(step)

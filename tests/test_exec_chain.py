@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+from conftest import REPO
+
+import blackbox
 from blackbox.recovery.pipeline import exec_successors
 
 
@@ -26,3 +34,64 @@ def test_a_pid_used_again_another_owner_or_container_or_no_start_time_is_no_exec
               planted: (_ident(7, 500, ["evil.py"], uid=1001), 30), old: (_ident(8, None, ["x.py"]), 5),
               boxed: ({**_ident(7, 500, ["rank1.py"]), "pid_ns": "pid:[2]"}, 40)}  # fmt: skip
     assert exec_successors(idents) == {}
+
+
+# An armed process that replaces itself (arm() alone, no `blackbox run` to arm what it becomes)
+EXEC_JOB = """
+import os, sys, blackbox
+blackbox.arm(sys.argv[1])
+for n in range(4):
+    blackbox.step(n)
+how = sys.argv[2]
+if how == "execvp":  # a search through PATH: its first directories fail, then sh is found
+    os.environ["PATH"] = "/nonexistent-a:/nonexistent-b:" + os.environ["PATH"]
+    os.execvp("sh", ["sh", "-c", "echo replaced; exit 3"])
+if how == "failed":  # an exec that fails, which the job catches and goes on from, then raises
+    try:
+        os.execv("/nonexistent/program", ["program"])
+    except OSError:
+        print("exec failed", flush=True)
+    raise ValueError("after the failed exec")
+if how == "child":  # a forked child that execs (the parent's mapping is its too), then the parent is killed
+    pid = os.fork()
+    if pid == 0:
+        os.execv("/bin/sh", ["sh", "-c", "exit 0"])
+    os.waitpid(pid, 0)
+    os.kill(os.getpid(), 9)
+os.execv("/bin/sh", ["sh", "-c", "echo replaced; exit 3"])
+"""
+
+
+def _exec_job(tmp_path: Path, how: str, armed: bool) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    ring = tmp_path / f"{how}-{armed}.ring"
+    code = EXEC_JOB if armed else EXEC_JOB.replace("blackbox.arm(sys.argv[1])", "").replace("blackbox.step(n)", "n")
+    proc = subprocess.run([sys.executable, "-c", code, str(ring), how], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
+    if not armed:
+        return proc, {}
+    bundle = blackbox.recover(ring, tmp_path / f"{how}-bundle")
+    return proc, json.loads((bundle / "metadata.json").read_text())["death"]
+
+
+@pytest.mark.parametrize("how", ["execv", "execvp"])
+def test_an_armed_process_that_execs_is_told_as_replaced_not_killed(tmp_path: Path, how: str) -> None:
+    # GIVEN a process that arm()s, steps, and replaces itself with a shell (os.execv; os.execvp through PATH)
+    plain, _ = _exec_job(tmp_path, how, armed=False)
+    proc, death = _exec_job(tmp_path, how, armed=True)
+    # THEN it ran as unarmed, and its ring, with no clean end, is told as the exec it was (before: "killed with
+    # SIGKILL; no handler ran"), naming the program
+    assert (proc.returncode, proc.stdout) == (plain.returncode, plain.stdout) == (3, "replaced\n"), proc.stderr
+    assert death["cause"] == "clean_exit" and death["step"] == 3, death
+    assert "replaced itself with `sh -c echo replaced; exit 3` (exec)" in death["headline"], death
+
+
+@pytest.mark.parametrize("how", ["failed", "child"])
+def test_an_exec_that_failed_or_a_forked_childs_is_not_the_armed_process_leaving(tmp_path: Path, how: str) -> None:
+    # GIVEN an exec that raised (the job caught it, then died of a ValueError), or a forked child's exec (the
+    # parent then SIGKILLed)
+    plain, _ = _exec_job(tmp_path, how, armed=False)
+    proc, death = _exec_job(tmp_path, how, armed=True)
+    assert (proc.returncode, proc.stdout) == (plain.returncode, plain.stdout), (proc.stderr, plain.stderr)
+    # THEN the death is the process's own: its exception, or the SIGKILL, never an exec
+    assert death["cause"] == ("exception" if how == "failed" else "killed"), death
+    assert "exec" not in death["headline"], death

@@ -108,3 +108,8 @@ def test_readme_lists_every_kind_of_the_timeline() -> None:
     paragraph = readme.split("`timeline.parquet` has one row per event", 1)[1].split("`label`, `value`", 1)[0]
     named = set(re.findall(r"`([a-z_]+)`", paragraph))
     assert set(fmt.KIND_CODES) <= named, sorted(set(fmt.KIND_CODES) - named)
+
+
+def test_the_recorders_own_marks_are_the_ones_format_md_names() -> None:
+    for label in (fmt.HELPER_PREFIX + "NAME", fmt.EXEC_PREFIX + "COMMAND", fmt.EXEC_FAILED):
+        assert f"`{label}`" in SPEC, label

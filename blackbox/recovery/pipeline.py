@@ -105,6 +105,20 @@ def exec_successors(idents: dict[Path, tuple[dict[str, Any], int]]) -> dict[Path
     return out
 
 
+def exec_mark(table: pa.Table) -> str | None:
+    """The command line of the program the ring's process replaced itself with, as its last exec mark says
+    (``collect.execs``: written just before the exec), where no failure mark followed it; None where none."""
+    last = None
+    for chunk in of_kind(table, "mark", columns=["label"])["label"].chunks:
+        words = chunk.dictionary.to_pylist() if pa.types.is_dictionary(chunk.type) else chunk.to_pylist()
+        if any(isinstance(w, str) and w.startswith(fmt.EXEC_MARKS) for w in words):
+            last = next((w for w in reversed(chunk.cast(pa.string()).to_pylist())
+                         if isinstance(w, str) and w.startswith(fmt.EXEC_MARKS)), last)  # fmt: skip
+    if last is None or last == fmt.EXEC_FAILED:
+        return None
+    return last[len(fmt.EXEC_PREFIX) :] or "another program"
+
+
 def _status_owner(idents: dict[Path, tuple[dict[str, Any], int]], paths: list[Path], launcher_pid: int | None,
                   execs: dict[Path, str]) -> Path | None:  # fmt: skip
     """The ring of the process whose exit status the launcher saw: its direct child (the only ring where
@@ -218,7 +232,7 @@ class RecoveryPass:
         evidence = gather(ring.writer_locked, ring.meta, status, self.kills, ring.crash, window, pids, self.cgroups,
                           lambda: _sampled_workers(table))  # fmt: skip
         evidence.signal_stacks = ring.signal_stacks  # written by faulthandler where the C extension was not built
-        evidence.exec_into = self.execs.get(path)
+        evidence.exec_into = self.execs.get(path) or exec_mark(table)
         if evidence.same_host and table.num_rows:  # the flight recorder's dump, on this host's disk
             life = ((ring.meta.get("clock") or {}).get("wall_ns") or 0) / 1e9, pc.max(table["time"]).value / 1e9
             rank = (ring.meta.get("identity") or {}).get("rank")

@@ -116,6 +116,10 @@ KINDS: dict[int, str] = {
 }
 KIND_CODES = {name: code for code, name in KINDS.items()}
 NOTE_PREFIX = "blackbox: "  # a ``mark`` with this label prefix is the recorder's own note (a collector failed)
+# A ``mark`` the armed process writes just before it calls exec (``collect.execs``): the command line it becomes;
+# ``EXEC_FAILED`` follows where the exec raised (the process went on)
+EXEC_PREFIX, EXEC_FAILED = "blackbox exec: ", "blackbox exec failed"
+EXEC_MARKS = (EXEC_PREFIX, EXEC_FAILED)
 HELPER_PREFIX = "blackbox helper: "  # a ``mark`` naming what a multiprocessing child runs (``DataLoader worker``)
 # Two notes recovery reads back: PyTorch's allocator history lost actions between drains (the mark's value
 # is the total lost so far), and the caching allocator runs with expandable segments.
