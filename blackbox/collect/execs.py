@@ -45,12 +45,13 @@ class ExecWatch:
             setattr(os, name, wrapper)
 
     def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def exec_(path: Any, args: Any, *rest: Any) -> Any:
+        def exec_(*args: Any, **kwargs: Any) -> Any:  # (execve takes its words by name too)
             ours = os.getpid() == self._pid
             if ours:
-                self._say(fmt.EXEC_PREFIX + _command(path, args))
+                self._say(fmt.EXEC_PREFIX + _command(kwargs.get("path", args[0] if args else None),
+                                                     kwargs.get("argv", args[1] if len(args) > 1 else None)))
             try:
-                return original(path, args, *rest)
+                return original(*args, **kwargs)
             except BaseException:
                 if ours:
                     self._say(fmt.EXEC_FAILED)
