@@ -180,9 +180,36 @@ def test_a_pool_task_that_raised_is_the_first_death_not_the_helpers_terminate(tm
     for proc in (unarmed, armed):
         assert "KeyError: \"missing field 'label' in record 12\"" in proc.stderr.splitlines(), proc.stderr[-500:]
     # THEN the first death is the main process's KeyError (it was a helper "ended by a signal (SIGTERM from
-    # python)"); the helpers its Pool terminated are collateral of it
+    # python)"); the helpers its Pool terminated are no deaths (the Pool's teardown), or collateral of it
     meta = _bundle(tmp_path)
     first = meta["first_death"]
     assert (first["cause"], first["victim"]["role"]) == ("exception", "main process"), first
-    helpers = [r for r in meta["rings"] if r["pid"] != first["pid"]]
-    assert len(helpers) == 2 and all(r["death"]["collateral_of"]["pid"] == first["pid"] for r in helpers), helpers
+    helpers = [r["death"] for r in meta["rings"] if r["pid"] != first["pid"]]
+    assert len(helpers) == 2 and all(d["cause"] == "clean_exit" or d["collateral_of"]["pid"] == first["pid"]
+                                     for d in helpers), helpers  # fmt: skip
+
+
+CLEAN_POOL = MAYBE_BLACKBOX + """\
+import multiprocessing as mp, sys
+def task(i):
+    return i * i
+if __name__ == "__main__":
+    step(0)
+    with mp.get_context(sys.argv[1]).Pool(2) as pool:  # its __exit__ terminates the helpers: SIGTERM to each
+        print(sum(pool.map(task, range(200))))
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_a_pool_that_ends_its_with_block_is_no_death(tmp_path: Path, method: str) -> None:
+    # GIVEN a job that runs a Pool in a `with` block and ends cleanly (Pool.__exit__ SIGTERMs its helpers)
+    (tmp_path / "job.py").write_text(CLEAN_POOL)
+    unarmed, armed = (_run(tmp_path, a, str(tmp_path / "job.py"), method) for a in (False, True))
+    assert unarmed.returncode == armed.returncode == 0 and unarmed.stdout == armed.stdout == "2646700\n"
+    # THEN no process of it died: the helpers' SIGTERM from the process whose Pool they served (a forkserver's
+    # helper: not its parent) is the Pool's teardown (it was "a process of it died before: signal")
+    meta = _bundle(tmp_path)
+    helpers = [r for r in meta["rings"] if r["role"] == "worker"]  # (a spawn helper terminated before it armed: none)
+    assert 1 <= len(helpers) <= 2 and meta["first_death"] is None and meta["cause"] == "clean_exit", meta["first_death"]
+    assert all(r["death"]["cause"] == "clean_exit" and "Pool's workers" in " ".join(r["death"]["evidence"])
+               for r in helpers), [r["death"] for r in helpers]  # fmt: skip

@@ -162,6 +162,13 @@ def no_ring(status: int, rings: Path) -> str:
             "Python processes arm once they import numpy or torch)")  # fmt: skip
 
 
+def _main_ring(meta: dict[str, Any]) -> dict[str, Any]:
+    """The death of the job's main process where no process died (a job of several rings ended cleanly)."""
+    rings = [r for r in meta.get("rings") or () if isinstance(r, dict) and r.get("role") == "main"]
+    death = rings[0].get("death") if len(rings) == 1 else None
+    return death if isinstance(death, dict) else {}
+
+
 def recover(rings: Path, bundle: Path, ended: Ended, quiet: bool, left: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Recover every ring the job left into ``bundle`` and say what killed it (on stderr)."""
     status = ended.status
@@ -178,8 +185,8 @@ def recover(rings: Path, bundle: Path, ended: Ended, quiet: bool, left: list[dic
         own_process()  # the job has ended: the launcher's memory is now the recovery's
         extra = {"left_running": left} if left else None
         meta = write_postmortem([rings], bundle, exit_status=status, launcher_pid=os.getpid(), extra=extra)
-        death = meta.get("first_death") or meta.get("death") or {}
-        headline = one_line(str(death.get("headline", "")))  # the job's own text (an exception message)
+        death = meta.get("first_death") or meta.get("death") or _main_ring(meta)
+        headline = one_line(str(death.get("headline") or ""))  # the job's own text (an exception message)
         line = f"exit status {status}; cause: {meta['cause']}; {headline} bundle in {bundle}/"
         if status == 0 and meta["cause"] != "clean_exit":  # the job outlived it: not the job's cause
             line = (f"exit status 0: the job ended cleanly; a process of it died before: {meta['cause']}; "

@@ -179,6 +179,19 @@ def start_method() -> str | None:
     return "forkserver" if "multiprocessing.forkserver" in command else "fork"
 
 
+def mp_parent() -> int | None:
+    """The pid of the process that made this multiprocessing child (its Process object's), None where it is
+    none: the parent for fork and spawn, the process that asked the forkserver (its parent) for one forked
+    by a forkserver."""
+    mp = sys.modules.get("multiprocessing")
+    try:
+        parent = mp.parent_process() if mp is not None else None
+        pid = parent.pid if parent is not None else None
+    except Exception:
+        return None
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+
+
 HELPER_TARGETS = {("torch.utils.data._utils.worker", "_worker_loop"): "DataLoader worker",
                   ("multiprocessing.pool", "worker"): "multiprocessing Pool worker"}  # fmt: skip
 
@@ -211,6 +224,7 @@ def identity() -> dict[str, Any]:
         "world_size": env_int("WORLD_SIZE"),
         "role": role(),
         "start_method": start_method(),
+        "mp_parent": mp_parent(),
         "attempt": attempt(),
         "job": job_id(),
         "argv": bounded_argv(redact_argv([str(a) for a in sys.argv])),

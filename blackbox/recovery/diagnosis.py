@@ -349,6 +349,11 @@ class _Death:
             who = f" from {s['sender']} (pid {s['sender_pid']})" if s["sender"] else ""
             if (s["sender"] or "") in OOM_DAEMONS:
                 self._set("userspace_oom_kill", "certain", f"{s['label']}{who}, a userspace OOM killer")
+            elif self._ended_by_its_pool(s):
+                self.killed_by = None
+                self._set("clean_exit", "probable", f"SIGTERM{who}, its parent, at {s['time']}: multiprocessing "
+                          "ends a Pool's workers so (Pool.terminate(), the end of a `with Pool(...)` block); "
+                          "whatever made the parent end it is the parent's own story")  # fmt: skip
             else:
                 cause = "interrupted" if s["label"] == "SIGINT" else "signal"
                 self._set(cause, "certain", f"{s['label']}{who}{self._role(s)} with its default action at {s['time']}")
@@ -407,6 +412,13 @@ class _Death:
     def _raised(self) -> dict[str, Any] | None:
         """The uncaught exception's row the death is timed by, where it is one."""
         return self.when if self.when and self.when.get("kind") in ("exception", "oom") else None
+
+    def _ended_by_its_pool(self, s: dict[str, Any]) -> bool:
+        """A multiprocessing worker (no DataLoader's: those take SIGTERM in a handler of their own) that its
+        parent (or, forked by a forkserver, the process whose Pool it serves) ended by SIGTERM: a Pool's
+        teardown, no death of the job."""
+        parents = {self.ident.get("ppid"), self.ident.get("mp_parent")} - {None}  # (a forkserver's child: both)
+        return self.ident.get("role") == "worker" and s["label"] == "SIGTERM" and s["sender_pid"] in parents
 
     def _raised_again(self, last: dict[str, Any] | None, status_signal: int | None) -> dict[str, Any] | None:
         """The signal a native handler took as the process's last record (nothing after it for

@@ -68,6 +68,7 @@ SCHEMA: dict[str, Any] = {
         "world_size": RANK,
         "role": str,
         "start_method": str,
+        "mp_parent": PID,
         "attempt": Int(-INT64, INT64 - 1),
         "job": str,
         "argv": ListOf(str),
