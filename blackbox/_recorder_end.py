@@ -107,15 +107,25 @@ def _record_status_at_exit(rec: Recorder) -> None:  # (run by disarm's HeldForTh
 
 def _foldable(rec: Recorder) -> Path | None:
     """The ring to fold, where this is a helper under `blackbox run` whose end looks clean so far: no
-    uncaught exception, no exit with a nonzero status, none in flight as it ended, and its parent not
+    uncaught exception, no exit with a nonzero status, none in flight as it ended, no request to stop taken
+    (SIGTERM, SIGINT, SIGHUP: a graceful shutdown is kept to be told), and its parent not
     dead (gone, its ring left armed: a DataLoader worker ending by itself after its main process was killed
     keeps its ring, what it held being part of that death; one ending after its parent's clean end folds)."""
     exceptions = rec._exceptions
     if not rec._fold_clean or rec.path is None or (exceptions is not None and exceptions.failed):
         return None
+    if _stop_taken():  # asked to stop (SIGTERM, SIGINT, SIGHUP), it shut down by itself: a graceful end, kept
+        return None
     ppid = rec._identity.get("ppid")
     died = parent_gone(rec._identity) and isinstance(ppid, int) and died_armed(rec.path.parent, ppid)
     return None if died else rec.path
+
+
+def _stop_taken() -> bool:
+    """The C extension's signal handler took SIGTERM, SIGINT or SIGHUP in this process (False without it)."""
+    module = built_module()
+    taken = getattr(module, "signals_stop_taken", None)
+    return bool(taken()) if taken is not None else False
 
 
 def _line(rec: Recorder) -> bytes:

@@ -152,3 +152,35 @@ def test_a_python_launcher_that_execs_the_trainer_is_no_death(tmp_path: Path, en
     (launcher,) = [r for r in meta["rings"] if "launch.py" in " ".join(r["argv"])]
     assert launcher["death"]["cause"] == "clean_exit", launcher["death"]
     assert launcher["death"]["headline"].endswith("replaced itself with `train.py 6 0` (exec): it went on there.")
+
+
+GRACEFUL = """\
+import signal, sys, time
+import numpy
+try:
+    import blackbox
+except ImportError:  # unarmed: the same job, with no recorder to tell its steps to
+    blackbox = None
+asked = []
+signal.signal(signal.SIGTERM, lambda signum, frame: asked.append(signum))
+for step in range(2000):
+    if blackbox is not None:
+        blackbox.step(step)
+    time.sleep(0.02)
+    if asked:
+        print("checkpoint saved", flush=True)
+        sys.exit(0)
+"""
+
+
+def test_a_wrapped_python_that_shuts_down_on_sigterm_keeps_its_ring_and_its_story(tmp_path: Path) -> None:
+    # GIVEN `timeout -s TERM 4 python train.py` (python is timeout's child, not the job's own process): its
+    # handler takes the SIGTERM, saves a checkpoint and exits 0; timeout exits 124
+    (tmp_path / "train.py").write_text(GRACEFUL)
+    proc, meta = _side_by_side(tmp_path, "timeout", "-s", "TERM", "4", PY, "train.py")
+    assert proc.returncode == 124 and proc.stdout == "checkpoint saved\n"
+    # THEN its ring was kept (it was folded as a helper that ended cleanly: "the job's own process left no
+    # ring"), and the bundle tells the graceful shutdown and who asked for it
+    death = meta["death"]
+    assert death["cause"] == "clean_exit" and death["victim"]["role"] == "main process", death
+    assert "after SIGTERM from timeout, which its own handler took (a graceful shutdown)" in death["headline"], death

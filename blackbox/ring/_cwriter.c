@@ -779,8 +779,15 @@ static int crash_signal(int sig) {
     return sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGABRT;
 }
 
+/* A request to stop (SIGTERM, SIGINT, SIGHUP) taken while recording, whoever handled it: a helper that then
+ * exits 0 shut down gracefully on request (a batch script's python, a scheduler's preemption), which is no
+ * clean end to fold away (on_process_exit, signals_stop_taken). Set in the handler: one atomic store. */
+static volatile sig_atomic_t g_stop_taken;
+
 static void on_signal(int sig, siginfo_t *info, void *context) {
     int saved_errno = errno;
+    if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP)
+        g_stop_taken = 1;
     pthread_t self = pthread_self(), none = 0;
     if (__atomic_load_n(&g_inside[sig], __ATOMIC_ACQUIRE) == self)
         return; /* called back by the handler we hand it to: it has the signal already */
@@ -964,6 +971,10 @@ static PyObject *signals_forget(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args
 }
 
 /* signals_installed() -> list of signal numbers our handler is installed over. */
+static PyObject *signals_stop_taken(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
+    return PyBool_FromLong(g_stop_taken != 0);
+}
+
 static PyObject *signals_installed(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
     PyObject *out = PyList_New(0);
     if (out == NULL)
@@ -1192,7 +1203,8 @@ static PyObject *stack_walks(PyObject *Py_UNUSED(m), PyObject *args) {
  * fold (optional: folded.jsonl's path, the line, the ring's path), for a helper of `blackbox run`: where
  * the status is 0, the line is appended to that file (one O_APPEND write) and the ring removed instead;
  * any other status, or a fold that fails, writes the record and keeps the ring. Only the exit status
- * tells a clean end from `raise SystemExit(3)`, so the helper's ring is kept or folded here. */
+ * tells a clean end from `raise SystemExit(3)`, so the helper's ring is kept or folded here; one that took
+ * a request to stop (g_stop_taken) keeps its ring whatever its status. */
 #define FOLD_MAX 4096
 typedef struct {
     int on;
@@ -1220,7 +1232,7 @@ static void on_process_exit(int status, void *Py_UNUSED(arg)) {
     if (!__atomic_load_n(&g_exit_on, __ATOMIC_ACQUIRE) || g_exit.pid != getpid())
         return;
     __atomic_store_n(&g_exit_on, 0, __ATOMIC_RELEASE); /* once: exit() runs each handler once anyway */
-    if (g_fold.on && (status & 0xFF) == 0) {
+    if (g_fold.on && (status & 0xFF) == 0 && !g_stop_taken) {
         int fd = open(g_fold.file, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
         if (fd >= 0) {
             ssize_t n = write(fd, g_fold.line, g_fold.line_len);
@@ -1506,6 +1518,8 @@ static PyMethodDef module_methods[] = {
     {"signals_release", signals_release, METH_NOARGS, "Restore the dispositions and stop recording."},
     {"signals_forget", signals_forget, METH_NOARGS, "In a forked child: drop the parent's ring."},
     {"signals_installed", signals_installed, METH_NOARGS, "Signal numbers the handler is installed over."},
+    {"signals_stop_taken", signals_stop_taken, METH_NOARGS,
+     "Whether SIGTERM, SIGINT or SIGHUP reached the handler since the module loaded."},
     {"exit_record_arm", exit_record_arm, METH_VARARGS,
      "exit_record_arm(fd, records_offset, capacity, seq, tag, step, detail[, fold_file, fold_line, fold_ring]) -> "
      "bool: write the exit status at exit() (or, a helper's status 0, fold it)."},
