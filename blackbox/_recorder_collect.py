@@ -20,7 +20,7 @@ from .collect.allocs import start_allocs
 from .collect.exceptions import ExceptionRecorder, exit_status_unrecorded
 from .collect.execs import ExecWatch
 from .collect.gpu import GpuProbe
-from .collect.signals import CrashRegion, SignalRecorder
+from .collect.signals import CrashRegion, SignalRecorder, follow_torch_worker_handlers
 from .collect.stacks import StackSampler
 from .collect.torch_hooks import TorchHooks
 from .ring.file import SNAPSHOT_SUFFIX, sidecar
@@ -80,6 +80,7 @@ def install_collectors(rec: Recorder, ring: Path, history: int, modules: bool) -
         rec.notes.append(rec._crash.note)  # the job's own choice, not a failure: no event
     if not rec._crash.ours():  # the job's faulthandler: the C handler records the crash signals
         signals.record_crashes()
+    follow_torch_worker_handlers(_record_crashes_of_the_active)
     if exit_status_unrecorded(built_module()):
         rec.note(exit_status_unrecorded(built_module()))
 
@@ -118,9 +119,22 @@ def tick_alerts(rec: Recorder, figures: tuple[int, ...], readings: list[tuple[in
         rec.note(f"alerts off: {type(exc).__name__}: {exc}")
 
 
+def _record_crashes_of_the_active() -> None:
+    """PyTorch's DataLoader worker handlers are in (``follow_torch_worker_handlers``): this process's
+    recorder (the worker's own, armed after the fork) records the crash signals over them, at once."""
+    from ._api import _name_helper, active
+
+    signals = active()._signals
+    if signals is not None:
+        signals.record_crashes()
+        signals.watch()
+    _name_helper()  # (a DataLoader worker's: said now, however soon it crashes)
+
+
 def upkeep(rec: Recorder) -> None:
     """Once a sample: attach torch hooks as the job gets there, re-wrap signal handlers the job
     replaced, and take back descriptors the job closed (the crash region's, the lock's)."""
+    follow_torch_worker_handlers(_record_crashes_of_the_active)
     for part in (rec._torch.poll if rec._torch else None, rec._signals, rec._crash):
         if part is None:
             continue

@@ -213,3 +213,37 @@ def test_a_pool_that_ends_its_with_block_is_no_death(tmp_path: Path, method: str
     assert 1 <= len(helpers) <= 2 and meta["first_death"] is None and meta["cause"] == "clean_exit", meta["first_death"]
     assert all(r["death"]["cause"] == "clean_exit" and "Pool's workers" in " ".join(r["death"]["evidence"])
                for r in helpers), [r["death"] for r in helpers]  # fmt: skip
+
+
+SEGFAULTING_DATASET = MAYBE_BLACKBOX + """\
+import ctypes, sys
+import torch
+from torch.utils.data import DataLoader, Dataset
+class Items(Dataset):
+    def __len__(self):
+        return 100
+    def __getitem__(self, i):
+        if i == 37:
+            ctypes.string_at(0)  # planted: SIGSEGV in the worker serving item 37
+        return torch.zeros(4)
+if __name__ == "__main__":
+    for n, batch in enumerate(DataLoader(Items(), batch_size=4, num_workers=2, multiprocessing_context=sys.argv[1])):
+        step(n)
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_dataloader_worker_that_segfaults_is_named_with_its_signal(tmp_path: Path, method: str) -> None:
+    pytest.importorskip("torch")
+    # GIVEN a DataLoader worker that segfaults in __getitem__: PyTorch's own worker handlers (installed over
+    # faulthandler's as the worker starts) print a line and die by the signal; the main raises
+    (tmp_path / "job.py").write_text(SEGFAULTING_DATASET)
+    unarmed, armed = (_run(tmp_path, a, str(tmp_path / "job.py"), method) for a in (False, True))
+    for proc in (unarmed, armed):  # (the main's error varies with timing, armed or not: "is killed by signal:
+        # Segmentation fault", or a ConnectionResetError from the dead worker's pipe)
+        assert proc.returncode == 1 and "Unexpected segmentation fault encountered in worker" in proc.stderr
+    # THEN the first death is that worker, by SIGSEGV, named as a DataLoader worker (it was "killed with SIGKILL;
+    # no handler ran": the crash reached no handler of ours)
+    first = _bundle(tmp_path)["first_death"]
+    assert (first["cause"], first["victim"]["role"]) == ("signal", "DataLoader worker"), first
+    assert f"The DataLoader worker (pid {first['pid']}, started by {method}) died of SIGSEGV" in first["headline"]

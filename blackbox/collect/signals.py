@@ -221,3 +221,30 @@ class CrashRegion:
         if self._fd is not None:
             self._fd.close()
             self._fd = None
+
+
+TORCH_WORKER_SIGNALS = "torch.utils.data._utils.signal_handling"  # where a DataLoader worker gets its handlers
+
+
+def follow_torch_worker_handlers(after: Callable[[], None]) -> None:
+    """A DataLoader worker installs PyTorch's own SIGSEGV, SIGBUS and SIGFPE handlers as it starts
+    (``_set_worker_signal_handlers``): they print a line and die by the signal, over faulthandler's, so a
+    worker's crash left no record and read as a SIGKILL. Wrap that function (once torch has loaded it;
+    forked workers inherit the wrapper) so that ``after`` runs once they are in: the C handler then
+    records the crash signals over them and hands each on to PyTorch's, whose line and death stay."""
+    module = sys.modules.get(TORCH_WORKER_SIGNALS)
+    install = getattr(module, "_set_worker_signal_handlers", None) if module is not None else None
+    if install is None or getattr(install, "_blackbox_follows", False):
+        return
+
+    def set_worker_signal_handlers(*args: Any, **kwargs: Any) -> Any:
+        result = install(*args, **kwargs)
+        try:
+            after()
+        except Exception:  # the recorder's trouble is never the worker's
+            pass
+        return result
+
+    set_worker_signal_handlers._blackbox_follows = True  # type: ignore[attr-defined]
+    set_worker_signal_handlers.__wrapped__ = install  # type: ignore[attr-defined]
+    module._set_worker_signal_handlers = set_worker_signal_handlers  # type: ignore[union-attr]
