@@ -214,3 +214,18 @@ def test_a_process_ended_by_sigterm_is_not_offered_sigkill_or_the_oom_killer_as_
     assert m["death"]["cause"] == "signal" and "SIGTERM" in m["death"]["headline"], m["death"]
     text = (tmp_path / "b" / "summary.md").read_text()
     assert "No clean end was recorded" in text and "OOM killer" not in text.split("## Cause of death")[0], text[:600]
+
+
+@pytest.mark.parametrize("code,said", [("'fatal: config missing key lr'", "fatal: config missing key lr"), ("3", None)])
+def test_a_failing_sys_exit_is_told_with_what_it_said(tmp_path: Path, code: str, said: str | None) -> None:
+    # GIVEN an armed process that ends with sys.exit("message") (Python prints it and exits 1), or sys.exit(3)
+    job = f"import blackbox, sys; blackbox.arm({str(tmp_path / 'r.ring')!r}); blackbox.step(3); sys.exit({code})"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True, timeout=120, env=env)
+    status = 1 if said else 3
+    assert proc.returncode == status and (said is None or proc.stderr == said + "\n"), proc.stderr
+    death = json.loads((blackbox.recover(tmp_path / "r.ring", tmp_path / "b") / "metadata.json").read_text())["death"]
+    # THEN the verdict quotes the message (it appeared nowhere in the bundle), and an int status says nothing more
+    assert (death["cause"], death["exit_status"], death["step"]) == ("nonzero_exit", status, 3), death
+    expected = f'The job exited with status 1, saying "{said}".' if said else "The job exited with status 3."
+    assert death["headline"] == expected, death["headline"]

@@ -507,12 +507,26 @@ class _Death:
         step = (self.f.last_event or {}).get("step") if own else self.f.step_at(mono_ns)
         self.when = {"time": iso_ns(mono_ns + self.f.to_wall), "step": step}
 
+    def _exit_message(self) -> str | None:
+        """What the job said as it exited with a failing status: ``sys.exit("fatal: no such config")`` prints
+        its message to stderr and exits 1; the exit record keeps it (its label)."""
+        exits = self.f.exits
+        if self.cause != "nonzero_exit" or not len(exits):
+            return None
+        for i in range(len(exits) - 1, max(len(exits) - 4, -1), -1):  # (the process's own exit record follows)
+            row = exits[i]
+            if row["detail"] in (fmt.EXIT_SYS, None) and row["value"] == self.status:
+                text = row["label"]
+                return _short(text, 200) if isinstance(text, str) and text.strip() else None
+        return None
+
     def result(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "cause": self.cause,
             "confidence": self.confidence,
             "headline": headline(self.cause, self.victim, self.killed_by, self.status, self.handled,
-                                 in_shutdown=self.in_shutdown, crash=self.crash, raised=self._raised()),  # fmt: skip
+                                 in_shutdown=self.in_shutdown, crash=self.crash, raised=self._raised(),
+                                 said=self._exit_message()),  # fmt: skip
             "evidence": self.evidence,
             "time": self.when["time"] if self.when else None,
             "step": self.when["step"] if self.when else None,

@@ -18,9 +18,10 @@ def headline(
     in_shutdown: bool = False,
     crash: dict[str, Any] | None = None,
     raised: dict[str, Any] | None = None,
+    said: str | None = None,
 ) -> str:
     """One plain sentence: who died of what (``raised``: the exception's row, its type named; where the job
-    caught it and exited, said so)."""
+    caught it and exited, said so; ``said``: the message a failing ``sys.exit("...")`` printed)."""
     method = f", started by {victim['start_method']}" if victim.get("start_method") else ""
     who = f"The {victim.get('role', 'process')} (pid {victim.get('pid')}{method})"
     if cause == "signal" and crash and crash.get("signal"):
@@ -49,7 +50,7 @@ def headline(
         return f"{job} died of {article} {kind}, which it caught and exited with status {status}."
     return {
         "clean_exit": f"{job} exited cleanly.",
-        "nonzero_exit": f"{job} exited with status {status}.",
+        "nonzero_exit": f"{job} exited with status {status}" + (f', saying "{said}".' if said else "."),
         "interrupted": f"{job} was interrupted (Ctrl-C or SIGINT).",
         "exception": f"{job} died of an uncaught {kind or 'exception'}.",
         "oom_exception": f"{job} died of an out-of-memory exception{f' ({kind})' if kind else ''}.",
