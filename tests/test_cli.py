@@ -168,3 +168,17 @@ def test_the_commands_own_process_skips_pandas_and_frees_memory_to_the_system(ri
     status, pandas, library, command = lines[-2].split()
     assert (status, pandas, command) == ("0", "False", "system") and library != "system"
     assert lines[-1] == "(2, 1) 1"
+
+
+def test_the_verdict_line_of_a_job_whose_processes_all_ended_cleanly_has_a_headline() -> None:
+    from blackbox.cli.run import _main_ring
+
+    clean = {"cause": "clean_exit", "headline": "The job exited cleanly."}
+    helper = {"role": "worker", "death": {"cause": "clean_exit", "headline": "The Pool worker (pid 9) exited cleanly."}}
+    # a main process and its helpers: the main's sentence (the line read "cause: clean_exit;  bundle in")
+    assert _main_ring({"cause": "clean_exit", "rings": [{"role": "main", "death": clean}, helper]}) == clean
+    # ranks, or a restarted attempt's processes: the job's clean end; where one died, the first death says it
+    ranks = [{"role": "main", "death": clean}, {"role": "main", "death": clean}]
+    every = {"headline": "Every process of the job ended cleanly."}
+    assert _main_ring({"cause": "clean_exit", "rings": ranks}) == every
+    assert _main_ring({"cause": "exception", "rings": ranks}) == {}

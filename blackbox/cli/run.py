@@ -163,10 +163,13 @@ def no_ring(status: int, rings: Path) -> str:
 
 
 def _main_ring(meta: dict[str, Any]) -> dict[str, Any]:
-    """The death of the job's main process where no process died (a job of several rings ended cleanly)."""
+    """The death of the job's main process where no process died (a job of several rings ended cleanly); of
+    several main processes (ranks, a restarted attempt's), the job's clean end."""
     rings = [r for r in meta.get("rings") or () if isinstance(r, dict) and r.get("role") == "main"]
     death = rings[0].get("death") if len(rings) == 1 else None
-    return death if isinstance(death, dict) else {}
+    if isinstance(death, dict):
+        return death
+    return {"headline": "Every process of the job ended cleanly."} if meta.get("cause") == "clean_exit" else {}
 
 
 def recover(rings: Path, bundle: Path, ended: Ended, quiet: bool, left: list[dict[str, Any]]) -> dict[str, Any] | None:
