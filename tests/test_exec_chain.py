@@ -95,3 +95,86 @@ def test_an_exec_that_failed_or_a_forked_childs_is_not_the_armed_process_leaving
     # THEN the death is the process's own: its exception, or the SIGKILL, never an exec
     assert death["cause"] == ("exception" if how == "failed" else "killed"), death
     assert "exec" not in death["headline"], death
+
+
+def test_an_exec_whose_program_fails_is_told_by_that_programs_status(tmp_path: Path) -> None:
+    # GIVEN a job's own process that execs a shell which exits 3 (`blackbox run` sees the status)
+    code = "import numpy, os; os.execv('/bin/sh', ['sh', '-c', 'exit 3'])"
+    proc = subprocess.run([sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path), "--",
+                           sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    (run,) = tmp_path.glob("run-*")
+    death = json.loads((run / "bundle" / "metadata.json").read_text())["death"]
+    # THEN the end is that status (not "replaced itself ... it went on there", a clean exit), the exec in evidence
+    assert (death["cause"], death["exit_status"]) == ("nonzero_exit", 3), death
+    assert any("replaced itself (exec) with `sh -c exit 3`" in e for e in death["evidence"]), death["evidence"]
+
+
+TICKS = """
+import os, signal, sys, time
+if sys.argv[1] == "armed":
+    import blackbox
+    blackbox.arm(sys.argv[2])
+class Tick(Exception):
+    pass
+fired = caught = 0
+inside = False
+def on_alarm(signum, frame):
+    global fired, inside
+    if inside:  # (raised only inside attempt(), which the loop's try wraps whole; once an attempt, so that a
+        inside = False  # handler run nested in this one, at its first line, raises the one Tick counted)
+        fired += 1
+        raise Tick()
+def attempt():
+    global inside
+    inside = True
+    try:
+        os.execv("/nonexistent/program", ["program"])
+    except OSError:
+        pass
+    finally:
+        inside = False
+signal.signal(signal.SIGALRM, on_alarm)
+signal.setitimer(signal.ITIMER_REAL, 0.0005, 0.0005)
+end = time.monotonic() + 1.5
+while time.monotonic() < end:
+    try:
+        attempt()
+    except Tick:
+        caught += 1
+signal.setitimer(signal.ITIMER_REAL, 0)
+print(fired, caught)
+"""
+
+
+def test_a_signal_handlers_exception_during_an_exec_reaches_the_job(tmp_path: Path) -> None:
+    # GIVEN a job whose SIGALRM handler raises, often, while it calls os.execv in vain (each call: two marks)
+    counts = []
+    for mode in ("unarmed", "armed"):
+        proc = subprocess.run([sys.executable, "-c", TICKS, mode, str(tmp_path / "r.ring")], capture_output=True,
+                              text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-1000:]
+        fired, caught = map(int, proc.stdout.split())
+        counts.append((fired, caught))
+    # THEN every exception the handler raised reached the job, armed as unarmed (the wrapper once kept some);
+    # armed, the wrapper's Python code gives the handler many chances (unarmed, the builtin gives it few)
+    assert all(fired == caught for fired, caught in counts) and counts[1][0] > 100, counts
+
+
+def test_os_exec_wrapped_still_pickles_and_binds_as_the_builtin(tmp_path: Path) -> None:
+    code = f"""
+import os, pickle, blackbox
+blackbox.arm({str(tmp_path / 'r.ring')!r})
+assert type(os.execv).__name__ != "builtin_function_or_method"  # (ours is in place)
+assert pickle.loads(pickle.dumps(os.execv)) is os.execv and pickle.loads(pickle.dumps(os.execve)) is os.execve
+class Job:
+    run = os.execv
+assert Job().run is os.execv  # as the builtin: no method binding, no instance passed as the path
+blackbox.disarm()
+assert type(os.execv).__name__ == "builtin_function_or_method"
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
+    assert proc.stdout == "ok\n", proc.stderr[-1500:]

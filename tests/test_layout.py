@@ -54,6 +54,7 @@ RECOVERY_ORDER = {
     "limits": 0,
     "headline": 2,
     "gpu_oom": 0,
+    "exits": 2,
     "stacks": 1,
     "allocs": 1,
     "facts": 1,

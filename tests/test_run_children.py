@@ -129,3 +129,33 @@ def test_who_arms_at_start_is_who_collect_identity_calls_a_helper_other_than_a_c
         assert identity.role() == "main"
         monkeypatch.setenv("RANK", "3")  # a rank torchrun started is a job's own process
         assert bootstrap.arms_at_start() and identity.role() == "main"
+
+
+def test_helpers_forked_after_the_main_took_a_sighup_still_fold_when_they_end_cleanly(tmp_path: Path) -> None:
+    # GIVEN a job's own process that reloads its config on SIGHUP (it took one), then runs 3 fork workers
+    # that end cleanly
+    code = ("import multiprocessing as mp, os, signal, time, numpy\n"
+            "signal.signal(signal.SIGHUP, lambda s, f: None)\n"
+            "os.kill(os.getpid(), signal.SIGHUP); time.sleep(0.2)\n"
+            "def work():\n    time.sleep(0.3)\n"
+            "ps = [mp.get_context('fork').Process(target=work) for _ in range(3)]\n"
+            "[p.start() for p in ps]; [p.join() for p in ps]\n")  # fmt: skip
+    (tmp_path / "job.py").write_text(code)
+    proc = subprocess.run([sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path / "run"), "--",
+                           sys.executable, str(tmp_path / "job.py")], capture_output=True, text=True, timeout=300,
+                          env=ENV)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    # THEN the workers are folded (the main's SIGHUP, copied into each at fork, once kept each ring as if the
+    # worker had been asked to stop), and the main's ring alone is kept
+    folded = _folded(tmp_path / "run")
+    (run,) = (tmp_path / "run").glob("run-*")
+    assert len(folded) == 3 and len(list((run / "rings").glob("*.ring"))) == 1, (folded, proc.stderr)
+
+
+def test_blackbox_commands_a_job_runs_are_not_armed(tmp_path: Path) -> None:
+    # GIVEN a shell job that runs blackbox's own command line (a script that recovers or prunes at its end)
+    proc = _run(tmp_path / "run", f"{sys.executable} -m blackbox --help > /dev/null")
+    # THEN it is not the job's work: no ring, no folded line, and no "not armed" warning
+    assert proc.returncode == 0 and "not armed" not in proc.stderr, proc.stderr
+    (run,) = (tmp_path / "run").glob("run-*")
+    assert not list((run / "rings").glob("*.ring")) and not _folded(tmp_path / "run"), proc.stderr

@@ -24,6 +24,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from .._jobsignal import raised_by_signal_handler
 from ..ring import format as fmt
 
 MAX_TEXT = 200  # characters of the command line kept in the mark
@@ -45,34 +46,53 @@ class ExecWatch:
             setattr(os, name, wrapper)
 
     def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def exec_(*args: Any, **kwargs: Any) -> Any:  # (execve takes its words by name too)
-            ours = os.getpid() == self._pid
-            if ours:
-                self._say(fmt.EXEC_PREFIX + _command(kwargs.get("path", args[0] if args else None),
-                                                     kwargs.get("argv", args[1] if len(args) > 1 else None)))
-            try:
-                return original(*args, **kwargs)
-            except BaseException:
-                if ours:
-                    self._say(fmt.EXEC_FAILED)
-                raise
+        return _Exec(original, self)
 
-        exec_.__wrapped__ = original  # type: ignore[attr-defined]
-        exec_.__name__ = getattr(original, "__name__", "exec")
-        exec_.__doc__ = getattr(original, "__doc__", None)
-        return exec_
+    def before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Say what the process becomes; False where it is not ours (a forked child sharing the mapping)."""
+        if os.getpid() != self._pid:
+            return False
+        path = kwargs.get("path", args[0] if args else None)
+        self._say(fmt.EXEC_PREFIX + _command(path, kwargs.get("argv", args[1] if len(args) > 1 else None)))
+        return True
 
     def _say(self, label: str) -> None:
         try:
             self._mark(label)
-        except Exception:  # the recorder's trouble is never the job's: its exec goes on
-            pass
+        except Exception as exc:  # the recorder's trouble is never the job's: its exec goes on
+            if raised_by_signal_handler(exc):  # (the job's own handler's exception, raised meanwhile: its)
+                raise
 
     def uninstall(self) -> None:
         for name, (original, wrapper) in self._saved.items():
             if getattr(os, name, None) is wrapper:  # (a later wrapper of the job's own stays in place)
                 setattr(os, name, original)
         self._saved.clear()
+
+
+class _Exec:
+    """``os.execv``/``os.execve`` wrapped: a callable object, not a function, so that, as the builtin, it
+    binds to no instance (``class A: run = os.execv``) and pickles as ``os.<name>``."""
+
+    def __init__(self, original: Callable[..., Any], watch: ExecWatch) -> None:
+        self.__wrapped__, self._watch = original, watch
+        self.__name__ = self.__qualname__ = getattr(original, "__name__", "execv")
+        self.__module__, self.__doc__ = "os", getattr(original, "__doc__", None)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # (execve takes its words by name too)
+        ours = self._watch.before(args, kwargs)
+        try:
+            return self.__wrapped__(*args, **kwargs)
+        except BaseException:
+            if ours:
+                self._watch._say(fmt.EXEC_FAILED)
+            raise
+
+    def __reduce__(self) -> str:
+        return self.__name__
+
+    def __repr__(self) -> str:
+        return repr(self.__wrapped__)
 
 
 def _command(path: Any, args: Any) -> str:

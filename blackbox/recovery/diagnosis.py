@@ -55,6 +55,7 @@ from ..ring import format as fmt
 from ..ring.reader import without_c_extension
 from .crash import native_crash
 from .evidence import Evidence, KernelKill
+from .exits import HOW_KNOWN, RUN_SAW, exit_message, exit_status, signal_of
 from .facts import Facts, facts
 from .gpu_oom import EXPANDABLE_ON, gpu_oom_kind
 from .hang import with_hang
@@ -82,12 +83,9 @@ THREADS_SAID = 3  # threads' uncaught exceptions said in the evidence, the last 
 RAISED_AGAIN_S = 0.25  # a process that lived on past its native handler writes a sample within 0.1 s
 SCHEDULERS = ("slurmstepd", "slurmd", "srun", "scancel", "kubelet", "containerd-shim", "timeout", "systemd", "torchrun",
               "pt_elastic", "torch.distributed.run")  # fmt: skip
-RUN_SAW = "run"  # the exit status came from `blackbox run`'s wait
 NOT_KNOWN_WITHOUT_C = ("not known: this process ran without blackbox's C extension, which records a signal's sender, "
                        "a signal the job's own handler takes, and the status of an exit that calls neither sys.exit "
                        "nor os._exit")  # fmt: skip
-HOW_KNOWN = {fmt.EXIT_PROCESS: "recorded by the process as it exited", fmt.EXIT_OS: "its os._exit call",
-             fmt.EXIT_SYS: "its sys.exit call", RUN_SAW: "as `blackbox run` saw it"}  # fmt: skip
 OWN_END = ("cause", "confidence", "headline", "evidence", "time", "step", "victim", "exit_status", "killed_by")
 
 
@@ -159,6 +157,16 @@ class _Death:
                       "the same process (its pid and start time) went on in that program's ring")  # fmt: skip
             self.exec_into = ev.exec_into
             return
+        if ev.exec_mark is not None and not clean and ev.exit_status in (None, 0):  # its last act, not seen fail
+            saw = ", which exited with status 0 (`blackbox run` saw it)" if ev.exit_status == 0 else \
+                ": what that program did is not recorded here"  # fmt: skip
+            self._set("clean_exit", "certain", f"the process replaced itself (exec) with `{ev.exec_mark}`, its last "
+                      f"act in this ring (a mark written just before the exec){saw}")  # fmt: skip
+            self.exec_into = ev.exec_mark
+            return
+        if ev.exec_mark is not None and not clean:  # the program it became ended badly: that is the end told
+            self.evidence.append(f"the process replaced itself (exec) with `{ev.exec_mark}` (a mark written just "
+                                 f"before the exec), which ended with exit status {ev.exit_status}")  # fmt: skip
         if clean:
             self.evidence.insert(0, "a clean end was recorded (the process ran its exit handlers)")
             self._clean(child_kill, near)
@@ -227,7 +235,7 @@ class _Death:
         is told as for a death with no clean end: the kernel's OOM kill of it, a signal `blackbox run`
         saw, else SIGKILL (or os._exit or a crash in a later exit handler: no record tells those apart)."""
         f, ev = self.f, self.ev
-        run_saw = _signal_of(ev.exit_status)
+        run_saw = signal_of(ev.exit_status)
         if not f.exit_armed or self.exit_how == fmt.EXIT_PROCESS or (ev.exit_status is not None and run_saw is None):
             return False  # it reached exit(), or `blackbox run` saw it exit by itself (C calling _exit)
         self.in_shutdown = True
@@ -323,7 +331,7 @@ class _Death:
     def _not_clean(self, near: tuple[float, str] | None) -> None:
         f, ev = self.f, self.ev
         own = next((k for k in reversed(ev.kernel_kills) if k.pid == self.pid), None)
-        sig = _signal_of(self.status)
+        sig = signal_of(self.status)
         last_signal = f.signals[-1] if f.signals else None
         fatal = f.signals.where("detail", DEFAULT_ACTION)
         rose = _counter_rose(f.samples[0] if f.samples else None, f.samples[-1] if f.samples else None, ev)
@@ -364,6 +372,8 @@ class _Death:
             self._set("signal", "certain", f"`blackbox run` saw the job end by {signals.Signals(sig).name}")
             if signals.Signals(sig).name in CRASH_SIGNALS:  # faulthandler's tracebacks went elsewhere, or none
                 self.crash = {"signal": signals.Signals(sig).name, "site": None}
+        elif sig is None and self.exit_how == RUN_SAW and ev.exec_mark is not None:
+            self._exited(f"`blackbox run` saw the program it replaced itself with exit: exit status {self.status}")
         elif sig is None and self.exit_how == RUN_SAW:
             self._exited(f"`blackbox run` saw the process exit by itself: exit status {self.status}, without "
                          "running its exit handlers (os._exit before blackbox armed, or C calling _exit)")  # fmt: skip
@@ -508,17 +518,7 @@ class _Death:
         self.when = {"time": iso_ns(mono_ns + self.f.to_wall), "step": step}
 
     def _exit_message(self) -> str | None:
-        """What the job said as it exited with a failing status: ``sys.exit("fatal: no such config")`` prints
-        its message to stderr and exits 1; the exit record keeps it (its label)."""
-        exits = self.f.exits
-        if self.cause != "nonzero_exit" or not len(exits):
-            return None
-        for i in range(len(exits) - 1, max(len(exits) - 4, -1), -1):  # (the process's own exit record follows)
-            row = exits[i]
-            if row["detail"] in (fmt.EXIT_SYS, None) and row["value"] == self.status:
-                text = row["label"]
-                return _short(text, 200) if isinstance(text, str) and text.strip() else None
-        return None
+        return exit_message(self.f, self.status) if self.cause == "nonzero_exit" else None
 
     def result(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -547,18 +547,6 @@ class _Death:
         return d
 
 
-def exit_status(f: Facts, ev: Evidence) -> tuple[int | None, str | None]:
-    """(status, how it is known: an exit record's detail or RUN_SAW), as the module docstring says."""
-    last = f.exits[-1] if len(f.exits) else None
-    if last is not None and last["detail"] in (fmt.EXIT_PROCESS, fmt.EXIT_OS):
-        return last["value"], last["detail"]
-    if ev.exit_status is not None:
-        return ev.exit_status, RUN_SAW
-    if last is not None:
-        return last["value"], fmt.EXIT_SYS  # a sys.exit call (older writers left no detail)
-    return None, None
-
-
 def _sender(row: dict[str, Any]) -> dict[str, Any]:
     return {"signal": row["label"], "sender": row["sender"], "sender_pid": row["sender_pid"], "time": row["time"]}
 
@@ -572,16 +560,6 @@ def _innermost(stack: str) -> str:
     """The innermost frame of faulthandler's stack (``  File "x.py", line 5 in f``) as ``f (x.py:5)``."""
     m = re.search(r'File "(.*)", line (\d+) in (.*)', stack)
     return f"{m[3]} ({m[1]}:{m[2]})" if m else "a frame faulthandler could not name"
-
-
-def _signal_of(status: int | None) -> int | None:
-    if status is None:
-        return None
-    if status < 0:
-        return -status
-    if 128 < status < 128 + 65:
-        return status - 128
-    return None
 
 
 def _near_limit(sample: dict[str, Any] | None) -> tuple[float, str] | None:

@@ -73,6 +73,7 @@ class Evidence:
     flight_note: str | None = None  # why a dump that should be there was not read
     notes: list[str] = field(default_factory=list)
     exec_into: str | None = None  # the command line its process replaced itself with (exec), where a ring shows it
+    exec_mark: str | None = None  # ...where its own last exec mark says so (collect.execs), no later ring of it
 
     @property
     def kernel_oom_line(self) -> str | None:

@@ -232,7 +232,8 @@ class RecoveryPass:
         evidence = gather(ring.writer_locked, ring.meta, status, self.kills, ring.crash, window, pids, self.cgroups,
                           lambda: _sampled_workers(table))  # fmt: skip
         evidence.signal_stacks = ring.signal_stacks  # written by faulthandler where the C extension was not built
-        evidence.exec_into = self.execs.get(path) or exec_mark(table)
+        evidence.exec_into = self.execs.get(path)
+        evidence.exec_mark = exec_mark(table) if evidence.exec_into is None else None
         if evidence.same_host and table.num_rows:  # the flight recorder's dump, on this host's disk
             life = ((ring.meta.get("clock") or {}).get("wall_ns") or 0) / 1e9, pc.max(table["time"]).value / 1e9
             rank = (ring.meta.get("identity") or {}).get("rank")

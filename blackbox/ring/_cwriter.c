@@ -965,6 +965,7 @@ static PyObject *signals_release(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(arg
 static PyObject *signals_forget(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
     __atomic_store_n(&g_target_on, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&g_inflight, 0, __ATOMIC_SEQ_CST); /* a parent thread's count, copied by fork */
+    g_stop_taken = 0;                                   /* the parent's request to stop, not the child's */
     restore_all();
     drop_target();
     Py_RETURN_NONE;

@@ -169,12 +169,21 @@ class ArmAfterImport:
         if self in sys.meta_path:
             sys.meta_path.remove(self)
         package = sys.modules.get("blackbox")
+        if package is not None and _runs_blackbox():  # (`blackbox recover` called by the job: not its work)
+            return
         if package is not None and getattr(package.__spec__, "_initializing", False):
             # numpy imported by the job's own `import blackbox`, half done: arming now would find no
             # `blackbox.arm`; the package calls this as its last line instead (ARM_WHEN_IMPORTED)
             setattr(package, ARM_WHEN_IMPORTED, self._arm)
             return
         self._arm()
+
+
+def _runs_blackbox() -> bool:
+    """This process runs blackbox's own command line (``python -m blackbox``, the ``blackbox`` script)."""
+    argv = [str(a) for a in getattr(sys, "orig_argv", sys.argv)]
+    by_module = any(a == "-m" and b == "blackbox" for a, b in zip(argv, argv[1:], strict=False))
+    return by_module or os.path.basename(sys.argv[0] if sys.argv else "") == "blackbox"
 
 
 def boot() -> None:

@@ -27,7 +27,7 @@ def _ending(m: dict[str, Any]) -> str:
     if state == "running":
         return "Still running: the writer process is alive; this is a snapshot."
     if cause not in (None, "unknown"):
-        return "**No clean end was recorded.** The process died without running its exit handlers; how: below."
+        return "**No clean end was recorded.** The process ended without running its exit handlers; how: below."
     return (
         "**No clean end was recorded.** The process died without running its exit handlers: SIGKILL, the "
         "kernel OOM killer, a signal with no handler (SIGTERM's default), a native crash, os._exit, or a power loss."
