@@ -36,27 +36,22 @@ class ExecWatch:
     def __init__(self, mark: Callable[[str], None]) -> None:
         self._mark = mark
         self._pid = os.getpid()
-        self._saved: dict[str, tuple[Any, Any]] = {}  # name -> (the function we replaced, our wrapper)
+        self._wrappers: dict[str, _Exec] = {}  # name -> our wrapper of it (the function replaced: its __wrapped__)
 
     def install(self) -> None:
         for name in ("execv", "execve"):
-            original = getattr(os, name)
-            wrapper = self._wrap(original)
-            self._saved[name] = (original, wrapper)
-            setattr(os, name, wrapper)
-
-    def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        return _Exec(original, self)
+            self._wrappers[name] = _Exec(getattr(os, name), self)
+            setattr(os, name, self._wrappers[name])
 
     def before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Say what the process becomes; False where it is not ours (a forked child sharing the mapping)."""
         if os.getpid() != self._pid:
             return False
         path = kwargs.get("path", args[0] if args else None)
-        self._say(fmt.EXEC_PREFIX + _command(path, kwargs.get("argv", args[1] if len(args) > 1 else None)))
+        self.say(fmt.EXEC_PREFIX + _command(path, kwargs.get("argv", args[1] if len(args) > 1 else None)))
         return True
 
-    def _say(self, label: str) -> None:
+    def say(self, label: str) -> None:
         try:
             self._mark(label)
         except Exception as exc:  # the recorder's trouble is never the job's: its exec goes on
@@ -64,10 +59,10 @@ class ExecWatch:
                 raise
 
     def uninstall(self) -> None:
-        for name, (original, wrapper) in self._saved.items():
+        for name, wrapper in self._wrappers.items():
             if getattr(os, name, None) is wrapper:  # (a later wrapper of the job's own stays in place)
-                setattr(os, name, original)
-        self._saved.clear()
+                setattr(os, name, wrapper.__wrapped__)
+        self._wrappers.clear()
 
 
 class _Exec:
@@ -85,7 +80,7 @@ class _Exec:
             return self.__wrapped__(*args, **kwargs)
         except BaseException:
             if ours:
-                self._watch._say(fmt.EXEC_FAILED)
+                self._watch.say(fmt.EXEC_FAILED)
             raise
 
     def __reduce__(self) -> str:

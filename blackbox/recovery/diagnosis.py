@@ -55,7 +55,7 @@ from ..ring import format as fmt
 from ..ring.reader import without_c_extension
 from .crash import native_crash
 from .evidence import Evidence, KernelKill
-from .exits import HOW_KNOWN, RUN_SAW, exit_message, exit_status, signal_of
+from .exits import HOW_KNOWN, MAX_SAID, RUN_SAW, exit_message, exit_status, signal_of
 from .facts import Facts, facts
 from .gpu_oom import EXPANDABLE_ON, gpu_oom_kind
 from .hang import with_hang
@@ -157,14 +157,14 @@ class _Death:
                       "the same process (its pid and start time) went on in that program's ring")  # fmt: skip
             self.exec_into = ev.exec_into
             return
-        if ev.exec_mark is not None and not clean and ev.exit_status in (None, 0):  # its last act, not seen fail
-            saw = ", which exited with status 0 (`blackbox run` saw it)" if ev.exit_status == 0 else \
-                ": what that program did is not recorded here"  # fmt: skip
-            self._set("clean_exit", "certain", f"the process replaced itself (exec) with `{ev.exec_mark}`, its last "
-                      f"act in this ring (a mark written just before the exec){saw}")  # fmt: skip
-            self.exec_into = ev.exec_mark
-            return
-        if ev.exec_mark is not None and not clean:  # the program it became ended badly: that is the end told
+        if ev.exec_mark is not None and not clean:
+            if ev.exit_status in (None, 0):  # its last act, and nothing saw the program it became fail
+                saw = ", which exited with status 0 (`blackbox run` saw it)" if ev.exit_status == 0 else \
+                    ": what that program did is not recorded here"  # fmt: skip
+                self._set("clean_exit", "certain", f"the process replaced itself (exec) with `{ev.exec_mark}`, its "
+                          f"last act in this ring (a mark written just before the exec){saw}")  # fmt: skip
+                self.exec_into = ev.exec_mark
+                return
             self.evidence.append(f"the process replaced itself (exec) with `{ev.exec_mark}` (a mark written just "
                                  f"before the exec), which ended with exit status {ev.exit_status}")  # fmt: skip
         if clean:
@@ -518,7 +518,8 @@ class _Death:
         self.when = {"time": iso_ns(mono_ns + self.f.to_wall), "step": step}
 
     def _exit_message(self) -> str | None:
-        return exit_message(self.f, self.status) if self.cause == "nonzero_exit" else None
+        said = exit_message(self.f, self.status) if self.cause == "nonzero_exit" else None
+        return _short(said, MAX_SAID) if said else None
 
     def result(self) -> dict[str, Any]:
         d: dict[str, Any] = {

@@ -36,10 +36,7 @@ def exit_message(f: Facts, status: int | None) -> str | None:
         row: dict[str, Any] = exits[i]
         if row["detail"] in (fmt.EXIT_SYS, None) and row["value"] == status:
             text = row["label"]
-            if not isinstance(text, str) or not text.strip():
-                return None
-            text = text.replace("\n", " ")
-            return text if len(text) <= MAX_SAID else text[: MAX_SAID - 1] + "…"
+            return text if isinstance(text, str) and text.strip() else None
     return None
 
 

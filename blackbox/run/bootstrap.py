@@ -169,8 +169,6 @@ class ArmAfterImport:
         if self in sys.meta_path:
             sys.meta_path.remove(self)
         package = sys.modules.get("blackbox")
-        if package is not None and _runs_blackbox():  # (`blackbox recover` called by the job: not its work)
-            return
         if package is not None and getattr(package.__spec__, "_initializing", False):
             # numpy imported by the job's own `import blackbox`, half done: arming now would find no
             # `blackbox.arm`; the package calls this as its last line instead (ARM_WHEN_IMPORTED)
@@ -195,7 +193,7 @@ def boot() -> None:
             import multiprocessing.util  # noqa: F401  (a spawn child imports it next: armed, we hook its bootstrap)
         if arms_at_start():
             start()
-        else:
+        elif not _runs_blackbox():  # (`blackbox recover` a job's script calls is not the job's work)
             sys.meta_path.insert(0, ArmAfterImport(start))
     except Exception as exc:  # never break the job
         sys.stderr.write(f"blackbox: not armed ({type(exc).__name__}: {exc}); the job runs unrecorded\n")
