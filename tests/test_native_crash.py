@@ -80,7 +80,8 @@ def test_a_native_crash_names_its_signal_and_the_crashing_stack(tmp_path: Path, 
     assert crash["file"] == f"crash-{meta['pid']}.txt" and "in die" in (bundle / crash["file"]).read_text()
     summary = (bundle / "summary.md").read_text()
     section = summary.split("## The crash\n", 1)[1].split("\n## ", 1)[0]
-    assert f"[`{crash['file']}`]({crash['file']})" in section and f"({name})" in section
+    assert f"[`{crash['file']}`][{crash['file']}]" in section and f"({name})" in section
+    assert f"\n[{crash['file']}]: {crash['file']}\n" in section  # a reference link (text from the job links nowhere)
     listed = [ln.split("`")[1].split(" (")[0] for ln in section.splitlines() if "train.py:" in ln]
     assert listed == ["die", "train_step", "main", "<module>"], section
     # AND a ring recovered later, outside `blackbox run`, says the same

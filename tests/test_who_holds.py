@@ -199,6 +199,35 @@ def test_a_job_with_no_leak_shows_no_site_growing(tmp_path: Path) -> None:
     assert "Who grew: no site grew" in (tmp_path / "bundle" / "summary.md").read_text()
 
 
+TINY_JOB = """
+import numpy as np
+import blackbox
+
+kept = [np.ones(1 << 17) for _ in range(8)]  # PLANT: kept (8 MiB)
+for step in range(3):
+    blackbox.step(step)
+raise SystemExit(3)
+"""
+
+
+@pytest.mark.slow
+def test_blackbox_runs_own_start_up_is_no_site_of_the_job(tmp_path: Path) -> None:
+    # GIVEN a small job under `blackbox run`, sampled finely enough that blackbox's own start-up is sampled too
+    job = tmp_path / "train.py"
+    job.write_text(TINY_JOB)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "BLACKBOX_ALLOCATIONS": "8192"}
+    proc = subprocess.run([sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path / "runs"), "--quiet", "--",
+                           sys.executable, str(job)], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    (bundle,) = (tmp_path / "runs").glob("run-*/bundle")
+    sites = json.loads((bundle / "metadata.json").read_text())["allocations"]["sites"]
+    # THEN the job's line heads who holds, and the sitecustomize `blackbox run` wrote is no site and lends no
+    # site its source line (it was the site of its own allocations, with the line `early.boot()`)
+    assert sites[0]["site"] in (f"{fn} ({job}:{line_of(TINY_JOB, 'kept')})" for fn in ("<listcomp>", "<module>"))
+    assert not [s for s in sites if "sitecustomize" in s["site"] or s["line"] == "early.boot()"], sites
+    assert all(s["line"] == "" or f" ({job}:" in s["site"] for s in sites), sites  # a line is its site's
+
+
 SPIKE_JOB = """
 import os, sys, time
 import numpy as np

@@ -84,7 +84,7 @@ MIN_SAMPLES_TO_RAISE = 50  # fewer in a window: a burst, whose rate says little
 MAX_MEAN_BYTES = 1 << 30
 RAISED = "allocations: sampling interval raised to {} bytes"  # a note; recovery reads the last R from it
 ENV = "BLACKBOX_ALLOCATIONS"  # "0" off, "1" on (the default), or the mean interval in bytes
-_LIBRARY_MARKS = ("site-packages", "dist-packages", "<frozen")
+_LIBRARY_MARKS = ("site-packages", "dist-packages", "<frozen", "/.boot/sitecustomize.py")  # the last: blackbox run's
 _STDLIB = (os.path.dirname(os.__file__) + os.sep, OWN_CODE)
 
 

@@ -52,7 +52,8 @@ Z95 = 1.96
 GPU_DOMAIN = next(code for code, name in fmt.ALLOC_DOMAINS.items() if name == "gpu")
 MIN_GROWTH_STEPS = 3  # distinct steps a site's blocks must span before it is said to grow per step
 MIN_GROWTH_WINDOW_S = 2.0  # and seconds, for growth per second (at least 5 sample intervals too)
-_OWN = r"/blackbox/(ring/|collect/|run/|_\w+\.py:|__init__\.py:)"  # blackbox's own frames (arm's allocations)
+# blackbox's own frames (arm's allocations), and the sitecustomize `blackbox run` writes into its run folder
+_OWN = r"/blackbox/(ring/|collect/|run/|_\w+\.py:|__init__\.py:)|/\.boot/sitecustomize\.py:"
 _LIBRARY = re.compile(r"site-packages|dist-packages|<frozen|/lib/python3\.\d+/|" + _OWN)
 # the standard library (site-packages apart), frozen modules and blackbox: never a site where a library's is
 _STDLIB = re.compile(r"<frozen |/lib/python3\.\d+/(?!site-packages/|dist-packages/)|" + _OWN)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 import pyarrow as pa
@@ -45,9 +46,12 @@ def crash_section(crash: dict[str, Any] | None, folder: str = "") -> list[str]:
         return []
     name = str(crash.get("file") or "")
     signal = f" ({crash['signal']})" if crash.get("signal") else ""
-    where = f"[`{name}`]({folder}{name})" if re.fullmatch(r"crash-\d+\.txt", name) else f"`{name}`"  # no planted link
+    ours = re.fullmatch(r"crash-\d+\.txt", name)  # no planted link; a reference link (``text.inert``)
+    where = f"[`{name}`][{name}]" if ours else f"`{name}`"
     lines = ["## The crash", "", f"faulthandler wrote every thread's Python stack at the crash{signal} into "
              f"{where}: \"{crash.get('first_line') or ''}\".", ""]  # fmt: skip
+    if ours:
+        lines += [f"[{name}]: {quote(folder + name)}", ""]
     stack = crash.get("stack")
     if not stack:
         return [*lines, "No Python frame was running in the thread that crashed.", ""]

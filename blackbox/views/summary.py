@@ -14,7 +14,7 @@ from .across import across_lines
 from .alerts import alert_section
 from .allocs import allocation_sections, folded_site, job_allocation_sections
 from .stacks import crash_section, stack_sections
-from .text import shown
+from .text import inert, shown
 
 
 def _ending(m: dict[str, Any]) -> str:
@@ -295,7 +295,8 @@ def bundle_summary(meta: dict[str, Any]) -> str:
     helpers = helpers_section(view) + unread_section(view) + left_out_section(view) + raw_rings_section(view)
     if not rings:
         title, _, rest = ring_summary(meta).partition("\n")
-        return "\n".join([title, *outlived_lines(view)]) + "\n" + rest + ("\n" + "\n".join(helpers) if helpers else "")
+        text = "\n".join([title, *outlived_lines(view)]) + "\n" + rest + ("\n" + "\n".join(helpers) if helpers else "")
+        return inert(text)
     rows = shown(rank_rows(meta))  # one pass over the rings (they may be read back from disk), for both
     hosts = len({r["host"] for r in rows})
     head = [f"# blackbox: {len(rings)} rings on {hosts} host{'s' if hosts != 1 else ''}, {meta['events']} events",
@@ -303,7 +304,7 @@ def bundle_summary(meta: dict[str, Any]) -> str:
     head += [*across_lines(view, rows), *job_allocation_sections(rings), *helpers]
     detail = _detail_ring(meta, rings)
     title = "the first death" if meta.get("first_death") else "the lowest rank of the last attempt"
-    return "\n".join([*head, f"## Detail of {title}", "", _demote(_demote(ring_summary(detail)))])
+    return inert("\n".join([*head, f"## Detail of {title}", "", _demote(_demote(ring_summary(detail)))]))
 
 
 MAX_LISTED = 20  # bundles listed by name where some could not be read
@@ -336,7 +337,7 @@ def job_summary(meta: dict[str, Any], rows: list[dict[str, Any]], detail: dict[s
         lines.append(_demote(_demote(ring_summary(detail, f"{first['bundle']}/"))))
     elif first:
         lines += [f"Its timeline: `{first['bundle']}/timeline.parquet`.", ""]
-    return "\n".join(lines)
+    return inert("\n".join(lines))
 
 
 def claimed_lines(claimed: list[dict[str, Any]]) -> list[str]:
