@@ -55,7 +55,7 @@ from ..ring import format as fmt
 from ..ring.reader import without_c_extension
 from .crash import native_crash
 from .evidence import Evidence, KernelKill
-from .exits import HOW_KNOWN, MAX_SAID, RUN_SAW, exit_message, exit_status, signal_of
+from .exits import HOW_KNOWN, MAX_SAID, RUN_SAW, exit_message, exit_status, interrupted_by, signal_of
 from .facts import Facts, facts
 from .gpu_oom import EXPANDABLE_ON, gpu_oom_kind
 from .hang import with_hang
@@ -189,7 +189,9 @@ class _Death:
         if self.status == 0 and len(uncaught):  # sys.last_exc read at exit is an older one where it exits 0
             uncaught = uncaught.keep(pc.not_equal(uncaught.column("detail").cast(pa.string()), fmt.LAST_EXC))
         if uncaught and uncaught[-1]["label"] and uncaught[-1]["label"].startswith("KeyboardInterrupt"):
-            self._set("interrupted", "certain", "an uncaught KeyboardInterrupt (Ctrl-C or SIGINT)")
+            s, why = interrupted_by(f)
+            self.killed_by = _sender(s) if s is not None else None
+            self._set("interrupted", "certain", why)
             self.when = uncaught[-1]
             return
         worker = f.worker_killed() if self.children else None

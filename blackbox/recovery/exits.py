@@ -49,3 +49,19 @@ def signal_of(status: int | None) -> int | None:
     if 128 < status < 128 + 65:
         return status - 128
     return None
+
+
+
+def interrupted_by(f: Facts) -> tuple[dict[str, Any] | None, str]:
+    """(the signal row, the evidence) of an uncaught KeyboardInterrupt: the last signal, where it is the SIGINT
+    that raised it, and from whom it was (``kill -INT``: its sender; a terminal's Ctrl-C: the kernel, no
+    sender); else only that it came."""
+    s = f.signals[-1] if len(f.signals) else None
+    if s is None or s["label"] != "SIGINT" or s["detail"] != "raised KeyboardInterrupt":
+        return None, "an uncaught KeyboardInterrupt (Ctrl-C or SIGINT)"
+    raised = "an uncaught KeyboardInterrupt, raised by SIGINT from"
+    if s["sender"]:
+        return s, f"{raised} {s['sender']} (pid {s['sender_pid']}) at {s['time']}"
+    if (s["signal_code"] or 0) > 0:  # SI_KERNEL: the terminal's line discipline sent it
+        return None, f"{raised} the kernel (a terminal's Ctrl-C) at {s['time']}"
+    return None, "an uncaught KeyboardInterrupt (Ctrl-C or SIGINT)"

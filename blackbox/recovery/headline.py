@@ -51,7 +51,7 @@ def headline(
     return {
         "clean_exit": f"{job} exited cleanly.",
         "nonzero_exit": f"{job} exited with status {status}" + (f', saying "{said}".' if said else "."),
-        "interrupted": f"{job} was interrupted (Ctrl-C or SIGINT).",
+        "interrupted": f"{job} was interrupted by{by}." if by else f"{job} was interrupted (Ctrl-C or SIGINT).",
         "exception": f"{job} died of an uncaught {kind or 'exception'}.",
         "oom_exception": f"{job} died of an out-of-memory exception{f' ({kind})' if kind else ''}.",
         "host_oom_kill": f"{who} was killed by the kernel OOM killer.",

@@ -1,0 +1,94 @@
+"""An interrupted job names where its SIGINT came from: ``kill -INT`` by its sender, a terminal's Ctrl-C as the
+kernel's (the verdict read "interrupted (Ctrl-C or SIGINT)" for both, though the ring held the sender)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+JOB = """
+import sys, time
+if len(sys.argv) > 1:
+    import blackbox
+    blackbox.arm(sys.argv[1] + "/")
+print("ready", flush=True)
+for step in range(600):
+    if len(sys.argv) > 1:
+        blackbox.step(step)
+    time.sleep(0.05)
+"""
+
+
+def _ready(stream: object) -> None:
+    assert stream is not None
+    assert stream.readline().strip() == "ready"  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launch", ["unarmed", "blackbox run"])
+def test_kill_int_names_its_sender_and_the_job_ends_as_unarmed(tmp_path: Path, launch: str) -> None:
+    # GIVEN a job (unarmed, or under `blackbox run`) that a known process, /bin/kill, interrupts
+    job = tmp_path / "train.py"
+    job.write_text(JOB)
+    runs = tmp_path / "runs"
+    run = [sys.executable, "-m", "blackbox", "run", "--dir", str(runs), "--quiet", "--"]
+    prefix = run if launch == "blackbox run" else []
+    proc = subprocess.Popen([*prefix, sys.executable, str(job)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    _ready(proc.stdout)
+    target = proc.pid
+    if prefix:  # the job's own python (the launcher's children: it, and a witness process)
+        kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        target = next(int(k) for k in kids if Path(f"/proc/{k}/cmdline").read_bytes().split(b"\0")[1:2] == [bytes(job)])
+    sender = subprocess.Popen(["/bin/kill", "-INT", str(target)])
+    assert sender.wait(timeout=30) == 0
+    _, err = proc.communicate(timeout=120)
+    # THEN it ends as unarmed: KeyboardInterrupt's traceback, then death by SIGINT (Python re-raises it at exit)
+    assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in err, err[-2000:]
+    if not prefix:
+        return
+    # AND the verdict names the sender, by name and pid, in the headline and the evidence
+    (bundle,) = runs.glob("run-*/bundle")
+    death = json.loads((bundle / "metadata.json").read_text())["death"]
+    assert death["cause"] == "interrupted" and death["headline"] == "The job was interrupted by SIGINT from kill."
+    assert (death["killed_by"]["sender"], death["killed_by"]["sender_pid"]) == ("kill", sender.pid), death
+    assert f"raised by SIGINT from kill (pid {sender.pid})" in " ".join(death["evidence"]), death["evidence"]
+
+
+@pytest.mark.slow
+def test_a_terminals_ctrl_c_is_told_as_the_kernels_with_no_sender(tmp_path: Path) -> None:
+    # GIVEN an armed job in the foreground of a terminal (a pty), and Ctrl-C typed there
+    job = tmp_path / "train.py"
+    job.write_text(JOB)
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a session leader whose controlling terminal is the pty
+        os.environ["PYTHONPATH"] = str(REPO)
+        os.execv(sys.executable, [sys.executable, str(job), str(tmp_path / "rings")])
+    seen, deadline = b"", time.monotonic() + 60
+    while b"ready" not in seen and time.monotonic() < deadline:
+        if select.select([fd], [], [], 1)[0]:
+            seen += os.read(fd, 1024)
+    assert b"ready" in seen, seen
+    time.sleep(0.3)
+    os.write(fd, b"\x03")
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT, status
+    # THEN the verdict says the kernel sent it (a terminal's Ctrl-C), and names no process as its sender
+    done = subprocess.run([sys.executable, "-m", "blackbox", "recover", str(tmp_path / "rings"), "-o",
+                           str(tmp_path / "bundle")], capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    death = json.loads((tmp_path / "bundle" / "metadata.json").read_text())["death"]
+    assert death["cause"] == "interrupted" and death["killed_by"] is None, death
+    assert "raised by SIGINT from the kernel (a terminal's Ctrl-C)" in " ".join(death["evidence"]), death["evidence"]
+    assert death["headline"] == "The job was interrupted (Ctrl-C or SIGINT)."
