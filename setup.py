@@ -13,6 +13,7 @@ setup(
             "blackbox.ring._cwriter",
             sources=["blackbox/ring/_cwriter.c"],
             optional=True,
+            libraries=["dl"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
         ),
         Extension(

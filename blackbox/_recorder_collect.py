@@ -6,6 +6,7 @@ fatal: the ring records what the others see. Functions over the Recorder, moved 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -78,8 +79,9 @@ def install_collectors(rec: Recorder, ring: Path, history: int, modules: bool) -
     start_alerts(rec)
     if rec._crash.note:
         rec.notes.append(rec._crash.note)  # the job's own choice, not a failure: no event
-    if not rec._crash.ours():  # the job's faulthandler: the C handler records the crash signals
+    if not rec._crash.ours():  # the job's faulthandler: the C handler records the crash signals, and their text
         signals.record_crashes()
+        signals.crash_text_to(rec._crash.fd())
     follow_torch_worker_handlers(_record_crashes_of_the_active)
     if exit_status_unrecorded(built_module()):
         rec.note(exit_status_unrecorded(built_module()))
@@ -124,9 +126,11 @@ def _record_crashes_of_the_active() -> None:
     recorder (the worker's own, armed after the fork) records the crash signals over them, at once."""
     from ._api import _name_helper, active
 
-    signals = active()._signals
+    rec = active()
+    signals = rec._signals
     if signals is not None:
-        signals.record_crashes()
+        signals.record_crashes()  # PyTorch's handlers take the signal from faulthandler: the C handler writes
+        signals.crash_text_to(rec._crash.fd() if rec._crash is not None else -1)
         signals.watch()
     _name_helper()  # (a DataLoader worker's: said now, however soon it crashes)
 
@@ -145,6 +149,7 @@ def upkeep(rec: Recorder) -> None:
                 part.check()
                 if not part.ours() and rec._signals is not None:  # the job enabled its own faulthandler since
                     rec._signals.record_crashes()
+                    rec._signals.crash_text_to(part.fd())
             else:
                 part()
         except Exception as exc:
@@ -180,6 +185,8 @@ def uninstall_collectors(
     if rec.alert_actions is not None:
         steps.append(rec.alert_actions.stop)
     if crash is not None:
+        if rec._signals is not None:
+            steps.append(functools.partial(rec._signals.crash_text_to, -1))  # before its descriptor closes
         steps.append(crash.disable)
     if torch is not None:
         steps.append(lambda: torch.detach(final_drain=not in_child, in_child=in_child))

@@ -120,13 +120,24 @@ def test_a_native_crash_under_the_jobs_own_faulthandler_is_that_signal_not_sigki
     assert unarmed.stdout == armed.stdout == "".join(f"{i}\n" for i in range(8))
     for proc in runs:
         assert f"Fatal Python error: {text}" in proc.stderr and "in die" in proc.stderr, proc.stderr
-    # AND the verdict names the signal in native code (it read "killed with SIGKILL; no handler ran"), at step 7
+    # AND the verdict names the signal in native code (it read "killed with SIGKILL; no handler ran"), at step 7,
+    # and, where the interpreter exports the dump faulthandler uses (3.11, 3.12, 3.14+), the crashing frame:
+    # the signal recorder wrote the tracebacks into the ring too (before, the line was named nowhere)
     from blackbox.recovery.pipeline import recover_rings
+    from blackbox.ring import _cwriter  # type: ignore[attr-defined]
 
-    death = recover_rings([tmp_path / "rings"]).meta["death"]
+    meta = recover_rings([tmp_path / "rings"]).meta
+    death = meta["death"]
     assert (death["cause"], death["step"]) == ("signal", 7), death
-    assert death["headline"].endswith(f"died of {name} in native code."), death["headline"]
-    assert "SIGKILL" not in death["headline"] and any("the job's own faulthandler" in e for e in death["evidence"])
+    assert "SIGKILL" not in death["headline"]
+    if _cwriter.signals_crash_fd(-1):
+        line = next(i for i, ln in enumerate(job.splitlines(), 1) if SIGNALS[kind][2] in ln)
+        assert death["headline"].endswith(f"died of {name} in native code, called from die (train.py:{line})."), death
+        own = [f.split(" (")[0] for f in meta["native_crash"]["stack"].split(";") if "train.py:" in f]
+        assert own == ["<module>", "main", "train_step", "die"], meta["native_crash"]
+    else:
+        assert death["headline"].endswith(f"died of {name} in native code."), death["headline"]
+        assert any("the job's own faulthandler" in e for e in death["evidence"]), death["evidence"]
 
 
 REENABLED = """\

@@ -79,6 +79,7 @@ class SignalRecorder:
         self._original_signal: Any = None
         self._our_signal: Any = None
         self._crashes = False  # CRASHES recorded too
+        self._crash_fd = -1  # where the C handler writes a crash's tracebacks (``crash_text_to``)
 
     def install(self, buffer: Any, records_offset: int, capacity: int, sequence: Any) -> str:
         """Start recording; returns why not, or "" when the handler is in place."""
@@ -106,6 +107,13 @@ class SignalRecorder:
             return
         self._crashes = True
         self._record(CRASHES)
+
+    def crash_text_to(self, fd: int) -> None:
+        """Where the C handler writes every thread's traceback at a crash it records (the crash region's
+        descriptor, ``CrashRegion.fd``; -1: nowhere), since faulthandler, the job's, writes them elsewhere."""
+        if self.active and self._fallback is None and self._cmod is not None and fd != self._crash_fd:
+            self._cmod.signals_crash_fd(fd)
+            self._crash_fd = fd
 
     def _record(self, names: tuple[str, ...]) -> None:
         for name in names:
@@ -186,17 +194,28 @@ class CrashRegion:
 
     def enable(self) -> None:
         if faulthandler.is_enabled():
-            self.note = "faulthandler was already enabled by the job; its output goes where the job sent it"
+            self.note = ("faulthandler was already enabled by the job; its output goes where the job sent it, "
+                         "and the signal recorder writes the tracebacks into the ring too")  # fmt: skip
+            self._open_fd()
             return
         self._open()
 
-    def _open(self) -> None:
+    def _open_fd(self) -> None:
         fd = os.open(self._ring, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         os.lseek(fd, self._offset, os.SEEK_SET)
         self._fd = OwnedFd.adopt(fd)
+
+    def _open(self) -> None:
+        self._open_fd()
+        assert self._fd is not None
         self._file = io.FileIO(self._fd.fd, "w", closefd=False)
         faulthandler.enable(file=self._file, all_threads=True)
         self._held = sys.getrefcount(self._file)
+
+    def fd(self) -> int:
+        """The descriptor positioned at the crash region (-1: none), for the signal recorder's C handler
+        where faulthandler is not ours (``SignalRecorder.crash_text_to``)."""
+        return self._fd.fd if self._fd is not None else -1
 
     def ours(self) -> bool:
         """faulthandler still writes to our file: the job has neither disabled it nor enabled its own."""
@@ -205,7 +224,11 @@ class CrashRegion:
     def check(self) -> None:
         """If the job closed our descriptor (closerange, daemonising), point faulthandler at a new one."""
         fd = self._fd
-        if fd is None or fd.intact() or not self.ours():
+        if fd is None or fd.intact():
+            return
+        if not self.ours():  # the signal recorder's alone (the caller hands it the new one)
+            self._file, self._fd = None, None
+            self._open_fd()
             return
         faulthandler.disable()  # never let a crash write into whatever file now has that number
         self._file, self._fd = None, None

@@ -48,6 +48,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <pythread.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -779,6 +780,48 @@ static int crash_signal(int sig) {
     return sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGABRT;
 }
 
+/* Where a crash's tracebacks go when faulthandler is the job's (whose own go where the job sent them: stderr):
+ * the ring's crash region, through a descriptor the recorder keeps positioned there (-1: none; set by
+ * signals_crash_fd). Written once per process, as faulthandler writes them: its first line, then every
+ * thread's stack by CPython's own dump, which faulthandler's handler calls too (async-signal-safe: no lock,
+ * no allocation). It is looked up at run time: 3.11 and 3.12 export it, 3.14 as PyUnstable_; where the
+ * interpreter does not (3.10, 3.13), nothing is written and the record of the signal stays alone. */
+typedef const char *(*DumpThreads)(int, PyInterpreterState *, PyThreadState *);
+static DumpThreads g_dump;
+static int g_crash_fd = -1; /* atomic */
+static int g_crash_dumped;  /* atomic */
+
+static const char *crash_words(int sig) {
+    switch (sig) {
+    case SIGSEGV: return "Segmentation fault";
+    case SIGBUS: return "Bus error";
+    case SIGFPE: return "Floating-point exception";
+    case SIGILL: return "Illegal instruction";
+    default: return "Aborted";
+    }
+}
+
+static int put_text(int fd, const char *text) {
+    size_t n = strlen(text);
+    while (n > 0) {
+        ssize_t done = write(fd, text, n);
+        if (done <= 0)
+            return -1;
+        text += done;
+        n -= (size_t)done;
+    }
+    return 0;
+}
+
+static void dump_crash(int sig) {
+    int fd = __atomic_load_n(&g_crash_fd, __ATOMIC_ACQUIRE);
+    if (fd < 0 || g_dump == NULL || __atomic_exchange_n(&g_crash_dumped, 1, __ATOMIC_ACQ_REL))
+        return;
+    if (put_text(fd, "Fatal Python error: ") < 0 || put_text(fd, crash_words(sig)) < 0 || put_text(fd, "\n\n") < 0)
+        return;
+    g_dump(fd, NULL, PyGILState_GetThisThreadState());
+}
+
 /* A request to stop (SIGTERM, SIGINT, SIGHUP) taken while recording, whoever handled it: a helper that then
  * exits 0 shut down gracefully on request (a batch script's python, a scheduler's preemption), which is no
  * clean end to fold away (on_process_exit, signals_stop_taken). Set in the handler: one atomic store. */
@@ -814,6 +857,8 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
         put_record(g_target.records, g_target.cap, seq, now_ns(), (uint64_t)pthread_self(), -1, sig, g_target.tag[sig],
                    payload);
         window_after(g_target.seq, seq);
+        if (crash_signal(sig))
+            dump_crash(sig); /* before the job's handler, which ends the process */
     }
     __atomic_sub_fetch(&g_inflight, 1, __ATOMIC_SEQ_CST);
     if (to_default) {
@@ -953,6 +998,7 @@ static void drop_target(void) {
 
 /* signals_release(): stop recording, restore the dispositions, wait for handlers in flight. */
 static PyObject *signals_release(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
+    __atomic_store_n(&g_crash_fd, -1, __ATOMIC_SEQ_CST);
     restore_all();
     __atomic_store_n(&g_target_on, 0, __ATOMIC_SEQ_CST);
     while (__atomic_load_n(&g_inflight, __ATOMIC_SEQ_CST) != 0) /* another thread's handler: a few syscalls */
@@ -961,8 +1007,25 @@ static PyObject *signals_release(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(arg
     Py_RETURN_NONE;
 }
 
+/* signals_crash_fd(fd): where a crash's tracebacks go (dump_crash); -1: nowhere. The descriptor stays the
+ * caller's: it sets -1 here before it closes it. Returns whether this interpreter can write them. */
+static PyObject *signals_crash_fd(PyObject *Py_UNUSED(m), PyObject *args) {
+    int fd;
+    if (!PyArg_ParseTuple(args, "i", &fd))
+        return NULL;
+    if (g_dump == NULL) {
+        g_dump = (DumpThreads)dlsym(RTLD_DEFAULT, "PyUnstable_DumpTracebackThreads");
+        if (g_dump == NULL)
+            g_dump = (DumpThreads)dlsym(RTLD_DEFAULT, "_Py_DumpTracebackThreads");
+    }
+    __atomic_store_n(&g_crash_fd, fd < 0 ? -1 : fd, __ATOMIC_RELEASE);
+    return PyBool_FromLong(g_dump != NULL);
+}
+
 /* signals_forget(): in a forked child, let go of the parent's ring without waiting on its threads. */
 static PyObject *signals_forget(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
+    __atomic_store_n(&g_crash_fd, -1, __ATOMIC_SEQ_CST); /* the parent's crash region */
+    __atomic_store_n(&g_crash_dumped, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&g_target_on, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&g_inflight, 0, __ATOMIC_SEQ_CST); /* a parent thread's count, copied by fork */
     g_stop_taken = 0;                                   /* the parent's request to stop, not the child's */
@@ -1518,6 +1581,8 @@ static PyMethodDef module_methods[] = {
      "signals_watch(signum, tag, detail) -> 'wrapped' | 'ours' | 'ignored'."},
     {"signals_release", signals_release, METH_NOARGS, "Restore the dispositions and stop recording."},
     {"signals_forget", signals_forget, METH_NOARGS, "In a forked child: drop the parent's ring."},
+    {"signals_crash_fd", signals_crash_fd, METH_VARARGS,
+     "signals_crash_fd(fd) -> bool: where a crash's tracebacks go while faulthandler is the job's (-1: nowhere)."},
     {"signals_installed", signals_installed, METH_NOARGS, "Signal numbers the handler is installed over."},
     {"signals_stop_taken", signals_stop_taken, METH_NOARGS,
      "Whether SIGTERM, SIGINT or SIGHUP reached the handler since the module loaded."},

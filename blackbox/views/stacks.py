@@ -48,7 +48,7 @@ def crash_section(crash: dict[str, Any] | None, folder: str = "") -> list[str]:
     signal = f" ({crash['signal']})" if crash.get("signal") else ""
     ours = re.fullmatch(r"crash-\d+\.txt", name)  # no planted link; a reference link (``text.inert``)
     where = f"[`{name}`][{name}]" if ours else f"`{name}`"
-    lines = ["## The crash", "", f"faulthandler wrote every thread's Python stack at the crash{signal} into "
+    lines = ["## The crash", "", f"Every thread's Python stack at the crash{signal}, as faulthandler writes it, is in "
              f"{where}: \"{crash.get('first_line') or ''}\".", ""]  # fmt: skip
     if ours:
         lines += [f"[{name}]: {quote(folder + name)}", ""]
