@@ -21,7 +21,7 @@ from .collect.allocs import start_allocs
 from .collect.exceptions import ExceptionRecorder, exit_status_unrecorded
 from .collect.execs import ExecWatch
 from .collect.gpu import GpuProbe
-from .collect.signals import CrashRegion, SignalRecorder, follow_torch_worker_handlers
+from .collect.signals import CrashRegion, SignalRecorder, follow_faulthandler, follow_torch_worker_handlers
 from .collect.stacks import StackSampler
 from .collect.torch_hooks import TorchHooks
 from .ring.file import SNAPSHOT_SUFFIX, sidecar
@@ -79,9 +79,8 @@ def install_collectors(rec: Recorder, ring: Path, history: int, modules: bool) -
     start_alerts(rec)
     if rec._crash.note:
         rec.notes.append(rec._crash.note)  # the job's own choice, not a failure: no event
-    if not rec._crash.ours():  # the job's faulthandler: the C handler records the crash signals, and their text
-        signals.record_crashes()
-        signals.crash_text_to(rec._crash.fd())
+    _faulthandler_changed(rec)
+    follow_faulthandler(lambda: _faulthandler_changed(active_recorder()))
     follow_torch_worker_handlers(_record_crashes_of_the_active)
     if exit_status_unrecorded(built_module()):
         rec.note(exit_status_unrecorded(built_module()))
@@ -121,6 +120,21 @@ def tick_alerts(rec: Recorder, figures: tuple[int, ...], readings: list[tuple[in
         rec.note(f"alerts off: {type(exc).__name__}: {exc}")
 
 
+def active_recorder() -> Recorder:
+    from ._api import active
+
+    return active()
+
+
+def _faulthandler_changed(rec: Recorder) -> None:
+    """Where faulthandler is not ours (the job's, or disabled), the C handler records the crash signals and
+    writes their tracebacks into the ring."""
+    crash, signals = rec._crash, rec._signals
+    if crash is not None and signals is not None and not crash.ours():
+        signals.record_crashes()
+        signals.crash_text_to(crash.fd())
+
+
 def _record_crashes_of_the_active() -> None:
     """PyTorch's DataLoader worker handlers are in (``follow_torch_worker_handlers``): this process's
     recorder (the worker's own, armed after the fork) records the crash signals over them, at once."""
@@ -147,9 +161,7 @@ def upkeep(rec: Recorder) -> None:
                 part.watch()
             elif isinstance(part, CrashRegion):
                 part.check()
-                if not part.ours() and rec._signals is not None:  # the job enabled its own faulthandler since
-                    rec._signals.record_crashes()
-                    rec._signals.crash_text_to(part.fd())
+                _faulthandler_changed(rec)  # (a descriptor the job closed is new)
             else:
                 part()
         except Exception as exc:

@@ -165,3 +165,39 @@ def test_a_crash_under_a_faulthandler_enabled_again_after_arm_ends_the_job_once(
     for proc in runs:
         assert proc.returncode == -signal.SIGSEGV, proc.stderr[-1000:]
         assert proc.stderr.count("Fatal Python error: Segmentation fault") == 1, proc.stderr[-1000:]
+
+
+AT_ONCE = """\
+import ctypes, faulthandler, sys
+if len(sys.argv) > 2:
+    import blackbox
+    blackbox.arm(sys.argv[2] + "/", sample_interval=0.05)
+if sys.argv[1] == "enable":
+    faulthandler.enable()  # the job's own (to stderr), no tick after it
+else:
+    faulthandler.disable()  # blackbox's turned off (unarmed: it was never on)
+ctypes.string_at(0)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("call", ["enable", "disable"])
+def test_a_crash_right_after_the_job_changes_faulthandler_is_that_crash(tmp_path: Path, call: str) -> None:
+    # GIVEN a job that enables its own faulthandler (or disables blackbox's) after arm and crashes at once
+    script = tmp_path / "job.py"
+    script.write_text(AT_ONCE)
+    runs = [subprocess.run([sys.executable, str(script), call, *extra], capture_output=True, text=True, env=ENV,
+                           timeout=60) for extra in ((), (str(tmp_path / "rings"),))]  # fmt: skip
+    # THEN it ends as unarmed (the same signal, the job's traceback on stderr where it enabled one)
+    for proc in runs:
+        assert proc.returncode == -signal.SIGSEGV, proc.stderr[-1000:]
+        assert ("Fatal Python error: Segmentation fault" in proc.stderr) == (call == "enable"), proc.stderr[-1000:]
+    # AND the verdict is that SIGSEGV, with its line where the interpreter exports the dump (it read "killed with
+    # SIGKILL; no handler ran": the crash came before the tick that would have seen faulthandler change)
+    from blackbox.recovery.pipeline import recover_rings
+    from blackbox.ring import _cwriter  # type: ignore[attr-defined]
+
+    death = recover_rings([tmp_path / "rings"]).meta["death"]
+    assert death["cause"] == "signal" and "SIGSEGV in native code" in death["headline"], death
+    if _cwriter.signals_crash_fd(-1):
+        assert death["headline"].endswith("called from <module> (job.py:9)."), death["headline"]

@@ -256,18 +256,32 @@ def follow_torch_worker_handlers(after: Callable[[], None]) -> None:
     forked workers inherit the wrapper) so that ``after`` runs once they are in: the C handler then
     records the crash signals over them and hands each on to PyTorch's, whose line and death stay."""
     module = sys.modules.get(TORCH_WORKER_SIGNALS)
-    install = getattr(module, "_set_worker_signal_handlers", None) if module is not None else None
-    if install is None or getattr(install, "_blackbox_follows", False):
+    if module is not None:
+        _follow(module, "_set_worker_signal_handlers", after)
+
+
+def follow_faulthandler(after: Callable[[], None]) -> None:
+    """The job's ``faulthandler.enable()`` (or ``disable()``) after arm replaces ours: until the next tick saw it,
+    a crash was recorded by no one and read as a SIGKILL. Wrap both so that ``after`` runs at once (the C
+    handler then records the crash signals and writes their tracebacks into the ring too)."""
+    for name in ("enable", "disable"):
+        _follow(faulthandler, name, after)
+
+
+def _follow(module: Any, name: str, after: Callable[[], None]) -> None:
+    """``module.name`` replaced by a wrapper that calls it, then ``after`` (whose failure is never the job's)."""
+    function = getattr(module, name, None)
+    if function is None or getattr(function, "_blackbox_follows", False):
         return
 
-    def set_worker_signal_handlers(*args: Any, **kwargs: Any) -> Any:
-        result = install(*args, **kwargs)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        result = function(*args, **kwargs)
         try:
             after()
-        except Exception:  # the recorder's trouble is never the worker's
+        except Exception:  # the recorder's trouble is never the job's
             pass
         return result
 
-    set_worker_signal_handlers._blackbox_follows = True  # type: ignore[attr-defined]
-    set_worker_signal_handlers.__wrapped__ = install  # type: ignore[attr-defined]
-    module._set_worker_signal_handlers = set_worker_signal_handlers  # type: ignore[union-attr]
+    functools.update_wrapper(wrapper, function)
+    wrapper._blackbox_follows = True  # type: ignore[attr-defined]
+    setattr(module, name, wrapper)
