@@ -182,3 +182,10 @@ def test_the_verdict_line_of_a_job_whose_processes_all_ended_cleanly_has_a_headl
     every = {"headline": "Every process of the job ended cleanly."}
     assert _main_ring({"cause": "clean_exit", "rings": ranks}) == every
     assert _main_ring({"cause": "exception", "rings": ranks}) == {}
+    # a restarted job whose last attempt ended cleanly: the attempt that failed is said (it read "Every process
+    # of the job ended cleanly")
+    died = {"rank": 1, "step": 6, "headline": "The job died of an uncaught KeyError."}
+    attempts = [{"attempt": 1, "cause": "exception", "first_death": died}, {"attempt": 2, "cause": "clean_exit"}]
+    assert _main_ring({"cause": "clean_exit", "rings": ranks, "attempts": attempts})["headline"] == (
+        "Every process of the last attempt (2 of 2) ended cleanly; attempt 1 ended in exception (rank 1, step 6): "
+        "The job died of an uncaught KeyError.")  # fmt: skip

@@ -169,7 +169,17 @@ def _main_ring(meta: dict[str, Any]) -> dict[str, Any]:
     death = rings[0].get("death") if len(rings) == 1 else None
     if isinstance(death, dict):
         return death
-    return {"headline": "Every process of the job ended cleanly."} if meta.get("cause") == "clean_exit" else {}
+    if meta.get("cause") != "clean_exit":
+        return {}
+    attempts = [a for a in meta.get("attempts") or () if isinstance(a, dict)]
+    failed = [a for a in attempts if a.get("cause") not in (None, "clean_exit")]
+    if not failed:
+        return {"headline": "Every process of the job ended cleanly."}
+    last, first = failed[-1], failed[-1].get("first_death") or {}
+    where = ", ".join(f"{k} {first[k]}" for k in ("rank", "step") if first.get(k) is not None)
+    return {"headline": f"Every process of the last attempt ({len(attempts)} of {len(attempts)}) ended cleanly; "
+            f"attempt {last.get('attempt')} ended in {last.get('cause')}{f' ({where})' if where else ''}: "
+            f"{first.get('headline') or 'see the Attempts section'}"}  # fmt: skip
 
 
 def recover(rings: Path, bundle: Path, ended: Ended, quiet: bool, left: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 from ..ring import format as fmt
 from .crash import crash_headline
+from .exits import signal_of
 
 
 def headline(
@@ -57,5 +59,14 @@ def headline(
         "host_oom_kill": f"{who} was killed by the kernel OOM killer.",
         "userspace_oom_kill": f"{who} was killed by a userspace OOM killer ({(killed_by or {}).get('sender')}).",
         "killed": f"{who} was killed with SIGKILL{' after' + by if by else ''}; no handler ran.",
-        "signal": f"{who} was ended by a signal{' (' + by.strip() + ')' if by else ''}.",
+        "signal": f"{who} was ended by{by or ' ' + (_signal_named(status) or 'a signal')}.",
     }.get(cause, "The cause of death is unknown.")
+
+
+def _signal_named(status: int | None) -> str | None:
+    """The signal an exit status names (``SIGQUIT`` for 131 or -3), where it names one."""
+    signum = signal_of(status)
+    try:
+        return signal.Signals(signum).name if signum is not None else None
+    except ValueError:
+        return None

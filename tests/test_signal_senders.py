@@ -1,5 +1,6 @@
-"""An interrupted job names where its SIGINT came from: ``kill -INT`` by its sender, a terminal's Ctrl-C as the
-kernel's (the verdict read "interrupted (Ctrl-C or SIGINT)" for both, though the ring held the sender)."""
+"""A signal's headline names the signal and where it came from: ``kill -INT`` by its sender, a terminal's Ctrl-C
+as the kernel's (the verdict read "interrupted (Ctrl-C or SIGINT)" for both, though the ring held the sender); a
+job ended by a signal, by its name (it read "was ended by a signal" where no sender was recorded: SIGQUIT)."""
 
 from __future__ import annotations
 
@@ -92,3 +93,42 @@ def test_a_terminals_ctrl_c_is_told_as_the_kernels_with_no_sender(tmp_path: Path
     assert death["cause"] == "interrupted" and death["killed_by"] is None, death
     assert "raised by SIGINT from the kernel (a terminal's Ctrl-C)" in " ".join(death["evidence"]), death["evidence"]
     assert death["headline"] == "The job was interrupted (Ctrl-C or SIGINT)."
+
+
+ENDS = """
+import os, signal, sys, time, blackbox
+for i in range(5):
+    blackbox.step(i)
+    time.sleep(0.05)
+print("ready", flush=True)
+if sys.argv[1] == "SIGQUIT":
+    os.kill(os.getpid(), signal.SIGQUIT)  # no handler records it: only the exit status names it
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["SIGQUIT", "SIGUSR1"])
+def test_a_job_ended_by_a_signal_is_told_by_that_signals_name(tmp_path: Path, name: str) -> None:
+    # GIVEN a job under `blackbox run` ended by SIGQUIT it sends itself, or by SIGUSR1 from /bin/kill
+    job = tmp_path / "train.py"
+    job.write_text(ENDS)
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "blackbox", "run", "--dir", str(runs), "--quiet", "--",
+                             sys.executable, str(job), name], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    _ready(proc.stdout)
+    sender = None
+    if name == "SIGUSR1":
+        kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        target = next(int(k) for k in kids if Path(f"/proc/{k}/cmdline").read_bytes().split(b"\0")[1:2] == [bytes(job)])
+        sender = subprocess.Popen(["/bin/kill", "-USR1", str(target)])
+        assert sender.wait(timeout=30) == 0
+    proc.communicate(timeout=120)
+    assert proc.returncode == -getattr(signal, name)  # as unarmed: the signal's default action
+    # THEN the headline names the signal (and its sender, where one was recorded)
+    (bundle,) = runs.glob("run-*/bundle")
+    death = json.loads((bundle / "metadata.json").read_text())["death"]
+    assert death["cause"] == "signal", death
+    expected = f"{name} from kill." if sender is not None else f"{name}."
+    assert death["headline"].endswith(f") was ended by {expected}"), death["headline"]
