@@ -28,7 +28,8 @@ def headline(
     who = f"The {victim.get('role', 'process')} (pid {victim.get('pid')}{method})"
     if cause == "signal" and crash and crash.get("signal"):
         return crash_headline(who, crash)
-    by = f" {killed_by['signal']} from {killed_by['sender']}" if killed_by and killed_by.get("sender") else ""
+    sender = _sender_named(killed_by)
+    by = f" {killed_by['signal']} from {sender}" if killed_by and sender else ""
     if by and killed_by and killed_by.get("reason"):
         by += f": {str(killed_by['reason']).split(' (Slurm')[0]}"
     if in_shutdown and cause == "killed":
@@ -70,3 +71,14 @@ def _signal_named(status: int | None) -> str | None:
         return signal.Signals(signum).name if signum is not None else None
     except ValueError:
         return None
+
+
+def _sender_named(killed_by: dict[str, Any] | None) -> str | None:
+    """Who sent the signal: its command name, else its pid (a sender that ended before the recorder read its
+    name: ``/bin/kill``), else None."""
+    if not killed_by:
+        return None
+    if killed_by.get("sender"):
+        return str(killed_by["sender"])
+    pid = killed_by.get("sender_pid")
+    return f"pid {pid}" if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
