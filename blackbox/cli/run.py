@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from ..run.folder import hold_run_lock, work_folder
     from ..run.launcher import end_like, launch, prepare
     from ..run.leftovers import still_running
+    from ..run.unarmed import UnarmedWatch, advice, sets_pythonpath
 
     command = args.job[1:] if args.job[:1] == ["--"] else args.job
     if not command:
@@ -93,9 +94,12 @@ def run(args: argparse.Namespace) -> int:
         if under_torchrun and ended.status != 0:
             torchelastic.note_end(work.parent, ended.end_ns)
 
-    ended = launch(command, rings, boot, on_end)
+    watch, assigned = UnarmedWatch(boot), sets_pythonpath(command)
+    ended = launch(command, rings, boot, on_end, lambda: watch.scan(os.getpid()))
     count, left = still_running(os.getpid())
     name_leftovers(count, left)
+    if (unarmed := advice(watch.found, None if any(rings.glob("*.ring")) else assigned)) is not None:
+        say(f"warning: {unarmed}")
     recover(rings, work / "bundle", ended, args.quiet, left)  # never raises: the job's status is what we return
     return end_like(ended)
 

@@ -190,9 +190,11 @@ class Relayer:
             self._log = -1
 
 
-def launch(command: list[str], rings: Path, boot: Path, on_end: Callable[[Ended], None] | None = None) -> Ended:
+def launch(command: list[str], rings: Path, boot: Path, on_end: Callable[[Ended], None] | None = None,
+           tick: Callable[[], None] | None = None) -> Ended:  # fmt: skip
     """Run ``command`` armed until it ends; returns how it ended. ``on_end`` is called as soon as the job's
-    process has ended, before the rest of its process group is waited for."""
+    process has ended, before the rest of its process group is waited for; ``tick`` every half second, and
+    at each signal, while the job's process runs."""
     watched: set[int] = {int(s) for s in (*FORWARDED, signal.SIGCHLD)}
     before = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
@@ -208,7 +210,7 @@ def launch(command: list[str], rings: Path, boot: Path, on_end: Callable[[Ended]
             print(f"blackbox run: cannot start {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
             return Ended(127 if isinstance(exc, FileNotFoundError) else 126, None)
         relayer.job = child.pid
-        ended = _wait(child.pid, watched, relayer)
+        ended = _wait(child.pid, watched, relayer, tick)
         relayer.job = 0  # reaped: its pid may be another process's now
         ended.end_ns = time.time_ns()
         if on_end is not None:
@@ -232,9 +234,12 @@ def _sigtimedwait(watched: set[int], timeout: float) -> Any:
     return info if info is not None and info.si_signo in watched else None
 
 
-def _wait(pid: int, watched: set[int], relayer: Relayer) -> Ended:
+def _wait(pid: int, watched: set[int], relayer: Relayer, tick: Callable[[], None] | None) -> Ended:
     while True:
         info = _sigtimedwait(watched, 0.5)
+        if tick is not None:
+            with contextlib.suppress(Exception):  # a look at the job, never a reason to stop waiting for it
+                tick()
         if info is not None and info.si_signo != signal.SIGCHLD:
             relayer.relay(info)
             continue
