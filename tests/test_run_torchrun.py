@@ -117,3 +117,41 @@ def test_blackbox_run_of_torchrun_is_one_job_with_its_agent_named(tmp_path: Path
     assert agent["death"]["victim"]["role"] == "torchrun agent", agent["death"]
     assert (meta["first_death"]["rank"], meta["first_death"]["cause"]) == (1, "exception"), meta["first_death"]
     assert "These rings are of 2 jobs" not in (run / "bundle" / "summary.md").read_text()
+
+
+LONG = """\
+import sys, time
+import torch, torch.distributed as dist
+import blackbox
+dist.init_process_group("gloo")
+for step in range(100000):
+    blackbox.step(step)
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    if step == 3 and dist.get_rank() == 0:
+        print("training", flush=True)
+    time.sleep(0.02)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="no torchrun beside this Python")
+def test_a_time_limits_sigterm_to_torchrun_is_that_signal_not_the_agents_exception(tmp_path: Path) -> None:
+    # GIVEN a torchrun job ended by `timeout` (a scheduler's time limit), unarmed and under `blackbox run`
+    (tmp_path / "train.py").write_text(LONG)
+    torchrun = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(tmp_path / "train.py")]
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    runs = [subprocess.run(["timeout", "-s", "TERM", "15", *prefix, *torchrun], capture_output=True, text=True,
+                           env=env, cwd=tmp_path, timeout=300)
+            for prefix in ([], [*BLACKBOX, "run", "--dir", str(tmp_path / "runs"), "--quiet", "--"])]  # fmt: skip
+    unarmed, armed = runs
+    # THEN it ends as unarmed (timeout's status), and the verdict is timeout's SIGTERM, which torchrun's handler
+    # turned into its SignalException (it read "died of an uncaught ...SignalException", cause exception)
+    assert unarmed.returncode == armed.returncode == 124 and "training" in armed.stdout, armed.stderr[-3000:]
+    (bundle,) = (tmp_path / "runs").glob("run-*/bundle")
+    meta = json.loads((bundle / "metadata.json").read_text())
+    first = meta["first_death"]
+    assert meta["cause"] == first["cause"] == "signal", first
+    assert first["headline"].startswith("The torchrun agent (pid ") and first["headline"].endswith(
+        ") was ended by SIGTERM from timeout: its handler raised "
+        "torch.distributed.elastic.multiprocessing.api.SignalException."), first["headline"]  # fmt: skip

@@ -68,6 +68,7 @@ from .slurm import SENDERS as SLURM_SENDERS
 from .timeline import iso_ns
 from .timing import death_timing, peer_lost
 
+STOPS = ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")  # a request to stop, whose handler may raise to end the job
 CAUSES = ("clean_exit", "nonzero_exit", "interrupted", "exception", "oom_exception", "host_oom_kill",
           "userspace_oom_kill", "killed", "signal", "hang", "unknown")  # fmt: skip
 CONFIDENCE = ("certain", "strong", "probable", "unknown")
@@ -472,13 +473,16 @@ class _Death:
                    if s["detail"] not in (DEFAULT_ACTION, "raised KeyboardInterrupt")]  # fmt: skip
         if not handled:
             return
-        s = handled[-1]
+        s, exc = handled[-1], self._raised()
         who = f" from {s['sender']} (pid {s['sender_pid']})" if s["sender"] else ""
+        self.handled = s
+        if exc is not None and s["label"] in STOPS and s["step"] == exc["step"] and s["time"] <= exc["time"]:
+            self._set("signal", "certain", f"{s['label']}{who}{self._role(s)} at {s['time']} was {s['detail']}, "
+                      "which raised the exception it died of (torchrun's agent raises SignalException)")  # fmt: skip
+            self.killed_by = _sender(s)
+            return
         self.evidence.append(f"{s['label']}{who}{self._role(s)} at {s['time']} was {s['detail'] or 'handled'}, "
                              "and the job then ended by itself (a graceful shutdown)")  # fmt: skip
-        self.handled = s
-        if self.cause == "exception" and self.killed_by is None:  # its handler raised (torchrun's agent does)
-            self.killed_by = _sender(s)
 
     # ---------------------------------------------------------------- helpers
     def _at_slurm_limit(self) -> str | None:

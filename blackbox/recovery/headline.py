@@ -34,8 +34,13 @@ def headline(
         by += f": {str(killed_by['reason']).split(' (Slurm')[0]}"
     if in_shutdown and cause == "killed":
         return f"{who} was killed with SIGKILL while it shut down{', after' + by if by else ''}, before it could exit."
+    job = "The job" if victim.get("role", "main process") == "main process" else who  # a helper's own end
+    kind = str((raised or {}).get("label") or "").split(":", 1)[0].strip()[:80]
+    kind = kind if kind.replace(".", "").replace("_", "").isalnum() else ""  # a type's name, or none said
     if handled is not None:
         sent = f" from {handled['sender']}" if handled.get("sender") else ""
+        if cause == "signal":  # its handler raised the exception it died of
+            return f"{job} was ended by {handled['label']}{sent}: its handler raised {kind or 'an exception'}."
         if cause == "interrupted":
             return (f"The job was interrupted by {handled['label']}{sent}; it caught the KeyboardInterrupt and "
                     f"exited with status {status}.")  # fmt: skip
@@ -44,9 +49,6 @@ def headline(
             return "The job exited cleanly" + after
         if cause == "nonzero_exit":
             return f"The job exited with status {status}" + after
-    job = "The job" if victim.get("role", "main process") == "main process" else who  # a helper's own end
-    kind = str((raised or {}).get("label") or "").split(":", 1)[0].strip()[:80]
-    kind = kind if kind.replace(".", "").replace("_", "").isalnum() else ""  # a type's name, or none said
     detail = str((raised or {}).get("detail") or "")
     if cause == "exception" and kind and detail.startswith(fmt.HANDLED_EXIT_PREFIX):
         article = "an" if kind[:1].lower() in "aeiou" else "a"
