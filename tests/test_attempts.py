@@ -394,3 +394,19 @@ def test_a_starved_rank_killed_first_is_not_displaced_by_the_teardown_it_caused(
     # THEN rank 1 died first: a launcher's teardown and the launcher's own end came after a death, never before
     assert first is not None and first["rank"] == 1, first
     assert [m["rank"] for m in collateral] == [2]
+
+
+def test_a_rank_killed_while_it_shut_down_is_not_the_first_death_before_a_rank_that_failed() -> None:
+    # GIVEN an attempt of 3 ranks where rank 2 exited with status 3 at .300 (sys.exit(3)); rank 1 had ended its
+    # work (its clean end at .100, exit handlers run) and then, while it shut down, was killed with no record of
+    # it (torchrun's teardown SIGTERMs it after its handlers were put back): the field matrix, nanoGPT exit3
+    rings = [
+        _dead(11, 1, "killed", 100, in_shutdown=True),
+        _dead(12, 2, "nonzero_exit", 300),
+    ]
+    # THEN rank 2 is the first death: rank 1's time is only when it began to shut down
+    first, _, _ = deaths(rings)
+    assert first is not None and first["rank"] == 2, first
+    # AND alone, a death while it shut down is the first death all the same
+    first, _, _ = deaths(rings[:1])
+    assert first is not None and first["rank"] == 1, first

@@ -644,6 +644,7 @@ def test_a_process_killed_during_its_graceful_shutdown_is_killed_not_a_clean_exi
     assert death["headline"] == (f"The main process (pid {job.pid}) was killed with SIGKILL while it shut down, "
                                  "after SIGTERM from slurmstepd, before it could exit.")  # fmt: skip
     assert any("never reached exit()" in e for e in death["evidence"]), death["evidence"]
+    assert death["in_shutdown"] is True  # (another process's own death comes before it: attempts.deaths)
 
 
 @pytest.mark.slow

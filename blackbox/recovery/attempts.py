@@ -79,7 +79,7 @@ SLIM = ("rank", "host", "pid", "ppid", "role", "job", "attempt", "started_at", "
 DEFAULT_CLOCK_ERROR_S = 0.1  # assumed where a host's time service did not say how far off its clock may be
 UNWINDING_S = 30.0  # a sender that tore a ring down and died of its own cause this soon after: the cause
 SLIM_DEATH = ("cause", "confidence", "headline", "victim", "time", "step", "hang", "time_error_s", "starved",
-              "peer_lost")  # fmt: skip
+              "peer_lost", "in_shutdown")  # fmt: skip
 SLIM_KILLER = ("signal", "sender", "sender_pid", "time")
 
 
@@ -320,6 +320,7 @@ def deaths(
     torn = {id(m): k for m in dead if (k := _teardown(m)) is not None}
     told = {id(m) for m in dead if _told_by_its_own(m, dead)}
     own = [m for m in dead if id(m) not in torn and id(m) not in told]
+    own = [m for m in own if not m["death"].get("in_shutdown")] or own  # its work done; its end's time unknown
     parents = frozenset((m.get("host"), m.get("ppid")) for m in dead)
     collateral = []
     if own:
@@ -328,6 +329,7 @@ def deaths(
                                                            or _by_its_dying_sender(m, torn[id(m)], own))]  # fmt: skip
     gone = {id(m) for m in collateral}
     rest = [m for m in dead if id(m) not in gone and id(m) not in told] or [m for m in dead if id(m) not in gone]
+    rest = [m for m in rest if not m["death"].get("in_shutdown")] or rest
     first = _earliest(rest, when, parents) if rest else None
     for m in collateral:
         m["death"]["collateral_of"] = _who(first or {}) | {"by": LAUNCHERS.get(torn[id(m)].get("sender") or "")}

@@ -541,6 +541,8 @@ class _Death:
             "exit_status": self.status,
             "killed_by": self.killed_by,
         }
+        if self.in_shutdown:
+            d["in_shutdown"] = True
         if self.exec_into is not None:
             d["headline"] = (f"The {self.victim.get('role') or 'process'} (pid {self.pid}) replaced itself with "
                              f"`{self.exec_into}` (exec): it went on there.")  # fmt: skip

@@ -107,6 +107,7 @@ def _slim(m: dict[str, Any], at: tuple[int, int]) -> dict[str, Any]:
         "time_error_s": _float(d.get("time_error_s")),
         "starved": _starved(d.get("starved")),
         "peer_lost": _text(d.get("peer_lost")),
+        "in_shutdown": d.get("in_shutdown") is True,
     }
     return {
         "host": _text(m.get("host"), TEXT_LIMITS["host"]),
