@@ -482,3 +482,58 @@ def test_a_main_process_waiting_for_a_stuck_dataloader_worker_is_said_to_wait_fo
     assert death["cause"] == "hang" and death["hang"]["loader"] is True and death["step"] == 9, death
     assert "waiting for a batch from its DataLoader's workers" in death["headline"], death["headline"]
     assert death["levers"][0].startswith("look at the dataset's __getitem__"), death["levers"]
+
+
+STEPLESS = """\
+import sys, threading, time
+import blackbox
+blackbox.arm(sys.argv[1] + "/", sample_interval=0.05)
+lock = threading.Lock()
+
+def stuck_here():
+    lock.acquire()
+    lock.acquire()  # a deadlock: the planted truth
+
+def parse(n):
+    return sum(i * i for i in range(n))
+
+def shuffle(n):
+    return max(i % 7 for i in range(n))
+
+for i in range(20):  # a job that counts no steps (no optimizer, no blackbox.step): a data pass
+    time.sleep(0.05)
+open(sys.argv[2], "w").close()
+if sys.argv[3] == "stuck":
+    stuck_here()
+while True:
+    parse(30000)
+    shuffle(30000)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("state", ["stuck", "working"])
+def test_a_job_without_steps_is_told_where_its_stack_stayed(tmp_path: Path, state: str) -> None:
+    # GIVEN a job that counts no steps, stuck on a lock (or working), ended by the scheduler's SIGTERM after 12 s
+    (tmp_path / "job.py").write_text(STEPLESS)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(tmp_path / "rings"), str(tmp_path / "go"),
+                             state], env=ENV)  # fmt: skip
+    while not (tmp_path / "go").exists() and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(12)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == -signal.SIGTERM
+    from blackbox.recovery.pipeline import recover_rings
+
+    death = recover_rings([tmp_path / "rings"]).meta["death"]
+    assert death["cause"] == "signal", death  # no steps to time progress by: no hang is called either way
+    if state == "working":  # THEN working, its stack changing: no stall is told
+        assert death.get("hang") is None, death["hang"]
+        return
+    # THEN stuck: the place where its stack stayed, in every sample for about the 12 s, is the first lever
+    line = next(i for i, ln in enumerate(STEPLESS.splitlines(), 1) if "a deadlock" in ln)
+    assert (death["hang"]["step_s"], death["hang"]["busy"]) == (None, None), death["hang"]
+    assert death["hang"]["site"] == f"stuck_here ({tmp_path / 'job.py'}:{line})", death["hang"]
+    assert 10.0 <= death["hang"]["stalled_s"] <= 14.0, death["hang"]
+    assert death["levers"][0].startswith(f"look at stuck_here (job.py:{line}): the main thread was there in every "
+                                         "stack sample for the last "), death["levers"]

@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     own_process()
     from .._postmortem import write_postmortem
     from ..recovery.bundle import SUMMARY
+    from ..views.text import as_text
 
     work = Path(args.dir)
     rings, bundle = work / "rings", work / "bundle"
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     )
     write_postmortem([rings], bundle)
     print(f"[demo] recovered the ring into {bundle}/ (timeline.parquet, metadata.json, summary.md)\n", flush=True)
-    sys.stdout.write((bundle / SUMMARY).read_text())
+    sys.stdout.write(as_text((bundle / SUMMARY).read_text()))
     meta = json.loads((bundle / "metadata.json").read_text())
     print(f"\n[demo] {leak_found(meta.get('allocations'), *planted, steps=last + 1)}", flush=True)
     print(f"\n[demo] {query_hint(bundle / 'timeline.parquet')}")

@@ -193,6 +193,7 @@ def recover(rings: Path, bundle: Path, ended: Ended, quiet: bool, left: list[dic
         from .._postmortem import write_postmortem
         from ..recovery.bundle import SUMMARY
         from ..run.notice import slurm_comment, termination_message, verdict_line
+        from ..views.text import as_text
 
         rank = torchelastic.rank()
         of_rank = "" if rank is None else f"rank {rank}: "
@@ -219,7 +220,7 @@ def recover(rings: Path, bundle: Path, ended: Ended, quiet: bool, left: list[dic
         say(of_rank + line)
         if not quiet and account_here(ended, bundle.parent.parent):
             with contextlib.suppress(OSError, ValueError):
-                sys.stderr.write((bundle / SUMMARY).read_text())
+                sys.stderr.write(as_text((bundle / SUMMARY).read_text()))  # a log, read as text
                 sys.stderr.flush()
         return meta
     except Exception as exc:  # recovery must never change how the job ended

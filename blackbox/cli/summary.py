@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..views.text import as_text
 from ._common import own_process, standalone
 from ._tty import colour_markdown, colour_on, progress
 
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _shown(markdown: str) -> str:
     """Bold headings and cause on a terminal; the Markdown as it is anywhere else."""
-    return colour_markdown(markdown) if colour_on() else markdown
+    return colour_markdown(as_text(markdown)) if colour_on() else markdown
 
 
 def _json(meta: dict[str, object]) -> int:

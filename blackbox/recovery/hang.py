@@ -47,6 +47,8 @@ BUSY_MOVES = 0.1  # or whose stack changed between this share of its consecutive
 HANG_FACTOR = 10.0  # a stall this many times the job's own step time (the median of its last steps)...
 HANG_MIN_S = 2.0  # ...and at least this long (and longer than any of those steps) is no progress
 STEPS_SEEN = 50  # the step intervals the step time is taken from: the last ones
+SAME_STACK_S = 10.0  # without steps: the main thread's stack unchanged this long before the end is no progress...
+STILL_SAMPLES = 5  # ...in this many samples at least
 _COLLECTIVE = re.compile(r"/torch/distributed/(?!elastic/)|/deepspeed/comm/|/torch/nn/parallel/distributed\.py")
 _C10D = re.compile(r"/torch/distributed/distributed_c10d\.py")
 # the main process waiting for a batch from its DataLoader's worker processes
@@ -84,7 +86,7 @@ def stall(table: pa.Table, end_ns: int, ranked: bool) -> dict[str, Any] | None:
     ``collective`` (what it waited in, or null). None: no stall, or fewer than two steps to time."""
     steps = of_kind(table, "step", columns=["time", "step"])
     if steps.num_rows < 3:
-        return None
+        return _same_stack(table, end_ns, ranked, steps["step"][-1].as_py() if steps.num_rows else None)
     steps = steps.slice(max(0, steps.num_rows - STEPS_SEEN - 1))  # the last ones are all it reads
     times = steps["time"].cast(pa.int64()).to_numpy(zero_copy_only=False)
     gaps = np.diff(times[-(STEPS_SEEN + 1) :]) / 1e9
@@ -98,6 +100,32 @@ def stall(table: pa.Table, end_ns: int, ranked: bool) -> dict[str, Any] | None:
             "samples": count, "moves": moves, "site": site_of(stack) if stack else None,
             "collective": collective_of(stack, ranked),
             "loader": bool(stack and _LOADER_WAIT.search(stack))}  # fmt: skip
+
+
+def _same_stack(table: pa.Table, end_ns: int, ranked: bool, step: int | None) -> dict[str, Any] | None:
+    """Without steps to time (a job that counts none, or stuck before its third): the stall is the main
+    thread's stack unchanged in every sample over at least ``SAME_STACK_S`` before the end (``STILL_SAMPLES``
+    of them at least); ``since`` is the first of those samples, ``step_s`` and ``longest_s`` null. Its place
+    is told, but no hang is called (``busy`` null): a stack sample names a line, so a wait in a lock and a
+    loop on one line (a generator expression) look the same without steps to tell progress by."""
+    rows = of_kind(table, "stack_sample", columns=["time", "label", "detail"])
+    rows = rows.filter(pc.less_equal(rows["time"].cast(pa.int64()), end_ns))
+    main = rows.filter(pc.equal(rows["label"].cast(pa.string()), "MainThread"))
+    rows = main if main.num_rows else rows
+    rows = rows.take(pc.array_sort_indices(rows["time"].cast(pa.int64())))
+    details = rows["detail"].cast(pa.string()).to_pylist()
+    if len(details) < STILL_SAMPLES or details[-1] is None:
+        return None
+    first = len(details) - 1
+    while first > 0 and details[first - 1] == details[-1]:
+        first -= 1
+    since = int(rows["time"].cast(pa.int64())[first].as_py())
+    stalled, stack = (end_ns - since) / 1e9, str(details[-1])
+    if stalled < SAME_STACK_S or len(details) - first < STILL_SAMPLES:
+        return None
+    return {"since": iso_ns(since), "step": step, "stalled_s": round(stalled, 3), "step_s": None, "longest_s": None,
+            "stack": stack, "share": 1.0, "samples": len(details) - first, "moves": 0, "site": site_of(stack),
+            "collective": collective_of(stack, ranked), "loader": bool(_LOADER_WAIT.search(stack))}  # fmt: skip
 
 
 def _stack_since(table: pa.Table, since_ns: int, end_ns: int) -> tuple[str | None, float | None, int, int]:
@@ -161,6 +189,12 @@ def with_hang(
         levers = death.get("levers") or []
         return {**death, "hang": st, "evidence": [*death.get("evidence", []), _stall_evidence(st), ev],
                 "levers": [lever, *levers] if death["cause"] == "killed" else levers}
+    if st["step_s"] is None:  # no steps to time it by: the place is told, no hang called (``_same_stack``)
+        st["busy"] = None
+        lever = (f"look at {short_frame(st['site'])}: the main thread was there in every stack sample for the last "
+                 f"{st['stalled_s']:.0f} s before the end (waiting there, or looping on that one line)")  # fmt: skip
+        return {**death, "hang": st, "evidence": [*death.get("evidence", []), _stall_evidence(st)],
+                "levers": [lever, *(death.get("levers") or [])] if st.get("site") else death.get("levers")}
     # Its stack changing from sample to sample, it was working (an evaluation, a checkpoint, a slow data
     # pass killed at the time limit): no progress in steps, but not stuck. It keeps its cause.
     st["busy"] = st["samples"] >= 4 and ((st["share"] or 0.0) < BUSY_SHARE or
@@ -184,7 +218,7 @@ def _shutdown_since(table: pa.Table, st: dict[str, Any], end_ns: int) -> dict[st
     if not rows.num_rows:
         return None
     at = int(rows["time"].cast(pa.int64())[0].as_py())  # (never to_pylist: no pandas, no ns datetimes there)
-    if (at - since) / 1e9 >= max(HANG_FACTOR * float(st["step_s"]), HANG_MIN_S):
+    if (at - since) / 1e9 >= max(HANG_FACTOR * float(st["step_s"] or 0.0), HANG_MIN_S):
         return None  # it had stopped long before the signal came: a hang, whatever its handler did after
     sender = rows["sender"][0].as_py() if "sender" in rows.column_names else None
     return {"signal": str(rows["label"][0].as_py()), "sender": str(sender) if sender else None,
@@ -224,6 +258,10 @@ def _stall_evidence(st: dict[str, Any]) -> str:
     if st.get("busy"):
         seen += (f"; its stack kept changing ({st.get('moves', 0)} times between consecutive samples): busy, not "
                  "stuck (no hang called)")  # fmt: skip
+    if st.get("step_s") is None:  # no steps to time (``_same_stack``)
+        return (f"the main thread's stack was the same in every sample for the last {st['stalled_s']:.1f} s before "
+                f"the end (from {st['since']}; {st['samples']} samples; too few steps to time: "
+                f"{'none' if st['step'] is None else 'the last ' + str(st['step'])}){seen}")  # fmt: skip
     return (f"no step for {st['stalled_s']:.1f} s before the end (the last, step {st['step']}, at {st['since']}; its "
             f"steps took {st['step_s']:.3g} s, median of the last {STEPS_SEEN} at most, the longest "
             f"{st['longest_s']:.3g} s){seen}")  # fmt: skip
@@ -234,6 +272,9 @@ def _headline(death: dict[str, Any], st: dict[str, Any]) -> str:
     killer = death.get("killed_by") or {}
     how = f"{killer['signal']} from {killer['sender']}" if killer.get("sender") else (
         "SIGKILL" if death["cause"] == "killed" else "a signal")  # fmt: skip
+    if st.get("step_s") is None:
+        return (f"The {v.get('role', 'process')} (pid {v.get('pid')}) hung: the same stack for {st['stalled_s']:.1f} s "
+                f"before the end, {_where(st)}; then {how} ended it.")  # fmt: skip
     return (f"The {v.get('role', 'process')} (pid {v.get('pid')}) hung: no step for {st['stalled_s']:.1f} s (its "
             f"steps took {st['step_s']:.3g} s), {_where(st)}; then {how} ended it.")  # fmt: skip
 

@@ -37,6 +37,11 @@ def inert(markdown: str) -> str:
     return "\n".join(_inert_line(line) if "](" in line or "<" in line else line for line in markdown.split("\n"))
 
 
+def as_text(markdown: str) -> str:
+    """summary.md to be read as text (a terminal, a log), not rendered: ``inert``'s escapes taken out."""
+    return markdown.replace("]\\(", "](").replace("\\<", "<")
+
+
 def _inert_line(line: str) -> str:
     out: list[str] = []
     i, n = 0, len(line)
