@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
 from blackbox.views.stacks import crash_section
-from blackbox.views.text import inert
+from blackbox.views.text import as_text, inert
 
 MD = MarkdownIt("commonmark").enable("table")
 ACTIVE = {"link_open", "image", "html_inline", "html_block"}
@@ -49,6 +49,11 @@ def test_hostile_text_in_a_line_forms_no_link_image_or_html_and_reads_as_written
     assert _active(inert(line)) == []
     assert "[click here](http://evil.example/a)" in _text(inert(line))
     assert "<img src=x onerror=alert(1)>" in _text(inert(line))
+
+
+def test_read_as_text_in_a_terminal_or_a_log_the_escapes_are_taken_out() -> None:
+    line = "- called from <module> (train.py:3): ValueError: [x](http://evil.example) <b>"
+    assert "\\<module>" in inert(line) and as_text(inert(line)) == line
 
 
 def test_blackbox_own_code_spans_and_emphasis_are_unchanged() -> None:
