@@ -130,9 +130,13 @@ def _faulthandler_changed(rec: Recorder) -> None:
     """Where faulthandler is not ours (the job's, or disabled), the C handler records the crash signals and
     writes their tracebacks into the ring."""
     crash, signals = rec._crash, rec._signals
-    if crash is not None and signals is not None and not crash.ours():
+    if crash is None or signals is None or crash.busy:  # (its own enable or disable: not the job's)
+        return
+    if not crash.ours():
         signals.record_crashes()
         signals.crash_text_to(crash.fd())
+    elif signals.writes_crash_text():  # a DataLoader worker's: PyTorch's handlers sit over our faulthandler
+        signals.crash_text_to(crash.fd())  # (-1 once the job closed it: its number may be the job's file)
 
 
 def _record_crashes_of_the_active() -> None:

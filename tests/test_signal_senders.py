@@ -30,36 +30,35 @@ for step in range(600):
 """
 
 
-def _ready(stream: object) -> None:
-    assert stream is not None
-    assert stream.readline().strip() == "ready"  # type: ignore[attr-defined]
+def _start(tmp_path: Path, script: str, *args: str, armed: bool = True) -> tuple[subprocess.Popen[str], int]:
+    """The job (under `blackbox run`, into tmp_path/runs, where ``armed``) once it says "ready", and the pid of
+    its own python (under `blackbox run`: the launcher's child that runs it, beside a witness process)."""
+    job = tmp_path / "train.py"
+    job.write_text(script)
+    run = [sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path / "runs"), "--quiet", "--"]
+    proc = subprocess.Popen([*(run if armed else []), sys.executable, str(job), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    if not armed:
+        return proc, proc.pid
+    kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    return proc, next(int(k) for k in kids if Path(f"/proc/{k}/cmdline").read_bytes().split(b"\0")[1:2] == [bytes(job)])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launch", ["unarmed", "blackbox run"])
 def test_kill_int_names_its_sender_and_the_job_ends_as_unarmed(tmp_path: Path, launch: str) -> None:
     # GIVEN a job (unarmed, or under `blackbox run`) that a known process, a shell, interrupts
-    job = tmp_path / "train.py"
-    job.write_text(JOB)
-    runs = tmp_path / "runs"
-    run = [sys.executable, "-m", "blackbox", "run", "--dir", str(runs), "--quiet", "--"]
-    prefix = run if launch == "blackbox run" else []
-    proc = subprocess.Popen([*prefix, sys.executable, str(job)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
-    _ready(proc.stdout)
-    target = proc.pid
-    if prefix:  # the job's own python (the launcher's children: it, and a witness process)
-        kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-        target = next(int(k) for k in kids if Path(f"/proc/{k}/cmdline").read_bytes().split(b"\0")[1:2] == [bytes(job)])
+    proc, target = _start(tmp_path, JOB, armed=launch == "blackbox run")
     sender = subprocess.Popen(["sh", "-c", f"kill -INT {target}; sleep 1"])  # it outlives its signal: named
     assert sender.wait(timeout=30) == 0
     _, err = proc.communicate(timeout=120)
     # THEN it ends as unarmed: KeyboardInterrupt's traceback, then death by SIGINT (Python re-raises it at exit)
     assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in err, err[-2000:]
-    if not prefix:
+    if launch == "unarmed":
         return
     # AND the verdict names the sender, by name and pid, in the headline and the evidence
-    (bundle,) = runs.glob("run-*/bundle")
+    (bundle,) = (tmp_path / "runs").glob("run-*/bundle")
     death = json.loads((bundle / "metadata.json").read_text())["death"]
     assert death["cause"] == "interrupted" and death["headline"] == "The job was interrupted by SIGINT from sh."
     assert (death["killed_by"]["sender"], death["killed_by"]["sender_pid"]) == ("sh", sender.pid), death
@@ -111,23 +110,15 @@ time.sleep(60)
 @pytest.mark.parametrize("name", ["SIGQUIT", "SIGUSR1"])
 def test_a_job_ended_by_a_signal_is_told_by_that_signals_name(tmp_path: Path, name: str) -> None:
     # GIVEN a job under `blackbox run` ended by SIGQUIT it sends itself, or by SIGUSR1 from /bin/kill
-    job = tmp_path / "train.py"
-    job.write_text(ENDS)
-    runs = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "blackbox", "run", "--dir", str(runs), "--quiet", "--",
-                             sys.executable, str(job), name], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
-    _ready(proc.stdout)
+    proc, target = _start(tmp_path, ENDS, name)
     sender = None
     if name == "SIGUSR1":
-        kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-        target = next(int(k) for k in kids if Path(f"/proc/{k}/cmdline").read_bytes().split(b"\0")[1:2] == [bytes(job)])
         sender = subprocess.Popen(["/bin/kill", "-USR1", str(target)])  # gone at once: named by pid, or by name
         assert sender.wait(timeout=30) == 0
     proc.communicate(timeout=120)
     assert proc.returncode == -getattr(signal, name)  # as unarmed: the signal's default action
     # THEN the headline names the signal (and its sender, where one was recorded)
-    (bundle,) = runs.glob("run-*/bundle")
+    (bundle,) = (tmp_path / "runs").glob("run-*/bundle")
     death = json.loads((bundle / "metadata.json").read_text())["death"]
     assert death["cause"] == "signal", death
     ends = [f"{name} from kill.", f"{name} from pid {sender.pid}."] if sender is not None else [f"{name}."]

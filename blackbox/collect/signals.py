@@ -115,6 +115,10 @@ class SignalRecorder:
             self._cmod.signals_crash_fd(fd)
             self._crash_fd = fd
 
+    def writes_crash_text(self) -> bool:
+        """The C handler writes a crash's tracebacks somewhere (``crash_text_to``)."""
+        return self._crash_fd >= 0
+
     def _record(self, names: tuple[str, ...]) -> None:
         for name in names:
             signum = getattr(signal, name, None)
@@ -191,6 +195,7 @@ class CrashRegion:
         self._file: io.FileIO | None = None
         self._held = 0  # references to our file object while faulthandler holds one
         self.note = ""
+        self.busy = False  # enabling or disabling faulthandler itself (the job's calls are followed: not these)
 
     def enable(self) -> None:
         if faulthandler.is_enabled():
@@ -209,13 +214,21 @@ class CrashRegion:
         self._open_fd()
         assert self._fd is not None
         self._file = io.FileIO(self._fd.fd, "w", closefd=False)
-        faulthandler.enable(file=self._file, all_threads=True)
+        self._faulthandler("enable", file=self._file, all_threads=True)
         self._held = sys.getrefcount(self._file)
 
+    def _faulthandler(self, name: str, **kwargs: Any) -> None:
+        self.busy = True
+        try:
+            getattr(faulthandler, name)(**kwargs)
+        finally:
+            self.busy = False
+
     def fd(self) -> int:
-        """The descriptor positioned at the crash region (-1: none), for the signal recorder's C handler
-        where faulthandler is not ours (``SignalRecorder.crash_text_to``)."""
-        return self._fd.fd if self._fd is not None else -1
+        """The descriptor positioned at the crash region, for the signal recorder's C handler where
+        faulthandler is not ours (``SignalRecorder.crash_text_to``); -1 where there is none, or the job closed
+        it (its number may be the job's file now)."""
+        return self._fd.fd if self._fd is not None and self._fd.intact() else -1
 
     def ours(self) -> bool:
         """faulthandler still writes to our file: the job has neither disabled it nor enabled its own."""
@@ -230,7 +243,7 @@ class CrashRegion:
             self._file, self._fd = None, None
             self._open_fd()
             return
-        faulthandler.disable()  # never let a crash write into whatever file now has that number
+        self._faulthandler("disable")  # never let a crash write into whatever file now has that number
         self._file, self._fd = None, None
         self._open()
 
@@ -239,7 +252,7 @@ class CrashRegion:
         if self._file is None:
             return
         if self.ours():
-            faulthandler.disable()
+            self._faulthandler("disable")
         self._file = None
         if self._fd is not None:
             self._fd.close()
