@@ -118,3 +118,20 @@ def test_marking_threads_and_disarm_never_crash_or_raise(tmp_path: Path, writer_
     assert out.stdout.strip() == "errors []", out.stderr[-2000:]
     assert not [line for line in out.stderr.splitlines() if "BlackboxWarning" in line and "dropped" in line]
     assert len(find_rings([tmp_path])) == 60 and all(read_ring(r).clean for r in find_rings([tmp_path]))
+
+
+OWN_FAULTHANDLER = """
+import os, sys, blackbox
+blackbox.arm(sys.argv[1] + "/", capacity=1024, sample_interval=0.05)
+ring = os.path.realpath(blackbox.active().path)
+blackbox.disarm()
+print(sum(os.path.realpath(f"/proc/self/fd/{fd}") == ring for fd in os.listdir("/proc/self/fd")))
+"""
+
+
+@pytest.mark.parametrize("faulthandler", ["", "1"], ids=["ours", "the job's (PYTHONFAULTHANDLER=1)"])
+def test_disarm_leaves_no_descriptor_on_the_ring(tmp_path: Path, faulthandler: str) -> None:
+    # GIVEN an armed process, its faulthandler blackbox's or the job's own (then the crash region's descriptor
+    # is the signal recorder's alone), disarmed: THEN no descriptor of it is left open on the ring
+    out = run_py(OWN_FAULTHANDLER, str(tmp_path), env={"PYTHONFAULTHANDLER": faulthandler})
+    assert out.stdout.strip() == "0", out.stdout

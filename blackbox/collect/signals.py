@@ -248,10 +248,9 @@ class CrashRegion:
         self._open()
 
     def disable(self) -> None:
-        """Stop, where faulthandler is still ours; the job's own faulthandler is left as it is."""
-        if self._file is None:
-            return
-        if self.ours():
+        """Stop, where faulthandler is still ours; the job's own faulthandler is left as it is. The descriptor
+        is closed either way (where the job's faulthandler was there first, the signal recorder's alone)."""
+        if self._file is not None and self.ours():
             self._faulthandler("disable")
         self._file = None
         if self._fd is not None:

@@ -51,7 +51,6 @@ def signal_of(status: int | None) -> int | None:
     return None
 
 
-
 def interrupted_by(f: Facts) -> tuple[dict[str, Any] | None, str]:
     """(the signal row, the evidence) of an uncaught KeyboardInterrupt: the last signal, where it is the SIGINT
     that raised it, and from whom it was (``kill -INT``: its sender; a terminal's Ctrl-C: the kernel, no
