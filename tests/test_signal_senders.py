@@ -30,26 +30,30 @@ for step in range(600):
 """
 
 
-def _start(tmp_path: Path, script: str, *args: str, armed: bool = True) -> tuple[subprocess.Popen[str], int]:
-    """The job (under `blackbox run`, into tmp_path/runs, where ``armed``) once it says "ready", and the pid of
-    its own python (under `blackbox run`: the launcher's child that runs it, beside a witness process)."""
-    job = tmp_path / "train.py"
-    job.write_text(script)
+def _start(tmp_path: Path, script: str, *args: str, armed: bool = True) -> subprocess.Popen[str]:
+    """The job (under `blackbox run`, into tmp_path/runs, where ``armed``), once it says "ready"."""
     run = [sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path / "runs"), "--quiet", "--"]
-    proc = subprocess.Popen([*(run if armed else []), sys.executable, str(job), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    (tmp_path / "train.py").write_text(script)
+    proc = subprocess.Popen([*(run if armed else []), sys.executable, str(tmp_path / "train.py"), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-    if not armed:
-        return proc, proc.pid
+    return proc
+
+
+def _job_pid(proc: subprocess.Popen[str], tmp_path: Path) -> int:
+    """The job's own python under `blackbox run` (the launcher's child that runs it, beside a witness)."""
     kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-    return proc, next(int(k) for k in kids if Path(f"/proc/{k}/cmdline").read_bytes().split(b"\0")[1:2] == [bytes(job)])
+    job = bytes(tmp_path / "train.py")
+    return next(int(k) for k in kids if Path(f"/proc/{k}/cmdline").read_bytes().split(b"\0")[1:2] == [job])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launch", ["unarmed", "blackbox run"])
 def test_kill_int_names_its_sender_and_the_job_ends_as_unarmed(tmp_path: Path, launch: str) -> None:
     # GIVEN a job (unarmed, or under `blackbox run`) that a known process, a shell, interrupts
-    proc, target = _start(tmp_path, JOB, armed=launch == "blackbox run")
+    proc = _start(tmp_path, JOB, armed=launch == "blackbox run")
+    target = _job_pid(proc, tmp_path) if launch == "blackbox run" else proc.pid
     sender = subprocess.Popen(["sh", "-c", f"kill -INT {target}; sleep 1"])  # it outlives its signal: named
     assert sender.wait(timeout=30) == 0
     _, err = proc.communicate(timeout=120)
@@ -110,10 +114,11 @@ time.sleep(60)
 @pytest.mark.parametrize("name", ["SIGQUIT", "SIGUSR1"])
 def test_a_job_ended_by_a_signal_is_told_by_that_signals_name(tmp_path: Path, name: str) -> None:
     # GIVEN a job under `blackbox run` ended by SIGQUIT it sends itself, or by SIGUSR1 from /bin/kill
-    proc, target = _start(tmp_path, ENDS, name)
+    proc = _start(tmp_path, ENDS, name)
     sender = None
     if name == "SIGUSR1":
-        sender = subprocess.Popen(["/bin/kill", "-USR1", str(target)])  # gone at once: named by pid, or by name
+        # /bin/kill is gone at once: named by its pid, or by its name
+        sender = subprocess.Popen(["/bin/kill", "-USR1", str(_job_pid(proc, tmp_path))])
         assert sender.wait(timeout=30) == 0
     proc.communicate(timeout=120)
     assert proc.returncode == -getattr(signal, name)  # as unarmed: the signal's default action
