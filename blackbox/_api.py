@@ -24,6 +24,7 @@ from ._recorder import DEFAULT_SAMPLE_INTERVAL, DEFAULT_STRINGS_SIZE, Phase, Rec
 from ._warn import note_arm_site
 from .collect.exceptions import capture
 from .collect.identity import helper_name
+from .collect.signals import held_while_arming
 from .ring import format as fmt
 from .ring.writer import built_module
 
@@ -128,7 +129,7 @@ def arm(
     _arming.add(me)
     note_arm_site()
     try:
-        with _lock:
+        with held_while_arming(), _lock:
             return _arm_locked(path, capacity, sample_interval, strings_size, on_fork, allocator_history, modules,
                                 sync_interval, stacks, stack_threads, allocations, keep,
                                 {"alerts": alerts, "alert_levels": alert_levels, "alert_signal": alert_signal,

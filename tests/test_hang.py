@@ -344,7 +344,8 @@ def test_ranks_whose_collective_timed_out_waited_for_the_stuck_rank(tmp_path: Pa
     assert first["hang"]["site"].startswith("wait_for_batch (")
     # (the first to time out ends the wait: the other may time out too, or be stopped by torchrun first)
     waited = {w["rank"]: w for w in attempt["hang"]["waited"]}
-    assert sorted(waited) == [0, 2] and all(w["step"] == 20 for w in waited.values()), waited
+    assert set(waited) == {0, 2} and all(w["step"] == 20 for w in waited.values()), json.dumps(attempt["hang"],
+                                                                                              default=str)
     timed_out = [w for w in waited.values() if w["timed_out"]]
     assert timed_out and all(told in w["timed_out"] for w in timed_out), waited
     by_rank = {m["rank"]: m for m in meta["rings"]}
@@ -537,3 +538,26 @@ def test_a_job_without_steps_is_told_where_its_stack_stayed(tmp_path: Path, stat
     assert 10.0 <= death["hang"]["stalled_s"] <= 14.0, death["hang"]
     assert death["levers"][0].startswith(f"look at stuck_here (job.py:{line}): the main thread was there in every "
                                          "stack sample for the last "), death["levers"]
+
+
+AGENT_STACK = ";".join([  # torchrun's agent as `blackbox run` records it, monitoring its ranks (torch 2.13)
+    "<module> (/venv/bin/torchrun:6)", "main (/venv/lib/python3.11/site-packages/torch/distributed/run.py:936)",
+    "run (/venv/lib/python3.11/site-packages/torch/distributed/run.py:927)",
+    "__call__ (/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py:156)",
+    "launch_agent (/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py:374)",
+    "wrapper (/venv/lib/python3.11/site-packages/torch/distributed/elastic/metrics/api.py:138)",
+    "run (/venv/lib/python3.11/site-packages/torch/distributed/elastic/agent/server/api.py:711)",
+    "_invoke_run (/venv/lib/python3.11/site-packages/torch/distributed/elastic/agent/server/api.py:870)",
+])
+RANK_STACK = ";".join([
+    "main (/job/train.py:43)", "backward (/venv/lib/python3.11/site-packages/torch/_tensor.py:630)",
+    "all_reduce (/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:2800)",
+])
+
+
+def test_collective_of_names_a_ranks_collective_and_never_torchruns_own_loop() -> None:
+    from blackbox.recovery.hang import collective_of
+
+    # (the agent's stack, unchanged for 10 s while its ranks hung, was listed among the ranks that waited)
+    assert collective_of(AGENT_STACK, ranked=False) is None
+    assert collective_of(RANK_STACK, ranked=True) == "all_reduce"

@@ -211,7 +211,10 @@ def test_a_pool_that_ends_its_with_block_is_no_death(tmp_path: Path, method: str
     meta = _bundle(tmp_path)
     helpers = [r for r in meta["rings"] if r["role"] == "worker"]  # (a spawn helper terminated before it armed: none)
     assert 1 <= len(helpers) <= 2 and meta["first_death"] is None and meta["cause"] == "clean_exit", meta["first_death"]
-    assert all(r["death"]["cause"] == "clean_exit" and "Pool's workers" in " ".join(r["death"]["evidence"])
+    # (a helper SIGTERMed as it armed was "killed; no handler ran": arming now holds the signal until its
+    # handler is in; a helper that took its end-of-work sentinel before the SIGTERM ends with a clean end)
+    ended = ("Pool's workers", "a clean end was recorded")
+    assert all(r["death"]["cause"] == "clean_exit" and any(e in " ".join(r["death"]["evidence"]) for e in ended)
                for r in helpers), [r["death"] for r in helpers]  # fmt: skip
 
 

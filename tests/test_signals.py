@@ -218,3 +218,35 @@ def test_signal_storms_never_hang_and_end_as_unarmed(tmp_path: Path) -> None:
         f"{a}, {b}, {h}" for a in ("armed", "unarmed") for b in ("c", "python") for h in ("handler", "default")
     }
     assert all(r.status is not None for r in results)  # nothing hung
+
+
+MID_ARM = """
+import os, signal, sys
+import blackbox._recorder as r
+put_in = r.install_collectors
+def sigterm_first(*args, **kwargs):  # a SIGTERM lands after the ring is made, before its handler is in
+    print(len(os.listdir("/proc/self/task")), flush=True)  # threads: one, as in a helper just forked
+    os.kill(os.getpid(), signal.SIGTERM)
+    return put_in(*args, **kwargs)
+r.install_collectors = sigterm_first
+import blackbox
+blackbox.arm(sys.argv[1])
+print("never", flush=True)
+"""
+
+
+@needs_c
+def test_a_sigterm_that_lands_while_arming_is_recorded_not_a_silent_kill(tmp_path: Path) -> None:
+    # GIVEN a SIGTERM that lands while arm() makes the ring (a Pool's teardown SIGTERMs a fork helper as it
+    # arms), in a process of one thread, as a helper just forked is (arming holds the signal on its own
+    # thread: another thread that does not block it would take it, and die of it as it would unarmed)
+    one_thread = dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), "1")
+    proc = spawn_py(MID_ARM, str(tmp_path), env=one_thread, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=60)
+    # THEN the process dies of it, as it would unarmed, once the handler is in: the ring records the signal
+    # (the ring held only its `arm` record, read as "killed with SIGKILL; no handler ran")
+    assert proc.returncode == -signal.SIGTERM and out == "1\n", (out, err)
+    from blackbox.recovery.pipeline import recover_rings
+
+    death = recover_rings([tmp_path]).meta["death"]
+    assert death["cause"] == "signal" and "SIGTERM" in death["headline"], death

@@ -154,7 +154,10 @@ def test_a_dataloader_worker_sent_sigterm_died_of_it_not_of_sigkill(tmp_path: Pa
     worker = int(marked.read_text())
     os.kill(worker, signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert f"DataLoader worker (pid {worker}) is killed by signal: Terminated" in err, err[-2000:]
+    # (the main's error varies with timing, armed or not: PyTorch's "is killed by signal: Terminated", or a
+    # ConnectionResetError from the dead worker's socket while a batch was handed over)
+    told = (f"DataLoader worker (pid {worker}) is killed by signal: Terminated", "ConnectionResetError")
+    assert proc.returncode == 1 and any(t in err for t in told), err[-2000:]
     # THEN the first death is that worker, ended by SIGTERM from its sender (it read "killed with SIGKILL after
     # SIGTERM ...; no handler ran")
     (bundle,) = (tmp_path / "run").glob("run-*/bundle")

@@ -26,18 +26,24 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 SLOT = 128
+# A rank's sampler interval and step period. A thousand ranks share two cores in the scale test: at the
+# default interval (0.1 s) and a step every 50 ms they asked for 13 times the CPU there was, and making
+# the job took 386 s where it takes ~60 s with these (tools/bench_fleet.py prints the time).
+SAMPLE_INTERVAL_S = 5.0
+STEP_S = 0.2
 HERE = Path(__file__).resolve().parent.parent
 
 
 def _rank(folder: str, rank: int, local: int, world: int, capacity: int, ready: int) -> None:
-    """A rank: arm, fill the ring with steps and marks, say ready, wait to be killed."""
+    """A rank: arm, fill the ring with steps and marks, say ready ("r"), wait to be killed."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(local), WORLD_SIZE=str(world))
     import blackbox
 
-    blackbox.arm(folder + "/", capacity=capacity, sample_interval=0.5)
+    blackbox.arm(folder + "/", capacity=capacity, sample_interval=SAMPLE_INTERVAL_S)
     for step in range(capacity + capacity // 4):  # more than fits: the ring wraps, as a long job's does
         blackbox.step(step)
         if step % 64 == 0:
@@ -47,7 +53,23 @@ def _rank(folder: str, rank: int, local: int, world: int, capacity: int, ready: 
     while True:  # a training loop until the kill: its last event is its death, give or take a step
         step += 1
         blackbox.step(step)
-        time.sleep(0.05)
+        time.sleep(STEP_S)
+
+
+def _fork_rank(args: argparse.Namespace, i: int, capacity: int, ready: int, other: int) -> int:
+    """Fork rank ``args.first + i``; a rank that fails says so ("x" on ``ready``, its traceback on stderr)
+    rather than leave its host waiting for it."""
+    pid = os.fork()
+    if pid == 0:
+        os.close(other)
+        try:
+            _rank(args.folder, args.first + i, i, args.world, capacity, ready)
+        except BaseException:
+            traceback.print_exc()
+            os.write(ready, b"x")
+        finally:
+            os._exit(1)
+    return pid
 
 
 def host(args: argparse.Namespace) -> int:
@@ -60,23 +82,19 @@ def host(args: argparse.Namespace) -> int:
     if args.stagger:
         return _host_one_at_a_time(args, capacity)
     r, w = os.pipe()
-    pids = []
-    for i in range(args.count):
-        pid = os.fork()
-        if pid == 0:
-            os.close(r)
-            try:
-                _rank(args.folder, args.first + i, i, args.world, capacity, w)
-            finally:
-                os._exit(0)
-        pids.append(pid)
+    pids = [_fork_rank(args, i, capacity, w, r) for i in range(args.count)]
     os.close(w)
-    got = 0
-    while got < len(pids):
+    got = b""
+    while len(got) < len(pids) and b"x" not in got:
         chunk = os.read(r, 4096)
         if not chunk:
             break
-        got += len(chunk)
+        got += chunk
+    if got != b"r" * len(pids):
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        print(f"fleet: {got.count(b'r')} of {len(pids)} ranks of host part {args.first} came up", file=sys.stderr)
+        return 1
     print(" ".join(map(str, pids)), flush=True)
     sys.stdin.read()  # until the maker has killed the ranks
     for pid in pids:
@@ -89,15 +107,11 @@ def _host_one_at_a_time(args: argparse.Namespace, capacity: int) -> int:
     pids = []
     for i, _ in enumerate(sys.stdin):
         r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(r)
-            try:
-                _rank(args.folder, args.first + i, i, args.world, capacity, w)
-            finally:
-                os._exit(0)
+        pid = _fork_rank(args, i, capacity, w, r)
         os.close(w)
-        os.read(r, 1)
+        if os.read(r, 1) != b"r":
+            os.kill(pid, signal.SIGKILL)
+            raise SystemExit(f"fleet: rank {args.first + i} did not come up")
         os.close(r)
         pids.append(pid)
         print(pid, flush=True)

@@ -30,13 +30,14 @@ the process died of, and its stack samples where it was.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import functools
 import io
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,25 @@ RECORDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
 # it, and this record says the process died of the signal (the handler chains to the job's faulthandler)
 CRASHES = ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT")
 DEFAULT_ACTION = "default action"  # detail of a signal that ended the process (the diagnosis keys on it)
+
+
+@contextlib.contextmanager
+def held_while_arming() -> Iterator[None]:
+    """The recorded signals held (blocked on this thread) while a ring is made and its handlers go in. One
+    that comes in that window is delivered as the block ends, to the handler now in place, and recorded; it
+    ended the process before with a ring that said nothing but ``arm`` ("killed; no handler ran": a Pool's
+    teardown SIGTERMed a fork helper as it armed). The thread's mask is put back as it was: a signal the
+    job blocked stays blocked. Arming holds them for its own time, tens of milliseconds: the signal comes
+    as late as it would had it been sent then."""
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, [getattr(signal, name) for name in RECORDED])
+    except (AttributeError, OSError, ValueError):  # (no pthread_sigmask on this platform)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _how(python_handler: Any) -> str:

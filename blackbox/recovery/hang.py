@@ -49,7 +49,10 @@ HANG_MIN_S = 2.0  # ...and at least this long (and longer than any of those step
 STEPS_SEEN = 50  # the step intervals the step time is taken from: the last ones
 SAME_STACK_S = 10.0  # without steps: the main thread's stack unchanged this long before the end is no progress...
 STILL_SAMPLES = 5  # ...in this many samples at least
-_COLLECTIVE = re.compile(r"/torch/distributed/(?!elastic/)|/deepspeed/comm/|/torch/nn/parallel/distributed\.py")
+# (torchrun's own code, its agent's monitoring loop among it, waits in no collective: the agent's stack held
+# still for 10 s read as a rank that waited, "launch_agent (api.py)")
+_COLLECTIVE = re.compile(r"/torch/distributed/(?!elastic/|launcher/|run\.py)|/deepspeed/comm/|"
+                         r"/torch/nn/parallel/distributed\.py")
 _C10D = re.compile(r"/torch/distributed/distributed_c10d\.py")
 # the main process waiting for a batch from its DataLoader's worker processes
 _LOADER_WAIT = re.compile(r"_MultiProcessingDataLoaderIter\._(?:try_)?get_data \([^;]*/torch/utils/data/dataloader\.py")
