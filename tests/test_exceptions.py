@@ -189,6 +189,38 @@ def test_a_signal_handler_raising_inside_the_excepthook_leaves_the_jobs_own_repo
     assert (event["label"], event["detail"]) == ("ConnectionResetError: peer went away", "uncaught")
 
 
+# The same handler pending as the exception reaches the hook: a thread trips it (no real signal, so the socket's
+# wait goes on) while the main thread waits in C, which then raises with no bytecode between: the handler runs
+# at the first instruction of a Python excepthook, outside any try. Unarmed, Python's own C hook meets it as it
+# writes the report and prints a dump ending "lost sys.stderr"; armed with a Python hook it printed "Error in
+# sys.excepthook" and the job's report as "Original exception".
+PENDING_AT_ENTRY = """
+import signal, socket, sys, threading, _thread
+if sys.argv[2] == "arm":
+    import blackbox
+    blackbox.arm(sys.argv[1], capacity=4096, sample_interval=3600)
+def worker_died(signum, frame):
+    raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed.")
+signal.signal(signal.SIGUSR1, worker_died)
+a, b = socket.socketpair()
+a.settimeout(1.0)
+threading.Timer(0.3, _thread.interrupt_main, (signal.SIGUSR1,)).start()
+a.recv(1)
+"""
+
+
+def test_a_signal_handler_pending_as_the_exception_reaches_the_hook_leaves_the_report_whole(tmp_path: Path) -> None:
+    pytest.importorskip("blackbox.ring._cwriter", reason="the hook's entry is covered in C")
+    armed = run_py(PENDING_AT_ENTRY, f"{tmp_path}/", "arm", check=False)
+    assert armed.returncode == 1
+    assert "Error in sys.excepthook" not in armed.stderr and "Original exception" not in armed.stderr, armed.stderr
+    assert armed.stderr.startswith("Traceback") and armed.stderr.count("TimeoutError: timed out") == 1
+    late = armed.stderr[armed.stderr.index("TimeoutError: timed out") :]
+    assert "Exception ignored in a signal handler" in late and "in worker_died" in late and "blackbox" not in late
+    (event,) = _events(tmp_path, "exception")
+    assert (event["label"], event["detail"]) == ("TimeoutError: timed out", "uncaught")
+
+
 # a job armed (its steps told) or not, by its second argument
 ARMED_OR_NOT = """
 import sys, time

@@ -7,7 +7,12 @@ calls the hook that was there before, so the user's traceback still prints and
 the exit status is unchanged. It calls it even where the job's own signal
 handler raised while the event was written (the job's stack is gone by then, so
 nothing of the job's could catch that exception): the job's report prints
-whole, then the handler's exception, as one Python could not propagate.
+whole, then the handler's exception, as one Python could not propagate. Where
+the C extension is built, ``sys.excepthook`` is a C function (``chain_excepthook``)
+calling the recording and then the hook before it: a Python hook's first
+instruction runs a pending handler outside any try, and a handler that raised
+there made Python print "Error in sys.excepthook" and the job's own report as
+"Original exception".
 ``sys.exit`` is wrapped the same way: called from the main thread, it writes an
 ``exit`` event with the status the process will exit with (detail ``sys.exit``:
 the job may still catch the SystemExit), then raises exactly what it would
@@ -131,12 +136,14 @@ class ExceptionRecorder:
     def install(self) -> None:
         prev_sys, prev_thread = sys.excepthook, threading.excepthook
 
-        def sys_hook(et: type[BaseException], ev: BaseException, tb: TracebackType | None) -> Any:
-            late = None
+        def record_sys(et: type[BaseException], ev: BaseException, tb: TracebackType | None) -> Any:
             if ev is not None and not isinstance(ev, SystemExit):
                 self.failed = True
-                late = self._record_uncaught(ev, "uncaught")
-            return _then(late, prev_sys, et, ev, tb)
+                return self._record_uncaught(ev, "uncaught")
+            return None
+
+        def sys_hook(et: type[BaseException], ev: BaseException, tb: TracebackType | None) -> Any:
+            return _then(record_sys(et, ev, tb), prev_sys, et, ev, tb)
 
         def thread_hook(args: Any) -> Any:
             ev, late = args.exc_value, None
@@ -145,9 +152,11 @@ class ExceptionRecorder:
                 late = self._record_uncaught(ev, f"uncaught in thread {name}")
             return _then(late, prev_thread, args)
 
+        chain = getattr(built_module(), "chain_excepthook", None)  # (in C: module docstring, "the hook's entry")
+        hook = chain(record_sys, prev_sys, report_late) if chain is not None else sys_hook
         self._prev_sys, self._prev_thread = prev_sys, prev_thread
-        self._sys_hook, self._thread_hook = sys_hook, thread_hook
-        sys.excepthook = sys_hook
+        self._sys_hook, self._thread_hook = hook, thread_hook
+        sys.excepthook = hook
         threading.excepthook = thread_hook
         self._wrap_exit()
 

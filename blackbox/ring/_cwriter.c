@@ -1573,7 +1573,89 @@ static PyObject *job_exception_test(PyObject *Py_UNUSED(m), PyObject *test) {
     Py_RETURN_NONE;
 }
 
+/* ---- sys.excepthook in C ----
+ * chain_excepthook(record, prev, late) -> a C callable for sys.excepthook: record(type, value, tb), which returns
+ * an exception a signal handler of the job's raised meanwhile (or None), then prev(type, value, tb), the hook that
+ * was there before, then late(that exception). A Python function checks for pending signal handlers at its first
+ * instruction, outside any try: a handler of the job's that raised there (PyTorch's SIGCHLD handler as a
+ * DataLoader worker ended) made Python print "Error in sys.excepthook" and the job's traceback as "Original
+ * exception". Called from C, what record raises, at its entry or in it, is kept and reported after prev. */
+static PyObject *fetch_raised(void) {
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (type == NULL)
+        return NULL;
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (value != NULL && tb != NULL)
+        PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return value;
+#endif
+}
+
+static void restore_raised(PyObject *value) { /* steals value; NULL: nothing to restore */
+    if (value == NULL)
+        return;
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(value);
+#else
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(value)), value, PyException_GetTraceback(value));
+#endif
+}
+
+static PyObject *chained_excepthook(PyObject *self, PyObject *args) {
+    PyObject *record = PyTuple_GET_ITEM(self, 0), *prev = PyTuple_GET_ITEM(self, 1);
+    PyObject *late = NULL;
+    for (int tries = 0; tries < 2; tries++) { /* a handler runs once: a second try records what it cut short */
+        PyObject *r = PyObject_Call(record, args, NULL);
+        if (r != NULL) {
+            if (r != Py_None && late == NULL)
+                late = r; /* what the handler raised inside record's own try */
+            else
+                Py_DECREF(r);
+            break;
+        }
+        PyObject *raised = fetch_raised();
+        if (late == NULL)
+            late = raised;
+        else
+            Py_XDECREF(raised);
+    }
+    PyObject *out = PyObject_Call(prev, args, NULL);
+    if (late != NULL) {
+        PyObject *pending = fetch_raised(); /* prev's own failure, if any: kept for Python to report */
+        PyObject *r = PyObject_CallOneArg(PyTuple_GET_ITEM(self, 2), late);
+        if (r == NULL)
+            PyErr_Clear();
+        Py_XDECREF(r);
+        Py_DECREF(late);
+        restore_raised(pending);
+    }
+    return out;
+}
+
+static PyMethodDef chained_excepthook_def = {"excepthook", chained_excepthook, METH_VARARGS,
+                                             "blackbox's sys.excepthook: record, then the hook before it."};
+
+static PyObject *chain_excepthook(PyObject *Py_UNUSED(m), PyObject *args) {
+    PyObject *record, *prev, *late;
+    if (!PyArg_ParseTuple(args, "OOO:chain_excepthook", &record, &prev, &late))
+        return NULL;
+    PyObject *parts = PyTuple_Pack(3, record, prev, late);
+    if (parts == NULL)
+        return NULL;
+    PyObject *hook = PyCFunction_New(&chained_excepthook_def, parts);
+    Py_DECREF(parts);
+    return hook;
+}
+
 static PyMethodDef module_methods[] = {
+    {"chain_excepthook", chain_excepthook, METH_VARARGS,
+     "chain_excepthook(record, prev, late) -> sys.excepthook calling record, then prev, then late(what record raised)."},
     {"job_exception_test", job_exception_test, METH_O, "set the test of the job's own exceptions"},
     {"signals_arm", signals_arm, METH_VARARGS,
      "signals_arm(buffer, records_offset, capacity, sequence, detail_default): record signals into this ring."},
