@@ -340,7 +340,9 @@ def test_ranks_whose_collective_timed_out_waited_for_the_stuck_rank(tmp_path: Pa
     # AND the first death is rank 1's hang, not the timeouts that came first; ranks 0 and 2 waited and timed out
     meta = _bundle(runs)
     first, (attempt,) = meta["first_death"], meta["attempts"]
-    assert (meta["cause"], first["rank"], first["cause"]) == ("hang", 1, "hang"), first
+    deaths = [(m["rank"], m["role"], m["death"]["cause"], m["death"]["headline"], m["death"].get("time"),
+               m["death"].get("hang")) for m in meta["rings"]]  # fmt: skip
+    assert (meta["cause"], first["rank"], first["cause"]) == ("hang", 1, "hang"), json.dumps(deaths, default=str)
     assert first["hang"]["site"].startswith("wait_for_batch (")
     # (the first to time out ends the wait: the other may time out too, or be stopped by torchrun first)
     waited = {w["rank"]: w for w in attempt["hang"]["waited"]}

@@ -118,6 +118,71 @@ def test_ctrl_c_reaches_a_job_that_made_a_group_of_its_own(tmp_path: Path, armed
         _cleanup(pids)
 
 
+def _tree(root: int) -> list[int]:
+    """``root`` and every process below it (blackbox run's witnesses among them), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                ppid = int((entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+                parents.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [root], [root]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="coreutils timeout is not installed")
+@pytest.mark.parametrize("armed", [False, True], ids=["unarmed", "armed"])
+def test_kill_int_of_the_group_reaches_a_job_that_made_a_group_of_its_own(tmp_path: Path, armed: bool) -> None:
+    # GIVEN `timeout 120 python worker.py` started as an interactive shell starts a job (a group of its own:
+    # unarmed timeout leads it; armed blackbox run does, and timeout moves into a group of its own, with python)
+    (tmp_path / "worker.py").write_text(WORKER)
+    marks = tmp_path / "up"
+    job = ["timeout", "120", sys.executable, str(tmp_path / "worker.py"), str(marks)]
+    cmd = [*BLACKBOX, "--dir", str(tmp_path / "run"), "--", *job] if armed else job
+    proc = subprocess.Popen(cmd, env=ENV, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    pids = _pids(marks, 1)
+    try:
+        # WHEN a process sends SIGINT to the job's group (`kill -INT -PGID`)
+        sent = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        # THEN python ends at once with its KeyboardInterrupt, armed as unarmed (armed it ran on until timeout's
+        # own 120 s: the signal reached blackbox run's group alone and was not passed on)
+        assert time.monotonic() - sent < 20 and "KeyboardInterrupt" in err, err[-2000:]
+        assert proc.returncode == -signal.SIGINT and _left_after(pids) == [], err[-2000:]  # (timeout dies of it)
+    finally:
+        _cleanup(pids)
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="coreutils timeout is not installed")
+def test_a_signal_sent_to_every_process_is_not_passed_on_to_a_moved_group(tmp_path: Path) -> None:
+    # GIVEN the same job under blackbox run (timeout in a group of its own)
+    (tmp_path / "worker.py").write_text(WORKER)
+    marks = tmp_path / "up"
+    cmd = [*BLACKBOX, "--dir", str(tmp_path / "run"), "--", "timeout", "120", sys.executable,
+           str(tmp_path / "worker.py"), str(marks)]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=ENV, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    pids = _pids(marks, 1)
+    try:
+        # WHEN a sender signals every process of it, one by one (Slurm's proctrack/linuxproc, systemd)
+        every = _tree(proc.pid)
+        assert len(every) >= 5, every  # blackbox run, its two witnesses, timeout, python
+        for pid in every:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        # THEN the job ends of it and blackbox run passed nothing on: the moved group had it already
+        assert "KeyboardInterrupt" in err and _left_after(pids) == [], err[-2000:]
+        relayed = list((tmp_path / "run").glob("run-*/rings/relayed.jsonl"))
+        assert all(p.read_text() == "" for p in relayed), [p.read_text() for p in relayed]
+    finally:
+        _cleanup(pids)
+
+
 PIPELINE = """\
 #!/bin/bash
 {py} {worker} {marks} | {py} {worker} {marks}

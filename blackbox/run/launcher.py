@@ -17,11 +17,13 @@ The job runs as it would without us:
   or by a sender that signals every process of the job itself (Slurm's
   ``slurmstepd`` under ``proctrack/linuxproc``), has reached the job already,
   which a witness process placed like the job tells (``witness``), and is not
-  passed on, except a terminal's (Ctrl-C) where the job's own process made a
-  group of its own in our session and leads it (``timeout``): unarmed, that
-  group is the one the terminal's signal would have reached, so it is signalled
-  as a whole (a ``kill -INT -PGID`` from a process is not: it may have been
-  sent to every process already; a SIGKILL to ours cannot be passed on); one
+  passed on, except where the job's own process made a group of its own in our
+  session and leads it (``timeout``) and the signal went to our group alone (a
+  terminal's Ctrl-C, ``kill -INT -PGID``): unarmed, that group is the one it
+  would have reached, so it is signalled as a whole. A second witness, alone in
+  a group of its own, tells a signal to our group from one sent to every
+  process, which reached that group already (a SIGKILL to ours cannot be
+  passed on); one
   sent to our pid alone (``kill PID``, a terminal's hang-up,
   ``proctrack/cgroup``) is relayed to each process of the job in our group.
   Each relay is written down first, with its original sender (pid, uid,
@@ -57,6 +59,7 @@ from .bootstrap import BOOT_ENV, SITECUSTOMIZE
 from .leftovers import descendants, stat_of
 from .proc import argv_of, comm_of, command_of, program_of
 from .torchelastic import RUN_ID_ENV as TORCHELASTIC_RUN_ID
+from .witness import WAIT_S as WITNESS_WAIT_S
 from .witness import Witness
 
 FORWARDED = (
@@ -125,9 +128,10 @@ class Relayer:
     """Passes signals that reached us alone on to the job's processes, each written down first with its
     real sender."""
 
-    def __init__(self, rings: Path, witness: Witness) -> None:
+    def __init__(self, rings: Path, witness: Witness, lone: Witness | None = None) -> None:
         self.job = 0  # the job's own process
         self.witness = witness
+        self.lone = lone  # a witness in a group of its own: it sees only what was sent to every process
         self._log = -1
         self._room = MAX_RELAYED_BYTES  # what recovery reads; a signal storm must not fill the disk
         with contextlib.suppress(OSError):  # unrecorded, a relay still happens: the job comes first
@@ -137,11 +141,14 @@ class Relayer:
     def relay(self, info: Any) -> None:
         moved = 0
         if self.witness.saw(info.si_signo):  # sent to our process group, or to every process below us
-            # A terminal's (Ctrl-C, Ctrl-\, its hang-up: sent by the kernel) went to our group alone: the group
-            # the job made (timeout's) needs it too. A process's may have reached every process already
-            # (Slurm's linuxproc, systemd's control group): passed on, the job would get it twice.
-            moved = self.moved_group() if info.si_code > 0 else 0
-            if not moved:
+            # Sent to our group alone (a terminal's Ctrl-C, Ctrl-\, hang-up, sent by the kernel; `kill -INT
+            # -PGID`): the group the job made (timeout's) needs it too. Sent to every process (Slurm's
+            # linuxproc, systemd's control group), it reached that group already, and the witness alone in a
+            # group of its own has it too: passed on, the job would get it twice.
+            moved = self.moved_group()
+            wait = WITNESS_WAIT_S if moved and info.si_code <= 0 else 0.0  # (else only drop one it has)
+            every = self.lone is not None and self.lone.saw(info.si_signo, wait)
+            if not moved or (info.si_code <= 0 and (self.lone is None or every)):
                 return  # the job has it already
         if info.si_code > 0 or info.si_pid <= 0:  # sent by the kernel (a terminal's hang-up)
             relay = Relay(info.si_signo, info.si_code, None, None, None, None, os.getpid(), time.time_ns())
@@ -185,6 +192,8 @@ class Relayer:
 
     def close(self) -> None:
         self.witness.close()
+        if self.lone is not None:
+            self.lone.close()
         if self._log >= 0:
             os.close(self._log)
             self._log = -1
@@ -198,7 +207,7 @@ def launch(command: list[str], rings: Path, boot: Path, on_end: Callable[[Ended]
     watched: set[int] = {int(s) for s in (*FORWARDED, signal.SIGCHLD)}
     before = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    relayer = Relayer(rings, Witness(FORWARDED))
+    relayer = Relayer(rings, Witness(FORWARDED), Witness(FORWARDED, own_group=True))
     try:
         try:
             child = subprocess.Popen(

@@ -23,6 +23,12 @@ or every process stays pending in the witness (``/proc/<pid>/status``,
 the job gets it exactly once whatever the sender. The witness is then told to
 drop it, so that the next one is seen afresh. It reads a pipe from us and ends when we do
 (its end of the pipe closes, and ``PR_SET_PDEATHSIG`` kills it).
+
+Where the job's process moved into a process group of its own (``timeout``, a shell with job control),
+a signal sent to our group missed it, which unarmed, the leader of the job's group, it would have had.
+A second witness, alone in a group of its own (``own_group``), tells that from a sender that signalled
+every process (``proctrack/linuxproc``, systemd's control group, which reached the moved job too): it
+gets only the latter.
 """
 
 from __future__ import annotations
@@ -58,8 +64,9 @@ def pending(pid: int) -> int:
 class Witness:
     """See the module docstring. ``pid`` is None where it could not be started (we then relay always)."""
 
-    def __init__(self, signals: Iterable[int]) -> None:
+    def __init__(self, signals: Iterable[int], own_group: bool = False) -> None:
         self.signals = {int(s) for s in signals}
+        self.own_group = own_group
         self.pid: int | None = None
         self._to = self._back = -1
         try:
@@ -78,6 +85,8 @@ class Witness:
                 os.close(to_w)
                 os.close(back_r)
                 signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)
+                if self.own_group:
+                    os.setpgid(0, 0)
                 _die_with_parent()
                 if os.getppid() != parent:
                     os._exit(0)
