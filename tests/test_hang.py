@@ -563,3 +563,34 @@ def test_collective_of_names_a_ranks_collective_and_never_torchruns_own_loop() -
     # (the agent's stack, unchanged for 10 s while its ranks hung, was listed among the ranks that waited)
     assert collective_of(AGENT_STACK, ranked=False) is None
     assert collective_of(RANK_STACK, ranked=True) == "all_reduce"
+
+
+def _at(seconds: float) -> str:
+    return f"2026-11-30T05:43:{seconds:09.6f}Z"
+
+
+def test_torchruns_agent_is_neither_the_stuck_rank_nor_a_waiter() -> None:
+    from blackbox.recovery.hang import attempt_hang
+
+    # GIVEN the deaths of a torchrun job where rank 1 stalled at step 20 (since 20 s), ranks 0 and 2 waited in
+    # the all-reduce until a watchdog aborted them (23 s), the agent then stopped rank 1 (24 s) and raised
+    # ChildFailedError (25 s), its stack unchanged in its monitoring loop since 5 s
+    def ring(rank: int | None, pid: int, cause: str, time: float, **hang: Any) -> dict[str, Any]:
+        return {"rank": rank, "host": "vm", "pid": pid, "ppid": 1 if rank is None else 10,
+                "death": {"cause": cause, "time": _at(time), "hang": {"step": 20, "step_s": 0.02, **hang}}}
+
+    waited = {"since": _at(20), "stalled_s": 3.0, "collective": "backward (where DDP all-reduces the gradients)",
+              "timed_out": "SIGABRT while it waited in a collective"}  # fmt: skip
+    agent = ring(None, 10, "exception", 25, since=_at(5), stalled_s=20.0, step=None, step_s=None,
+                 site="launch_agent (api.py:374)", collective=None, timed_out=None, stack=AGENT_STACK)
+    stuck = ring(1, 12, "hang", 24, since=_at(20), stalled_s=4.0, site="wait_for_batch (train.py:8)",
+                 collective=None, timed_out=None, stack="main (train.py:39);wait_for_batch (train.py:8)")
+    stuck["death"]["killed_by"] = {"signal": "SIGTERM", "sender": "pt_elastic", "sender_pid": 10, "time": _at(24)}
+    dead = [agent, ring(0, 11, "signal", 23, **waited), stuck, ring(2, 13, "signal", 23, **waited)]
+    # WHEN the attempt's hang is read
+    found = attempt_hang(dead)
+    # THEN rank 1 is the stuck one, ranks 0 and 2 waited, and the agent is neither (it was the stuck process)
+    assert found is not None
+    first, collateral, info = found
+    assert first is stuck and agent in collateral
+    assert [w["rank"] for w in info["stuck"]] == [1] and sorted(w["rank"] for w in info["waited"]) == [0, 2]

@@ -311,18 +311,23 @@ def attempt_hang(dead: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[
     first ``SHOWN`` of each: rank, host, pid, and ``since``, ``stalled_s``, ``step``, ``site``, ``stack``;
     ``collective`` or ``timed_out`` for the waiters), ``stuck_count``, ``waited_count``, ``step_s`` (the
     stuck rank's step time) and ``chain`` (the signals that ended it, first sent first)."""
-    stalled = [m for m in dead if _hang(m) is not None]
+    # Among ranks, the ranks alone: their launcher (torchrun's agent), still in its monitoring loop while they
+    # hung, is neither stuck nor waiting in a collective, nor a peer that died first (its stack, unchanged for
+    # 10 s, made it the stuck process, the earliest, whose own cause was its ChildFailedError)
+    ranks = [m for m in dead if isinstance(m.get("rank"), int) and not isinstance(m.get("rank"), bool)]
+    pool = ranks or dead
+    stalled = [m for m in pool if _hang(m) is not None]
     stuck = [m for m in stalled if not (_hang(m) or {}).get("collective") and not _timed_out(m)]
-    waited = [m for m in dead if m not in stuck and (_timed_out(m) or (_hang(m) or {}).get("collective"))]
+    waited = [m for m in pool if m not in stuck and (_timed_out(m) or (_hang(m) or {}).get("collective"))]
     recorded = _flight(stalled)
     if recorded is not None:  # the dumps say who entered the collective and who never did
         behind = [m for m in stalled if id(m) in recorded["_behind"]]
-        stuck, waited = behind, [m for m in dead if id(m) in recorded["_entered"] or (m not in behind and
+        stuck, waited = behind, [m for m in pool if id(m) in recorded["_entered"] or (m not in behind and
                                                                                         _timed_out(m))]
     if not stuck or not (waited or any(m["death"].get("cause") == "hang" for m in stuck)):
         return None
     first = min(stuck, key=_since)
-    if _peer_died_first(dead, stalled, _since(first)[0]):
+    if _peer_died_first(pool, stalled, _since(first)[0]):
         return None  # the stalls waited for a rank that had died: its death comes first, not a hang
     if first["death"].get("cause") != "hang" and not any(_timed_out(m) for m in waited) and not (
         (_hang(first) or {}).get("busy") and waited and first["death"].get("cause") in ("signal", "killed")
