@@ -134,17 +134,22 @@ def _tree(root: int) -> list[int]:
     return out
 
 
-@pytest.mark.skipif(shutil.which("timeout") is None, reason="coreutils timeout is not installed")
-@pytest.mark.parametrize("armed", [False, True], ids=["unarmed", "armed"])
-def test_kill_int_of_the_group_reaches_a_job_that_made_a_group_of_its_own(tmp_path: Path, armed: bool) -> None:
-    # GIVEN `timeout 120 python worker.py` started as an interactive shell starts a job (a group of its own:
-    # unarmed timeout leads it; armed blackbox run does, and timeout moves into a group of its own, with python)
+def _timeout_job(tmp_path: Path, armed: bool) -> tuple[subprocess.Popen[str], list[int]]:
+    """`timeout 120 python worker.py`, under `blackbox run` or not, in a session of its own; and python's pid."""
     (tmp_path / "worker.py").write_text(WORKER)
     marks = tmp_path / "up"
     job = ["timeout", "120", sys.executable, str(tmp_path / "worker.py"), str(marks)]
     cmd = [*BLACKBOX, "--dir", str(tmp_path / "run"), "--", *job] if armed else job
     proc = subprocess.Popen(cmd, env=ENV, start_new_session=True, stderr=subprocess.PIPE, text=True)
-    pids = _pids(marks, 1)
+    return proc, _pids(marks, 1)
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="coreutils timeout is not installed")
+@pytest.mark.parametrize("armed", [False, True], ids=["unarmed", "armed"])
+def test_kill_int_of_the_group_reaches_a_job_that_made_a_group_of_its_own(tmp_path: Path, armed: bool) -> None:
+    # GIVEN `timeout 120 python worker.py` started as an interactive shell starts a job (a group of its own:
+    # unarmed timeout leads it; armed blackbox run does, and timeout moves into a group of its own, with python)
+    proc, pids = _timeout_job(tmp_path, armed)
     try:
         # WHEN a process sends SIGINT to the job's group (`kill -INT -PGID`)
         sent = time.monotonic()
@@ -161,12 +166,7 @@ def test_kill_int_of_the_group_reaches_a_job_that_made_a_group_of_its_own(tmp_pa
 @pytest.mark.skipif(shutil.which("timeout") is None, reason="coreutils timeout is not installed")
 def test_a_signal_sent_to_every_process_is_not_passed_on_to_a_moved_group(tmp_path: Path) -> None:
     # GIVEN the same job under blackbox run (timeout in a group of its own)
-    (tmp_path / "worker.py").write_text(WORKER)
-    marks = tmp_path / "up"
-    cmd = [*BLACKBOX, "--dir", str(tmp_path / "run"), "--", "timeout", "120", sys.executable,
-           str(tmp_path / "worker.py"), str(marks)]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=ENV, start_new_session=True, stderr=subprocess.PIPE, text=True)
-    pids = _pids(marks, 1)
+    proc, pids = _timeout_job(tmp_path, armed=True)
     try:
         # WHEN a sender signals every process of it, one by one (Slurm's proctrack/linuxproc, systemd)
         every = _tree(proc.pid)
