@@ -81,3 +81,15 @@ def test_no_secret_reaches_the_ring_the_bundle_or_the_summary_of_blackbox_run(tm
         assert secret.encode() not in everything, f"the {name} secret leaked"
     assert b'"--api-key", "***"' in everything or b'"--api-key","***"' in everything
     assert b"alice:***@storage.example.com" in everything and b"--tokenizer" in everything
+
+
+def test_python_c_records_its_code_on_one_line_with_secrets_redacted(tmp_path: Path) -> None:
+    # GIVEN a job run as `python -c CODE` (sys.argv is ["-c"] alone: the summary's Command read `-c`), a key in it
+    code = f"import sys, blackbox\nkey = '{SECRETS['hf']}'\nblackbox.arm(sys.argv[1])"
+    subprocess.run([sys.executable, "-c", code, str(tmp_path) + "/"], check=True, env={"PYTHONPATH": str(REPO)})
+    # THEN the ring's argv holds the code on one line, the key redacted
+    from blackbox.ring.reader import read_ring
+
+    (ring,) = tmp_path.glob("*.ring")
+    argv = read_ring(ring).meta["identity"]["argv"]
+    assert argv == ["-c", "import sys, blackbox key = '***' blackbox.arm(sys.argv[1])", str(tmp_path) + "/"], argv

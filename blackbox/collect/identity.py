@@ -49,6 +49,7 @@ from typing import Any
 from ..ring.liveness import boot_id, hostname
 
 MAX_ARGV_CHARS = 16384
+MAX_CODE_CHARS = 200  # of `python -c CODE`'s code, on one line
 REDACTED = "***"
 RUN_PID_ENV = "BLACKBOX_RUN_PID"  # set by `blackbox run`: its own pid, the job's parent
 RUN_ID_ENV = "BLACKBOX_RUN_ID"  # set by `blackbox run`: its run folder's name, unique to the run
@@ -96,6 +97,17 @@ def redact_argv(argv: list[str]) -> list[str]:
             continue
         out.append(redact_value(arg))
     return out
+
+
+def command_argv() -> list[str]:
+    """``sys.argv``; for ``python -c CODE``, where ``sys.argv`` is ``['-c', ...]`` without the code, the code
+    from ``sys.orig_argv`` on one line, its first ``MAX_CODE_CHARS`` (a summary's Command read ``-c``)."""
+    argv = [str(a) for a in sys.argv]
+    orig = [str(a) for a in getattr(sys, "orig_argv", ())]
+    if argv[:1] == ["-c"] and "-c" in orig[:-1]:
+        code = " ".join(orig[orig.index("-c") + 1].split())
+        return ["-c", code if len(code) <= MAX_CODE_CHARS else code[:MAX_CODE_CHARS] + "...", *argv[1:]]
+    return argv
 
 
 def bounded_argv(argv: list[str]) -> list[str]:
@@ -227,7 +239,7 @@ def identity() -> dict[str, Any]:
         "mp_parent": mp_parent(),
         "attempt": attempt(),
         "job": job_id(),
-        "argv": bounded_argv(redact_argv([str(a) for a in sys.argv])),
+        "argv": bounded_argv(redact_argv(command_argv())),
         "boot_id": boot_id(),
         "start_ticks": start_ticks(),
         "pid_ns": pid_namespace(),
