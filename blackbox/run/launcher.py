@@ -146,9 +146,10 @@ class Relayer:
             # linuxproc, systemd's control group), it reached that group already, and the witness alone in a
             # group of its own has it too: passed on, the job would get it twice.
             moved = self.moved_group()
+            lone = self.lone if self.lone is not None and self.lone.alive() else None  # (none: we cannot tell)
             wait = WITNESS_WAIT_S if moved and info.si_code <= 0 else 0.0  # (else only drop one it has)
-            every = self.lone is not None and self.lone.saw(info.si_signo, wait)
-            if not moved or (info.si_code <= 0 and (self.lone is None or every)):
+            every = lone is not None and lone.saw(info.si_signo, wait)
+            if not moved or (info.si_code <= 0 and (lone is None or every)):
                 return  # the job has it already
         if info.si_code > 0 or info.si_pid <= 0:  # sent by the kernel (a terminal's hang-up)
             relay = Relay(info.si_signo, info.si_code, None, None, None, None, os.getpid(), time.time_ns())

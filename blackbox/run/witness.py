@@ -122,6 +122,16 @@ class Witness:
                 os.read(self._back, 1)
         return True
 
+    def alive(self) -> bool:
+        """The witness runs (it can have ended only by a failure of its own: then it tells nothing)."""
+        if self.pid is None:
+            return False
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as f:
+                return f.read(4096).rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
+        except (OSError, IndexError):
+            return False
+
     def close(self) -> None:
         """End the witness and reap it."""
         for fd in (self._to, self._back):
