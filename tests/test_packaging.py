@@ -52,6 +52,7 @@ def test_the_wheel_carries_both_specs_and_needs_no_torch(built: tuple[Path, Path
     assert sorted(r.split(">")[0] for r in requires) == ["numpy", "pyarrow", "zstandard"], "the core dependencies"
     assert not [r for r in meta.get_all("Requires-Dist") or [] if r.startswith("torch")]
     assert not [n for n in names if n.startswith(("tests/", "tools/"))], "the wheel is the package alone"
+    assert "blackbox-run.pth" in names, "at the top, for site-packages: a job that sets PYTHONPATH arms through it"
 
 
 @pytest.mark.slow

@@ -137,3 +137,61 @@ def test_an_install_without_a_c_compiler_says_so_and_still_names_a_sigterm(no_co
     assert (death["cause"], death["confidence"]) == ("signal", "certain"), death
     assert any(e.startswith("SIGTERM with its default action") for e in death["evidence"])
     assert "## What the recorder could not do" in (tmp_path / "bundle" / "summary.md").read_text()
+
+
+RAISES = "import numpy\nraise ValueError('planted in a job with a path of its own')\n"
+
+
+@pytest.mark.slow
+def test_a_job_that_sets_pythonpath_is_armed_through_the_installed_pth(plain: Path, tmp_path: Path) -> None:
+    # GIVEN blackbox installed as a user installs it (pip, not editable), its .pth beside the packages
+    python = str(plain / "bin/python")
+    (pth,) = plain.glob("lib/python3*/site-packages/blackbox-run.pth")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "train.py").write_text(RAISES)
+    # (a Python of that install outside a run: nothing armed, blackbox not even imported)
+    alone = subprocess.run([python, "-c", "import sys; print('blackbox' in sys.modules)"], capture_output=True,
+                           text=True, env={"PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert alone.stdout == "False\n" and alone.stderr == "", alone
+    # WHEN a job that replaces PYTHONPATH runs, unarmed and under blackbox run
+    job = ["sh", "-c", f"PYTHONPATH={tmp_path / 'src'} exec {python} train.py"]
+    unarmed = subprocess.run(job, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    armed = blackbox(plain, "run", "--dir", "runs", "--", *job, cwd=tmp_path)
+    # THEN it runs as unarmed, and is recorded: its exception is the death, and no warning says it was not
+    assert unarmed.returncode == armed.returncode == 1, armed.stderr[-2000:]
+    assert unarmed.stderr.splitlines()[-1] in armed.stderr and "not recorded" not in armed.stderr, armed.stderr
+    (bundle,) = (tmp_path / "runs").glob("run-*/bundle")
+    meta = json.loads((bundle / "metadata.json").read_text())
+    assert meta["cause"] == "exception" and "planted in a job with" in json.dumps(meta["death"]), meta
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("planted", ["another user's", "writable by the group", "a link"])
+def test_the_pth_runs_no_boot_folder_it_cannot_trust(plain: Path, tmp_path: Path, planted: str) -> None:
+    # GIVEN a boot folder named by BLACKBOX_RUN_BOOT that is not this user's own and private (as root reads it: any
+    # Python of the install started with that variable would run the file planted there)
+    boot, marker = tmp_path / "boot", tmp_path / "ran"
+    real = tmp_path / "real" if planted == "a link" else boot
+    real.mkdir(mode=0o700)
+    (real / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    if planted == "another user's":
+        if os.geteuid() != 0:
+            pytest.skip("needs root to give the folder to another user")
+        os.chown(real, 65534, 65534)
+    elif planted == "writable by the group":
+        real.chmod(0o770)
+    else:
+        boot.symlink_to(real)
+    # WHEN a Python of the install starts with it
+    python = str(plain / "bin/python")
+    proc = subprocess.run([python, "-c", "pass"], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "BLACKBOX_RUN_BOOT": str(boot)})  # fmt: skip
+    # THEN nothing of it ran, and nothing was said
+    assert proc.returncode == 0 and proc.stderr == "" and not marker.exists(), proc.stderr
+    # (the same folder made private and ours runs: the check above is not vacuous)
+    if planted != "a link":
+        os.chown(real, os.getuid(), os.getgid())
+        real.chmod(0o700)
+        subprocess.run([python, "-c", "pass"], check=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "BLACKBOX_RUN_BOOT": str(boot)})  # fmt: skip
+        assert marker.read_text() == "ran"

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     ended = launch(command, rings, boot, on_end, lambda: watch.scan(os.getpid()))
     count, left = still_running(os.getpid())
     name_leftovers(count, left)
-    if (unarmed := advice(watch.found, None if any(rings.glob("*.ring")) else assigned)) is not None:
+    if (unarmed := advice(watch.armed_elsewhere(rings), None if any(rings.glob("*.ring")) else assigned)) is not None:
         say(f"warning: {unarmed}")
     recover(rings, work / "bundle", ended, args.quiet, left)  # never raises: the job's status is what we return
     return end_like(ended)

@@ -20,6 +20,12 @@ standard library alone, not the blackbox package) and calls :func:`boot`:
   where no Python process of the job is above it (a shell wrapper's python:
   the job's own work, ``identity.role`` calls it ``main``), else a small one.
 
+A job that sets PYTHONPATH itself (``PYTHONPATH=src python train.py``, ``export PYTHONPATH=...`` in its
+launch script) drops our folder from it. Where blackbox is installed (not editable) in the job's Python,
+``blackbox-run.pth``, in site-packages, runs this same sitecustomize at start-up for a process of the run
+(``BLACKBOX_RUN_BOOT`` set, the file ours) whose ``sys.path`` lacks our folder, and not with ``-I``; its
+own sitecustomize is then imported by Python as usual. Elsewhere ``run/unarmed.py`` says what to change.
+
 Any process but the job's own and its ranks that ends cleanly (status 0, no
 uncaught exception) is folded into one line of ``folded.jsonl`` and its ring
 removed, so hundreds of short-lived helpers leave a bounded footprint; one that
@@ -92,7 +98,8 @@ def _chain():
 
 
 _boot()
-_chain()
+if __name__ == "sitecustomize":  # (run by blackbox-run.pth instead, the job's own sitecustomize comes as usual)
+    _chain()
 """
 
 

@@ -14,6 +14,10 @@ why. Two ways to tell, both read-only:
   whose environment still holds our run's marker (``BLACKBOX_RUN_BOOT``) but whose
   ``PYTHONPATH`` no longer holds the boot folder, and that runs a Python, is named
   once (its pid, command line and ``PYTHONPATH``).
+
+Where blackbox is installed in the job's Python (not editable), ``blackbox-run.pth`` arms such a process
+all the same (``bootstrap.py``): it is then not named (``armed_elsewhere``: its ring, or its folded line,
+names its pid), and the command's assignment is not said where the job left rings.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import re
 import stat
 from pathlib import Path
 
+from ..ring.folded import read_folded
 from .bootstrap import BOOT_ENV
 from .proc import argv_of, command_of
 
@@ -91,6 +96,14 @@ class UnarmedWatch:
                 self.found = {"pid": pid, "command": command_of(pid), "pythonpath": path[:200]}
                 return
 
+    def armed_elsewhere(self, rings: Path) -> dict[str, object] | None:
+        """``found``, unless that process armed all the same (``blackbox-run.pth``: its ring, or, a helper that
+        ended cleanly, its line in ``folded.jsonl``, names its pid)."""
+        pid = (self.found or {}).get("pid")
+        if pid is None or any(rings.glob(f"*-pid{pid}-*.ring")):
+            return None
+        return None if any(entry.get("pid") == pid for entry in read_folded(rings, (os.getuid(),))) else self.found
+
     def _lost(self, pid: int) -> str | None:
         """The process's PYTHONPATH, where it is of this run (our marker in its environment) without our entry."""
         try:
@@ -123,7 +136,8 @@ def _below(root: int) -> list[int]:
 
 def advice(found: dict[str, object] | None, assigned: str | None) -> str | None:
     """What to say: the process seen, else the assignment read, with how to keep the job recorded."""
-    keep = "keep blackbox run's entry (PYTHONPATH=src:$PYTHONPATH) or call blackbox.arm() in the job"
+    keep = ("keep blackbox run's entry (PYTHONPATH=src:$PYTHONPATH), install blackbox in the job's Python (pip "
+            "install, not editable: its blackbox-run.pth arms such a process) or call blackbox.arm() in the job")
     if found is not None:
         return (f"pid {found['pid']} (`{found['command']}`) ran with PYTHONPATH={found['pythonpath'] or '(empty)'}, "
                 f"set by the job without blackbox run's entry: it was not recorded; {keep}")  # fmt: skip
