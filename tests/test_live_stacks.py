@@ -86,8 +86,11 @@ def test_the_stacks_leave_metadata_json_and_come_back_for_the_right_ring(rings: 
         assert stacks == sorted(stacks, key=lambda s: -s["live_bytes"]) and ";leak (" in stacks[0]["stack"], stacks
         held[ring["pid"]] = stacks[0]["live_bytes"]
     assert set(table["pid"].to_pylist()) == set(held)
+    # (the 1 MiB ring's estimate: 30 blocks each sampled with p = 1 - e^-1 at the 1 MiB mean interval, +-14% at
+    # one sigma; a bound of 6 was 2.6 sigma and failed once in CI at 0.63 of the truth. 2 to 10 is over 4 sigma
+    # either way, and still fails a swap of the two rings' stacks (0.25) or one ring's stacks for both (1.0))
     small, large = sorted(held.values())
-    assert 2.5 < large / small < 6, held
+    assert 2 < large / small < 10, held
     # and the export from the bundle is the export from the rings, line for line
     assert _export_live(bundle) == _export_live(rings) != ""
 
