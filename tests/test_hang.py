@@ -384,7 +384,9 @@ def test_a_graceful_shutdown_killed_before_it_finished_is_no_hang(tmp_path: Path
     (tmp_path / "job.py").write_text(SLOW_SHUTDOWN)
     job = [sys.executable, str(tmp_path / "job.py"), str(tmp_path / "rings")]
     proc = subprocess.run(["timeout", "-k", "3", "3", *job], env=ENV, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == -signal.SIGKILL and proc.stdout == "saving\n", proc  # (timeout kills itself too)
+    # (timeout kills itself too; it sends SIGTERM to the job and then to its group: a handler that ran between the
+    # two, the CPU given to the job between timeout's two calls under load, runs again, as it would unarmed)
+    assert proc.returncode == -signal.SIGKILL and proc.stdout in ("saving\n", "saving\nsaving\n"), proc
     from blackbox.recovery.pipeline import recover_rings
 
     death = recover_rings([tmp_path / "rings"]).meta["death"]
