@@ -4,6 +4,7 @@ tests with their data and tools/."""
 
 from __future__ import annotations
 
+import ast
 import email
 import re
 import shutil
@@ -90,3 +91,13 @@ def test_readme_installs_this_distribution_under_its_own_name() -> None:
     # AND the name is not one a package on the index already holds (checked when it was chosen: `pip index
     # versions` and `pip download --no-deps` found nothing for it), nor the import's own name
     assert name not in ("blackbox", "blackbox-recorder")
+
+
+def test_the_pths_readable_copy_is_the_code_it_runs() -> None:
+    # blackbox-run.pth runs one line (a .pth runs lines that start with `import`); its comment shows that code
+    # readably, for whoever inspects site-packages: the two say the same, character for character
+    lines = (REPO / "blackbox" / "run" / "blackbox-run.pth").read_text().splitlines()
+    shown = "".join(line.removeprefix("#   ") + "\n" for line in lines if line.startswith("#   "))
+    (run,) = [line for line in lines if not line.startswith("#")]
+    call = next(n for n in ast.walk(ast.parse(run)) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "exec")
+    assert isinstance(call.args[0], ast.Constant) and call.args[0].value == shown

@@ -62,7 +62,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._times import epoch_ns
-from .hang import attempt_hang
+from .hang import attempt_hang, ranked
 
 # Launchers that tear a job's other processes down when one fails, by their command (as a signal's sender
 # records it) -> the name said: torchrun's agent names its main thread pt_elastic, which /proc shows.
@@ -124,17 +124,13 @@ def _launched(rings: list[dict[str, Any]]) -> dict[int, str]:
     """The rings of launchers (a process without a rank whose children on its host are ranks: torchrun's
     agent) -> the job id of those ranks, where the launcher's own differs (`blackbox run -- torchrun`
     gives the agent its run's id, the ranks torchrun's)."""
-    parents = {(m.get("host"), m.get("ppid")): _job(m) for m in rings if _job(m) is not None and _ranked(m)}
+    parents = {(m.get("host"), m.get("ppid")): _job(m) for m in rings if _job(m) is not None and ranked(m)}
     out = {}
     for m in rings:
-        job = parents.get((m.get("host"), m.get("pid"))) if not _ranked(m) and m.get("pid") is not None else None
+        job = parents.get((m.get("host"), m.get("pid"))) if not ranked(m) and m.get("pid") is not None else None
         if job is not None and job != _job(m):
             out[id(m)] = job
     return out
-
-
-def _ranked(m: dict[str, Any]) -> bool:
-    return isinstance(m.get("rank"), int) and not isinstance(m.get("rank"), bool)
 
 
 def group_jobs(rings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -172,8 +168,8 @@ class _Attempt:
 def _attempts_of_job(rings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """Rules 2 and 3 of the module docstring, over one job's rings."""
     attempts: list[_Attempt] = []
-    parents = {(r.get("host"), r.get("ppid")) for r in rings if _ranked(r)}
-    launchers = {id(m) for m in rings if not _ranked(m) and (m.get("host"), m.get("pid")) in parents}
+    parents = {(r.get("host"), r.get("ppid")) for r in rings if ranked(r)}
+    launchers = {id(m) for m in rings if not ranked(m) and (m.get("host"), m.get("pid")) in parents}
     for m in sorted((m for m in rings if m.get("started_at") and id(m) not in launchers), key=_span):
         start, end = _span(m)
         count, slot = _count(m), _slot(m)
@@ -209,8 +205,8 @@ def group_attempts(rings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 def job_of(group: list[dict[str, Any]]) -> str | None:
     """The job id of an attempt's rings (rings without one, or a launcher with its own, may have joined it):
     its ranks' where it has ranks."""
-    ranked = (_job(m) for m in group if _ranked(m))
-    return next((j for j in ranked if j is not None), None) or next((j for j in map(_job, group) if j), None)
+    of_ranks = (_job(m) for m in group if ranked(m))
+    return next((j for j in of_ranks if j is not None), None) or next((j for j in map(_job, group) if j), None)
 
 
 def _teardown(m: dict[str, Any]) -> dict[str, Any] | None:

@@ -285,6 +285,11 @@ def _headline(death: dict[str, Any], st: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------------------------ an attempt's hang
 
 
+def ranked(m: dict[str, Any]) -> bool:
+    """Ring ``m`` is a rank's (its ``rank`` an int)."""
+    return isinstance(m.get("rank"), int) and not isinstance(m.get("rank"), bool)
+
+
 def _hang(m: dict[str, Any]) -> dict[str, Any] | None:
     h = m["death"].get("hang")
     return h if isinstance(h, dict) else None
@@ -314,7 +319,7 @@ def attempt_hang(dead: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[
     # Among ranks, the ranks alone: their launcher (torchrun's agent), still in its monitoring loop while they
     # hung, is neither stuck nor waiting in a collective, nor a peer that died first (its stack, unchanged for
     # 10 s, made it the stuck process, the earliest, whose own cause was its ChildFailedError)
-    ranks = [m for m in dead if isinstance(m.get("rank"), int) and not isinstance(m.get("rank"), bool)]
+    ranks = [m for m in dead if ranked(m)]
     pool = ranks or dead
     stalled = [m for m in pool if _hang(m) is not None]
     stuck = [m for m in stalled if not (_hang(m) or {}).get("collective") and not _timed_out(m)]

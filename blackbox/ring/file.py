@@ -113,14 +113,18 @@ def safe_folder(folder: Path) -> None:
         raise PermissionError(f"{folder}: {what}, found mode {stat.S_IMODE(st.st_mode):o}")
 
 
+def rings_of_pid(folder: Path, pid: int) -> list[str]:
+    """The names of process ``pid``'s rings in ``folder`` (``ring_name``), by one directory listing."""
+    try:
+        return [n for n in os.listdir(folder) if f"-pid{pid}-" in n and n.endswith(RING_SUFFIX)]
+    except OSError:
+        return []
+
+
 def died_armed(folder: Path, pid: int) -> bool:
     """Whether a ring of process ``pid`` in ``folder`` was left armed, not cleanly ended: the process died
     (SIGKILL, the OOM killer) where it is gone. One directory listing and a 12-byte read per match."""
-    try:
-        names = [n for n in os.listdir(folder) if f"-pid{pid}-" in n and n.endswith(RING_SUFFIX)]
-    except OSError:
-        return False
-    for name in names:
+    for name in rings_of_pid(folder, pid):
         try:
             fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:

@@ -27,6 +27,7 @@ import re
 import stat
 from pathlib import Path
 
+from ..ring.file import rings_of_pid
 from ..ring.folded import read_folded
 from .bootstrap import BOOT_ENV
 from .proc import argv_of, command_of
@@ -100,7 +101,7 @@ class UnarmedWatch:
         """``found``, unless that process armed all the same (``blackbox-run.pth``: its ring, or, a helper that
         ended cleanly, its line in ``folded.jsonl``, names its pid)."""
         pid = (self.found or {}).get("pid")
-        if pid is None or any(rings.glob(f"*-pid{pid}-*.ring")):
+        if not isinstance(pid, int) or rings_of_pid(rings, pid):
             return None
         return None if any(entry.get("pid") == pid for entry in read_folded(rings, (os.getuid(),))) else self.found
 

@@ -41,6 +41,8 @@ import signal
 import time
 from collections.abc import Iterable
 
+from .leftovers import stat_of
+
 WAIT_S = 0.02  # how long to look for the signal in the witness (a sender may reach it just after us)
 _PR_SET_PDEATHSIG = 1
 
@@ -124,13 +126,8 @@ class Witness:
 
     def alive(self) -> bool:
         """The witness runs (it can have ended only by a failure of its own: then it tells nothing)."""
-        if self.pid is None:
-            return False
-        try:
-            with open(f"/proc/{self.pid}/stat", "rb") as f:
-                return f.read(4096).rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
-        except (OSError, IndexError):
-            return False
+        state = stat_of(self.pid) if self.pid is not None else None
+        return state is not None and state[2] not in ("Z", "X")
 
     def close(self) -> None:
         """End the witness and reap it."""
