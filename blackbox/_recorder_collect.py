@@ -178,12 +178,18 @@ def upkeep(rec: Recorder) -> None:
 
 
 def uninstall_collectors(
-    rec: Recorder, *, in_child: bool, signals: bool, run: Callable[[Callable[[], object]], None] | None = None
+    rec: Recorder,
+    *,
+    in_child: bool,
+    signals: bool,
+    run: Callable[[Callable[[], object]], None] | None = None,
+    keep_late: bool = False,
 ) -> None:
     """Put back the hooks this recorder installed (in a forked child: no torch/CUDA calls): the
-    signal recorder alone (``signals``), or all the others, each step through ``run`` (by default:
-    a failure is one warning). Releasing signals waits for a handler in flight on another thread,
-    so nothing writes into the mapping once it is closed."""
+    signal recorder alone (``signals``; ``keep_late``: its handler stays for the shutdown, see
+    ``SignalRecorder.uninstall``), or all the others, each step through ``run`` (by default: a failure
+    is one warning). Releasing signals waits for a handler in flight on another thread, so nothing
+    writes into the mapping once it is closed."""
 
     def each(step: Callable[[], object]) -> None:
         try:
@@ -194,7 +200,8 @@ def uninstall_collectors(
     run = run or each
     if signals:
         if rec._signals is not None:
-            run(rec._signals.forget_after_fork if in_child else rec._signals.uninstall)
+            sig = rec._signals
+            run(sig.forget_after_fork if in_child else functools.partial(sig.uninstall, keep_late=keep_late))
         return
     torch, exceptions, crash, allocs = rec._torch, rec._exceptions, rec._crash, rec._allocs
     steps: list[Callable[[], None]] = [lambda: allocs.stop(in_child=in_child)] if allocs is not None else []

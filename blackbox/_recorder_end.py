@@ -87,11 +87,13 @@ def _ending_steps(rec: Recorder, held: HeldForTheJob, at_exit: bool) -> list[tup
             finally:
                 view.release()
 
-    # Signals last: one that lands while the job shuts down is still recorded (after the clean end).
+    # Signals last: one that lands while the job shuts down is still recorded (after the clean end); where the
+    # exit record is promised, one taken after this too, into its slots (a SIGTERM to a rank hung in teardown).
     return [(lambda: setattr(rec, "armed", False), True), (rec._stop.set, True), (await_sampler, True),
             (lambda: uninstall_collectors(rec, in_child=False, signals=False, run=held.run), False),
             (possible, True), (rec.sample_now, True), (in_flight, False), (disarm_record, False), (clean, True),
-            (lambda: uninstall_collectors(rec, in_child=False, signals=True, run=held.run), False),
+            (lambda: uninstall_collectors(rec, in_child=False, signals=True, run=held.run, keep_late=promised[0]),
+             False),
             (fold_sites, True), (exit_record, True),
             (lambda: teardown(rec, flush=rec.sync_interval is not None), False),
             (lambda: _fold(rec, at_exit=promised[0]), False)]  # fmt: skip

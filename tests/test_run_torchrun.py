@@ -155,3 +155,8 @@ def test_a_time_limits_sigterm_to_torchrun_is_that_signal_not_the_agents_excepti
     assert first["headline"].startswith("The torchrun agent (pid ") and first["headline"].endswith(
         ") was ended by SIGTERM from timeout: its handler raised "
         "torch.distributed.elastic.multiprocessing.api.SignalException."), first["headline"]  # fmt: skip
+    # AND the ranks it stopped with that SIGTERM are told as stopped by it as it went down (not "after it died")
+    summary = (bundle / "summary.md").read_text()
+    pid = first["pid"]
+    assert f"3 processes: pid {pid} ended by a signal; ranks 0 and 1 stopped by pid {pid} (torchrun) as it went " \
+           "down." in summary, summary[:1500]  # fmt: skip

@@ -180,15 +180,23 @@ class SignalRecorder:
         self._hows[how] = hid
         return bool(self._cmod.signals_watch(signum, self._tags[signum], hid) in ("wrapped", "ours"))
 
-    def uninstall(self) -> None:
-        """Put back every disposition we wrapped (where ours is still the one in force); stop recording."""
-        if self.active:
+    def uninstall(self, *, keep_late: bool = False) -> None:
+        """Put back every disposition we wrapped (where ours is still the one in force); stop recording.
+        ``keep_late`` (the clean end at interpreter exit, where the exit record will be armed): the C handler
+        stays, and a signal taken while the process shuts down (a SIGTERM to a rank hung in its teardown, a
+        crash in a late exit handler) is recorded before the exit record (FORMAT.md, "Kinds")."""
+        if not self.active:
+            return
+        try:
+            if keep_late and self._fallback is None:
+                self.record_crashes()  # faulthandler, ours until now, is off: a crash in a late exit handler
+        finally:
             self.active = False
             self._unwrap_signal_function()
             if self._fallback is not None:
                 self._fallback.uninstall()
-                return
-            self._cmod.signals_release()
+            else:
+                self._cmod.signals_release(keep_late)
 
     def _unwrap_signal_function(self) -> None:
         if self._our_signal is not None and signal.signal is self._our_signal:

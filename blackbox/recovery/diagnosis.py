@@ -56,7 +56,7 @@ from ..ring.reader import without_c_extension
 from .crash import native_crash
 from .evidence import Evidence, KernelKill
 from .exits import HOW_KNOWN, MAX_SAID, RUN_SAW, exit_message, exit_status, interrupted_by, signal_of
-from .facts import Facts, facts
+from .facts import Facts, counter_rose, facts, near_limit
 from .gpu_oom import EXPANDABLE_ON, gpu_oom_kind
 from .hang import with_hang
 from .headline import headline
@@ -147,7 +147,7 @@ class _Death:
     # ---------------------------------------------------------------- the rules
     def decide(self, clean: bool) -> None:
         f, ev = self.f, self.ev
-        near = _near_limit(f.samples[-1] if f.samples else None)
+        near = near_limit(f.samples[-1] if f.samples else None)
         if ev.writer_alive and not clean:
             self._set("unknown", "certain", "the writer process is still alive: this is a snapshot, not a death")
             return
@@ -180,7 +180,7 @@ class _Death:
         if self.status is not None and not any("exit status" in e for e in self.evidence):
             self.evidence.append(f"exit status {self.status} ({HOW_KNOWN.get(self.exit_how or '', 'recorded')})")
         at = self.death_ns if self.death_ns is not None else f.last_ns
-        memory = _near_limit(f.sample_before(at))
+        memory = near_limit(f.sample_before(at))
         if memory is not None:
             self.evidence.insert(1, memory[1].replace("last sample", "the last sample before the death"))
 
@@ -246,10 +246,24 @@ class _Death:
         self.evidence.append("but no exit record, which that clean end armed: the process never reached exit(), "
                              "it died while it shut down")  # fmt: skip
         own = next((k for k in reversed(ev.kernel_kills) if k.pid == self.pid), None)
+        late = f.late_signals or f.signals[:0]  # taken after the clean end, by the handler left for the shutdown
+        fatal = late.where("detail", DEFAULT_ACTION)
         if own is not None:
             self.victim.update(name=own.name, **own.rss)
             self._set("host_oom_kill", "certain", f"kernel log: {own.line}")
             self._at(own.time_ns, own=True)
+        elif fatal and run_saw in (None, signals.Signals.__members__.get(fatal[-1]["label"] or "")):
+            s = fatal[-1]
+            self.killed_by, self.when = _sender(s), s
+            who = f" from {s['sender']} (pid {s['sender_pid']})" if s["sender"] else ""
+            took = (self._signal_ns(s) - f.clean_end_ns) / 1e9 if f.clean_end_ns is not None else None
+            after = f", {took:.1f} s after its clean end" if took is not None and took >= 0 else ""
+            self._set("interrupted" if s["label"] == "SIGINT" else "signal", "certain",
+                      f"{s['label']}{who}{self._role(s)} with its default action at {s['time']}, while it shut "
+                      f"down{after} (its exit handlers, finalization: a join or a library's teardown that hung)")
+            self.crash = {"signal": s["label"], "site": None} if s["label"] in CRASH_SIGNALS else None
+        elif late and (again := self._raised_again(late[-1], run_saw)) is not None:
+            self._died_of_native(again)
         elif run_saw is not None and run_saw != signals.SIGKILL:
             self._set("signal", "certain", f"`blackbox run` saw the job end by {signals.Signals(run_saw).name}")
         elif run_saw == signals.SIGKILL or ev.same_boot:
@@ -320,8 +334,8 @@ class _Death:
         self.death_ns = last_seen
         self.evidence.append(f"in the job: {_short(exc['label'])}")
         before, after = f.sample_before(last_seen), f.sample_before(f.last_ns)
-        rose = _counter_rose(before, after)
-        near = _near_limit(before)
+        rose = counter_rose(before, after)
+        near = near_limit(before)
         killed = how.lower() == "killed"
         if killed and rose:
             self._set("host_oom_kill", "strong", rose)
@@ -337,7 +351,7 @@ class _Death:
         sig = signal_of(self.status)
         last_signal = f.signals[-1] if f.signals else None
         fatal = f.signals.where("detail", DEFAULT_ACTION)
-        rose = _counter_rose(f.samples[0] if f.samples else None, f.samples[-1] if f.samples else None, ev)
+        rose = counter_rose(f.samples[0] if f.samples else None, f.samples[-1] if f.samples else None, ev)
         if own is not None:
             self.victim.update(name=own.name, **own.rss)
             self._set("host_oom_kill", "certain", f"kernel log: {own.line}")
@@ -569,30 +583,3 @@ def _innermost(stack: str) -> str:
     """The innermost frame of faulthandler's stack (``  File "x.py", line 5 in f``) as ``f (x.py:5)``."""
     m = re.search(r'File "(.*)", line (\d+) in (.*)', stack)
     return f"{m[3]} ({m[1]}:{m[2]})" if m else "a frame faulthandler could not name"
-
-
-def _near_limit(sample: dict[str, Any] | None) -> tuple[float, str] | None:
-    if not sample or not sample.get("cgroup_limit") or sample.get("cgroup_usage") is None:
-        return None
-    frac = sample["cgroup_usage"] / sample["cgroup_limit"]
-    return frac, (
-        f"last sample: cgroup usage {human_bytes(sample['cgroup_usage'])} of its "
-        f"{human_bytes(sample['cgroup_limit'])} limit ({100 * frac:.0f}%)"
-    )
-
-
-def _counter_rose(first: dict[str, Any] | None, last: dict[str, Any] | None, ev: Evidence | None = None) -> str | None:
-    """The cgroup's oom_kill counter rose: between two samples, or (``ev``) after the last one."""
-    if not last or last.get("cgroup_oom_kills") is None:
-        return None
-    if ev is None:
-        before = (first or {}).get("cgroup_oom_kills")
-        if before is not None and last["cgroup_oom_kills"] > before:
-            return f"the memory cgroup's oom_kill counter rose from {before} to {last['cgroup_oom_kills']} meanwhile"
-        return None
-    if ev.cgroup_oom_kills_now is None or not ev.same_boot:
-        return None
-    if ev.cgroup_oom_kills_now > last["cgroup_oom_kills"]:
-        return (f"the memory cgroup's oom_kill counter rose from {last['cgroup_oom_kills']} (last sample) "
-                f"to {ev.cgroup_oom_kills_now}")  # fmt: skip
-    return None

@@ -12,14 +12,18 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .._units import human_bytes
 from .kinds import of_kind, rows_of_kind
 from .timeline import py_rows, stamps_ns
+
+if TYPE_CHECKING:
+    from .evidence import Evidence
 
 SAMPLE_COLUMNS = ["time", "step", "host_rss", "children_rss", "cgroup_usage", "cgroup_limit", "cgroup_oom_kills",
                   "mem_available"]  # fmt: skip
@@ -131,6 +135,8 @@ class Facts:
     signal_ns: np.ndarray
     exits: Rows  # exit events: value = the status
     exit_armed: bool = False  # the last clean end armed the exit record (a disarm record of value 1)
+    late_signals: Rows | None = None  # the signals after the last clean end (taken while it shut down)
+    clean_end_ns: int | None = None  # the last clean end's time (monotonic ns)
     children: dict[int, Series] = field(default_factory=dict)
     steps: pa.Table | None = None  # every record's time and step (the step in force when it was written)
     last_event: dict[str, Any] | None = None
@@ -193,6 +199,15 @@ def _exit_armed(table: pa.Table) -> bool:
     return bool(len(rows)) and table["value"][int(rows[-1])].as_py() == 1
 
 
+def _after_clean_end(table: pa.Table, signals: Rows) -> tuple[Rows, int | None]:
+    """The signals recorded after the last clean end (taken while the process shut down: FORMAT.md, "Kinds"),
+    and that clean end's time (UTC ns; None: none)."""
+    rows = rows_of_kind(table, "disarm")
+    if not len(rows):
+        return signals[len(signals) :], None
+    return Rows(signals.table, signals.rows[signals.rows > rows[-1]]), int(stamps_ns(table["time"])[rows[-1]])
+
+
 def facts(table: pa.Table, clock: dict[str, Any]) -> Facts:
     """The end-of-life facts of one ring's timeline; ``clock`` is the ring's (wall_ns, monotonic_ns) pair."""
     wall0, mono0 = int(clock.get("wall_ns") or 0), int(clock.get("monotonic_ns") or 0)
@@ -200,6 +215,7 @@ def facts(table: pa.Table, clock: dict[str, Any]) -> Facts:
     samples = Rows.of_kind(table, "sample", columns=SAMPLE_COLUMNS)
     stats = Rows.of_kind(table, "cgroup_sample", columns=STAT_COLUMNS)
     signals = Rows.of_kind(table, "signal", columns=SIGNAL_COLUMNS)
+    late, clean_end = _after_clean_end(table, signals)
     ends = Rows(table.select(["time", "step"]), np.array([0, table.num_rows - 1])) if table.num_rows else None
     end_ns = ends.ns() - to_wall if ends else np.zeros(2, np.int64)
     out = Facts(
@@ -212,6 +228,8 @@ def facts(table: pa.Table, clock: dict[str, Any]) -> Facts:
         signal_ns=signals.ns() - to_wall,
         exits=Rows.of_kind(table, "exit", columns=["time", "step", "value", "label", "detail"]),
         exit_armed=_exit_armed(table),
+        late_signals=late,
+        clean_end_ns=None if clean_end is None else clean_end - to_wall,
         steps=table.select(["time", "step"]),
         last_event=ends[-1] if ends else None,
         first_ns=int(end_ns[0]),
@@ -233,3 +251,31 @@ def facts(table: pa.Table, clock: dict[str, Any]) -> Facts:
             alive = rows[rss[rows] > 0]  # 0: read as a zombie, after it died (a live process has pages)
             out.children[int(p)] = Series(int(p), name or "", t[alive], rss[alive].astype(np.int64), steps[alive])
     return out
+
+
+def near_limit(sample: dict[str, Any] | None) -> tuple[float, str] | None:
+    """(usage / limit, the words) of the cgroup at a sample, where it has a limit."""
+    if not sample or not sample.get("cgroup_limit") or sample.get("cgroup_usage") is None:
+        return None
+    frac = sample["cgroup_usage"] / sample["cgroup_limit"]
+    return frac, (
+        f"last sample: cgroup usage {human_bytes(sample['cgroup_usage'])} of its "
+        f"{human_bytes(sample['cgroup_limit'])} limit ({100 * frac:.0f}%)"
+    )
+
+
+def counter_rose(first: dict[str, Any] | None, last: dict[str, Any] | None, ev: Evidence | None = None) -> str | None:
+    """The cgroup's oom_kill counter rose: between two samples, or (``ev``) after the last one."""
+    if not last or last.get("cgroup_oom_kills") is None:
+        return None
+    if ev is None:
+        before = (first or {}).get("cgroup_oom_kills")
+        if before is not None and last["cgroup_oom_kills"] > before:
+            return f"the memory cgroup's oom_kill counter rose from {before} to {last['cgroup_oom_kills']} meanwhile"
+        return None
+    if ev.cgroup_oom_kills_now is None or not ev.same_boot:
+        return None
+    if ev.cgroup_oom_kills_now > last["cgroup_oom_kills"]:
+        return (f"the memory cgroup's oom_kill counter rose from {last['cgroup_oom_kills']} (last sample) "
+                f"to {ev.cgroup_oom_kills_now}")  # fmt: skip
+    return None

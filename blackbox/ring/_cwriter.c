@@ -827,6 +827,11 @@ static void dump_crash(int sig) {
  * clean end to fold away (on_process_exit, signals_stop_taken). Set in the handler: one atomic store. */
 static volatile sig_atomic_t g_stop_taken;
 
+/* Signals taken after the clean end go to the exit record's slots (late_slot): set by signals_release(1),
+ * which leaves our handler in place, cleared by signals_arm and signals_forget. */
+static int g_late; /* atomic */
+static char *late_slot(uint64_t *seq);
+
 static void on_signal(int sig, siginfo_t *info, void *context) {
     int saved_errno = errno;
     if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP)
@@ -839,7 +844,10 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
     struct sigaction prev = chain->prev[__atomic_load_n(&chain->cur, __ATOMIC_ACQUIRE)];
     int to_default = !(prev.sa_flags & SA_SIGINFO) && prev.sa_handler == SIG_DFL;
     __atomic_add_fetch(&g_inflight, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&g_target_on, __ATOMIC_ACQUIRE) && g_target.pid == getpid()) {
+    int armed = __atomic_load_n(&g_target_on, __ATOMIC_ACQUIRE) && g_target.pid == getpid();
+    uint64_t late_seq = 0;
+    char *late = armed ? NULL : late_slot(&late_seq);
+    if (armed || late != NULL) {
         int64_t payload[PAYLOAD_WORDS];
         char comm[16] = {0};
         for (int i = 0; i < PAYLOAD_WORDS; i++)
@@ -853,12 +861,16 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
                 memcpy(&payload[3], comm, 16);
             }
         }
-        uint64_t seq = __atomic_add_fetch(&g_target.seq->value, 1, __ATOMIC_RELAXED);
-        put_record(g_target.records, g_target.cap, seq, now_ns(), (uint64_t)pthread_self(), -1, sig, g_target.tag[sig],
-                   payload);
-        window_after(g_target.seq, seq);
-        if (crash_signal(sig))
-            dump_crash(sig); /* before the job's handler, which ends the process */
+        if (late != NULL) {
+            put_record(late, 1, late_seq, now_ns(), (uint64_t)pthread_self(), -1, sig, g_target.tag[sig], payload);
+        } else {
+            uint64_t seq = __atomic_add_fetch(&g_target.seq->value, 1, __ATOMIC_RELAXED);
+            put_record(g_target.records, g_target.cap, seq, now_ns(), (uint64_t)pthread_self(), -1, sig,
+                       g_target.tag[sig], payload);
+            window_after(g_target.seq, seq);
+            if (crash_signal(sig))
+                dump_crash(sig); /* before the job's handler, which ends the process */
+        }
     }
     __atomic_sub_fetch(&g_inflight, 1, __ATOMIC_SEQ_CST);
     if (to_default) {
@@ -925,6 +937,7 @@ static PyObject *signals_arm(PyObject *Py_UNUSED(m), PyObject *args) {
     g_target.seq = (Sequence *)seq;
     g_target.pid = getpid();
     g_target.detail_default = detail_default;
+    __atomic_store_n(&g_late, 0, __ATOMIC_SEQ_CST);
     for (int s = 0; s < MAX_SIGNAL; s++) {
         g_target.tag[s] = 0;
         g_target.detail[s] = 0;
@@ -996,10 +1009,18 @@ static void drop_target(void) {
     }
 }
 
-/* signals_release(): stop recording, restore the dispositions, wait for handlers in flight. */
-static PyObject *signals_release(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
+/* signals_release(keep_late=False): stop recording into the ring, restore the dispositions, wait for
+ * handlers in flight. keep_late (the clean end at interpreter exit): our handler stays, and a signal the
+ * process takes while it shuts down goes to the exit record's slots (late_slot) once they are armed. */
+static PyObject *signals_release(PyObject *Py_UNUSED(m), PyObject *args) {
+    int keep_late = 0;
+    if (!PyArg_ParseTuple(args, "|p", &keep_late))
+        return NULL;
     __atomic_store_n(&g_crash_fd, -1, __ATOMIC_SEQ_CST);
-    restore_all();
+    if (keep_late)
+        __atomic_store_n(&g_late, 1, __ATOMIC_SEQ_CST);
+    else
+        restore_all();
     __atomic_store_n(&g_target_on, 0, __ATOMIC_SEQ_CST);
     while (__atomic_load_n(&g_inflight, __ATOMIC_SEQ_CST) != 0) /* another thread's handler: a few syscalls */
         sched_yield();
@@ -1029,6 +1050,7 @@ static PyObject *signals_forget(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args
     __atomic_store_n(&g_target_on, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&g_inflight, 0, __ATOMIC_SEQ_CST); /* a parent thread's count, copied by fork */
     g_stop_taken = 0;                                   /* the parent's request to stop, not the child's */
+    __atomic_store_n(&g_late, 0, __ATOMIC_SEQ_CST);
     restore_all();
     drop_target();
     Py_RETURN_NONE;
@@ -1261,8 +1283,12 @@ static PyObject *stack_walks(PyObject *Py_UNUSED(m), PyObject *args) {
  * owns a mapping of its own of the one page that holds the slot (made here, with the descriptor; a
  * mapping needs no descriptor afterwards), and the plain words it writes, taken here. The record
  * follows the commit rule (seq first, commit last). Nothing else writes to the ring by then (the
- * writer and the signal recorder are gone), so the seq cannot be taken twice. A forked child that
- * exits never writes (the pid is checked). Returns False where the C library has no on_exit().
+ * writer is gone), so the seqs from `seq` on are this target's: it maps the pages of EXIT_SLOTS slots.
+ * A signal the process takes while it shuts down (the signal recorder released with keep_late) is
+ * recorded into the first of them still free, as on_signal records it while armed (late_slot), and the
+ * exit record takes the next: a SIGTERM that ends a process hung in its shutdown is told, not guessed.
+ * A forked child that exits never writes (the pid is checked). Returns False where the C library has no
+ * on_exit().
  *
  * fold (optional: folded.jsonl's path, the line, the ring's path), for a helper of `blackbox run`: where
  * the status is 0, the line is appended to that file (one O_APPEND write) and the ring removed instead;
@@ -1278,11 +1304,13 @@ typedef struct {
 
 static FoldTarget g_fold;
 
+#define EXIT_SLOTS 4 /* late signals (EXIT_SLOTS - 1 at most), then the exit record */
 typedef struct {
-    char *page;       /* our own mapping of the page that holds the slot */
+    char *page[EXIT_SLOTS]; /* our own mapping of the page that holds each slot */
     size_t page_len;
-    char *slot;
-    uint64_t seq, tag;
+    char *slot[EXIT_SLOTS];
+    uint64_t seq, tag; /* seq: the first slot's */
+    unsigned next;     /* atomic: the next slot free */
     int64_t step, detail;
     pid_t pid;
 } ExitTarget;
@@ -1309,18 +1337,38 @@ static void on_process_exit(int status, void *Py_UNUSED(arg)) {
     payload[0] = g_exit.detail;
     for (int i = 1; i < PAYLOAD_WORDS; i++)
         payload[i] = -1;
+    unsigned i = __atomic_fetch_add(&g_exit.next, 1, __ATOMIC_ACQ_REL); /* after the late signals */
+    if (i > EXIT_SLOTS - 1)
+        i = EXIT_SLOTS - 1; /* late signals never take the last slot */
     /* the status a parent's wait() sees is its low 8 bits */
-    put_record(g_exit.slot, 1, g_exit.seq, now_ns(), (uint64_t)pthread_self(), g_exit.step, status & 0xFF,
+    put_record(g_exit.slot[i], 1, g_exit.seq + i, now_ns(), (uint64_t)pthread_self(), g_exit.step, status & 0xFF,
                g_exit.tag, payload);
 }
 #endif
 
 static void exit_target_drop(void) {
     __atomic_store_n(&g_exit_on, 0, __ATOMIC_SEQ_CST);
-    if (g_exit.page != NULL) {
-        munmap(g_exit.page, g_exit.page_len);
-        g_exit.page = NULL;
+    while (__atomic_load_n(&g_inflight, __ATOMIC_SEQ_CST) != 0) /* a late signal's handler writing a slot */
+        sched_yield();
+    for (int i = 0; i < EXIT_SLOTS; i++) {
+        if (g_exit.page[i] != NULL) {
+            munmap(g_exit.page[i], g_exit.page_len);
+            g_exit.page[i] = NULL;
+        }
     }
+}
+
+/* The slot for a signal taken after the clean end (NULL: none), its seq in *seq. In on_signal, between its
+ * g_inflight increment and decrement: exit_target_drop waits for those before it unmaps. */
+static char *late_slot(uint64_t *seq) {
+    if (!__atomic_load_n(&g_late, __ATOMIC_ACQUIRE) || !__atomic_load_n(&g_exit_on, __ATOMIC_ACQUIRE) ||
+        g_exit.pid != getpid())
+        return NULL;
+    unsigned i = __atomic_fetch_add(&g_exit.next, 1, __ATOMIC_ACQ_REL);
+    if (i >= EXIT_SLOTS - 1)
+        return NULL; /* the last slot is the exit record's */
+    *seq = g_exit.seq + i;
+    return g_exit.slot[i];
 }
 
 static PyObject *exit_record_arm(PyObject *Py_UNUSED(m), PyObject *args) {
@@ -1340,27 +1388,33 @@ static PyObject *exit_record_arm(PyObject *Py_UNUSED(m), PyObject *args) {
     }
 #if defined(__GLIBC__)
     long page = sysconf(_SC_PAGESIZE);
-    if (cap == 0 || seq == 0 || offset < 0 || page <= 0 || offset % RECORD_SIZE != 0) {
-        PyErr_SetString(PyExc_ValueError, "exit_record_arm: capacity and seq must be > 0, records_offset aligned");
+    if (cap < EXIT_SLOTS || seq == 0 || offset < 0 || page <= 0 || offset % RECORD_SIZE != 0) {
+        PyErr_SetString(PyExc_ValueError, "exit_record_arm: capacity >= 4, seq > 0, records_offset aligned");
         return NULL;
     }
-    unsigned long long at = (unsigned long long)offset + (seq % cap) * RECORD_SIZE;
-    unsigned long long start = at - at % (unsigned long long)page;
     exit_target_drop();
-    void *p = mmap(NULL, (size_t)page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)start);
-    if (p == MAP_FAILED)
-        return PyErr_SetFromErrno(PyExc_OSError);
+    g_exit.page_len = (size_t)page;
+    for (int i = 0; i < EXIT_SLOTS; i++) { /* each slot's page (the slots may wrap to the ring's start) */
+        unsigned long long at = (unsigned long long)offset + ((seq + (unsigned long long)i) % cap) * RECORD_SIZE;
+        unsigned long long start = at - at % (unsigned long long)page;
+        void *p = mmap(NULL, (size_t)page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)start);
+        if (p == MAP_FAILED) {
+            PyErr_SetFromErrno(PyExc_OSError);
+            exit_target_drop();
+            return NULL;
+        }
+        g_exit.page[i] = (char *)p;
+        g_exit.slot[i] = (char *)p + (at - start);
+    }
     if (!g_exit_registered) {
         if (on_exit(on_process_exit, NULL) != 0) {
-            munmap(p, (size_t)page);
+            exit_target_drop();
             PyErr_SetString(PyExc_OSError, "on_exit() refused the handler");
             return NULL;
         }
         g_exit_registered = 1;
     }
-    g_exit.page = (char *)p;
-    g_exit.page_len = (size_t)page;
-    g_exit.slot = (char *)p + (at - start);
+    g_exit.next = 0;
     g_exit.seq = seq;
     g_exit.tag = tag;
     g_exit.step = step;
@@ -1661,7 +1715,8 @@ static PyMethodDef module_methods[] = {
      "signals_arm(buffer, records_offset, capacity, sequence, detail_default): record signals into this ring."},
     {"signals_watch", signals_watch, METH_VARARGS,
      "signals_watch(signum, tag, detail) -> 'wrapped' | 'ours' | 'ignored'."},
-    {"signals_release", signals_release, METH_NOARGS, "Restore the dispositions and stop recording."},
+    {"signals_release", signals_release, METH_VARARGS,
+     "signals_release(keep_late=False): restore the dispositions (or keep ours, for the shutdown) and stop recording."},
     {"signals_forget", signals_forget, METH_NOARGS, "In a forked child: drop the parent's ring."},
     {"signals_crash_fd", signals_crash_fd, METH_VARARGS,
      "signals_crash_fd(fd) -> bool: where a crash's tracebacks go while faulthandler is the job's (-1: nowhere)."},

@@ -203,6 +203,10 @@ def _torn_down_sentence(first: dict[str, Any], rows: list[dict[str, Any]], torn:
 def _after_first(first: dict[str, Any], r: dict[str, Any]) -> str:
     """How a collateral row ended, after the first death: stopped by its launcher; in a hang, that or its own
     end while it waited for the stuck rank (a collective's timeout)."""
+    role = str((first.get("victim") or {}).get("role") or "")
+    by_first = bool(r.get("stopped_by")) and first.get("rank") is None and r["stopped_by"] in role
+    if first.get("cause") != "hang" and by_first:  # the first death is the launcher that stopped it, as it went down
+        return f"stopped by {_short(first)} ({r['stopped_by']}) as it went down"
     if first.get("cause") != "hang":
         return f"stopped by {r.get('stopped_by') or 'the parent process'} after {_short(first)} died"  # a Pool's main
     if r.get("stopped_by"):

@@ -168,7 +168,10 @@ def judge(v: dict[str, Any], t: dict[str, Any], death: Death, mode: str, rows: l
     if v["cause"] not in t["causes"]:
         wrong.append(f"cause {v['cause']} (truth {'/'.join(t['causes'])})")
     pid = v["victim"].get("pid")
-    if t["victims"] and pid not in t["victims"]:
+    # torchrun's agent, armed under `blackbox run`, that took the sender's own signal and stopped its ranks with
+    # it: where the signal landed first, so the first death, as long as the sender named is the true one
+    relay_first = pid in t.get("relays", []) and (v["killed_by"] or {}).get("sender_pid") == t.get("sender_pid")
+    if t["victims"] and pid not in t["victims"] and not relay_first:
         wrong.append(f"victim {pid} {v['victim'].get('role')} (truth {t['victims']} {t.get('victim_role', '')})")
     elif pid in t["steps"] and t["steps"][pid] is not None and (v["step"] or 0) != t["steps"][pid]:
         wrong.append(f"step {v['step']} (truth {t['steps'][pid]})")

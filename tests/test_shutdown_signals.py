@@ -1,0 +1,101 @@
+"""A signal a process takes after blackbox's clean end, while it shuts down (exit handlers registered before
+arm, finalization): recorded by the C handler left in place for the shutdown, before the exit record, and
+told as what ended the process. The job is run armed and unarmed side by side."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import spawn_py
+
+from blackbox.collect.exceptions import exit_status_unrecorded
+from blackbox.recovery.pipeline import recover_rings
+from blackbox.recovery.timeline import ring_table
+from blackbox.ring.reader import find_rings, read_ring
+from blackbox.ring.writer import built_module
+
+pytestmark = pytest.mark.skipif(exit_status_unrecorded(built_module()) != "", reason="needs the C extension")
+
+# An exit handler registered before arm runs after blackbox's clean end (atexit: last in, first out).
+LATE = """
+import atexit, ctypes, signal, sys, time
+got = []
+def late():
+    print("shutting down", flush=True)
+    if sys.argv[2] == "segv":
+        ctypes.string_at(0)
+    deadline = time.monotonic() + 60
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.01)
+atexit.register(late)
+if sys.argv[1] != "unarmed":
+    import blackbox
+    blackbox.arm(sys.argv[1] + "/", sample_interval=0.02)
+    blackbox.step(7)
+signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+print("done", flush=True)
+sys.exit(3 if sys.argv[2] == "usr1" else 0)
+"""
+
+
+def _run(tmp_path: Path, rings: str, what: str) -> tuple[int, str, int]:
+    """The job to its end: (its return code, its stdout, its pid); the signal sent by a process named timeout."""
+    job = spawn_py(LATE, rings, what, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert job.stdout is not None and job.stdout.readline() == "done\n"
+    assert job.stdout.readline() == "shutting down\n"
+    if what != "segv":
+        time.sleep(0.2)
+        sender = tmp_path / "timeout"  # a named sender, which outlives its signal a moment (as a daemon does)
+        if not sender.exists():
+            shutil.copy(sys.executable, sender)
+        sig = signal.SIGTERM if what == "term" else signal.SIGUSR1
+        send = f"import os, time; os.kill({job.pid}, {int(sig)}); time.sleep(1)"
+        subprocess.run([str(sender), "-c", send], check=True, env={"PYTHONHOME": sys.base_prefix})
+    out, _ = job.communicate(timeout=60)
+    return job.returncode, out, job.pid
+
+
+@pytest.mark.parametrize("what", ["term", "segv", "usr1"])
+def test_a_signal_while_the_process_shuts_down_is_recorded_and_told(tmp_path: Path, what: str) -> None:
+    # GIVEN a job whose exit handler runs after blackbox's clean end: it hangs until SIGTERM (a rank stuck in
+    # its teardown, ended by timeout), or crashes in native code, or takes SIGUSR1 in its handler and exits 3
+    # WHEN it runs unarmed and armed
+    unarmed = _run(tmp_path, "unarmed", what)
+    rings = tmp_path / "rings"
+    armed = _run(tmp_path, str(rings), what)
+    # THEN the job is unchanged: the same status and output
+    expected = {"term": -signal.SIGTERM, "segv": -signal.SIGSEGV, "usr1": 3}[what]
+    assert unarmed[:2] == armed[:2] == (expected, ""), (unarmed, armed)
+    # AND the ring holds the signal after the clean end, then (where the process reached exit()) the exit record
+    ring = read_ring(next(iter(find_rings([rings]))))
+    assert ring.clean
+    table = ring_table(ring)
+    kinds = table["kind"].to_pylist()
+    last_disarm = len(kinds) - 1 - kinds[::-1].index("disarm")
+    after = list(zip(kinds[last_disarm + 1 :], table["label"].to_pylist()[last_disarm + 1 :], strict=True))
+    sig = {"term": "SIGTERM", "segv": "SIGSEGV", "usr1": "SIGUSR1"}[what]
+    assert after == ([("signal", sig), ("exit", None)] if what == "usr1" else [("signal", sig)]), after
+    # AND the verdict tells what ended it, and who sent it
+    death = recover_rings([rings]).meta["death"]
+    pid = armed[2]
+    if what == "usr1":  # the handler took it; the process went on to exit 3, which the exit record holds
+        assert (death["cause"], death["confidence"], death["exit_status"]) == ("nonzero_exit", "certain", 3), death
+        assert "in_shutdown" not in death
+        return
+    assert (death["cause"], death["confidence"], death["in_shutdown"]) == ("signal", "certain", True), death
+    assert death["step"] == 7
+    if what == "segv":
+        assert death["headline"] == f"The main process (pid {pid}) died of SIGSEGV in native code.", death
+        assert death["killed_by"]["sender"] is None
+    else:
+        assert (death["killed_by"]["signal"], death["killed_by"]["sender"]) == ("SIGTERM", "timeout"), death
+        assert death["headline"] == (f"The main process (pid {pid}) was ended by SIGTERM from timeout while it "
+                                     "shut down, after its work, before it could exit.")  # fmt: skip
+    said = next(e for e in death["evidence"] if "while it shut down, " in e)
+    assert float(said.split("while it shut down, ")[1].split(" s after")[0]) >= (0.2 if what == "term" else 0.0)
