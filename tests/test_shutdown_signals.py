@@ -31,9 +31,12 @@ def late():
     if sys.argv[2] == "segv":
         ctypes.string_at(0)
     deadline = time.monotonic() + 60
-    while not got and time.monotonic() < deadline:
+    while sys.argv[2] != "in-exit" and not got and time.monotonic() < deadline:
         time.sleep(0.01)
 atexit.register(late)
+if sys.argv[2] == "in-exit":  # a native exit handler that hangs, run inside exit() after blackbox's exit record
+    libc = ctypes.CDLL(None)
+    libc.on_exit(ctypes.cast(libc.pause, ctypes.c_void_p), None)
 if sys.argv[1] != "unarmed":
     import blackbox
     blackbox.arm(sys.argv[1] + "/", sample_interval=0.02)
@@ -49,28 +52,38 @@ def _run(tmp_path: Path, rings: str, what: str) -> tuple[int, str, int]:
     job = spawn_py(LATE, rings, what, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert job.stdout is not None and job.stdout.readline() == "done\n"
     assert job.stdout.readline() == "shutting down\n"
+    if what == "in-exit" and rings != "unarmed":  # inside exit(), once it wrote its status
+        deadline = time.monotonic() + 30
+        while "process exit" not in _details(Path(rings)) and time.monotonic() < deadline:
+            time.sleep(0.05)
     if what != "segv":
         time.sleep(0.2)
         sender = tmp_path / "timeout"  # a named sender, which outlives its signal a moment (as a daemon does)
         if not sender.exists():
             shutil.copy(sys.executable, sender)
-        sig = signal.SIGTERM if what == "term" else signal.SIGUSR1
+        sig = signal.SIGUSR1 if what == "usr1" else signal.SIGTERM
         send = f"import os, time; os.kill({job.pid}, {int(sig)}); time.sleep(1)"
         subprocess.run([str(sender), "-c", send], check=True, env={"PYTHONHOME": sys.base_prefix})
     out, _ = job.communicate(timeout=60)
     return job.returncode, out, job.pid
 
 
-@pytest.mark.parametrize("what", ["term", "segv", "usr1"])
+def _details(rings: Path) -> list[str]:
+    found = list(find_rings([rings]))
+    return [str(d) for d in ring_table(read_ring(found[0]))["detail"].to_pylist()] if found else []
+
+
+@pytest.mark.parametrize("what", ["term", "in-exit", "segv", "usr1"])
 def test_a_signal_while_the_process_shuts_down_is_recorded_and_told(tmp_path: Path, what: str) -> None:
     # GIVEN a job whose exit handler runs after blackbox's clean end: it hangs until SIGTERM (a rank stuck in
-    # its teardown, ended by timeout), or crashes in native code, or takes SIGUSR1 in its handler and exits 3
+    # its teardown, ended by timeout), or crashes in native code, or takes SIGUSR1 in its handler and exits 3;
+    # or whose native exit handler hangs inside exit(), after blackbox's exit record, until SIGTERM
     # WHEN it runs unarmed and armed
     unarmed = _run(tmp_path, "unarmed", what)
     rings = tmp_path / "rings"
     armed = _run(tmp_path, str(rings), what)
     # THEN the job is unchanged: the same status and output
-    expected = {"term": -signal.SIGTERM, "segv": -signal.SIGSEGV, "usr1": 3}[what]
+    expected = {"term": -signal.SIGTERM, "in-exit": -signal.SIGTERM, "segv": -signal.SIGSEGV, "usr1": 3}[what]
     assert unarmed[:2] == armed[:2] == (expected, ""), (unarmed, armed)
     # AND the ring holds the signal after the clean end, then (where the process reached exit()) the exit record
     ring = read_ring(next(iter(find_rings([rings]))))
@@ -79,8 +92,9 @@ def test_a_signal_while_the_process_shuts_down_is_recorded_and_told(tmp_path: Pa
     kinds = table["kind"].to_pylist()
     last_disarm = len(kinds) - 1 - kinds[::-1].index("disarm")
     after = list(zip(kinds[last_disarm + 1 :], table["label"].to_pylist()[last_disarm + 1 :], strict=True))
-    sig = {"term": "SIGTERM", "segv": "SIGSEGV", "usr1": "SIGUSR1"}[what]
-    assert after == ([("signal", sig), ("exit", None)] if what == "usr1" else [("signal", sig)]), after
+    sig = {"term": "SIGTERM", "in-exit": "SIGTERM", "segv": "SIGSEGV", "usr1": "SIGUSR1"}[what]
+    assert after == {"usr1": [("signal", sig), ("exit", None)], "in-exit": [("exit", None), ("signal", sig)]}.get(
+        what, [("signal", sig)]), after  # fmt: skip
     # AND the verdict tells what ended it, and who sent it
     death = recover_rings([rings]).meta["death"]
     pid = armed[2]
@@ -96,6 +110,8 @@ def test_a_signal_while_the_process_shuts_down_is_recorded_and_told(tmp_path: Pa
     else:
         assert (death["killed_by"]["signal"], death["killed_by"]["sender"]) == ("SIGTERM", "timeout"), death
         assert death["headline"] == (f"The main process (pid {pid}) was ended by SIGTERM from timeout while it "
-                                     "shut down, after its work, before it could exit.")  # fmt: skip
+                                     "shut down, after its work.")  # fmt: skip
     said = next(e for e in death["evidence"] if "while it shut down, " in e)
-    assert float(said.split("while it shut down, ")[1].split(" s after")[0]) >= (0.2 if what == "term" else 0.0)
+    assert float(said.split("while it shut down, ")[1].split(" s after")[0]) >= (0.0 if what == "segv" else 0.2)
+    began = any(e.startswith("exit(0) began") for e in death["evidence"])  # its status, then death inside exit()
+    assert began == (what == "in-exit"), death["evidence"]

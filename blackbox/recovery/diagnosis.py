@@ -239,20 +239,27 @@ class _Death:
         saw, else SIGKILL (or os._exit or a crash in a later exit handler: no record tells those apart)."""
         f, ev = self.f, self.ev
         run_saw = signal_of(ev.exit_status)
-        if not f.exit_armed or self.exit_how == fmt.EXIT_PROCESS or (ev.exit_status is not None and run_saw is None):
-            return False  # it reached exit(), or `blackbox run` saw it exit by itself (C calling _exit)
-        self.in_shutdown = True
-        self.status, self.exit_how = (ev.exit_status, RUN_SAW) if ev.exit_status is not None else (None, None)
-        self.evidence.append("but no exit record, which that clean end armed: the process never reached exit(), "
-                             "it died while it shut down")  # fmt: skip
-        own = next((k for k in reversed(ev.kernel_kills) if k.pid == self.pid), None)
         late = f.late_signals or f.signals[:0]  # taken after the clean end, by the handler left for the shutdown
         fatal = late.where("detail", DEFAULT_ACTION)
+        if fatal and (ev.exit_status is not None and run_saw != signals.Signals.__members__.get(fatal[-1]["label"])):
+            fatal = fatal[:0]  # `blackbox run` saw it end otherwise
+        in_exit = bool(fatal) and self.exit_how == fmt.EXIT_PROCESS  # exit() began (its status recorded), then this
+        if not in_exit and (not f.exit_armed or self.exit_how == fmt.EXIT_PROCESS or
+                            (ev.exit_status is not None and run_saw is None)):  # fmt: skip
+            return False  # it reached exit(), or `blackbox run` saw it exit by itself (C calling _exit)
+        self.in_shutdown = True
+        began = self.status
+        self.status, self.exit_how = (ev.exit_status, RUN_SAW) if ev.exit_status is not None else (None, None)
+        self.evidence.append(f"exit({began}) began (the status it recorded), but the process died inside it, as the "
+                             "libraries tore down (C++ static destructors, native exit handlers)" if in_exit else
+                             "but no exit record, which that clean end armed: the process never reached exit(), "
+                             "it died while it shut down")  # fmt: skip
+        own = next((k for k in reversed(ev.kernel_kills) if k.pid == self.pid), None)
         if own is not None:
             self.victim.update(name=own.name, **own.rss)
             self._set("host_oom_kill", "certain", f"kernel log: {own.line}")
             self._at(own.time_ns, own=True)
-        elif fatal and run_saw in (None, signals.Signals.__members__.get(fatal[-1]["label"] or "")):
+        elif fatal:
             s = fatal[-1]
             self.killed_by, self.when = _sender(s), s
             who = f" from {s['sender']} (pid {s['sender_pid']})" if s["sender"] else ""

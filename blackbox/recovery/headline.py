@@ -35,7 +35,7 @@ def headline(
     if in_shutdown and cause == "killed":
         return f"{who} was killed with SIGKILL while it shut down{', after' + by if by else ''}, before it could exit."
     if in_shutdown and cause in ("signal", "interrupted") and by and not crash:
-        return f"{who} was ended by{by} while it shut down, after its work, before it could exit."
+        return f"{who} was ended by{by} while it shut down, after its work."
     job = "The job" if victim.get("role", "main process") == "main process" else who  # a helper's own end
     kind = str((raised or {}).get("label") or "").split(":", 1)[0].strip()[:80]
     kind = kind if kind.replace(".", "").replace("_", "").isalnum() else ""  # a type's name, or none said

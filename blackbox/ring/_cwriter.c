@@ -1286,7 +1286,9 @@ static PyObject *stack_walks(PyObject *Py_UNUSED(m), PyObject *args) {
  * writer is gone), so the seqs from `seq` on are this target's: it maps the pages of EXIT_SLOTS slots.
  * A signal the process takes while it shuts down (the signal recorder released with keep_late) is
  * recorded into the first of them still free, as on_signal records it while armed (late_slot), and the
- * exit record takes the next: a SIGTERM that ends a process hung in its shutdown is told, not guessed.
+ * exit record takes the next; a signal after it too (exit() runs the C libraries' teardown, C++ static
+ * destructors among them, after this handler, registered last): a SIGTERM that ends a process hung in its
+ * shutdown, before or inside exit(), is told, not guessed.
  * A forked child that exits never writes (the pid is checked). Returns False where the C library has no
  * on_exit().
  *
@@ -1304,7 +1306,7 @@ typedef struct {
 
 static FoldTarget g_fold;
 
-#define EXIT_SLOTS 4 /* late signals (EXIT_SLOTS - 1 at most), then the exit record */
+#define EXIT_SLOTS 6 /* signals taken while the process shuts down, the exit record among them */
 typedef struct {
     char *page[EXIT_SLOTS]; /* our own mapping of the page that holds each slot */
     size_t page_len;
@@ -1317,20 +1319,24 @@ typedef struct {
 
 static ExitTarget g_exit;
 static int g_exit_on;         /* atomic */
+static int g_exit_ran;        /* atomic: on_process_exit ran (once) */
+static int g_exit_written;    /* atomic: the exit record is written: a signal after it may take any slot left */
 static int g_exit_registered; /* on_exit() called once per process */
 
 #if defined(__GLIBC__)
 static void on_process_exit(int status, void *Py_UNUSED(arg)) {
-    if (!__atomic_load_n(&g_exit_on, __ATOMIC_ACQUIRE) || g_exit.pid != getpid())
-        return;
-    __atomic_store_n(&g_exit_on, 0, __ATOMIC_RELEASE); /* once: exit() runs each handler once anyway */
+    if (!__atomic_load_n(&g_exit_on, __ATOMIC_ACQUIRE) || g_exit.pid != getpid() ||
+        __atomic_exchange_n(&g_exit_ran, 1, __ATOMIC_ACQ_REL))
+        return; /* once: exit() runs each handler once anyway */
     if (g_fold.on && (status & 0xFF) == 0 && !g_stop_taken) {
         int fd = open(g_fold.file, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
         if (fd >= 0) {
             ssize_t n = write(fd, g_fold.line, g_fold.line_len);
             close(fd);
-            if (n == (ssize_t)g_fold.line_len && unlink(g_fold.ring) == 0)
+            if (n == (ssize_t)g_fold.line_len && unlink(g_fold.ring) == 0) {
+                __atomic_store_n(&g_exit_on, 0, __ATOMIC_RELEASE); /* its ring is gone: nothing more to write */
                 return;
+            }
         }
     }
     int64_t payload[PAYLOAD_WORDS];
@@ -1339,10 +1345,11 @@ static void on_process_exit(int status, void *Py_UNUSED(arg)) {
         payload[i] = -1;
     unsigned i = __atomic_fetch_add(&g_exit.next, 1, __ATOMIC_ACQ_REL); /* after the late signals */
     if (i > EXIT_SLOTS - 1)
-        i = EXIT_SLOTS - 1; /* late signals never take the last slot */
+        i = EXIT_SLOTS - 1; /* late signals take the last slot only once this record is written */
     /* the status a parent's wait() sees is its low 8 bits */
     put_record(g_exit.slot[i], 1, g_exit.seq + i, now_ns(), (uint64_t)pthread_self(), g_exit.step, status & 0xFF,
                g_exit.tag, payload);
+    __atomic_store_n(&g_exit_written, 1, __ATOMIC_RELEASE);
 }
 #endif
 
@@ -1365,8 +1372,8 @@ static char *late_slot(uint64_t *seq) {
         g_exit.pid != getpid())
         return NULL;
     unsigned i = __atomic_fetch_add(&g_exit.next, 1, __ATOMIC_ACQ_REL);
-    if (i >= EXIT_SLOTS - 1)
-        return NULL; /* the last slot is the exit record's */
+    if (i >= EXIT_SLOTS || (i == EXIT_SLOTS - 1 && !__atomic_load_n(&g_exit_written, __ATOMIC_ACQUIRE)))
+        return NULL; /* the last slot is kept for the exit record until it is written */
     *seq = g_exit.seq + i;
     return g_exit.slot[i];
 }
@@ -1389,7 +1396,7 @@ static PyObject *exit_record_arm(PyObject *Py_UNUSED(m), PyObject *args) {
 #if defined(__GLIBC__)
     long page = sysconf(_SC_PAGESIZE);
     if (cap < EXIT_SLOTS || seq == 0 || offset < 0 || page <= 0 || offset % RECORD_SIZE != 0) {
-        PyErr_SetString(PyExc_ValueError, "exit_record_arm: capacity >= 4, seq > 0, records_offset aligned");
+        PyErr_SetString(PyExc_ValueError, "exit_record_arm: capacity >= 6, seq > 0, records_offset aligned");
         return NULL;
     }
     exit_target_drop();
@@ -1415,6 +1422,8 @@ static PyObject *exit_record_arm(PyObject *Py_UNUSED(m), PyObject *args) {
         g_exit_registered = 1;
     }
     g_exit.next = 0;
+    g_exit_ran = 0;
+    g_exit_written = 0;
     g_exit.seq = seq;
     g_exit.tag = tag;
     g_exit.step = step;
