@@ -200,8 +200,10 @@ def uninstall_collectors(
     run = run or each
     if signals:
         if rec._signals is not None:
-            sig = rec._signals
-            run(sig.forget_after_fork if in_child else functools.partial(sig.uninstall, keep_late=keep_late))
+            sig, crash, ring = rec._signals, rec._crash, rec._ring
+            text = functools.partial(crash.late_fd, ring.fd) if crash is not None and ring is not None else None
+            run(sig.forget_after_fork if in_child else functools.partial(sig.uninstall, keep_late=keep_late,
+                                                                         late_text=text))  # fmt: skip
         return
     torch, exceptions, crash, allocs = rec._torch, rec._exceptions, rec._crash, rec._allocs
     steps: list[Callable[[], None]] = [lambda: allocs.stop(in_child=in_child)] if allocs is not None else []

@@ -21,6 +21,7 @@ from blackbox.ring.reader import find_rings, read_ring
 from blackbox.ring.writer import built_module
 
 pytestmark = pytest.mark.skipif(exit_status_unrecorded(built_module()) != "", reason="needs the C extension")
+DUMPS = built_module() is not None and built_module().signals_late_text(-1)  # the interpreter's dump is there
 
 # An exit handler registered before arm runs after blackbox's clean end (atexit: last in, first out).
 LATE = """
@@ -96,7 +97,8 @@ def test_a_signal_while_the_process_shuts_down_is_recorded_and_told(tmp_path: Pa
     assert after == {"usr1": [("signal", sig), ("exit", None)], "in-exit": [("exit", None), ("signal", sig)]}.get(
         what, [("signal", sig)]), after  # fmt: skip
     # AND the verdict tells what ended it, and who sent it
-    death = recover_rings([rings]).meta["death"]
+    meta = recover_rings([rings]).meta
+    death = meta["death"]
     pid = armed[2]
     if what == "usr1":  # the handler took it; the process went on to exit 3, which the exit record holds
         assert (death["cause"], death["confidence"], death["exit_status"]) == ("nonzero_exit", "certain", 3), death
@@ -105,12 +107,21 @@ def test_a_signal_while_the_process_shuts_down_is_recorded_and_told(tmp_path: Pa
     assert (death["cause"], death["confidence"], death["in_shutdown"]) == ("signal", "certain", True), death
     assert death["step"] == 7
     if what == "segv":
-        assert death["headline"] == f"The main process (pid {pid}) died of SIGSEGV in native code.", death
+        site = ", called from late (<string>:7)" if DUMPS else ""
+        assert death["headline"] == f"The main process (pid {pid}) died of SIGSEGV in native code{site}.", death
         assert death["killed_by"]["sender"] is None
     else:
         assert (death["killed_by"]["signal"], death["killed_by"]["sender"]) == ("SIGTERM", "timeout"), death
         assert death["headline"] == (f"The main process (pid {pid}) was ended by SIGTERM from timeout while it "
                                      "shut down, after its work.")  # fmt: skip
+    # AND where it was: every thread's stack at the signal, while the interpreter is whole (its exit handlers;
+    # not inside exit()), where this Python exports the dump faulthandler uses (3.11, 3.12, 3.14)
+    stacks = meta["native_crash"] if what == "segv" else meta["shutdown_stacks"]
+    if DUMPS and what != "in-exit":
+        assert stacks["signal"] == sig and "late (<string>:" in stacks["stack"], stacks
+        assert what == "segv" or "(in late (<string>:" in death["evidence"][-1], death["evidence"]
+    else:
+        assert stacks is None, stacks
     said = next(e for e in death["evidence"] if "while it shut down, " in e)
     assert float(said.split("while it shut down, ")[1].split(" s after")[0]) >= (0.0 if what == "segv" else 0.2)
     began = any(e.startswith("exit(0) began") for e in death["evidence"])  # its status, then death inside exit()

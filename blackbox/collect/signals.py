@@ -180,11 +180,12 @@ class SignalRecorder:
         self._hows[how] = hid
         return bool(self._cmod.signals_watch(signum, self._tags[signum], hid) in ("wrapped", "ours"))
 
-    def uninstall(self, *, keep_late: bool = False) -> None:
+    def uninstall(self, *, keep_late: bool = False, late_text: Callable[[], int] | None = None) -> None:
         """Put back every disposition we wrapped (where ours is still the one in force); stop recording.
         ``keep_late`` (the clean end at interpreter exit, where the exit record will be armed): the C handler
         stays, and a signal taken while the process shuts down (a SIGTERM to a rank hung in its teardown, a
-        crash in a late exit handler) is recorded before the exit record (FORMAT.md, "Kinds")."""
+        crash in a late exit handler) is recorded before the exit record (FORMAT.md, "Kinds"); ``late_text``
+        opens the descriptor the handler writes every thread's stack to, at such a signal that ends it."""
         if not self.active:
             return
         try:
@@ -197,6 +198,13 @@ class SignalRecorder:
                 self._fallback.uninstall()
             else:
                 self._cmod.signals_release(keep_late)
+        if keep_late and late_text is not None and self._fallback is None:
+            fd = late_text()
+            try:
+                self._cmod.signals_late_text(fd)  # kept open for the rest of the process: it is the handler's
+            except BaseException:
+                os.close(fd)
+                raise
 
     def _unwrap_signal_function(self) -> None:
         if self._our_signal is not None and signal.signal is self._our_signal:
@@ -274,6 +282,15 @@ class CrashRegion:
         self._faulthandler("disable")  # never let a crash write into whatever file now has that number
         self._file, self._fd = None, None
         self._open()
+
+    def late_fd(self, ring: OwnedFd) -> int:
+        """A new descriptor of the ring (the one the recorder holds, reopened: no lock of its shared), positioned
+        at the crash region, for the stacks at a signal that ends the shutdown (``SignalRecorder.uninstall``)."""
+        if not ring.intact():
+            raise OSError("the ring's descriptor is no longer the recorder's")
+        fd = os.open(f"/proc/self/fd/{ring.fd}", os.O_WRONLY | os.O_CLOEXEC)
+        os.lseek(fd, self._offset, os.SEEK_SET)
+        return fd
 
     def disable(self) -> None:
         """Stop, where faulthandler is still ours; the job's own faulthandler is left as it is. The descriptor

@@ -23,6 +23,16 @@ _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
 MAX_FRAMES = 100  # faulthandler writes at most 100 frames a thread
 
 
+SHUTDOWN = re.compile(r"^Stack of every thread at (SIG[A-Z0-9]+), while the process shut down\s*$")
+
+
+def shutdown_signal(text: str | None) -> str | None:
+    """The signal whose stacks the C handler wrote as the process shut down, after its clean end (its first
+    line: ``Stack of every thread at SIGTERM, while the process shut down``), else None."""
+    m = SHUTDOWN.match((text or "").split("\n", 1)[0])
+    return m[1] if m else None
+
+
 def crash_signal(text: str | None) -> str | None:
     """The signal faulthandler's first line names (``SIGSEGV``), None where it names none."""
     for line in (text or "").splitlines()[:5]:
@@ -65,13 +75,15 @@ def innermost_first(stack: str) -> str:
 def crash_reading(pid: Any, text: str | None) -> dict[str, Any] | None:
     """``native_crash`` of a ring's metadata: the bundle ``file`` that holds faulthandler's tracebacks, its
     ``first_line``, the ``signal`` it names, the crashing thread's ``stack`` (folded) and ``site`` (its
-    innermost frame of the job's own code); None without a crash."""
+    innermost frame of the job's own code); None without a crash. The same for ``shutdown_stacks`` (the
+    stacks at a signal that ended the shutdown: ``shutdown_signal``), ``stack`` the thread that took it."""
     if text is None:
         return None
     lines = [ln for ln in text.splitlines() if ln.strip()]
     stack = crashing_stack(text)
-    return {"file": f"crash-{pid}.txt", "first_line": lines[0] if lines else "", "signal": crash_signal(text),
-            "stack": stack, "site": site_of(stack) if stack else None}  # fmt: skip
+    return {"file": f"crash-{pid}.txt", "first_line": lines[0] if lines else "",
+            "signal": crash_signal(text) or shutdown_signal(text), "stack": stack,
+            "site": site_of(stack) if stack else None}  # fmt: skip
 
 
 def native_crash(text: str, status_signal: str | None, pid: Any) -> tuple[dict[str, Any], str]:
@@ -91,3 +103,15 @@ def crash_headline(who: str, crash: dict[str, Any]) -> str:
     """``The main process (pid 7) died of SIGSEGV in native code, called from die (train.py:7).``"""
     site = f", called from {short_frame(crash['site'])}" if crash.get("site") else ""
     return f"{who} died of {crash['signal']} in native code{site}."
+
+
+def shutdown_where(text: str | None, signal: str, frames: int = 4) -> str:
+    """``in poll (popen_fork.py:27) ← wait (popen_fork.py:43) ← …``: where the thread that took ``signal`` was
+    as it ended the shutdown (``shutdown_signal``'s text), innermost frames first; "" where that text is not
+    this signal's or holds no frame."""
+    stack = crashing_stack(text) if shutdown_signal(text) == signal else None
+    if not stack:
+        return ""
+    parts = stack.split(";")
+    shown = innermost_first(";".join(parts[-frames:]))
+    return f"in {shown}{' ← …' if len(parts) > frames else ''}"

@@ -53,7 +53,7 @@ import pyarrow.compute as pc
 from .._units import human_bytes
 from ..ring import format as fmt
 from ..ring.reader import without_c_extension
-from .crash import native_crash
+from .crash import native_crash, shutdown_where
 from .evidence import Evidence, KernelKill
 from .exits import HOW_KNOWN, MAX_SAID, RUN_SAW, exit_message, exit_status, interrupted_by, signal_of
 from .facts import Facts, counter_rose, facts, near_limit
@@ -265,10 +265,14 @@ class _Death:
             who = f" from {s['sender']} (pid {s['sender_pid']})" if s["sender"] else ""
             took = (self._signal_ns(s) - f.clean_end_ns) / 1e9 if f.clean_end_ns is not None else None
             after = f", {took:.1f} s after its clean end" if took is not None and took >= 0 else ""
+            where = shutdown_where(ev.crash, s["label"]) or ("a crash in native code" if s["label"] in CRASH_SIGNALS
+                                                             else "its exit handlers, finalization: a join or a "
+                                                             "library's teardown that hung")  # fmt: skip
             self._set("interrupted" if s["label"] == "SIGINT" else "signal", "certain",
                       f"{s['label']}{who}{self._role(s)} with its default action at {s['time']}, while it shut "
-                      f"down{after} (its exit handlers, finalization: a join or a library's teardown that hung)")
-            self.crash = {"signal": s["label"], "site": None} if s["label"] in CRASH_SIGNALS else None
+                      f"down{after} ({where})")  # fmt: skip
+            if s["label"] in CRASH_SIGNALS:
+                self.crash = native_crash(ev.crash, s["label"], self.pid)[0] if ev.crash else {"signal": s["label"]}
         elif late and (again := self._raised_again(late[-1], run_saw)) is not None:
             self._died_of_native(again)
         elif run_saw is not None and run_saw != signals.SIGKILL:
@@ -389,6 +393,7 @@ class _Death:
             else:
                 cause = "interrupted" if s["label"] == "SIGINT" else "signal"
                 self._set(cause, "certain", f"{s['label']}{who}{self._role(s)} with its default action at {s['time']}")
+                self.crash = {"signal": s["label"], "site": None} if s["label"] in CRASH_SIGNALS else None  # no dump
             self.when = s
         elif (again := self._raised_again(last_signal, sig)) is not None:
             self._died_of_native(again)

@@ -23,7 +23,7 @@ from .alerts import alerts_report, with_alert_evidence
 from .alloc_levers import coverage, with_site_lever
 from .allocs import live_sites, main_thread_of, step_records
 from .attempts import SLIM_DEATH, attempt_metadata, group_attempts, slim
-from .crash import crash_reading
+from .crash import crash_reading, shutdown_signal
 from .evidence import Evidence
 from .family import RECENT_STEPS, extra, retell
 from .kinds import last_of_kind, of_kind, rows_of_kind
@@ -178,7 +178,8 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
         "alerts": alerts,
         "exceptions": _events(table, ("oom", "exception"), _EXC_COLUMNS, 10),
         "signals": _events(table, ("signal",), ("label", "value", "detail"), 10),
-        "native_crash": native,
+        "native_crash": None if native is None or shutdown_signal(evidence.crash) else native,
+        "shutdown_stacks": native if native is not None and shutdown_signal(evidence.crash) else None,
         "death": death,
         "notes": notes,
         "allocator_history": allocator_history(table, ring.meta),

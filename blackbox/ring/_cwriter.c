@@ -58,6 +58,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -822,6 +823,63 @@ static void dump_crash(int sig) {
     g_dump(fd, NULL, PyGILState_GetThisThreadState());
 }
 
+static void dump_lookup(void) {
+    if (g_dump == NULL) {
+        g_dump = (DumpThreads)dlsym(RTLD_DEFAULT, "PyUnstable_DumpTracebackThreads");
+        if (g_dump == NULL)
+            g_dump = (DumpThreads)dlsym(RTLD_DEFAULT, "_Py_DumpTracebackThreads");
+    }
+}
+
+/* Every thread's stack at a signal that ends the process while it shuts down, after the clean end (late
+ * signals, below): into the crash region, through a descriptor of its own (signals_late_text), once, and
+ * only while the interpreter is whole (its exit handlers run; not once finalization began, nor after the
+ * exit record, when its threads' states may be freed). The descriptor is checked to be the ring still (the
+ * job may have closed it and reused its number). A crash signal is headed as dump_crash heads it. */
+static int g_late_fd = -1; /* atomic */
+static int g_late_dumped;  /* atomic */
+static dev_t g_late_dev;
+static ino_t g_late_ino;
+static int g_exit_written; /* atomic: the exit record is written (see "the exit status" below) */
+
+static const char *stop_name(int sig) {
+    switch (sig) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGHUP: return "SIGHUP";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    default: return "a signal";
+    }
+}
+
+static int interpreter_whole(void) {
+#if PY_VERSION_HEX >= 0x030D0000
+    return !Py_IsFinalizing();
+#else
+    return !_Py_IsFinalizing();
+#endif
+}
+
+static void late_dump(int sig) {
+    int fd = __atomic_load_n(&g_late_fd, __ATOMIC_ACQUIRE);
+    if (fd < 0 || g_dump == NULL || __atomic_load_n(&g_exit_written, __ATOMIC_ACQUIRE) || !interpreter_whole() ||
+        __atomic_exchange_n(&g_late_dumped, 1, __ATOMIC_ACQ_REL))
+        return;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_dev != g_late_dev || st.st_ino != g_late_ino)
+        return;
+    if (crash_signal(sig)) {
+        if (put_text(fd, "Fatal Python error: ") < 0 || put_text(fd, crash_words(sig)) < 0)
+            return;
+    } else if (put_text(fd, "Stack of every thread at ") < 0 || put_text(fd, stop_name(sig)) < 0 ||
+               put_text(fd, ", while the process shut down") < 0) {
+        return;
+    }
+    if (put_text(fd, "\n\n") == 0)
+        g_dump(fd, NULL, PyGILState_GetThisThreadState());
+}
+
 /* A request to stop (SIGTERM, SIGINT, SIGHUP) taken while recording, whoever handled it: a helper that then
  * exits 0 shut down gracefully on request (a batch script's python, a scheduler's preemption), which is no
  * clean end to fold away (on_process_exit, signals_stop_taken). Set in the handler: one atomic store. */
@@ -863,6 +921,8 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
         }
         if (late != NULL) {
             put_record(late, 1, late_seq, now_ns(), (uint64_t)pthread_self(), -1, sig, g_target.tag[sig], payload);
+            if (to_default || crash_signal(sig))
+                late_dump(sig); /* before the default action (or the job's crash handler) ends the process */
         } else {
             uint64_t seq = __atomic_add_fetch(&g_target.seq->value, 1, __ATOMIC_RELAXED);
             put_record(g_target.records, g_target.cap, seq, now_ns(), (uint64_t)pthread_self(), -1, sig,
@@ -938,6 +998,7 @@ static PyObject *signals_arm(PyObject *Py_UNUSED(m), PyObject *args) {
     g_target.pid = getpid();
     g_target.detail_default = detail_default;
     __atomic_store_n(&g_late, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&g_late_fd, -1, __ATOMIC_SEQ_CST);
     for (int s = 0; s < MAX_SIGNAL; s++) {
         g_target.tag[s] = 0;
         g_target.detail[s] = 0;
@@ -1034,12 +1095,28 @@ static PyObject *signals_crash_fd(PyObject *Py_UNUSED(m), PyObject *args) {
     int fd;
     if (!PyArg_ParseTuple(args, "i", &fd))
         return NULL;
-    if (g_dump == NULL) {
-        g_dump = (DumpThreads)dlsym(RTLD_DEFAULT, "PyUnstable_DumpTracebackThreads");
-        if (g_dump == NULL)
-            g_dump = (DumpThreads)dlsym(RTLD_DEFAULT, "_Py_DumpTracebackThreads");
-    }
+    dump_lookup();
     __atomic_store_n(&g_crash_fd, fd < 0 ? -1 : fd, __ATOMIC_RELEASE);
+    return PyBool_FromLong(g_dump != NULL);
+}
+
+/* signals_late_text(fd): where late_dump writes (the crash region, a descriptor positioned there that stays
+ * open for the rest of the process); -1: nowhere. Returns whether this interpreter can write the stacks. */
+static PyObject *signals_late_text(PyObject *Py_UNUSED(m), PyObject *args) {
+    int fd;
+    if (!PyArg_ParseTuple(args, "i", &fd))
+        return NULL;
+    dump_lookup();
+    __atomic_store_n(&g_late_fd, -1, __ATOMIC_SEQ_CST);
+    if (fd >= 0) {
+        struct stat st;
+        if (fstat(fd, &st) != 0)
+            return PyErr_SetFromErrno(PyExc_OSError);
+        g_late_dev = st.st_dev;
+        g_late_ino = st.st_ino;
+        __atomic_store_n(&g_late_dumped, 0, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&g_late_fd, fd, __ATOMIC_SEQ_CST);
+    }
     return PyBool_FromLong(g_dump != NULL);
 }
 
@@ -1051,6 +1128,7 @@ static PyObject *signals_forget(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args
     __atomic_store_n(&g_inflight, 0, __ATOMIC_SEQ_CST); /* a parent thread's count, copied by fork */
     g_stop_taken = 0;                                   /* the parent's request to stop, not the child's */
     __atomic_store_n(&g_late, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&g_late_fd, -1, __ATOMIC_SEQ_CST);
     restore_all();
     drop_target();
     Py_RETURN_NONE;
@@ -1320,7 +1398,7 @@ typedef struct {
 static ExitTarget g_exit;
 static int g_exit_on;         /* atomic */
 static int g_exit_ran;        /* atomic: on_process_exit ran (once) */
-static int g_exit_written;    /* atomic: the exit record is written: a signal after it may take any slot left */
+
 static int g_exit_registered; /* on_exit() called once per process */
 
 #if defined(__GLIBC__)
@@ -1727,6 +1805,8 @@ static PyMethodDef module_methods[] = {
     {"signals_release", signals_release, METH_VARARGS,
      "signals_release(keep_late=False): restore the dispositions (or keep ours, for the shutdown) and stop recording."},
     {"signals_forget", signals_forget, METH_NOARGS, "In a forked child: drop the parent's ring."},
+    {"signals_late_text", signals_late_text, METH_VARARGS,
+     "signals_late_text(fd): where the stacks at a signal that ends the shutdown go (-1: nowhere)."},
     {"signals_crash_fd", signals_crash_fd, METH_VARARGS,
      "signals_crash_fd(fd) -> bool: where a crash's tracebacks go while faulthandler is the job's (-1: nowhere)."},
     {"signals_installed", signals_installed, METH_NOARGS, "Signal numbers the handler is installed over."},

@@ -38,25 +38,29 @@ def innermost_first(folded: str | None, shown: int = SHOWN_FRAMES) -> str:
 CRASH_FRAMES = 20  # frames of the crashing thread listed in summary.md (the file holds them all)
 
 
-def crash_section(crash: dict[str, Any] | None, folder: str = "") -> list[str]:
+def crash_section(crash: dict[str, Any] | None, folder: str = "", *, shutdown: bool = False) -> list[str]:
     """summary.md's account of a native crash (``native_crash``, ``recovery.crash``): the signal, the
     crashing thread's Python stack, and the file in the bundle (``folder``: where that bundle is, from the
-    summary's own) that holds every thread's."""
+    summary's own) that holds every thread's; ``shutdown``: the same of ``shutdown_stacks``."""
     if not crash:
         return []
     name = str(crash.get("file") or "")
     signal = f" ({crash['signal']})" if crash.get("signal") else ""
     ours = re.fullmatch(r"crash-\d+\.txt", name)  # no planted link; a reference link (``text.inert``)
     where = f"[`{name}`][{name}]" if ours else f"`{name}`"
-    lines = ["## The crash", "", f"Every thread's Python stack at the crash{signal}, as faulthandler writes it, is in "
-             f"{where}: \"{crash.get('first_line') or ''}\".", ""]  # fmt: skip
+    if shutdown:
+        lines = [f"## Where it was when {crash.get('signal') or 'the signal'} ended its shutdown", "",
+                 f"Every thread's Python stack at that signal, after its clean end, is in {where}.", ""]  # fmt: skip
+    else:
+        lines = ["## The crash", "", f"Every thread's Python stack at the crash{signal}, as faulthandler writes it, "
+                 f"is in {where}: \"{crash.get('first_line') or ''}\".", ""]  # fmt: skip
     if ours:
         lines += [f"[{name}]: {quote(folder + name)}", ""]
     stack = crash.get("stack")
     if not stack:
         return [*lines, "No Python frame was running in the thread that crashed.", ""]
     frames = list(reversed(str(stack).split(";")))
-    lines += ["The crashing thread, innermost frame first:", ""]
+    lines += [f"The {'thread that took it' if shutdown else 'crashing thread'}, innermost frame first:", ""]
     lines += [f"{i}. `{f.replace('`', chr(39))}`" for i, f in enumerate(frames[:CRASH_FRAMES], 1)]
     if len(frames) > CRASH_FRAMES:
         lines.append(f"{CRASH_FRAMES + 1}. ... and {len(frames) - CRASH_FRAMES} more (in `{name}`)")

@@ -156,6 +156,7 @@ def ring_summary(m: dict[str, Any], folder: str = "") -> str:
         *_death(m.get("death")),
         *alert_section(m),
         *crash_section(m.get("native_crash"), folder),
+        *crash_section(m.get("shutdown_stacks"), folder, shutdown=True),
         *allocation_sections(m.get("allocations"), m.get("role")),
         *stack_sections(m.get("stacks")),
         "## Last memory figures",
