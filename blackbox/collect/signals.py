@@ -199,7 +199,10 @@ class SignalRecorder:
             else:
                 self._cmod.signals_release(keep_late)
         if keep_late and late_text is not None and self._fallback is None:
-            fd = late_text()
+            try:
+                fd = late_text()
+            except OSError:  # no /proc, or the job closed the ring's descriptor: the record without the stacks
+                return
             try:
                 self._cmod.signals_late_text(fd)  # kept open for the rest of the process: it is the handler's
             except BaseException:
