@@ -126,3 +126,44 @@ def test_a_signal_while_the_process_shuts_down_is_recorded_and_told(tmp_path: Pa
     assert float(said.split("while it shut down, ")[1].split(" s after")[0]) >= (0.0 if what == "segv" else 0.2)
     began = any(e.startswith("exit(0) began") for e in death["evidence"])  # its status, then death inside exit()
     assert began == (what == "in-exit"), death["evidence"]
+
+
+HUNG_AT_EXIT = """
+import atexit, sys, time
+def stuck():  # an exit handler of a library imported before arm(): it never returns
+    print("shutting down", flush=True)
+    while True:
+        time.sleep(0.05)
+atexit.register(stuck)
+import blackbox
+blackbox.arm(sys.argv[1] + "/", sample_interval=0.05)
+for step in range(30):
+    blackbox.step(step)
+    time.sleep(0.01)
+print("done", flush=True)
+"""
+
+
+def test_a_job_that_hangs_as_it_shuts_down_is_told_where(tmp_path: Path) -> None:
+    # GIVEN a job that did its 30 steps, then hung in an exit handler that runs after blackbox's clean end,
+    # ended 2.5 s later by a SIGTERM from a process named timeout
+    rings = tmp_path / "rings"
+    job = spawn_py(HUNG_AT_EXIT, str(rings), stdout=subprocess.PIPE)
+    assert job.stdout is not None and job.stdout.readline() == "done\n"
+    assert job.stdout.readline() == "shutting down\n"
+    time.sleep(2.5)
+    sender = tmp_path / "timeout"
+    shutil.copy(sys.executable, sender)
+    send = f"import os, signal, time; os.kill({job.pid}, signal.SIGTERM); time.sleep(1)"
+    subprocess.run([str(sender), "-c", send], check=True, env={"PYTHONHOME": sys.base_prefix})
+    assert job.wait(timeout=30) == -signal.SIGTERM
+    # THEN it is a hang as it shut down, after its work: how long after its clean end, and where (not blackbox's
+    # own end, whose stack the last sample holds); its last step and timeout's SIGTERM
+    death = recover_rings([rings]).meta["death"]
+    assert (death["cause"], death["step"], death["killed_by"]["sender"]) == ("hang", 29, "timeout"), death
+    lasted = float(death["headline"].split("after its work: ")[1].split(" s after")[0])
+    assert 2.4 <= lasted <= 4.0, death["headline"]
+    where = "stuck in stuck (<string>:6)" if DUMPS else "where no stack was taken"
+    assert death["headline"] == (f"The main process (pid {job.pid}) hung as it shut down, after its work: "
+                                 f"{lasted:.1f} s after its clean end, {where}; then SIGTERM from timeout ended it.")
+    assert "blackbox" not in death["headline"] and "_jobsignal" not in str(death["hang"]), death["hang"]

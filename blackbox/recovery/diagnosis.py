@@ -117,7 +117,7 @@ def diagnose(table: pa.Table, clean: bool, ev: Evidence, meta: dict[str, Any]) -
         death["limit"] = hit
         death["evidence"].append(f"the limit it hit: {hit['text']}")
     ranked = isinstance(ident.get("world_size"), int) and ident["world_size"] > 1
-    return with_hang(death, table, ranked, crashed=d.crash is not None, flight=(ev.flight, ev.flight_note))
+    return with_hang(death, table, ranked, d.crash is not None, (ev.flight, ev.flight_note), ev.crash)
 
 
 def _noted(table: pa.Table, note: str) -> bool:
@@ -273,8 +273,6 @@ class _Death:
                       f"down{after} ({where})")  # fmt: skip
             if s["label"] in CRASH_SIGNALS:
                 self.crash = native_crash(ev.crash, s["label"], self.pid)[0] if ev.crash else {"signal": s["label"]}
-        elif late and (again := self._raised_again(late[-1], run_saw)) is not None:
-            self._died_of_native(again)
         elif run_saw is not None and run_saw != signals.SIGKILL:
             self._set("signal", "certain", f"`blackbox run` saw the job end by {signals.Signals(run_saw).name}")
         elif run_saw == signals.SIGKILL or ev.same_boot:
@@ -495,8 +493,7 @@ class _Death:
     def _handled_signal(self) -> None:
         """A signal the job's own handler took before it ended by itself: a graceful shutdown (Lightning's
         SIGTERM checkpoint-and-exit, a requeue on SIGUSR1), said where the job's end alone would hide it."""
-        handled = [s for s in (self.f.signals[i] for i in range(len(self.f.signals)))
-                   if s["detail"] not in (DEFAULT_ACTION, "raised KeyboardInterrupt")]  # fmt: skip
+        handled = [s for s in self.f.in_life() if s["detail"] not in (DEFAULT_ACTION, "raised KeyboardInterrupt")]
         if not handled:
             return
         s, exc = handled[-1], self._raised()

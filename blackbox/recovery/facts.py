@@ -151,6 +151,12 @@ class Facts:
         detail = self.errors.column("detail").cast(pa.string())
         return self.errors.keep(pc.or_(pc.equal(detail, "uncaught"), pc.starts_with(detail, "uncaught;")))
 
+    def in_life(self) -> Rows:
+        """The signals up to the last clean end (none of those taken while the process shut down)."""
+        late = self.late_signals
+        return self.signals if late is None or not len(late) else Rows(self.signals.table, self.signals.rows[
+            ~np.isin(self.signals.rows, late.rows)])  # fmt: skip
+
     def worker_killed(self) -> tuple[list[int], str] | None:
         """(pids, how) from PyTorch's "DataLoader worker (pid N) is killed by signal: Killed" in an uncaught error."""
         for r in reversed(self.main_uncaught):

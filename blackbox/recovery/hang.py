@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 
 from .._times import epoch_ns
 from .allocs import site_of
-from .crash import innermost_first, short_frame
+from .crash import crashing_stack, innermost_first, short_frame, shutdown_signal
 from .kinds import of_kind
 from .timeline import iso_ns
 
@@ -156,16 +156,20 @@ def with_hang(
     ranked: bool,
     crashed: bool,
     flight: tuple[dict[str, Any] | None, str | None] = (None, None),
+    shutdown_text: str | None = None,
 ) -> dict[str, Any]:
     """``death`` with its ``hang`` where the ring stalled before it; a death by a signal from outside or
     SIGKILL after the stall (never a native crash: a watchdog's abort is the wait ending) becomes ``hang``.
-    ``flight``: the rank's flight recorder dump summed up (``recovery.flight``), and why one was not read."""
+    ``flight``: the rank's flight recorder dump summed up (``recovery.flight``), and why one was not read;
+    ``shutdown_text``: the ring's crash region, for a death after the clean end (``_in_shutdown``)."""
     end = epoch_ns(death.get("time"))
     if end is None or death.get("cause") not in ("signal", "killed", "exception", "interrupted"):
         return death
     st = stall(table, end, ranked)
     if st is None:
         return death
+    if death.get("in_shutdown"):
+        _in_shutdown(st, table, end, shutdown_text, ranked)
     dump, note = flight
     if dump is not None:
         st["flight_recorder"] = dump
@@ -206,6 +210,19 @@ def with_hang(
     if death["cause"] in ("signal", "killed") and not crashed and not st["busy"]:
         out.update(cause="hang", confidence="strong", headline=_headline(death, st), levers=_levers(st, ranked))
     return out
+
+
+def _in_shutdown(st: dict[str, Any], table: pa.Table, end_ns: int, text: str | None, ranked: bool) -> None:
+    """A process that died as it shut down, after its clean end (an exit handler, a library's teardown): the
+    stacks sampled before that end are its exit path, blackbox's own end among them, not where it hung. Where
+    it was is the stack the C handler wrote at the signal that ended it (``shutdown_stacks``), else unknown;
+    ``shutdown_s``: from the clean end to the death."""
+    ends = of_kind(table, "disarm", columns=["time"])
+    clean = int(ends["time"].cast(pa.int64())[-1].as_py()) if ends.num_rows else None
+    stack = crashing_stack(text) if shutdown_signal(text) else None
+    st.update(stack=stack, share=1.0 if stack else None, samples=1 if stack else 0, moves=0, loader=False,
+              site=site_of(stack) if stack else None, collective=collective_of(stack, ranked) if stack else None,
+              shutdown_s=round((end_ns - clean) / 1e9, 3) if clean is not None and end_ns >= clean else None)
 
 
 def _shutdown_since(table: pa.Table, st: dict[str, Any], end_ns: int) -> dict[str, Any] | None:
@@ -252,12 +269,18 @@ def _where(st: dict[str, Any]) -> str:
     if st.get("loader"):
         at = f" in {short_frame(st['site'])}" if st.get("site") else ""
         return f"waiting for a batch from its DataLoader's workers{at}"
-    return f"stuck in {short_frame(st['site'])}" if st.get("site") else "where no stack was sampled"
+    if st.get("site"):
+        return f"stuck in {short_frame(st['site'])}"
+    return "where no stack was taken" if st.get("shutdown_s") is not None else "where no stack was sampled"
 
 
 def _stall_evidence(st: dict[str, Any]) -> str:
     seen = (f"; {100 * st['share']:.0f}% of the main thread's {st['samples']} stack samples since were "
             f"{innermost_first(st['stack'])}") if st.get("stack") else "; no stack was sampled since"  # fmt: skip
+    if st.get("shutdown_s") is not None:  # (``_in_shutdown``)
+        seen = (f"; it ended its work and shut down for {st['shutdown_s']:.1f} s after its clean end, "
+                + (f"in {innermost_first(st['stack'])} at the signal" if st.get("stack") else
+                   "where no stack was taken (inside exit(), or a Python without the dump)"))  # fmt: skip
     if st.get("busy"):
         seen += (f"; its stack kept changing ({st.get('moves', 0)} times between consecutive samples): busy, not "
                  "stuck (no hang called)")  # fmt: skip
@@ -275,6 +298,9 @@ def _headline(death: dict[str, Any], st: dict[str, Any]) -> str:
     killer = death.get("killed_by") or {}
     how = f"{killer['signal']} from {killer['sender']}" if killer.get("sender") else (
         "SIGKILL" if death["cause"] == "killed" else "a signal")  # fmt: skip
+    if st.get("shutdown_s") is not None:
+        return (f"The {v.get('role', 'process')} (pid {v.get('pid')}) hung as it shut down, after its work: "
+                f"{st['shutdown_s']:.1f} s after its clean end, {_where(st)}; then {how} ended it.")  # fmt: skip
     if st.get("step_s") is None:
         return (f"The {v.get('role', 'process')} (pid {v.get('pid')}) hung: the same stack for {st['stalled_s']:.1f} s "
                 f"before the end, {_where(st)}; then {how} ended it.")  # fmt: skip

@@ -888,7 +888,7 @@ static volatile sig_atomic_t g_stop_taken;
 /* Signals taken after the clean end go to the exit record's slots (late_slot): set by signals_release(1),
  * which leaves our handler in place, cleared by signals_arm and signals_forget. */
 static int g_late; /* atomic */
-static char *late_slot(uint64_t *seq);
+static char *late_slot(uint64_t *seq, int fatal);
 
 static void on_signal(int sig, siginfo_t *info, void *context) {
     int saved_errno = errno;
@@ -904,7 +904,7 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
     __atomic_add_fetch(&g_inflight, 1, __ATOMIC_SEQ_CST);
     int armed = __atomic_load_n(&g_target_on, __ATOMIC_ACQUIRE) && g_target.pid == getpid();
     uint64_t late_seq = 0;
-    char *late = armed ? NULL : late_slot(&late_seq);
+    char *late = armed ? NULL : late_slot(&late_seq, to_default || crash_signal(sig));
     if (armed || late != NULL) {
         int64_t payload[PAYLOAD_WORDS];
         char comm[16] = {0};
@@ -965,6 +965,30 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
 
 static int is_ours(const struct sigaction *sa) {
     return (sa->sa_flags & SA_SIGINFO) && sa->sa_sigaction == on_signal;
+}
+
+/* Inside exit(), after the interpreter finished: Python's finalization put the default action back over our
+ * handler for the signals it had handlers of (SIGINT, a job's SIGTERM handler), and faulthandler's end its
+ * previous handlers (PYTHONFAULTHANDLER=1): ours goes back over every recorded signal whose disposition is
+ * now the default action, which it keeps (it records, then ends the process by that default action), so a
+ * signal that ends a process hung in a C library's teardown is told. Async-signal-safe: sigaction only. */
+static void rewrap_for_exit(void) {
+    for (int s = 1; s < MAX_SIGNAL; s++) {
+        SigChain *chain = &g_chain[s];
+        struct sigaction cur;
+        if (!chain->installed || g_target.tag[s] == 0 || sigaction(s, NULL, &cur) != 0 || is_ours(&cur) ||
+            (cur.sa_flags & SA_SIGINFO) || cur.sa_handler != SIG_DFL)
+            continue;
+        int idle = 1 - __atomic_load_n(&chain->cur, __ATOMIC_ACQUIRE);
+        chain->prev[idle] = cur;
+        __atomic_store_n(&chain->cur, idle, __ATOMIC_RELEASE);
+        struct sigaction ours;
+        memset(&ours, 0, sizeof ours);
+        ours.sa_sigaction = on_signal;
+        ours.sa_mask = cur.sa_mask;
+        ours.sa_flags = (cur.sa_flags & ~(SA_RESETHAND | SA_NODEFER)) | SA_SIGINFO | SA_ONSTACK;
+        sigaction(s, &ours, NULL);
+    }
 }
 
 /* signals_arm(buffer, records_offset, capacity, sequence, detail_default): record signals into this ring. */
@@ -1396,6 +1420,7 @@ typedef struct {
 } ExitTarget;
 
 static ExitTarget g_exit;
+static int exit_slot_claim(unsigned limit, unsigned *out);
 static int g_exit_on;         /* atomic */
 static int g_exit_ran;        /* atomic: on_process_exit ran (once) */
 
@@ -1421,13 +1446,15 @@ static void on_process_exit(int status, void *Py_UNUSED(arg)) {
     payload[0] = g_exit.detail;
     for (int i = 1; i < PAYLOAD_WORDS; i++)
         payload[i] = -1;
-    unsigned i = __atomic_fetch_add(&g_exit.next, 1, __ATOMIC_ACQ_REL); /* after the late signals */
-    if (i > EXIT_SLOTS - 1)
-        i = EXIT_SLOTS - 1; /* late signals take the last slot only once this record is written */
-    /* the status a parent's wait() sees is its low 8 bits */
-    put_record(g_exit.slot[i], 1, g_exit.seq + i, now_ns(), (uint64_t)pthread_self(), g_exit.step, status & 0xFF,
-               g_exit.tag, payload);
+    unsigned i;
+    if (exit_slot_claim(EXIT_SLOTS, &i)) { /* after the late signals (a slot is always left: late_slot) */
+        /* the status a parent's wait() sees is its low 8 bits */
+        put_record(g_exit.slot[i], 1, g_exit.seq + i, now_ns(), (uint64_t)pthread_self(), g_exit.step,
+                   status & 0xFF, g_exit.tag, payload);
+    }
     __atomic_store_n(&g_exit_written, 1, __ATOMIC_RELEASE);
+    if (__atomic_load_n(&g_late, __ATOMIC_ACQUIRE))
+        rewrap_for_exit();
 }
 #endif
 
@@ -1443,15 +1470,30 @@ static void exit_target_drop(void) {
     }
 }
 
-/* The slot for a signal taken after the clean end (NULL: none), its seq in *seq. In on_signal, between its
- * g_inflight increment and decrement: exit_target_drop waits for those before it unmaps. */
-static char *late_slot(uint64_t *seq) {
+/* The next free slot below `limit` (lock-free: a compare-and-swap, retried only when another claim won). */
+static int exit_slot_claim(unsigned limit, unsigned *out) {
+    unsigned cur = __atomic_load_n(&g_exit.next, __ATOMIC_ACQUIRE);
+    while (cur < limit) {
+        if (__atomic_compare_exchange_n(&g_exit.next, &cur, cur + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            *out = cur;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The slot for a signal taken after the clean end (NULL: none), its seq in *seq. A signal that does not end
+ * the process (`fatal` 0: its handler takes it) takes one of the first EXIT_SLOTS - 2, so that a storm of
+ * them leaves the exit record its slot and one more for a signal that ends the process inside exit(). In
+ * on_signal, between its g_inflight increment and decrement: exit_target_drop waits for those. */
+static char *late_slot(uint64_t *seq, int fatal) {
     if (!__atomic_load_n(&g_late, __ATOMIC_ACQUIRE) || !__atomic_load_n(&g_exit_on, __ATOMIC_ACQUIRE) ||
         g_exit.pid != getpid())
         return NULL;
-    unsigned i = __atomic_fetch_add(&g_exit.next, 1, __ATOMIC_ACQ_REL);
-    if (i >= EXIT_SLOTS || (i == EXIT_SLOTS - 1 && !__atomic_load_n(&g_exit_written, __ATOMIC_ACQUIRE)))
-        return NULL; /* the last slot is kept for the exit record until it is written */
+    int written = __atomic_load_n(&g_exit_written, __ATOMIC_ACQUIRE);
+    unsigned i;
+    if (!exit_slot_claim(!fatal ? EXIT_SLOTS - 2 : written ? EXIT_SLOTS : EXIT_SLOTS - 1, &i))
+        return NULL;
     *seq = g_exit.seq + i;
     return g_exit.slot[i];
 }

@@ -25,6 +25,7 @@ class Death:
     sender: str = ""  # field | timeout: who sent the signal the verdict must name
     signal: str = ""  # the signal the verdict must name
     exit_status: int | None = None
+    site: str = ""  # where a hang was: the function the verdict must name
 
 
 DEATHS = {
@@ -38,6 +39,11 @@ DEATHS = {
     "exit3": Death("exit3", env={"FIELD_EXIT": "3@5"}, causes=("nonzero_exit",), exit_status=3),
     "systemexit2": Death("systemexit2", env={"FIELD_EXIT": "2@5:raise"}, causes=("nonzero_exit",), exit_status=2),
     "timeout": Death("timeout", timeout=True, long=True, sender="timeout", signal="SIGTERM"),
+    # the job's work ends (sys.exit(0) at step 5), then an exit handler registered before arm (a library imported
+    # before the job's arm() call) hangs until `timeout` ends it: in `arm` mode after blackbox's clean end
+    "exit-hang": Death("exit-hang", env={"FIELD_EXIT": "0@5", "FIELD_EXIT_HANG": "1"}, timeout=True, long=True,
+                       sender="timeout", signal="SIGTERM", causes=("signal", "hang"),
+                       site="_hang_at_exit"),  # fmt: skip
     "slurm": Death("slurm", at_step=6, action="slurm", sender="field", signal="SIGTERM", long=True),
     "rerun": Death("rerun", at_step=6, action="sigkill", rerun=True, causes=("clean_exit",)),
 }

@@ -13,16 +13,26 @@ environment, and runs SCRIPT with ``runpy`` as ``__main__``:
   ``sys.exit(CODE)`` (or ``raise SystemExit(CODE)``).
 - ``FIELD_LEAK=MIB@RANK``: as each optimizer step after the first begins, rank RANK (RANK env, 0 when
   unset) keeps MIB MiB more.
+- ``FIELD_EXIT_HANG=1``: an exit handler, registered before ``--arm`` arms (as a library imported before the
+  job's own ``arm()`` call registers its own), that never returns once ``FIELD_EXIT`` has ended the job.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import runpy
 import struct
 import sys
+import time
 
 LEAKED: list[bytes] = []
+EXITING: list[bool] = []
+
+
+def _hang_at_exit() -> None:
+    while EXITING:  # the planted exit ran: hang in this exit handler until a signal ends the process
+        time.sleep(0.1)
 
 
 def _plant() -> None:
@@ -61,6 +71,7 @@ def _plant() -> None:
         if leaking and done[0]:
             LEAKED.append(b"\x01" * (int(leak_mib) << 20))
         if exit_at and done[0] == int(at):
+            EXITING.append(True)
             if how == "raise":
                 raise SystemExit(int(code))
             sys.exit(int(code))
@@ -71,6 +82,8 @@ def _plant() -> None:
 
 def main() -> None:
     args = sys.argv[1:]
+    if os.environ.get("FIELD_EXIT_HANG"):
+        atexit.register(_hang_at_exit)
     if args[:1] == ["--arm"]:
         import blackbox
 
