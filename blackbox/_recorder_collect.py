@@ -21,7 +21,13 @@ from .collect.allocs import start_allocs
 from .collect.exceptions import ExceptionRecorder, exit_status_unrecorded
 from .collect.execs import ExecWatch
 from .collect.gpu import GpuProbe
-from .collect.signals import CrashRegion, SignalRecorder, follow_faulthandler, follow_torch_worker_handlers
+from .collect.signals import (
+    CrashRegion,
+    SignalRecorder,
+    follow_faulthandler,
+    follow_faulthandler_register,
+    follow_torch_worker_handlers,
+)
 from .collect.stacks import StackSampler
 from .collect.torch_hooks import TorchHooks
 from .ring.file import SNAPSHOT_SUFFIX, sidecar
@@ -81,6 +87,7 @@ def install_collectors(rec: Recorder, ring: Path, history: int, modules: bool) -
         rec.notes.append(rec._crash.note)  # the job's own choice, not a failure: no event
     _faulthandler_changed(rec)
     follow_faulthandler(lambda: _faulthandler_changed(active_recorder()))
+    follow_faulthandler_register(built_module())
     follow_torch_worker_handlers(_record_crashes_of_the_active)
     if exit_status_unrecorded(built_module()):
         rec.note(exit_status_unrecorded(built_module()))

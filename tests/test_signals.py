@@ -131,6 +131,30 @@ def test_framework_handler_installed_after_arm_sees_what_it_would_unarmed(tmp_pa
         assert rows == [("SIGUSR1", "handled by the job's handler"), ("SIGTERM", "handled by the job's handler")]
 
 
+FAULTHANDLER_CHAIN_AFTER_ARM = """
+import faulthandler
+faulthandler.register(signal.SIGTERM, chain=True, all_threads=False)  # dump the stack, then the previous handler
+time.sleep(0.3)  # the recorder's sampler looks at the handlers more than once meanwhile
+print("READY", flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("armed", [False, True], ids=["unarmed", "armed"])
+def test_faulthandler_chained_over_ours_after_arm_ends_as_unarmed(tmp_path: Path, armed: bool) -> None:
+    # GIVEN a job that registers faulthandler's SIGTERM dump with chain=True after arm (its previous: ours)
+    proc = run_until_ready(job(FAULTHANDLER_CHAIN_AFTER_ARM, armed), tmp_path)
+    # WHEN it gets SIGTERM
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    # THEN it dumps its stack once and dies of SIGTERM, as unarmed (wrapping faulthandler's handler again made a
+    # loop of the two: dump after dump, then SIGSEGV when the stack ran out)
+    assert proc.returncode == -signal.SIGTERM, err[-2000:]
+    assert err.count("(most recent call first)") == 1 and " in <module>" in err, err[-2000:]
+    if armed and c_writer_module() is not None:
+        assert [r["label"] for r in signal_rows(tmp_path)] == ["SIGTERM"]
+
+
 NOHUP_CHILD = """
 import subprocess
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])

@@ -152,6 +152,7 @@ class SignalRecorder:
         @functools.wraps(original)
         def signal_function(signalnum: Any, handler: Any) -> Any:
             previous = original(signalnum, handler)
+            CHAINED_TO_OURS.discard(signalnum)  # the job's handler is over faulthandler's now
             remember_handler(handler)
             if self.active and signalnum in self._tags:
                 try:
@@ -175,6 +176,8 @@ class SignalRecorder:
         self.installed = [signal.Signals(s).name for s in self._tags if self._watch_one(s)]
 
     def _watch_one(self, signum: int) -> bool:
+        if signum in CHAINED_TO_OURS:  # faulthandler calls ours: wrapping it again would make a loop
+            return True
         how = _how(signal.getsignal(signum))
         hid = self._hows.get(how) or self._intern(how)
         self._hows[how] = hid
@@ -326,6 +329,41 @@ def follow_faulthandler(after: Callable[[], None]) -> None:
     handler then records the crash signals and writes their tracebacks into the ring too)."""
     for name in ("enable", "disable"):
         _follow(faulthandler, name, after)
+
+
+# Signals whose handler is faulthandler's, registered with chain=True while ours was in place: it calls ours
+# (its previous) after its dump, and ours hands on to the job's before it. Wrapping faulthandler's again
+# (``watch``) would close a loop (each calling the other until the stack ran out: SIGSEGV instead of SIGTERM).
+CHAINED_TO_OURS: set[int] = set()
+
+
+def follow_faulthandler_register(cmod: Any) -> None:
+    """Wrap ``faulthandler.register`` and ``unregister`` to keep ``CHAINED_TO_OURS``: a register with chain=True
+    over our handler (``cmod.signals_installed()``, read before it) joins it; any other, or an unregister, leaves."""
+    register, unregister = getattr(faulthandler, "register", None), getattr(faulthandler, "unregister", None)
+    if cmod is None or register is None or unregister is None or getattr(register, "_blackbox_follows", False):
+        return
+
+    def follow_register(signum: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            ours = int(signum) in cmod.signals_installed()
+        except Exception:  # the recorder's trouble is never the job's (a bad signum: register says so)
+            ours = False
+        result = register(signum, *args, **kwargs)
+        chained = kwargs["chain"] if "chain" in kwargs else len(args) > 2 and args[2]
+        (CHAINED_TO_OURS.add if ours and chained else CHAINED_TO_OURS.discard)(int(signum))
+        return result
+
+    def follow_unregister(signum: Any) -> Any:
+        result = unregister(signum)
+        CHAINED_TO_OURS.discard(signum)  # faulthandler put its previous (ours) back
+        return result
+
+    for name, wrapper, function in (("register", follow_register, register),
+                                    ("unregister", follow_unregister, unregister)):  # fmt: skip
+        functools.update_wrapper(wrapper, function)
+        wrapper._blackbox_follows = True  # type: ignore[attr-defined]
+        setattr(faulthandler, name, wrapper)
 
 
 def _follow(module: Any, name: str, after: Callable[[], None]) -> None:
