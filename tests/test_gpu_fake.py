@@ -111,9 +111,9 @@ def test_a_poll_waiting_but_not_working_is_not_throttled(monkeypatch) -> None:  
     probe = _gpu.GpuProbe()
     calls = []
 
-    def waits() -> list[tuple[int, tuple[int, ...]]]:  # 0.2 s of waiting: the next poll is due unless the
-        calls.append(1)  # poll's own CPU reached 1 ms (x 200 for MAX_DUTY; at 0.05 s, a loaded VM's 0.25 ms did)
-        time.sleep(0.2)
+    def waits() -> list[tuple[int, tuple[int, ...]]]:  # 1 s of waiting: the next poll is due unless the poll's
+        calls.append(1)  # own CPU reached 5 ms (x 200 for MAX_DUTY; at 0.2 s, a loaded VM's 1 ms did, ci47's 3.10
+        time.sleep(1.0)  # lane); counted as cost, the wait put the next poll MAX_WAIT_S (5 s) away
         return [(0, (1,) * 9)]
 
     monkeypatch.setattr(probe, "_poll", waits)

@@ -162,7 +162,7 @@ def test_a_job_that_hangs_as_it_shuts_down_is_told_where(tmp_path: Path) -> None
     death = recover_rings([rings]).meta["death"]
     assert (death["cause"], death["step"], death["killed_by"]["sender"]) == ("hang", 29, "timeout"), death
     lasted = float(death["headline"].split("after its work: ")[1].split(" s after")[0])
-    assert 2.4 <= lasted <= 4.0, death["headline"]
+    assert 2.4 <= lasted <= 8.0, death["headline"]  # the sleep, then the sender starting (slow under load)
     where = "stuck in stuck (<string>:6)" if DUMPS else "where no stack was taken"
     assert death["headline"] == (f"The main process (pid {job.pid}) hung as it shut down, after its work: "
                                  f"{lasted:.1f} s after its clean end, {where}; then SIGTERM from timeout ended it.")
