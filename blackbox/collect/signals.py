@@ -359,11 +359,8 @@ def follow_faulthandler_register(cmod: Any) -> None:
         CHAINED_TO_OURS.discard(signum)  # faulthandler put its previous (ours) back
         return result
 
-    for name, wrapper, function in (("register", follow_register, register),
-                                    ("unregister", follow_unregister, unregister)):  # fmt: skip
-        functools.update_wrapper(wrapper, function)
-        wrapper._blackbox_follows = True  # type: ignore[attr-defined]
-        setattr(faulthandler, name, wrapper)
+    _replace(faulthandler, "register", follow_register, register)
+    _replace(faulthandler, "unregister", follow_unregister, unregister)
 
 
 def _follow(module: Any, name: str, after: Callable[[], None]) -> None:
@@ -380,6 +377,11 @@ def _follow(module: Any, name: str, after: Callable[[], None]) -> None:
             pass
         return result
 
+    _replace(module, name, wrapper, function)
+
+
+def _replace(module: Any, name: str, wrapper: Callable[..., Any], function: Callable[..., Any]) -> None:
+    """``module.name`` (``function``) replaced by ``wrapper``, which looks like it and is marked as ours."""
     functools.update_wrapper(wrapper, function)
     wrapper._blackbox_follows = True  # type: ignore[attr-defined]
     setattr(module, name, wrapper)

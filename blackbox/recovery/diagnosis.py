@@ -117,7 +117,8 @@ def diagnose(table: pa.Table, clean: bool, ev: Evidence, meta: dict[str, Any]) -
         death["limit"] = hit
         death["evidence"].append(f"the limit it hit: {hit['text']}")
     ranked = isinstance(ident.get("world_size"), int) and ident["world_size"] > 1
-    return with_hang(death, table, ranked, d.crash is not None, (ev.flight, ev.flight_note), ev.crash)
+    late = (f.clean_end_ns + f.to_wall, ev.crash) if d.in_shutdown and f.clean_end_ns is not None else None
+    return with_hang(death, table, ranked, d.crash is not None, (ev.flight, ev.flight_note), late)
 
 
 def _noted(table: pa.Table, note: str) -> bool:

@@ -156,20 +156,21 @@ def with_hang(
     ranked: bool,
     crashed: bool,
     flight: tuple[dict[str, Any] | None, str | None] = (None, None),
-    shutdown_text: str | None = None,
+    late: tuple[int, str | None] | None = None,
 ) -> dict[str, Any]:
     """``death`` with its ``hang`` where the ring stalled before it; a death by a signal from outside or
     SIGKILL after the stall (never a native crash: a watchdog's abort is the wait ending) becomes ``hang``.
     ``flight``: the rank's flight recorder dump summed up (``recovery.flight``), and why one was not read;
-    ``shutdown_text``: the ring's crash region, for a death after the clean end (``_in_shutdown``)."""
+    ``late``: for a death after the clean end, that end's time (UTC ns) and the ring's crash region
+    (``_in_shutdown``)."""
     end = epoch_ns(death.get("time"))
     if end is None or death.get("cause") not in ("signal", "killed", "exception", "interrupted"):
         return death
     st = stall(table, end, ranked)
     if st is None:
         return death
-    if death.get("in_shutdown"):
-        _in_shutdown(st, table, end, shutdown_text, ranked)
+    if late is not None:
+        _in_shutdown(st, end, *late, ranked)
     dump, note = flight
     if dump is not None:
         st["flight_recorder"] = dump
@@ -212,17 +213,15 @@ def with_hang(
     return out
 
 
-def _in_shutdown(st: dict[str, Any], table: pa.Table, end_ns: int, text: str | None, ranked: bool) -> None:
+def _in_shutdown(st: dict[str, Any], end_ns: int, clean: int, text: str | None, ranked: bool) -> None:
     """A process that died as it shut down, after its clean end (an exit handler, a library's teardown): the
     stacks sampled before that end are its exit path, blackbox's own end among them, not where it hung. Where
     it was is the stack the C handler wrote at the signal that ended it (``shutdown_stacks``), else unknown;
     ``shutdown_s``: from the clean end to the death."""
-    ends = of_kind(table, "disarm", columns=["time"])
-    clean = int(ends["time"].cast(pa.int64())[-1].as_py()) if ends.num_rows else None
     stack = crashing_stack(text) if shutdown_signal(text) else None
     st.update(stack=stack, share=1.0 if stack else None, samples=1 if stack else 0, moves=0, loader=False,
               site=site_of(stack) if stack else None, collective=collective_of(stack, ranked) if stack else None,
-              shutdown_s=round((end_ns - clean) / 1e9, 3) if clean is not None and end_ns >= clean else None)
+              shutdown_s=round((end_ns - clean) / 1e9, 3) if end_ns >= clean else None)
 
 
 def _shutdown_since(table: pa.Table, st: dict[str, Any], end_ns: int) -> dict[str, Any] | None:

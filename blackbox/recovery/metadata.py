@@ -122,6 +122,7 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
     ``death``: its diagnosis (``diagnosis.diagnose``).
     """
     native = crash_reading(ring.meta.get("identity", {}).get("pid"), evidence.crash)
+    late = shutdown_signal(evidence.crash) is not None  # the stacks at a signal that ended the shutdown, no crash's
     ident = ring.meta.get("identity") or {}
     times = stamps_ns(table["time"])
     steps = table["step"].drop_null()
@@ -178,8 +179,8 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
         "alerts": alerts,
         "exceptions": _events(table, ("oom", "exception"), _EXC_COLUMNS, 10),
         "signals": _events(table, ("signal",), ("label", "value", "detail"), 10),
-        "native_crash": None if native is None or shutdown_signal(evidence.crash) else native,
-        "shutdown_stacks": native if native is not None and shutdown_signal(evidence.crash) else None,
+        "native_crash": None if late else native,
+        "shutdown_stacks": native if late else None,
         "death": death,
         "notes": notes,
         "allocator_history": allocator_history(table, ring.meta),

@@ -287,8 +287,8 @@ class RecoveryPass:
                 if kill is not None:
                     head = f"# pid {meta.get('pid')} ({kill.name})\n"
                     self._reports.append((kill.time_ns, head + "\n".join(kill.report) + "\n"))
-                if crash is not None and (meta["native_crash"] or meta["shutdown_stacks"]):
-                    self.files[(meta["native_crash"] or meta["shutdown_stacks"])["file"]] = crash
+                if crash is not None and (told := meta["native_crash"] or meta["shutdown_stacks"]):
+                    self.files[told["file"]] = crash
                 self._owners.add(owner)
                 if self.kept is not None:
                     self.kept.offer(path)

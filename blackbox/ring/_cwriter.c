@@ -814,13 +814,17 @@ static int put_text(int fd, const char *text) {
     return 0;
 }
 
+/* A heading of three parts, a blank line, then every thread's stack by the interpreter's dump. */
+static void dump_stacks(int fd, const char *a, const char *b, const char *c) {
+    if (put_text(fd, a) == 0 && put_text(fd, b) == 0 && put_text(fd, c) == 0 && put_text(fd, "\n\n") == 0)
+        g_dump(fd, NULL, PyGILState_GetThisThreadState());
+}
+
 static void dump_crash(int sig) {
     int fd = __atomic_load_n(&g_crash_fd, __ATOMIC_ACQUIRE);
     if (fd < 0 || g_dump == NULL || __atomic_exchange_n(&g_crash_dumped, 1, __ATOMIC_ACQ_REL))
         return;
-    if (put_text(fd, "Fatal Python error: ") < 0 || put_text(fd, crash_words(sig)) < 0 || put_text(fd, "\n\n") < 0)
-        return;
-    g_dump(fd, NULL, PyGILState_GetThisThreadState());
+    dump_stacks(fd, "Fatal Python error: ", crash_words(sig), "");
 }
 
 static void dump_lookup(void) {
@@ -869,15 +873,10 @@ static void late_dump(int sig) {
     struct stat st;
     if (fstat(fd, &st) != 0 || st.st_dev != g_late_dev || st.st_ino != g_late_ino)
         return;
-    if (crash_signal(sig)) {
-        if (put_text(fd, "Fatal Python error: ") < 0 || put_text(fd, crash_words(sig)) < 0)
-            return;
-    } else if (put_text(fd, "Stack of every thread at ") < 0 || put_text(fd, stop_name(sig)) < 0 ||
-               put_text(fd, ", while the process shut down") < 0) {
-        return;
-    }
-    if (put_text(fd, "\n\n") == 0)
-        g_dump(fd, NULL, PyGILState_GetThisThreadState());
+    if (crash_signal(sig))
+        dump_stacks(fd, "Fatal Python error: ", crash_words(sig), "");
+    else
+        dump_stacks(fd, "Stack of every thread at ", stop_name(sig), ", while the process shut down");
 }
 
 /* A request to stop (SIGTERM, SIGINT, SIGHUP) taken while recording, whoever handled it: a helper that then
@@ -967,6 +966,21 @@ static int is_ours(const struct sigaction *sa) {
     return (sa->sa_flags & SA_SIGINFO) && sa->sa_sigaction == on_signal;
 }
 
+/* Our handler's disposition over `cur`, which becomes the chain's previous handler (the idle copy filled,
+ * then flipped); `cur`'s mask and flags kept: SA_RESTART or not decides whether a blocked call returns to
+ * run it. Async-signal-safe: plain memory and atomics. */
+static struct sigaction ours_over(SigChain *chain, const struct sigaction *cur) {
+    int idle = 1 - __atomic_load_n(&chain->cur, __ATOMIC_ACQUIRE);
+    chain->prev[idle] = *cur;
+    __atomic_store_n(&chain->cur, idle, __ATOMIC_RELEASE);
+    struct sigaction ours;
+    memset(&ours, 0, sizeof ours);
+    ours.sa_sigaction = on_signal;
+    ours.sa_mask = cur->sa_mask;
+    ours.sa_flags = (cur->sa_flags & ~(SA_RESETHAND | SA_NODEFER)) | SA_SIGINFO | SA_ONSTACK;
+    return ours;
+}
+
 /* Inside exit(), after the interpreter finished: Python's finalization put the default action back over our
  * handler for the signals it had handlers of (SIGINT, a job's SIGTERM handler), and faulthandler's end its
  * previous handlers (PYTHONFAULTHANDLER=1): ours goes back over every recorded signal whose disposition is
@@ -979,14 +993,7 @@ static void rewrap_for_exit(void) {
         if (!chain->installed || g_target.tag[s] == 0 || sigaction(s, NULL, &cur) != 0 || is_ours(&cur) ||
             (cur.sa_flags & SA_SIGINFO) || cur.sa_handler != SIG_DFL)
             continue;
-        int idle = 1 - __atomic_load_n(&chain->cur, __ATOMIC_ACQUIRE);
-        chain->prev[idle] = cur;
-        __atomic_store_n(&chain->cur, idle, __ATOMIC_RELEASE);
-        struct sigaction ours;
-        memset(&ours, 0, sizeof ours);
-        ours.sa_sigaction = on_signal;
-        ours.sa_mask = cur.sa_mask;
-        ours.sa_flags = (cur.sa_flags & ~(SA_RESETHAND | SA_NODEFER)) | SA_SIGINFO | SA_ONSTACK;
+        struct sigaction ours = ours_over(chain, &cur);
         sigaction(s, &ours, NULL);
     }
 }
@@ -1053,19 +1060,11 @@ static PyObject *signals_watch(PyObject *Py_UNUSED(m), PyObject *args) {
     if (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_IGN)
         return PyUnicode_FromString("ignored"); /* stays ignored, also for the job's exec'd children */
     SigChain *chain = &g_chain[sig];
-    int idle = 1 - __atomic_load_n(&chain->cur, __ATOMIC_ACQUIRE);
-    chain->prev[idle] = cur;
-    __atomic_store_n(&chain->cur, idle, __ATOMIC_RELEASE);
-    struct sigaction ours, old;
-    memset(&ours, 0, sizeof ours);
-    ours.sa_sigaction = on_signal;
-    ours.sa_mask = cur.sa_mask;
-    /* the wrapped handler's flags (SA_RESTART or not decides whether a blocked call returns to run it) */
-    ours.sa_flags = (cur.sa_flags & ~(SA_RESETHAND | SA_NODEFER)) | SA_SIGINFO | SA_ONSTACK;
+    struct sigaction ours = ours_over(chain, &cur), old;
     if (sigaction(sig, &ours, &old) != 0)
         return PyErr_SetFromErrno(PyExc_OSError);
     if (memcmp(&old, &cur, sizeof old) != 0 && !is_ours(&old)) { /* changed between the read and the swap */
-        int other = 1 - idle;
+        int other = 1 - __atomic_load_n(&chain->cur, __ATOMIC_ACQUIRE);
         chain->prev[other] = old;
         __atomic_store_n(&chain->cur, other, __ATOMIC_RELEASE);
     }
