@@ -93,8 +93,9 @@ def exec_successors(idents: dict[Path, tuple[dict[str, Any], int]]) -> dict[Path
     chains: dict[tuple[Any, ...], list[tuple[int, Path]]] = {}
     for p, (ident, wall) in idents.items():
         ticks = ident.get("start_ticks")
-        if isinstance(ticks, int) and not isinstance(ticks, bool) and isinstance(ident.get("pid"), int):
-            key = (ident.get("_uid"), ident.get("host"), ident.get("boot_id"), ident.get("pid_ns"), ident["pid"], ticks)
+        key = (ident.get("_uid"), ident.get("host"), ident.get("boot_id"), ident.get("pid_ns"), ident.get("pid"), ticks)
+        scalar = all(v is None or isinstance(v, (str, int)) for v in key)  # a crafted header's list is no key
+        if scalar and isinstance(ticks, int) and not isinstance(ticks, bool) and isinstance(ident.get("pid"), int):
             chains.setdefault(key, []).append((wall, p))
     out = {}
     for chain in chains.values():
