@@ -139,9 +139,12 @@ def _faulthandler_changed(rec: Recorder) -> None:
     crash, signals = rec._crash, rec._signals
     if crash is None or signals is None or crash.busy:  # (its own enable or disable: not the job's)
         return
-    if not crash.ours():
+    ours = crash.ours()
+    signals.faulthandler_ours(ours, crash.fd())
+    if not ours:
         signals.record_crashes()
         signals.crash_text_to(crash.fd())
+        signals.watch()  # over what the job's disable put back, at once
     elif signals.writes_crash_text():  # a DataLoader worker's: PyTorch's handlers sit over our faulthandler
         signals.crash_text_to(crash.fd())  # (-1 once the job closed it: its number may be the job's file)
 
@@ -219,6 +222,7 @@ def uninstall_collectors(
     if crash is not None:
         if rec._signals is not None:
             steps.append(functools.partial(rec._signals.crash_text_to, -1))  # before its descriptor closes
+            steps.append(functools.partial(rec._signals.faulthandler_ours, False))  # (the same)
         steps.append(crash.disable)
     if torch is not None:
         steps.append(lambda: torch.detach(final_drain=not in_child, in_child=in_child))

@@ -23,9 +23,11 @@ writes every thread's traceback into the ring's crash region (version 3), so a
 crash survives in the ring itself and a SIGKILL leaves no sidecar file behind.
 A job that enabled faulthandler itself, before or after arm, keeps its own
 (``PYTHONFAULTHANDLER=1`` on many clusters): its tracebacks go where it sent
-them, and the C handler then records those signals too (``CRASHES``), wrapped
-over the job's faulthandler, which it calls next: the ring says which signal
-the process died of, and its stack samples where it was.
+them. Either way the C handler records those signals too (``CRASHES``),
+wrapped over faulthandler, which it calls next: the ring says which signal the
+process died of, when, and at which address. Over blackbox's own faulthandler,
+a fault the kernel raised then goes back to the kernel, which delivers it as it
+does unarmed (its log line, a core with the fault's siginfo): ``_cwriter.c``.
 """
 
 from __future__ import annotations
@@ -48,9 +50,9 @@ from .death_signals import DeathSignals
 
 KIND_SIGNAL = fmt.KIND_CODES["signal"]
 RECORDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
-# Native crashes, recorded by the same handler only where faulthandler is not ours (the job enabled its own,
-# PYTHONFAULTHANDLER=1 or faulthandler.enable(), before or after arm): its traceback goes where the job sent
-# it, and this record says the process died of the signal (the handler chains to the job's faulthandler)
+# Native crashes, recorded by the same handler over faulthandler, ours or the job's (PYTHONFAULTHANDLER=1 or
+# faulthandler.enable(), before or after arm: its traceback goes where the job sent it): the record says when
+# and of which signal the process died, and for a fault the kernel raised, at which address
 CRASHES = ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT")
 DEFAULT_ACTION = "default action"  # detail of a signal that ended the process (the diagnosis keys on it)
 
@@ -128,6 +130,20 @@ class SignalRecorder:
         self._crashes = True
         self._record(CRASHES)
 
+    def faulthandler_ours(self, ours: bool, fd: int = -1) -> None:
+        """faulthandler under the crash signals is blackbox's own (``ours``) or not. Where it is, the C handler
+        records a crash over it too, and gives a fault the kernel raised back to the kernel once faulthandler
+        wrote the stacks: unarmed, the job has no handler there, and the kernel's delivery (its "segfault at"
+        log line, a core with the fault's address) is what ends the process (``_cwriter.c``, kernel_fault). ``fd``:
+        faulthandler's descriptor (the crash region), where the handler adds the fault's native frame; the caller
+        sets -1 (``ours`` False) before it closes it."""
+        if not self.active or self._fallback is not None or self._cmod is None:
+            return
+        if ours:
+            self.record_crashes()
+            self.watch()  # over faulthandler now, where it came back (its enable) since the last tick
+        self._cmod.signals_refault(ours, fd)
+
     def crash_text_to(self, fd: int) -> None:
         """Where the C handler writes every thread's traceback at a crash it records (the crash region's
         descriptor, ``CrashRegion.fd``; -1: nowhere), since faulthandler, the job's, writes them elsewhere."""
@@ -194,6 +210,7 @@ class SignalRecorder:
         try:
             if keep_late and self._fallback is None:
                 self.record_crashes()  # faulthandler, ours until now, is off: a crash in a late exit handler
+                self.watch()  # over the default action its disable put back over ours
         finally:
             self.active = False
             self._unwrap_signal_function()

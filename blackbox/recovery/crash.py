@@ -72,6 +72,34 @@ def innermost_first(stack: str) -> str:
     return " ← ".join(short_frame(f) for f in reversed(stack.split(";")))
 
 
+# The fault's native frame, which the C signal handler adds after the tracebacks (``_cwriter.c``, native_frame)
+_NATIVE = re.compile(r"^Native frame: instruction (0x[0-9a-f]{1,16}) in (?:(no mapping|an anonymous mapping)|"
+                     r"(/[^\n]{1,400}) at file offset (0x[0-9a-f]{1,16}))[ \t]*$", re.MULTILINE)  # fmt: skip
+
+
+def native_frame(text: str | None) -> dict[str, Any] | None:
+    """The faulting instruction and what holds it: ``{"instruction": "0x7f..", "file": "/usr/lib/libc.so.6",
+    "offset": "0x167ad8"}`` (``file`` None, ``mapping`` said, where no file holds it); None where not written."""
+    m = _NATIVE.search(text or "")
+    if m is None:
+        return None
+    return {"instruction": m[1], "file": m[3], "offset": m[4], "mapping": m[2]}
+
+
+def _frame_words(frame: dict[str, Any] | None) -> tuple[str, str]:
+    """(the headline's ", in libc.so.6", the evidence's sentence) of a native frame."""
+    if frame is None:
+        return "", ""
+    if frame["file"] is None:
+        null = frame["instruction"] == "0x0"
+        return (", a call through a null function pointer" if null else f", in {frame['mapping']}",
+                f"; the faulting instruction {frame['instruction']} is in {frame['mapping']}"
+                f"{': a call through a null function pointer' if null else ''}")  # fmt: skip
+    return f", in {os.path.basename(frame['file'])}", (
+        f"; the faulting instruction {frame['instruction']} is in {frame['file']} at file offset {frame['offset']} "
+        f"(`addr2line -f -e {frame['file']} {frame['offset']}` names its function)")
+
+
 def crash_reading(pid: Any, text: str | None) -> dict[str, Any] | None:
     """``native_crash`` of a ring's metadata: the bundle ``file`` that holds faulthandler's tracebacks, its
     ``first_line``, the ``signal`` it names, the crashing thread's ``stack`` (folded) and ``site`` (its
@@ -83,26 +111,105 @@ def crash_reading(pid: Any, text: str | None) -> dict[str, Any] | None:
     stack = crashing_stack(text)
     return {"file": f"crash-{pid}.txt", "first_line": lines[0] if lines else "",
             "signal": crash_signal(text) or shutdown_signal(text), "stack": stack,
-            "site": site_of(stack) if stack else None}  # fmt: skip
+            "site": site_of(stack) if stack else None, "native_frame": native_frame(text)}  # fmt: skip
 
 
-def native_crash(text: str, status_signal: str | None, pid: Any) -> tuple[dict[str, Any], str]:
-    """(the crash as the headline tells it: ``signal``, ``site``; the evidence line) of a fatal signal in
-    native code, from faulthandler's output: the signal it names (else the exit status's), the crashing
-    thread's Python stack, and the file that holds every thread's."""
+def native_crash(
+    text: str | None, status_signal: str | None, pid: Any, signals: Any = ()
+) -> tuple[dict[str, Any], str]:
+    """(the crash as the headline tells it: ``signal``, ``site``, ``fault``; the evidence line) of a fatal
+    signal in native code, from faulthandler's output: the signal it names (else the exit status's), the
+    crashing thread's Python stack, and the file that holds every thread's; from the process's ``signals``
+    rows, the fault the kernel raised (``fault_in``)."""
     name = crash_signal(text) or status_signal
     stack = crashing_stack(text)
-    first = next((ln for ln in text.splitlines() if ln.strip()), "")
+    first = next((ln for ln in (text or "").splitlines() if ln.strip()), "")
     shown = innermost_first(stack) if stack else "none (no Python thread)"
-    return {"signal": name, "site": site_of(stack) if stack else None}, (
+    fault, sent = fault_in(signals, name), sent_to(signals, name, pid)
+    if fault is not None:
+        words = _frame_words(native_frame(text))
+        fault = (fault[0] + words[0], fault[1] + words[1])
+    crash = {"signal": name, "site": site_of(stack) if stack else None, "fault": fault[0] if fault else None,
+             "fault_told": fault[1] if fault else None}
+    if sent is not None:
+        crash["sent_by"] = f"{sent['sender'] or 'a process'} (pid {sent['sender_pid']})"
+        return crash, (f"{name} from {crash['sent_by']} at {sent['time']}: sent to it, not a crash in native code; "
+                       f'faulthandler\'s "{first}" (crash-{pid}.txt) shows where each thread was: the one that took '
+                       f"it, innermost frame first: {shown}")  # fmt: skip
+    return crash, (
         f'{name or "a fatal signal"} in native code: faulthandler\'s "{first}" (crash-{pid}.txt); the crashing '
-        f"thread's Python stack, innermost frame first: {shown}")  # fmt: skip
+        f"thread's Python stack, innermost frame first: {shown}{'; ' + fault[1] if fault else ''}")  # fmt: skip
 
 
 def crash_headline(who: str, crash: dict[str, Any]) -> str:
-    """``The main process (pid 7) died of SIGSEGV in native code, called from die (train.py:7).``"""
+    """``The main process (pid 7) died of SIGSEGV in native code (a null pointer: address 0x0), called from die
+    (train.py:7).``"""
     site = f", called from {short_frame(crash['site'])}" if crash.get("site") else ""
-    return f"{who} died of {crash['signal']} in native code{site}."
+    if crash.get("sent_by"):
+        where = f", in {short_frame(crash['site'])}" if crash.get("site") else ""
+        return f"{who} was ended by {crash['signal']} from {crash['sent_by']}, sent to it (not a crash){where}."
+    fault = f" ({crash['fault']})" if crash.get("fault") else ""
+    return f"{who} died of {crash['signal']} in native code{fault}{site}."
+
+
+# A fault the kernel raised for an instruction: (signal, si_code) -> its name and what it means
+_FAULTS = {("SIGSEGV", 1): ("SEGV_MAPERR", "no memory is mapped at {a}"),
+           ("SIGSEGV", 2): ("SEGV_ACCERR", "the memory at {a} does not allow that access (a write to read-only "
+                                           "memory, or code run from data)"),
+           ("SIGSEGV", 128): ("SI_KERNEL", "a general protection fault (a non-canonical address: a pointer "
+                                           "overwritten with data)"),
+           ("SIGBUS", 1): ("BUS_ADRALN", "a misaligned access at {a}"),
+           ("SIGBUS", 2): ("BUS_ADRERR", "{a} lies past the end of a mapped file (a file truncated while mapped, "
+                                         "or /dev/shm full)"),
+           ("SIGBUS", 3): ("BUS_OBJERR", "a hardware error for the object at {a}"),
+           ("SIGBUS", 4): ("BUS_MCEERR_AR", "an uncorrectable memory error the hardware reported at {a}"),
+           ("SIGFPE", 1): ("FPE_INTDIV", "an integer division by zero, at instruction {a}"),
+           ("SIGFPE", 2): ("FPE_INTOVF", "an integer overflow, at instruction {a}")}  # fmt: skip
+ILLEGAL = "an illegal instruction at {a} (code built for a CPU feature this one lacks, or a corrupt jump)"
+NULL_PAGE = 4096  # an address below it is a null pointer (or a field of a null struct)
+
+
+def fault_of(signal: str | None, code: Any, address: Any) -> tuple[str, str] | None:
+    """(the headline's words, the evidence's) of a fault the kernel raised, from the signal record's
+    ``signal_code`` and ``address`` (version 5); None for any other signal, or an older ring's record."""
+    if signal is None or code is None or address is None or not 0 < int(code) <= 128:
+        return None
+    at = f"address {int(address) & (2**64 - 1):#x}"
+    if signal == "SIGILL":
+        name, means = f"si_code {int(code)}", ILLEGAL
+    elif (signal, int(code)) in _FAULTS:
+        name, means = _FAULTS[signal, int(code)]
+    else:
+        name, means = f"si_code {int(code)}", "a fault at {a}"
+    null = signal == "SIGSEGV" and int(code) == 1 and 0 <= int(address) < NULL_PAGE
+    short = f"a null pointer: {at}" if null else means.format(a=at).split(" (")[0]
+    log = _KERNEL_LOG.get(signal)
+    told = f"; the kernel log (dmesg) has its {log} line, which names the instruction and its library" if log else ""
+    return short, (f"the kernel raised it for an instruction ({name}): {means.format(a=at)}"
+                   f"{': a null pointer' if null else ''}{told}")
+
+
+_KERNEL_LOG = {"SIGSEGV": '"segfault at"', "SIGFPE": '"trap divide error"', "SIGILL": '"trap invalid opcode"'}
+
+
+def _record_of(signals: Any, name: str | None) -> dict[str, Any] | None:
+    return next((s for s in reversed(list(signals)) if s["label"] == name), None) if name else None
+
+
+def fault_in(signals: Any, name: str | None) -> tuple[str, str] | None:
+    """``fault_of`` the last record of the crash signal ``name`` among a process's signal rows."""
+    row = _record_of(signals, name)
+    return fault_of(name, row.get("signal_code"), row.get("address")) if row is not None else None
+
+
+def sent_to(signals: Any, name: str | None, pid: Any) -> dict[str, Any] | None:
+    """The record of the crash signal ``name``, where another process sent it (``kill -SEGV``, ``kill -ABRT``
+    to have a hung job dump its stacks and a core): no crash in native code. None where the kernel raised
+    it, or the process itself did (abort(), a library's raise)."""
+    row = _record_of(signals, name)
+    if row is None or row.get("sender_pid") is None or (row.get("signal_code") or 0) > 0:
+        return None
+    return row if str(row["sender_pid"]) != str(pid) else None
 
 
 def shutdown_where(text: str | None, signal: str, frames: int = 4) -> str:

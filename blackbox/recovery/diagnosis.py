@@ -53,7 +53,7 @@ import pyarrow.compute as pc
 from .._units import human_bytes
 from ..ring import format as fmt
 from ..ring.reader import without_c_extension
-from .crash import native_crash, shutdown_where
+from .crash import native_crash, sent_to, shutdown_where
 from .evidence import Evidence, KernelKill
 from .exits import HOW_KNOWN, MAX_SAID, RUN_SAW, exit_message, exit_status, interrupted_by, signal_of
 from .facts import Facts, counter_rose, facts, near_limit
@@ -273,7 +273,8 @@ class _Death:
                       f"{s['label']}{who}{self._role(s)} with its default action at {s['time']}, while it shut "
                       f"down{after} ({where})")  # fmt: skip
             if s["label"] in CRASH_SIGNALS:
-                self.crash = native_crash(ev.crash, s["label"], self.pid)[0] if ev.crash else {"signal": s["label"]}
+                self.crash = native_crash(ev.crash, s["label"], self.pid, f.signals)[0]
+                self.evidence += [self.crash["fault_told"]] if self.crash.get("fault_told") else []
         elif run_saw is not None and run_saw != signals.SIGKILL:
             self._set("signal", "certain", f"`blackbox run` saw the job end by {signals.Signals(run_saw).name}")
         elif run_saw == signals.SIGKILL or ev.same_boot:
@@ -372,7 +373,8 @@ class _Death:
         elif rose:
             self._set("host_oom_kill", "strong", rose)
         elif ev.crash:
-            self.crash, why = native_crash(ev.crash, signals.Signals(sig).name if sig else None, self.pid)
+            self.crash, why = native_crash(ev.crash, signals.Signals(sig).name if sig else None, self.pid, f.signals)
+            self.killed_by = _sender(sent) if (sent := sent_to(f.signals, self.crash["signal"], self.pid)) else None
             self._set("signal", "certain", why)
         elif ev.signal_stacks:  # faulthandler's stack in the slot of the signal that ended it (no C extension)
             name, stack = next(iter(ev.signal_stacks.items()))
@@ -392,7 +394,8 @@ class _Death:
             else:
                 cause = "interrupted" if s["label"] == "SIGINT" else "signal"
                 self._set(cause, "certain", f"{s['label']}{who}{self._role(s)} with its default action at {s['time']}")
-                self.crash = {"signal": s["label"], "site": None} if s["label"] in CRASH_SIGNALS else None  # no dump
+                crash = native_crash(None, s["label"], self.pid, f.signals)[0]  # no dump
+                self.crash = crash if s["label"] in CRASH_SIGNALS else None
             self.when = s
         elif (again := self._raised_again(last_signal, sig)) is not None:
             self._died_of_native(again)
@@ -473,7 +476,7 @@ class _Death:
     def _died_of_native(self, s: dict[str, Any]) -> None:
         self.when = s
         if s["label"] in CRASH_SIGNALS:
-            self.crash = {"signal": s["label"], "site": None}
+            self.crash = native_crash(None, s["label"], self.pid, self.f.signals)[0]
             self._set("signal", "strong", f"{s['label']} at {s['time']}, taken by a native handler (the job's own "
                       "faulthandler: its traceback went where the job sent it, stderr by default), and nothing "
                       "was recorded after it: the handler raised it again, with its default action")  # fmt: skip

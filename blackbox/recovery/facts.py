@@ -30,7 +30,7 @@ SAMPLE_COLUMNS = ["time", "step", "host_rss", "children_rss", "cgroup_usage", "c
 STAT_COLUMNS = ["time", "cgroup_anon", "cgroup_file", "cgroup_shmem", "cgroup_file_dirty", "cgroup_file_writeback"]
 ERROR_COLUMNS = ["time", "kind", "step", "label", "detail", "oom_requested", "oom_reserved_unallocated",
                  "oom_capacity", "oom_free"]  # fmt: skip
-SIGNAL_COLUMNS = ["time", "step", "label", "value", "detail", "sender", "sender_pid", "signal_code"]
+SIGNAL_COLUMNS = ["time", "step", "label", "value", "detail", "sender", "sender_pid", "signal_code", "address"]
 _WORKER_KILLED = re.compile(
     r"DataLoader worker \(pids?\(?s?\)? ?([\d, ]+)\)? (?:is killed by signal|exited unexpectedly)(?:: ([\w ]+))?"
 )

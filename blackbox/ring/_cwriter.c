@@ -60,6 +60,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -820,11 +821,13 @@ static void dump_stacks(int fd, const char *a, const char *b, const char *c) {
         g_dump(fd, NULL, PyGILState_GetThisThreadState());
 }
 
-static void dump_crash(int sig) {
+/* Returns the descriptor written to, -1: none. */
+static int dump_crash(int sig) {
     int fd = __atomic_load_n(&g_crash_fd, __ATOMIC_ACQUIRE);
     if (fd < 0 || g_dump == NULL || __atomic_exchange_n(&g_crash_dumped, 1, __ATOMIC_ACQ_REL))
-        return;
+        return -1;
     dump_stacks(fd, "Fatal Python error: ", crash_words(sig), "");
+    return fd;
 }
 
 static void dump_lookup(void) {
@@ -865,24 +868,175 @@ static int interpreter_whole(void) {
 #endif
 }
 
-static void late_dump(int sig) {
+static int late_dump(int sig) { /* returns the descriptor written to, -1: none */
     int fd = __atomic_load_n(&g_late_fd, __ATOMIC_ACQUIRE);
     if (fd < 0 || g_dump == NULL || __atomic_load_n(&g_exit_written, __ATOMIC_ACQUIRE) || !interpreter_whole() ||
         __atomic_exchange_n(&g_late_dumped, 1, __ATOMIC_ACQ_REL))
-        return;
+        return -1;
     struct stat st;
     if (fstat(fd, &st) != 0 || st.st_dev != g_late_dev || st.st_ino != g_late_ino)
-        return;
+        return -1;
     if (crash_signal(sig))
         dump_stacks(fd, "Fatal Python error: ", crash_words(sig), "");
     else
         dump_stacks(fd, "Stack of every thread at ", stop_name(sig), ", while the process shut down");
+    return fd;
 }
 
 /* A request to stop (SIGTERM, SIGINT, SIGHUP) taken while recording, whoever handled it: a helper that then
  * exits 0 shut down gracefully on request (a batch script's python, a scheduler's preemption), which is no
  * clean end to fold away (on_process_exit, signals_stop_taken). Set in the handler: one atomic store. */
 static volatile sig_atomic_t g_stop_taken;
+
+/* A fault the kernel raised for an instruction (a bad address, an illegal instruction, an integer division
+ * by zero: si_code > 0) is given back to the kernel: once it is recorded (and its stacks written), the
+ * disposition the job had is put back and the handler returns; the instruction runs again, faults again,
+ * and the kernel delivers the signal as it does unarmed: its "segfault at ..." line in the kernel log, and
+ * a core whose siginfo is the fault's (address, code), not a raise()'s. This is done where unarmed the
+ * kernel's delivery is what ends the process: under the default action, and under faulthandler where it is
+ * blackbox's own (signals_refault: the job has none unarmed), whose raise(), left pending while ours runs
+ * (the signal is blocked in its handler), is taken back first. A job's own crash handler (PyTorch's, a
+ * faulthandler the job enabled) is handed the signal as before: unarmed it is the one that ends the process.
+ * (A fault another thread mends before the instruction runs again lets the job go on, as a retry would.) */
+static void (*g_fh_fn)(int); /* atomic: faulthandler's handler, where it is blackbox's own; NULL: none */
+static int g_fh_fd = -1;     /* atomic: where blackbox's own faulthandler writes (the crash region); -1: none */
+
+static int kernel_fault(int sig, const siginfo_t *info) {
+    if (info == NULL || info->si_code <= 0)
+        return 0;
+    if (sig == SIGFPE) /* an integer division's trap faults again; a floating-point trap may not */
+        return info->si_code == FPE_INTDIV || info->si_code == FPE_INTOVF;
+    return sig == SIGSEGV || sig == SIGBUS || sig == SIGILL;
+}
+
+static int is_faulthandler(const struct sigaction *sa) {
+    void (*fh)(int) = __atomic_load_n(&g_fh_fn, __ATOMIC_ACQUIRE);
+    return fh != NULL && !(sa->sa_flags & SA_SIGINFO) && sa->sa_handler == fh;
+}
+
+/* The native frame of a fault: the faulting instruction, and the mapping that holds it (its file and the offset
+ * in it: what addr2line reads), found in /proc/self/maps at the fault (open, read, close: no allocation, no
+ * lock), written as one line after the crash's tracebacks (crash.py reads it):
+ *   Native frame: instruction 0x7f3a5c2e1ad8 in /usr/lib/x86_64-linux-gnu/libc.so.6 at file offset 0x167ad8
+ * or "in an anonymous mapping" (JIT code), or "in no mapping" (a jump through a bad pointer: 0x0 for a call
+ * through a null function pointer). */
+static uintptr_t fault_ip(const void *context) {
+#if defined(__x86_64__)
+    return (uintptr_t)((const ucontext_t *)context)->uc_mcontext.gregs[REG_RIP];
+#elif defined(__aarch64__)
+    return (uintptr_t)((const ucontext_t *)context)->uc_mcontext.pc;
+#else
+    (void)context;
+    return 0;
+#endif
+}
+
+static const char *hex_field(const char *s, uintptr_t *out) {
+    uintptr_t v = 0;
+    const char *begin = s;
+    for (;; s++) {
+        int d = *s >= '0' && *s <= '9' ? *s - '0' : *s >= 'a' && *s <= 'f' ? *s - 'a' + 10 : -1;
+        if (d < 0 || s - begin >= 16)
+            break;
+        v = v * 16 + (uintptr_t)d;
+    }
+    *out = v;
+    return s > begin ? s : NULL;
+}
+
+static const char *skip_field(const char *s) {
+    while (*s == ' ')
+        s++;
+    while (*s != 0 && *s != ' ')
+        s++;
+    return s;
+}
+
+/* One line of /proc/self/maps: whether it holds ip; if so its path (may be empty) and ip's file offset. */
+static int maps_line(const char *s, uintptr_t ip, char *path, size_t size, uintptr_t *file_off) {
+    uintptr_t start, end, off;
+    if ((s = hex_field(s, &start)) == NULL || *s++ != '-' || (s = hex_field(s, &end)) == NULL || ip < start ||
+        ip >= end)
+        return 0;
+    s = skip_field(s); /* permissions */
+    while (*s == ' ')
+        s++;
+    if ((s = hex_field(s, &off)) == NULL)
+        return 0;
+    s = skip_field(skip_field(s)); /* device, inode */
+    while (*s == ' ')
+        s++;
+    size_t n = strlen(s);
+    n = n < size - 1 ? n : size - 1;
+    memcpy(path, s, n);
+    path[n] = 0;
+    *file_off = ip - start + off;
+    return 1;
+}
+
+static size_t put_hex(char *out, uintptr_t v) {
+    char tmp[16];
+    size_t n = 0, i = 2;
+    do {
+        tmp[n++] = "0123456789abcdef"[v & 15];
+        v >>= 4;
+    } while (v != 0 && n < sizeof tmp);
+    out[0] = '0';
+    out[1] = 'x';
+    while (n > 0)
+        out[i++] = tmp[--n];
+    return i;
+}
+
+static void native_frame(int fd, const void *context) {
+    uintptr_t ip = fault_ip(context), file_off = 0;
+    char buf[4096], line[512], path[384] = {0}, text[512];
+    size_t n_line = 0;
+    int found = 0;
+    int maps = context != NULL ? open("/proc/self/maps", O_RDONLY | O_CLOEXEC) : -1;
+    if (maps < 0)
+        return;
+    ssize_t got;
+    while (!found && (got = read(maps, buf, sizeof buf)) > 0)
+        for (ssize_t i = 0; i < got && !found; i++) {
+            if (buf[i] != '\n') {
+                if (n_line < sizeof line - 1)
+                    line[n_line++] = buf[i];
+                continue;
+            }
+            line[n_line] = 0;
+            found = maps_line(line, ip, path, sizeof path, &file_off);
+            n_line = 0;
+        }
+    close(maps);
+    size_t n = 0;
+    memcpy(text, "Native frame: instruction ", 26);
+    n = 26;
+    n += put_hex(text + n, ip);
+    const char *where = !found ? " in no mapping" : path[0] == 0 ? " in an anonymous mapping" : " in ";
+    memcpy(text + n, where, strlen(where));
+    n += strlen(where);
+    if (found && path[0] != 0) {
+        memcpy(text + n, path, strlen(path));
+        n += strlen(path);
+        memcpy(text + n, " at file offset ", 16);
+        n += 16;
+        n += put_hex(text + n, file_off);
+    }
+    text[n++] = '\n';
+    text[n] = 0;
+    put_text(fd, text);
+}
+
+/* The raise() a handler under ours left pending for this thread (or the process), taken back. */
+static void drop_pending(int sig) {
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    struct timespec none = {0, 0};
+    for (int i = 0; i < 2 && sigtimedwait(&one, NULL, &none) == sig; i++) /* a thread's, then the process's */
+        ;
+}
 
 /* Signals taken after the clean end go to the exit record's slots (late_slot): set by signals_release(1),
  * which leaves our handler in place, cleared by signals_arm and signals_forget. */
@@ -900,18 +1054,22 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
     SigChain *chain = &g_chain[sig];
     struct sigaction prev = chain->prev[__atomic_load_n(&chain->cur, __ATOMIC_ACQUIRE)];
     int to_default = !(prev.sa_flags & SA_SIGINFO) && prev.sa_handler == SIG_DFL;
+    int refault = kernel_fault(sig, info) && (to_default || is_faulthandler(&prev));
     __atomic_add_fetch(&g_inflight, 1, __ATOMIC_SEQ_CST);
     int armed = __atomic_load_n(&g_target_on, __ATOMIC_ACQUIRE) && g_target.pid == getpid();
     uint64_t late_seq = 0;
     char *late = armed ? NULL : late_slot(&late_seq, to_default || crash_signal(sig));
+    int text_fd = -1; /* where the crash's tracebacks went, for its native frame */
     if (armed || late != NULL) {
         int64_t payload[PAYLOAD_WORDS];
         char comm[16] = {0};
         for (int i = 0; i < PAYLOAD_WORDS; i++)
             payload[i] = -1;
-        payload[0] = to_default ? g_target.detail_default : g_target.detail[sig];
+        payload[0] = to_default || refault ? g_target.detail_default : g_target.detail[sig];
         if (info != NULL) {
             payload[2] = info->si_code;
+            if (kernel_fault(sig, info))
+                payload[5] = (int64_t)(uintptr_t)info->si_addr;
             if (info->si_code <= 0 && info->si_pid > 0) { /* sent by a process (kill, tgkill, sigqueue) */
                 payload[1] = info->si_pid;
                 sender_comm(info->si_pid, comm);
@@ -921,14 +1079,16 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
         if (late != NULL) {
             put_record(late, 1, late_seq, now_ns(), (uint64_t)pthread_self(), -1, sig, g_target.tag[sig], payload);
             if (to_default || crash_signal(sig))
-                late_dump(sig); /* before the default action (or the job's crash handler) ends the process */
+                text_fd = late_dump(sig); /* before the default action (or the job's crash handler) ends it */
         } else {
             uint64_t seq = __atomic_add_fetch(&g_target.seq->value, 1, __ATOMIC_RELAXED);
             put_record(g_target.records, g_target.cap, seq, now_ns(), (uint64_t)pthread_self(), -1, sig,
                        g_target.tag[sig], payload);
             window_after(g_target.seq, seq);
             if (crash_signal(sig))
-                dump_crash(sig); /* before the job's handler, which ends the process */
+                text_fd = dump_crash(sig); /* before the job's handler, which ends the process */
+            if (refault && !to_default)
+                text_fd = __atomic_load_n(&g_fh_fd, __ATOMIC_ACQUIRE); /* faulthandler's, ours: it writes next */
         }
     }
     __atomic_sub_fetch(&g_inflight, 1, __ATOMIC_SEQ_CST);
@@ -938,7 +1098,8 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
         dfl.sa_handler = SIG_DFL;
         sigemptyset(&dfl.sa_mask);
         sigaction(sig, &dfl, NULL);
-        raise(sig); /* pending until this handler returns: then the default action, at once */
+        if (!refault)
+            raise(sig); /* pending until this handler returns: then the default action, at once */
     } else if (prev.sa_flags & SA_SIGINFO) {
         if (prev.sa_sigaction != NULL)
             prev.sa_sigaction(sig, info, context);
@@ -949,14 +1110,18 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
         /* A crash handler that put ours back and raised the signal again (a faulthandler enabled anew after
          * arm remembers ours as the handler before it): the default action, or it would come back forever. */
         struct sigaction cur;
-        if (sigaction(sig, NULL, &cur) == 0 && is_ours(&cur)) {
+        if (sigaction(sig, NULL, &cur) == 0 && (is_ours(&cur) || (refault && is_faulthandler(&cur)))) {
             struct sigaction dfl;
             memset(&dfl, 0, sizeof dfl);
             dfl.sa_handler = SIG_DFL;
             sigemptyset(&dfl.sa_mask);
             sigaction(sig, &dfl, NULL);
         }
+        if (refault)
+            drop_pending(sig); /* faulthandler's raise(): the fault itself comes again as this returns */
     }
+    if (text_fd >= 0 && kernel_fault(sig, info))
+        native_frame(text_fd, context); /* after the tracebacks (faulthandler's, written by the handler above) */
     if (outer)
         __atomic_store_n(&g_inside[sig], (pthread_t)0, __ATOMIC_RELEASE);
     errno = saved_errno;
@@ -1146,6 +1311,7 @@ static PyObject *signals_late_text(PyObject *Py_UNUSED(m), PyObject *args) {
 /* signals_forget(): in a forked child, let go of the parent's ring without waiting on its threads. */
 static PyObject *signals_forget(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
     __atomic_store_n(&g_crash_fd, -1, __ATOMIC_SEQ_CST); /* the parent's crash region */
+    __atomic_store_n(&g_fh_fd, -1, __ATOMIC_SEQ_CST);
     __atomic_store_n(&g_crash_dumped, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&g_target_on, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&g_inflight, 0, __ATOMIC_SEQ_CST); /* a parent thread's count, copied by fork */
@@ -1155,6 +1321,26 @@ static PyObject *signals_forget(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args
     restore_all();
     drop_target();
     Py_RETURN_NONE;
+}
+
+/* signals_refault(on, fd=-1) -> bool: faulthandler is blackbox's own (on), writing to fd, or not; on, the
+ * handler it installed for SIGSEGV (under ours, or in force) is remembered as faulthandler's (kernel_fault,
+ * above). Returns whether one was found. The descriptor stays the caller's: it sets -1 before it closes it. */
+static PyObject *signals_refault(PyObject *Py_UNUSED(m), PyObject *args) {
+    int on, fd = -1;
+    if (!PyArg_ParseTuple(args, "p|i", &on, &fd))
+        return NULL;
+    __atomic_store_n(&g_fh_fd, on && fd >= 0 ? fd : -1, __ATOMIC_RELEASE);
+    void (*fh)(int) = NULL;
+    struct sigaction cur;
+    if (on && sigaction(SIGSEGV, NULL, &cur) == 0) {
+        if (is_ours(&cur))
+            cur = g_chain[SIGSEGV].prev[__atomic_load_n(&g_chain[SIGSEGV].cur, __ATOMIC_ACQUIRE)];
+        if (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler != SIG_DFL && cur.sa_handler != SIG_IGN)
+            fh = cur.sa_handler;
+    }
+    __atomic_store_n(&g_fh_fn, fh, __ATOMIC_RELEASE);
+    return PyBool_FromLong(fh != NULL);
 }
 
 /* signals_installed() -> list of signal numbers our handler is installed over. */
@@ -1848,6 +2034,9 @@ static PyMethodDef module_methods[] = {
     {"signals_forget", signals_forget, METH_NOARGS, "In a forked child: drop the parent's ring."},
     {"signals_late_text", signals_late_text, METH_VARARGS,
      "signals_late_text(fd): where the stacks at a signal that ends the shutdown go (-1: nowhere)."},
+    {"signals_refault", signals_refault, METH_VARARGS,
+     "signals_refault(on, fd=-1) -> bool: faulthandler under the crash signals is blackbox's own; a kernel fault then "
+     "goes back to the kernel once recorded (as unarmed: its log line, the core's siginfo)."},
     {"signals_crash_fd", signals_crash_fd, METH_VARARGS,
      "signals_crash_fd(fd) -> bool: where a crash's tracebacks go while faulthandler is the job's (-1: nowhere)."},
     {"signals_installed", signals_installed, METH_NOARGS, "Signal numbers the handler is installed over."},

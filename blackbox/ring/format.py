@@ -225,6 +225,9 @@ PAYLOAD_COLUMNS[5] = {
     "alert": ("alert_kind", "alert_level", "limit_kind", "limit_bytes", "growth_per_s", "forecast_ms",
               "forecast_error_ms", "forecast_steps", "forecast_steps_error"),
     "alert_action": ("detail", "alert_kind", "alert_level"),
+    # p5 of ``signal``: the faulting address of a fault the kernel raised (SIGSEGV, SIGBUS, SIGILL, an integer
+    # SIGFPE: si_code > 0); older writers of version 5 left -1 (null)
+    "signal": (*PAYLOAD_COLUMNS[4]["signal"], "address"),
 }  # fmt: skip
 STRING_COLUMNS = frozenset({"detail"})  # the word holds a string id (0 = none)
 TEXT_COLUMNS = frozenset({"sender"})  # consecutive words hold UTF-8 text, zero padded

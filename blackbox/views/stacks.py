@@ -56,6 +56,7 @@ def crash_section(crash: dict[str, Any] | None, folder: str = "", *, shutdown: b
                  f"is in {where}: \"{crash.get('first_line') or ''}\".", ""]  # fmt: skip
     if ours:
         lines += [f"[{name}]: {quote(folder + name)}", ""]
+    lines += _native_frame(crash.get("native_frame"))
     stack = crash.get("stack")
     if not stack:
         return [*lines, "No Python frame was running in the thread that crashed.", ""]
@@ -65,6 +66,18 @@ def crash_section(crash: dict[str, Any] | None, folder: str = "", *, shutdown: b
     if len(frames) > CRASH_FRAMES:
         lines.append(f"{CRASH_FRAMES + 1}. ... and {len(frames) - CRASH_FRAMES} more (in `{name}`)")
     return [*lines, ""]
+
+
+def _native_frame(frame: Any) -> list[str]:
+    """The faulting instruction and the file that holds it (``native_frame`` of ``recovery.crash``)."""
+    if not isinstance(frame, dict) or not frame.get("instruction"):
+        return []
+    ip, file, offset, mapping = (str(frame.get(k) or "").replace("`", "'")[:400]
+                                 for k in ("instruction", "file", "offset", "mapping"))  # fmt: skip
+    if not file:
+        return [f"The faulting instruction, `{ip}`, is in `{mapping or 'no mapping'}`.", ""]
+    return [f"The faulting instruction, `{ip}`, is in `{file}` at file offset `{offset}`: "
+            f"`addr2line -f -e {file} {offset}` names its function.", ""]  # fmt: skip
 
 
 def stack_sections(report: dict[str, Any] | None) -> list[str]:
