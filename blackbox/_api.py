@@ -22,7 +22,7 @@ from typing import Any
 from ._jobsignal import TRIES, the_jobs
 from ._recorder import DEFAULT_SAMPLE_INTERVAL, DEFAULT_STRINGS_SIZE, Phase, Recorder
 from ._warn import note_arm_site
-from .collect.exceptions import capture
+from .collect.exceptions import capture, follow_worker_exception
 from .collect.identity import helper_name
 from .collect.signals import held_while_arming
 from .ring import format as fmt
@@ -204,11 +204,19 @@ def _at_worker_exit() -> None:
         def register(_anchor: object = None) -> None:
             util.Finalize(None, _disarm_at_exit, exitpriority=10)
             _name_helper()
+            follow_worker_exception(_worker_exception)
 
         register()
         util.register_after_fork(_worker_exit_anchor, register)
     except Exception:
         pass
+
+
+def _worker_exception(exc: BaseException | None) -> None:
+    """The exception a multiprocessing worker's target raised, recorded as uncaught (``in_flight``)."""
+    exceptions = _active._exceptions
+    if exceptions is not None and _active.armed:
+        exceptions.in_flight(exc)
 
 
 _named: list[bool] = []

@@ -43,6 +43,7 @@ from .._fds import OwnedFd
 from .._jobsignal import raised_by_signal_handler
 from ..ring import format as fmt
 from ..ring.writer import NO_C_EXTENSION, RingWriter, built_module
+from .identity import start_method
 from .oom import classify
 from .stacks import OWN_CODE
 
@@ -308,6 +309,36 @@ def record_status_at_exit(
         return
     cmod.exit_record_arm(fd, header.records_offset, header.capacity, last_seq + 1, EXIT_TAG, step,
                          intern(fmt.EXIT_PROCESS), *fold)  # fmt: skip
+
+
+def follow_worker_exception(in_flight: Callable[[BaseException | None], None]) -> None:
+    """In a multiprocessing child whose ``Process._bootstrap`` no longer runs its finalizers while the target's
+    exception goes by (3.13+: they run at its ``atexit``, after it printed the exception and returned 1, so
+    the disarm among them saw nothing and the worker read as ended cleanly, then folded away):
+    ``traceback.print_exc``, which ``_bootstrap`` calls inside its ``except``, is wrapped in this process, and
+    called from ``_bootstrap`` hands the exception to ``in_flight`` first. It prints what it printed: the
+    traceback is the exception's, not the caller's, so the wrapper's frame is in neither."""
+    import traceback
+
+    process = sys.modules.get("multiprocessing.process")
+    if process is None or start_method() is None or getattr(traceback.print_exc, "_blackbox", False):
+        return  # (a spawn child arms before its Process is known: its command line says what it is)
+    bootstrap = process.BaseProcess._bootstrap.__code__
+    if "_exit_function" in bootstrap.co_names:  # (before 3.13: the disarm sees it go by, ``in_flight``)
+        return
+    original = traceback.print_exc
+
+    @functools.wraps(original)
+    def print_exc(*args: Any, **kwargs: Any) -> Any:
+        try:
+            if sys._getframe(1).f_code is bootstrap:
+                in_flight(sys.exc_info()[1])
+        except Exception:  # (never the job's: an exception of ours, and the traceback is printed regardless)
+            pass
+        return original(*args, **kwargs)
+
+    print_exc._blackbox = True  # type: ignore[attr-defined]
+    traceback.print_exc = print_exc
 
 
 def ends_by_os_exit() -> bool:
