@@ -140,11 +140,9 @@ def _faulthandler_changed(rec: Recorder) -> None:
     if crash is None or signals is None or crash.busy:  # (its own enable or disable: not the job's)
         return
     ours = crash.ours()
-    signals.faulthandler_ours(ours, crash.fd())
+    signals.faulthandler_ours(ours, crash.fd() if ours else -1)
     if not ours:
-        signals.record_crashes()
         signals.crash_text_to(crash.fd())
-        signals.watch()  # over what the job's disable put back, at once
     elif signals.writes_crash_text():  # a DataLoader worker's: PyTorch's handlers sit over our faulthandler
         signals.crash_text_to(crash.fd())  # (-1 once the job closed it: its number may be the job's file)
 

@@ -102,6 +102,7 @@ class SignalRecorder:
         self._our_signal: Any = None
         self._crashes = False  # CRASHES recorded too
         self._crash_fd = -1  # where the C handler writes a crash's tracebacks (``crash_text_to``)
+        self._faulthandler: tuple[bool, int] | None = None  # (ours, its descriptor) as last told to the C handler
 
     def install(self, buffer: Any, records_offset: int, capacity: int, sequence: Any) -> str:
         """Start recording; returns why not, or "" when the handler is in place."""
@@ -137,11 +138,11 @@ class SignalRecorder:
         log line, a core with the fault's address) is what ends the process (``_cwriter.c``, kernel_fault). ``fd``:
         faulthandler's descriptor (the crash region), where the handler adds the fault's native frame; the caller
         sets -1 (``ours`` False) before it closes it."""
-        if not self.active or self._fallback is not None or self._cmod is None:
-            return
-        if ours:
-            self.record_crashes()
-            self.watch()  # over faulthandler now, where it came back (its enable) since the last tick
+        if not self.active or self._fallback is not None or self._cmod is None or (ours, fd) == self._faulthandler:
+            return  # (unchanged: each tick asks)
+        self._faulthandler = (ours, fd)
+        self.record_crashes()
+        self.watch()  # over what faulthandler's enable or disable put over ours, at once
         self._cmod.signals_refault(ours, fd)
 
     def crash_text_to(self, fd: int) -> None:

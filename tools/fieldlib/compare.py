@@ -159,6 +159,8 @@ def truth(job: Job, death: Death, obs: dict[str, Any], mode: str) -> dict[str, A
     t["steps"] = {pid: procs[pid]["steps"] for pid in t["victims"] if pid in procs}
     if death.site:
         t["site"] = death.site
+    if death.headline:
+        t["headline"] = death.headline
     if "first_attempt" in t:
         t["first_attempt"]["step"] = procs.get(obs["target"], {}).get("steps")
     return t
@@ -183,6 +185,8 @@ def judge(v: dict[str, Any], t: dict[str, Any], death: Death, mode: str, rows: l
         wrong += _sender(v, t, pid, rows)
     if t.get("site") and v["cause"] == "hang" and f"stuck in {t['site']} (" not in (v["headline"] or ""):
         wrong.append(f"hang site not {t['site']}: {v['headline']}")
+    if t.get("headline") and t["headline"] not in (v["headline"] or ""):
+        wrong.append(f"headline lacks {t['headline']!r}: {v['headline']}")
     first = t.get("first_attempt")
     if first and mode == "arm" and (len(v["attempts"]) < 2 or v["attempts"][0] != first):
         wrong.append(f"attempts {v['attempts']} (truth {first}, then clean_exit)")

@@ -26,6 +26,7 @@ class Death:
     signal: str = ""  # the signal the verdict must name
     exit_status: int | None = None
     site: str = ""  # where a hang was: the function the verdict must name
+    headline: str = ""  # words the verdict's headline must hold (a native crash's fault)
 
 
 DEATHS = {
@@ -44,6 +45,9 @@ DEATHS = {
     "exit-hang": Death("exit-hang", env={"FIELD_EXIT": "0@5", "FIELD_EXIT_HANG": "1"}, timeout=True, long=True,
                        sender="timeout", signal="SIGTERM", causes=("signal", "hang"),
                        site="_hang_at_exit"),  # fmt: skip
+    # a native crash at step 5: a read of address 0 (in libc's strlen), told with its fault and library
+    "segv": Death("segv", env={"FIELD_EXIT": "0@5:segv"}, causes=("signal",),
+                  headline="died of SIGSEGV in native code (a null pointer: address 0x0, in libc.so.6)"),
     "slurm": Death("slurm", at_step=6, action="slurm", sender="field", signal="SIGTERM", long=True),
     "rerun": Death("rerun", at_step=6, action="sigkill", rerun=True, causes=("clean_exit",)),
 }

@@ -9,8 +9,9 @@ environment, and runs SCRIPT with ``runpy`` as ``__main__``:
 - ``FIELD_STEPS``: a folder; after each optimizer step this process writes how many it has done to
   ``steps-<pid>`` (8 bytes, page cache only: it survives SIGKILL). The field kills at a known step
   from it and takes the truth from it: the step count the recorder must name.
-- ``FIELD_EXIT=CODE@STEP[:raise]``: once STEP optimizer steps are done, as the next begins,
-  ``sys.exit(CODE)`` (or ``raise SystemExit(CODE)``).
+- ``FIELD_EXIT=CODE@STEP[:raise|:segv]``: once STEP optimizer steps are done, as the next begins,
+  ``sys.exit(CODE)`` (or ``raise SystemExit(CODE)``; or, ``segv``, a read of address 0 in libc, CODE unused:
+  a native crash, SIGSEGV).
 - ``FIELD_LEAK=MIB@RANK``: as each optimizer step after the first begins, rank RANK (RANK env, 0 when
   unset) keeps MIB MiB more.
 - ``FIELD_EXIT_HANG=1``: an exit handler, registered before ``--arm`` arms (as a library imported before the
@@ -72,6 +73,10 @@ def _plant() -> None:
             LEAKED.append(b"\x01" * (int(leak_mib) << 20))
         if exit_at and done[0] == int(at):
             EXITING.append(True)
+            if how == "segv":
+                import ctypes
+
+                ctypes.string_at(0)  # a null pointer, read by libc's strlen
             if how == "raise":
                 raise SystemExit(int(code))
             sys.exit(int(code))

@@ -152,21 +152,21 @@ JOBS = {
     "mnist": Job(
         "mnist", _venv_tv, lambda e: e.src / "examples" / "mnist" / "main.py", _mnist_args, _mnist_cwd,
         leak_mib=32, timeout_s=12, prepare=prepare_mnist, progress=r"^Train Epoch: ",
-        deaths=["sigkill", "oom", "ctrlc", "systemexit2", "timeout", "exit-hang", "rerun"],
+        deaths=["sigkill", "oom", "ctrlc", "systemexit2", "timeout", "exit-hang", "segv", "rerun"],
     ),
     "nanogpt": Job(
         "nanogpt", _venv, lambda e: e.src / "nanoGPT" / "train.py", _nanogpt_args, lambda e, r: e.src / "nanoGPT",
         ranks=3, leak_mib=24, leak_rank=1, timeout_s=25, prepare=prepare_nanogpt, progress=r"^iter \d+: loss",
-        deaths=["sigkill", "oom", "exit3", "slurm", "timeout", "exit-hang"],
+        deaths=["sigkill", "oom", "exit3", "slurm", "timeout", "exit-hang", "segv"],
     ),
     "hf": Job(
         "hf", _venv, lambda e: HERE / "hf_job.py", _own("hf"), lambda e, r: r, worker_args=True, timeout_s=20,
         worker_leak_mib=4, progress=r"^\{'loss': ",
-        deaths=["sigkill", "oom", "workers-spawn", "ctrlc", "slurm", "exit-hang"],
+        deaths=["sigkill", "oom", "workers-spawn", "ctrlc", "slurm", "exit-hang", "segv"],
     ),
     "lightning": Job(
         "lightning", _venv, lambda e: HERE / "lightning_job.py", _own("lightning"), lambda e, r: r,
         worker_args=True, timeout_s=12,
-        deaths=["sigkill", "oom", "workers-forkserver", "ctrlc", "exit3", "slurm", "exit-hang", "rerun"],
+        deaths=["sigkill", "oom", "workers-forkserver", "ctrlc", "exit3", "slurm", "exit-hang", "segv", "rerun"],
     ),
 }  # fmt: skip
