@@ -103,6 +103,8 @@ class SignalRecorder:
         self._crashes = False  # CRASHES recorded too
         self._crash_fd = -1  # where the C handler writes a crash's tracebacks (``crash_text_to``)
         self._faulthandler: tuple[bool, int] | None = None  # (ours, its descriptor) as last told to the C handler
+        self._told: set[int] = set()  # signals whose tag and detail the C handler has (signals_watch)
+        self._ours: Callable[[int], bool] | None = getattr(cmod, "signals_ours", None)
 
     def install(self, buffer: Any, records_offset: int, capacity: int, sequence: Any) -> str:
         """Start recording; returns why not, or "" when the handler is in place."""
@@ -195,6 +197,9 @@ class SignalRecorder:
     def _watch_one(self, signum: int) -> bool:
         if signum in CHAINED_TO_OURS:  # faulthandler calls ours: wrapping it again would make a loop
             return True
+        if signum in self._told and self._ours is not None and self._ours(signum):
+            return True  # (each tick: ours is still there, so nothing changed since it was put there)
+        self._told.add(signum)
         how = _how(signal.getsignal(signum))
         hid = self._hows.get(how) or self._intern(how)
         self._hows[how] = hid

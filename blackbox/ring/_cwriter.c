@@ -1237,6 +1237,23 @@ static PyObject *signals_watch(PyObject *Py_UNUSED(m), PyObject *args) {
     return PyUnicode_FromString("wrapped");
 }
 
+/* signals_ours(signum) -> bool: our handler is the signal's disposition now (the tick's cheap check: where it
+ * is, nothing changed since signals_watch put it there, the job's Python handler included, whose install
+ * would have replaced ours). */
+static PyObject *signals_ours(PyObject *Py_UNUSED(m), PyObject *arg) {
+    long sig = PyLong_AsLong(arg);
+    if (sig == -1 && PyErr_Occurred())
+        return NULL;
+    if (sig <= 0 || sig >= MAX_SIGNAL) {
+        PyErr_Format(PyExc_ValueError, "signal number %ld out of range", sig);
+        return NULL;
+    }
+    struct sigaction cur;
+    if (sigaction((int)sig, NULL, &cur) != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    return PyBool_FromLong(is_ours(&cur));
+}
+
 /* Put back the disposition we wrapped, where ours is still the one installed. */
 static void restore_all(void) {
     for (int s = 1; s < MAX_SIGNAL; s++) {
@@ -2034,6 +2051,7 @@ static PyMethodDef module_methods[] = {
     {"signals_forget", signals_forget, METH_NOARGS, "In a forked child: drop the parent's ring."},
     {"signals_late_text", signals_late_text, METH_VARARGS,
      "signals_late_text(fd): where the stacks at a signal that ends the shutdown go (-1: nowhere)."},
+    {"signals_ours", signals_ours, METH_O, "signals_ours(signum) -> bool: our handler is its disposition now."},
     {"signals_refault", signals_refault, METH_VARARGS,
      "signals_refault(on, fd=-1) -> bool: faulthandler under the crash signals is blackbox's own; a kernel fault then "
      "goes back to the kernel once recorded (as unarmed: its log line, the core's siginfo)."},
