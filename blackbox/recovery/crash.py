@@ -120,20 +120,21 @@ def native_crash(
     """(the crash as the headline tells it: ``signal``, ``site``, ``fault``; the evidence line) of a fatal
     signal in native code, from faulthandler's output: the signal it names (else the exit status's), the
     crashing thread's Python stack, and the file that holds every thread's; from the process's ``signals``
-    rows, the fault the kernel raised (``fault_in``)."""
+    rows, the fault the kernel raised (``fault_of``) or the process that sent the signal (``sent``)."""
     name = crash_signal(text) or status_signal
     stack = crashing_stack(text)
     first = next((ln for ln in (text or "").splitlines() if ln.strip()), "")
     shown = innermost_first(stack) if stack else "none (no Python thread)"
-    fault, sent = fault_in(signals, name), sent_to(signals, name, pid)
+    row = _record_of(signals, name)
+    fault = fault_of(name, row.get("signal_code"), row.get("address")) if row is not None else None
     if fault is not None:
         words = _frame_words(native_frame(text))
         fault = (fault[0] + words[0], fault[1] + words[1])
-    crash = {"signal": name, "site": site_of(stack) if stack else None, "fault": fault[0] if fault else None,
-             "fault_told": fault[1] if fault else None}
-    if sent is not None:
-        crash["sent_by"] = f"{sent['sender'] or 'a process'} (pid {sent['sender_pid']})"
-        return crash, (f"{name} from {crash['sent_by']} at {sent['time']}: sent to it, not a crash in native code; "
+    crash: dict[str, Any] = {"signal": name, "site": site_of(stack) if stack else None,
+                             "fault": fault[0] if fault else None, "fault_told": fault[1] if fault else None}
+    if row is not None and _sent(row, pid):
+        crash["sent"] = row  # (the diagnosis names its sender: ``killed_by``)
+        return crash, (f"{name} from {_sent_by(row)} at {row['time']}: sent to it, not a crash in native code; "
                        f'faulthandler\'s "{first}" (crash-{pid}.txt) shows where each thread was: the one that took '
                        f"it, innermost frame first: {shown}")  # fmt: skip
     return crash, (
@@ -145,9 +146,9 @@ def crash_headline(who: str, crash: dict[str, Any]) -> str:
     """``The main process (pid 7) died of SIGSEGV in native code (a null pointer: address 0x0), called from die
     (train.py:7).``"""
     site = f", called from {short_frame(crash['site'])}" if crash.get("site") else ""
-    if crash.get("sent_by"):
+    if crash.get("sent"):
         where = f", in {short_frame(crash['site'])}" if crash.get("site") else ""
-        return f"{who} was ended by {crash['signal']} from {crash['sent_by']}, sent to it (not a crash){where}."
+        return f"{who} was ended by {crash['signal']} from {_sent_by(crash['sent'])}, sent to it (not a crash){where}."
     fault = f" ({crash['fault']})" if crash.get("fault") else ""
     return f"{who} died of {crash['signal']} in native code{fault}{site}."
 
@@ -193,23 +194,20 @@ _KERNEL_LOG = {"SIGSEGV": '"segfault at"', "SIGFPE": '"trap divide error"', "SIG
 
 
 def _record_of(signals: Any, name: str | None) -> dict[str, Any] | None:
+    """The last record of the crash signal ``name`` among a process's signal rows."""
     return next((s for s in reversed(list(signals)) if s["label"] == name), None) if name else None
 
 
-def fault_in(signals: Any, name: str | None) -> tuple[str, str] | None:
-    """``fault_of`` the last record of the crash signal ``name`` among a process's signal rows."""
-    row = _record_of(signals, name)
-    return fault_of(name, row.get("signal_code"), row.get("address")) if row is not None else None
+def _sent(row: dict[str, Any], pid: Any) -> bool:
+    """The signal's record says another process sent it (``kill -SEGV``, ``kill -ABRT`` to have a hung job dump
+    its stacks and a core): no crash in native code. Not where the kernel raised it, or the process itself did
+    (abort(), a library's raise)."""
+    return row.get("sender_pid") is not None and (row.get("signal_code") or 0) <= 0 and \
+        str(row["sender_pid"]) != str(pid)  # fmt: skip
 
 
-def sent_to(signals: Any, name: str | None, pid: Any) -> dict[str, Any] | None:
-    """The record of the crash signal ``name``, where another process sent it (``kill -SEGV``, ``kill -ABRT``
-    to have a hung job dump its stacks and a core): no crash in native code. None where the kernel raised
-    it, or the process itself did (abort(), a library's raise)."""
-    row = _record_of(signals, name)
-    if row is None or row.get("sender_pid") is None or (row.get("signal_code") or 0) > 0:
-        return None
-    return row if str(row["sender_pid"]) != str(pid) else None
+def _sent_by(row: dict[str, Any]) -> str:
+    return f"{row['sender'] or 'a process'} (pid {row['sender_pid']})"
 
 
 def shutdown_where(text: str | None, signal: str, frames: int = 4) -> str:

@@ -53,7 +53,7 @@ import pyarrow.compute as pc
 from .._units import human_bytes
 from ..ring import format as fmt
 from ..ring.reader import without_c_extension
-from .crash import native_crash, sent_to, shutdown_where
+from .crash import native_crash, shutdown_where
 from .evidence import Evidence, KernelKill
 from .exits import HOW_KNOWN, MAX_SAID, RUN_SAW, exit_message, exit_status, interrupted_by, signal_of
 from .facts import Facts, counter_rose, facts, near_limit
@@ -374,7 +374,7 @@ class _Death:
             self._set("host_oom_kill", "strong", rose)
         elif ev.crash:
             self.crash, why = native_crash(ev.crash, signals.Signals(sig).name if sig else None, self.pid, f.signals)
-            self.killed_by = _sender(sent) if (sent := sent_to(f.signals, self.crash["signal"], self.pid)) else None
+            self.killed_by = _sender(self.crash["sent"]) if self.crash.get("sent") else None
             self._set("signal", "certain", why)
         elif ev.signal_stacks:  # faulthandler's stack in the slot of the signal that ended it (no C extension)
             name, stack = next(iter(ev.signal_stacks.items()))
@@ -394,8 +394,8 @@ class _Death:
             else:
                 cause = "interrupted" if s["label"] == "SIGINT" else "signal"
                 self._set(cause, "certain", f"{s['label']}{who}{self._role(s)} with its default action at {s['time']}")
-                crash = native_crash(None, s["label"], self.pid, f.signals)[0]  # no dump
-                self.crash = crash if s["label"] in CRASH_SIGNALS else None
+                if s["label"] in CRASH_SIGNALS:  # no dump
+                    self.crash = native_crash(None, s["label"], self.pid, f.signals)[0]
             self.when = s
         elif (again := self._raised_again(last_signal, sig)) is not None:
             self._died_of_native(again)

@@ -988,6 +988,12 @@ static size_t put_hex(char *out, uintptr_t v) {
     return i;
 }
 
+static size_t append(char *out, size_t n, const char *text) { /* the caller sized out for it */
+    size_t k = strlen(text);
+    memcpy(out + n, text, k);
+    return n + k;
+}
+
 static void native_frame(int fd, const void *context) {
     uintptr_t ip = fault_ip(context), file_off = 0;
     char buf[4096], line[512], path[384] = {0}, text[512];
@@ -1009,23 +1015,26 @@ static void native_frame(int fd, const void *context) {
             n_line = 0;
         }
     close(maps);
-    size_t n = 0;
-    memcpy(text, "Native frame: instruction ", 26);
-    n = 26;
+    size_t n = append(text, 0, "Native frame: instruction ");
     n += put_hex(text + n, ip);
-    const char *where = !found ? " in no mapping" : path[0] == 0 ? " in an anonymous mapping" : " in ";
-    memcpy(text + n, where, strlen(where));
-    n += strlen(where);
+    n = append(text, n, !found ? " in no mapping" : path[0] == 0 ? " in an anonymous mapping" : " in ");
     if (found && path[0] != 0) {
-        memcpy(text + n, path, strlen(path));
-        n += strlen(path);
-        memcpy(text + n, " at file offset ", 16);
-        n += 16;
+        n = append(text, n, path);
+        n = append(text, n, " at file offset ");
         n += put_hex(text + n, file_off);
     }
     text[n++] = '\n';
     text[n] = 0;
     put_text(fd, text);
+}
+
+/* The signal's disposition set to the default action (sigaction only). */
+static void default_action(int sig) {
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL);
 }
 
 /* The raise() a handler under ours left pending for this thread (or the process), taken back. */
@@ -1054,7 +1063,7 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
     SigChain *chain = &g_chain[sig];
     struct sigaction prev = chain->prev[__atomic_load_n(&chain->cur, __ATOMIC_ACQUIRE)];
     int to_default = !(prev.sa_flags & SA_SIGINFO) && prev.sa_handler == SIG_DFL;
-    int refault = kernel_fault(sig, info) && (to_default || is_faulthandler(&prev));
+    int fault = kernel_fault(sig, info), refault = fault && (to_default || is_faulthandler(&prev));
     __atomic_add_fetch(&g_inflight, 1, __ATOMIC_SEQ_CST);
     int armed = __atomic_load_n(&g_target_on, __ATOMIC_ACQUIRE) && g_target.pid == getpid();
     uint64_t late_seq = 0;
@@ -1068,7 +1077,7 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
         payload[0] = to_default || refault ? g_target.detail_default : g_target.detail[sig];
         if (info != NULL) {
             payload[2] = info->si_code;
-            if (kernel_fault(sig, info))
+            if (fault)
                 payload[5] = (int64_t)(uintptr_t)info->si_addr;
             if (info->si_code <= 0 && info->si_pid > 0) { /* sent by a process (kill, tgkill, sigqueue) */
                 payload[1] = info->si_pid;
@@ -1093,11 +1102,7 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
     }
     __atomic_sub_fetch(&g_inflight, 1, __ATOMIC_SEQ_CST);
     if (to_default) {
-        struct sigaction dfl;
-        memset(&dfl, 0, sizeof dfl);
-        dfl.sa_handler = SIG_DFL;
-        sigemptyset(&dfl.sa_mask);
-        sigaction(sig, &dfl, NULL);
+        default_action(sig);
         if (!refault)
             raise(sig); /* pending until this handler returns: then the default action, at once */
     } else if (prev.sa_flags & SA_SIGINFO) {
@@ -1110,17 +1115,12 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
         /* A crash handler that put ours back and raised the signal again (a faulthandler enabled anew after
          * arm remembers ours as the handler before it): the default action, or it would come back forever. */
         struct sigaction cur;
-        if (sigaction(sig, NULL, &cur) == 0 && (is_ours(&cur) || (refault && is_faulthandler(&cur)))) {
-            struct sigaction dfl;
-            memset(&dfl, 0, sizeof dfl);
-            dfl.sa_handler = SIG_DFL;
-            sigemptyset(&dfl.sa_mask);
-            sigaction(sig, &dfl, NULL);
-        }
+        if (sigaction(sig, NULL, &cur) == 0 && (is_ours(&cur) || (refault && is_faulthandler(&cur))))
+            default_action(sig);
         if (refault)
             drop_pending(sig); /* faulthandler's raise(): the fault itself comes again as this returns */
     }
-    if (text_fd >= 0 && kernel_fault(sig, info))
+    if (text_fd >= 0 && fault)
         native_frame(text_fd, context); /* after the tracebacks (faulthandler's, written by the handler above) */
     if (outer)
         __atomic_store_n(&g_inside[sig], (pthread_t)0, __ATOMIC_RELEASE);
