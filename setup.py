@@ -37,6 +37,7 @@ setup(
         Extension(
             "blackbox.collect._csample",
             sources=["blackbox/collect/_csample.c"],
+            depends=["blackbox/collect/_own_heap.h"],
             optional=True,
             libraries=["m", "dl"],
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],

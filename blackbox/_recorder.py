@@ -277,8 +277,8 @@ class Recorder:
             meta["flight_recorder"] = fr
         limited = lim["address_space"] is not None
         if limited:
-            self.notes.append(f"an address-space limit (RLIMIT_AS, ulimit -v) of {lim['address_space']} bytes "
-                              "is set: the ring and the sampler thread's stack are small, to take little of it")
+            self.notes.append(f"an address-space limit (RLIMIT_AS, ulimit -v) of {lim['address_space']} bytes is "
+                              "set: the ring and the sampler thread's stack and heap are small, to take little of it")
 
         def header_for(locked: bool) -> bytes:
             m = dict(meta, liveness=LOCK_LIVENESS if locked else "pid")
@@ -316,6 +316,8 @@ class Recorder:
         install_collectors(self, ring.path, history, modules)
         self.sample_now()
         self._sampler = threading.Thread(target=self._sample_loop, name="blackbox-sampler", daemon=True)
+        if self._allocs is not None:
+            self._allocs.adopt(self._sampler)
         start_thread(self._sampler, SAMPLER_STACK if limited else None)
 
     def note(self, text: str) -> None:

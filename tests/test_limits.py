@@ -82,9 +82,10 @@ def test_under_ulimit_v_the_memory_error_comes_near_where_it_does_unarmed_and_is
                               capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)  # fmt: skip
         assert proc.returncode == 1 and "MemoryError at step" in proc.stdout, proc.stderr[-2000:]
         steps[armed] = int(proc.stdout.split("MemoryError at step")[1].split()[0])
-    # THEN armed, it comes at most 5 steps (80 MiB) earlier: the ring and the sampler's stack are small (arming
-    # took 112 MiB of address space, 7 steps); what remains is the sampler thread's malloc arena (glibc: 64 MiB)
-    assert 0 <= steps[False] - steps[True] <= 5, steps
+    # THEN armed, it comes at most one step (16 MiB) earlier: the ring and the sampler's stack are small, and the
+    # sampler thread allocates from a heap of its own, not a glibc arena (arming took 112 MiB of address space,
+    # 7 steps; then 74 MiB, 4 steps, with the arena; now about 12 MiB)
+    assert 0 <= steps[False] - steps[True] <= 1, steps
     (run_folder,) = (tmp_path / "run").glob("run-*")
     meta = json.loads((run_folder / "bundle" / "metadata.json").read_text())
     assert meta["recovery"]["slots"] == SMALL_CAPACITY

@@ -34,3 +34,14 @@ def test_randomised_sigkill_with_allocation_sampling_loses_nothing_acknowledged(
         capacity = rng.choice([1 << 12, 1 << 16])
         res = torture.trial(tmp_path / f"a{n}.ring", capacity, 3, rng.uniform(0.3, 1.0), 1e-5, "", 16 << 10)
         assert res["lost"] == 0 and res["acked"] > 0, res
+
+
+@pytest.mark.slow
+def test_randomised_sigkill_under_ulimit_v_own_heap_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    """The same under an address-space limit of 3 GB, where the sampler thread allocates from its own heap and
+    hands the job's threads the glibc blocks it frees (collect/_own_heap.h)."""
+    rng = random.Random(42)
+    for n in range(3):
+        capacity = rng.choice([1 << 12, 1 << 16])
+        res = torture.trial(tmp_path / f"v{n}.ring", capacity, 3, rng.uniform(0.3, 1.0), 1e-5, "", 16 << 10, 3 << 30)
+        assert res["lost"] == 0 and res["acked"] > 0, res

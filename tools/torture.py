@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import select
 import signal
 import subprocess
@@ -65,9 +66,18 @@ time.sleep(3600)
 
 
 def trial(
-    path: Path, capacity: int, threads: int, kill_after: float, switch: float, backend: str = "", allocations: int = 0
+    path: Path,
+    capacity: int,
+    threads: int,
+    kill_after: float,
+    switch: float,
+    backend: str = "",
+    allocations: int = 0,
+    address_space: int = 0,
 ) -> dict[str, int]:
-    """One trial; ``allocations``: the threads also allocate, sampled one per that many bytes (0: off)."""
+    """One trial; ``allocations``: the threads also allocate, sampled one per that many bytes (0: off);
+    ``address_space``: the writer runs under that RLIMIT_AS in bytes (`ulimit -v`; 0: none), where the sampler
+    thread allocates from its own heap (collect/_own_heap.h)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("BLACKBOX_ALLOCATIONS", None)
     if backend:
@@ -75,7 +85,8 @@ def trial(
     if allocations:
         env["BLACKBOX_ALLOCATIONS"] = str(allocations)
     args = [sys.executable, "-c", WRITER, str(path), str(capacity), str(threads), str(switch)]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, env=env, start_new_session=True)
+    limit = (lambda: resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))) if address_space else None
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, env=env, start_new_session=True, preexec_fn=limit)
     assert proc.stdout is not None
     first = proc.stdout.readline()
     if first.strip() != b"go":

@@ -45,6 +45,9 @@
  * the child (the heap table is the parent's file); the recorder then puts PyMem's allocators back and
  * leaves the patched slots forwarding (walking the loaded objects again there could wait on a loader
  * lock a vanished parent thread held); a child that arms its own ring samples through them again.
+ *
+ * Under an address-space limit (`ulimit -v`) the hooks also serve the recorder's sampler thread from a small
+ * heap of its own, so that glibc never reserves an arena of 64 MiB for it (_own_heap.h says why and how).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -57,6 +60,7 @@
 #include <frameobject.h> /* 3.10: PyFrameObject's fields (f_back, f_code, f_lasti) */
 #endif
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <elf.h>
 #include <link.h>
 #include <math.h>
@@ -66,6 +70,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -99,12 +104,15 @@ typedef struct {
     uint64_t rng;
     uint32_t guard;    /* > 0: inside a hook or a forwarded allocator: go straight through */
     uint32_t nosample; /* the recorder's own sampler thread: frees are tracked, nothing sampled */
+    uint32_t own;      /* the own heap (_own_heap.h): 1 this thread serves from it, 2 it did and let go */
     uint64_t epoch;    /* the arming this thread's countdown was drawn for */
     double mean;       /* the mean R its countdown was drawn with (R may be raised since: set_mean) */
 } Local;
 /* initial-exec: a thread-pointer-relative load, no __tls_get_addr call on the hot path (the few bytes
  * come from the static TLS surplus glibc keeps for modules loaded later) */
 static __thread Local tls __attribute__((tls_model("initial-exec")));
+
+#include "_own_heap.h"
 
 typedef struct {
     int state; /* 0 free, 1 being filled, 2 ready for the tick */
@@ -862,54 +870,182 @@ static void *(*r_valloc)(size_t);
 static void *(*r_pvalloc)(size_t);
 static void *(*r_reallocarray)(void *, size_t, size_t);
 
+static size_t (*r_usable)(void *); /* glibc's malloc_usable_size, where the own heap is on */
+
+/* The own heap's part of each hook (_own_heap.h), where it is on: the owner's requests are served from it (served
+ * set), and another thread hands glibc the blocks the owner let go. */
+#define OWN_ON() __builtin_expect(__atomic_load_n(&own.size, __ATOMIC_RELAXED) != 0, 0)
+
+/* Whether this thread's frees of glibc's blocks wait for another thread: the owner's, one that was, and, while
+ * the sampler starts (own.expect), a thread that never allocated through a hook (rng 0): the sampler before
+ * it claims the heap frees the block its starter allocated for it, and glibc would give it an arena for that.
+ * (A job thread taken for it only has a free put off a moment.) */
+static inline int own_defers(void) {
+    return tls.own != 0 || (__atomic_load_n(&own.expect, __ATOMIC_RELAXED) && tls.rng == 0);
+}
+
+static void own_other_thread(void) {
+    if (__atomic_load_n(&own.deferred, __ATOMIC_RELAXED) != NULL && !own_defers())
+        own_drain(r_free);
+}
+
+static void *own_alloc_hook(size_t n, size_t align, int zero, int *served) {
+    *served = 0;
+    if (!own_is_owner()) {
+        own_other_thread();
+        return NULL;
+    }
+    if (align > OWN_HEADER) {
+        own.fallbacks++;
+        return NULL;
+    }
+    void *p = own_malloc(n);
+    if (p != NULL && zero)
+        memset(p, 0, n);
+    *served = p != NULL;
+    return p;
+}
+
+static int own_free_hook(void *p) {
+    if (p == NULL)
+        return 0;
+    if (own_has(p)) {
+        own_free(p);
+        return 1;
+    }
+    if (own_defers()) { /* a glibc block: freed by another thread (glibc would give this one an arena) */
+        BEFORE_FREE(p);
+        own_push(&own.deferred, p);
+        __atomic_add_fetch(&own.deferred_frees, 1, __ATOMIC_RELAXED);
+        return 1;
+    }
+    own_other_thread();
+    return 0;
+}
+
+static void *h_malloc(size_t n);
+
+static void *own_realloc_hook(void *old, size_t n, int *served) {
+    int mine = old != NULL && own_has(old), owner = own_is_owner();
+    if (!mine && (!owner || old == NULL))
+        return own_alloc_hook(n, 0, 0, served); /* (another thread: glibc's realloc, after the drain) */
+    *served = 1;
+    if (n == 0) { /* glibc: the block freed, NULL */
+        own_free_hook(old);
+        return NULL;
+    }
+    size_t have = own_usable(old, r_usable);
+    if (n <= have) /* it fits where it is (a glibc block the owner shrinks stays glibc's) */
+        return old;
+    void *q = owner ? own_malloc(n) : NULL;
+    if (q == NULL && !mine) {
+        *served = 0; /* the owner's glibc block, no room here: glibc's realloc, as without this heap */
+        return NULL;
+    }
+    if (q == NULL)
+        q = owner ? r_malloc(n) : h_malloc(n); /* ours grown by its owner past the heap, or by another thread */
+    if (q == NULL)
+        return NULL;
+    memcpy(q, old, have < n ? have : n);
+    own_free_hook(old);
+    return q;
+}
+
 static void *h_malloc(size_t n) {
+    if (OWN_ON()) {
+        int served;
+        void *q = own_alloc_hook(n, 0, 0, &served);
+        if (served)
+            return q;
+    }
     void *p = r_malloc(n);
     AFTER_ALLOC(p, n, DOMAIN_NATIVE);
     return p;
 }
 static void h_free(void *p) {
+    if (OWN_ON() && own_free_hook(p))
+        return;
     BEFORE_FREE(p);
     r_free(p);
 }
 static void *h_calloc(size_t k, size_t n) {
+    if (OWN_ON() && (n == 0 || k <= SIZE_MAX / n)) {
+        int served;
+        void *q = own_alloc_hook(k * n, 0, 1, &served);
+        if (served)
+            return q;
+    }
     void *p = r_calloc(k, n);
     if (n == 0 || k <= SIZE_MAX / n)
         AFTER_ALLOC(p, k * n, DOMAIN_NATIVE);
     return p;
 }
 static void *h_realloc(void *old, size_t n) {
+    if (OWN_ON()) {
+        int served;
+        void *q = own_realloc_hook(old, n, &served);
+        if (served)
+            return q;
+    }
     BEFORE_FREE(old);
     void *p = r_realloc(old, n);
     AFTER_ALLOC(p, n, DOMAIN_NATIVE);
     return p;
 }
+#define OWN_ALIGNED(align, n)                                                                                      \
+    do {                                                                                                           \
+        if (OWN_ON()) {                                                                                            \
+            int served_;                                                                                           \
+            void *q_ = own_alloc_hook((n), (align), 0, &served_);                                                  \
+            if (served_)                                                                                           \
+                return q_;                                                                                         \
+        }                                                                                                          \
+    } while (0)
 static int h_posix_memalign(void **out, size_t align, size_t n) {
+    if (OWN_ON()) {
+        int served;
+        void *q = own_alloc_hook(n, align, 0, &served);
+        if (served) {
+            *out = q;
+            return 0;
+        }
+    }
     int r = r_posix_memalign(out, align, n);
     if (r == 0)
         AFTER_ALLOC(*out, n, DOMAIN_NATIVE);
     return r;
 }
 static void *h_aligned_alloc(size_t align, size_t n) {
+    OWN_ALIGNED(align, n);
     void *p = r_aligned_alloc(align, n);
     AFTER_ALLOC(p, n, DOMAIN_NATIVE);
     return p;
 }
 static void *h_memalign(size_t align, size_t n) {
+    OWN_ALIGNED(align, n);
     void *p = r_memalign(align, n);
     AFTER_ALLOC(p, n, DOMAIN_NATIVE);
     return p;
 }
 static void *h_valloc(size_t n) {
+    OWN_ALIGNED(4096, n);
     void *p = r_valloc(n);
     AFTER_ALLOC(p, n, DOMAIN_NATIVE);
     return p;
 }
 static void *h_pvalloc(size_t n) {
+    OWN_ALIGNED(4096, n);
     void *p = r_pvalloc(n);
     AFTER_ALLOC(p, n, DOMAIN_NATIVE);
     return p;
 }
 static void *h_reallocarray(void *old, size_t k, size_t n) {
+    if (OWN_ON() && (n == 0 || k <= SIZE_MAX / n)) {
+        int served;
+        void *q = own_realloc_hook(old, k * n, &served);
+        if (served)
+            return q;
+    }
     BEFORE_FREE(old);
     void *p = r_reallocarray(old, k, n);
     if (n == 0 || k <= SIZE_MAX / n)
@@ -1050,6 +1186,13 @@ typedef struct {
     int patched;
 } ScanCtx;
 
+/* Whether disarm leaves a slot on our hook: free and realloc, once the own heap handed out a block (one may be
+ * freed or grown at any time after: glibc must never be given it). */
+static int own_keeps(const char *name) {
+    return own.cut != 0 &&
+           (strcmp(name, "free") == 0 || strcmp(name, "realloc") == 0 || strcmp(name, "reallocarray") == 0);
+}
+
 static void patch_relocs(const struct dl_phdr_info *info, const ElfW(Rela) * rel, size_t count,
                          const ElfW(Sym) * symtab, const char *strtab, uint64_t oname, int undo, int *added) {
     int hooks = dlsym_object(info->dlpi_name) ? NHOOKS : NHOOKS - 1;
@@ -1074,6 +1217,8 @@ static void patch_relocs(const struct dl_phdr_info *info, const ElfW(Rela) * rel
                 continue;
             uintptr_t slot = info->dlpi_addr + rel[i].r_offset;
             uintptr_t cur = __atomic_load_n((uintptr_t *)slot, __ATOMIC_RELAXED);
+            if (undo && own_keeps(g_hooks[k].name))
+                break;
             if (undo) {
                 for (int j = 0; j < g_npatched; j++)
                     if (g_patched[j].slot == slot && g_patched[j].base == info->dlpi_addr &&
@@ -1210,6 +1355,9 @@ static void after_fork_child(void) {
     g.forked = 1;
     g.inflight = 0;
     g_patching = 0;
+    if (tls.own != 1) /* the sampler thread is the parent's (unless it forked): a child that arms claims it */
+        own.owner = 0;
+    own.expect = 0;
 }
 
 /* ------------------------------------------------------------------ module functions */
@@ -1452,6 +1600,88 @@ static PyObject *set_mean(PyObject *Py_UNUSED(m), PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* own_heap(bytes) -> bool: the sampler thread's own heap (_own_heap.h) mapped, where malloc is glibc's and the
+ * hooks are in; False where not (another allocator makes no per-thread arena of 64 MiB). */
+static PyObject *own_heap(PyObject *Py_UNUSED(m), PyObject *arg) {
+    Py_ssize_t bytes = PyLong_AsSsize_t(arg);
+    if (bytes < 0)
+        return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "own heap bytes must be >= 0");
+    if (r_malloc == NULL || g_npatched == 0)
+        Py_RETURN_FALSE;
+    Dl_info where;
+    if (!dladdr((void *)r_malloc, &where) || where.dli_fname == NULL || strstr(where.dli_fname, "libc.so") == NULL)
+        Py_RETURN_FALSE;
+    if (r_usable == NULL)
+        r_usable = (size_t(*)(void *))dlsym(RTLD_DEFAULT, "malloc_usable_size");
+    if (r_usable == NULL || bytes < (Py_ssize_t)OWN_MAX_BLOCK)
+        Py_RETURN_FALSE;
+    return PyBool_FromLong(own_start((size_t)bytes));
+}
+
+/* own_claim() -> bool: the calling thread serves its allocations from the own heap (the sampler, first thing). */
+static PyObject *own_heap_claim(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
+    return PyBool_FromLong(own_claim());
+}
+
+static PyObject *own_heap_release(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
+    own_release();
+    Py_RETURN_NONE;
+}
+
+/* own_heap_expect(bool): a thread about to start will claim the own heap (see own_defers). */
+static PyObject *own_heap_expect(PyObject *Py_UNUSED(m), PyObject *arg) {
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    __atomic_store_n(&own.expect, own.size != 0 && on, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+/* list_dir(path) -> [names]: a directory's entries but . and .., by getdents64 into a buffer on the stack: the
+ * sampler thread lists /proc/self/task without opendir, whose malloc would give it a glibc arena. */
+static PyObject *list_dir(PyObject *Py_UNUSED(m), PyObject *arg) {
+    PyObject *path = NULL;
+    if (!PyUnicode_FSConverter(arg, &path))
+        return NULL;
+    int fd = open(PyBytes_AS_STRING(path), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    Py_DECREF(path);
+    if (fd < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    PyObject *out = PyList_New(0);
+    char buf[4096] __attribute__((aligned(8)));
+    for (;;) {
+        long n = out == NULL ? 0 : syscall(SYS_getdents64, fd, buf, sizeof buf);
+        if (n <= 0) {
+            if (n < 0) {
+                Py_CLEAR(out);
+                PyErr_SetFromErrno(PyExc_OSError);
+            }
+            break;
+        }
+        for (long at = 0; at < n;) {
+            const struct {
+                uint64_t ino;
+                int64_t off;
+                unsigned short reclen;
+                unsigned char type;
+                char name[];
+            } *d = (const void *)(buf + at);
+            at += d->reclen;
+            if (strcmp(d->name, ".") == 0 || strcmp(d->name, "..") == 0)
+                continue;
+            PyObject *name = PyUnicode_DecodeFSDefault(d->name);
+            if (name == NULL || PyList_Append(out, name) < 0) {
+                Py_XDECREF(name);
+                Py_CLEAR(out);
+                break;
+            }
+            Py_DECREF(name);
+        }
+    }
+    close(fd);
+    return out;
+}
+
 static PyObject *ignore_thread(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
     tls.nosample = 1;
     Py_RETURN_NONE;
@@ -1561,13 +1791,17 @@ static PyObject *untrack(PyObject *Py_UNUSED(m), PyObject *args) {
 }
 
 static PyObject *stats(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
-    return Py_BuildValue("{sKsKsKsKsKsKsKsKsisKsK}", "samples", (unsigned long long)g.samples, "frees",
+    return Py_BuildValue("{sKsKsKsKsKsKsKsKsisKsKsKsKsKsKsKsKsK}", "samples", (unsigned long long)g.samples, "frees",
                          (unsigned long long)g.frees, "table_full", (unsigned long long)g.table_full, "stale",
                          (unsigned long long)g.stale, "pending_full", (unsigned long long)g.pending_full,
                          "seen_full", (unsigned long long)g.seen_full, "objects_patched",
                          (unsigned long long)g_objects_patched, "slots_skipped", (unsigned long long)g_slots_skipped,
                          "slots_patched", g_npatched, "tail_written", (unsigned long long)tl.written, "tail_dropped",
-                         (unsigned long long)tl.dropped);
+                         (unsigned long long)tl.dropped, "own_bytes", (unsigned long long)own.size, "own_cut",
+                         (unsigned long long)own.cut, "own_in_use", (unsigned long long)(own.in_use + own.big_in_use), "own_high",
+                         (unsigned long long)own.high, "own_fallbacks", (unsigned long long)own.fallbacks,
+                         "own_deferred_frees", (unsigned long long)own.deferred_frees, "own_bigs_made",
+                         (unsigned long long)own.bigs_made);
 }
 
 static PyMethodDef methods[] = {
@@ -1577,6 +1811,11 @@ static PyMethodDef methods[] = {
     {"rescan", rescan, METH_NOARGS, "Patch shared objects loaded since the last scan; how many."},
     {"set_step", set_step, METH_O, "The step in force, for the heap table's slots."},
     {"ignore_thread", ignore_thread, METH_NOARGS, "Never sample the calling thread's allocations."},
+    {"own_heap", own_heap, METH_O, "own_heap(bytes) -> bool: the sampler thread's own heap, where malloc is glibc's."},
+    {"own_heap_claim", own_heap_claim, METH_NOARGS, "The calling thread allocates from the own heap."},
+    {"own_heap_release", own_heap_release, METH_NOARGS, "The calling thread no longer owns the own heap."},
+    {"own_heap_expect", own_heap_expect, METH_O, "own_heap_expect(bool): a thread about to start will claim it."},
+    {"list_dir", list_dir, METH_O, "list_dir(path) -> [names]: entries but . and .., with no malloc in libc."},
     {"set_tail", set_tail, METH_VARARGS, "set_tail(offset, size, generation): where hooks write new stacks."},
     {"name_threads", name_threads, METH_O, "name_threads([(ident, name bytes)]): threads' names for the hooks."},
     {"set_mean", set_mean, METH_O, "set_mean(R): the mean sampling interval, bytes, for countdowns drawn from now."},

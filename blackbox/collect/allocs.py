@@ -68,11 +68,15 @@ except ImportError:  # pragma: no cover (an interpreter built without it)
 from ..ring import format as fmt
 from ..ring.writer import NO_C_ENV, built_module
 from .host import read_proc
+from .limits import address_space
 from .stacks import OWN_CODE, StackTable
 
 DEFAULT_MEAN_BYTES = 1 << 20  # R: one sample per MiB allocated, on average
 HEAP_SLOTS = 1 << 16  # the main process's heap table: 4 MiB, 64 GiB of live memory at R = 1 MiB
 HELPER_HEAP_SLOTS = 1 << 12  # a helper's (a DataLoader worker): 256 KiB
+# The sampler thread's own heap, where the address space is limited (_own_heap.h): what it held at most was 0.6
+# MiB in a minute of a torch job; under PYTHONMALLOC=malloc every Python object it keeps comes from there (4.8).
+OWN_HEAP_BYTES, OWN_HEAP_BYTES_MALLOC = 2 << 20, 16 << 20
 STACK_TAIL = 128 << 10  # the end of each half of the stack table: the hooks write new stacks there at once
 MAX_KNOWN = 16384  # stacks whose text is kept to write again after the table turns over
 # A sampled block costs about 1.8 us inside a real training step (its stack read, its heap slot, two records,
@@ -230,6 +234,7 @@ class AllocSampler:
         self._unname: Callable[[], None] | None = None  # puts threading.Thread._set_ident back
         self._window: tuple[float, float, int] | None = None  # (monotonic s, queued s, samples): the rate's start
         self.started = False
+        self.own_heap = False  # the sampler thread allocates from a heap of its own (under ulimit -v)
         self.unwritten = 0  # stacks that did not fit the table
         self._heap: tuple[Any, int, int] | None = None  # (the mapping, the heap table's offset and size)
 
@@ -246,11 +251,41 @@ class AllocSampler:
         got = cmod.start(mapping, header.records_offset, header.capacity, sequence, header.heap_offset,
                          header.heap_size // fmt.HEAP_SLOT, float(mean), True, True)  # fmt: skip
         self.started = True
+        # under `ulimit -v`, the sampler thread allocates from a small heap of its own, not from a glibc arena
+        size = OWN_HEAP_BYTES_MALLOC if os.environ.get("PYTHONMALLOC", "").startswith("malloc") else OWN_HEAP_BYTES
+        self.own_heap = bool(address_space() is not None and got.get("native") and cmod.own_heap(size))
         self._name_new_threads()
         self._tail_at(header)
         if not got.get("native"):
             note("allocations: native allocations (torch CPU tensors, numpy) not sampled: malloc not found")
         return self
+
+    def adopt(self, thread: threading.Thread) -> None:
+        """Where the own heap is on, ``thread`` (the sampler, not started yet) allocates from it from the first
+        Python it runs (``Thread._bootstrap``, wrapped on this thread alone), before threading's own start-up
+        allocates: a single malloc or free of glibc's there would make its arena. Until it claims the heap, a
+        free it makes (of what its starter allocated for it) waits for another thread; it lets go as it ends."""
+        boot, start = getattr(thread, "_bootstrap", None), thread.start
+        if not self.own_heap or boot is None:
+            return
+        c = self._c
+
+        def _bootstrap() -> None:
+            c.own_heap_claim()
+            try:
+                boot()
+            finally:
+                c.own_heap_release()
+
+        def _start() -> None:
+            c.own_heap_expect(True)
+            try:
+                start()
+            finally:
+                c.own_heap_expect(False)
+
+        thread._bootstrap = _bootstrap  # type: ignore[attr-defined]
+        thread.start = _start  # type: ignore[method-assign]
 
     def _name_new_threads(self) -> None:
         """Every thread's name for the hooks as it starts (``Thread._set_ident``, run first in the new thread,

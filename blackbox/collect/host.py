@@ -9,6 +9,7 @@ Any probe that cannot be read is left out: its gauge is recorded as -1 (null).
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import time
 from collections.abc import Callable
@@ -59,6 +60,19 @@ def _holding_the_gil() -> tuple[Callable[[int, int, int], bytes], Callable[[str,
 
 
 PREAD, _OPEN, _CLOSE = _holding_the_gil()  # (tools/bench_tick_gil.py compares them with os's)
+
+
+def _dir_lister() -> Callable[[str], list[str]]:
+    """os.listdir, or the C extension's list_dir where built: getdents into a buffer on the stack, where
+    opendir's malloc would give the sampler thread a glibc arena of 64 MiB of address space (_own_heap.h)."""
+    try:
+        lister: Callable[[str], list[str]] = importlib.import_module(f"{__package__}._csample").list_dir
+    except (ImportError, AttributeError):
+        return os.listdir
+    return lister
+
+
+_list_dir = _dir_lister()
 _UNLIMITED = 1 << 60  # cgroup v1 reports "no limit" as a page-rounded 2**63 - 1
 
 
@@ -432,7 +446,7 @@ class HostProbe:
         full = now >= self._next_scan or not self._parents
         if full:
             try:
-                tids = os.listdir(f"{self.proc}/self/task")
+                tids = _list_dir(f"{self.proc}/self/task")
             except OSError:
                 return None
         else:

@@ -20,8 +20,10 @@ metadata's ``limits``, and each sample for the alerts (``collect.alerts``), with
 
 Under an address-space limit, arming takes as little of it as it can
 (``SMALL_CAPACITY`` slots of records, a ``SAMPLER_STACK`` stack for the sampler
-thread), so that the job's own ``MemoryError`` comes where it would unarmed.
-What remains is measured by ``tools/bench_address_space.py``.
+thread, whose allocations come from a small heap of its own rather than a glibc
+arena of 64 MiB: ``collect/_own_heap.h``), so that the job's own
+``MemoryError`` comes where it would unarmed. What remains (about 12 MiB) is
+measured by ``tools/bench_address_space.py``.
 """
 
 from __future__ import annotations
