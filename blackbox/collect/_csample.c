@@ -889,18 +889,17 @@ static void own_other_thread(void) {
         own_drain(r_free);
 }
 
-static void *own_alloc_hook(size_t n, size_t align, int zero, int *served) {
+/* The owner's request, served from the own heap (served set), where it came through libpython's slot (py_*
+ * below); any other thread hands glibc the blocks the owner let go. */
+static void *own_alloc_hook(size_t n, int zero, int *served) {
     *served = 0;
     if (!own_is_owner()) {
         own_other_thread();
         return NULL;
     }
-    if (align > OWN_HEADER) {
-        own.fallbacks++;
-        return NULL;
-    }
-    void *p = own_malloc(n);
-    if (p != NULL && zero)
+    int fresh = 0;
+    void *p = own_malloc(n, &fresh);
+    if (p != NULL && zero && !fresh)
         memset(p, 0, n);
     *served = p != NULL;
     return p;
@@ -925,10 +924,17 @@ static int own_free_hook(void *p) {
 
 static void *h_malloc(size_t n);
 
-static void *own_realloc_hook(void *old, size_t n, int *served) {
-    int mine = old != NULL && own_has(old), owner = own_is_owner();
-    if (!mine && (!owner || old == NULL))
-        return own_alloc_hook(n, 0, 0, served); /* (another thread: glibc's realloc, after the drain) */
+/* realloc where the own heap is on: a block of it grown or freed by any thread, and (serve: through libpython's
+ * slot) the owner's requests. Not served: glibc's realloc, as without it. */
+static void *own_realloc_hook(void *old, size_t n, int serve, int *served) {
+    int mine = old != NULL && own_has(old), owner = serve && own_is_owner();
+    if (!mine && (!owner || old == NULL)) {
+        if (serve)
+            return own_alloc_hook(n, 0, served);
+        *served = 0;
+        own_other_thread();
+        return NULL;
+    }
     *served = 1;
     if (n == 0) { /* glibc: the block freed, NULL */
         own_free_hook(old);
@@ -937,7 +943,8 @@ static void *own_realloc_hook(void *old, size_t n, int *served) {
     size_t have = own_usable(old, r_usable);
     if (n <= have) /* it fits where it is (a glibc block the owner shrinks stays glibc's) */
         return old;
-    void *q = owner ? own_malloc(n) : NULL;
+    int fresh;
+    void *q = owner ? own_malloc(n, &fresh) : NULL;
     if (q == NULL && !mine) {
         *served = 0; /* the owner's glibc block, no room here: glibc's realloc, as without this heap */
         return NULL;
@@ -952,12 +959,8 @@ static void *own_realloc_hook(void *old, size_t n, int *served) {
 }
 
 static void *h_malloc(size_t n) {
-    if (OWN_ON()) {
-        int served;
-        void *q = own_alloc_hook(n, 0, 0, &served);
-        if (served)
-            return q;
-    }
+    if (OWN_ON())
+        own_other_thread();
     void *p = r_malloc(n);
     AFTER_ALLOC(p, n, DOMAIN_NATIVE);
     return p;
@@ -969,12 +972,6 @@ static void h_free(void *p) {
     r_free(p);
 }
 static void *h_calloc(size_t k, size_t n) {
-    if (OWN_ON() && (n == 0 || k <= SIZE_MAX / n)) {
-        int served;
-        void *q = own_alloc_hook(k * n, 0, 1, &served);
-        if (served)
-            return q;
-    }
     void *p = r_calloc(k, n);
     if (n == 0 || k <= SIZE_MAX / n)
         AFTER_ALLOC(p, k * n, DOMAIN_NATIVE);
@@ -983,7 +980,7 @@ static void *h_calloc(size_t k, size_t n) {
 static void *h_realloc(void *old, size_t n) {
     if (OWN_ON()) {
         int served;
-        void *q = own_realloc_hook(old, n, &served);
+        void *q = own_realloc_hook(old, n, 0, &served);
         if (served)
             return q;
     }
@@ -992,49 +989,28 @@ static void *h_realloc(void *old, size_t n) {
     AFTER_ALLOC(p, n, DOMAIN_NATIVE);
     return p;
 }
-#define OWN_ALIGNED(align, n)                                                                                      \
-    do {                                                                                                           \
-        if (OWN_ON()) {                                                                                            \
-            int served_;                                                                                           \
-            void *q_ = own_alloc_hook((n), (align), 0, &served_);                                                  \
-            if (served_)                                                                                           \
-                return q_;                                                                                         \
-        }                                                                                                          \
-    } while (0)
 static int h_posix_memalign(void **out, size_t align, size_t n) {
-    if (OWN_ON()) {
-        int served;
-        void *q = own_alloc_hook(n, align, 0, &served);
-        if (served) {
-            *out = q;
-            return 0;
-        }
-    }
     int r = r_posix_memalign(out, align, n);
     if (r == 0)
         AFTER_ALLOC(*out, n, DOMAIN_NATIVE);
     return r;
 }
 static void *h_aligned_alloc(size_t align, size_t n) {
-    OWN_ALIGNED(align, n);
     void *p = r_aligned_alloc(align, n);
     AFTER_ALLOC(p, n, DOMAIN_NATIVE);
     return p;
 }
 static void *h_memalign(size_t align, size_t n) {
-    OWN_ALIGNED(align, n);
     void *p = r_memalign(align, n);
     AFTER_ALLOC(p, n, DOMAIN_NATIVE);
     return p;
 }
 static void *h_valloc(size_t n) {
-    OWN_ALIGNED(4096, n);
     void *p = r_valloc(n);
     AFTER_ALLOC(p, n, DOMAIN_NATIVE);
     return p;
 }
 static void *h_pvalloc(size_t n) {
-    OWN_ALIGNED(4096, n);
     void *p = r_pvalloc(n);
     AFTER_ALLOC(p, n, DOMAIN_NATIVE);
     return p;
@@ -1042,7 +1018,7 @@ static void *h_pvalloc(size_t n) {
 static void *h_reallocarray(void *old, size_t k, size_t n) {
     if (OWN_ON() && (n == 0 || k <= SIZE_MAX / n)) {
         int served;
-        void *q = own_realloc_hook(old, k * n, &served);
+        void *q = own_realloc_hook(old, k * n, 0, &served);
         if (served)
             return q;
     }
@@ -1050,6 +1026,43 @@ static void *h_reallocarray(void *old, size_t k, size_t n) {
     void *p = r_reallocarray(old, k, n);
     if (n == 0 || k <= SIZE_MAX / n)
         AFTER_ALLOC(p, k * n, DOMAIN_NATIVE);
+    return p;
+}
+
+/* libpython's slots (and the executable's, where libpython is linked into it): the one place the own heap
+ * serves the owner from. What Python allocates there it frees there (a slot left on our hook at disarm);
+ * another library's block could go back through a free that was never hooked (libc's own, inside getline;
+ * an object loaded since the last scan), where glibc would abort on it. Elsewhere the hooks above forward. */
+static void *py_malloc(size_t n) {
+    if (OWN_ON()) {
+        int served;
+        void *q = own_alloc_hook(n, 0, &served);
+        if (served)
+            return q;
+    }
+    void *p = r_malloc(n);
+    AFTER_ALLOC(p, n, DOMAIN_NATIVE);
+    return p;
+}
+static void *py_calloc(size_t k, size_t n) {
+    if (OWN_ON() && (n == 0 || k <= SIZE_MAX / n)) {
+        int served;
+        void *q = own_alloc_hook(k * n, 1, &served);
+        if (served)
+            return q;
+    }
+    return h_calloc(k, n);
+}
+static void *py_realloc(void *old, size_t n) {
+    if (OWN_ON()) {
+        int served;
+        void *q = own_realloc_hook(old, n, 1, &served);
+        if (served)
+            return q;
+    }
+    BEFORE_FREE(old);
+    void *p = r_realloc(old, n);
+    AFTER_ALLOC(p, n, DOMAIN_NATIVE);
     return p;
 }
 
@@ -1064,12 +1077,13 @@ typedef struct {
     const char *name;
     void *hook;
     void **real;
+    void *py; /* libpython's slot's hook, where it differs (the own heap) */
 } HookDef;
 static HookDef g_hooks[] = {
-    {"malloc", (void *)h_malloc, (void **)&r_malloc},
+    {"malloc", (void *)h_malloc, (void **)&r_malloc, (void *)py_malloc},
     {"free", (void *)h_free, (void **)&r_free},
-    {"calloc", (void *)h_calloc, (void **)&r_calloc},
-    {"realloc", (void *)h_realloc, (void **)&r_realloc},
+    {"calloc", (void *)h_calloc, (void **)&r_calloc, (void *)py_calloc},
+    {"realloc", (void *)h_realloc, (void **)&r_realloc, (void *)py_realloc},
     {"posix_memalign", (void *)h_posix_memalign, (void **)&r_posix_memalign},
     {"aligned_alloc", (void *)h_aligned_alloc, (void **)&r_aligned_alloc},
     {"memalign", (void *)h_memalign, (void **)&r_memalign},
@@ -1189,13 +1203,23 @@ typedef struct {
 /* Whether disarm leaves a slot on our hook: free and realloc, once the own heap handed out a block (one may be
  * freed or grown at any time after: glibc must never be given it). */
 static int own_keeps(const char *name) {
-    return own.cut != 0 &&
+    return (own.cut != 0 || own.bigs_made != 0) &&
            (strcmp(name, "free") == 0 || strcmp(name, "realloc") == 0 || strcmp(name, "reallocarray") == 0);
+}
+
+/* Whether an object's malloc, calloc and realloc slots serve the sampler thread from the own heap (py_malloc):
+ * libpython (or the executable it is linked into), numpy's core and our ring writer, whose blocks go back
+ * through their own hooked free (or libpython's). */
+static int own_serves(const struct dl_phdr_info *info) {
+    const char *n = info->dlpi_name;
+    return in_object(info, (uintptr_t)&PyMem_RawMalloc) ||
+           (n != NULL && (strstr(n, "/numpy/") != NULL || strstr(n, "/blackbox/ring/_cwriter") != NULL));
 }
 
 static void patch_relocs(const struct dl_phdr_info *info, const ElfW(Rela) * rel, size_t count,
                          const ElfW(Sym) * symtab, const char *strtab, uint64_t oname, int undo, int *added) {
     int hooks = dlsym_object(info->dlpi_name) ? NHOOKS : NHOOKS - 1;
+    int py = own_serves(info);
     for (size_t i = 0; i < count; i++) {
         unsigned long type = ELF64_R_TYPE(rel[i].r_info);
 #if defined(__x86_64__)
@@ -1217,16 +1241,16 @@ static void patch_relocs(const struct dl_phdr_info *info, const ElfW(Rela) * rel
                 continue;
             uintptr_t slot = info->dlpi_addr + rel[i].r_offset;
             uintptr_t cur = __atomic_load_n((uintptr_t *)slot, __ATOMIC_RELAXED);
+            uintptr_t hook = (uintptr_t)(py && g_hooks[k].py != NULL ? g_hooks[k].py : g_hooks[k].hook);
             if (undo && own_keeps(g_hooks[k].name))
                 break;
             if (undo) {
                 for (int j = 0; j < g_npatched; j++)
-                    if (g_patched[j].slot == slot && g_patched[j].base == info->dlpi_addr &&
-                        cur == (uintptr_t)g_hooks[k].hook)
+                    if (g_patched[j].slot == slot && g_patched[j].base == info->dlpi_addr && cur == hook)
                         write_slot(info, slot, g_patched[j].orig);
                 break;
             }
-            if (cur == (uintptr_t)g_hooks[k].hook)
+            if (cur == hook)
                 break;
             /* only a slot bound to the global definition, or not bound yet (a lazy PLT stub inside the
              * object): one bound elsewhere (RTLD_DEEPBIND) keeps its own allocator, unhooked */
@@ -1236,7 +1260,7 @@ static void patch_relocs(const struct dl_phdr_info *info, const ElfW(Rela) * rel
             }
             if (g_npatched >= MAX_PATCHED)
                 break;
-            if (write_slot(info, slot, (uintptr_t)g_hooks[k].hook)) {
+            if (write_slot(info, slot, hook)) {
                 g_patched[g_npatched++] = (Patched){slot, cur, info->dlpi_addr, oname};
                 (*added)++;
             }
@@ -1355,8 +1379,9 @@ static void after_fork_child(void) {
     g.forked = 1;
     g.inflight = 0;
     g_patching = 0;
-    if (tls.own != 1) /* the sampler thread is the parent's (unless it forked): a child that arms claims it */
-        own.owner = 0;
+    tls.own = 0; /* the sampler thread is the parent's (or forked here: then no thread would free what it put
+                  * off): a child that arms claims the heap for its own sampler */
+    own.owner = 0;
     own.expect = 0;
 }
 
@@ -1504,6 +1529,8 @@ static PyObject *stop(PyObject *Py_UNUSED(m), PyObject *args) {
     }
     if (!in_child)
         wait_quiet();
+    if (OWN_ON() && r_free != NULL) /* what the sampler let go, to glibc now (no other thread may enter a hook) */
+        own_other_thread();
     g.inflight = 0;
     release_view();
     Py_RETURN_NONE;
@@ -1646,7 +1673,7 @@ static PyObject *list_dir(PyObject *Py_UNUSED(m), PyObject *arg) {
     int fd = open(PyBytes_AS_STRING(path), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     Py_DECREF(path);
     if (fd < 0)
-        return PyErr_SetFromErrno(PyExc_OSError);
+        return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, arg);
     PyObject *out = PyList_New(0);
     char buf[4096] __attribute__((aligned(8)));
     for (;;) {

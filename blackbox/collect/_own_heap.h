@@ -9,24 +9,27 @@
  * be made is tried again at every malloc, and a thread that only frees still makes one (free sets up the
  * thread's tcache, from its arena). So the sampler thread must never enter glibc's malloc or free at all.
  *
- * How: the hooks (GOT slots and PyMem's domains, _csample.c) see every allocation the sampler thread makes
- * through Python and the patched objects. On the thread that claimed this heap (own_claim, the first thing
- * the sampler thread runs) they serve it here: blocks of 32 B to OWN_MAX_BLOCK in power-of-two classes, cut
- * from the region and kept on a free list per class, never coalesced. A block another thread frees (an object
- * the sampler made, dropped by the job) is pushed on an atomic list the owner takes back at its next malloc;
- * a glibc block the owner frees (the job's object, dropped by the sampler, or collected by a GC the sampler
- * ran) is pushed on a second atomic list, and handed to glibc's free by the next other thread that enters a
- * hook (or by disarm). No lock, no wait: each list is a push with compare-and-swap and a take-all exchange.
- * A request this heap cannot serve (larger than OWN_MAX_BLOCK, an alignment above 16, the region used up)
- * goes to glibc as before: the arena is made then, as it is without this heap, and own.fallbacks counts it.
+ * How: the hooks (GOT slots, _csample.c) see every allocation the sampler thread makes through Python. On
+ * the thread that claimed this heap (own_claim, the first thing the sampler thread runs), the hooks in
+ * libpython's malloc, calloc and realloc slots serve it here: blocks of 32 B to OWN_MAX_BLOCK in power-of-two
+ * classes, cut from the region and kept on a free list per class, never coalesced; a larger block is a mapping
+ * of its own (one of OWN_BIGS). Only libpython's slots, because what Python allocates Python frees, through
+ * libpython's free (a slot disarm leaves hooked once a block was handed out); a block another library got
+ * here could go back through a free that was never hooked (libc's own, inside getline; an object loaded since
+ * the last scan), and glibc aborts on a block that is not its own. Every hooked free and realloc takes back a
+ * block of this heap, from any thread: another thread's goes on an atomic list the owner reclaims at its next
+ * malloc. A glibc block the owner frees (the job's object, dropped by the sampler, or collected by a GC the
+ * sampler ran) goes on a second atomic list, handed to glibc's free by the next other thread that enters a
+ * hook, or by disarm. No lock, no wait: each list is a push with compare-and-swap and a take-all exchange.
+ * What this heap cannot serve (the region used up, a larger block's table full, another library's
+ * allocation on the sampler thread) goes to glibc as before: the arena is made then, as it is without this
+ * heap, and own.fallbacks counts the first two.
  *
  * A block's 16-byte header reads as glibc's for a mapped chunk (size | IS_MMAPPED), so malloc_usable_size
- * answers right for one. The region is mapped once and never unmapped: a private block may be freed at any
- * time, after disarm too, so once a block was handed out, disarm leaves the free and realloc slots on our
- * hooks (which then only forward, and take back ours). In a forked child the lists are as the fork left
- * them (each change is one store, so a list is whole), the owner is none, and a child that arms claims it.
- * What still reaches glibc from the sampler thread is libc's own internal allocations (opendir: the tick
- * lists /proc/self/task through list_dir here instead) and the C++ or CUDA libraries' that a collector may
+ * answers right for one. The region is mapped once and never unmapped. In a forked child the lists are as the
+ * fork left them (each change is one store, a head stored last), the owner is none, and a child that arms
+ * claims it. What still reaches glibc from the sampler thread is libc's own internal allocations (opendir: the
+ * tick lists /proc/self/task through list_dir instead) and those of other libraries that a collector may
  * call; tools/bench_address_space.py measures what arming takes. */
 #include <stdint.h>
 #include <string.h>
@@ -98,13 +101,14 @@ static void own_reclaim(void) {
         size_t block = own_block(b);
         int c = own_class(block);
         b->next = own.free[c];
-        own.free[c] = b;
+        __atomic_store_n(&own.free[c], b, __ATOMIC_RELEASE); /* a fork's snapshot sees b's next with b */
         own.in_use -= block;
         b = next;
     }
 }
 
-/* A larger block: a mapping of its own, as glibc makes one past its mmap threshold (128 KiB). Owner only. */
+/* A larger block: a mapping of its own, as glibc makes one past its mmap threshold (128 KiB); zeros. Owner
+ * only. */
 static void *own_big_malloc(size_t n) {
     size_t len = (n + OWN_HEADER + 4095) & ~(size_t)4095;
     if (len < n)
@@ -128,8 +132,10 @@ static void *own_big_malloc(size_t n) {
     return NULL;
 }
 
-/* A block of the heap for n bytes, or NULL (the caller goes to glibc). Owner only. */
-static void *own_malloc(size_t n) {
+/* A block of the heap for n bytes, or NULL (the caller goes to glibc); fresh: never used, so zeros (calloc
+ * leaves it be, as glibc leaves a fresh mapping). Owner only. */
+static void *own_malloc(size_t n, int *fresh) {
+    *fresh = 1;
     if (n > OWN_MAX_BLOCK - OWN_HEADER) {
         void *p = own_big_malloc(n);
         if (p == NULL)
@@ -144,6 +150,7 @@ static void *own_malloc(size_t n) {
     if (b != NULL) {
         own.free[c] = own.free[c]->next;
         b -= OWN_HEADER;
+        *fresh = 0;
     } else if (own.size - own.cut >= block) {
         b = own.base + own.cut;
         own.cut += block;
@@ -179,7 +186,7 @@ static void own_free(void *p) {
         int c = own_class(own_block(p));
         OwnFree *b = p;
         b->next = own.free[c];
-        own.free[c] = b;
+        __atomic_store_n(&own.free[c], b, __ATOMIC_RELEASE);
         own.in_use -= own_block(p);
     } else {
         own_push(&own.remote, p);

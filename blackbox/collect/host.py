@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._fds import OwnedFd
+from ..ring.writer import NO_C_ENV
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -65,6 +66,8 @@ PREAD, _OPEN, _CLOSE = _holding_the_gil()  # (tools/bench_tick_gil.py compares t
 def _dir_lister() -> Callable[[str], list[str]]:
     """os.listdir, or the C extension's list_dir where built: getdents into a buffer on the stack, where
     opendir's malloc would give the sampler thread a glibc arena of 64 MiB of address space (_own_heap.h)."""
+    if os.environ.get(NO_C_ENV, "") not in ("", "0"):  # as if not built
+        return os.listdir
     try:
         lister: Callable[[str], list[str]] = importlib.import_module(f"{__package__}._csample").list_dir
     except (ImportError, AttributeError):
