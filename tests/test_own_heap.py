@@ -127,7 +127,8 @@ def test_the_own_heap_holds_under_threads_gc_fork_and_thousands_of_stacks(tmp_pa
 
 
 # A C library's common idiom: a line buffer from malloc, grown by libc's getline (a realloc inside libc, which
-# no hook sees). Called from finalizers of cycles that the sampler thread's allocations get collected.
+# no hook sees). Called from finalizers of cycles collected by the sampler thread: the first object made after
+# the threshold is set to 1 is the sampler tick's, while the main thread sleeps.
 GETLINE_LIB = r"""
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -164,11 +165,17 @@ class Node:
         ran.append(threading.current_thread().name)
         lib.first_line_len(b"/proc/self/status")
 
-gc.set_threshold(200)
-for _ in range(25):
+for n in range(40):  # (until the sampler has run finalizers twice; unarmed, 4 rounds)
+    if ran.count("blackbox-sampler") >= 300 or (sys.argv[1] == "unarmed" and n == 4):
+        break
+    gc.disable()
     for _ in range(150):
         Node()
-    time.sleep(0.3)  # the main thread idles: the sampler's allocations start the collection
+    gc.set_threshold(1)  # the next object made, in any thread, starts a collection: made by the sampler's tick
+    gc.enable()
+    time.sleep(0.3)  # (the main thread idles, allocating nothing)
+    gc.set_threshold(100000)
+gc.collect()
 print(sorted(set(ran)), len(ran))
 """
 
