@@ -891,9 +891,9 @@ static void own_other_thread(void) {
 
 /* The owner's request, served from the own heap (served set), where it came through libpython's slot (py_*
  * below); any other thread hands glibc the blocks the owner let go. */
-static void *own_alloc_hook(size_t n, int zero, int *served) {
+static void *own_alloc_hook(size_t n, int zero, int serve, int *served) {
     *served = 0;
-    if (!own_is_owner()) {
+    if (!serve || !own_is_owner()) {
         own_other_thread();
         return NULL;
     }
@@ -928,13 +928,8 @@ static void *h_malloc(size_t n);
  * slot) the owner's requests. Not served: glibc's realloc, as without it. */
 static void *own_realloc_hook(void *old, size_t n, int serve, int *served) {
     int mine = old != NULL && own_has(old), owner = serve && own_is_owner();
-    if (!mine && (!owner || old == NULL)) {
-        if (serve)
-            return own_alloc_hook(n, 0, served);
-        *served = 0;
-        own_other_thread();
-        return NULL;
-    }
+    if (!mine && (!owner || old == NULL))
+        return own_alloc_hook(n, 0, serve, served); /* (another thread: glibc's realloc, after the drain) */
     *served = 1;
     if (n == 0) { /* glibc: the block freed, NULL */
         own_free_hook(old);
@@ -958,13 +953,31 @@ static void *own_realloc_hook(void *old, size_t n, int serve, int *served) {
     return q;
 }
 
-static void *h_malloc(size_t n) {
-    if (OWN_ON())
-        own_other_thread();
+/* malloc and realloc, where serve says whether the slot may serve the own heap's owner (libpython's: py_*) */
+static inline void *malloc_by(size_t n, int serve) {
+    if (OWN_ON()) {
+        int served;
+        void *q = own_alloc_hook(n, 0, serve, &served);
+        if (served)
+            return q;
+    }
     void *p = r_malloc(n);
     AFTER_ALLOC(p, n, DOMAIN_NATIVE);
     return p;
 }
+static inline void *realloc_by(void *old, size_t n, int serve) {
+    if (OWN_ON()) {
+        int served;
+        void *q = own_realloc_hook(old, n, serve, &served);
+        if (served)
+            return q;
+    }
+    BEFORE_FREE(old);
+    void *p = r_realloc(old, n);
+    AFTER_ALLOC(p, n, DOMAIN_NATIVE);
+    return p;
+}
+static void *h_malloc(size_t n) { return malloc_by(n, 0); }
 static void h_free(void *p) {
     if (OWN_ON() && own_free_hook(p))
         return;
@@ -977,18 +990,7 @@ static void *h_calloc(size_t k, size_t n) {
         AFTER_ALLOC(p, k * n, DOMAIN_NATIVE);
     return p;
 }
-static void *h_realloc(void *old, size_t n) {
-    if (OWN_ON()) {
-        int served;
-        void *q = own_realloc_hook(old, n, 0, &served);
-        if (served)
-            return q;
-    }
-    BEFORE_FREE(old);
-    void *p = r_realloc(old, n);
-    AFTER_ALLOC(p, n, DOMAIN_NATIVE);
-    return p;
-}
+static void *h_realloc(void *old, size_t n) { return realloc_by(old, n, 0); }
 static int h_posix_memalign(void **out, size_t align, size_t n) {
     int r = r_posix_memalign(out, align, n);
     if (r == 0)
@@ -1033,38 +1035,17 @@ static void *h_reallocarray(void *old, size_t k, size_t n) {
  * serves the owner from. What Python allocates there it frees there (a slot left on our hook at disarm);
  * another library's block could go back through a free that was never hooked (libc's own, inside getline;
  * an object loaded since the last scan), where glibc would abort on it. Elsewhere the hooks above forward. */
-static void *py_malloc(size_t n) {
-    if (OWN_ON()) {
-        int served;
-        void *q = own_alloc_hook(n, 0, &served);
-        if (served)
-            return q;
-    }
-    void *p = r_malloc(n);
-    AFTER_ALLOC(p, n, DOMAIN_NATIVE);
-    return p;
-}
+static void *py_malloc(size_t n) { return malloc_by(n, 1); }
 static void *py_calloc(size_t k, size_t n) {
     if (OWN_ON() && (n == 0 || k <= SIZE_MAX / n)) {
         int served;
-        void *q = own_alloc_hook(k * n, 1, &served);
+        void *q = own_alloc_hook(k * n, 1, 1, &served);
         if (served)
             return q;
     }
     return h_calloc(k, n);
 }
-static void *py_realloc(void *old, size_t n) {
-    if (OWN_ON()) {
-        int served;
-        void *q = own_realloc_hook(old, n, 1, &served);
-        if (served)
-            return q;
-    }
-    BEFORE_FREE(old);
-    void *p = r_realloc(old, n);
-    AFTER_ALLOC(p, n, DOMAIN_NATIVE);
-    return p;
-}
+static void *py_realloc(void *old, size_t n) { return realloc_by(old, n, 1); }
 
 /* dlsym, in the objects that hand Python code a C function by name (ctypes, cffi) alone: a malloc looked
  * up there (``ctypes.CDLL(None).malloc``) gets the forwarding hook, so its blocks are sampled with the
