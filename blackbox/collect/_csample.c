@@ -889,7 +889,7 @@ static void own_other_thread(void) {
         own_drain(r_free);
 }
 
-/* The owner's request, served from the own heap (served set), where it came through libpython's slot (py_*
+/* The owner's request, served from the own heap (served set), where it came through a serving slot (py_*
  * below); any other thread hands glibc the blocks the owner let go. */
 static void *own_alloc_hook(size_t n, int zero, int serve, int *served) {
     *served = 0;
@@ -924,7 +924,7 @@ static int own_free_hook(void *p) {
 
 static void *h_malloc(size_t n);
 
-/* realloc where the own heap is on: a block of it grown or freed by any thread, and (serve: through libpython's
+/* realloc where the own heap is on: a block of it grown or freed by any thread, and (serve: through a serving
  * slot) the owner's requests. Not served: glibc's realloc, as without it. */
 static void *own_realloc_hook(void *old, size_t n, int serve, int *served) {
     int mine = old != NULL && own_has(old), owner = serve && own_is_owner();
@@ -953,7 +953,7 @@ static void *own_realloc_hook(void *old, size_t n, int serve, int *served) {
     return q;
 }
 
-/* malloc and realloc, where serve says whether the slot may serve the own heap's owner (libpython's: py_*) */
+/* malloc and realloc, where serve says whether the slot may serve the own heap's owner (own_serves: py_*) */
 static inline void *malloc_by(size_t n, int serve) {
     if (OWN_ON()) {
         int served;
@@ -1031,10 +1031,11 @@ static void *h_reallocarray(void *old, size_t k, size_t n) {
     return p;
 }
 
-/* libpython's slots (and the executable's, where libpython is linked into it): the one place the own heap
- * serves the owner from. What Python allocates there it frees there (a slot left on our hook at disarm);
- * another library's block could go back through a free that was never hooked (libc's own, inside getline;
- * an object loaded since the last scan), where glibc would abort on it. Elsewhere the hooks above forward. */
+/* The slots of libpython (or the executable it is linked into), numpy's core and the ring writer (own_serves):
+ * the one place the own heap serves the owner from. What they allocate there they free through a hooked free
+ * (a slot left on our hook at disarm); another library's block could go back through a free that was never
+ * hooked (libc's own, inside getline; an object loaded since the last scan), where glibc would abort on it.
+ * Elsewhere the hooks above forward. */
 static void *py_malloc(size_t n) { return malloc_by(n, 1); }
 static void *py_calloc(size_t k, size_t n) {
     if (OWN_ON() && (n == 0 || k <= SIZE_MAX / n)) {
@@ -1058,7 +1059,7 @@ typedef struct {
     const char *name;
     void *hook;
     void **real;
-    void *py; /* libpython's slot's hook, where it differs (the own heap) */
+    void *py; /* a serving slot's hook (own_serves), where it differs (the own heap) */
 } HookDef;
 static HookDef g_hooks[] = {
     {"malloc", (void *)h_malloc, (void **)&r_malloc, (void *)py_malloc},

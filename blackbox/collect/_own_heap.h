@@ -10,11 +10,12 @@
  * thread's tcache, from its arena). So the sampler thread must never enter glibc's malloc or free at all.
  *
  * How: the hooks (GOT slots, _csample.c) see every allocation the sampler thread makes through Python. On
- * the thread that claimed this heap (own_claim, the first thing the sampler thread runs), the hooks in
- * libpython's malloc, calloc and realloc slots serve it here: blocks of 32 B to OWN_MAX_BLOCK in power-of-two
- * classes, cut from the region and kept on a free list per class, never coalesced; a larger block is a mapping
- * of its own (one of OWN_BIGS). Only libpython's slots, because what Python allocates Python frees, through
- * libpython's free (a slot disarm leaves hooked once a block was handed out); a block another library got
+ * the thread that claimed this heap (own_claim, the first thing the sampler thread runs), the hooks in the
+ * malloc, calloc and realloc slots of libpython, numpy's core and the ring writer (own_serves) serve it here:
+ * blocks of 32 B to OWN_MAX_BLOCK in power-of-two classes, cut from the region and kept on a free list per
+ * class, never coalesced; a larger block is a mapping of its own (one of OWN_BIGS). Only those, because what
+ * they allocate they free through their own hooked free, or libpython's (slots disarm leaves hooked once a
+ * block was handed out); a block another library got
  * here could go back through a free that was never hooked (libc's own, inside getline; an object loaded since
  * the last scan), and glibc aborts on a block that is not its own. Every hooked free and realloc takes back a
  * block of this heap, from any thread: another thread's goes on an atomic list the owner reclaims at its next

@@ -9,7 +9,6 @@ Any probe that cannot be read is left out: its gauge is recorded as -1 (null).
 from __future__ import annotations
 
 import ctypes
-import importlib
 import os
 import time
 from collections.abc import Callable
@@ -17,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._fds import OwnedFd
-from ..ring.writer import NO_C_ENV
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -62,20 +60,6 @@ def _holding_the_gil() -> tuple[Callable[[int, int, int], bytes], Callable[[str,
 
 PREAD, _OPEN, _CLOSE = _holding_the_gil()  # (tools/bench_tick_gil.py compares them with os's)
 
-
-def _dir_lister() -> Callable[[str], list[str]]:
-    """os.listdir, or the C extension's list_dir where built: getdents into a buffer on the stack, where
-    opendir's malloc would give the sampler thread a glibc arena of 64 MiB of address space (_own_heap.h)."""
-    if os.environ.get(NO_C_ENV, "") not in ("", "0"):  # as if not built
-        return os.listdir
-    try:
-        lister: Callable[[str], list[str]] = importlib.import_module(f"{__package__}._csample").list_dir
-    except (ImportError, AttributeError):
-        return os.listdir
-    return lister
-
-
-_list_dir = _dir_lister()
 _UNLIMITED = 1 << 60  # cgroup v1 reports "no limit" as a page-rounded 2**63 - 1
 
 
@@ -329,6 +313,12 @@ class HostProbe:
 
     def __init__(self, proc: str = "/proc") -> None:
         self.proc = proc
+        from .allocs import sample_module  # (here: allocs imports this module)
+
+        # the C extension's list_dir where built: getdents into a buffer on the stack, where opendir's malloc
+        # would give the sampler thread a glibc arena of 64 MiB of address space under `ulimit -v` (_own_heap.h)
+        cmod = sample_module()
+        self._list_dir: Callable[[str], list[str]] = os.listdir if cmod is None else cmod.list_dir
         self.cgroup = find_memory_cgroup()
         limit_file = effective_limit_file(self.cgroup) if self.cgroup else None
         self._statm = Source(f"{proc}/self/statm")
@@ -449,7 +439,7 @@ class HostProbe:
         full = now >= self._next_scan or not self._parents
         if full:
             try:
-                tids = _list_dir(f"{self.proc}/self/task")
+                tids = self._list_dir(f"{self.proc}/self/task")
             except OSError:
                 return None
         else:
