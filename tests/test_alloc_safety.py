@@ -166,3 +166,29 @@ print(after["slots_patched"], _csample.stats()["samples"] == after["samples"])
 def test_disarm_puts_every_patched_slot_back_and_samples_nothing_more(tmp_path: Path) -> None:
     out = run_py(DISARM_JOB, f"{tmp_path / 'rings'}/").stdout.split()
     assert out == ["True", "0", "True"]
+
+
+LOADER_WALK_JOB = """
+import ctypes, sys, time
+import blackbox
+
+blackbox.arm(sys.argv[1], sample_interval=0.02)  # the defaults (allocation sampling on), a tick every 20 ms
+CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+seen = []
+
+
+def each(info, size, data):  # Python inside the loader's walk, as threadpoolctl lists the BLAS libraries
+    seen.append(size)
+    time.sleep(0.1)  # the GIL let go, the loader's lock held: the sampler's ticks come meanwhile
+    return 0 if len(seen) < 5 else 1
+
+
+ctypes.CDLL(None).dl_iterate_phdr(CALLBACK(each), None)
+print(len(seen))
+"""
+
+
+def test_a_python_callback_inside_the_loaders_walk_never_deadlocks_with_the_tick(tmp_path: Path) -> None:
+    # the tick's look for newly loaded libraries waits for the loader's lock without the GIL: a thread in the
+    # loader's walk that waits for the GIL (a ctypes callback) then goes on
+    assert run_py(LOADER_WALK_JOB, f"{tmp_path / 'rings'}/", timeout=60).stdout.split() == ["5"]

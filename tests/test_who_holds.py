@@ -328,11 +328,16 @@ blackbox.arm(sys.argv[1], sample_interval=3600)  # no tick after arm's own: noth
 kept = []
 
 
+RENAMED = sys.argv[2] == "renamed"
+
+
 def loader():
+    if RENAMED:  # named as it started, then renamed: the name it has as it allocates is the one told
+        threading.current_thread().name = "prefetch-loader"
     kept.append(np.ones(64 << 20, np.uint8))  # PLANT: soon
 
 
-t = threading.Thread(target=loader, name="prefetch-loader")
+t = threading.Thread(target=loader, name="Thread-early" if RENAMED else "prefetch-loader")
 t.start()
 t.join()
 os.kill(os.getpid(), signal.SIGKILL)  # at once: no tick between the allocation and the death
@@ -340,8 +345,9 @@ os.kill(os.getpid(), signal.SIGKILL)  # at once: no tick between the allocation 
 
 
 @pytest.mark.slow
-def test_a_stack_and_thread_name_reach_the_ring_however_soon_the_process_dies(tmp_path: Path) -> None:
-    proc, meta, job = run(tmp_path, SOON_JOB)
+@pytest.mark.parametrize("naming", ["started", "renamed"])
+def test_a_stack_and_thread_name_reach_the_ring_however_soon_the_process_dies(tmp_path: Path, naming: str) -> None:
+    proc, meta, job = run(tmp_path, SOON_JOB, naming)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     top = meta["allocations"]["sites"][0]
     assert top["site"] == f"loader ({job}:{line_of(SOON_JOB, 'soon')})" and top["thread"] == "prefetch-loader", top

@@ -147,6 +147,7 @@ static struct {
     uint64_t *fbits; /* a bit per hash of an address: some tracked block there (what the free path reads) */
     uint64_t *seen;  /* stack fingerprints whose text is queued or written */
     Pending *pending;
+    int64_t queued; /* atomic: pending entries ready for the tick (state 2): the tick reads them only if any */
     /* counters */
     uint64_t samples, frees, table_full, stale, pending_full, seen_full;
 } g;
@@ -689,6 +690,7 @@ static void queue_stack(uint64_t h, const FrameRef *frames, int n, int depth) {
         e->thread = (uint64_t)pthread_self();
         tail_stack(h, depth, e->text, e->off, e->nframes); /* in the ring now; the tick's copy follows */
         __atomic_store_n(&e->state, 2, __ATOMIC_RELEASE);
+        __atomic_add_fetch(&g.queued, 1, __ATOMIC_RELEASE);
         return;
     }
     /* No pending entry free (a burst of new stacks within one tick): the text still goes into the ring's
@@ -1455,6 +1457,7 @@ static PyObject *start(PyObject *Py_UNUSED(m), PyObject *args) {
     memset(g.seen, 0, SEEN_SLOTS * 8);
     for (int i = 0; i < PENDING; i++)
         g.pending[i].state = 0;
+    g.queued = 0;
     g.seq_ref = Py_NewRef(seq);
     g.seq = (uint64_t *)((char *)seq + sizeof(PyObject)); /* _cwriter.c: Sequence's first field, the counter */
     g.records = (char *)g.view.buf + roff;
@@ -1696,6 +1699,13 @@ static PyObject *ignore_thread(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)
     Py_RETURN_NONE;
 }
 
+/* queued() -> how many stacks seen for the first time wait for pending() (at most a tick late: a hook counts
+ * its entry just after marking it ready). A steady tick reads this alone: the 64 entries lie 16 KiB apart. */
+static PyObject *queued(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
+    int64_t n = __atomic_load_n(&g.queued, __ATOMIC_ACQUIRE);
+    return PyLong_FromLongLong(n > 0 ? n : 0);
+}
+
 /* pending() -> [(fingerprint, thread, depth, [frame text bytes, innermost first])] ready for the table. */
 static PyObject *pending(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
     PyObject *out = PyList_New(0);
@@ -1719,6 +1729,7 @@ static PyObject *pending(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args)) {
         PyObject *item = Py_BuildValue("(KKIN)", (unsigned long long)e->hash, (unsigned long long)e->thread,
                                        e->depth, frames);
         __atomic_store_n(&e->state, 0, __ATOMIC_RELEASE);
+        __atomic_sub_fetch(&g.queued, 1, __ATOMIC_RELEASE);
         if (item == NULL || PyList_Append(out, item) < 0) {
             Py_XDECREF(item);
             goto fail;
@@ -1828,6 +1839,7 @@ static PyMethodDef methods[] = {
     {"set_tail", set_tail, METH_VARARGS, "set_tail(offset, size, generation): where hooks write new stacks."},
     {"name_threads", name_threads, METH_O, "name_threads([(ident, name bytes)]): threads' names for the hooks."},
     {"set_mean", set_mean, METH_O, "set_mean(R): the mean sampling interval, bytes, for countdowns drawn from now."},
+    {"queued", queued, METH_NOARGS, "How many stacks seen for the first time pending() would return."},
     {"pending", pending, METH_NOARGS, "Stacks seen for the first time: (fingerprint, thread, depth, frames)."},
     {"live_stacks", live_stacks, METH_NOARGS, "{fingerprint: blocks} in the heap table now."},
     {"track", track, METH_VARARGS, "track(address, size, weight, fingerprint, device[, when]) -> heap slot or -1."},

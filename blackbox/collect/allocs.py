@@ -70,6 +70,7 @@ from ..ring.writer import NO_C_ENV, built_module
 from .host import read_proc
 from .limits import address_space
 from .stacks import OWN_CODE, StackTable
+from .thread_names import encoded, name_as_they_change
 
 DEFAULT_MEAN_BYTES = 1 << 20  # R: one sample per MiB allocated, on average
 HEAP_SLOTS = 1 << 16  # the main process's heap table: 4 MiB, 64 GiB of live memory at R = 1 MiB
@@ -231,7 +232,8 @@ class AllocSampler:
         self._gpu_countdown = 0.0  # bytes of GPU allocations before the next sample
         self._gpu_pending: list[tuple[int, list[bytes], int, str]] = []
         self._named: dict[int | None, str] = {}  # the thread names the hooks were given last
-        self._unname: Callable[[], None] | None = None  # puts threading.Thread._set_ident back
+        self._due = 0.0  # (monotonic s) the tick's next once-a-second work
+        self._unname: Callable[[], None] | None = None  # puts threading.Thread's _set_ident and name back
         self._window: tuple[float, float, int] | None = None  # (monotonic s, queued s, samples): the rate's start
         self.started = False
         self.own_heap = False  # the sampler thread allocates from a heap of its own (under ulimit -v)
@@ -288,25 +290,9 @@ class AllocSampler:
         thread.start = _start  # type: ignore[method-assign]
 
     def _name_new_threads(self) -> None:
-        """Every thread's name for the hooks as it starts (``Thread._set_ident``, run first in the new thread,
-        wrapped: a frame only while it runs, never in the thread's stacks), so a thread that allocates and dies
-        before the next tick is still named; the tick gives renames and the threads alive now."""
-        original = getattr(threading.Thread, "_set_ident", None)
-        if original is None or getattr(original, "_blackbox", False):
-            return
-        name_threads = self._c.name_threads
-
-        def _set_ident(thread: threading.Thread) -> None:
-            original(thread)
-            try:
-                name_threads(((thread.ident, thread.name.encode("utf-8", "replace")),))
-            except Exception:
-                pass
-
-        _set_ident._blackbox = True  # type: ignore[attr-defined]
-        setattr(threading.Thread, "_set_ident", _set_ident)  # noqa: B010
-        self._unname = lambda: setattr(threading.Thread, "_set_ident", original)
-        name_threads([(t.ident, t.name.encode("utf-8", "replace")) for t in threading.enumerate() if t.ident])
+        """Every thread's name for the hooks as it starts and as it is renamed (thread_names), so a thread that
+        allocates and dies before the next tick is still named, by the name it had then."""
+        self._unname = name_as_they_change(self._c.name_threads)
 
     def _stack_table(self) -> StackTable | None:
         """The stack table the hooks write into: the stack sampler's, or our own."""
@@ -339,10 +325,17 @@ class AllocSampler:
             self._ignored = True
             self._c.ignore_thread()
         try:
-            self._c.set_step(step)
-            self._c.rescan()
-            self.drain()
-            self._adapt()
+            c = self._c
+            c.set_step(step)
+            c.rescan()
+            now = time.monotonic()
+            second = now >= self._due
+            if second:  # once a second: renamed threads, the stack table's turn-over, the rate
+                self._due = now + 1.0
+            if second or self._gpu_pending or c.queued():  # (a steady tick ends here: 10 us of the GIL, not 90-130)
+                self.drain(names=second)
+            if second:
+                self._adapt()
         except Exception as exc:
             self.stop()
             self._note(f"allocations no longer sampled: {type(exc).__name__}: {exc}")
@@ -378,9 +371,10 @@ class AllocSampler:
         self._note(RAISED.format(int(self._mean)) + f" ({rate:.0f} samples a second of running at {int(old)}"
                    f"{starved}; estimates stay unbiased)")  # fmt: skip
 
-    def drain(self) -> None:
-        """Write the stacks seen for the first time, and rewrite live ones after the table turned over.
-        Never at once with the stack sampler's interning (a disarm whose sampler thread is late)."""
+    def drain(self, names: bool = True) -> None:
+        """Write the stacks seen for the first time, and rewrite live ones after the table turned over (names:
+        give the hooks every thread's name first). Never at once with the stack sampler's interning (a disarm
+        whose sampler thread is late)."""
         owner = self._table()
         table, lock = (owner, self._own_lock) if isinstance(owner, StackTable) else (None, None)
         if owner is not None and table is None:
@@ -388,23 +382,23 @@ class AllocSampler:
         if table is None or table.view is None or lock is None or not lock.acquire(blocking=False):
             return
         try:
-            self._drain(table)
+            self._drain(table, names)
         finally:
             lock.release()
 
-    def _drain(self, table: StackTable) -> None:
-        names = {t.ident: t.name for t in threading.enumerate()}
-        if names != self._named:  # the hooks write a thread's name with a new stack's text at once
-            self._c.name_threads([(i, n.encode("utf-8", "replace")) for i, n in names.items() if i is not None])
-            self._named = names
+    def _drain(self, table: StackTable, names: bool) -> None:
+        pending = self._c.pending()
+        if names or any(p[1] not in self._named for p in pending):
+            self._name_threads()
+        named = self._named
         gpu, self._gpu_pending = self._gpu_pending, []
         for fingerprint, frames, depth, line in gpu:  # GPU blocks' stacks, from the allocator's history
             info = (frames, depth, "", line)
             self._remember(fingerprint, info)
             self._write(table, fingerprint, info)
-        for fingerprint, thread, depth, frames in self._c.pending():
+        for fingerprint, thread, depth, frames in pending:
             texts = [f.decode("utf-8", "replace") for f in frames]
-            info = (frames, int(depth), names.get(thread) or "", user_line(texts))
+            info = (frames, int(depth), named.get(thread) or "", user_line(texts))
             self._remember(fingerprint, info)
             self._write(table, fingerprint, info)
         if table.generation != self._generation and self._generation:
@@ -414,6 +408,15 @@ class AllocSampler:
                 if known is not None and not self._write(table, fingerprint, known):
                     break
         self._generation = table.generation
+
+    def _name_threads(self) -> None:
+        """Give the hooks every thread's name (they write a thread's name with a new stack's text at once): once
+        a second, for a rename around Thread.name (a start or a rename is told at once: thread_names), and when
+        a new stack came from a thread not named yet. (Every tick, it took 15-30 us of the GIL.)"""
+        names = {t.ident: t.name for t in threading.enumerate()}
+        if names != self._named:
+            self._c.name_threads(encoded(names))
+            self._named = names
 
     def _write(self, table: StackTable, fingerprint: int, info: tuple[list[bytes], int, str, str]) -> bool:
         if table.generation != self._ids_generation:
@@ -534,7 +537,7 @@ class AllocSampler:
         if table is not None:  # the stack sampler's last tick may turn the table over: no hooks to tell
             table.on_flip = None
         unname, self._unname = self._unname, None
-        if unname is not None and getattr(getattr(threading.Thread, "_set_ident", None), "_blackbox", False):
+        if unname is not None:
             unname()
         owner = self._table()
         if isinstance(owner, StackTable) and owner.view is not None:
