@@ -354,6 +354,36 @@ def test_a_stack_and_thread_name_reach_the_ring_however_soon_the_process_dies(tm
     assert top["live_bytes"] == 64 * MiB  # a block of 64 MiB is sampled with probability 1 - e^-64
 
 
+RENAMED_JOB = """
+import os, signal, sys, threading, time
+import numpy as np
+import blackbox
+
+blackbox.arm(sys.argv[1], sample_interval=0.05)
+kept = []
+
+
+def loader():
+    time.sleep(1.5)  # the tick's once-a-second look at every thread's name has seen the first name
+    threading.current_thread().name = "prefetch-loader"
+    kept.append(np.ones(64 << 20, np.uint8))  # PLANT: renamed
+    time.sleep(0.3)  # ticks write the new stack's text, with the thread's name, into the table
+
+
+t = threading.Thread(target=loader, name="Thread-early")
+t.start()
+t.join()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.slow
+def test_a_thread_renamed_between_the_ticks_looks_is_named_by_its_new_name(tmp_path: Path) -> None:
+    proc, meta, job = run(tmp_path, RENAMED_JOB)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    top = meta["allocations"]["sites"][0]
+    assert top["site"] == f"loader ({job}:{line_of(RENAMED_JOB, 'renamed')})" and top["thread"] == "prefetch-loader"
+
 WORKERS_JOB = """
 import os, signal, sys, time
 import numpy as np

@@ -292,7 +292,7 @@ class AllocSampler:
     def _name_new_threads(self) -> None:
         """Every thread's name for the hooks as it starts and as it is renamed (thread_names), so a thread that
         allocates and dies before the next tick is still named, by the name it had then."""
-        self._unname = name_as_they_change(self._c.name_threads)
+        self._unname = name_as_they_change(self._c.name_threads, self._named)
 
     def _stack_table(self) -> StackTable | None:
         """The stack table the hooks write into: the stack sampler's, or our own."""
@@ -332,7 +332,7 @@ class AllocSampler:
             second = now >= self._due
             if second:  # once a second: renamed threads, the stack table's turn-over, the rate
                 self._due = now + 1.0
-            if second or self._gpu_pending or c.queued():  # (a steady tick ends here: 10 us of the GIL, not 90-130)
+            if second or self._gpu_pending or c.queued():  # (else nothing to write: a steady tick ends here)
                 self.drain(names=second)
             if second:
                 self._adapt()
@@ -412,11 +412,12 @@ class AllocSampler:
     def _name_threads(self) -> None:
         """Give the hooks every thread's name (they write a thread's name with a new stack's text at once): once
         a second, for a rename around Thread.name (a start or a rename is told at once: thread_names), and when
-        a new stack came from a thread not named yet. (Every tick, it took 15-30 us of the GIL.)"""
+        a new stack came from a thread not named yet."""
         names = {t.ident: t.name for t in threading.enumerate()}
         if names != self._named:
             self._c.name_threads(encoded(names))
-            self._named = names
+            self._named.clear()  # (in place: thread_names keeps it as threads start and are renamed)
+            self._named.update(names)
 
     def _write(self, table: StackTable, fingerprint: int, info: tuple[list[bytes], int, str, str]) -> bool:
         if table.generation != self._ids_generation:

@@ -19,10 +19,11 @@ def encoded(names: dict[int | None, str]) -> list[tuple[int, bytes]]:
     return [(i, n.encode("utf-8", "replace")) for i, n in names.items() if i is not None]
 
 
-def name_as_they_change(name_threads: Callable[[Any], None]) -> Callable[[], None] | None:
+def name_as_they_change(name_threads: Callable[[Any], None], named: dict[int | None, str]) -> Callable[[], None] | None:
     """Tell ``name_threads`` every thread alive now, each thread as it starts (``Thread._set_ident``, wrapped:
-    a frame only while it runs, never in the thread's stacks) and as it is renamed. Returns what puts both
-    back (each only where ours is still the one in place), or None where they were wrapped already."""
+    a frame only while it runs, never in the thread's stacks) and as it is renamed, and keep ``named`` (ident:
+    name) with it. Returns what puts both back (each only where ours is still the one in place), or None where
+    they were wrapped already."""
     original = getattr(threading.Thread, "_set_ident", None)
     if original is None or getattr(original, "_blackbox", False):
         return None
@@ -31,6 +32,7 @@ def name_as_they_change(name_threads: Callable[[Any], None]) -> Callable[[], Non
         try:
             if thread.ident:
                 name_threads(((thread.ident, thread.name.encode("utf-8", "replace")),))
+                named[thread.ident] = thread.name
         except Exception:
             pass
 
@@ -57,5 +59,6 @@ def name_as_they_change(name_threads: Callable[[Any], None]) -> Callable[[], Non
         if renamed is not None and threading.Thread.__dict__.get("name") is renamed:
             setattr(threading.Thread, "name", prop)  # noqa: B010
 
-    name_threads(encoded({t.ident: t.name for t in threading.enumerate()}))
+    named.update({t.ident: t.name for t in threading.enumerate()})
+    name_threads(encoded(named))
     return unname
