@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .._jobsignal import raised_by_signal_handler
+
 
 def encoded(names: dict[int | None, str]) -> list[tuple[int, bytes]]:
     """``{ident: name}`` as ``name_threads`` takes it."""
@@ -33,8 +35,9 @@ def name_as_they_change(name_threads: Callable[[Any], None], named: dict[int | N
             if thread.ident:
                 name_threads(((thread.ident, thread.name.encode("utf-8", "replace")),))
                 named[thread.ident] = thread.name
-        except Exception:
-            pass
+        except Exception as exc:  # (a rename runs in the job's threads, the main one too: its handlers' are its)
+            if raised_by_signal_handler(exc):
+                raise
 
     def _set_ident(thread: threading.Thread) -> None:
         original(thread)
