@@ -347,9 +347,7 @@ class AllocSampler:
         starved of its core (more processes than cores, DataLoader workers among them) does its work and its
         samples in what it gets, so a second of wall time would understate what a sample costs it; a job
         waiting for input or a device does not run then, and a sample costs it no more than usual."""
-        now = time.monotonic()
-        if self._window is not None and now - self._window[0] < 1.0:
-            return  # (before the counters: stats() builds a dict, 7 us of every tick)
+        now = time.monotonic()  # (the tick calls this once a second: its clock is the window's)
         queued, samples = _queued_s(), int(self._c.stats()["samples"])
         if self._window is None:
             self._window = (now, queued, samples)
@@ -389,7 +387,7 @@ class AllocSampler:
     def _drain(self, table: StackTable, names: bool) -> None:
         pending = self._c.pending()
         if names or any(p[1] not in self._named for p in pending):
-            self._name_threads()
+            self._name_threads(keep={p[1] for p in pending})
         named = self._named
         gpu, self._gpu_pending = self._gpu_pending, []
         for fingerprint, frames, depth, line in gpu:  # GPU blocks' stacks, from the allocator's history
@@ -409,15 +407,19 @@ class AllocSampler:
                     break
         self._generation = table.generation
 
-    def _name_threads(self) -> None:
+    def _name_threads(self, keep: set[int]) -> None:
         """Give the hooks every thread's name (they write a thread's name with a new stack's text at once): once
         a second, for a rename around Thread.name (a start or a rename is told at once: thread_names), and when
-        a new stack came from a thread not named yet."""
+        a new stack came from a thread not named yet. Threads that ended are forgotten, but those in ``keep``
+        (their stacks wait to be written: a thread that allocated and ended since the last tick keeps its name)."""
         names = {t.ident: t.name for t in threading.enumerate()}
-        if names != self._named:
-            self._c.name_threads(encoded(names))
-            self._named.clear()  # (in place: thread_names keeps it as threads start and are renamed)
-            self._named.update(names)
+        named = self._named  # (updated in place: thread_names keeps it as threads start and are renamed)
+        if any(named.get(ident) != name for ident, name in names.items()):
+            self._c.name_threads(encoded(names))  # (all of them: also mends a slot another thread's name took)
+        for ident in list(named):  # (a copy at once: other threads add to it as they start)
+            if ident not in names and ident not in keep:
+                named.pop(ident, None)
+        named.update(names)
 
     def _write(self, table: StackTable, fingerprint: int, info: tuple[list[bytes], int, str, str]) -> bool:
         if table.generation != self._ids_generation:
