@@ -412,11 +412,12 @@ class AllocSampler:
         a second, for a rename around Thread.name (a start or a rename is told at once: thread_names), and when
         a new stack came from a thread not named yet. Threads that ended are forgotten, but those in ``keep``
         (their stacks wait to be written: a thread that allocated and ended since the last tick keeps its name)."""
-        names = {t.ident: t.name for t in threading.enumerate()}
         named = self._named  # (updated in place: thread_names keeps it as threads start and are renamed)
+        known = list(named)  # (a copy at once, before the list of threads: a thread that starts now stays)
+        names = {t.ident: t.name for t in threading.enumerate()}
         if any(named.get(ident) != name for ident, name in names.items()):
             self._c.name_threads(encoded(names))  # (all of them: also mends a slot another thread's name took)
-        for ident in list(named):  # (a copy at once: other threads add to it as they start)
+        for ident in known:
             if ident not in names and ident not in keep:
                 named.pop(ident, None)
         named.update(names)
