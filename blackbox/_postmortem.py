@@ -58,6 +58,7 @@ def write_postmortem(
     *,
     plot: bool = True,
     launcher_pid: int | None = None,
+    job_pid: int | None = None,
     extra: dict[str, Any] | None = None,
     progress: Callable[[int, int, str], None] | None = None,
     raw: bool = True,
@@ -67,14 +68,14 @@ def write_postmortem(
     or a pyarrow filesystem URI), a ring at a time, the verdict first; returns the metadata written.
 
     ``exit_status``: how the job ended, where the caller saw it (``blackbox run``, whose pid is
-    ``launcher_pid``).
+    ``launcher_pid``, and the pid of the process it started ``job_pid``).
     ``plot``: also render memory.png when matplotlib is installed.
     ``extra``: fields added to the bundle's metadata (``blackbox run``: ``left_running``).
     ``progress``: called with (rings done, rings in all, the ring) as each ring is diagnosed.
     ``raw``: also keep each ring read, zstd-compressed, in the bundle's ``rings/`` (within a cap).
     ``owners``: the only uids whose rings are read (Slurm's epilogue: the job's user).
     """
-    recovery = RecoveryPass(inputs, exit_status, launcher_pid, extra, keep_raw=raw, owners=owners)
+    recovery = RecoveryPass(inputs, exit_status, launcher_pid, extra, keep_raw=raw, owners=owners, job_pid=job_pid)
     recovery.progress = progress
     named = [shlex.quote(str(p)) for p in recovery.inputs[:3]] + (["..."] if len(inputs) > 3 else [])
     again = one_line(f"blackbox recover {' '.join(named)} -o {shlex.quote(os.fspath(out))}").replace("`", "'")

@@ -8,8 +8,10 @@ no uncaught exception) is folded into `folded.jsonl`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -184,3 +186,46 @@ def test_a_wrapped_python_that_shuts_down_on_sigterm_keeps_its_ring_and_its_stor
     death = meta["death"]
     assert death["cause"] == "clean_exit" and death["victim"]["role"] == "main process", death
     assert "after SIGTERM from timeout, which its own handler took (a graceful shutdown)" in death["headline"], death
+
+
+@pytest.mark.parametrize("detach", ["subshell", "nohup"])
+def test_a_python_whose_shell_ended_before_it_armed_never_takes_the_shells_status(tmp_path: Path, detach: str) -> None:
+    # GIVEN a script that starts python in the background and leaves it: `( python train.py & )`, or `nohup python
+    # train.py &` as the script's last line. The shell is gone before python arms, so python is handed to
+    # `blackbox run` (a subreaper) and has it as its parent at arm, as the job's own process has. Python is
+    # SIGKILLed at step 3 (the planted truth); the script exits 0, then 3 (at once after nohup: `blackbox run`
+    # waits for the rest of the job; after the subshell, 3 s later: bash never reaps that python either way)
+    (tmp_path / "train.py").write_text(STEPS.format(end="import os; os.kill(os.getpid(), 9)"))
+    start = f"( {PY} train.py 4 0 & )\nsleep 3" if detach == "subshell" else f"nohup {PY} train.py 4 0 > out.log 2>&1 &"
+    for status in (0, 3):
+        for run in (tmp_path / "run").glob("run-*"):
+            run.rename(tmp_path / f"old-{run.name}")
+        proc, meta = _side_by_side(tmp_path, "bash", "-c", f"{start}\nexit {status}")
+        # THEN the status is the script's, as unarmed; python's death is its own, SIGKILL at its step, not the
+        # script's clean exit (before: "The job exited cleanly", certain) nor its exit 3
+        assert proc.returncode == status
+        death = meta.get("first_death") or meta["death"]
+        assert (death["cause"], death["step"]) == ("killed", 3), death
+        assert death.get("exit_status") in (None, 128 + 9), death
+
+
+def test_a_python_left_running_after_the_script_ended_is_told_as_running_not_as_a_death(tmp_path: Path) -> None:
+    # GIVEN a launch script that starts training with nohup in the background and exits 0 two seconds later;
+    # the training runs on (the planted truth: alive, not dead) past `blackbox run`'s grace for the job's rest
+    (tmp_path / "train.py").write_text("import os\nopen(f'pid-{os.getpid()}', 'w').close()\n" + STEPS.format(end=""))
+    try:
+        proc, meta = _side_by_side(tmp_path, "bash", "-c", f"nohup {PY} train.py 4 40 > out.log 2>&1 &\nsleep 2")
+        # THEN the job's status is the script's 0, and its ring is a snapshot of a process still running, told
+        # so (before: "a process of it died before: unknown", "Process that died")
+        assert proc.returncode == 0
+        first = meta["first_death"]
+        assert first["alive"] is True and first["cause"] == "unknown", first
+        assert first["headline"].endswith(") is still running: this is a snapshot of it, not a death."), first
+        (run,) = (tmp_path / "run").glob("run-*")
+        summary = (run / "bundle" / "summary.md").read_text()
+        assert "Process still running: main process pid" in summary and "Process that died" not in summary
+        assert "still running: this is a snapshot" in proc.stderr and "died before" not in proc.stderr, proc.stderr
+    finally:
+        for mark in tmp_path.glob("pid-*"):  # the trainings this test left running (unarmed, armed)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(mark.name[4:]), signal.SIGKILL)

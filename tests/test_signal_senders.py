@@ -105,7 +105,7 @@ for i in range(5):
     time.sleep(0.05)
 print("ready", flush=True)
 if sys.argv[1] == "SIGQUIT":
-    os.kill(os.getpid(), signal.SIGQUIT)  # no handler records it: only the exit status names it
+    os.kill(os.getpid(), signal.SIGQUIT)  # recorded (its default action in force), itself its sender
 time.sleep(60)
 """
 
@@ -126,5 +126,5 @@ def test_a_job_ended_by_a_signal_is_told_by_that_signals_name(tmp_path: Path, na
     (bundle,) = (tmp_path / "runs").glob("run-*/bundle")
     death = json.loads((bundle / "metadata.json").read_text())["death"]
     assert death["cause"] == "signal", death
-    ends = [f"{name} from kill.", f"{name} from pid {sender.pid}."] if sender is not None else [f"{name}."]
+    ends = [f"{name} from kill.", f"{name} from pid {sender.pid}."] if sender else [f"{name}, which it sent itself."]
     assert any(death["headline"].endswith(f") was ended by {end}") for end in ends), death["headline"]

@@ -202,11 +202,14 @@ def recover(rings: Path, bundle: Path, ended: Ended, quiet: bool, left: list[dic
             return None
         own_process()  # the job has ended: the launcher's memory is now the recovery's
         extra = {"left_running": left} if left else None
-        meta = write_postmortem([rings], bundle, exit_status=status, launcher_pid=os.getpid(), extra=extra)
+        meta = write_postmortem([rings], bundle, exit_status=status, launcher_pid=os.getpid(),
+                                job_pid=ended.pid or None, extra=extra)  # fmt: skip
         death = meta.get("first_death") or meta.get("death") or _main_ring(meta)
         headline = one_line(str(death.get("headline") or ""))  # the job's own text (an exception message)
         line = f"exit status {status}; cause: {meta['cause']}; {headline} bundle in {bundle}/"
-        if status == 0 and meta["cause"] != "clean_exit":  # the job outlived it: not the job's cause
+        if death.get("alive"):  # a process of the job left running: its ring is a snapshot, no death
+            line = f"exit status {status}; {headline} bundle in {bundle}/"
+        elif status == 0 and meta["cause"] != "clean_exit":  # the job outlived it: not the job's cause
             line = (f"exit status 0: the job ended cleanly; a process of it died before: {meta['cause']}; "
                     f"{headline} bundle in {bundle}/")  # fmt: skip
         if torchelastic.write_error_file(meta, status, bundle):

@@ -1,6 +1,7 @@
 """Signals and native crashes, recorded without changing how the job handles either.
 
-Signals (SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2) are recorded by the C
+Signals (SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2; and ``ENDINGS``, SIGQUIT, SIGALRM,
+SIGXCPU, SIGVTALRM and SIGPROF, only while their default action is in force) are recorded by the C
 extension's async-signal-safe handler (``ring/_cwriter.c``), installed at the
 OS level over whatever disposition the process has, never over ``SIG_IGN``. It
 writes one ``signal`` record and hands the signal on: to the job's handler, or,
@@ -46,7 +47,7 @@ from typing import Any
 from .._fds import OwnedFd
 from .._jobsignal import raised_by_signal_handler, remember_handler, remember_handlers
 from ..ring import format as fmt
-from .death_signals import DeathSignals
+from .death_signals import DeathSignals, os_handler
 
 KIND_SIGNAL = fmt.KIND_CODES["signal"]
 RECORDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
@@ -54,6 +55,12 @@ RECORDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
 # faulthandler.enable(), before or after arm: its traceback goes where the job sent it): the record says when
 # and of which signal the process died, and for a fault the kernel raised, at which address
 CRASHES = ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT")
+# Signals whose default action ends the process and that a job seldom means to die of (Ctrl-\, an alarm() left
+# unhandled, the CPU-time limit of `ulimit -t`, a profiler's timer that outlived its handler): recorded only while
+# that default action is in force. Over a handler (the job's SIGALRM timeout, a profiler's SIGPROF firing a
+# thousand times a second) or SIG_IGN nothing of ours goes: each is no death, and would flood the ring. Unrecorded,
+# such a death under a shell read as "killed with SIGKILL; no handler ran".
+ENDINGS = ("SIGQUIT", "SIGALRM", "SIGXCPU", "SIGVTALRM", "SIGPROF")
 DEFAULT_ACTION = "default action"  # detail of a signal that ended the process (the diagnosis keys on it)
 
 
@@ -105,6 +112,7 @@ class SignalRecorder:
         self._faulthandler: tuple[bool, int] | None = None  # (ours, its descriptor) as last told to the C handler
         self._told: set[int] = set()  # signals whose tag and detail the C handler has (signals_watch)
         self._ours: Callable[[int], bool] | None = getattr(cmod, "signals_ours", None)
+        self._endings = {getattr(signal, name) for name in ENDINGS if hasattr(signal, name)}
 
     def install(self, buffer: Any, records_offset: int, capacity: int, sequence: Any) -> str:
         """Start recording; returns why not, or "" when the handler is in place."""
@@ -122,7 +130,7 @@ class SignalRecorder:
         except RuntimeError as exc:  # one recorder per process owns the signals
             return str(exc)
         self.active = True
-        self._record(RECORDED)
+        self._record(RECORDED + ENDINGS)
         self._wrap_signal_function()
         return ""
 
@@ -199,6 +207,8 @@ class SignalRecorder:
             return True
         if signum in self._told and self._ours is not None and self._ours(signum):
             return True  # (each tick: ours is still there, so nothing changed since it was put there)
+        if signum in self._endings and (signal.getsignal(signum) is not signal.SIG_DFL or os_handler(signum) != 0):
+            return False  # a handler (the job's, or one set outside Python) or SIG_IGN: no death, nothing of ours
         self._told.add(signum)
         how = _how(signal.getsignal(signum))
         hid = self._hows.get(how) or self._intern(how)

@@ -79,7 +79,7 @@ SLIM = ("rank", "host", "pid", "ppid", "role", "job", "attempt", "started_at", "
 DEFAULT_CLOCK_ERROR_S = 0.1  # assumed where a host's time service did not say how far off its clock may be
 UNWINDING_S = 30.0  # a sender that tore a ring down and died of its own cause this soon after: the cause
 SLIM_DEATH = ("cause", "confidence", "headline", "victim", "time", "step", "hang", "time_error_s", "starved",
-              "peer_lost", "in_shutdown")  # fmt: skip
+              "peer_lost", "in_shutdown", "alive")  # fmt: skip
 SLIM_KILLER = ("signal", "sender", "sender_pid", "time")
 
 
@@ -304,6 +304,7 @@ def deaths(
     child's own ring tells too (a launcher's, of its rank's kernel OOM kill) is never the first death:
     both carry the kernel's one stamp, and which converts it to the earlier time is their clocks' rounding."""
     dead = [m for m in group if m["death"].get("cause") != "clean_exit" and m["death"].get("time")]
+    dead = [m for m in dead if not m["death"].get("alive")] or dead  # a snapshot of one running on is no death
     hung = attempt_hang(dead)
     if hung is not None:  # a hang: the stuck rank first, whatever signal landed first; its waiters collateral
         stuck, waiters, info = hung

@@ -9,6 +9,15 @@ from ..ring import format as fmt
 from .crash import crash_headline
 from .exits import signal_of
 
+# What a signal with no sender (the kernel's) whose default action ended the process means (collect/signals.py,
+# ENDINGS): it named no one, and a bare "ended by SIGXCPU" leaves the reader to look the limit up.
+KERNEL_ENDINGS = {
+    "SIGXCPU": "its CPU-time limit ran out (RLIMIT_CPU: `ulimit -t`, or a scheduler's CPU-time limit)",
+    "SIGALRM": "an alarm (`alarm()`, `signal.alarm`, `setitimer`) that no handler took",
+    "SIGVTALRM": "a virtual timer (`setitimer`) that no handler took",
+    "SIGPROF": "a profiling timer (`setitimer`) that no handler took: a profiler's, left running after it",
+}
+
 
 def headline(
     cause: str,
@@ -30,6 +39,8 @@ def headline(
         return crash_headline(who, crash)
     sender = _sender_named(killed_by)
     by = f" {killed_by['signal']} from {sender}" if killed_by and sender else ""
+    if by and killed_by and killed_by.get("sender_pid") == victim.get("pid") and victim.get("pid"):
+        by = f" {killed_by['signal']}, which it sent itself"
     if by and killed_by and killed_by.get("reason"):
         by += f": {str(killed_by['reason']).split(' (Slurm')[0]}"
     if in_shutdown and cause == "killed":
@@ -64,8 +75,25 @@ def headline(
         "host_oom_kill": f"{who} was killed by the kernel OOM killer.",
         "userspace_oom_kill": f"{who} was killed by a userspace OOM killer ({(killed_by or {}).get('sender')}).",
         "killed": f"{who} was killed with SIGKILL{' after' + by if by else ''}; no handler ran.",
-        "signal": f"{who} was ended by{by or ' ' + (_signal_named(status) or 'a signal')}.",
+        "signal": f"{who} was ended by{by}." if by else f"{who} was ended by {_unsent(killed_by, status)}.",
     }.get(cause, "The cause of death is unknown.")
+
+
+def still_running(victim: dict[str, Any]) -> str:
+    """The verdict's sentence for a ring whose writer runs still (recovered while it ran: a process of the job
+    left running after `blackbox run`'s job ended, or a snapshot taken by hand)."""
+    return (f"The {victim.get('role') or 'process'} (pid {victim.get('pid')}) is still running: this is a snapshot "
+            "of it, not a death.")  # fmt: skip
+
+
+def _unsent(killed_by: dict[str, Any] | None, status: int | None) -> str:
+    """A signal that ended the process with no sender named: as recorded (with what it means where the kernel
+    sends it), else as the exit status names it."""
+    name = str((killed_by or {}).get("signal") or "") or _signal_named(status)
+    if not name:
+        return "a signal"
+    meaning = KERNEL_ENDINGS.get(name) if killed_by and not killed_by.get("sender_pid") else None
+    return f"{name}: {meaning}" if meaning else name
 
 
 def _signal_named(status: int | None) -> str | None:

@@ -26,6 +26,7 @@ from .attempts import SLIM_DEATH, attempt_metadata, group_attempts, slim
 from .crash import crash_reading, shutdown_signal
 from .evidence import Evidence
 from .family import RECENT_STEPS, extra, retell
+from .headline import still_running
 from .kinds import last_of_kind, of_kind, rows_of_kind
 from .spill import SpilledRings
 from .stacks import stack_report
@@ -143,6 +144,8 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
     death = with_site_lever(death, allocations, ident.get("role"), last_sample, ident.get("pid"))
     alerts = alerts_report(table, death_time(death, evidence.writer_alive))
     death = with_alert_evidence(death, alerts)
+    if evidence.writer_alive and death.get("cause") == "unknown":  # a snapshot of a process that runs on
+        death = {**death, "alive": True, "headline": still_running(death.get("victim") or {})}
     return {
         "format_version": ring.header.version,
         "ring": str(ring.path),

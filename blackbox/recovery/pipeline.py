@@ -121,15 +121,18 @@ def exec_mark(table: pa.Table) -> str | None:
 
 
 def _status_owner(idents: dict[Path, tuple[dict[str, Any], int]], paths: list[Path], launcher_pid: int | None,
-                  execs: dict[Path, str]) -> Path | None:  # fmt: skip
-    """The ring of the process whose exit status the launcher saw: its direct child (the only ring where
-    the launcher is unknown), the last program it ran where it replaced itself (``exec``). A ring of a
-    grandchild (a shell's Python child) never takes the job's status: its process may have died otherwise.
-    Decided from the headers alone, before any decoding."""
+                  execs: dict[Path, str], job_pid: int | None = None) -> Path | None:  # fmt: skip
+    """The ring of the process whose exit status the launcher saw: the process it started (``job_pid``, its
+    child; the only ring where the launcher is unknown), the last program it ran where it replaced itself
+    (``exec``). A ring of a grandchild (a shell's Python child) never takes the job's status: its process may
+    have died otherwise. Nor does one whose shell died before it armed (``( python train.py & )``, ``nohup
+    python ... &`` as the script exits): handed to the launcher (a subreaper), it had the launcher as its parent
+    at arm, as the child has. Decided from the headers alone, before any decoding."""
     if launcher_pid is None:
         last = [p for p in paths if p not in execs]
         return last[0] if len(last) == 1 else None
-    direct = [p for p, (ident, _) in idents.items() if ident.get("ppid") == launcher_pid and p not in execs]
+    direct = [p for p, (ident, _) in idents.items() if ident.get("ppid") == launcher_pid
+              and job_pid in (None, ident.get("pid")) and p not in execs]  # fmt: skip
     return direct[0] if len(direct) == 1 else None
 
 
@@ -187,7 +190,8 @@ class RecoveryPass:
     ``inputs``: ring files and folders, as paths or as folders already open (``inputs.open_child``: Slurm's
     epilogue). Each folder is opened once, and every ring, sidecar and file of the folder is read
     relative to its descriptor, never by its path again (``reader.Listing``); ``close()`` closes those
-    opened here. ``owners``: the only uids whose rings are read (the epilogue: the job's user)."""
+    opened here. ``owners``: the only uids whose rings are read (the epilogue: the job's user). ``job_pid``: the
+    process ``launcher_pid`` started, whose ``exit_status`` that is."""
 
     def __init__(
         self,
@@ -198,6 +202,7 @@ class RecoveryPass:
         *,
         keep_raw: bool = False,
         owners: Collection[int] | None = None,
+        job_pid: int | None = None,
     ) -> None:
         self.inputs = [i.path if isinstance(i, Folder) else i for i in inputs]  # as named
         self.extra = extra or {}  # fields the caller adds to the bundle's metadata (`blackbox run`: left_running)
@@ -210,7 +215,8 @@ class RecoveryPass:
         self.exit_status = exit_status
         idents = _identities(self.paths, self.listing)
         self.execs = exec_successors(idents)  # rings whose process went on in another program (exec)
-        self.owner = _status_owner(idents, self.paths, launcher_pid, self.execs) if exit_status is not None else None
+        owner = _status_owner(idents, self.paths, launcher_pid, self.execs, job_pid)
+        self.owner = owner if exit_status is not None else None
         self.metas = SpilledRings()  # each ring's metadata, on disk until metadata.json is written
         self.files: dict[str, str] = {}  # bundle file name -> text (native crash tracebacks, kernel OOM reports)
         self._owners: set[int] = set()

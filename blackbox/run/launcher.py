@@ -84,6 +84,7 @@ class Ended:
     status: int
     signal: int | None  # the signal that killed it, or None when it exited
     end_ns: int = 0  # UTC ns when we saw its process end
+    pid: int = 0  # the job's process: the one we started, whose status this is
 
 
 def prepare(work: Path) -> tuple[Path, Path]:
@@ -222,7 +223,7 @@ def launch(command: list[str], rings: Path, boot: Path, on_end: Callable[[Ended]
         relayer.job = child.pid
         ended = _wait(child.pid, watched, relayer, tick)
         relayer.job = 0  # reaped: its pid may be another process's now
-        ended.end_ns = time.time_ns()
+        ended.end_ns, ended.pid = time.time_ns(), child.pid
         if on_end is not None:
             on_end(ended)
         _wait_for_the_group(watched, relayer)

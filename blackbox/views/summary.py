@@ -49,13 +49,14 @@ CAUSE_TEXT = {
 }
 
 
-def _victim(v: dict[str, Any] | None) -> str:
+def _victim(v: dict[str, Any] | None, alive: bool = False) -> str:
     if not v or v.get("pid") is None:
         return ""
     memory = [f"{k.replace('_', ' ')} {human_bytes(v[k])}" for k in ("rss", "anon_rss", "file_rss", "shmem_rss")
               if v.get(k) is not None]  # fmt: skip
     name = f" `{v['name']}`" if v.get("name") else ""
-    return f"Process that died: {v.get('role', 'process')} pid {v['pid']}{name}" + (
+    what = "Process still running" if alive else "Process that died"
+    return f"{what}: {v.get('role', 'process')} pid {v['pid']}{name}" + (
         f"; its memory at the end: {', '.join(memory)}." if memory else "."
     )
 
@@ -82,7 +83,7 @@ def _death(d: dict[str, Any] | None) -> list[str]:
     ]
     limit = d.get("limit")
     hit = f"The limit it hit: {limit['text']}." if isinstance(limit, dict) and limit.get("text") else ""
-    for extra in (_when(d), _victim(d.get("victim")), hit, _composition(d.get("memory_at_end"))):
+    for extra in (_when(d), _victim(d.get("victim"), bool(d.get("alive"))), hit, _composition(d.get("memory_at_end"))):
         if extra:
             lines += ["", extra]
     killer = d.get("killed_by")
@@ -115,6 +116,8 @@ def _when(d: dict[str, Any]) -> str:
     """How well the death's time is known, where it is the last record; that the process was starved."""
     error, starved = d.get("time_error_s"), d.get("starved")
     text = ""
+    if d.get("alive"):  # no death: the time is the snapshot's
+        return "Its time is its last record before it was recovered."
     if isinstance(error, (int, float)) and error > 0:
         text = (f"Its time is its last record: the death came after it, within {error:.3g} s if it ran as in its "
                 "last seconds (the longest gap between its last records).")  # fmt: skip
@@ -284,7 +287,9 @@ def outlived_lines(meta: dict[str, Any]) -> list[str]:
     """Where `blackbox run` saw the job exit 0 and yet a process of it died: the job outlived that death."""
     if meta.get("exit_status") != 0 or not meta.get("first_death"):
         return []
-    return ["", "**The job exited with status 0**: its own process ended cleanly; the death below did not end it."]
+    alive = meta["first_death"].get("alive")
+    below = "the process below is still running" if alive else "the death below did not end it"
+    return ["", f"**The job exited with status 0**: its own process ended cleanly; {below}."]
 
 
 def bundle_summary(meta: dict[str, Any]) -> str:
