@@ -596,3 +596,52 @@ def test_torchruns_agent_is_neither_the_stuck_rank_nor_a_waiter() -> None:
     first, collateral, info = found
     assert first is stuck and agent in collateral
     assert [w["rank"] for w in info["stuck"]] == [1] and sorted(w["rank"] for w in info["waited"]) == [0, 2]
+
+
+POOL_HANG = """\
+import multiprocessing as mp, os, sys, time
+import blackbox
+
+def work(i):
+    if i == 3:  # one task never returns: the planted truth
+        open(sys.argv[1], "w").write(str(os.getpid()))
+        time.sleep(1000)  # PLANT
+    return i * i
+
+if __name__ == "__main__":
+    with mp.Pool(2) as pool:
+        for step in range(1000):
+            blackbox.step(step)
+            pool.map(work, [1, 2] if step < 20 else [3, 4])
+            time.sleep(0.02)
+"""
+
+
+@pytest.mark.slow
+def test_a_pool_worker_stuck_in_its_task_is_named_not_the_main_process_waiting_for_it(tmp_path: Path) -> None:
+    # GIVEN a Pool job under `blackbox run` whose worker never returns from one task at step 20, the main process
+    # waiting in pool.map and the other worker idle, until SIGTERM (as `timeout` sends it); the stuck worker has
+    # no steps of its own, so it must keep one stack for 10 s before it can be said to be stuck
+    job, go = tmp_path / "job.py", tmp_path / "go"
+    job.write_text(POOL_HANG)
+    run = [sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "runs"), "--"]
+    proc = subprocess.Popen([*run, sys.executable, str(job), str(go)], env=ENV, stderr=subprocess.PIPE, text=True)
+    try:
+        while not go.exists() and proc.poll() is None:
+            time.sleep(0.05)
+        time.sleep(12.0)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(go.read_text()), signal.SIGKILL)
+    assert proc.returncode == -signal.SIGTERM, err  # (blackbox run ends by the job's signal, as the job did)
+    (bundle,) = (tmp_path / "runs").glob("run-*/bundle")
+    meta = json.loads((bundle / "metadata.json").read_text())
+    # THEN the first death is that worker, hung at the planted line (it read "the main process ... stuck in
+    # <module>", the three processes lumped together), and the main process and the idle worker waited for it
+    first, line = meta["first_death"], POOL_HANG.splitlines().index("        time.sleep(1000)  # PLANT") + 1
+    assert first["pid"] == int(go.read_text()) and first["cause"] == "hang", first
+    assert f"stuck in work (job.py:{line})" in first["headline"], first["headline"]
+    hang = meta["attempts"][-1]["hang"]
+    assert len(hang["waited"]) == 2 and all(w["pid"] != first["pid"] for w in hang["waited"]), hang

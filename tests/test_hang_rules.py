@@ -77,3 +77,70 @@ def test_a_peer_killed_long_after_the_stall_began_leaves_the_hang() -> None:
     rings = [_ring(0, 10, "hang", BACKWARD), _killed_at(1, 11, "2026-01-01T00:00:40.000000Z"), _ring(2, 12, "hang")]
     first, collateral, _ = attempt_hang(rings)  # type: ignore[misc]
     assert first["rank"] == 2 and {m["rank"] for m in collateral} == {0, 1}
+
+
+# Folded stacks (outermost first) as the rings of a Pool job and of ranks hold them.
+POOL_MAIN = ("<module> (/job/c4_pool.py:11);Pool.map (/usr/lib/python3.11/multiprocessing/pool.py:367);"
+             "ApplyResult.wait (/usr/lib/python3.11/multiprocessing/pool.py:765);Condition.wait "
+             "(/usr/lib/python3.11/threading.py:327)")  # fmt: skip
+MP = "/usr/lib/python3.11/multiprocessing"
+POOL_STUCK = (f"BaseProcess._bootstrap ({MP}/process.py:314);worker ({MP}/pool.py:125);mapstar ({MP}/pool.py:48);"
+              "work (/job/c4_pool.py:4)")  # fmt: skip
+POOL_IDLE = (f"BaseProcess._bootstrap ({MP}/process.py:314);worker ({MP}/pool.py:114);SimpleQueue.get "
+             f"({MP}/queues.py:364);_ConnectionBase.recv_bytes ({MP}/connection.py:216)")  # fmt: skip
+TORCH = "/venv/lib/python3.11/site-packages/torch"
+OWN_BACKWARD = (f"<module> (/job/train.py:14);Tensor.backward ({TORCH}/_tensor.py:623);_engine_run_backward "
+                f"({TORCH}/autograd/graph.py:979);BackwardCFunction.apply ({TORCH}/autograd/function.py:325);"
+                "G.backward (/job/train.py:10)")  # fmt: skip
+DDP_BACKWARD = f"<module> (/job/train.py:14);Tensor.backward ({TORCH}/_tensor.py:623);_engine_run_backward " \
+               f"({TORCH}/autograd/graph.py:979)"  # fmt: skip
+
+
+def test_a_rank_stuck_in_its_own_backward_is_not_waiting_in_ddps_all_reduce() -> None:
+    from blackbox.recovery.hang import collective_of
+
+    # a custom autograd Function's backward, the job's own code, under autograd's frames: stuck there, not waiting
+    # (every rank of a job stuck so read as a waiter, and no hang was told)
+    assert collective_of(DDP_BACKWARD, ranked=True) == BACKWARD
+    assert collective_of(OWN_BACKWARD, ranked=True) is None
+
+
+def test_a_pool_worker_stuck_in_its_task_is_the_first_death_and_the_processes_waiting_for_it_collateral() -> None:
+    from blackbox.recovery.attempts import deaths
+    from blackbox.recovery.hang import waits_for_others
+
+    assert waits_for_others(POOL_MAIN) and waits_for_others(POOL_IDLE) and not waits_for_others(POOL_STUCK)
+
+    # GIVEN a Pool job ended by timeout's SIGTERM: its main process hung at step 10 waiting for the map, one worker
+    # stuck in the job's task (no steps of its own: the same stack for 20 s), the other idle on the task queue
+    def ring(pid: int, cause: str, stack: str, step_s: float | None) -> dict[str, Any]:
+        hang = {"since": "2026-01-01T00:00:02.000000Z", "stalled_s": 20.0, "step": 10 if step_s else None,
+                "step_s": step_s, "site": stack.split(";")[-1], "stack": stack, "collective": None,
+                "waits": waits_for_others(stack), "timed_out": None}  # fmt: skip
+        killer = {"signal": "SIGTERM", "sender": "timeout", "sender_pid": 9, "time": "2026-01-01T00:00:22.000000Z"}
+        role = "main process" if pid == 10 else "multiprocessing Pool worker"
+        return {"rank": None, "host": "h", "pid": pid, "ppid": 10 if pid != 10 else 9,
+                "death": {"cause": cause, "time": "2026-01-01T00:00:22.000000Z", "hang": hang, "killed_by": killer,
+                          "victim": {"role": role, "pid": pid}}}  # fmt: skip
+    main, stuck, idle = ring(10, "hang", POOL_MAIN, 0.05), ring(11, "signal", POOL_STUCK, None), ring(12, "signal",
+                                                                                                    POOL_IDLE, None)
+    # WHEN the attempt's deaths are read
+    first, collateral, info = deaths([main, stuck, idle])
+    # THEN the stuck worker is the first death, told as hung at the job's line, and the two others waited for it
+    # (the main process was named, "stuck in <module>", the three lumped together)
+    assert first is stuck and {m["pid"] for m in collateral} == {10, 12}, (first, collateral)
+    assert stuck["death"]["cause"] == "hang" and "stuck in work (c4_pool.py:4)" in stuck["death"]["headline"]
+    assert stuck["death"]["headline"].endswith("then SIGTERM from timeout ended it."), stuck["death"]["headline"]
+    assert info is not None and [w["pid"] for w in info["waited"]] == [10, 12]
+
+
+def test_a_sender_that_ended_before_it_was_named_is_told_by_its_pid() -> None:
+    from blackbox.recovery.hang import hang_headline
+
+    # `/bin/kill -TERM` is gone before the recorder reads its name: its pid and the signal stay (it read "then a
+    # signal ended it")
+    death = {"cause": "hang", "victim": {"role": "main process", "pid": 7},
+             "killed_by": {"signal": "SIGTERM", "sender": None, "sender_pid": 2531, "time": "t"}}  # fmt: skip
+    stall = {"stalled_s": 12.0, "step_s": 0.05, "site": "deadlock (c3_lock.py:8)", "collective": None}
+    told = hang_headline(death, stall)
+    assert told.endswith("stuck in deadlock (c3_lock.py:8); then SIGTERM from pid 2531 ended it."), told

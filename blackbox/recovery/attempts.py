@@ -62,7 +62,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._times import epoch_ns
-from .hang import attempt_hang, ranked
+from .hang import attempt_hang, hang_headline, ranked
 
 # Launchers that tear a job's other processes down when one fails, by their command (as a signal's sender
 # records it) -> the name said: torchrun's agent names its main thread pt_elastic, which /proc shows.
@@ -308,6 +308,9 @@ def deaths(
     hung = attempt_hang(dead)
     if hung is not None:  # a hang: the stuck rank first, whatever signal landed first; its waiters collateral
         stuck, waiters, info = hung
+        d = stuck["death"]
+        if d.get("cause") in ("signal", "killed") and isinstance(d.get("hang"), dict):  # hung: its waiters say so
+            d.update(cause="hang", headline=hang_headline(d, d["hang"]))  # (a worker counts no steps to time)
         for m in waiters:  # stopped by their launcher, or, for that launcher itself, by what ended the job
             sender = str((m["death"].get("killed_by") or {}).get("sender") or "")
             by = LAUNCHERS.get(sender) or (sender if sender in ENDERS else None)

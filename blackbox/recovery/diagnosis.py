@@ -59,7 +59,7 @@ from .exits import HOW_KNOWN, MAX_SAID, RUN_SAW, exit_message, exit_status, inte
 from .facts import Facts, counter_rose, facts, near_limit
 from .gpu_oom import EXPANDABLE_ON, gpu_oom_kind
 from .hang import with_hang
-from .headline import headline
+from .headline import headline, sent_from
 from .helpers import process_name, start_method
 from .kinds import of_kind
 from .levers import analysis
@@ -263,7 +263,7 @@ class _Death:
         elif fatal:
             s = fatal[-1]
             self.killed_by, self.when = _sender(s), s
-            who = f" from {s['sender']} (pid {s['sender_pid']})" if s["sender"] else ""
+            who = sent_from(s)
             took = (self._signal_ns(s) - f.clean_end_ns) / 1e9 if f.clean_end_ns is not None else None
             after = f", {took:.1f} s after its clean end" if took is not None and took >= 0 else ""
             where = shutdown_where(ev.crash, s["label"]) or ("a crash in native code" if s["label"] in CRASH_SIGNALS
@@ -299,7 +299,7 @@ class _Death:
     def _interrupt_caught(self, s: dict[str, Any]) -> None:
         """Ended by an interrupt the job caught and turned into its exit status (Lightning: exit 1)."""
         self.handled, self.killed_by = s, _sender(s)
-        who = f" from {s['sender']} (pid {s['sender_pid']})" if s["sender"] else ""
+        who = sent_from(s)
         self._set("interrupted", "certain", f"SIGINT{who} at {s['time']} raised KeyboardInterrupt, which the job "
                   f"caught; it then exited by itself with status {self.status} "
                   f"({HOW_KNOWN.get(self.exit_how or '', 'recorded')}): its own handling of the interrupt")  # fmt: skip
@@ -383,7 +383,7 @@ class _Death:
         elif fatal:
             s = fatal[-1]
             self.killed_by = _sender(s)
-            who = f" from {s['sender']} (pid {s['sender_pid']})" if s["sender"] else ""
+            who = sent_from(s)
             if (s["sender"] or "") in OOM_DAEMONS:
                 self._set("userspace_oom_kill", "certain", f"{s['label']}{who}, a userspace OOM killer")
             elif self._ended_by_its_pool(s):
@@ -436,7 +436,7 @@ class _Death:
             self._set("killed", "certain" if seen else "strong", how)
             if recent:
                 self.killed_by = _sender(recent)
-                who = f" from {recent['sender']} (pid {recent['sender_pid']})" if recent["sender"] else ""
+                who = sent_from(recent)
                 self.evidence.append(f"{recent['label']}{who}{self._role(recent)} came first, at {recent['time']}")
 
     def _thread_deaths(self) -> None:
@@ -488,7 +488,7 @@ class _Death:
                       "shutting its workers down)")  # fmt: skip
             return
         self.killed_by = _sender(s)
-        who = f" from {s['sender']} (pid {s['sender_pid']})" if s["sender"] else ""
+        who = sent_from(s)
         self._set("interrupted" if s["label"] == "SIGINT" else "signal", "strong",
                   f"{s['label']}{who}{self._role(s)} at {s['time']}, taken by a native handler, and nothing was "
                   "recorded after it: the handler raised it again, with its default action (PyTorch's DataLoader "
@@ -501,7 +501,7 @@ class _Death:
         if not handled:
             return
         s, exc = handled[-1], self._raised()
-        who = f" from {s['sender']} (pid {s['sender_pid']})" if s["sender"] else ""
+        who = sent_from(s)
         self.handled = s
         if exc is not None and s["label"] in STOPS and s["step"] == exc["step"] and s["time"] <= exc["time"]:
             self._set("signal", "certain", f"{s['label']}{who}{self._role(s)} at {s['time']} was {s['detail']}, "

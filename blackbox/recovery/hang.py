@@ -6,8 +6,11 @@ its own step time, and what its main thread was doing since (its stack samples).
 (``death.hang``) when it is at least ``HANG_FACTOR`` times the median of the last ``STEPS_SEEN`` step
 intervals, longer than any of them, and at least ``HANG_MIN_S``; a death by a signal or SIGKILL after such
 a stall is a ``hang`` (``with_hang``). A stall is *in a collective* when that stack is inside one
-(``torch.distributed``, DeepSpeed's comm, DDP), or, for a rank of several, inside ``backward`` (where
-DDP all-reduces the gradients); else the process was *stuck* where its stack says.
+(``torch.distributed``, DeepSpeed's comm, DDP), or, for a rank of several, inside ``backward`` with none of
+the job's own code deeper (where DDP all-reduces the gradients; a custom autograd Function's own backward is
+the job's code); it *waits* for another process of the job where it is inside multiprocessing's pipes,
+queues or pool, a future or a DataLoader's wait for a batch, again with none of its own code deeper (a Pool
+worker running a task has the pool's frames above it); else the process was *stuck* where its stack says.
 
 A stall whose main thread kept moving (its most sampled stack under ``BUSY_SHARE`` of its samples, or its
 stack changing between ``BUSY_MOVES`` of consecutive samples) was ``busy``: working without steps, an
@@ -15,7 +18,9 @@ evaluation or a checkpoint, not stuck; its death keeps its cause.
 
 ``attempt_hang`` reads an attempt's dead rings (their slim metadata): where some stalled in a collective, or
 died of its timeout (gloo's "Timed out waiting", NCCL's watchdog "Watchdog caught collective operation
-timeout", a SIGABRT from that watchdog), while others stalled outside any (stuck), the stuck rank whose
+timeout", a SIGABRT from that watchdog), or waited for another process (a DataLoader's or a Pool's main
+process, an idle worker: where one of them hung, the stuck worker needs no steps of its own to be told as
+hung), while others stalled outside any (stuck), the stuck rank whose
 stall began first is the attempt's first death, whatever signal landed first; the ranks that waited, and
 the launcher that the end's signal passed through, are collateral of it; unless a rank that did not stall
 died of its own cause (killed, an exception) before that stall had lasted ``HANG_MIN_S``: the others waited
@@ -36,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._times import epoch_ns
-from .allocs import site_of
+from .allocs import is_library_frame, site_of
 from .crash import crashing_stack, innermost_first, short_frame, shutdown_signal
 from .kinds import of_kind
 from .timeline import iso_ns
@@ -57,6 +62,10 @@ _C10D = re.compile(r"/torch/distributed/distributed_c10d\.py")
 # the main process waiting for a batch from its DataLoader's worker processes
 _LOADER_WAIT = re.compile(r"_MultiProcessingDataLoaderIter\._(?:try_)?get_data \([^;]*/torch/utils/data/dataloader\.py")
 _BACKWARD = re.compile(r"/torch/autograd/|/torch/_tensor\.py")
+# a wait for another process of the job: multiprocessing's pipes, queues, pool and locks, a future, a DataLoader's
+# wait for a batch; what waits there is not what is stuck (a Pool's main and its idle worker wait for the one stuck)
+_IPC_WAIT = re.compile(r"/multiprocessing/(?:connection|queues|pool|synchronize|managers)\.py|/concurrent/futures/|"
+                       r"/torch/utils/data/dataloader\.py")  # fmt: skip
 # an exception that is a collective's timeout: gloo's, NCCL's watchdog, the c10d store's
 TIMEOUT = re.compile(r"Timed out waiting|Watchdog caught collective operation timeout|collective operation timeout|"
                      r"DistBackendError.*[Tt]imeout|[Ss]ocket [Tt]imeout")  # fmt: skip
@@ -76,9 +85,21 @@ def collective_of(stack: str | None, ranked: bool) -> str | None:
     for frame in reversed(frames):
         if _COLLECTIVE.search(frame):
             return short_frame(frame)
-    if ranked and any(_BACKWARD.search(f) for f in frames):
+    if ranked and _innermost_is(frames, _BACKWARD):  # (the job's own code deeper: its own backward, stuck there)
         return "backward (where DDP all-reduces the gradients)"
     return None
+
+
+def waits_for_others(stack: str | None) -> bool:
+    """The folded stack waits for another process of the job (``_IPC_WAIT``), with no frame of the job's own
+    code deeper than that wait (a Pool worker running the job's task has the pool's frames above it)."""
+    return bool(stack) and _innermost_is(str(stack).split(";"), _IPC_WAIT)
+
+
+def _innermost_is(frames: list[str], where: re.Pattern[str]) -> bool:
+    """Some frame matches ``where`` and none deeper is the job's own code."""
+    deepest = max((i for i, f in enumerate(frames) if where.search(f)), default=-1)
+    return deepest >= 0 and all(is_library_frame(f) or f.startswith("<blackbox:") for f in frames[deepest + 1 :])
 
 
 def stall(table: pa.Table, end_ns: int, ranked: bool) -> dict[str, Any] | None:
@@ -101,7 +122,7 @@ def stall(table: pa.Table, end_ns: int, ranked: bool) -> dict[str, Any] | None:
     return {"since": iso_ns(last), "step": steps["step"][-1].as_py(), "stalled_s": round(stalled, 3),
             "step_s": round(step_s, 6), "longest_s": round(longest, 6), "stack": stack, "share": share,
             "samples": count, "moves": moves, "site": site_of(stack) if stack else None,
-            "collective": collective_of(stack, ranked),
+            "collective": collective_of(stack, ranked), "waits": waits_for_others(stack),
             "loader": bool(stack and _LOADER_WAIT.search(stack))}  # fmt: skip
 
 
@@ -128,7 +149,8 @@ def _same_stack(table: pa.Table, end_ns: int, ranked: bool, step: int | None) ->
         return None
     return {"since": iso_ns(since), "step": step, "stalled_s": round(stalled, 3), "step_s": None, "longest_s": None,
             "stack": stack, "share": 1.0, "samples": len(details) - first, "moves": 0, "site": site_of(stack),
-            "collective": collective_of(stack, ranked), "loader": bool(_LOADER_WAIT.search(stack))}  # fmt: skip
+            "collective": collective_of(stack, ranked), "waits": waits_for_others(stack),
+            "loader": bool(_LOADER_WAIT.search(stack))}  # fmt: skip
 
 
 def _stack_since(table: pa.Table, since_ns: int, end_ns: int) -> tuple[str | None, float | None, int, int]:
@@ -209,7 +231,7 @@ def with_hang(
                                          st["moves"] >= max(3, BUSY_MOVES * st["samples"]))  # fmt: skip
     out = {**death, "hang": st, "evidence": [*death.get("evidence", []), _stall_evidence(st)]}
     if death["cause"] in ("signal", "killed") and not crashed and not st["busy"]:
-        out.update(cause="hang", confidence="strong", headline=_headline(death, st), levers=_levers(st, ranked))
+        out.update(cause="hang", confidence="strong", headline=hang_headline(death, st), levers=_levers(st, ranked))
     return out
 
 
@@ -219,7 +241,7 @@ def _in_shutdown(st: dict[str, Any], end_ns: int, clean: int, text: str | None, 
     it was is the stack the C handler wrote at the signal that ended it (``shutdown_stacks``), else unknown;
     ``shutdown_s``: from the clean end to the death."""
     stack = crashing_stack(text) if shutdown_signal(text) else None
-    st.update(stack=stack, share=1.0 if stack else None, samples=1 if stack else 0, moves=0, loader=False,
+    st.update(stack=stack, share=1.0 if stack else None, samples=1 if stack else 0, moves=0, loader=False, waits=False,
               site=site_of(stack) if stack else None, collective=collective_of(stack, ranked) if stack else None,
               shutdown_s=round((end_ns - clean) / 1e9, 3) if end_ns >= clean else None)
 
@@ -292,11 +314,13 @@ def _stall_evidence(st: dict[str, Any]) -> str:
             f"{st['longest_s']:.3g} s){seen}")  # fmt: skip
 
 
-def _headline(death: dict[str, Any], st: dict[str, Any]) -> str:
+def hang_headline(death: dict[str, Any], st: dict[str, Any]) -> str:
+    """The verdict's sentence for a death after the stall ``st``: who hung, how long, where, what ended it."""
     v = death.get("victim") or {}
     killer = death.get("killed_by") or {}
-    how = f"{killer['signal']} from {killer['sender']}" if killer.get("sender") else (
-        "SIGKILL" if death["cause"] == "killed" else "a signal")  # fmt: skip
+    sender = killer.get("sender") or (f"pid {killer['sender_pid']}" if killer.get("sender_pid") else None)
+    how = f"{killer['signal']} from {sender}" if killer.get("signal") and sender else (
+        killer.get("signal") or ("SIGKILL" if death["cause"] == "killed" else "a signal"))  # fmt: skip
     if st.get("shutdown_s") is not None:
         return (f"The {v.get('role', 'process')} (pid {v.get('pid')}) hung as it shut down, after its work: "
                 f"{st['shutdown_s']:.1f} s after its clean end, {_where(st)}; then {how} ended it.")  # fmt: skip
@@ -318,6 +342,18 @@ def ranked(m: dict[str, Any]) -> bool:
 def _hang(m: dict[str, Any]) -> dict[str, Any] | None:
     h = m["death"].get("hang")
     return h if isinstance(h, dict) else None
+
+
+def _waiting(m: dict[str, Any]) -> bool:
+    """Its stall waited for another process: in a collective, or for a worker, a pool or a queue (not stuck)."""
+    h = _hang(m) or {}
+    return bool(h.get("collective") or h.get("waits"))
+
+
+def _hung_waiting(m: dict[str, Any]) -> bool:
+    """It hung (no step for long: its own cause ``hang``) waiting for another process outside any collective:
+    a DataLoader's main for its worker's batch, a Pool's for a task (the stuck process may count no steps)."""
+    return m["death"].get("cause") == "hang" and bool((_hang(m) or {}).get("waits"))
 
 
 def _timed_out(m: dict[str, Any]) -> bool:
@@ -347,8 +383,8 @@ def attempt_hang(dead: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[
     ranks = [m for m in dead if ranked(m)]
     pool = ranks or dead
     stalled = [m for m in pool if _hang(m) is not None]
-    stuck = [m for m in stalled if not (_hang(m) or {}).get("collective") and not _timed_out(m)]
-    waited = [m for m in pool if m not in stuck and (_timed_out(m) or (_hang(m) or {}).get("collective"))]
+    stuck = [m for m in stalled if not _waiting(m) and not _timed_out(m)]
+    waited = [m for m in pool if m not in stuck and (_timed_out(m) or _waiting(m))]
     recorded = _flight(stalled)
     if recorded is not None:  # the dumps say who entered the collective and who never did
         behind = [m for m in stalled if id(m) in recorded["_behind"]]
@@ -361,7 +397,7 @@ def attempt_hang(dead: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[
         return None  # the stalls waited for a rank that had died: its death comes first, not a hang
     if first["death"].get("cause") != "hang" and not any(_timed_out(m) for m in waited) and not (
         (_hang(first) or {}).get("busy") and waited and first["death"].get("cause") in ("signal", "killed")
-    ):
+    ) and not (first["death"].get("cause") in ("signal", "killed") and any(_hung_waiting(m) for m in waited)):
         return None  # it died of its own cause (an exception after a long evaluation): no hang
     collateral = [m for m in dead if m is not first and m not in stuck]  # the waiters and the launcher
     chain = _chain(dead, first)

@@ -79,6 +79,16 @@ def headline(
     }.get(cause, "The cause of death is unknown.")
 
 
+def sent_from(row: dict[str, Any]) -> str:
+    """`` from NAME (pid N)`` for a signal's sender; `` from pid N`` where it ended before it could be named (a
+    /bin/kill); "" where none was recorded (the kernel's)."""
+    pid = row.get("sender_pid")
+    pid = pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
+    if row.get("sender"):
+        return f" from {row['sender']} (pid {pid})" if pid else f" from {row['sender']}"
+    return f" from pid {pid}" if pid else ""
+
+
 def still_running(victim: dict[str, Any]) -> str:
     """The verdict's sentence for a ring whose writer runs still (recovered while it ran: a process of the job
     left running after `blackbox run`'s job ended, or a snapshot taken by hand)."""

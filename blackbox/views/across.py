@@ -274,7 +274,9 @@ def hang_lines(hang: dict[str, Any] | None) -> list[str]:
              f"{_step(first.get('step'))} at {first.get('since')}{step_s}), {where}."]  # fmt: skip
     groups: dict[str, list[dict[str, Any]]] = {}
     for w in hang.get("waited") or []:
-        groups.setdefault("timed out" if w.get("timed_out") else f"in {w.get('collective')}", []).append(w)
+        how = f"in {w['collective']}" if w.get("collective") else f"at `{short_frame(w['site'])}`" if w.get("site") \
+            else "waiting"  # (for a worker, a pool, a queue: no collective)
+        groups.setdefault("timed out" if w.get("timed_out") else how, []).append(w)
     more = hang.get("waited_count", 0) - len(hang.get("waited") or [])
     for how, members in groups.items():
         told = f" ({members[0]['timed_out']})" if how == "timed out" else ""

@@ -7,6 +7,7 @@ from typing import Any
 
 from .._errors import one_line
 from .._units import human_bytes
+from ..recovery.headline import sent_from
 from ..recovery.ranks import rank_rows
 from ..recovery.spill import derived
 from ..recovery.timeline import COUNTERS, GAUGES
@@ -87,9 +88,8 @@ def _death(d: dict[str, Any] | None) -> list[str]:
         if extra:
             lines += ["", extra]
     killer = d.get("killed_by")
-    if killer and killer.get("sender"):
-        lines += ["", f"Last signal: {killer['signal']} from {killer['sender']} (pid {killer['sender_pid']}) "
-                      f"at {killer['time']}."]  # fmt: skip
+    if killer and (killer.get("sender") or killer.get("sender_pid")):
+        lines += ["", f"Last signal: {killer['signal']}{sent_from(killer)} at {killer['time']}."]
     lines += ["", "Evidence:", "", *[f"- {e}" for e in d.get("evidence", [])]]
     report = d.get("kernel_report")
     if report and report.get("tasks"):
