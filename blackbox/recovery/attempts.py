@@ -309,8 +309,9 @@ def deaths(
     if hung is not None:  # a hang: the stuck rank first, whatever signal landed first; its waiters collateral
         stuck, waiters, info = hung
         d = stuck["death"]
-        if d.get("cause") in ("signal", "killed") and isinstance(d.get("hang"), dict):  # hung: its waiters say so
-            d.update(cause="hang", headline=hang_headline(d, d["hang"]))  # (a worker counts no steps to time)
+        h = d.get("hang")
+        if d.get("cause") in ("signal", "killed") and isinstance(h, dict) and not h.get("busy"):  # hung: as its
+            d.update(cause="hang", headline=hang_headline(d, h))  # waiters say (a worker counts no steps to time)
         for m in waiters:  # stopped by their launcher, or, for that launcher itself, by what ended the job
             sender = str((m["death"].get("killed_by") or {}).get("sender") or "")
             by = LAUNCHERS.get(sender) or (sender if sender in ENDERS else None)
