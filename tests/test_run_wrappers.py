@@ -229,3 +229,18 @@ def test_a_python_left_running_after_the_script_ended_is_told_as_running_not_as_
         for mark in tmp_path.glob("pid-*"):  # the trainings this test left running (unarmed, armed)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(mark.name[4:]), signal.SIGKILL)
+
+
+def test_a_failing_status_of_the_shell_is_told_as_the_shells_when_every_python_ended_cleanly(tmp_path: Path) -> None:
+    # GIVEN a script that starts its Python process detached (`( python train.py & )`: handed to `blackbox run`, it
+    # is kept, not folded as a shell's helper), which ends cleanly, and then fails by itself (`exit 3`): the status
+    # is the shell's, no process with a ring had it (it read "exit status 3; cause: clean_exit; The job exited
+    # cleanly.")
+    (tmp_path / "train.py").write_text(STEPS.format(end=""))
+    proc, meta = _side_by_side(tmp_path, "bash", "-c", f"( {PY} train.py 3 0 & )\nsleep 3\nexit 3")
+    # THEN the status is 3, armed as unarmed, and the bundle and `blackbox run` say whose it is
+    assert proc.returncode == 3 and meta["cause"] == "clean_exit" and meta["exit_status"] == 3, meta.get("death")
+    (run,) = (tmp_path / "run").glob("run-*")
+    summary = (run / "bundle" / "summary.md").read_text()
+    assert "**The job exited with status 3**, its own (a shell, or a program that is not Python)" in summary
+    assert "exit status 3, the job's own (a shell, or a program that is not Python)" in proc.stderr, proc.stderr

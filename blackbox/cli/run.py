@@ -207,7 +207,10 @@ def recover(rings: Path, bundle: Path, ended: Ended, quiet: bool, left: list[dic
         death = meta.get("first_death") or meta.get("death") or _main_ring(meta)
         headline = one_line(str(death.get("headline") or ""))  # the job's own text (an exception message)
         line = f"exit status {status}; cause: {meta['cause']}; {headline} bundle in {bundle}/"
-        if death.get("alive"):  # a process of the job left running: its ring is a snapshot, no death
+        if status != 0 and meta["cause"] == "clean_exit":  # the status is no ring's: a shell's, say
+            line = (f"exit status {status}, the job's own (a shell, or a program that is not Python); each Python "
+                    f"process of it ended cleanly. bundle in {bundle}/")  # fmt: skip
+        elif death.get("alive"):  # a process of the job left running: its ring is a snapshot, no death
             line = f"exit status {status}; {headline} bundle in {bundle}/"
         elif status == 0 and meta["cause"] != "clean_exit":  # the job outlived it: not the job's cause
             line = (f"exit status 0: the job ended cleanly; a process of it died before: {meta['cause']}; "

@@ -284,8 +284,13 @@ def raw_rings_section(meta: dict[str, Any]) -> list[str]:
 
 
 def outlived_lines(meta: dict[str, Any]) -> list[str]:
-    """Where `blackbox run` saw the job exit 0 and yet a process of it died: the job outlived that death."""
-    if meta.get("exit_status") != 0 or not meta.get("first_death"):
+    """Where `blackbox run` saw the job exit 0 and yet a process of it died: the job outlived that death; where it
+    saw a failing status that no process with a ring had (a shell's, every Python process ended cleanly)."""
+    status = meta.get("exit_status")
+    if isinstance(status, int) and status != 0 and meta.get("cause") == "clean_exit":
+        return ["", f"**The job exited with status {status}**, its own (a shell, or a program that is not Python); "
+                "each Python process of it ended cleanly."]  # fmt: skip
+    if status != 0 or not meta.get("first_death"):
         return []
     alive = meta["first_death"].get("alive")
     below = "the process below is still running" if alive else "the death below did not end it"
