@@ -42,7 +42,9 @@ reached = set()  # each raise that reached the loop: caught there, or in the con
 inside = False
 
 def on_alarm(signum, frame):
+    global inside
     if inside:
+        inside = False  # one raise a rename: a second, in the loop's own except before it says so, escaped the loop
         tick = Tick()
         # from here to the raise no call, so no nested handler can come between the count and the raise
         counts["raised"] += 1
