@@ -193,6 +193,7 @@ def recover(rings: Path, bundle: Path, ended: Ended, quiet: bool, left: list[dic
         from .._postmortem import write_postmortem
         from ..recovery.bundle import SUMMARY
         from ..run.notice import slurm_comment, termination_message, verdict_line
+        from ..views.summary import SHELLS_STATUS
         from ..views.text import as_text
 
         rank = torchelastic.rank()
@@ -208,8 +209,7 @@ def recover(rings: Path, bundle: Path, ended: Ended, quiet: bool, left: list[dic
         headline = one_line(str(death.get("headline") or ""))  # the job's own text (an exception message)
         line = f"exit status {status}; cause: {meta['cause']}; {headline} bundle in {bundle}/"
         if status != 0 and meta["cause"] == "clean_exit":  # the status is no ring's: a shell's, say
-            line = (f"exit status {status}, the job's own (a shell, or a program that is not Python); each Python "
-                    f"process of it ended cleanly. bundle in {bundle}/")  # fmt: skip
+            line = f"exit status {status}, the job's {SHELLS_STATUS}. bundle in {bundle}/"
         elif death.get("alive"):  # a process of the job left running: its ring is a snapshot, no death
             line = f"exit status {status}; {headline} bundle in {bundle}/"
         elif status == 0 and meta["cause"] != "clean_exit":  # the job outlived it: not the job's cause

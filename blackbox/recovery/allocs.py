@@ -69,6 +69,11 @@ def is_library_frame(frame: str) -> bool:
     return bool(_LIBRARY.search(_where(frame)))
 
 
+def is_job_frame(frame: str) -> bool:
+    """A frame of the job's own code: no library's, not blackbox's, no placeholder."""
+    return not is_library_frame(frame) and not frame.startswith("<blackbox:")
+
+
 def is_import_frame(frame: str) -> bool:
     """A frame of the import machinery (importlib's bootstrap, frozen or not)."""
     return bool(_IMPORT.search(_where(frame)))
@@ -86,7 +91,7 @@ def site_and_imports(folded: str) -> tuple[str, bool]:
     line, anywhere in the stack)."""
     frames = folded.split(";")
     for i in range(len(frames) - 1, -1, -1):
-        if not is_library_frame(frames[i]) and not frames[i].startswith("<blackbox:"):
+        if is_job_frame(frames[i]):
             return frames[i], any(map(is_import_frame, frames[i + 1 :]))
     imports = any(map(is_import_frame, frames))  # a library's own line: made while a module was imported
     return next((f for f in reversed(frames) if not is_stdlib_frame(f)), frames[-1]), imports

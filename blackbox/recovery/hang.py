@@ -41,8 +41,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._times import epoch_ns
-from .allocs import is_library_frame, site_of
+from .allocs import is_job_frame, site_of
 from .crash import crashing_stack, innermost_first, short_frame, shutdown_signal
+from .headline import sender_named
 from .kinds import of_kind
 from .timeline import iso_ns
 
@@ -99,7 +100,7 @@ def waits_for_others(stack: str | None) -> bool:
 def _innermost_is(frames: list[str], where: re.Pattern[str]) -> bool:
     """Some frame matches ``where`` and none deeper is the job's own code."""
     deepest = max((i for i, f in enumerate(frames) if where.search(f)), default=-1)
-    return deepest >= 0 and all(is_library_frame(f) or f.startswith("<blackbox:") for f in frames[deepest + 1 :])
+    return deepest >= 0 and not any(map(is_job_frame, frames[deepest + 1 :]))
 
 
 def stall(table: pa.Table, end_ns: int, ranked: bool) -> dict[str, Any] | None:
@@ -318,7 +319,7 @@ def hang_headline(death: dict[str, Any], st: dict[str, Any]) -> str:
     """The verdict's sentence for a death after the stall ``st``: who hung, how long, where, what ended it."""
     v = death.get("victim") or {}
     killer = death.get("killed_by") or {}
-    sender = killer.get("sender") or (f"pid {killer['sender_pid']}" if killer.get("sender_pid") else None)
+    sender = sender_named(killer)
     how = f"{killer['signal']} from {sender}" if killer.get("signal") and sender else (
         killer.get("signal") or ("SIGKILL" if death["cause"] == "killed" else "a signal"))  # fmt: skip
     if st.get("shutdown_s") is not None:

@@ -37,7 +37,7 @@ def headline(
     who = f"The {victim.get('role', 'process')} (pid {victim.get('pid')}{method})"
     if cause == "signal" and crash and crash.get("signal"):
         return crash_headline(who, crash)
-    sender = _sender_named(killed_by)
+    sender = sender_named(killed_by)
     by = f" {killed_by['signal']} from {sender}" if killed_by and sender else ""
     if by and killed_by and killed_by.get("sender_pid") == victim.get("pid") and victim.get("pid"):
         by = f" {killed_by['signal']}, which it sent itself"
@@ -115,7 +115,7 @@ def _signal_named(status: int | None) -> str | None:
         return None
 
 
-def _sender_named(killed_by: dict[str, Any] | None) -> str | None:
+def sender_named(killed_by: dict[str, Any] | None) -> str | None:
     """Who sent the signal: its command name, else its pid (a sender that ended before the recorder read its
     name: ``/bin/kill``), else None."""
     if not killed_by:

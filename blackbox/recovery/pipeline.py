@@ -215,8 +215,8 @@ class RecoveryPass:
         self.exit_status = exit_status
         idents = _identities(self.paths, self.listing)
         self.execs = exec_successors(idents)  # rings whose process went on in another program (exec)
-        owner = _status_owner(idents, self.paths, launcher_pid, self.execs, job_pid)
-        self.owner = owner if exit_status is not None else None
+        self.owner = (_status_owner(idents, self.paths, launcher_pid, self.execs, job_pid)
+                      if exit_status is not None else None)  # fmt: skip
         self.metas = SpilledRings()  # each ring's metadata, on disk until metadata.json is written
         self.files: dict[str, str] = {}  # bundle file name -> text (native crash tracebacks, kernel OOM reports)
         self._owners: set[int] = set()

@@ -283,13 +283,16 @@ def raw_rings_section(meta: dict[str, Any]) -> list[str]:
     return [*lines, *([f"- and {len(skipped) - MAX_LISTED} more"] if len(skipped) > MAX_LISTED else []), ""]
 
 
+# Whose a failing status is where no process with a ring had it (said by summary.md and by `blackbox run`)
+SHELLS_STATUS = "own (a shell, or a program that is not Python); each Python process of it ended cleanly"
+
+
 def outlived_lines(meta: dict[str, Any]) -> list[str]:
     """Where `blackbox run` saw the job exit 0 and yet a process of it died: the job outlived that death; where it
     saw a failing status that no process with a ring had (a shell's, every Python process ended cleanly)."""
     status = meta.get("exit_status")
     if isinstance(status, int) and status != 0 and meta.get("cause") == "clean_exit":
-        return ["", f"**The job exited with status {status}**, its own (a shell, or a program that is not Python); "
-                "each Python process of it ended cleanly."]  # fmt: skip
+        return ["", f"**The job exited with status {status}**, its {SHELLS_STATUS}."]
     if status != 0 or not meta.get("first_death"):
         return []
     alive = meta["first_death"].get("alive")
