@@ -57,6 +57,7 @@ _OWN = r"/blackbox/(ring/|collect/|run/|_\w+\.py:|__init__\.py:)|/\.boot/sitecus
 _LIBRARY = re.compile(r"site-packages|dist-packages|<frozen|/lib/python3\.\d+/|" + _OWN)
 # the standard library (site-packages apart), frozen modules and blackbox: never a site where a library's is
 _STDLIB = re.compile(r"<frozen |/lib/python3\.\d+/(?!site-packages/|dist-packages/)|" + _OWN)
+_OWN_FRAME = re.compile(_OWN)
 _IMPORT = re.compile(r"<frozen importlib\._bootstrap|/importlib/_bootstrap(_external)?\.py:")
 
 
@@ -86,15 +87,16 @@ def is_stdlib_frame(frame: str) -> bool:
 
 def site_and_imports(folded: str) -> tuple[str, bool]:
     """(site, imports) of a folded stack: the innermost frame of the job's own code, else the innermost
-    outside the standard library and the import machinery, else the innermost; ``imports``: the memory an
-    import made (the import machinery ran between the job's frame and the allocation; for a library's
-    line, anywhere in the stack)."""
+    outside the standard library and the import machinery, else the innermost not blackbox's own (its
+    start-up is never a site), else the innermost; ``imports``: the memory an import made (the import
+    machinery ran between the job's frame and the allocation; for a library's line, anywhere in the stack)."""
     frames = folded.split(";")
     for i in range(len(frames) - 1, -1, -1):
         if is_job_frame(frames[i]):
             return frames[i], any(map(is_import_frame, frames[i + 1 :]))
     imports = any(map(is_import_frame, frames))  # a library's own line: made while a module was imported
-    return next((f for f in reversed(frames) if not is_stdlib_frame(f)), frames[-1]), imports
+    site = next((f for f in reversed(frames) if not is_stdlib_frame(f)), None)
+    return site or next((f for f in reversed(frames) if not _OWN_FRAME.search(_where(f))), frames[-1]), imports
 
 
 def site_of(folded: str) -> str:

@@ -1,0 +1,28 @@
+"""Which frame of a sampled block's stack is its site (``recovery.allocs.site_and_imports``), pure."""
+
+from __future__ import annotations
+
+from blackbox.recovery.allocs import site_and_imports
+
+JOB = "train_step (/home/u/train.py:41)"
+LIBRARY = "forward (/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py:125)"
+STDLIB = "copy (/usr/lib/python3.11/copy.py:92)"
+IMPORT = "_call_with_frames_removed (<frozen importlib._bootstrap>:241)"
+SITE = "execsitecustomize (<frozen site>:566)"
+BOOT = "_chain (/tmp/runs/run-1/.boot/sitecustomize.py:24)"
+ARM = "arm (/venv/lib/python3.11/site-packages/blackbox/_api.py:88)"
+
+
+def test_the_innermost_frame_of_the_jobs_own_code_is_the_site() -> None:
+    assert site_and_imports(";".join(["<module> (/home/u/train.py:9)", JOB, LIBRARY, STDLIB])) == (JOB, False)
+
+
+def test_a_library_line_is_the_site_where_no_frame_is_the_jobs_and_imports_are_told() -> None:
+    assert site_and_imports(";".join([IMPORT, LIBRARY, STDLIB])) == (LIBRARY, True)
+
+
+def test_blackbox_runs_own_start_up_is_never_the_site_of_a_stack_of_the_standard_library_and_blackbox() -> None:
+    # ci60: `saved = list(sys.path)` in the sitecustomize `blackbox run` writes, sampled, was named a site
+    assert site_and_imports(";".join([SITE, BOOT]))[0] == SITE
+    assert site_and_imports(";".join([SITE, BOOT, ARM]))[0] == SITE
+    assert site_and_imports(";".join([BOOT, ARM]))[0] == ARM  # only blackbox's frames: the innermost still
