@@ -88,7 +88,9 @@ def arm(
         stack_threads: more threads to sample besides the main thread: thread
             names (every live thread of that name, looked up at each sample,
             so threads started later count) or ``threading.Thread`` objects;
-            16 threads at most.
+            16 threads at most. (Every thread is sampled, once a second, while
+            the main thread's stack stands still: a hang names the thread it
+            waited for.)
         allocations: sample allocations by bytes (README, "Who holds the
             memory"): Python objects, numpy arrays, torch CPU tensors and any
             other malloc in the process, each with the Python stack that made

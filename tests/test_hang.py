@@ -84,9 +84,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _end_when_stuck(jobs: list[tuple[list[str], Path, dict[str, str]]]) -> list[subprocess.Popen[str]]:
+def _end_when_stuck(
+    jobs: list[tuple[list[str], Path, dict[str, str]]], stuck_for: float = STUCK_FOR
+) -> list[subprocess.Popen[str]]:
     """Run each command under `timeout 120`, side by side; once each one's ``stuck`` file appears and
-    STUCK_FOR more seconds pass, SIGALRM makes its `timeout` act as if its time had run out (a shorter run
+    ``stuck_for`` more seconds pass, SIGALRM makes its `timeout` act as if its time had run out (a shorter run
     than waiting for it). The `timeout` processes, ended, their output read (``.out``, ``.err``)."""
     procs = [subprocess.Popen(["timeout", "120", *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=dict(ENV, TORCH_FR_BUFFER_SIZE="200", **env)) for cmd, _, env in jobs]  # fmt: skip
@@ -94,7 +96,7 @@ def _end_when_stuck(jobs: list[tuple[list[str], Path, dict[str, str]]]) -> list[
     for (_, stuck, _), proc in zip(jobs, procs, strict=True):
         while not stuck.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-    time.sleep(STUCK_FOR)
+    time.sleep(stuck_for)
     for proc in procs:
         proc.send_signal(signal.SIGALRM)
     for proc in procs:
@@ -645,3 +647,58 @@ def test_a_pool_worker_stuck_in_its_task_is_named_not_the_main_process_waiting_f
     assert f"stuck in work (job.py:{line})" in first["headline"], first["headline"]
     hang = meta["attempts"][-1]["hang"]
     assert len(hang["waited"]) == 2 and all(w["pid"] != first["pid"] for w in hang["waited"]), hang
+
+
+SAVER_HANG = """\
+import sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
+import blackbox
+
+never = threading.Event()
+pool = ThreadPoolExecutor(2, thread_name_prefix="prefetch")  # idle threads waiting for tasks, in the stdlib only
+pool.submit(time.sleep, 0).result()
+
+def save(step):
+    open(sys.argv[1], "w").close()  # the planted truth: the saver is stuck from now on
+    never.wait()  # PLANT: the checkpoint's upload never returns
+
+for step in range(10**6):
+    blackbox.step(step)
+    if step == 30:
+        saver = threading.Thread(target=save, args=(step,), name="saver")
+        saver.start()
+        saver.join()  # the main thread waits for its saver
+    print(step, flush=True)
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.slow
+def test_a_main_thread_waiting_for_its_stuck_saver_thread_names_the_saver_and_its_line(tmp_path: Path) -> None:
+    # GIVEN a job under `blackbox run` with the defaults (only its main thread's stack is sampled, every tick)
+    # whose checkpoint thread never returns at step 30 while the main thread joins it, two idle pool threads
+    # beside; and the same job unarmed; both ended by `timeout` (SIGTERM) once stuck a while
+    job = tmp_path / "job.py"
+    job.write_text(SAVER_HANG)
+    run = [sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "runs"), "--"]
+    (armed, _, _), (unarmed, _, _) = jobs = [([*run, sys.executable, str(job), str(tmp_path / "armed")],
+                                              tmp_path / "armed", {}),
+                                             ([sys.executable, str(job), str(tmp_path / "unarmed")],
+                                              tmp_path / "unarmed", {})]  # fmt: skip
+    procs = _end_when_stuck(jobs, stuck_for=8.0)  # other threads are sampled once the main one stood still 2 s
+    # THEN it ends as it does unarmed, with the same output
+    assert procs[0].returncode == procs[1].returncode == 124, [(p.returncode, p.err[-2000:]) for p in procs]
+    assert procs[0].out == procs[1].out == "".join(f"{i}\n" for i in range(30))
+    # AND the verdict names the saver thread and its planted line, not only the main thread's join
+    death = _bundle(tmp_path / "runs")["death"]
+    plant = SAVER_HANG.splitlines().index("    never.wait()  # PLANT: the checkpoint's upload never returns") + 1
+    join = SAVER_HANG.splitlines().index("        saver.join()  # the main thread waits for its saver") + 1
+    assert (death["cause"], death["step"]) == ("hang", 30), death
+    assert (f"waiting in <module> (job.py:{join}) for its thread 'saver', stuck in save (job.py:{plant}); "
+            "then SIGTERM from timeout ended it.") in death["headline"], death["headline"]
+    hang = death["hang"]
+    assert hang["joins"] and not hang["waits"] and hang["threads"][0]["thread"] == "saver", hang
+    assert hang["threads"][0]["samples"] >= 3 and hang["threads"][0]["stuck"], hang["threads"]
+    assert not any(t["stuck"] for t in hang["threads"][1:]), hang["threads"]  # the idle pool threads
+    assert death["levers"][0].startswith(f"look at save (job.py:{plant}): its thread 'saver' was there"), death
+

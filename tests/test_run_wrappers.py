@@ -220,7 +220,11 @@ def test_a_python_left_running_after_the_script_ended_is_told_as_running_not_as_
         assert proc.returncode == 0
         first = meta["first_death"]
         assert first["alive"] is True and first["cause"] == "unknown", first
-        assert first["headline"].endswith(") is still running: this is a snapshot of it, not a death."), first
+        # AND where it sits: 4 steps, then its long sleep (line 13), the stall measured to its last record
+        lines = (tmp_path / "train.py").read_text().splitlines()
+        sleep = lines.index("time.sleep(float(sys.argv[2]))") + 1
+        assert ") is still running: this is a snapshot of it, not a death. It has made no step for " in first[
+            "headline"] and first["headline"].endswith(f", stuck in <module> (train.py:{sleep})."), first
         (run,) = (tmp_path / "run").glob("run-*")
         summary = (run / "bundle" / "summary.md").read_text()
         assert "Process still running: main process pid" in summary and "Process that died" not in summary

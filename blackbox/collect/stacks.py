@@ -2,7 +2,13 @@
 
 Each tick samples the main thread (the training loop) and the threads named with
 ``arm(stack_threads=...)``, and writes one ``stack_sample`` record per thread
-through the ring's writer (either write path). The stack itself lives in the
+through the ring's writer (either write path). Where the main thread's stack has
+not changed for ``WIDEN_AFTER_S`` (stuck, or waiting: in a thread's ``join``, a
+queue, a lock), every other thread of the job is sampled too, once every
+``WIDEN_EVERY_S`` while it lasts: what a main thread waits for is often another
+thread of its own (a checkpoint saver, a logger's uploader), and a hang is then
+told by where that one is. A main thread that moves costs one comparison a tick.
+The stack itself lives in the
 stack table (FORMAT.md, "Stack table"): every distinct frame and every distinct
 stack is interned once per generation, so a stack that repeats costs one record
 and nothing else, and the string region is never touched.
@@ -27,6 +33,7 @@ import os
 import struct
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -35,6 +42,9 @@ from ..ring import format as fmt
 KIND_STACK_SAMPLE = fmt.KIND_CODES["stack_sample"]
 MAX_DEPTH = fmt.MAX_STACK_DEPTH
 MAX_THREADS = 16  # threads sampled per tick, the main thread included
+WIDEN_AFTER_S = 2.0  # the main thread's stack the same this long: every thread of the job is sampled too...
+WIDEN_EVERY_S = 1.0  # ...at most this often (its stack samples are at the sampler's interval)
+OWN_THREADS = "blackbox-"  # the prefix of blackbox's own threads' names (the sampler, alerts): never sampled
 _NO_IDS: dict[Any, int] = {}  # an empty frame-id table: a walk that returns every frame object
 OWN_CODE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # blackbox's own frames
 
@@ -251,19 +261,25 @@ class StackSampler:
         self._objects = tuple(t for t in threads if isinstance(t, threading.Thread))
         self._busy = threading.Lock()  # the sampler and a disarming thread never intern at once
         self.closed = False
+        self._main: tuple[int, int] | None = None  # the main thread's last (generation, stack id)...
+        self._main_since = self._widened = time.monotonic()  # ...since when, and when all were last sampled
 
     @property
     def generation(self) -> int:
         return self._table.generation
 
-    def targets(self) -> list[tuple[int, str]]:
-        """(ident, name) of each thread to sample now: the main thread first, then the named ones."""
+    def targets(self, every: bool = False) -> list[tuple[int, str]]:
+        """(ident, name) of each thread to sample now: the main thread first, then the named ones (``every``:
+        then every other thread but blackbox's own, up to ``MAX_THREADS`` in all)."""
         main = threading.main_thread()  # alive while the process runs: its end is the interpreter's end
         out: list[tuple[int, str]] = [(main.ident, main.name)] if main.ident is not None else []
-        if not (self._names or self._objects):
+        if not (self._names or self._objects or every):
             return out
         seen = {main.ident}
-        candidates = [*self._objects, *(t for t in threading.enumerate() if t.name in self._names)]
+        live = threading.enumerate()
+        candidates = [*self._objects, *(t for t in live if t.name in self._names)]
+        if every:
+            candidates += [t for t in live if not t.name.startswith(OWN_THREADS)]
         for t in candidates:
             if t.ident is not None and t.ident not in seen and t.is_alive() and len(out) < MAX_THREADS:
                 seen.add(t.ident)
@@ -275,7 +291,11 @@ class StackSampler:
         if self.closed or not self._busy.acquire(blocking=False):
             return
         try:
-            targets = self.targets()
+            now = time.monotonic()
+            every = now - self._main_since >= WIDEN_AFTER_S and now - self._widened >= WIDEN_EVERY_S
+            if every:
+                self._widened = now
+            targets = self.targets(every)
             me = threading.get_ident()
             table, walks, event = self._table, self._walks, self._event
             idents = tuple(ident for ident, _ in targets)
@@ -294,6 +314,8 @@ class StackSampler:
                         _, keys, frames, depth = walked
                     sid = table.intern(list(frames), list(keys))
                     frames = walked = None  # the frame objects (and their locals) go at once
+                if ident == targets[0][0] and self._main != (table.generation, sid):  # the main thread moved
+                    self._main, self._main_since = (table.generation, sid), now
                 event(KIND_STACK_SAMPLE, name, None, -1, (ident, sid, table.generation, depth))
         finally:
             self._busy.release()

@@ -11,6 +11,9 @@ the job's own code deeper (where DDP all-reduces the gradients; a custom autogra
 the job's code); it *waits* for another process of the job where it is inside multiprocessing's pipes,
 queues or pool, a future or a DataLoader's wait for a batch, again with none of its own code deeper (a Pool
 worker running a task has the pool's frames above it); else the process was *stuck* where its stack says.
+Where the main thread waited for a thread of its own (a join, a queue, an event, a future) and another of
+its threads stood still at a line of the job's own code or a library's (every thread is sampled once the
+main thread stands still: collect/stacks.py), that thread and its line are where it was stuck.
 
 A stall whose main thread kept moving (its most sampled stack under ``BUSY_SHARE`` of its samples, or its
 stack changing between ``BUSY_MOVES`` of consecutive samples) was ``busy``: working without steps, an
@@ -34,6 +37,7 @@ the one those waited in (what a stack cannot show where the wait is on a GPU str
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -41,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._times import epoch_ns
-from .allocs import is_job_frame, site_of
+from .allocs import is_job_frame, is_stdlib_frame, site_of
 from .crash import crashing_stack, innermost_first, short_frame, shutdown_signal
 from .headline import sender_named
 from .kinds import of_kind
@@ -67,6 +71,12 @@ _BACKWARD = re.compile(r"/torch/autograd/|/torch/_tensor\.py")
 # wait for a batch; what waits there is not what is stuck (a Pool's main and its idle worker wait for the one stuck)
 _IPC_WAIT = re.compile(r"/multiprocessing/(?:connection|queues|pool|synchronize|managers)\.py|/concurrent/futures/|"
                        r"/torch/utils/data/dataloader\.py")  # fmt: skip
+# a thread waiting for another thread: a join, a queue, an event or condition, a future
+_THREAD_WAIT = re.compile(r"/threading\.py:|/queue\.py:|/concurrent/futures/")
+# the main thread waiting for a thread of its own to end or deliver: a join, a queue's get, a future (an event's
+# or a lock's wait names no thread: a watchdog polling beside it is not what it waits for)
+_JOIN = re.compile(r"(?:^|\.)join \([^;]*/threading\.py:|(?:^|\.)get \([^;]*/queue\.py:|/concurrent/futures/_base\.py:")
+SHOWN_THREADS = 3  # other threads of a stalled process kept in its ``hang``
 # an exception that is a collective's timeout: gloo's, NCCL's watchdog, the c10d store's
 TIMEOUT = re.compile(r"Timed out waiting|Watchdog caught collective operation timeout|collective operation timeout|"
                      r"DistBackendError.*[Tt]imeout|[Ss]ocket [Tt]imeout")  # fmt: skip
@@ -120,11 +130,12 @@ def stall(table: pa.Table, end_ns: int, ranked: bool) -> dict[str, Any] | None:
     if stalled < max(HANG_FACTOR * step_s, HANG_MIN_S) or stalled <= longest:
         return None
     stack, share, count, moves = _stack_since(table, last, end_ns)
-    return {"since": iso_ns(last), "step": steps["step"][-1].as_py(), "stalled_s": round(stalled, 3),
-            "step_s": round(step_s, 6), "longest_s": round(longest, 6), "stack": stack, "share": share,
-            "samples": count, "moves": moves, "site": site_of(stack) if stack else None,
-            "collective": collective_of(stack, ranked), "waits": waits_for_others(stack),
-            "loader": bool(stack and _LOADER_WAIT.search(stack))}  # fmt: skip
+    return _with_threads(table, last, end_ns, {
+        "since": iso_ns(last), "step": steps["step"][-1].as_py(), "stalled_s": round(stalled, 3),
+        "step_s": round(step_s, 6), "longest_s": round(longest, 6), "stack": stack, "share": share,
+        "samples": count, "moves": moves, "site": site_of(stack) if stack else None,
+        "collective": collective_of(stack, ranked), "waits": waits_for_others(stack),
+        "loader": bool(stack and _LOADER_WAIT.search(stack))})  # fmt: skip
 
 
 def _same_stack(table: pa.Table, end_ns: int, ranked: bool, step: int | None) -> dict[str, Any] | None:
@@ -148,10 +159,57 @@ def _same_stack(table: pa.Table, end_ns: int, ranked: bool, step: int | None) ->
     stalled, stack = (end_ns - since) / 1e9, str(details[-1])
     if stalled < SAME_STACK_S or len(details) - first < STILL_SAMPLES:
         return None
-    return {"since": iso_ns(since), "step": step, "stalled_s": round(stalled, 3), "step_s": None, "longest_s": None,
-            "stack": stack, "share": 1.0, "samples": len(details) - first, "moves": 0, "site": site_of(stack),
-            "collective": collective_of(stack, ranked), "waits": waits_for_others(stack),
-            "loader": bool(_LOADER_WAIT.search(stack))}  # fmt: skip
+    return _with_threads(table, since, end_ns, {
+        "since": iso_ns(since), "step": step, "stalled_s": round(stalled, 3), "step_s": None, "longest_s": None,
+        "stack": stack, "share": 1.0, "samples": len(details) - first, "moves": 0, "site": site_of(stack),
+        "collective": collective_of(stack, ranked), "waits": waits_for_others(stack),
+        "loader": bool(_LOADER_WAIT.search(stack))})  # fmt: skip
+
+
+def _busy(samples: int, share: float, moves: int) -> bool:
+    """Of 4 samples or more, the most sampled stack under ``BUSY_SHARE``, or moves in ``BUSY_MOVES`` of them."""
+    return samples >= 4 and (share < BUSY_SHARE or moves >= max(3, BUSY_MOVES * samples))
+
+
+def _with_threads(table: pa.Table, since_ns: int, end_ns: int, st: dict[str, Any]) -> dict[str, Any]:
+    """``st`` with ``threads``: the process's other threads sampled in the stall (all are, once the main
+    thread's stack stood still for 2 s: collect/stacks.py), each with its most sampled stack since: ``thread``
+    (its name), ``stack``, ``site`` (its innermost frame of the job's own code, else a library's, else null),
+    ``samples``, ``share``, ``moves``, ``stuck`` (a site, not busy, not waiting for another process: a
+    DataLoader's pin-memory thread waits for the workers); the stuck first, the job's own code before a
+    library's, one not itself waiting for another thread first; ``SHOWN_THREADS`` at most. ``joins``: the main
+    thread waited for a thread of its own (a join, a queue's get, a future, with none of the job's code deeper;
+    not for a DataLoader's batch, not in a collective); where one alone was stuck (``_joined``), that one is
+    named, and the process was stuck in itself, waiting for no other (``waits`` false).
+    """
+    rows = of_kind(table, "stack_sample", columns=["time", "thread", "label", "detail"])
+    t = rows["time"].cast(pa.int64())
+    rows = rows.filter(pc.and_(pc.greater(t, since_ns), pc.less_equal(t, end_ns)))
+    rows = rows.filter(pc.not_equal(rows["label"].cast(pa.string()), "MainThread"))
+    rows = rows.take(pc.array_sort_indices(rows["time"].cast(pa.int64())))
+    per: dict[Any, tuple[Any, list[str]]] = {}
+    for ident, name, detail in zip(rows["thread"].to_pylist(), rows["label"].cast(pa.string()).to_pylist(),
+                                   rows["detail"].cast(pa.string()).to_pylist(), strict=True):  # fmt: skip
+        if detail:
+            per.setdefault(ident, (name, []))[1].append(detail)
+    candidates: list[tuple[tuple[bool, bool, bool, int], dict[str, Any]]] = []
+    for name, seen in per.values():
+        stack, most = Counter(seen).most_common(1)[0]
+        share, moves = round(most / len(seen), 4), sum(a != b for a, b in zip(seen, seen[1:], strict=False))
+        site: str | None = site_of(stack)
+        site = None if site is None or is_stdlib_frame(site) else site  # (an idle pool thread: none)
+        waiting = _innermost_is(stack.split(";"), _THREAD_WAIT)  # itself waiting for another thread
+        stuck = site is not None and not _busy(len(seen), share, moves) and not waits_for_others(stack)
+        order = (not stuck, site is None or not is_job_frame(site), waiting, -len(seen))
+        candidates.append((order, {"thread": name, "stack": stack, "site": site, "samples": len(seen), "share": share,
+                               "moves": moves, "stuck": stuck}))  # fmt: skip
+    threads = [e for _, e in sorted(candidates, key=lambda r: r[0])]
+    st["threads"] = threads[:SHOWN_THREADS]
+    st["joins"] = bool(st["stack"] and not st["loader"] and not st["collective"]) and _innermost_is(
+        str(st["stack"]).split(";"), _JOIN)
+    if _joined(st):
+        st["waits"] = False
+    return st
 
 
 def _stack_since(table: pa.Table, since_ns: int, end_ns: int) -> tuple[str | None, float | None, int, int]:
@@ -228,12 +286,26 @@ def with_hang(
                 "levers": [lever, *(death.get("levers") or [])] if st.get("site") else death.get("levers")}
     # Its stack changing from sample to sample, it was working (an evaluation, a checkpoint, a slow data
     # pass killed at the time limit): no progress in steps, but not stuck. It keeps its cause.
-    st["busy"] = st["samples"] >= 4 and ((st["share"] or 0.0) < BUSY_SHARE or
-                                         st["moves"] >= max(3, BUSY_MOVES * st["samples"]))  # fmt: skip
+    st["busy"] = _busy(st["samples"], st["share"] or 0.0, st["moves"])
     out = {**death, "hang": st, "evidence": [*death.get("evidence", []), _stall_evidence(st)]}
     if death["cause"] in ("signal", "killed") and not crashed and not st["busy"]:
         out.update(cause="hang", confidence="strong", headline=hang_headline(death, st), levers=_levers(st, ranked))
     return out
+
+
+def running_stall(table: pa.Table, end_ns: int, ranked: bool) -> tuple[dict[str, Any] | None, str]:
+    """A process that runs still (its ring a snapshot): its stall up to its last record (``stall``, with ``busy``),
+    and the sentence that tells it where it is stuck or waits ("" where it made progress, or was busy): a rank
+    left running after its launcher was killed, a job recovered by hand while it hangs."""
+    st = stall(table, end_ns, ranked)
+    if st is None:
+        return None, ""
+    st["busy"] = None if st["step_s"] is None else _busy(st["samples"], st["share"] or 0.0, st["moves"])
+    if st["busy"]:
+        return st, ""
+    if st["step_s"] is None:
+        return st, f" Its main thread's stack has been the same for {st['stalled_s']:.1f} s, {_where(st)}."
+    return st, f" It has made no step for {st['stalled_s']:.1f} s (its steps took {st['step_s']:.3g} s), {_where(st)}."
 
 
 def _in_shutdown(st: dict[str, Any], end_ns: int, clean: int, text: str | None, ranked: bool) -> None:
@@ -272,6 +344,11 @@ def _levers(st: dict[str, Any], ranked: bool) -> list[str]:
     if st.get("loader"):
         out = ["look at the dataset's __getitem__ and collate_fn: a DataLoader worker never delivered its batch (the "
                "workers' rings hold their stacks); DataLoader(timeout=600) raises where it would wait forever"]
+    elif _joined(st):
+        th = st["threads"][0]
+        out = [f"look at {short_frame(th['site'])}: its thread '{th['thread']}' was there in {100 * th['share']:.0f}% "
+               f"of its {th['samples']} stack samples while the main thread waited for it in "
+               f"{short_frame(st['site'] or st['stack'].rpartition(';')[2])} for {st['stalled_s']:.0f} s"]
     else:
         out = [f"look at {short_frame(st['site'])}: the process was stuck there (a data source, a lock, I/O) for "
                f"{st['stalled_s']:.0f} s" if st.get("site") and not st.get("collective") else
@@ -285,7 +362,19 @@ def _levers(st: dict[str, Any], ranked: bool) -> list[str]:
     return out
 
 
+def _joined(st: dict[str, Any]) -> bool:
+    """The main thread waited for a thread of its own, and one alone was stuck, at the job's own code where
+    any was (``_with_threads``): which one it waited for, a stack does not say."""
+    stuck = [th for th in st.get("threads") or [] if th.get("stuck")]
+    own = [th for th in stuck if is_job_frame(th["site"])] or stuck
+    return bool(st.get("joins")) and len(own) == 1 and own[0] is stuck[0]
+
+
 def _where(st: dict[str, Any]) -> str:
+    if _joined(st):
+        th = st["threads"][0]
+        at = f" in {short_frame(st['site'])}" if st.get("site") else ""
+        return f"waiting{at} for its thread '{th['thread']}', stuck in {short_frame(th['site'])}"
     if st.get("collective"):
         return f"waiting in {st['collective']}"
     if st.get("loader"):
@@ -303,6 +392,11 @@ def _stall_evidence(st: dict[str, Any]) -> str:
         seen = (f"; it ended its work and shut down for {st['shutdown_s']:.1f} s after its clean end, "
                 + (f"in {innermost_first(st['stack'])} at the signal" if st.get("stack") else
                    "where no stack was taken (inside exit(), or a Python without the dump)"))  # fmt: skip
+    others = [f"'{th['thread']}' {'stuck in' if th['stuck'] else 'at'} "
+              f"{short_frame(th['site'] or th['stack'].rpartition(';')[2])} ({100 * th['share']:.0f}% of "
+              f"{th['samples']} samples)" for th in st.get("threads") or []]  # fmt: skip
+    if others:
+        seen += f"; its other threads in that time: {'; '.join(others)}"
     if st.get("busy"):
         seen += (f"; its stack kept changing ({st.get('moves', 0)} times between consecutive samples): busy, not "
                  "stuck (no hang called)")  # fmt: skip
