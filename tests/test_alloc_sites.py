@@ -26,3 +26,18 @@ def test_blackbox_runs_own_start_up_is_never_the_site_of_a_stack_of_the_standard
     assert site_and_imports(";".join([SITE, BOOT]))[0] == SITE
     assert site_and_imports(";".join([SITE, BOOT, ARM]))[0] == SITE
     assert site_and_imports(";".join([BOOT, ARM]))[0] == ARM  # only blackbox's frames: the innermost still
+
+
+def test_code_a_library_compiled_from_a_string_is_the_librarys_and_python_c_is_the_jobs() -> None:
+    made = "__create_fn__.<locals>.__init__ (<string>:25)"  # a dataclass's __init__, made by dataclasses
+    assert site_and_imports(";".join([JOB, LIBRARY, made]))[0] == JOB
+    assert site_and_imports(";".join([LIBRARY, made]))[0] == LIBRARY
+    assert site_and_imports(";".join(["<module> (<string>:1)", STDLIB]))[0] == "<module> (<string>:1)"  # python -c
+    assert site_and_imports(";".join([JOB, made]))[0] == made  # the job's own exec
+
+
+def test_an_entry_point_script_a_package_installs_is_the_librarys() -> None:
+    torchrun = "<module> (/venv/bin/torchrun:6)"
+    assert site_and_imports(";".join([torchrun, "main (/venv/lib/python3.11/site-packages/torch/distributed/run.py:9)"
+                                      ]))[0].startswith("main (")  # fmt: skip
+    assert site_and_imports(";".join([torchrun, JOB]))[0] == JOB

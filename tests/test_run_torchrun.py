@@ -9,8 +9,10 @@ first.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -160,3 +162,67 @@ def test_a_time_limits_sigterm_to_torchrun_is_that_signal_not_the_agents_excepti
     pid = first["pid"]
     assert f"3 processes: pid {pid} ended by a signal; ranks 0 and 1 stopped by pid {pid} (torchrun) as it went " \
            "down." in summary, summary[:1500]  # fmt: skip
+
+
+ORPHANED = """\
+import os, sys, time
+import torch, torch.distributed as dist
+import blackbox
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+open(os.path.join(sys.argv[1], f"rank-{rank}"), "w").write(str(os.getpid()))
+for step in range(100000):
+    blackbox.step(step)
+    dist.all_reduce(torch.ones(1))
+    if rank == 1 and step == 20:
+        while True:
+            time.sleep(0.5)  # PLANT: rank 1 stalls in its own code
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="no torchrun beside this Python")
+def test_ranks_left_running_by_a_sigkilled_torchrun_are_told_as_running_with_where_each_was(tmp_path: Path) -> None:
+    # GIVEN `timeout -s KILL 10 torchrun` of two gloo ranks, rank 1 stuck at step 20 and rank 0 waiting for it in
+    # all_reduce: the SIGKILL reaches torchrun's group, not its ranks (sessions of their own), which run on; run
+    # unarmed, then armed under `blackbox run`
+    (tmp_path / "train.py").write_text(ORPHANED)
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    pids = {"unarmed": tmp_path / "unarmed", "armed": tmp_path / "armed"}
+    procs = {}
+    try:
+        for name, where in pids.items():
+            where.mkdir()
+            cmd = (f"timeout -s KILL 10 {TORCHRUN} --nproc-per-node 2 --master-port {_free_port()} "
+                   f"{tmp_path / 'train.py'} {where}")  # fmt: skip
+            armed = [*BLACKBOX, "run", "--quiet", "--dir", str(tmp_path / "run"), "--"] if name == "armed" else []
+            with open(where / "err", "w") as err:  # (a file: the ranks left running keep it open, as a pipe)
+                procs[name] = subprocess.run([*armed, "bash", "-c", cmd], stdout=subprocess.DEVNULL, stderr=err,
+                                             timeout=120, env=env)  # fmt: skip
+        # THEN both end alike, the ranks running on in both
+        assert procs["armed"].returncode == procs["unarmed"].returncode == -9, {
+            k: (p.returncode, (pids[k] / "err").read_text()[-1500:]) for k, p in procs.items()}  # fmt: skip
+        for where in pids.values():
+            for rank in (0, 1):
+                os.kill(int((where / f"rank-{rank}").read_text()), 0)  # (raises where it ended)
+        (run,) = (tmp_path / "run").glob("run-*")
+        meta = json.loads((run / "bundle" / "metadata.json").read_text())
+        summary = (run / "bundle" / "summary.md").read_text()
+        # AND the agent's SIGKILL is the first death, with no lever at torchrun's own line; the ranks are no
+        # deaths, told as running, rank 1 stuck at the planted line and rank 0 waiting in all_reduce
+        attempt = meta["attempts"][-1]
+        assert meta["first_death"]["victim"]["role"] == "torchrun agent" and attempt["deaths"] == 1, attempt
+        agent = next(r for r in meta["rings"] if r["rank"] is None)
+        assert not any("torchrun:" in lever for lever in agent["death"].get("levers") or []), agent["death"]
+        running = {r["rank"]: r for r in attempt["still_running"]}
+        assert set(running) == {0, 1} and attempt["still_running_count"] == 2, attempt
+        plant = ORPHANED.splitlines().index("            time.sleep(0.5)  # PLANT: rank 1 stalls in its own code") + 1
+        assert running[1]["headline"].endswith(f"stuck in <module> (train.py:{plant})."), running[1]
+        assert "is still running" in running[0]["headline"] and "waiting in all_reduce" in running[0]["headline"]
+        line = next(ln for ln in summary.splitlines() if "still running when recovered" in ln)
+        assert "## Still running" in summary and line.endswith(": ranks 0 and 1") and "within" not in line, line
+    finally:
+        for mark in tmp_path.glob("*/rank-*"):
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(mark.read_text()), signal.SIGKILL)

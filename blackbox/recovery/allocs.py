@@ -54,7 +54,8 @@ MIN_GROWTH_STEPS = 3  # distinct steps a site's blocks must span before it is sa
 MIN_GROWTH_WINDOW_S = 2.0  # and seconds, for growth per second (at least 5 sample intervals too)
 # blackbox's own frames (arm's allocations), and the sitecustomize `blackbox run` writes into its run folder
 _OWN = r"/blackbox/(ring/|collect/|run/|_\w+\.py:|__init__\.py:)|/\.boot/sitecustomize\.py:"
-_LIBRARY = re.compile(r"site-packages|dist-packages|<frozen|/lib/python3\.\d+/|" + _OWN)
+# (an entry point a package installs, `bin/torchrun`: a file without a dot in a bin folder, is the library's)
+_LIBRARY = re.compile(r"site-packages|dist-packages|<frozen|/lib/python3\.\d+/|/s?bin/[^/.]+:\d+\)?$|" + _OWN)
 # the standard library (site-packages apart), frozen modules and blackbox: never a site where a library's is
 _STDLIB = re.compile(r"<frozen |/lib/python3\.\d+/(?!site-packages/|dist-packages/)|" + _OWN)
 _OWN_FRAME = re.compile(_OWN)
@@ -85,6 +86,15 @@ def is_stdlib_frame(frame: str) -> bool:
     return frame.startswith("<blackbox:") or bool(_STDLIB.search(_where(frame)))
 
 
+def _run_by_the_job(frames: list[str], i: int) -> bool:
+    """Frame ``i`` (the job's by its file) is the job's: code compiled from a string (``<string>``) is the job's
+    only where the nearest frame outside such code is (``python -c``), not where a library made it (a
+    dataclass's ``__init__``, a namedtuple's ``__new__``)."""
+    while i >= 0 and _where(frames[i]).startswith("<"):
+        i -= 1
+    return i < 0 or is_job_frame(frames[i])
+
+
 def site_and_imports(folded: str) -> tuple[str, bool]:
     """(site, imports) of a folded stack: the innermost frame of the job's own code, else the innermost
     outside the standard library and the import machinery, else the innermost not blackbox's own (its
@@ -92,10 +102,10 @@ def site_and_imports(folded: str) -> tuple[str, bool]:
     machinery ran between the job's frame and the allocation; for a library's line, anywhere in the stack)."""
     frames = folded.split(";")
     for i in range(len(frames) - 1, -1, -1):
-        if is_job_frame(frames[i]):
+        if is_job_frame(frames[i]) and _run_by_the_job(frames, i):
             return frames[i], any(map(is_import_frame, frames[i + 1 :]))
     imports = any(map(is_import_frame, frames))  # a library's own line: made while a module was imported
-    site = next((f for f in reversed(frames) if not is_stdlib_frame(f)), None)
+    site = next((f for f in reversed(frames) if not is_stdlib_frame(f) and not _where(f).startswith("<")), None)
     return site or next((f for f in reversed(frames) if not _OWN_FRAME.search(_where(f))), frames[-1]), imports
 
 

@@ -62,7 +62,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._times import epoch_ns
-from .hang import attempt_hang, hang_headline, ranked
+from .hang import SHOWN, attempt_hang, hang_headline, ranked
 
 # Launchers that tear a job's other processes down when one fails, by their command (as a signal's sender
 # records it) -> the name said: torchrun's agent names its main thread pt_elastic, which /proc shows.
@@ -340,14 +340,17 @@ def deaths(
 def attempt_metadata(groups: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One entry per attempt: its job, its number within the job (1-based, oldest first), the launcher's
     own count, its rings, span, last step, first death and cause, how many died of their own cause
-    (``deaths``) and how many were torn down after the first death (``collateral``). Marks the
-    collateral rings' slim deaths (``collateral_of``)."""
+    (``deaths``) and how many were torn down after the first death (``collateral``); where a process
+    of it runs on past a death (an orphaned rank), ``still_running``. Marks the collateral rings' slim deaths
+    (``collateral_of``)."""
     out: list[dict[str, Any]] = []
     for group in groups:
         job = job_of(group)
         n = out[-1]["attempt"] + 1 if out and out[-1]["job"] == job else 1
         first, collateral, hang = deaths(group)
-        dead = sum(1 for m in group if m["death"].get("cause") != "clean_exit" and m["death"].get("time"))
+        dead = sum(1 for m in group if m["death"].get("cause") != "clean_exit" and m["death"].get("time")
+                   and not m["death"].get("alive"))  # fmt: skip
+        alive = [m for m in group if m["death"].get("alive")] if first and not first["death"].get("alive") else []
         steps = [m["last_step"] for m in group if m.get("last_step") is not None]
         spans = [_span(m) for m in group]
         out.append({
@@ -363,6 +366,8 @@ def attempt_metadata(groups: list[list[dict[str, Any]]]) -> list[dict[str, Any]]
             "deaths": dead - len(collateral),
             "collateral": len(collateral),
             **({"hang": hang} if hang is not None else {}),
+            **({"still_running": [_who(m) | {"headline": m["death"].get("headline")} for m in alive[:SHOWN]],
+                "still_running_count": len(alive)} if alive else {}),
         })  # fmt: skip
     return out
 

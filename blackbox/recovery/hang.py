@@ -283,7 +283,8 @@ def with_hang(
         lever = (f"look at {short_frame(st['site'])}: the main thread was there in every stack sample for the last "
                  f"{st['stalled_s']:.0f} s before the end (waiting there, or looping on that one line)")  # fmt: skip
         return {**death, "hang": st, "evidence": [*death.get("evidence", []), _stall_evidence(st)],
-                "levers": [lever, *(death.get("levers") or [])] if st.get("site") else death.get("levers")}
+                "levers": [lever, *(death.get("levers") or [])] if st.get("site") and is_job_frame(st["site"])
+                else death.get("levers")}  # (a launcher's own loop, torchrun's agent: no line of the job's)
     # Its stack changing from sample to sample, it was working (an evaluation, a checkpoint, a slow data
     # pass killed at the time limit): no progress in steps, but not stuck. It keeps its cause.
     st["busy"] = _busy(st["samples"], st["share"] or 0.0, st["moves"])

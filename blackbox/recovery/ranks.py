@@ -73,7 +73,7 @@ def _rows(rings: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             "world_size": m.get("world_size"), "pid": m.get("pid"), "role": m.get("role"),
             "attempt": m.get("attempt"), "cause": d.get("cause"), "confidence": d.get("confidence"),
             "started_at": m.get("started_at"), "last_event_at": m.get("last_event_at"),
-            "death_time": d.get("time"), "last_step": m.get("last_step"),
+            "death_time": None if d.get("alive") else d.get("time"), "last_step": m.get("last_step"),
             "last_step_s": m.get("last_step_s"), "peak_host_rss": _peak(m, "host_rss"),
             "peak_cgroup_usage": _peak(m, "cgroup_usage"), "peak_gpu_allocated": _peak(m, "gpu_allocated"),
             "peak_gpu_reserved": _peak(m, "gpu_reserved"), "clock_error_s": m.get("clock_error_s"),

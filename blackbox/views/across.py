@@ -216,11 +216,18 @@ def _after_first(first: dict[str, Any], r: dict[str, Any]) -> str:
     return f"ended (`{r.get('cause')}`) while waiting for {_short(first)}"
 
 
-def ended_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]]) -> list[str]:
-    """The processes grouped by how they ended: count and time spread after the first death."""
+RUNNING = "still running when recovered (snapshots, not deaths)"
+
+
+def ended_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]],
+                alive: frozenset[tuple[Any, Any]] = frozenset()) -> list[str]:  # fmt: skip
+    """The processes grouped by how they ended: count and time spread after the first death. ``alive``:
+    (host, pid) of the processes that ran on (the attempt's ``still_running``)."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        if r.get("collateral_of") is not None and first:  # torn down after the first death: not a death of its own
+        if (r.get("host"), r.get("pid")) in alive:
+            key = RUNNING
+        elif r.get("collateral_of") is not None and first:  # torn down after the first death: not a death of its own
             key = _after_first(first, r)
         else:
             key = f"`{r.get('cause') or 'unknown'}`"
@@ -234,6 +241,9 @@ def ended_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]]) -> lis
                 ("s" if ranks == len(members) else "es"))  # fmt: skip
         times = [t for t in (_t(m.get("death_time")) for m in members) if t is not None]
         text = f"- {len(members)} {noun} {cause}"
+        if cause == RUNNING:
+            lines.append(f"{text}: {_named(members)}")
+            continue
         if cause.startswith(("stopped by", "ended (")):
             within = f", within {_seconds(max(times) - t0)}" if times and t0 is not None and max(times) >= t0 else ""
             lines.append(f"{text}{within}: {_named(members)} (collateral, not counted as deaths)")
@@ -251,6 +261,22 @@ def ended_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]]) -> lis
         lines.append(
             f"- {sum(len(m) for _, m in ordered[MAX_GROUPS:])} more in {len(ordered) - MAX_GROUPS} other causes"
         )
+    return [*lines, ""]
+
+
+def running_lines(attempt: dict[str, Any]) -> list[str]:
+    """The processes of the attempt that ran on past its first death (an orphaned rank of a killed launcher:
+    still holding its memory and devices), each with where it was (its headline: stuck, waiting, or working)."""
+    running = attempt.get("still_running") or []
+    if not running:
+        return []
+    count = int(attempt.get("still_running_count") or len(running))
+    lines = ["## Still running", "",
+             f"{count} process{'es' if count > 1 else ''} of this attempt ran on past its first death (orphaned: "
+             "no launcher will stop them; they still hold their memory and devices). As recovered:", ""]  # fmt: skip
+    lines += [f"- {_who(r)}: {r.get('headline') or 'no death recorded'}" for r in running]
+    if count > len(running):
+        lines.append(f"- {count - len(running)} more")
     return [*lines, ""]
 
 
@@ -352,13 +378,16 @@ def across_lines(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
         groups = group_attempts(rows)  # the rows of the attempt this account is of, grouped as its rings were
         rows = groups[-1] if groups else rows
     first = meta.get("first_death")
+    last = attempts[-1] if attempts else {}
+    alive = frozenset((r.get("host"), r.get("pid")) for r in last.get("still_running") or [])
     return [
         *attempt_lines(attempts),
         "## First death",
         "",
         *first_death_lines(first, rows),
-        *hang_lines((attempts[-1] if attempts else {}).get("hang")),
-        *ended_lines(first, rows),
+        *hang_lines(last.get("hang")),
+        *running_lines(last),
+        *ended_lines(first, rows, alive),
         *outlier_lines(rows),
         "One row per process, with its peaks and last step: `ranks.parquet`.",
         "",
