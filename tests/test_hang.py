@@ -662,10 +662,21 @@ def save(step):
     open(sys.argv[1], "w").close()  # the planted truth: the saver is stuck from now on
     never.wait()  # PLANT: the checkpoint's upload never returns
 
+def heartbeat():
+    while True:
+        time.sleep(0.1)  # a thread of the job's own that stands still too: never the one named
+
+if sys.argv[2] == "uploader":  # the joined thread runs a library's code alone, a heartbeat of the job's beside it
+    threading.Thread(target=heartbeat, name="heartbeat", daemon=True).start()
+
 for step in range(10**6):
     blackbox.step(step)
     if step == 30:
-        saver = threading.Thread(target=save, args=(step,), name="saver")
+        if sys.argv[2] == "uploader":
+            open(sys.argv[1], "w").close()
+            saver = threading.Thread(target=never.wait, name="uploader")  # (the standard library's frames alone)
+        else:
+            saver = threading.Thread(target=save, args=(step,), name="saver")
         saver.start()
         saver.join()  # the main thread waits for its saver
     print(step, flush=True)
@@ -674,17 +685,20 @@ for step in range(10**6):
 
 
 @pytest.mark.slow
-def test_a_main_thread_waiting_for_its_stuck_saver_thread_names_the_saver_and_its_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("joined", ["saver", "uploader"])
+def test_a_main_thread_waiting_for_its_stuck_saver_thread_names_the_saver_and_its_line(
+    tmp_path: Path, joined: str
+) -> None:
     # GIVEN a job under `blackbox run` with the defaults (only its main thread's stack is sampled, every tick)
     # whose checkpoint thread never returns at step 30 while the main thread joins it, two idle pool threads
-    # beside; and the same job unarmed; both ended by `timeout` (SIGTERM) once stuck a while
+    # beside (for `uploader`: the joined thread runs Event.wait, the standard library's code alone, and a
+    # heartbeat thread of the job's own stands still beside it); and the same job unarmed; both ended by
+    # `timeout` (SIGTERM) once stuck a while
     job = tmp_path / "job.py"
     job.write_text(SAVER_HANG)
     run = [sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "runs"), "--"]
-    (armed, _, _), (unarmed, _, _) = jobs = [([*run, sys.executable, str(job), str(tmp_path / "armed")],
-                                              tmp_path / "armed", {}),
-                                             ([sys.executable, str(job), str(tmp_path / "unarmed")],
-                                              tmp_path / "unarmed", {})]  # fmt: skip
+    jobs = [([*run, sys.executable, str(job), str(tmp_path / "armed"), joined], tmp_path / "armed", {}),
+            ([sys.executable, str(job), str(tmp_path / "unarmed"), joined], tmp_path / "unarmed", {})]  # fmt: skip
     procs = _end_when_stuck(jobs, stuck_for=8.0)  # other threads are sampled once the main one stood still 2 s
     # THEN it ends as it does unarmed, with the same output
     assert procs[0].returncode == procs[1].returncode == 124, [(p.returncode, p.err[-2000:]) for p in procs]
@@ -694,11 +708,15 @@ def test_a_main_thread_waiting_for_its_stuck_saver_thread_names_the_saver_and_it
     plant = SAVER_HANG.splitlines().index("    never.wait()  # PLANT: the checkpoint's upload never returns") + 1
     join = SAVER_HANG.splitlines().index("        saver.join()  # the main thread waits for its saver") + 1
     assert (death["cause"], death["step"]) == ("hang", 30), death
+    hang = death["hang"]
+    assert hang["joins"] and not hang["waits"] and hang["threads"][0]["thread"] == joined, hang
+    assert hang["threads"][0]["joined"] and hang["threads"][0]["samples"] >= 3, hang["threads"]
+    if joined == "uploader":  # (before the join was marked, the heartbeat was named: the one stuck at the job's code)
+        assert f"waiting in <module> (job.py:{join}) for its thread 'uploader', in " in death["headline"], death
+        assert "threading.py:" in death["headline"] and "heartbeat" not in death["headline"], death["headline"]
+        return
     assert (f"waiting in <module> (job.py:{join}) for its thread 'saver', stuck in save (job.py:{plant}); "
             "then SIGTERM from timeout ended it.") in death["headline"], death["headline"]
-    hang = death["hang"]
-    assert hang["joins"] and not hang["waits"] and hang["threads"][0]["thread"] == "saver", hang
-    assert hang["threads"][0]["samples"] >= 3 and hang["threads"][0]["stuck"], hang["threads"]
-    assert not any(t["stuck"] for t in hang["threads"][1:]), hang["threads"]  # the idle pool threads
+    assert hang["threads"][0]["stuck"] and not any(t["stuck"] for t in hang["threads"][1:]), hang["threads"]
     assert death["levers"][0].startswith(f"look at save (job.py:{plant}): its thread 'saver' was there"), death
 

@@ -64,6 +64,7 @@ RECOVERY_ORDER = {
     "levers": 2,
     "crash": 2,
     "hang": 2,
+    "stall_threads": 1,
     "timing": 1,
     "flight": 0,
     "alloc_levers": 3,

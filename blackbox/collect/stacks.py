@@ -40,6 +40,7 @@ from typing import Any
 from ..ring import format as fmt
 
 KIND_STACK_SAMPLE = fmt.KIND_CODES["stack_sample"]
+KIND_MARK = fmt.KIND_CODES["mark"]
 MAX_DEPTH = fmt.MAX_STACK_DEPTH
 MAX_THREADS = 16  # threads sampled per tick, the main thread included
 WIDEN_AFTER_S = 2.0  # the main thread's stack the same this long: every thread of the job is sampled too...
@@ -227,6 +228,30 @@ def py_walks(
     return walked
 
 
+def joined_thread(main_ident: int) -> threading.Thread | None:
+    """The thread whose ``join`` the main thread is inside (its frame's ``self``), or None. Read once a
+    second while the main thread stands still, never while subinterpreters exist (``py_walks``); the
+    collector is off while the frames are walked, as there."""
+    if _subinterpreters():
+        return None
+    collecting = gc.isenabled()
+    if collecting:
+        gc.disable()
+    try:
+        frame = sys._current_frames().get(main_ident)
+        while frame is not None:
+            code = frame.f_code
+            if code.co_name == "join" and code.co_filename == threading.__file__:
+                joined = frame.f_locals.get("self")
+                return joined if isinstance(joined, threading.Thread) else None
+            frame = frame.f_back
+        return None
+    finally:
+        frame = None
+        if collecting:
+            gc.enable()
+
+
 def thread_tuple(threads: Any) -> tuple[Any, ...]:
     """``stack_threads`` as a tuple: one name or thread on its own, or an iterable of them (what is
     not a name or a thread is refused by the stack sampler, with a warning, not here)."""
@@ -268,9 +293,10 @@ class StackSampler:
     def generation(self) -> int:
         return self._table.generation
 
-    def targets(self, every: bool = False) -> list[tuple[int, str]]:
+    def targets(self, every: bool = False, joined: threading.Thread | None = None) -> list[tuple[int, str]]:
         """(ident, name) of each thread to sample now: the main thread first, then the named ones (``every``:
-        then every other thread but blackbox's own, up to ``MAX_THREADS`` in all)."""
+        then the one the main thread joins, then every other thread but blackbox's own, the latest started
+        first, up to ``MAX_THREADS`` in all)."""
         main = threading.main_thread()  # alive while the process runs: its end is the interpreter's end
         out: list[tuple[int, str]] = [(main.ident, main.name)] if main.ident is not None else []
         if not (self._names or self._objects or every):
@@ -279,7 +305,8 @@ class StackSampler:
         live = threading.enumerate()
         candidates = [*self._objects, *(t for t in live if t.name in self._names)]
         if every:
-            candidates += [t for t in live if not t.name.startswith(OWN_THREADS)]
+            candidates += [*([joined] if joined is not None else []),
+                           *(t for t in reversed(live) if not t.name.startswith(OWN_THREADS))]  # fmt: skip
         for t in candidates:
             if t.ident is not None and t.ident not in seen and t.is_alive() and len(out) < MAX_THREADS:
                 seen.add(t.ident)
@@ -293,11 +320,16 @@ class StackSampler:
         try:
             now = time.monotonic()
             every = now - self._main_since >= WIDEN_AFTER_S and now - self._widened >= WIDEN_EVERY_S
+            joined = None
+            table, walks, event = self._table, self._walks, self._event
             if every:
                 self._widened = now
-            targets = self.targets(every)
+                main = threading.main_thread().ident
+                joined = joined_thread(main) if main is not None else None
+                if joined is not None and joined.ident is not None and 0 < joined.ident < 1 << 63:
+                    event(KIND_MARK, fmt.JOINS_PREFIX + joined.name, joined.ident, -1, None)
+            targets = self.targets(every, joined)
             me = threading.get_ident()
-            table, walks, event = self._table, self._walks, self._event
             idents = tuple(ident for ident, _ in targets)
             # a synchronous sample (at arm, at disarm) leaves out blackbox's own frames
             every = walks(idents, MAX_DEPTH, me, OWN_CODE, table.frame_ids)

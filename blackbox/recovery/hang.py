@@ -16,7 +16,7 @@ its threads stood still at a line of the job's own code or a library's (every th
 main thread stands still: collect/stacks.py), that thread and its line are where it was stuck.
 
 A stall whose main thread kept moving (its most sampled stack under ``BUSY_SHARE`` of its samples, or its
-stack changing between ``BUSY_MOVES`` of consecutive samples) was ``busy``: working without steps, an
+stack changing between ``BUSY_MOVES`` of consecutive samples: stall_threads.py) was ``busy``: working without steps, an
 evaluation or a checkpoint, not stuck; its death keeps its cause.
 
 ``attempt_hang`` reads an attempt's dead rings (their slim metadata): where some stalled in a collective, or
@@ -37,7 +37,6 @@ the one those waited in (what a stack cannot show where the wait is on a GPU str
 from __future__ import annotations
 
 import re
-from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -45,15 +44,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._times import epoch_ns
-from .allocs import is_job_frame, is_stdlib_frame, site_of
+from .allocs import is_job_frame, site_of
 from .crash import crashing_stack, innermost_first, short_frame, shutdown_signal
 from .headline import sender_named
 from .kinds import of_kind
+from .stall_threads import (
+    busy,
+    innermost_is,
+    joined,
+    waits_for_others,
+    with_threads,
+)
 from .timeline import iso_ns
 
-BUSY_SHARE = 0.5  # a stall whose most sampled stack is under this share of 4 or more samples was busy, not stuck
-BUSY_MOVES = 0.1  # or whose stack changed between this share of its consecutive samples (at least 3 times): an
-# evaluation's loop spends most samples in one op (a matmul) yet keeps moving; a stuck process moves once at most
 HANG_FACTOR = 10.0  # a stall this many times the job's own step time (the median of its last steps)...
 HANG_MIN_S = 2.0  # ...and at least this long (and longer than any of those steps) is no progress
 STEPS_SEEN = 50  # the step intervals the step time is taken from: the last ones
@@ -67,16 +70,6 @@ _C10D = re.compile(r"/torch/distributed/distributed_c10d\.py")
 # the main process waiting for a batch from its DataLoader's worker processes
 _LOADER_WAIT = re.compile(r"_MultiProcessingDataLoaderIter\._(?:try_)?get_data \([^;]*/torch/utils/data/dataloader\.py")
 _BACKWARD = re.compile(r"/torch/autograd/|/torch/_tensor\.py")
-# a wait for another process of the job: multiprocessing's pipes, queues, pool and locks, a future, a DataLoader's
-# wait for a batch; what waits there is not what is stuck (a Pool's main and its idle worker wait for the one stuck)
-_IPC_WAIT = re.compile(r"/multiprocessing/(?:connection|queues|pool|synchronize|managers)\.py|/concurrent/futures/|"
-                       r"/torch/utils/data/dataloader\.py")  # fmt: skip
-# a thread waiting for another thread: a join, a queue, an event or condition, a future
-_THREAD_WAIT = re.compile(r"/threading\.py:|/queue\.py:|/concurrent/futures/")
-# the main thread waiting for a thread of its own to end or deliver: a join, a queue's get, a future (an event's
-# or a lock's wait names no thread: a watchdog polling beside it is not what it waits for)
-_JOIN = re.compile(r"(?:^|\.)join \([^;]*/threading\.py:|(?:^|\.)get \([^;]*/queue\.py:|/concurrent/futures/_base\.py:")
-SHOWN_THREADS = 3  # other threads of a stalled process kept in its ``hang``
 # an exception that is a collective's timeout: gloo's, NCCL's watchdog, the c10d store's
 TIMEOUT = re.compile(r"Timed out waiting|Watchdog caught collective operation timeout|collective operation timeout|"
                      r"DistBackendError.*[Tt]imeout|[Ss]ocket [Tt]imeout")  # fmt: skip
@@ -96,21 +89,9 @@ def collective_of(stack: str | None, ranked: bool) -> str | None:
     for frame in reversed(frames):
         if _COLLECTIVE.search(frame):
             return short_frame(frame)
-    if ranked and _innermost_is(frames, _BACKWARD):  # (the job's own code deeper: its own backward, stuck there)
+    if ranked and innermost_is(frames, _BACKWARD):  # (the job's own code deeper: its own backward, stuck there)
         return "backward (where DDP all-reduces the gradients)"
     return None
-
-
-def waits_for_others(stack: str | None) -> bool:
-    """The folded stack waits for another process of the job (``_IPC_WAIT``), with no frame of the job's own
-    code deeper than that wait (a Pool worker running the job's task has the pool's frames above it)."""
-    return bool(stack) and _innermost_is(str(stack).split(";"), _IPC_WAIT)
-
-
-def _innermost_is(frames: list[str], where: re.Pattern[str]) -> bool:
-    """Some frame matches ``where`` and none deeper is the job's own code."""
-    deepest = max((i for i, f in enumerate(frames) if where.search(f)), default=-1)
-    return deepest >= 0 and not any(map(is_job_frame, frames[deepest + 1 :]))
 
 
 def stall(table: pa.Table, end_ns: int, ranked: bool) -> dict[str, Any] | None:
@@ -130,7 +111,7 @@ def stall(table: pa.Table, end_ns: int, ranked: bool) -> dict[str, Any] | None:
     if stalled < max(HANG_FACTOR * step_s, HANG_MIN_S) or stalled <= longest:
         return None
     stack, share, count, moves = _stack_since(table, last, end_ns)
-    return _with_threads(table, last, end_ns, {
+    return with_threads(table, last, end_ns, {
         "since": iso_ns(last), "step": steps["step"][-1].as_py(), "stalled_s": round(stalled, 3),
         "step_s": round(step_s, 6), "longest_s": round(longest, 6), "stack": stack, "share": share,
         "samples": count, "moves": moves, "site": site_of(stack) if stack else None,
@@ -159,57 +140,11 @@ def _same_stack(table: pa.Table, end_ns: int, ranked: bool, step: int | None) ->
     stalled, stack = (end_ns - since) / 1e9, str(details[-1])
     if stalled < SAME_STACK_S or len(details) - first < STILL_SAMPLES:
         return None
-    return _with_threads(table, since, end_ns, {
+    return with_threads(table, since, end_ns, {
         "since": iso_ns(since), "step": step, "stalled_s": round(stalled, 3), "step_s": None, "longest_s": None,
         "stack": stack, "share": 1.0, "samples": len(details) - first, "moves": 0, "site": site_of(stack),
         "collective": collective_of(stack, ranked), "waits": waits_for_others(stack),
         "loader": bool(_LOADER_WAIT.search(stack))})  # fmt: skip
-
-
-def _busy(samples: int, share: float, moves: int) -> bool:
-    """Of 4 samples or more, the most sampled stack under ``BUSY_SHARE``, or moves in ``BUSY_MOVES`` of them."""
-    return samples >= 4 and (share < BUSY_SHARE or moves >= max(3, BUSY_MOVES * samples))
-
-
-def _with_threads(table: pa.Table, since_ns: int, end_ns: int, st: dict[str, Any]) -> dict[str, Any]:
-    """``st`` with ``threads``: the process's other threads sampled in the stall (all are, once the main
-    thread's stack stood still for 2 s: collect/stacks.py), each with its most sampled stack since: ``thread``
-    (its name), ``stack``, ``site`` (its innermost frame of the job's own code, else a library's, else null),
-    ``samples``, ``share``, ``moves``, ``stuck`` (a site, not busy, not waiting for another process: a
-    DataLoader's pin-memory thread waits for the workers); the stuck first, the job's own code before a
-    library's, one not itself waiting for another thread first; ``SHOWN_THREADS`` at most. ``joins``: the main
-    thread waited for a thread of its own (a join, a queue's get, a future, with none of the job's code deeper;
-    not for a DataLoader's batch, not in a collective); where one alone was stuck (``_joined``), that one is
-    named, and the process was stuck in itself, waiting for no other (``waits`` false).
-    """
-    rows = of_kind(table, "stack_sample", columns=["time", "thread", "label", "detail"])
-    t = rows["time"].cast(pa.int64())
-    rows = rows.filter(pc.and_(pc.greater(t, since_ns), pc.less_equal(t, end_ns)))
-    rows = rows.filter(pc.not_equal(rows["label"].cast(pa.string()), "MainThread"))
-    rows = rows.take(pc.array_sort_indices(rows["time"].cast(pa.int64())))
-    per: dict[Any, tuple[Any, list[str]]] = {}
-    for ident, name, detail in zip(rows["thread"].to_pylist(), rows["label"].cast(pa.string()).to_pylist(),
-                                   rows["detail"].cast(pa.string()).to_pylist(), strict=True):  # fmt: skip
-        if detail:
-            per.setdefault(ident, (name, []))[1].append(detail)
-    candidates: list[tuple[tuple[bool, bool, bool, int], dict[str, Any]]] = []
-    for name, seen in per.values():
-        stack, most = Counter(seen).most_common(1)[0]
-        share, moves = round(most / len(seen), 4), sum(a != b for a, b in zip(seen, seen[1:], strict=False))
-        site: str | None = site_of(stack)
-        site = None if site is None or is_stdlib_frame(site) else site  # (an idle pool thread: none)
-        waiting = _innermost_is(stack.split(";"), _THREAD_WAIT)  # itself waiting for another thread
-        stuck = site is not None and not _busy(len(seen), share, moves) and not waits_for_others(stack)
-        order = (not stuck, site is None or not is_job_frame(site), waiting, -len(seen))
-        candidates.append((order, {"thread": name, "stack": stack, "site": site, "samples": len(seen), "share": share,
-                               "moves": moves, "stuck": stuck}))  # fmt: skip
-    threads = [e for _, e in sorted(candidates, key=lambda r: r[0])]
-    st["threads"] = threads[:SHOWN_THREADS]
-    st["joins"] = bool(st["stack"] and not st["loader"] and not st["collective"]) and _innermost_is(
-        str(st["stack"]).split(";"), _JOIN)
-    if _joined(st):
-        st["waits"] = False
-    return st
 
 
 def _stack_since(table: pa.Table, since_ns: int, end_ns: int) -> tuple[str | None, float | None, int, int]:
@@ -287,26 +222,34 @@ def with_hang(
                 else death.get("levers")}  # (a launcher's own loop, torchrun's agent: no line of the job's)
     # Its stack changing from sample to sample, it was working (an evaluation, a checkpoint, a slow data
     # pass killed at the time limit): no progress in steps, but not stuck. It keeps its cause.
-    st["busy"] = _busy(st["samples"], st["share"] or 0.0, st["moves"])
+    st["busy"] = busy(st["samples"], st["share"] or 0.0, st["moves"])
     out = {**death, "hang": st, "evidence": [*death.get("evidence", []), _stall_evidence(st)]}
     if death["cause"] in ("signal", "killed") and not crashed and not st["busy"]:
         out.update(cause="hang", confidence="strong", headline=hang_headline(death, st), levers=_levers(st, ranked))
     return out
 
 
-def running_stall(table: pa.Table, end_ns: int, ranked: bool) -> tuple[dict[str, Any] | None, str]:
-    """A process that runs still (its ring a snapshot): its stall up to its last record (``stall``, with ``busy``),
-    and the sentence that tells it where it is stuck or waits ("" where it made progress, or was busy): a rank
-    left running after its launcher was killed, a job recovered by hand while it hangs."""
-    st = stall(table, end_ns, ranked)
+def snapshot_death(death: dict[str, Any], table: pa.Table, end_ns: int | None, ranked: bool) -> dict[str, Any]:
+    """``death`` of a process that runs still (its ring a snapshot: a rank left running after its launcher was
+    killed, a job recovered by hand while it hangs), with ``alive`` and ``headline`` (``running``: the sentence
+    that says it runs); where it stalled up to its last record and was not busy, its ``hang``, the sentence
+    that tells where it is stuck or waits, the stall's evidence and where to look."""
+    out = {**death, "alive": True}
+    st = stall(table, end_ns, ranked) if end_ns is not None else None
     if st is None:
-        return None, ""
-    st["busy"] = None if st["step_s"] is None else _busy(st["samples"], st["share"] or 0.0, st["moves"])
+        return out
+    st["busy"] = None if st["step_s"] is None else busy(st["samples"], st["share"] or 0.0, st["moves"])
+    out.update(hang=st, evidence=[*death.get("evidence", []), _stall_evidence(st)])
     if st["busy"]:
-        return st, ""
+        return out
     if st["step_s"] is None:
-        return st, f" Its main thread's stack has been the same for {st['stalled_s']:.1f} s, {_where(st)}."
-    return st, f" It has made no step for {st['stalled_s']:.1f} s (its steps took {st['step_s']:.3g} s), {_where(st)}."
+        told = f" Its main thread's stack has been the same for {st['stalled_s']:.1f} s, {_where(st)}."
+    else:
+        told = f" It has made no step for {st['stalled_s']:.1f} s (its steps took {st['step_s']:.3g} s), {_where(st)}."
+    out["headline"] = str(death.get("headline") or "") + told
+    if st.get("site") and is_job_frame(st["site"]) or joined(st):
+        out["levers"] = [*_levers(st, ranked)[:1], *(death.get("levers") or [])]
+    return out
 
 
 def _in_shutdown(st: dict[str, Any], end_ns: int, clean: int, text: str | None, ranked: bool) -> None:
@@ -345,9 +288,10 @@ def _levers(st: dict[str, Any], ranked: bool) -> list[str]:
     if st.get("loader"):
         out = ["look at the dataset's __getitem__ and collate_fn: a DataLoader worker never delivered its batch (the "
                "workers' rings hold their stacks); DataLoader(timeout=600) raises where it would wait forever"]
-    elif _joined(st):
+    elif joined(st):
         th = st["threads"][0]
-        out = [f"look at {short_frame(th['site'])}: its thread '{th['thread']}' was there in {100 * th['share']:.0f}% "
+        out = [f"look at {short_frame(th['site'] or th['stack'].rpartition(';')[2])}: its thread '{th['thread']}' "
+               f"was there in {100 * th['share']:.0f}% "
                f"of its {th['samples']} stack samples while the main thread waited for it in "
                f"{short_frame(st['site'] or st['stack'].rpartition(';')[2])} for {st['stalled_s']:.0f} s"]
     else:
@@ -363,19 +307,14 @@ def _levers(st: dict[str, Any], ranked: bool) -> list[str]:
     return out
 
 
-def _joined(st: dict[str, Any]) -> bool:
-    """The main thread waited for a thread of its own, and one alone was stuck, at the job's own code where
-    any was (``_with_threads``): which one it waited for, a stack does not say."""
-    stuck = [th for th in st.get("threads") or [] if th.get("stuck")]
-    own = [th for th in stuck if is_job_frame(th["site"])] or stuck
-    return bool(st.get("joins")) and len(own) == 1 and own[0] is stuck[0]
-
-
 def _where(st: dict[str, Any]) -> str:
-    if _joined(st):
+    if joined(st):
         th = st["threads"][0]
         at = f" in {short_frame(st['site'])}" if st.get("site") else ""
-        return f"waiting{at} for its thread '{th['thread']}', stuck in {short_frame(th['site'])}"
+        where = short_frame(th["site"] or th["stack"].rpartition(";")[2])
+        return f"waiting{at} for its thread '{th['thread']}', {'stuck in' if th['stuck'] else 'in'} {where}"
+    if st.get("joins") and st.get("site"):
+        return f"waiting in {short_frame(st['site'])} for a thread of its own"
     if st.get("collective"):
         return f"waiting in {st['collective']}"
     if st.get("loader"):

@@ -26,7 +26,7 @@ from .attempts import SLIM_DEATH, attempt_metadata, group_attempts, slim
 from .crash import crash_reading, shutdown_signal
 from .evidence import Evidence
 from .family import RECENT_STEPS, extra, retell
-from .hang import running_stall
+from .hang import snapshot_death
 from .headline import still_running
 from .kinds import last_of_kind, of_kind, rows_of_kind
 from .spill import SpilledRings
@@ -146,9 +146,8 @@ def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[s
     alerts = alerts_report(table, death_time(death, evidence.writer_alive))
     death = with_alert_evidence(death, alerts)
     if evidence.writer_alive and death.get("cause") == "unknown":  # a snapshot of a process that runs on
-        st, told = running_stall(table, end_ns, isinstance(ident.get("rank"), int)) if end_ns else (None, "")
-        death = {**death, "alive": True, "headline": still_running(death.get("victim") or {}) + told,
-                 **({"hang": st} if st else {})}  # fmt: skip
+        running = {**death, "headline": still_running(death.get("victim") or {})}
+        death = snapshot_death(running, table, end_ns, isinstance(ident.get("rank"), int))
     return {
         "format_version": ring.header.version,
         "ring": str(ring.path),

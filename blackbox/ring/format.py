@@ -120,6 +120,7 @@ NOTE_PREFIX = "blackbox: "  # a ``mark`` with this label prefix is the recorder'
 # ``EXEC_FAILED`` follows where the exec raised (the process went on)
 EXEC_PREFIX, EXEC_FAILED = "blackbox exec: ", "blackbox exec failed"
 EXEC_MARKS = (EXEC_PREFIX, EXEC_FAILED)
+JOINS_PREFIX = "blackbox joins: "  # a ``mark``: the main thread, stood still, waits in the join of this thread
 HELPER_PREFIX = "blackbox helper: "  # a ``mark`` naming what a multiprocessing child runs (``DataLoader worker``)
 # Two notes recovery reads back: PyTorch's allocator history lost actions between drains (the mark's value
 # is the total lost so far), and the caching allocator runs with expandable segments.

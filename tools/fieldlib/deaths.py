@@ -48,6 +48,9 @@ DEATHS = {
     # a native crash at step 5: a read of address 0 (in libc's strlen), told with its fault and library
     "segv": Death("segv", env={"FIELD_EXIT": "0@5:segv"}, causes=("signal",),
                   headline="died of SIGSEGV in native code (a null pointer: address 0x0, in libc.so.6)"),
+    # a checkpoint thread of the job's own never returns at step 5, the main thread joining it (rank 0 alone)
+    "saver-hang": Death("saver-hang", env={"FIELD_SAVER_HANG": "5"}, timeout=True, long=True, sender="timeout",
+                        signal="SIGTERM", causes=("signal", "hang"), site="_save_hangs"),  # fmt: skip
     "slurm": Death("slurm", at_step=6, action="slurm", sender="field", signal="SIGTERM", long=True),
     "rerun": Death("rerun", at_step=6, action="sigkill", rerun=True, causes=("clean_exit",)),
 }

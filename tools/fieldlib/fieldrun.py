@@ -16,6 +16,9 @@ environment, and runs SCRIPT with ``runpy`` as ``__main__``:
   unset) keeps MIB MiB more.
 - ``FIELD_EXIT_HANG=1``: an exit handler, registered before ``--arm`` arms (as a library imported before the
   job's own ``arm()`` call registers its own), that never returns once ``FIELD_EXIT`` has ended the job.
+- ``FIELD_SAVER_HANG=STEP``: once STEP optimizer steps are done, as the next begins, a thread named ``saver``
+  starts a checkpoint save that never returns, and the main thread joins it (a hang in a thread of the job's
+  own, its main thread waiting for it).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import os
 import runpy
 import struct
 import sys
+import threading
 import time
 
 LEAKED: list[bytes] = []
@@ -36,11 +40,16 @@ def _hang_at_exit() -> None:
         time.sleep(0.1)
 
 
+def _save_hangs() -> None:
+    threading.Event().wait()  # the checkpoint's upload never returns
+
+
 def _plant() -> None:
     steps_dir = os.environ.get("FIELD_STEPS")
     exit_at = os.environ.get("FIELD_EXIT", "")
     leak = os.environ.get("FIELD_LEAK", "")
-    if not (steps_dir or exit_at or leak):
+    saver_at = int(os.environ.get("FIELD_SAVER_HANG") or -1)
+    if not (steps_dir or exit_at or leak or saver_at >= 0):
         return
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
@@ -71,6 +80,10 @@ def _plant() -> None:
             return
         if leaking and done[0]:
             LEAKED.append(b"\x01" * (int(leak_mib) << 20))
+        if done[0] == saver_at and int(os.environ.get("RANK", "0")) == 0:
+            saver = threading.Thread(target=_save_hangs, name="saver", daemon=True)
+            saver.start()
+            saver.join()
         if exit_at and done[0] == int(at):
             EXITING.append(True)
             if how == "segv":
