@@ -720,3 +720,64 @@ def test_a_main_thread_waiting_for_its_stuck_saver_thread_names_the_saver_and_it
     assert hang["threads"][0]["stuck"] and not any(t["stuck"] for t in hang["threads"][1:]), hang["threads"]
     assert death["levers"][0].startswith(f"look at save (job.py:{plant}): its thread 'saver' was there"), death
 
+
+
+FLAG_HANDLER = """\
+import signal, sys, threading, time
+import blackbox
+
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(True))  # as Lightning does: a flag, read between steps
+
+def load(step):
+    if step == 30:
+        open(sys.argv[1], "w").close()
+        threading.Event().wait()  # PLANT: stuck here; the flag is never read again
+    return step
+
+for step in range(10**6):
+    if stop:
+        break
+    blackbox.step(step)
+    load(step)
+    print(step, flush=True)
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.slow
+def test_a_hung_job_whose_handler_took_the_sigterm_tells_that_sigterm_before_the_sigkill(tmp_path: Path) -> None:
+    # GIVEN a job whose SIGTERM handler sets a flag its loop reads between steps (Lightning's), stuck at step 30,
+    # under `timeout -k 3 T`: the SIGTERM is taken and changes nothing, the SIGKILL 3 s later ends it; unarmed and
+    # under `blackbox run`
+    job = tmp_path / "job.py"
+    job.write_text(FLAG_HANDLER)
+    run = [sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "runs"), "--"]
+    procs = []
+    for name, armed in (("unarmed", []), ("armed", run)):
+        procs.append(subprocess.Popen(["timeout", "-k", "3", "120", *armed, sys.executable, str(job),
+                                       str(tmp_path / name)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=ENV))  # fmt: skip
+    for name, proc in zip(("unarmed", "armed"), procs, strict=True):
+        while not (tmp_path / name).exists() and proc.poll() is None:
+            time.sleep(0.05)
+    time.sleep(STUCK_FOR)
+    for proc in procs:
+        proc.send_signal(signal.SIGALRM)  # `timeout` acts as if its time ran out: SIGTERM, then SIGKILL after 3 s
+    (out0, err0), (out1, err1) = [proc.communicate(timeout=60) for proc in procs]
+    # THEN both end alike (`timeout -k` kills its group, itself too, with SIGKILL), with the same output
+    assert procs[0].returncode == procs[1].returncode == -signal.SIGKILL, (err0[-2000:], err1[-2000:])
+    assert out0 == out1 == "".join(f"{i}\n" for i in range(30))
+    # AND, recovered (the group's SIGKILL took `blackbox run` too: no bundle of its own), the hang says the SIGTERM
+    # came from timeout and was taken by the job's handler, before the SIGKILL (it read "...; then SIGKILL ended
+    # it.", the SIGTERM unmentioned)
+    from blackbox.recovery.pipeline import recover_rings
+
+    (rings,) = (tmp_path / "runs").glob("run-*/rings")
+    death = recover_rings([rings]).meta["death"]
+    plant = FLAG_HANDLER.splitlines().index("        threading.Event().wait()  # PLANT: stuck here; the flag is never "
+                                            "read again") + 1  # fmt: skip
+    assert death["cause"] == "hang" and f"stuck in load (job.py:{plant}); then SIGTERM from timeout came at " in death[
+        "headline"], death["headline"]
+    assert death["headline"].endswith("taken by the job's own handler, which could not act on it while the process "
+                                      "hung; then SIGKILL ended it."), death["headline"]  # fmt: skip

@@ -11,9 +11,9 @@ the job's own code deeper (where DDP all-reduces the gradients; a custom autogra
 the job's code); it *waits* for another process of the job where it is inside multiprocessing's pipes,
 queues or pool, a future or a DataLoader's wait for a batch, again with none of its own code deeper (a Pool
 worker running a task has the pool's frames above it); else the process was *stuck* where its stack says.
-Where the main thread waited for a thread of its own (a join, a queue, an event, a future) and another of
-its threads stood still at a line of the job's own code or a library's (every thread is sampled once the
-main thread stands still: collect/stacks.py), that thread and its line are where it was stuck.
+Where the main thread waited for a thread of its own (a join, a queue's get, a future) and it is known which
+(every thread is sampled once the main thread stands still, and the thread it joins is marked:
+collect/stacks.py, stall_threads.py), that thread and its line are where it was stuck.
 
 A stall whose main thread kept moving (its most sampled stack under ``BUSY_SHARE`` of its samples, or its
 stack changing between ``BUSY_MOVES`` of consecutive samples: stall_threads.py) was ``busy``: working without steps, an
@@ -265,7 +265,9 @@ def _in_shutdown(st: dict[str, Any], end_ns: int, clean: int, text: str | None, 
 
 def _shutdown_since(table: pa.Table, st: dict[str, Any], end_ns: int) -> dict[str, Any] | None:
     """The signal the job's own handler took after its last step (its shutdown began there): ``signal``,
-    ``sender``, ``time``, ``lasted_s`` (from it to the end); None where its handler took none."""
+    ``sender``, ``time``, ``lasted_s`` (from it to the end); None where its handler took none, or took it long
+    after the process had stopped (a hang: ``st["handled"]`` then says which, for the headline: Lightning's
+    handler only sets a flag the stuck loop never reads)."""
     since = epoch_ns(st.get("since"))
     rows = of_kind(table, "signal", columns=["time", "label", "detail", "sender"])
     if since is None or not rows.num_rows:
@@ -276,11 +278,12 @@ def _shutdown_since(table: pa.Table, st: dict[str, Any], end_ns: int) -> dict[st
     if not rows.num_rows:
         return None
     at = int(rows["time"].cast(pa.int64())[0].as_py())  # (never to_pylist: no pandas, no ns datetimes there)
-    if (at - since) / 1e9 >= max(HANG_FACTOR * float(st["step_s"] or 0.0), HANG_MIN_S):
-        return None  # it had stopped long before the signal came: a hang, whatever its handler did after
     sender = rows["sender"][0].as_py() if "sender" in rows.column_names else None
-    return {"signal": str(rows["label"][0].as_py()), "sender": str(sender) if sender else None,
-            "time": iso_ns(at), "lasted_s": round((end_ns - at) / 1e9, 3)}  # fmt: skip
+    taken = {"signal": str(rows["label"][0].as_py()), "sender": str(sender) if sender else None, "time": iso_ns(at)}
+    if (at - since) / 1e9 >= max(HANG_FACTOR * float(st["step_s"] or 0.0), HANG_MIN_S):
+        st["handled"] = taken
+        return None  # it had stopped long before the signal came: a hang, whatever its handler did after
+    return taken | {"lasted_s": round((end_ns - at) / 1e9, 3)}
 
 
 def _levers(st: dict[str, Any], ranked: bool) -> list[str]:
@@ -313,7 +316,7 @@ def _where(st: dict[str, Any]) -> str:
         at = f" in {short_frame(st['site'])}" if st.get("site") else ""
         where = short_frame(th["site"] or th["stack"].rpartition(";")[2])
         return f"waiting{at} for its thread '{th['thread']}', {'stuck in' if th['stuck'] else 'in'} {where}"
-    if st.get("joins") and st.get("site"):
+    if st.get("joins") and st.get("site") and not st.get("waits"):  # (a future's may be a worker process's)
         return f"waiting in {short_frame(st['site'])} for a thread of its own"
     if st.get("collective"):
         return f"waiting in {st['collective']}"
@@ -356,6 +359,12 @@ def hang_headline(death: dict[str, Any], st: dict[str, Any]) -> str:
     sender = sender_named(killer)
     how = f"{killer['signal']} from {sender}" if killer.get("signal") and sender else (
         killer.get("signal") or ("SIGKILL" if death["cause"] == "killed" else "a signal"))  # fmt: skip
+    taken = st.get("handled")
+    if taken:  # a signal its own handler took while it hung, before the one that ended it (a signal the handler
+        if killer.get("signal") == taken["signal"]:  # took ended nothing: what did, unrecorded, was a SIGKILL)
+            how = "SIGKILL"
+        how = (f"{taken['signal']}{' from ' + taken['sender'] if taken.get('sender') else ''} came at {taken['time']}, "
+               f"taken by the job's own handler, which could not act on it while the process hung; then {how}")
     if st.get("shutdown_s") is not None:
         return (f"The {v.get('role', 'process')} (pid {v.get('pid')}) hung as it shut down, after its work: "
                 f"{st['shutdown_s']:.1f} s after its clean end, {_where(st)}; then {how} ended it.")  # fmt: skip
