@@ -48,6 +48,7 @@ from .allocs import is_job_frame, site_of
 from .crash import crashing_stack, innermost_first, short_frame, shutdown_signal
 from .headline import sender_named
 from .kinds import of_kind
+from .stacks import codes as stack_codes
 from .stall_threads import (
     busy,
     innermost_is,
@@ -129,20 +130,19 @@ def _same_stack(table: pa.Table, end_ns: int, ranked: bool, step: int | None) ->
     rows = rows.filter(pc.less_equal(rows["time"].cast(pa.int64()), end_ns))
     main = rows.filter(pc.equal(rows["label"].cast(pa.string()), "MainThread"))
     rows = main if main.num_rows else rows
-    rows = rows.take(pc.array_sort_indices(rows["time"].cast(pa.int64())))
-    details = rows["detail"].cast(pa.string()).to_pylist()
-    if len(details) < STILL_SAMPLES or details[-1] is None:
+    rows = rows.take(pc.array_sort_indices(rows["time"].cast(pa.int64()))).unify_dictionaries().combine_chunks()
+    codes, words = stack_codes(rows["detail"])  # (integer codes: a ring's deep stacks as text are gigabytes)
+    if len(codes) < STILL_SAMPLES or codes[-1] < 0:
         return None
-    first = len(details) - 1
-    while first > 0 and details[first - 1] == details[-1]:
-        first -= 1
+    other = np.flatnonzero(codes != codes[-1])
+    first = int(other[-1]) + 1 if len(other) else 0
     since = int(rows["time"].cast(pa.int64())[first].as_py())
-    stalled, stack = (end_ns - since) / 1e9, str(details[-1])
-    if stalled < SAME_STACK_S or len(details) - first < STILL_SAMPLES:
+    stalled, stack = (end_ns - since) / 1e9, str(words[codes[-1]])
+    if stalled < SAME_STACK_S or len(codes) - first < STILL_SAMPLES:
         return None
     return with_threads(table, since, end_ns, {
         "since": iso_ns(since), "step": step, "stalled_s": round(stalled, 3), "step_s": None, "longest_s": None,
-        "stack": stack, "share": 1.0, "samples": len(details) - first, "moves": 0, "site": site_of(stack),
+        "stack": stack, "share": 1.0, "samples": len(codes) - first, "moves": 0, "site": site_of(stack),
         "collective": collective_of(stack, ranked), "waits": waits_for_others(stack),
         "loader": bool(_LOADER_WAIT.search(stack))})  # fmt: skip
 
@@ -156,14 +156,14 @@ def _stack_since(table: pa.Table, since_ns: int, end_ns: int) -> tuple[str | Non
     main = rows.filter(pc.equal(rows["label"].cast(pa.string()), "MainThread"))
     chosen = main if main.num_rows else rows
     chosen = chosen.take(pc.array_sort_indices(chosen["time"].cast(pa.int64())))  # (in time order: its moves)
-    details = chosen["detail"].cast(pa.string()).drop_null()
-    if not len(details):
+    codes, words = stack_codes(chosen.unify_dictionaries().combine_chunks()["detail"])
+    codes = codes[codes >= 0]
+    if not len(codes):
         return None, None, 0, 0
-    counts = pc.value_counts(details)
-    n = counts.field("counts").to_numpy(zero_copy_only=False)
+    n = np.bincount(codes)
     i = int(np.argmax(n))
-    moves = int(pc.sum(pc.not_equal(details[1:], details[:-1])).as_py() or 0) if len(details) > 1 else 0
-    return str(counts.field("values")[i].as_py()), round(float(n[i]) / len(details), 4), len(details), moves
+    moves = int(np.count_nonzero(codes[1:] != codes[:-1]))
+    return str(words[i]), round(float(n[i]) / len(codes), 4), len(codes), moves
 
 
 def with_hang(

@@ -21,7 +21,7 @@ LAST_SECONDS = 5.0  # "what it was doing": the stacks of the last seconds before
 TOP = 5
 
 
-def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[Any]]:
+def codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[Any]]:
     """(index of each row's value in the dictionary, -1 for null; the dictionary) of a one-chunk column."""
     if column.num_chunks == 0:
         return np.zeros(0, np.int64), []
@@ -54,8 +54,8 @@ def last_stacks(table: pa.Table, seconds: float = LAST_SECONDS, top: int = TOP) 
     rows = rows.unify_dictionaries().combine_chunks()
     if not rows.num_rows:
         return []
-    stacks, stack_words = _codes(rows["detail"])
-    names, name_words = _codes(rows["label"])
+    stacks, stack_words = codes(rows["detail"])
+    names, name_words = codes(rows["label"])
     thread_ids, threads = np.unique(rows["thread"].to_numpy(zero_copy_only=False), return_inverse=True)
     threads_stacks, key = _packed(threads.ravel(), stacks, len(stack_words))
     keys, counts = np.unique(key * (len(name_words) + 1) + np.where(names < 0, len(name_words), names),

@@ -14,6 +14,7 @@ import re
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -36,6 +37,7 @@ _THREAD_WAIT = re.compile(r"/threading\.py:|/queue\.py:|/concurrent/futures/")
 _THREAD_JOIN = re.compile(r"(?:^|\.)join \([^;]*/threading\.py:")
 _JOIN = re.compile(r"(?:^|\.)join \([^;]*/threading\.py:|(?:^|\.)get \([^;]*/queue\.py:|/concurrent/futures/_base\.py:")
 SHOWN_THREADS = 3  # other threads of a stalled process kept in its ``hang``
+LAST_ROWS = 4096  # the last rows of a kind read for them: about 4 minutes of 16 threads sampled once a second
 
 
 def waits_for_others(stack: str | None) -> bool:
@@ -69,16 +71,16 @@ def with_threads(table: pa.Table, since_ns: int, end_ns: int, st: dict[str, Any]
     threads dead of an exception: ``thread_died``), that one is named, and the process waited for no other
     (``waits`` false).
     """
-    rows = _window(of_kind(table, "stack_sample", columns=["time", "thread", "label", "detail"]), since_ns, end_ns)
-    rows = rows.filter(pc.not_equal(rows["label"].cast(pa.string()), "MainThread"))
+    rows = of_kind(table, "stack_sample", columns=["time", "thread", "label", "detail"])
+    rows = _window(rows, since_ns, end_ns, pc.not_equal(rows["label"].cast(pa.string()), "MainThread"))
     per: dict[Any, tuple[Any, list[str]]] = {}
     for ident, name, detail in zip(rows["thread"].to_pylist(), rows["label"].cast(pa.string()).to_pylist(),
                                    rows["detail"].cast(pa.string()).to_pylist(), strict=True):  # fmt: skip
         if detail:
             per.setdefault(ident, (name, []))[1].append(detail)
-    marks = _window(of_kind(table, "mark", columns=["time", "label", "value"]), since_ns, end_ns)
-    marked = [v for label, v in zip(marks["label"].cast(pa.string()).to_pylist(), marks["value"].to_pylist(),
-                                    strict=True) if str(label or "").startswith(fmt.JOINS_PREFIX)]  # fmt: skip
+    marks = of_kind(table, "mark", columns=["time", "label", "value"])
+    marks = _window(marks, since_ns, end_ns, pc.starts_with(marks["label"].cast(pa.string()), fmt.JOINS_PREFIX))
+    marked = marks["value"].to_pylist()
     candidates: list[tuple[tuple[bool, bool, bool, bool, int], dict[str, Any]]] = []
     for ident, (name, seen) in per.items():
         stack, most = Counter(seen).most_common(1)[0]
@@ -102,10 +104,16 @@ def with_threads(table: pa.Table, since_ns: int, end_ns: int, st: dict[str, Any]
     return st
 
 
-def _window(rows: pa.Table, since_ns: int, end_ns: int) -> pa.Table:
-    """``rows`` after ``since_ns`` up to ``end_ns``, in time order."""
+def _window(rows: pa.Table, since_ns: int, end_ns: int, keep: Any = None) -> pa.Table:
+    """The last ``LAST_ROWS`` of ``rows`` after ``since_ns`` up to ``end_ns`` (and where ``keep``), in time order:
+    only those are copied (a ring's million rows of deep stacks are gigabytes of text, past what Arrow takes
+    at once, and memory recovery bounds)."""
     t = rows["time"].cast(pa.int64())
-    rows = rows.filter(pc.and_(pc.greater(t, since_ns), pc.less_equal(t, end_ns)))
+    mask = pc.and_(pc.greater(t, since_ns), pc.less_equal(t, end_ns))
+    if keep is not None:
+        mask = pc.and_(mask, keep)
+    index = np.flatnonzero(mask.fill_null(False).to_numpy(zero_copy_only=False))[-LAST_ROWS:]
+    rows = rows.take(pa.array(index, pa.int64()))
     return rows.take(pc.array_sort_indices(rows["time"].cast(pa.int64())))
 
 
