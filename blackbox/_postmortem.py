@@ -63,6 +63,7 @@ def write_postmortem(
     progress: Callable[[int, int, str], None] | None = None,
     raw: bool = True,
     owners: Collection[int] | None = None,
+    on_verdict: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Recover every ring named (files, or folders of ``*.ring``) into the bundle ``out`` (a folder
     or a pyarrow filesystem URI), a ring at a time, the verdict first; returns the metadata written.
@@ -74,6 +75,7 @@ def write_postmortem(
     ``progress``: called with (rings done, rings in all, the ring) as each ring is diagnosed.
     ``raw``: also keep each ring read, zstd-compressed, in the bundle's ``rings/`` (within a cap).
     ``owners``: the only uids whose rings are read (Slurm's epilogue: the job's user).
+    ``on_verdict``: called with the verdict's metadata once it is in place, before the rest is written.
     """
     recovery = RecoveryPass(inputs, exit_status, launcher_pid, extra, keep_raw=raw, owners=owners, job_pid=job_pid)
     recovery.progress = progress
@@ -81,13 +83,22 @@ def write_postmortem(
     again = one_line(f"blackbox recover {' '.join(named)} -o {shlex.quote(os.fspath(out))}").replace("`", "'")
     # matplotlib readied beside the timeline's writing, once the verdict is out (views/plot_warm.py)
     warmer = PlotWarmer() if plot and importlib.util.find_spec("matplotlib") is not None else None
+    verdict: dict[str, Any] = {}
+
+    def views(meta: dict[str, Any], read: Any) -> dict[str, bytes]:
+        if read is None:
+            verdict.update(meta)
+            return _verdict_views(meta, again)
+        return _views(meta, read, warmer=warmer)
+
+    def after_verdict() -> None:
+        if warmer is not None:
+            warmer.start()
+        if on_verdict is not None:
+            on_verdict(verdict)
+
     try:
-        return stream_bundle(
-            recovery,
-            out,
-            lambda meta, read: _verdict_views(meta, again) if read is None else _views(meta, read, warmer=warmer),
-            after_verdict=warmer.start if warmer is not None else None,
-        )
+        return stream_bundle(recovery, out, views, after_verdict=after_verdict)
     finally:
         if warmer is not None:
             warmer.wait()

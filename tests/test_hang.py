@@ -748,23 +748,32 @@ for step in range(10**6):
 @pytest.mark.slow
 def test_a_hung_job_whose_handler_took_the_sigterm_tells_that_sigterm_before_the_sigkill(tmp_path: Path) -> None:
     # GIVEN a job whose SIGTERM handler sets a flag its loop reads between steps (Lightning's), stuck at step 30,
-    # under `timeout -k 3 T`: the SIGTERM is taken and changes nothing, the SIGKILL 3 s later ends it; unarmed and
-    # under `blackbox run`
+    # under `timeout -k K T`: the SIGTERM is taken and changes nothing, a SIGKILL to the group later ends it; unarmed
+    # and under `blackbox run`
     job = tmp_path / "job.py"
     job.write_text(FLAG_HANDLER)
     run = [sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "runs"), "--"]
     procs = []
     for name, armed in (("unarmed", []), ("armed", run)):
-        procs.append(subprocess.Popen(["timeout", "-k", "3", "120", *armed, sys.executable, str(job),
-                                       str(tmp_path / name)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True, env=ENV))  # fmt: skip
+        with open(tmp_path / f"{name}.err", "w") as err:  # (a file: read while it runs)
+            procs.append(subprocess.Popen(["timeout", "-k", "60", "120", *armed, sys.executable, str(job),
+                                           str(tmp_path / name)], stdout=subprocess.PIPE, stderr=err, text=True,
+                                          env=ENV))  # fmt: skip
     for name, proc in zip(("unarmed", "armed"), procs, strict=True):
         while not (tmp_path / name).exists() and proc.poll() is None:
             time.sleep(0.05)
     time.sleep(STUCK_FOR)
     for proc in procs:
-        proc.send_signal(signal.SIGALRM)  # `timeout` acts as if its time ran out: SIGTERM, then SIGKILL after 3 s
-    (out0, err0), (out1, err1) = [proc.communicate(timeout=60) for proc in procs]
+        proc.send_signal(signal.SIGALRM)  # `timeout` acts as if its time ran out: SIGTERM to its group
+    # (its SIGKILL to the group, sent here once `blackbox run` has said its snapshot: the writer waits for an idle
+    # core, which a loaded machine may not have within the 3 s a `timeout -k 3` gives; alone here, 0.5 s)
+    deadline = time.monotonic() + 60
+    while "the job still runs" not in (tmp_path / "armed.err").read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for proc in procs:
+        os.killpg(proc.pid, signal.SIGKILL)  # what `timeout -k` does: its group, itself included
+    out0, out1 = [proc.communicate(timeout=60)[0] for proc in procs]
+    err0, err1 = (tmp_path / "unarmed.err").read_text(), (tmp_path / "armed.err").read_text()
     # THEN both end alike (`timeout -k` kills its group, itself too, with SIGKILL), with the same output
     assert procs[0].returncode == procs[1].returncode == -signal.SIGKILL, (err0[-2000:], err1[-2000:])
     assert out0 == out1 == "".join(f"{i}\n" for i in range(30))
@@ -781,3 +790,9 @@ def test_a_hung_job_whose_handler_took_the_sigterm_tells_that_sigterm_before_the
         "headline"], death["headline"]
     assert death["headline"].endswith("taken by the job's own handler, which could not act on it while the process "
                                       "hung; then SIGKILL ended it."), death["headline"]  # fmt: skip
+    # AND `blackbox run`, before the SIGKILL took it, wrote a snapshot (a second after the SIGTERM) that tells the
+    # same: where it hung, the SIGTERM its handler took; and said so on stderr (it wrote no bundle before)
+    snap = json.loads((rings.parent / "bundle" / "metadata.json").read_text())["death"]
+    assert snap["alive"] and f"stuck in load (job.py:{plant}). SIGTERM from timeout came at " in snap["headline"], snap
+    assert snap["headline"].endswith("taken by its own handler, which cannot act on it while the process hangs."), snap
+    assert "blackbox run: the job still runs 1 s after SIGTERM from timeout (pid " in err1, err1

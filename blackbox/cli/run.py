@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from .._errors import BlackboxError
     from ..ring.retention import keep_at_arm
     from ..ring.writer import NO_C_EXTENSION, NO_C_SAID_ENV, built_module
+    from ..run import snapshot
     from ..run.folder import hold_run_lock, work_folder
     from ..run.launcher import end_like, launch, prepare
     from ..run.leftovers import still_running
@@ -94,8 +95,13 @@ def run(args: argparse.Namespace) -> int:
         if under_torchrun and ended.status != 0:
             torchelastic.note_end(work.parent, ended.end_ns)
 
+    def outlived(job: int, asked: str) -> int | None:  # SIGKILL may follow: where the job is, written now
+        rank = torchelastic.rank()
+        prefix = "" if rank is None else f"rank {rank}: "
+        return snapshot.start(rings, work / "bundle", job, asked, prefix, own_process)
+
     watch, assigned = UnarmedWatch(boot), sets_pythonpath(command)
-    ended = launch(command, rings, boot, on_end, lambda: watch.scan(os.getpid()))
+    ended = launch(command, rings, boot, on_end, lambda: watch.scan(os.getpid()), outlived)
     count, left = still_running(os.getpid())
     name_leftovers(count, left)
     if (unarmed := advice(watch.armed_elsewhere(rings), None if any(rings.glob("*.ring")) else assigned)) is not None:

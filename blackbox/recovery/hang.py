@@ -236,7 +236,7 @@ def snapshot_death(death: dict[str, Any], table: pa.Table, end_ns: int | None, r
     that tells where it is stuck or waits, the stall's evidence and where to look."""
     out = {**death, "alive": True}
     st = stall(table, end_ns, ranked) if end_ns is not None else None
-    if st is None:
+    if st is None or end_ns is None:
         return out
     st["busy"] = None if st["step_s"] is None else busy(st["samples"], st["share"] or 0.0, st["moves"])
     out.update(hang=st, evidence=[*death.get("evidence", []), _stall_evidence(st)])
@@ -246,6 +246,10 @@ def snapshot_death(death: dict[str, Any], table: pa.Table, end_ns: int | None, r
         told = f" Its main thread's stack has been the same for {st['stalled_s']:.1f} s, {_where(st)}."
     else:
         told = f" It has made no step for {st['stalled_s']:.1f} s (its steps took {st['step_s']:.3g} s), {_where(st)}."
+    _shutdown_since(table, st, end_ns)  # a signal its handler took long after it stopped: ``st["handled"]``
+    if taken := st.get("handled"):  # (Lightning's flag: `blackbox run`'s snapshot before the SIGKILL to come)
+        told += (f" {taken['signal']}{' from ' + taken['sender'] if taken.get('sender') else ''} came at "
+                 f"{taken['time']}, taken by its own handler, which cannot act on it while the process hangs.")
     out["headline"] = str(death.get("headline") or "") + told
     if st.get("site") and is_job_frame(st["site"]) or joined(st):
         out["levers"] = [*_levers(st, ranked)[:1], *(death.get("levers") or [])]

@@ -34,6 +34,8 @@ The job runs as it would without us:
   wrapper's python, once the shell has died) is ours to wait for, and we
   recover only once none of its processes is left in our group (or after
   ``GRACE_S``).
+- A job still running a second after a signal sent to end it (SIGTERM, SIGINT, SIGHUP, SIGQUIT) may be
+  SIGKILLed with us before we can write anything: a snapshot of it is written meanwhile (``snapshot``).
 - We end as it ended: with its exit status, or killed by the signal that killed
   it, whatever recovery does.
 """
@@ -55,6 +57,7 @@ from typing import Any
 
 from ..collect.identity import RUN_ID_ENV, RUN_JOB_ENV, RUN_PID_ENV
 from ..ring.relayed import MAX_RELAYED_BYTES, RELAYED, Relay, relay_line
+from . import snapshot
 from .bootstrap import BOOT_ENV, SITECUSTOMIZE
 from .leftovers import descendants, stat_of
 from .proc import argv_of, comm_of, command_of, program_of
@@ -75,6 +78,7 @@ GRACE_S = 10.0  # after the job's process ends, how long its other processes in 
 STOP_SETTLE_S = 0.05  # after the job's process stopped, before we look whether it is stopped still
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
+Outlived = Callable[[int, str], "int | None"]  # (the job's pid, the signal it outlived, as said) -> a child of ours
 
 
 @dataclass
@@ -133,6 +137,7 @@ class Relayer:
         self.job = 0  # the job's own process
         self.witness = witness
         self.lone = lone  # a witness in a group of its own: it sees only what was sent to every process
+        self.ours: set[int] = set()  # our own children beside the job (a snapshot's writer): never the job's
         self._log = -1
         self._room = MAX_RELAYED_BYTES  # what recovery reads; a signal storm must not fill the disk
         with contextlib.suppress(OSError):  # unrecorded, a relay still happens: the job comes first
@@ -184,7 +189,7 @@ class Relayer:
     def job_processes(self) -> list[int]:
         """The job's processes a signal to our group reaches: those below us in our group (the witness
         aside), and the job's own process wherever it is."""
-        pids = set(descendants(os.getpid(), os.getpgrp())) - {self.witness.pid}
+        pids = set(descendants(os.getpid(), os.getpgrp())) - {self.witness.pid} - self.ours
         return sorted(pids | ({self.job} if self.job > 0 else set()))
 
     def signal_job(self, signo: int) -> None:
@@ -202,10 +207,11 @@ class Relayer:
 
 
 def launch(command: list[str], rings: Path, boot: Path, on_end: Callable[[Ended], None] | None = None,
-           tick: Callable[[], None] | None = None) -> Ended:  # fmt: skip
+           tick: Callable[[], None] | None = None, outlived: Outlived | None = None) -> Ended:  # fmt: skip
     """Run ``command`` armed until it ends; returns how it ended. ``on_end`` is called as soon as the job's
     process has ended, before the rest of its process group is waited for; ``tick`` every half second, and
-    at each signal, while the job's process runs."""
+    at each signal, while the job's process runs; ``outlived`` once, where the job's process still runs
+    ``snapshot.OUTLIVED_S`` after a signal meant to end it."""
     watched: set[int] = {int(s) for s in (*FORWARDED, signal.SIGCHLD)}
     before = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
@@ -221,7 +227,12 @@ def launch(command: list[str], rings: Path, boot: Path, on_end: Callable[[Ended]
             print(f"blackbox run: cannot start {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
             return Ended(127 if isinstance(exc, FileNotFoundError) else 126, None)
         relayer.job = child.pid
-        ended = _wait(child.pid, watched, relayer, tick)
+        try:
+            ended = _wait(child.pid, watched, relayer, tick, outlived)
+        finally:
+            for pid in relayer.ours:  # the snapshot's writer: the bundle of the job's end replaces it
+                snapshot.stop(pid)
+            relayer.ours.clear()
         relayer.job = 0  # reaped: its pid may be another process's now
         ended.end_ns, ended.pid = time.time_ns(), child.pid
         if on_end is not None:
@@ -245,17 +256,27 @@ def _sigtimedwait(watched: set[int], timeout: float) -> Any:
     return info if info is not None and info.si_signo in watched else None
 
 
-def _wait(pid: int, watched: set[int], relayer: Relayer, tick: Callable[[], None] | None) -> Ended:
+def _wait(pid: int, watched: set[int], relayer: Relayer, tick: Callable[[], None] | None,
+          outlived: Outlived | None) -> Ended:  # fmt: skip
+    asked: tuple[float, str] | None = None  # (when, the signal as said) of the first meant to end the job
     while True:
-        info = _sigtimedwait(watched, 0.5)
+        due = asked[0] + snapshot.OUTLIVED_S - time.monotonic() if asked and outlived else 0.5
+        info = _sigtimedwait(watched, min(max(due, 0.01), 0.5))
         if tick is not None:
             with contextlib.suppress(Exception):  # a look at the job, never a reason to stop waiting for it
                 tick()
         if info is not None and info.si_signo != signal.SIGCHLD:
+            if asked is None and info.si_signo in snapshot.ENDING:
+                asked = (time.monotonic(), _asked(info))
             relayer.relay(info)
             continue
         done, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
         if done == 0:
+            if asked is not None and outlived is not None and time.monotonic() - asked[0] >= snapshot.OUTLIVED_S:
+                with contextlib.suppress(Exception):  # a snapshot, never a reason to stop waiting for the job
+                    if (ours := outlived(pid, asked[1])) is not None:
+                        relayer.ours.add(ours)
+                outlived = None  # once
             continue
         if os.WIFSTOPPED(status):
             _stopped(pid, relayer)
@@ -264,6 +285,15 @@ def _wait(pid: int, watched: set[int], relayer: Relayer, tick: Callable[[], None
             sig = os.WTERMSIG(status)
             return Ended(128 + sig, sig)
         return Ended(os.WEXITSTATUS(status), None)
+
+
+def _asked(info: Any) -> str:
+    """A signal as said: ``SIGTERM from timeout (pid 12)``; with no sender where the kernel sent it."""
+    name = signal.Signals(info.si_signo).name
+    if info.si_code > 0 or info.si_pid <= 0:
+        return name
+    sender = program_of(argv_of(info.si_pid), comm_of(info.si_pid))
+    return f"{name} from {sender} (pid {info.si_pid})" if sender else f"{name} from pid {info.si_pid}"
 
 
 def _stopped(pid: int, relayer: Relayer) -> None:
