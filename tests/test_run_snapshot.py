@@ -130,12 +130,12 @@ def test_a_job_ending_while_its_snapshot_is_written_gets_the_bundle_of_its_end(t
 
 
 def test_a_job_near_its_memory_limit_gets_no_snapshot_and_is_told_why(tmp_path: Path) -> None:
-    # GIVEN a job holding 300 MiB in a memory cgroup of 700 MiB (less than MIN_ROOM left), saving for 2 s after SIGTERM
+    # GIVEN a job holding 300 MiB in a memory cgroup of 600 MiB (less than MIN_ROOM left), saving for 2 s after SIGTERM
     job = tmp_path / "job.py"
     first = "import os, signal, sys, time"
     job.write_text(GRACEFUL.replace(first, f"{first}\nheld = bytearray(300 << 20)\nheld[::4096] = b'x' * (300 << 8)"))
     try:
-        with child_memory_cgroup(700 << 20, "snapshot-room") as (cg, _):
+        with child_memory_cgroup(600 << 20, "snapshot-room") as (cg, _):
             run = [sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path / "runs"), "--"]
             proc = subprocess.Popen([*run, sys.executable, str(job), str(tmp_path / "ready"), "2"], env=ENV,
                                     text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -148,5 +148,5 @@ def test_a_job_near_its_memory_limit_gets_no_snapshot_and_is_told_why(tmp_path: 
     # THEN it ends as it would, with no snapshot, and says why: the room left under the cgroup's limit
     assert proc.returncode == 0 and out == "saving\nsaved\n", err
     assert "the job still runs 1 s after SIGTERM from " in err and "; no snapshot: " in err, err
-    assert "left under its cgroup's memory limit of 700.0 MiB, which reading its rings could take" in err, err
+    assert "left under its cgroup's memory limit of 600.0 MiB, which reading its rings could take" in err, err
     assert "A snapshot is in" not in err and "cause: clean_exit" in err, err

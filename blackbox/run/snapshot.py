@@ -34,7 +34,7 @@ from typing import Any
 OUTLIVED_S = 1.0  # how long the job's process may outlive a signal meant to end it before the snapshot
 ENDING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
 NICE = 10  # the writer's niceness: a weight of 110 against a busy thread's 1024
-MIN_ROOM = 512 << 20  # bytes the binding memory limit must leave free for a snapshot (a recovery peaks at 350 MiB)
+MIN_ROOM = 320 << 20  # bytes the binding memory limit must leave: a recovery of 8 full rings peaked at 239 MiB
 _PR_SET_PDEATHSIG = 1
 
 
