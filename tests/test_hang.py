@@ -722,6 +722,63 @@ def test_a_main_thread_waiting_for_its_stuck_saver_thread_names_the_saver_and_it
 
 
 
+DEAD_PRODUCER = """\
+import queue, sys, threading, time
+import blackbox
+
+batches = queue.Queue(maxsize=4)
+
+def produce():
+    for i in range(10**6):
+        if i == 40:
+            raise ValueError("corrupt shard 7")  # PLANT: the producer dies; nothing tells the main thread
+        batches.put(i)
+
+def heartbeat():
+    while True:
+        time.sleep(0.1)  # a live thread of the job's own beside: never the one told
+
+threading.Thread(target=heartbeat, name="heartbeat", daemon=True).start()
+threading.Thread(target=produce, name="prefetch").start()
+for step in range(10**6):
+    if step == 40:
+        open(sys.argv[1], "w").close()  # (the four batches queued before it died are taken)
+    batch = batches.get()  # WAIT: forever, once they are
+    blackbox.step(step)
+    print(step, flush=True)
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.slow
+def test_a_main_thread_waiting_on_a_queue_whose_producer_died_names_the_dead_thread_and_its_error(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a job whose prefetch thread dies of an exception at its 40th batch while the main thread takes batches
+    # from its queue (then waits forever), a heartbeat thread beside; armed and unarmed, ended by `timeout`
+    job = tmp_path / "job.py"
+    job.write_text(DEAD_PRODUCER)
+    run = [sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "runs"), "--"]
+    jobs = [([*run, sys.executable, str(job), str(tmp_path / "armed")], tmp_path / "armed", {}),
+            ([sys.executable, str(job), str(tmp_path / "unarmed")], tmp_path / "unarmed", {})]  # fmt: skip
+    procs = _end_when_stuck(jobs, stuck_for=4.0)
+    # THEN it ends as unarmed (the thread's traceback on stderr both times, the same steps)
+    assert procs[0].returncode == procs[1].returncode == 124, [(p.returncode, p.err[-2000:]) for p in procs]
+    assert procs[0].out == procs[1].out == "".join(f"{i}\n" for i in range(40))
+    assert "ValueError: corrupt shard 7" in procs[0].err and "ValueError: corrupt shard 7" in procs[1].err
+    # AND the verdict says the main thread waited for a thread of its own, which had died of the planted error (it
+    # read "waiting in <module> (job.py:N) for a thread of its own", the dead thread in the evidence alone)
+    death = _bundle(tmp_path / "runs")["death"]
+    wait = DEAD_PRODUCER.splitlines().index("    batch = batches.get()  # WAIT: forever, once they are") + 1
+    assert death["cause"] == "hang", death
+    assert (f"waiting in <module> (job.py:{wait}) for a thread of its own; its thread 'prefetch' had died of "
+            "ValueError: corrupt shard 7 at step ") in death["headline"], death["headline"]
+    dead = death["hang"]["dead_thread"]
+    assert (dead["thread"], dead["error"]) == ("prefetch", "ValueError: corrupt shard 7"), dead
+    assert death["levers"][0].startswith("its thread 'prefetch' died of ValueError: corrupt shard 7 at "), death
+    assert "heartbeat" not in death["headline"], death["headline"]
+
+
 FLAG_HANDLER = """\
 import signal, sys, threading, time
 import blackbox

@@ -301,6 +301,11 @@ def _levers(st: dict[str, Any], ranked: bool) -> list[str]:
                f"was there in {100 * th['share']:.0f}% "
                f"of its {th['samples']} stack samples while the main thread waited for it in "
                f"{short_frame(st['site'] or st['stack'].rpartition(';')[2])} for {st['stalled_s']:.0f} s"]
+    elif (dead := st.get("dead_thread")) and st.get("site") and not st.get("waits"):
+        out = [f"its thread '{dead['thread']}' died of {dead['error']} at {dead['time']}, and the main thread then "
+               f"waited in {short_frame(st['site'])} for {st['stalled_s']:.0f} s for a thread of its own: a thread "
+               "that feeds or is joined by the main thread and dies leaves it waiting forever; have it pass its "
+               "exception on (put it on the queue, or a future's set_exception), or wait with a timeout"]
     else:
         out = [f"look at {short_frame(st['site'])}: the process was stuck there (a data source, a lock, I/O) for "
                f"{st['stalled_s']:.0f} s" if st.get("site") and not st.get("collective") else
@@ -321,7 +326,10 @@ def _where(st: dict[str, Any]) -> str:
         where = short_frame(th["site"] or th["stack"].rpartition(";")[2])
         return f"waiting{at} for its thread '{th['thread']}', {'stuck in' if th['stuck'] else 'in'} {where}"
     if st.get("joins") and st.get("site") and not st.get("waits"):  # (a future's may be a worker process's)
-        return f"waiting in {short_frame(st['site'])} for a thread of its own"
+        dead = st.get("dead_thread")
+        return f"waiting in {short_frame(st['site'])} for a thread of its own" + (
+            f"; its thread '{dead['thread']}' had died of {dead['error']}"
+            f"{'' if dead['step'] is None else ' at step ' + str(dead['step'])}" if dead else "")  # fmt: skip
     if st.get("collective"):
         return f"waiting in {st['collective']}"
     if st.get("loader"):

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from ..ring import format as fmt
 from .allocs import is_job_frame, is_stdlib_frame, site_of
 from .kinds import of_kind
+from .timeline import iso_ns
 
 BUSY_SHARE = 0.5  # a stall whose most sampled stack is under this share of 4 or more samples was busy, not stuck
 BUSY_MOVES = 0.1  # or whose stack changed between this share of its consecutive samples (at least 3 times): an
@@ -36,6 +37,8 @@ _THREAD_WAIT = re.compile(r"/threading\.py:|/queue\.py:|/concurrent/futures/")
 # or a lock's wait names no thread: a watchdog polling beside it is not what it waits for)
 _THREAD_JOIN = re.compile(r"(?:^|\.)join \([^;]*/threading\.py:")
 _JOIN = re.compile(r"(?:^|\.)join \([^;]*/threading\.py:|(?:^|\.)get \([^;]*/queue\.py:|/concurrent/futures/_base\.py:")
+_DIED = "uncaught in thread "  # an exception record's detail where a thread of the process died of it
+ERROR_SAID = 160  # characters of a dead thread's exception said in a headline (the job's own text)
 SHOWN_THREADS = 3  # other threads of a stalled process kept in its ``hang``
 LAST_ROWS = 4096  # the last rows of a kind read for them: about 4 minutes of 16 threads sampled once a second
 
@@ -69,7 +72,8 @@ def with_threads(table: pa.Table, since_ns: int, end_ns: int, st: dict[str, Any]
     not for a DataLoader's batch, not in a collective). Where it is known which (``joined``: the joined
     thread, else, for a queue or a future, one thread alone stuck at the job's own code and none of its
     threads dead of an exception: ``thread_died``), that one is named, and the process waited for no other
-    (``waits`` false).
+    (``waits`` false). ``dead_thread``: where it waited for a thread of its own and some thread had died of an
+    exception, the last to die: ``thread``, ``error``, ``step``, ``time`` (a producer dead, its queue empty).
     """
     rows = of_kind(table, "stack_sample", columns=["time", "thread", "label", "detail"])
     rows = _window(rows, since_ns, end_ns, pc.not_equal(rows["label"].cast(pa.string()), "MainThread"))
@@ -97,8 +101,15 @@ def with_threads(table: pa.Table, since_ns: int, end_ns: int, st: dict[str, Any]
     st["threads"] = threads[:SHOWN_THREADS]
     st["joins"] = bool(st["stack"] and not st["loader"] and not st["collective"]) and innermost_is(
         str(st["stack"]).split(";"), _JOIN)
-    dead = _window(of_kind(table, "exception", columns=["time", "detail"]), 0, end_ns)["detail"].cast(pa.string())
-    st["thread_died"] = bool(pc.any(pc.starts_with(dead, "uncaught in thread ")).as_py()) if len(dead) else False
+    dead = _window(of_kind(table, "exception", columns=["time", "label", "detail", "step"]), 0, end_ns)
+    dead = dead.filter(pc.starts_with(dead["detail"].cast(pa.string()), _DIED))
+    st["thread_died"] = dead.num_rows > 0
+    if dead.num_rows and st["joins"]:  # the last to die, told beside the main thread's wait (a live thread of the
+        # job's that stands still may be a heartbeat's sleep: a dead one is what a hung wait most often waits for)
+        step = dead["step"][-1].as_py()
+        st["dead_thread"] = {"thread": str(dead["detail"][-1].as_py())[len(_DIED):], "error": str(
+            dead["label"][-1].as_py() or "an exception")[:ERROR_SAID], "step": step if isinstance(step, int) else None,
+            "time": iso_ns(int(dead["time"].cast(pa.int64())[-1].as_py()))}  # fmt: skip
     if joined(st):
         st["waits"] = False
     return st
