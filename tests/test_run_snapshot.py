@@ -22,6 +22,7 @@ ENV = dict(os.environ, PYTHONPATH=str(REPO))
 
 GRACEFUL = """\
 import os, signal, sys, time
+import numpy  # (a process below a shell arms at numpy's or torch's import, as a training job's does)
 stop = []
 signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
 open(sys.argv[1], "w").close()
@@ -64,17 +65,12 @@ def test_a_job_saving_after_sigterm_gets_a_snapshot_then_the_bundle_of_its_end(t
     _ready(tmp_path, procs)
     for proc in procs.values():
         proc.send_signal(signal.SIGTERM)
-    said_at = time.monotonic()
-    # WHILE it saves, a snapshot of it is in the run's bundle folder, saying it runs still
-    bundle = None
-    while time.monotonic() - said_at < 60 and bundle is None:
-        found = list((tmp_path / "runs-armed").glob("run-*/bundle/metadata.json"))
-        bundle = json.loads(found[0].read_text()) if found else None
-        time.sleep(0.05)
-    assert bundle is not None, "no snapshot within 60 s of the SIGTERM"
-    assert bundle["cause"] == "unknown" and bundle["death"]["alive"], bundle["death"]
-    for name in procs:
-        (tmp_path / f"{name}.go").touch()
+    try:  # WHILE it saves, a snapshot of it is in the run's bundle folder, saying it runs still
+        bundle = _wait_for_snapshot(tmp_path, "armed")
+        assert bundle["cause"] == "unknown" and bundle["death"]["alive"], bundle["death"]  # type: ignore[index]
+    finally:
+        for name in procs:
+            (tmp_path / f"{name}.go").touch()
     # THEN it ends as unarmed: status 0, the same output
     (out0, err0), (out1, err1) = (p.communicate(timeout=60) for p in procs.values())
     assert procs["unarmed"].returncode == procs["armed"].returncode == 0, err1
@@ -150,3 +146,82 @@ def test_a_job_near_its_memory_limit_gets_no_snapshot_and_is_told_why(tmp_path: 
     assert "the job still runs 1 s after SIGTERM from " in err and "; no snapshot: " in err, err
     assert "left under its cgroup's memory limit of 600.0 MiB, which reading its rings could take" in err, err
     assert "A snapshot is in" not in err and "cause: clean_exit" in err, err
+
+
+def _group_start(tmp_path: Path, name: str, armed: bool, command: list[str]) -> subprocess.Popen[str]:
+    run = [sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path / f"runs-{name}"), "--"] if armed else []
+    return subprocess.Popen([*run, *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            start_new_session=True)  # fmt: skip
+
+
+def _wait_for_snapshot(tmp_path: Path, name: str) -> dict[str, object]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = list((tmp_path / f"runs-{name}").glob("run-*/bundle/metadata.json"))
+        if found:
+            return dict(json.loads(found[0].read_text()))
+        time.sleep(0.05)
+    raise AssertionError("no snapshot within 60 s of the SIGTERM")
+
+
+def test_a_shell_wrapped_job_whose_python_outlives_the_shell_gets_a_snapshot(tmp_path: Path) -> None:
+    # GIVEN `bash -c "python job.py ...; exit $?"`, SIGTERM sent to its process group (a terminal's Ctrl-C, timeout):
+    # the shell dies of it at once, its python takes it in a handler and saves; armed and unarmed
+    job = tmp_path / "job.py"
+    job.write_text(GRACEFUL)
+    procs = {}
+    for name in ("unarmed", "armed"):
+        shell = f"{sys.executable} {job} {tmp_path / name} go; exit $?"
+        procs[name] = _group_start(tmp_path, name, name == "armed", ["bash", "-c", shell])
+    try:
+        _ready(tmp_path, procs)
+        for proc in procs.values():
+            os.killpg(proc.pid, signal.SIGTERM)
+        # THEN, the shell gone and its python saving, a snapshot tells that python (it had none: only the job's own
+        # process, the shell, was watched)
+        snap = _wait_for_snapshot(tmp_path, "armed")
+        assert snap["cause"] == "unknown" and snap["death"]["alive"], snap["death"]  # type: ignore[index]
+    finally:
+        for name in procs:
+            (tmp_path / f"{name}.go").touch()
+    (out0, err0), (out1, err1) = (p.communicate(timeout=60) for p in procs.values())
+    assert procs["unarmed"].returncode == procs["armed"].returncode == -signal.SIGTERM, (err0, err1)
+    assert out0 == out1 == "saving\nsaved\n"
+    line = next(x for x in err1.splitlines() if "the job still runs 1 s after SIGTERM" in x)
+    assert "The main process (pid " in line and "is still running" in line, line
+
+
+HELPERS_BESIDE = GRACEFUL.replace("stop = []\n", """stop = []
+import multiprocessing
+helpers = [multiprocessing.get_context("fork").Process(target=time.sleep, args=(3600,), daemon=True) for _ in "ab"]
+[h.start() for h in helpers]
+""", 1)
+
+
+def test_a_snapshot_tells_the_main_process_not_a_helper_beside_it(tmp_path: Path) -> None:
+    # GIVEN a job with two forked helper processes (SIGTERM ends them) whose main process saves after SIGTERM, sent
+    # to the group
+    job = tmp_path / "job.py"
+    job.write_text(HELPERS_BESIDE)
+    proc = _group_start(tmp_path, "armed", True, [sys.executable, str(job), str(tmp_path / "armed"), "go"])
+    try:
+        _ready(tmp_path, {"armed": proc})
+        os.killpg(proc.pid, signal.SIGTERM)
+        _wait_for_snapshot(tmp_path, "armed")
+        time.sleep(0.5)  # (the line follows the verdict)
+    finally:
+        (tmp_path / "armed.go").touch()
+    out, err = proc.communicate(timeout=60)
+    # THEN its line tells the main process, not the first of the helpers the SIGTERM ended (it told a helper)
+    line = next(x for x in err.splitlines() if "the job still runs 1 s after SIGTERM" in x)
+    assert "The main process (pid " in line and "is still running" in line, line
+
+
+def test_a_job_with_no_ring_gets_no_snapshot_and_no_error(tmp_path: Path) -> None:
+    # GIVEN a job that is no Python (a shell that ignores SIGTERM for 3 s), SIGTERM sent to blackbox run
+    proc = _group_start(tmp_path, "armed", True, ["bash", "-c", f"trap '' TERM; touch {tmp_path / 'armed'}; sleep 3"])
+    _ready(tmp_path, {"armed": proc})
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    # THEN nothing is said of a snapshot (it said "no snapshot (RingNotFoundError: ...)")
+    assert proc.returncode == 0 and "snapshot" not in err and "Error" not in err, err

@@ -13,28 +13,11 @@ from pathlib import Path
 import pytest
 
 from tests.slurm_cluster import slurm_cluster
+from tests.test_hang import FLAG_HANDLER
 
 pytestmark = pytest.mark.slow
 
-JOB = """\
-import signal, sys, threading, time
-import blackbox  # (its steps: a training loop's optimizer steps are counted without it)
-stop = []
-signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-
-def load(step):
-    if step == 30:
-        open(sys.argv[1], "w").close()
-        threading.Event().wait()  # PLANT: stuck here; the flag is never read again
-    return step
-
-for step in range(10**6):
-    if stop:
-        break
-    blackbox.step(step)
-    load(step)
-    time.sleep(0.01)
-"""
+JOB = FLAG_HANDLER  # a flag-setting SIGTERM handler (Lightning's), stuck at step 30
 
 
 def test_a_job_hung_at_scancel_leaves_the_snapshot_of_where_it_hung() -> None:
@@ -63,6 +46,6 @@ def test_a_job_hung_at_scancel_leaves_the_snapshot_of_where_it_hung() -> None:
         plant = JOB.splitlines().index("        threading.Event().wait()  # PLANT: stuck here; the flag is never "
                                        "read again") + 1  # fmt: skip
         assert f"stuck in load (hung_job.py:{plant})" in line, text
-        bundle = Path(line.split("A snapshot is in ")[1].split()[0])
+        bundle = Path(line.split("A snapshot is in ")[1].split("/: ")[0])
         death = json.loads((bundle / "metadata.json").read_text())["death"]
         assert death["alive"] and "taken by its own handler" in death["headline"], death

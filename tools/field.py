@@ -54,17 +54,29 @@ def install_tree(tree: Path, out: Path, python: Path) -> tuple[Path, str]:
     return pkg, f"{head or tree} ({'C write path' if has_c else 'pure-Python write path: ' + built.stderr[-200:]})"
 
 
+def own_bundle(run: Path) -> dict[str, Any] | None:
+    """`blackbox run`'s own bundle's metadata, None where it left none, or only the snapshot it wrote while the
+    job outlived its SIGTERM (a process in it still running)."""
+    found = sorted((run / "bb").glob("run-*/bundle/metadata.json"))
+    meta = load_meta(found[-1]) if found else None
+    return None if meta is None or (meta.get("first_death") or meta.get("death") or {}).get("alive") else meta
+
+
 def recover(job: Job, env: Env, pkg: Path, run: Path, mode: str) -> tuple[dict[str, Any] | None, str]:
     """The bundle: blackbox run's own, else `blackbox recover` of the rings (arm(), or a `blackbox run`
-    killed with its job, as a Slurm epilogue would)."""
+    killed with its job, as a Slurm epilogue would, or as its snapshot's line says to, where all it left was
+    the snapshot it wrote while the job outlived its SIGTERM)."""
     rings, note = run / "rings", ""
     if mode == "run":
-        found = sorted((run / "bb").glob("run-*/bundle/metadata.json"))
-        if found:
-            return load_meta(found[-1]), ""
-        rings, note = max((run / "bb").glob("run-*/rings"), default=run / "rings"), "blackbox run left no bundle"
+        if (meta := own_bundle(run)) is not None:
+            return meta, ""
+        rings = max((run / "bb").glob("run-*/rings"), default=run / "rings")
+        left = any((run / "bb").glob("run-*/bundle/metadata.json"))
+        note = "blackbox run left its snapshot alone" if left else "blackbox run left no bundle"
     if not any(rings.glob("*.ring")):
         return None, note or "no ring"
+    if mode == "run":
+        run = run / "recovered"  # (beside blackbox run's own folder: its snapshot stays as it was)
     done = subprocess.run([str(job.python(env)), "-m", "blackbox", "recover", str(rings), "-o",
                            str(run / "bundle")], capture_output=True, text=True, env={"PYTHONPATH": str(pkg),
                            "PATH": "/usr/bin:/bin"}, check=False)  # fmt: skip
@@ -116,8 +128,8 @@ def assess(cell: dict[str, Any], run: Path, env: Env) -> dict[str, Any]:
     }  # fmt: skip
     cell["seen"] = {k: sorted(v) if isinstance(v, set) else v for k, v in seen.items()}
     if mode != "unarmed":
-        found = sorted((run / "bb").glob("run-*/bundle/metadata.json")) if mode == "run" else []
-        meta = load_meta(found[-1] if found else run / "bundle" / "metadata.json")
+        meta = own_bundle(run) if mode == "run" else None
+        meta = meta or load_meta(run / ("recovered" if mode == "run" else ".") / "bundle" / "metadata.json")
         trouble = cell.get("recovery_error", "")
         t, v = truth(job, death, obs, mode), verdict(meta) if meta else None
         wrong = judge(v, t, death, mode, signal_rows(run, mode)) if v else [f"no verdict: {trouble or 'no bundle'}"]

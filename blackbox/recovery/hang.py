@@ -236,24 +236,43 @@ def snapshot_death(death: dict[str, Any], table: pa.Table, end_ns: int | None, r
     that tells where it is stuck or waits, the stall's evidence and where to look."""
     out = {**death, "alive": True}
     st = stall(table, end_ns, ranked) if end_ns is not None else None
+    taken = _taken_last(table, end_ns)  # (a SIGTERM its handler took, as `blackbox run` snapshots it after)
     if st is None or end_ns is None:
-        return out
+        return {**out, "headline": str(death.get("headline") or "") + taken}
     st["busy"] = None if st["step_s"] is None else busy(st["samples"], st["share"] or 0.0, st["moves"])
     out.update(hang=st, evidence=[*death.get("evidence", []), _stall_evidence(st)])
     if st["busy"]:
-        return out
+        return {**out, "headline": str(death.get("headline") or "") + taken}
     if st["step_s"] is None:
         told = f" Its main thread's stack has been the same for {st['stalled_s']:.1f} s, {_where(st)}."
     else:
         told = f" It has made no step for {st['stalled_s']:.1f} s (its steps took {st['step_s']:.3g} s), {_where(st)}."
     _shutdown_since(table, st, end_ns)  # a signal its handler took long after it stopped: ``st["handled"]``
-    if taken := st.get("handled"):  # (Lightning's flag: `blackbox run`'s snapshot before the SIGKILL to come)
-        told += (f" {taken['signal']}{' from ' + taken['sender'] if taken.get('sender') else ''} came at "
-                 f"{taken['time']}, taken by its own handler, which cannot act on it while the process hangs.")
+    if handled := st.get("handled"):  # (Lightning's flag: `blackbox run`'s snapshot before the SIGKILL to come)
+        told += (f" {handled['signal']}{' from ' + handled['sender'] if handled.get('sender') else ''} came at "
+                 f"{handled['time']}, taken by its own handler, which cannot act on it while the process hangs.")
+    else:
+        told += taken
     out["headline"] = str(death.get("headline") or "") + told
     if st.get("site") and is_job_frame(st["site"]) or joined(st):
         out["levers"] = [*_levers(st, ranked)[:1], *(death.get("levers") or [])]
     return out
+
+
+def _taken_last(table: pa.Table, end_ns: int | None) -> str:
+    """`` It took SIGTERM from X at T in its own handler.`` for the last signal the process's own handler took
+    (up to ``end_ns``), else ""."""
+    rows = of_kind(table, "signal", columns=["time", "label", "detail", "sender"])
+    rows = rows.filter(pc.equal(rows["detail"].cast(pa.string()), HANDLED))
+    if end_ns is not None:
+        rows = rows.filter(pc.less_equal(rows["time"].cast(pa.int64()), end_ns))
+    if not rows.num_rows:
+        return ""
+    last = int(pc.max(rows["time"].cast(pa.int64())).as_py())
+    row = rows.filter(pc.equal(rows["time"].cast(pa.int64()), last))
+    sender = row["sender"][0].as_py() if "sender" in row.column_names else None
+    sent = f" from {sender}" if sender else ""
+    return f" It took {row['label'][0].as_py()}{sent} at {iso_ns(last)} in its own handler."
 
 
 def _in_shutdown(st: dict[str, Any], end_ns: int, clean: int, text: str | None, ranked: bool) -> None:

@@ -74,7 +74,8 @@ def headline(
         "oom_exception": f"{job} died of an out-of-memory exception{f' ({kind})' if kind else ''}.",
         "host_oom_kill": f"{who} was killed by the kernel OOM killer.",
         "userspace_oom_kill": f"{who} was killed by a userspace OOM killer ({(killed_by or {}).get('sender')}).",
-        "killed": f"{who} was killed with SIGKILL{' after' + by if by else ''}; no handler ran.",
+        "killed": f"{who} was killed with SIGKILL (no handler runs for it), after{by}." if by else
+                  f"{who} was killed with SIGKILL; no handler ran.",  # ("no handler ran" read as the SIGTERM's)
         "signal": f"{who} was ended by{by}." if by else f"{who} was ended by {_unsent(killed_by, status)}.",
     }.get(cause, "The cause of death is unknown.")
 

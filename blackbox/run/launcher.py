@@ -227,17 +227,18 @@ def launch(command: list[str], rings: Path, boot: Path, on_end: Callable[[Ended]
             print(f"blackbox run: cannot start {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
             return Ended(127 if isinstance(exc, FileNotFoundError) else 126, None)
         relayer.job = child.pid
+        asked = _Asked(outlived)
         try:
-            ended = _wait(child.pid, watched, relayer, tick, outlived)
+            ended = _wait(child.pid, watched, relayer, tick, asked)
+            relayer.job = 0  # reaped: its pid may be another process's now
+            ended.end_ns, ended.pid = time.time_ns(), child.pid
+            if on_end is not None:
+                on_end(ended)
+            _wait_for_the_group(watched, relayer, asked, child.pid)
         finally:
             for pid in relayer.ours:  # the snapshot's writer: the bundle of the job's end replaces it
                 snapshot.stop(pid)
             relayer.ours.clear()
-        relayer.job = 0  # reaped: its pid may be another process's now
-        ended.end_ns, ended.pid = time.time_ns(), child.pid
-        if on_end is not None:
-            on_end(ended)
-        _wait_for_the_group(watched, relayer)
         return ended
     finally:
         relayer.close()
@@ -256,27 +257,48 @@ def _sigtimedwait(watched: set[int], timeout: float) -> Any:
     return info if info is not None and info.si_signo in watched else None
 
 
-def _wait(pid: int, watched: set[int], relayer: Relayer, tick: Callable[[], None] | None,
-          outlived: Outlived | None) -> Ended:  # fmt: skip
-    asked: tuple[float, str] | None = None  # (when, the signal as said) of the first meant to end the job
+class _Asked:
+    """The first signal meant to end the job (``snapshot.ENDING``), and the snapshot it leads to, once, where a
+    process of the job (its own, or what it left: a shell wrapper's python) still runs ``OUTLIVED_S`` later."""
+
+    def __init__(self, outlived: Outlived | None) -> None:
+        self.outlived = outlived
+        self.when: float | None = None
+        self.said = ""
+
+    def note(self, info: Any) -> None:
+        if self.when is None and info.si_signo in snapshot.ENDING:
+            self.when, self.said = time.monotonic(), _asked(info)
+
+    def wait_s(self, most: float) -> float:
+        """How long to wait for the next signal: at most until the snapshot is due."""
+        if self.when is None or self.outlived is None:
+            return most
+        return min(max(self.when + snapshot.OUTLIVED_S - time.monotonic(), 0.01), most)
+
+    def check(self, job: int, relayer: Relayer) -> None:
+        """A process of the job runs still: start the snapshot where it is due."""
+        if self.when is None or self.outlived is None or time.monotonic() - self.when < snapshot.OUTLIVED_S:
+            return
+        outlived, self.outlived = self.outlived, None
+        with contextlib.suppress(Exception):  # a snapshot, never a reason to stop waiting for the job
+            if (ours := outlived(job, self.said)) is not None:
+                relayer.ours.add(ours)
+
+
+def _wait(pid: int, watched: set[int], relayer: Relayer, tick: Callable[[], None] | None, asked: _Asked) -> Ended:
     while True:
-        due = asked[0] + snapshot.OUTLIVED_S - time.monotonic() if asked and outlived else 0.5
-        info = _sigtimedwait(watched, min(max(due, 0.01), 0.5))
+        info = _sigtimedwait(watched, asked.wait_s(0.5))
         if tick is not None:
             with contextlib.suppress(Exception):  # a look at the job, never a reason to stop waiting for it
                 tick()
         if info is not None and info.si_signo != signal.SIGCHLD:
-            if asked is None and info.si_signo in snapshot.ENDING:
-                asked = (time.monotonic(), _asked(info))
+            asked.note(info)
             relayer.relay(info)
             continue
         done, status = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
         if done == 0:
-            if asked is not None and outlived is not None and time.monotonic() - asked[0] >= snapshot.OUTLIVED_S:
-                with contextlib.suppress(Exception):  # a snapshot, never a reason to stop waiting for the job
-                    if (ours := outlived(pid, asked[1])) is not None:
-                        relayer.ours.add(ours)
-                outlived = None  # once
+            asked.check(pid, relayer)
             continue
         if os.WIFSTOPPED(status):
             _stopped(pid, relayer)
@@ -307,24 +329,31 @@ def _stopped(pid: int, relayer: Relayer) -> None:
     relayer.signal_job(signal.SIGCONT)
 
 
-def _wait_for_the_group(watched: set[int], relayer: Relayer) -> None:
+def _wait_for_the_group(watched: set[int], relayer: Relayer, asked: _Asked, job: int) -> None:
     """Reap the job's leftovers (reparented to us) until none of its processes is left in our group, or
-    GRACE_S passed; signals sent to us alone meanwhile are still relayed to them."""
+    GRACE_S passed; signals sent to us alone meanwhile are still relayed to them, and a leftover that outlives
+    a signal meant to end the job (a shell wrapper died of it, its python saves) gets the snapshot."""
     deadline = time.monotonic() + GRACE_S
     while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            while os.waitpid(-1, os.WNOHANG)[0] > 0:
-                pass
+        _reap(relayer)
         if not relayer.job_processes():
             # one that ended between the reaping above and that look is a zombie of ours now (the look
             # counts only live processes): reaped too, so none of the job's is left once we are gone
-            with contextlib.suppress(ChildProcessError):
-                while os.waitpid(-1, os.WNOHANG)[0] > 0:
-                    pass
+            _reap(relayer)
             return
-        info = _sigtimedwait(watched, 0.25)  # a leftover's end wakes us (SIGCHLD: it is ours now)
+        asked.check(job, relayer)
+        info = _sigtimedwait(watched, asked.wait_s(0.25))  # a leftover's end wakes us (SIGCHLD: it is ours now)
         if info is not None and info.si_signo != signal.SIGCHLD:
+            asked.note(info)
             relayer.relay(info)
+
+
+def _reap(relayer: Relayer) -> None:
+    """Reap every child of ours that ended; a snapshot's writer among them is no longer ours to stop (its pid
+    may be another process's from now on)."""
+    with contextlib.suppress(ChildProcessError):
+        while (pid := os.waitpid(-1, os.WNOHANG)[0]) > 0:
+            relayer.ours.discard(pid)
 
 
 def end_like(ended: Ended) -> int:

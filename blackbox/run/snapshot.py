@@ -1,7 +1,8 @@
 """A snapshot of a job that outlived the signal sent to end it, written while it still runs.
 
 A job asked to end (SIGTERM from Slurm's time limit or ``scancel``, from Kubernetes, ``docker stop`` or
-``timeout``; a terminal's Ctrl-C) that still runs ``OUTLIVED_S`` later is either shutting down in its own
+``timeout``; a terminal's Ctrl-C) whose process, or a process it left (a shell wrapper's python, the shell
+dead of the signal), still runs ``OUTLIVED_S`` later is either shutting down in its own
 handler (saving a checkpoint) or hung, its handler setting a flag that the stuck loop never reads
 (Lightning's). Whoever sent that signal then sends SIGKILL to every process (Slurm's KillWait, a pod's
 grace period, ``timeout -k``), ``blackbox run`` included, which then writes no bundle and prints nothing.
@@ -73,6 +74,8 @@ def _write(rings: Path, bundle: Path, job: int, launcher: int, asked: str, prefi
     from .._errors import one_line
     from .._units import human_bytes
 
+    if not any(rings.glob("*.ring")):  # no process of the job armed yet (or none is Python): nothing to tell
+        return 0
     if (left := room()) is not None and left[0] < MIN_ROOM:
         _say(f"{prefix}the job still runs {OUTLIVED_S:g} s after {asked}; no snapshot: {human_bytes(left[0])} left "
              f"under its {left[1]}, which reading its rings could take")  # fmt: skip
@@ -85,10 +88,13 @@ def _write(rings: Path, bundle: Path, job: int, launcher: int, asked: str, prefi
         ready()
 
     def said(meta: dict[str, Any]) -> None:  # as soon as the verdict is in place: a SIGKILL may be near
-        death = meta.get("first_death") or meta.get("death") or {}
+        deaths = [r.get("death") for r in meta.get("rings") or () if isinstance(r, dict)] or [meta.get("death")]
+        if not any(isinstance(d, dict) and d.get("alive") for d in deaths):  # it ended as it was read: the bundle
+            return  # of its end comes next
+        death = told(meta, job)
         headline = one_line(str(death.get("headline") or ""))  # the job's own text may be in it
-        _say(f"{prefix}the job still runs {OUTLIVED_S:g} s after {asked}: {headline} A snapshot is in {bundle}/ "
-             "(the bundle of its end replaces it)")  # fmt: skip
+        _say(f"{prefix}the job still runs {OUTLIVED_S:g} s after {asked}: {headline} A snapshot is in {bundle}/: "
+             f"the bundle of its end replaces it, or, SIGKILLed first, `blackbox recover {rings}` tells that end")
 
     try:
         write_postmortem([rings], bundle, None, plot=False, raw=False, launcher_pid=launcher, job_pid=job,
@@ -97,6 +103,19 @@ def _write(rings: Path, bundle: Path, job: int, launcher: int, asked: str, prefi
         _say(f"{prefix}the job still runs after {asked}; no snapshot ({type(exc).__name__}: {exc})")
         return 1
     return 0
+
+
+def told(meta: dict[str, Any], job: int) -> dict[str, Any]:
+    """The death a snapshot's line tells: a rank's, where an attempt's account names one first (the stuck rank, or
+    one that died); else the job's own process (its pid, else the main process: a shell wrapper's python) where
+    it runs still, never a helper beside it (a DataLoader's worker, running or ended by the same signal)."""
+    first = meta.get("first_death") or {}
+    if first.get("rank") is not None:
+        return dict(first)
+    rings = [r for r in meta.get("rings") or () if isinstance(r, dict) and isinstance(r.get("death"), dict)]
+    own = next((r for r in rings if r.get("pid") == job and r["death"].get("alive")), None) or next(
+        (r for r in rings if r.get("role") == "main" and r["death"].get("alive")), None)  # fmt: skip
+    return dict(own["death"]) if own else dict(first or meta.get("death") or {})
 
 
 def room() -> tuple[int, str] | None:

@@ -16,6 +16,7 @@ NUMBER = re.compile(r"\d+(\.\d+)?(e[-+]?\d+)?")
 FRAME = re.compile(r'\s+File "(?P<file>[^"]+)", line \d+, in (?P<func>.+)$')
 CARETS = re.compile(r"\s+[~^]+\s*$")
 RANK_PREFIX = re.compile(r"^\[rank\d+\]:")
+OWN_LINES = ("blackbox run: rings in", "blackbox run: the job still runs")  # blackbox run's, while the job runs
 HIDDEN = ("out", "work")  # the job's own outputs; rings, bundles and step files are the field's
 
 
@@ -38,7 +39,7 @@ def normal_lines(text: str, replace: dict[str, str], progress: str = "") -> set[
         if in_frame and line.startswith("    ") or CARETS.match(line):
             continue
         in_frame = False
-        if not line.strip() or TQDM.search(line) or line.startswith("blackbox run: rings in"):
+        if not line.strip() or TQDM.search(line) or line.startswith(OWN_LINES):
             continue
         if progress and re.search(progress, line):
             continue
