@@ -83,22 +83,20 @@ def write_postmortem(
     again = one_line(f"blackbox recover {' '.join(named)} -o {shlex.quote(os.fspath(out))}").replace("`", "'")
     # matplotlib readied beside the timeline's writing, once the verdict is out (views/plot_warm.py)
     warmer = PlotWarmer() if plot and importlib.util.find_spec("matplotlib") is not None else None
-    verdict: dict[str, Any] = {}
 
-    def views(meta: dict[str, Any], read: Any) -> dict[str, bytes]:
-        if read is None:
-            verdict.update(meta)
-            return _verdict_views(meta, again)
-        return _views(meta, read, warmer=warmer)
-
-    def after_verdict() -> None:
+    def after_verdict(meta: dict[str, Any]) -> None:
         if warmer is not None:
             warmer.start()
         if on_verdict is not None:
-            on_verdict(verdict)
+            on_verdict(meta)
 
     try:
-        return stream_bundle(recovery, out, views, after_verdict=after_verdict)
+        return stream_bundle(
+            recovery,
+            out,
+            lambda meta, read: _verdict_views(meta, again) if read is None else _views(meta, read, warmer=warmer),
+            after_verdict=after_verdict,
+        )
     finally:
         if warmer is not None:
             warmer.wait()

@@ -111,7 +111,7 @@ def stream_bundle(
     recovery: RecoveryPass,
     out_dir: str | os.PathLike[str],
     views: Views,
-    after_verdict: Callable[[], None] | None = None,
+    after_verdict: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Write a recovery into ``out_dir`` (a folder or a URI), verdict first: as soon as the last ring
     is diagnosed, a bundle of the verdict alone (metadata.json with ``complete: false``, summary.md,
@@ -125,7 +125,8 @@ def stream_bundle(
     ``views(meta, read)``: renders the views (file name -> bytes: summary.md, memory.png); ``read`` is
     None for the verdict (no timeline yet), else ``read(filters, columns, max_rows)`` reads the written
     timeline back (pyarrow filters, e.g. one pid's rows), thinned to at most about ``max_rows`` rows.
-    ``after_verdict()``: called once the verdict is in place (the caller readies the views' drawing then).
+    ``after_verdict(meta)``: called with the verdict's metadata once it is in place (the caller readies the
+    views' drawing then; `blackbox run`'s snapshot says its line).
 
     Locally (``outfolder``) each of the two is made in a private folder beside ``out_dir`` (mode 0700,
     files 0600) and put in its place whole, replacing what was there at once: no existing path is ever
@@ -296,7 +297,7 @@ def _rules_out(chunk: pq.ColumnChunkMetaData, values: list[Any]) -> bool:
 
 
 def _fill(
-    recovery: RecoveryPass, views: Views, out: _Out, after_verdict: Callable[[], None] | None = None
+    recovery: RecoveryPass, views: Views, out: _Out, after_verdict: Callable[[dict[str, Any]], None] | None = None
 ) -> dict[str, Any]:
     whole = out.folder()
     verdict: list[Verdict] = []
@@ -304,7 +305,7 @@ def _fill(
     def put_verdict() -> Verdict:
         done = _put_verdict(recovery, views, out)
         if after_verdict is not None:
-            after_verdict()
+            after_verdict(done[0])
         return done
 
     def tables() -> Iterator[pa.Table]:
