@@ -236,7 +236,8 @@ def snapshot_death(death: dict[str, Any], table: pa.Table, end_ns: int | None, r
     that tells where it is stuck or waits, the stall's evidence and where to look."""
     out = {**death, "alive": True}
     st = stall(table, end_ns, ranked) if end_ns is not None else None
-    taken = _taken_last(table, end_ns)  # (a SIGTERM its handler took, as `blackbox run` snapshots it after)
+    last = _taken(table, None, end_ns, last=True)  # (a SIGTERM its handler took: `blackbox run` snapshots after)
+    taken = f" It took {_said(last[1])} at {last[1]['time']} in its own handler." if last else ""
     if st is None or end_ns is None:
         return {**out, "headline": str(death.get("headline") or "") + taken}
     st["busy"] = None if st["step_s"] is None else busy(st["samples"], st["share"] or 0.0, st["moves"])
@@ -249,8 +250,8 @@ def snapshot_death(death: dict[str, Any], table: pa.Table, end_ns: int | None, r
         told = f" It has made no step for {st['stalled_s']:.1f} s (its steps took {st['step_s']:.3g} s), {_where(st)}."
     _shutdown_since(table, st, end_ns)  # a signal its handler took long after it stopped: ``st["handled"]``
     if handled := st.get("handled"):  # (Lightning's flag: `blackbox run`'s snapshot before the SIGKILL to come)
-        told += (f" {handled['signal']}{' from ' + handled['sender'] if handled.get('sender') else ''} came at "
-                 f"{handled['time']}, taken by its own handler, which cannot act on it while the process hangs.")
+        told += (f" {_said(handled)} came at {handled['time']}, taken by its own handler, which cannot act on it "
+                 "while the process hangs.")
     else:
         told += taken
     out["headline"] = str(death.get("headline") or "") + told
@@ -259,20 +260,29 @@ def snapshot_death(death: dict[str, Any], table: pa.Table, end_ns: int | None, r
     return out
 
 
-def _taken_last(table: pa.Table, end_ns: int | None) -> str:
-    """`` It took SIGTERM from X at T in its own handler.`` for the last signal the process's own handler took
-    (up to ``end_ns``), else ""."""
+def _taken(table: pa.Table, since_ns: int | None, end_ns: int | None, last: bool = False
+           ) -> tuple[int, dict[str, Any]] | None:  # fmt: skip
+    """The first (``last``: the last) signal the process's own handler took from ``since_ns`` up to ``end_ns``
+    (either bound None: none): its time (UTC ns) and ``signal``, ``sender``, ``time``; None where it took none."""
     rows = of_kind(table, "signal", columns=["time", "label", "detail", "sender"])
-    rows = rows.filter(pc.equal(rows["detail"].cast(pa.string()), HANDLED))
+    t = rows["time"].cast(pa.int64())
+    mask = pc.equal(rows["detail"].cast(pa.string()), HANDLED)
+    if since_ns is not None:
+        mask = pc.and_(mask, pc.greater_equal(t, since_ns))
     if end_ns is not None:
-        rows = rows.filter(pc.less_equal(rows["time"].cast(pa.int64()), end_ns))
+        mask = pc.and_(mask, pc.less_equal(t, end_ns))
+    rows = rows.filter(mask)
     if not rows.num_rows:
-        return ""
-    last = int(pc.max(rows["time"].cast(pa.int64())).as_py())
-    row = rows.filter(pc.equal(rows["time"].cast(pa.int64()), last))
-    sender = row["sender"][0].as_py() if "sender" in row.column_names else None
-    sent = f" from {sender}" if sender else ""
-    return f" It took {row['label'][0].as_py()}{sent} at {iso_ns(last)} in its own handler."
+        return None
+    i = int(pc.index(rows["time"], pc.max(rows["time"])).as_py()) if last else 0
+    at = int(rows["time"].cast(pa.int64())[i].as_py())  # (never to_pylist: no pandas, no ns datetimes there)
+    sender = rows["sender"][i].as_py() if "sender" in rows.column_names else None
+    return at, {"signal": str(rows["label"][i].as_py()), "sender": str(sender) if sender else None, "time": iso_ns(at)}
+
+
+def _said(taken: dict[str, Any]) -> str:
+    """A signal taken, as said: ``SIGTERM from timeout``."""
+    return f"{taken['signal']}{' from ' + taken['sender'] if taken.get('sender') else ''}"
 
 
 def _in_shutdown(st: dict[str, Any], end_ns: int, clean: int, text: str | None, ranked: bool) -> None:
@@ -292,17 +302,10 @@ def _shutdown_since(table: pa.Table, st: dict[str, Any], end_ns: int) -> dict[st
     after the process had stopped (a hang: ``st["handled"]`` then says which, for the headline: Lightning's
     handler only sets a flag the stuck loop never reads)."""
     since = epoch_ns(st.get("since"))
-    rows = of_kind(table, "signal", columns=["time", "label", "detail", "sender"])
-    if since is None or not rows.num_rows:
+    first = _taken(table, since, end_ns) if since is not None else None
+    if since is None or first is None:
         return None
-    t = rows["time"].cast(pa.int64())
-    rows = rows.filter(pc.and_(pc.and_(pc.greater_equal(t, since), pc.less_equal(t, end_ns)),
-                               pc.equal(rows["detail"].cast(pa.string()), HANDLED)))  # fmt: skip
-    if not rows.num_rows:
-        return None
-    at = int(rows["time"].cast(pa.int64())[0].as_py())  # (never to_pylist: no pandas, no ns datetimes there)
-    sender = rows["sender"][0].as_py() if "sender" in rows.column_names else None
-    taken = {"signal": str(rows["label"][0].as_py()), "sender": str(sender) if sender else None, "time": iso_ns(at)}
+    at, taken = first
     if (at - since) / 1e9 >= max(HANG_FACTOR * float(st["step_s"] or 0.0), HANG_MIN_S):
         st["handled"] = taken
         return None  # it had stopped long before the signal came: a hang, whatever its handler did after
@@ -394,8 +397,8 @@ def hang_headline(death: dict[str, Any], st: dict[str, Any]) -> str:
     if taken:  # a signal its own handler took while it hung, before the one that ended it (a signal the handler
         if killer.get("signal") == taken["signal"]:  # took ended nothing: what did, unrecorded, was a SIGKILL)
             how = "SIGKILL"
-        how = (f"{taken['signal']}{' from ' + taken['sender'] if taken.get('sender') else ''} came at {taken['time']}, "
-               f"taken by the job's own handler, which could not act on it while the process hung; then {how}")
+        how = (f"{_said(taken)} came at {taken['time']}, taken by the job's own handler, which could not act on it "
+               f"while the process hung; then {how}")
     if st.get("shutdown_s") is not None:
         return (f"The {v.get('role', 'process')} (pid {v.get('pid')}) hung as it shut down, after its work: "
                 f"{st['shutdown_s']:.1f} s after its clean end, {_where(st)}; then {how} ended it.")  # fmt: skip
