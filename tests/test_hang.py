@@ -622,17 +622,20 @@ if __name__ == "__main__":
 @pytest.mark.slow
 def test_a_pool_worker_stuck_in_its_task_is_named_not_the_main_process_waiting_for_it(tmp_path: Path) -> None:
     # GIVEN a Pool job under `blackbox run` whose worker never returns from one task at step 20, the main process
-    # waiting in pool.map and the other worker idle, until SIGTERM (as `timeout` sends it); the stuck worker has
+    # waiting in pool.map and the other worker idle, until SIGTERM to its process group (as `timeout` sends it:
+    # to its child, then its group; a SIGTERM to the main alone leaves the workers running); the stuck worker has
     # no steps of its own, so it must keep one stack for 10 s before it can be said to be stuck
     job, go = tmp_path / "job.py", tmp_path / "go"
     job.write_text(POOL_HANG)
     run = [sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "runs"), "--"]
-    proc = subprocess.Popen([*run, sys.executable, str(job), str(go)], env=ENV, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*run, sys.executable, str(job), str(go)], env=ENV, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
     try:
         while not go.exists() and proc.poll() is None:
             time.sleep(0.05)
         time.sleep(12.0)
         proc.send_signal(signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:
         with contextlib.suppress(OSError, ValueError):

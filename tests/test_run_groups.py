@@ -90,6 +90,116 @@ def test_kill_of_the_group_ends_a_shell_wrappers_python(tmp_path: Path, armed: b
         _cleanup(pids)
 
 
+# A child of the job's process (as a DataLoader worker or a subprocess is): notes a SIGTERM in a file.
+CHILD = """\
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (open(sys.argv[2], "w").write("got it"), sys.exit(3)))
+open(sys.argv[1] + f".{os.getpid()}", "w").write("up")
+time.sleep(120)
+"""
+# The job's process: its SIGTERM handler gives the child time to get one too, then ends it and exits 5.
+PARENT = """\
+import signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, *sys.argv[1:]])
+def ended(*_):
+    time.sleep(0.5)
+    child.kill()
+    child.wait()
+    sys.exit(5)
+signal.signal(signal.SIGTERM, ended)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("armed", [False, True], ids=["unarmed", "armed"])
+def test_kill_of_the_jobs_pid_reaches_its_own_process_alone(tmp_path: Path, armed: bool) -> None:
+    # GIVEN a Python job with a child process of its own, started as an interactive shell starts a job
+    (tmp_path / "parent.py").write_text(PARENT)
+    (tmp_path / "child.py").write_text(CHILD)
+    marks, got = tmp_path / "up", tmp_path / "child-got-sigterm"
+    job = [sys.executable, str(tmp_path / "parent.py"), str(tmp_path / "child.py"), str(marks), str(got)]
+    cmd = [*BLACKBOX, "--dir", str(tmp_path / "run"), "--", *job] if armed else job
+    proc = subprocess.Popen(cmd, env=ENV, start_new_session=True, stderr=subprocess.DEVNULL)
+    pids = _pids(marks, 1)
+    try:
+        # WHEN SIGTERM is sent to the job's pid alone (`kill PID`; a pod's PID 1, Slurm's proctrack/cgroup)
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        # THEN the main process takes it and ends its child itself; the child never got it, armed as unarmed
+        # (armed, blackbox run relayed it to every process of the job: the child too)
+        assert proc.returncode == 5
+        assert not got.exists()
+        assert _left_after(pids) == []
+    finally:
+        _cleanup(pids)
+
+
+# A training loop with two fork DataLoader workers; its SIGTERM handler saves for a second, then exits 5.
+LOADER = """\
+import os, signal, sys, time
+from torch.utils.data import DataLoader, Dataset
+class Slow(Dataset):
+    def __len__(self):
+        return 10**6
+    def __getitem__(self, i):
+        time.sleep(0.05)
+        return i
+def ended(*_):
+    time.sleep(1.0)
+    sys.exit(5)
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, ended)
+    batches = iter(DataLoader(Slow(), num_workers=2, multiprocessing_context="fork"))
+    next(batches)
+    open(sys.argv[1] + f".{os.getpid()}", "w").write("up")
+    for _ in batches:
+        pass
+"""
+
+
+@pytest.mark.parametrize("armed", [False, True], ids=["unarmed", "armed"])
+def test_kill_of_the_jobs_pid_leaves_its_dataloader_workers_working(tmp_path: Path, armed: bool) -> None:
+    pytest.importorskip("torch")
+    # GIVEN a training loop with fork DataLoader workers whose SIGTERM handler takes a second to save
+    (tmp_path / "train.py").write_text(LOADER)
+    marks = tmp_path / "up"
+    job = [sys.executable, str(tmp_path / "train.py"), str(marks)]
+    cmd = [*BLACKBOX, "--dir", str(tmp_path / "run"), "--", *job] if armed else job
+    proc = subprocess.Popen(cmd, env=ENV, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    pids = _pids(marks, 1)
+    try:
+        # WHEN SIGTERM is sent to the job's pid alone
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        # THEN its handler saves and exits 5, armed as unarmed (armed, the workers died of a SIGTERM of their
+        # own meanwhile and the loop's SIGCHLD handler ended it with "DataLoader worker ... killed", exit 1)
+        assert proc.returncode == 5 and "DataLoader worker" not in err, err[-2000:]
+    finally:
+        _cleanup(pids)
+
+
+@pytest.mark.parametrize("armed", [False, True], ids=["unarmed", "armed"])
+def test_kill_of_a_shell_wrappers_pid_leaves_its_python_running(tmp_path: Path, armed: bool) -> None:
+    # GIVEN `bash -c "python worker.py; true"`, started as an interactive shell starts a job
+    (tmp_path / "worker.py").write_text(WORKER)
+    marks = tmp_path / "up"
+    job = ["bash", "-c", f"{sys.executable} {tmp_path / 'worker.py'} {marks}; true"]
+    cmd = [*BLACKBOX, "--dir", str(tmp_path / "run"), "--", *job] if armed else job
+    proc = subprocess.Popen(cmd, env=ENV, start_new_session=True, stderr=subprocess.DEVNULL)
+    pids = _pids(marks, 1)
+    try:
+        # WHEN SIGTERM is sent to the job's pid alone
+        os.kill(proc.pid, signal.SIGTERM)
+        time.sleep(1.5)
+        # THEN the shell dies of it and python runs on, armed as unarmed (armed, python got it too and died)
+        assert [p for p in pids if _alive(p)] == pids
+        _cleanup(pids)
+        proc.wait(timeout=30)
+        assert proc.returncode == -signal.SIGTERM
+    finally:
+        _cleanup(pids)
+
+
 @pytest.mark.skipif(shutil.which("timeout") is None, reason="coreutils timeout is not installed")
 @pytest.mark.parametrize("armed", [False, True], ids=["unarmed", "armed"])
 def test_ctrl_c_reaches_a_job_that_made_a_group_of_its_own(tmp_path: Path, armed: bool) -> None:

@@ -24,8 +24,11 @@ The job runs as it would without us:
   a group of its own, tells a signal to our group from one sent to every
   process, which reached that group already (a SIGKILL to ours cannot be
   passed on); one
-  sent to our pid alone (``kill PID``, a terminal's hang-up,
-  ``proctrack/cgroup``) is relayed to each process of the job in our group.
+  sent to our pid alone (``kill PID``, a terminal's hang-up, a pod's PID 1,
+  ``proctrack/cgroup``) is relayed to the job's own process alone, as it would
+  have reached it alone unarmed (its DataLoader workers and subprocesses, a
+  shell wrapper's python, never get it from us); once that process has ended,
+  to what it left in our group.
   Each relay is written down first, with its original sender (pid, uid,
   command, ``si_code``), in ``relayed.jsonl`` beside the rings: the job's rings
   name us as the sender, and recovery gives the signal back to whoever really
@@ -75,6 +78,7 @@ FORWARDED = (
     signal.SIGWINCH,
 )
 GRACE_S = 10.0  # after the job's process ends, how long its other processes in our group may take to follow
+GROUP_FOLLOWS_S = 0.25  # how long a signal sent to us alone by a process of our group may take to reach it all
 STOP_SETTLE_S = 0.05  # after the job's process stopped, before we look whether it is stopped still
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -146,7 +150,7 @@ class Relayer:
 
     def relay(self, info: Any) -> None:
         moved = 0
-        if self.witness.saw(info.si_signo):  # sent to our process group, or to every process below us
+        if self.witness.saw(info.si_signo, _witness_wait(info)):  # sent to our group, or to every process
             # Sent to our group alone (a terminal's Ctrl-C, Ctrl-\, hang-up, sent by the kernel; `kill -INT
             # -PGID`): the group the job made (timeout's) needs it too. Sent to every process (Slurm's
             # linuxproc, systemd's control group), it reached that group already, and the witness alone in a
@@ -156,7 +160,10 @@ class Relayer:
             wait = WITNESS_WAIT_S if moved and info.si_code <= 0 else 0.0  # (else only drop one it has)
             every = lone is not None and lone.saw(info.si_signo, wait)
             if not moved or (info.si_code <= 0 and (lone is None or every)):
-                return  # the job has it already
+                # the job has it already; and we may have it once more: `timeout` sends to our pid, then to
+                # the group, and we may have taken the first before the second came
+                _sigtimedwait({info.si_signo}, 0.005)
+                return
         if info.si_code > 0 or info.si_pid <= 0:  # sent by the kernel (a terminal's hang-up)
             relay = Relay(info.si_signo, info.si_code, None, None, None, None, os.getpid(), time.time_ns())
         else:  # by a process (kill, sigqueue): who, read now, while it is most likely still there
@@ -193,7 +200,8 @@ class Relayer:
         return sorted(pids | ({self.job} if self.job > 0 else set()))
 
     def signal_job(self, signo: int) -> None:
-        for pid in self.job_processes():
+        """What was sent to us alone: to the job's own process alone while it runs, else to what it left."""
+        for pid in [self.job] if self.job > 0 else self.job_processes():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signo)
 
@@ -246,6 +254,17 @@ def launch(command: list[str], rings: Path, boot: Path, on_end: Callable[[Ended]
         # must not end us with another status while we recover (unarmed, the process is already gone).
         # end_like unblocks the job's own signal to die by it; others die pending with this process.
         signal.pthread_sigmask(signal.SIG_SETMASK, set(before) | {int(s) for s in FORWARDED})
+
+
+def _witness_wait(info: Any) -> float:
+    """How long a signal may take to reach the witness too. A sender in our own process group may signal the
+    group just after us (`timeout` sends to its child, then to its group): a busy machine can run something
+    else between the two for tens of milliseconds, and passed on meanwhile, the job would get it twice."""
+    if info.si_code <= 0 and info.si_pid > 0:
+        with contextlib.suppress(OSError):
+            if os.getpgid(info.si_pid) == os.getpgrp():
+                return GROUP_FOLLOWS_S
+    return WITNESS_WAIT_S
 
 
 def _sigtimedwait(watched: set[int], timeout: float) -> Any:
@@ -321,7 +340,7 @@ def _asked(info: Any) -> str:
 def _stopped(pid: int, relayer: Relayer) -> None:
     """The job's process stopped. By a stop sent to our group (Ctrl-Z) we stopped with it, and whoever
     continued the group continued it too. By one sent to it alone, we stop too, so that the shell sees its
-    job stopped, and continue the job's processes when we are continued (`fg`)."""
+    job stopped, and continue the job's process when we are continued (`fg`)."""
     time.sleep(STOP_SETTLE_S)  # a SIGCONT to the group reaches its processes one after another
     if (stat_of(pid) or (0, 0, ""))[2] != "T":
         return
