@@ -18,7 +18,7 @@ from blackbox.collect import alerts as al
 from blackbox.collect.alert_actions import alert_settings, parse_signal
 from blackbox.recovery.alerts import headline, judge
 from blackbox.ring import format as fmt
-from blackbox.run.notice import termination_message, verdict_line
+from blackbox.run.notice import SNAPSHOT, termination_message, verdict_line
 
 MIB, GIB = 1 << 20, 1 << 30
 LIMIT = GIB
@@ -220,3 +220,14 @@ def test_the_termination_message_is_written_only_into_an_empty_regular_file(tmp_
     os.symlink(log, tmp_path / "link")
     log.write_text("")
     assert termination_message("x", str(tmp_path / "link")) is None  # never through a link
+
+
+def test_a_snapshots_termination_message_is_replaced_by_the_verdict_of_the_end(tmp_path: Path) -> None:
+    log = tmp_path / "termination-log"
+    log.write_text("")
+    snapshot = f"{SNAPSHOT} 1 s after SIGTERM from kubelet: The main process (pid 7) is still running" + "x" * 900
+    assert termination_message(snapshot, str(log)) == str(log)
+    assert termination_message("blackbox: clean_exit: saved", str(log)) == str(log)
+    assert log.read_text() == "blackbox: clean_exit: saved"  # all of it: nothing of the longer snapshot left
+    log.write_text("the job's own: blackbox: still running")
+    assert termination_message("blackbox: hang", str(log)) is None  # only a message that begins as a snapshot's

@@ -38,10 +38,11 @@ print("saved", flush=True)
 """
 
 
-def _start(tmp_path: Path, job: Path, name: str, armed: bool, *args: str) -> subprocess.Popen[str]:
+def _start(tmp_path: Path, job: Path, name: str, armed: bool, *args: str,
+           env: dict[str, str] = ENV) -> subprocess.Popen[str]:  # fmt: skip
     run = [sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path / f"runs-{name}"), "--"] if armed else []
     return subprocess.Popen([*run, sys.executable, str(job), str(tmp_path / name), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=ENV)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
 
 
 def _ready(tmp_path: Path, procs: dict[str, subprocess.Popen[str]]) -> None:
@@ -59,15 +60,25 @@ def _run_folder(tmp_path: Path, name: str) -> Path:
 def test_a_job_saving_after_sigterm_gets_a_snapshot_then_the_bundle_of_its_end(tmp_path: Path) -> None:
     # GIVEN a job whose SIGTERM handler leads to a save before a clean exit, SIGTERM sent to `blackbox run`'s pid
     # alone (Kubernetes: the container's first process), which passes it on; the same job unarmed
-    job = tmp_path / "job.py"
+    # (in a pod: the kubelet made its termination log, empty)
+    job, log = tmp_path / "job.py", tmp_path / "termination-log"
     job.write_text(GRACEFUL)
-    procs = {name: _start(tmp_path, job, name, name == "armed", "go") for name in ("unarmed", "armed")}
+    log.touch()
+    env = dict(ENV, BLACKBOX_TERMINATION_LOG=str(log))
+    procs = {name: _start(tmp_path, job, name, name == "armed", "go", env=env) for name in ("unarmed", "armed")}
     _ready(tmp_path, procs)
     for proc in procs.values():
         proc.send_signal(signal.SIGTERM)
     try:  # WHILE it saves, a snapshot of it is in the run's bundle folder, saying it runs still
         bundle = _wait_for_snapshot(tmp_path, "armed")
         assert bundle["cause"] == "unknown" and bundle["death"]["alive"], bundle["death"]  # type: ignore[index]
+        # AND the pod's termination message says so (what `kubectl describe pod` shows, SIGKILLed after its grace)
+        deadline = time.monotonic() + 30
+        while not log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        said = log.read_text()
+        assert said.startswith("blackbox: still running 1 s after SIGTERM from ") and "Snapshot: " in said, said
+        assert "is still running" in said, said
     finally:
         for name in procs:
             (tmp_path / f"{name}.go").touch()
@@ -84,6 +95,8 @@ def test_a_job_saving_after_sigterm_gets_a_snapshot_then_the_bundle_of_its_end(t
     folder = _run_folder(tmp_path, "armed")
     meta = json.loads((folder / "bundle" / "metadata.json").read_text())
     assert meta["cause"] == "clean_exit" and not meta["death"].get("alive"), meta["death"]
+    # AND the termination message is the end's now
+    assert log.read_text().startswith("blackbox: clean_exit") and "Bundle: " in log.read_text(), log.read_text()
     # AND the snapshot's writer was never one of the job's: not named as left running, no holder left beside it
     assert "still running after it ended" not in err1 and "left_running" not in meta, err1
     assert sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp") and any(p.iterdir())) == []

@@ -93,6 +93,7 @@ class Ended:
     signal: int | None  # the signal that killed it, or None when it exited
     end_ns: int = 0  # UTC ns when we saw its process end
     pid: int = 0  # the job's process: the one we started, whose status this is
+    snapshot: bool = False  # a snapshot of it was started: its notices are the end's to replace
 
 
 def prepare(work: Path) -> tuple[Path, Path]:
@@ -243,6 +244,7 @@ def launch(command: list[str], rings: Path, boot: Path, on_end: Callable[[Ended]
             if on_end is not None:
                 on_end(ended)
             _wait_for_the_group(watched, relayer, asked, child.pid)
+            ended.snapshot = asked.started
         finally:
             for pid in relayer.ours:  # the snapshot's writer: the bundle of the job's end replaces it
                 snapshot.stop(pid)
@@ -284,6 +286,7 @@ class _Asked:
         self.outlived = outlived
         self.when: float | None = None
         self.said = ""
+        self.started = False
 
     def note(self, info: Any) -> None:
         if self.when is None and info.si_signo in snapshot.ENDING:
@@ -303,6 +306,7 @@ class _Asked:
         with contextlib.suppress(Exception):  # a snapshot, never a reason to stop waiting for the job
             if (ours := outlived(job, self.said)) is not None:
                 relayer.ours.add(ours)
+                self.started = True
 
 
 def _wait(pid: int, watched: set[int], relayer: Relayer, tick: Callable[[], None] | None, asked: _Asked) -> Ended:

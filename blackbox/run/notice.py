@@ -6,7 +6,8 @@ Kubernetes reads the file at ``terminationMessagePath`` (``/dev/termination-log`
 otherwise; ``BLACKBOX_TERMINATION_LOG`` names another) when the container ends, at most 4096 bytes of it.
 ``blackbox run`` writes its verdict there only where the file exists (the kubelet made it: we are in a
 pod), is a regular file we can write, and the job left it empty: the job's own message wins. Opened
-without following links and never created.
+without following links and never created. A snapshot's message (``SNAPSHOT``: the job outlived the
+signal sent to end it, and a SIGKILL may come before its end) is the one the verdict of its end replaces.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .._errors import one_line
 TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_ENV = "BLACKBOX_TERMINATION_LOG"
 MAX_MESSAGE = 4096  # bytes Kubernetes keeps of a termination message
+SNAPSHOT = "blackbox: still running"  # how a snapshot's message begins: the end's verdict may replace it
 MAX_COMMENT = 1000  # characters of a Slurm job's comment we write (scontrol takes more; squeue shows less)
 SBIN = ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin", "/bin", "/sbin")
 
@@ -59,17 +61,21 @@ def _alerts_of(meta: dict[str, Any], death: dict[str, Any]) -> dict[str, Any] | 
 
 def termination_message(line: str, path: str | None = None) -> str | None:
     """Write ``line`` as the pod's termination message; the file written, or None (not in a pod, not ours to
-    write, or the job wrote its own)."""
+    write, or the job wrote its own). A snapshot's message there is replaced."""
     path = path or os.environ.get(TERMINATION_ENV) or TERMINATION_LOG
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size:
+        if not stat.S_ISREG(st.st_mode):
             return None
-        os.write(fd, line.encode("utf-8", "replace")[:MAX_MESSAGE])
+        if st.st_size:
+            if os.pread(fd, len(SNAPSHOT), 0) != SNAPSHOT.encode():
+                return None
+            os.ftruncate(fd, 0)
+        os.pwrite(fd, line.encode("utf-8", "replace")[:MAX_MESSAGE], 0)
         return path
     except OSError:
         return None
