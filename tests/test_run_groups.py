@@ -69,16 +69,21 @@ def _cleanup(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("armed", [False, True], ids=["unarmed", "armed"])
-def test_kill_of_the_group_ends_a_shell_wrappers_python(tmp_path: Path, armed: bool) -> None:
-    # GIVEN `bash -c "python worker.py; true"` (bash stays the job's top process, python its child), started
-    # in a process group of its own as an interactive shell starts a job
+def _shell_wrapper(tmp_path: Path, armed: bool) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """`bash -c "python worker.py; true"` (bash stays the job's top process, python its child), started in a
+    process group of its own as an interactive shell starts a job; and python's pid."""
     (tmp_path / "worker.py").write_text(WORKER)
     marks = tmp_path / "up"
     job = ["bash", "-c", f"{sys.executable} {tmp_path / 'worker.py'} {marks}; true"]
     cmd = [*BLACKBOX, "--dir", str(tmp_path / "run"), "--", *job] if armed else job
     proc = subprocess.Popen(cmd, env=ENV, start_new_session=True, stderr=subprocess.DEVNULL)
-    pids = _pids(marks, 1)
+    return proc, _pids(marks, 1)
+
+
+@pytest.mark.parametrize("armed", [False, True], ids=["unarmed", "armed"])
+def test_kill_of_the_group_ends_a_shell_wrappers_python(tmp_path: Path, armed: bool) -> None:
+    # GIVEN a shell wrapper's python
+    proc, pids = _shell_wrapper(tmp_path, armed)
     try:
         # WHEN the group is SIGKILLed (`kill -KILL -PGID`)
         os.killpg(proc.pid, signal.SIGKILL)
@@ -180,13 +185,8 @@ def test_kill_of_the_jobs_pid_leaves_its_dataloader_workers_working(tmp_path: Pa
 
 @pytest.mark.parametrize("armed", [False, True], ids=["unarmed", "armed"])
 def test_kill_of_a_shell_wrappers_pid_leaves_its_python_running(tmp_path: Path, armed: bool) -> None:
-    # GIVEN `bash -c "python worker.py; true"`, started as an interactive shell starts a job
-    (tmp_path / "worker.py").write_text(WORKER)
-    marks = tmp_path / "up"
-    job = ["bash", "-c", f"{sys.executable} {tmp_path / 'worker.py'} {marks}; true"]
-    cmd = [*BLACKBOX, "--dir", str(tmp_path / "run"), "--", *job] if armed else job
-    proc = subprocess.Popen(cmd, env=ENV, start_new_session=True, stderr=subprocess.DEVNULL)
-    pids = _pids(marks, 1)
+    # GIVEN a shell wrapper's python
+    proc, pids = _shell_wrapper(tmp_path, armed)
     try:
         # WHEN SIGTERM is sent to the job's pid alone
         os.kill(proc.pid, signal.SIGTERM)

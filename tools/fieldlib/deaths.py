@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 class Death:
     name: str
     at_step: int = 0  # deal it once the target has done this many optimizer steps (0: not step-dealt)
-    action: str = ""  # sigkill | sigint-group | slurm | "" (planted or time-dealt)
+    action: str = ""  # sigkill | sigint-group | slurm | pod | "" (planted or time-dealt)
     env: dict[str, str] = field(default_factory=dict)  # FIELD_EXIT / FIELD_LEAK
     job_args: list[str] = field(default_factory=list)  # worker options for the jobs that take them
     leak: str = ""  # main | worker: a real kernel OOM kill in the run's memory cgroup
@@ -52,6 +52,10 @@ DEATHS = {
     "saver-hang": Death("saver-hang", env={"FIELD_SAVER_HANG": "5"}, timeout=True, long=True, sender="timeout",
                         signal="SIGTERM", causes=("signal", "hang"), site="_save_hangs"),  # fmt: skip
     "slurm": Death("slurm", at_step=6, action="slurm", sender="field", signal="SIGTERM", long=True),
+    # a pod's deletion: SIGTERM to the container's first process alone (the job's, or blackbox run's), its
+    # DataLoader workers (fork) never sent one; SIGKILL to every process after the grace period
+    "pod": Death("pod", at_step=6, action="pod", job_args=["--workers", "2", "--context", "fork"], sender="field",
+                 signal="SIGTERM", long=True),  # fmt: skip
     "rerun": Death("rerun", at_step=6, action="sigkill", rerun=True, causes=("clean_exit",)),
 }
 

@@ -162,11 +162,12 @@ JOBS = {
     "hf": Job(
         "hf", _venv, lambda e: HERE / "hf_job.py", _own("hf"), lambda e, r: r, worker_args=True, timeout_s=20,
         worker_leak_mib=4, progress=r"^\{'loss': ",
-        deaths=["sigkill", "oom", "workers-spawn", "ctrlc", "slurm", "exit-hang", "segv"],
+        deaths=["sigkill", "oom", "workers-spawn", "ctrlc", "slurm", "pod", "exit-hang", "segv"],
     ),
     "lightning": Job(
         "lightning", _venv, lambda e: HERE / "lightning_job.py", _own("lightning"), lambda e, r: r,
         worker_args=True, timeout_s=12,
-        deaths=["sigkill", "oom", "workers-forkserver", "ctrlc", "exit3", "slurm", "exit-hang", "segv", "rerun"],
+        deaths=["sigkill", "oom", "workers-forkserver", "ctrlc", "exit3", "slurm", "pod", "exit-hang", "segv",
+                "rerun"],
     ),
 }  # fmt: skip

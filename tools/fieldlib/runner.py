@@ -21,6 +21,7 @@ CG_ROOT = Path("/sys/fs/cgroup/memory")
 POLL_S = 0.02
 GRACE_S = 2.0  # after the top process ended, what is still in the cgroup then is an orphan
 MAX_S = 300.0
+GRACE_OF = {"slurm": 2.0, "pod": 10.0}  # after the SIGTERM, when every process left gets SIGKILL (KillWait, a pod's)
 OOM_LINE = re.compile(r"oom-kill:.*task_memcg=(?P<cg>[^,]+),task=(?P<name>[^,]+),pid=(?P<pid>\d+)")
 
 
@@ -168,8 +169,8 @@ def run_once(
                     cg.limit(limit)
                 if deal and death.action and not dealt and target and (done or 0) >= death.at_step:
                     dealt.append(_deal(death.action, top.pid, target, done))
-                    if death.action == "slurm":
-                        kill_at = time.monotonic() + 2.0
+                    if death.action in GRACE_OF:
+                        kill_at = time.monotonic() + GRACE_OF[death.action]
                 if kill_at and time.monotonic() >= kill_at:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(top.pid, signal.SIGKILL)
@@ -213,6 +214,9 @@ def _deal(action: str, top: int, target: int, done: int | None) -> dict[str, Any
     if action == "sigkill":
         os.kill(target, signal.SIGKILL)
         return {"signal": "SIGKILL", "to": target, "after_steps": done}
+    if action == "pod":
+        os.kill(top, signal.SIGTERM)
+        return {"signal": "SIGTERM", "to": top, "after_steps": done}
     sig = signal.SIGINT if action == "sigint-group" else signal.SIGTERM
     os.killpg(top, sig)
     return {"signal": sig.name, "to": "group", "pid": top, "after_steps": done}
