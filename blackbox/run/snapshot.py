@@ -73,7 +73,7 @@ def _write(rings: Path, bundle: Path, job: int, launcher: int, asked: str, prefi
         f.write("1000")
     from .._errors import one_line
     from .._units import human_bytes
-    from .notice import SNAPSHOT
+    from .notice import SNAPSHOT, termination_message
 
     if not any(rings.glob("*.ring")):  # no process of the job armed yet (or none is Python): nothing to tell
         return 0
@@ -96,8 +96,11 @@ def _write(rings: Path, bundle: Path, job: int, launcher: int, asked: str, prefi
         headline = one_line(str(death.get("headline") or ""))  # the job's own text may be in it
         _say(f"{prefix}the job still runs {OUTLIVED_S:g} s after {asked}: {headline} A snapshot is in {bundle}/: "
              f"the bundle of its end replaces it, or, SIGKILLed first, `blackbox recover {rings}` tells that end")
-        if not prefix:  # (a rank's `blackbox run` under torchrun: torchrun's error file tells the ranks)
-            notify(one_line(f"{SNAPSHOT} {OUTLIVED_S:g} s after {asked}: {headline} Snapshot: {bundle}"))
+        # What `kubectl describe pod` shows of a pod SIGKILLed after its grace; the verdict of its end replaces
+        # it. Not a rank's (torchrun's error file tells the ranks); not the Slurm job's comment: once Slurm has
+        # signalled a job to end it, slurmctld refuses it ("Job has already finished", Slurm 22.05, tried)
+        if not prefix:
+            termination_message(one_line(f"{SNAPSHOT} {OUTLIVED_S:g} s after {asked}: {headline} Snapshot: {bundle}"))
 
     try:
         write_postmortem([rings], bundle, None, plot=False, raw=False, launcher_pid=launcher, job_pid=job,
@@ -107,16 +110,6 @@ def _write(rings: Path, bundle: Path, job: int, launcher: int, asked: str, prefi
                       f"{exc})"))  # fmt: skip
         return 1
     return 0
-
-
-def notify(line: str) -> None:
-    """Where people look once the job is gone: a pod's termination message (what ``kubectl describe pod`` shows
-    of a container SIGKILLed after its grace); the verdict of its end replaces it. Not the Slurm job's comment:
-    once Slurm has signalled a job to end it (``scancel``, its time limit), slurmctld refuses the update ("Job
-    has already finished", Slurm 22.05, tried against a real slurmctld)."""
-    from .notice import termination_message
-
-    termination_message(line)
 
 
 def told(meta: dict[str, Any], job: int) -> dict[str, Any]:
