@@ -188,16 +188,59 @@ def test_kill_of_a_shell_wrappers_pid_leaves_its_python_running(tmp_path: Path, 
     # GIVEN a shell wrapper's python
     proc, pids = _shell_wrapper(tmp_path, armed)
     try:
-        # WHEN SIGTERM is sent to the job's pid alone
+        # WHEN SIGTERM is sent to the job's pid alone, and again once the shell has died of it
         os.kill(proc.pid, signal.SIGTERM)
         time.sleep(1.5)
-        # THEN the shell dies of it and python runs on, armed as unarmed (armed, python got it too and died)
+        os.kill(proc.pid, signal.SIGTERM)
+        time.sleep(0.5)
+        # THEN the shell dies of it and python runs on, armed as unarmed (armed, python got the first too and
+        # died; then, the second: blackbox run passed it on to what the shell left)
         assert [p for p in pids if _alive(p)] == pids
         _cleanup(pids)
         proc.wait(timeout=30)
         assert proc.returncode == -signal.SIGTERM
     finally:
         _cleanup(pids)
+
+
+def _unshare_works() -> bool:
+    unshare = shutil.which("unshare")
+    return unshare is not None and subprocess.run([unshare, "-fp", "--mount-proc", "true"], capture_output=True,
+                                                  timeout=30).returncode == 0  # fmt: skip
+
+
+PID1 = """\
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (print("took it", flush=True), sys.exit(3)))
+open(sys.argv[1], "w").close()
+time.sleep(30)
+"""
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="no PID namespace can be made here (unshare -fp)")
+def test_sigterm_to_a_pid_namespaces_first_process_reaches_the_jobs_handler(tmp_path: Path) -> None:
+    # (A job with no handler differs: unarmed, as PID 1, the kernel drops the SIGTERM; armed, blackbox run is
+    # PID 1, passes it on, and the job dies of it, 143. README says so.)
+    # GIVEN a Python job as a container's first process (PID 1 of its PID namespace), unarmed and under `blackbox
+    # run` (then blackbox run is PID 1); its SIGTERM handler ends it
+    (tmp_path / "job.py").write_text(PID1)
+    procs = {}
+    for armed in (False, True):
+        job = [sys.executable, str(tmp_path / "job.py"), str(tmp_path / f"up-{armed}")]
+        cmd = [*BLACKBOX, "--dir", str(tmp_path / "run"), "--", *job] if armed else job
+        procs[armed] = subprocess.Popen(["unshare", "-fp", "--mount-proc", *cmd], env=ENV, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"up-{a}").exists() for a in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # WHEN the container's runtime sends SIGTERM to that first process (from outside the namespace)
+    for proc in procs.values():
+        (init,) = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        os.kill(init, signal.SIGTERM)
+    ended = {armed: proc.communicate(timeout=60) for armed, proc in procs.items()}
+    # THEN the job takes it in its handler, armed as unarmed (blackbox run passes it on to the job alone)
+    for armed, (out, err) in ended.items():
+        assert (procs[armed].returncode, out) == (3, "took it\n"), (armed, err[-2000:])
 
 
 @pytest.mark.skipif(shutil.which("timeout") is None, reason="coreutils timeout is not installed")

@@ -27,8 +27,10 @@ The job runs as it would without us:
   sent to our pid alone (``kill PID``, a terminal's hang-up, a pod's PID 1,
   ``proctrack/cgroup``) is relayed to the job's own process alone, as it would
   have reached it alone unarmed (its DataLoader workers and subprocesses, a
-  shell wrapper's python, never get it from us); once that process has ended,
-  to what it left in our group.
+  shell wrapper's python, never get it from us); to no one once that process
+  has ended. (As a PID namespace's first process, we pass on a signal the job
+  has no handler for, which the kernel drops for an unarmed job there: to tell
+  the job's own handler from the recorder's is not done yet.)
   Each relay is written down first, with its original sender (pid, uid,
   command, ``si_code``), in ``relayed.jsonl`` beside the rings: the job's rings
   name us as the sender, and recovery gives the signal back to whoever really
@@ -78,7 +80,6 @@ FORWARDED = (
     signal.SIGWINCH,
 )
 GRACE_S = 10.0  # after the job's process ends, how long its other processes in our group may take to follow
-GROUP_FOLLOWS_S = 0.25  # how long a signal sent to us alone by a process of our group may take to reach it all
 STOP_SETTLE_S = 0.05  # after the job's process stopped, before we look whether it is stopped still
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -151,7 +152,11 @@ class Relayer:
 
     def relay(self, info: Any) -> None:
         moved = 0
-        if self.witness.saw(info.si_signo, _witness_wait(info)):  # sent to our group, or to every process
+        if self.witness.saw(info.si_signo):  # sent to our process group, or to every process below us
+            # We may hold it a second time: `timeout` sends to our pid, then at once to its group (ours), and we
+            # may have taken the first before the second came. Unarmed, both reach a Python job before its
+            # handler runs, which runs once: passed on later, it would run twice.
+            _sigtimedwait({info.si_signo}, 0.005)
             # Sent to our group alone (a terminal's Ctrl-C, Ctrl-\, hang-up, sent by the kernel; `kill -INT
             # -PGID`): the group the job made (timeout's) needs it too. Sent to every process (Slurm's
             # linuxproc, systemd's control group), it reached that group already, and the witness alone in a
@@ -161,10 +166,9 @@ class Relayer:
             wait = WITNESS_WAIT_S if moved and info.si_code <= 0 else 0.0  # (else only drop one it has)
             every = lone is not None and lone.saw(info.si_signo, wait)
             if not moved or (info.si_code <= 0 and (lone is None or every)):
-                # the job has it already; and we may have it once more: `timeout` sends to our pid, then to
-                # the group, and we may have taken the first before the second came
-                _sigtimedwait({info.si_signo}, 0.005)
-                return
+                return  # the job has it already
+        elif self.job <= 0:  # sent to us alone once the job's own process has ended: unarmed, it would reach no
+            return  # one (what that process left, a shell wrapper's python and its workers, never had it)
         if info.si_code > 0 or info.si_pid <= 0:  # sent by the kernel (a terminal's hang-up)
             relay = Relay(info.si_signo, info.si_code, None, None, None, None, os.getpid(), time.time_ns())
         else:  # by a process (kill, sigqueue): who, read now, while it is most likely still there
@@ -201,10 +205,10 @@ class Relayer:
         return sorted(pids | ({self.job} if self.job > 0 else set()))
 
     def signal_job(self, signo: int) -> None:
-        """What was sent to us alone: to the job's own process alone while it runs, else to what it left."""
-        for pid in [self.job] if self.job > 0 else self.job_processes():
+        """What was sent to us alone: to the job's own process alone, as a `kill` of its pid reaches it unarmed."""
+        if self.job > 0:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signo)
+                os.kill(self.job, signo)
 
     def close(self) -> None:
         self.witness.close()
@@ -256,17 +260,6 @@ def launch(command: list[str], rings: Path, boot: Path, on_end: Callable[[Ended]
         # must not end us with another status while we recover (unarmed, the process is already gone).
         # end_like unblocks the job's own signal to die by it; others die pending with this process.
         signal.pthread_sigmask(signal.SIG_SETMASK, set(before) | {int(s) for s in FORWARDED})
-
-
-def _witness_wait(info: Any) -> float:
-    """How long a signal may take to reach the witness too. A sender in our own process group may signal the
-    group just after us (`timeout` sends to its child, then to its group): a busy machine can run something
-    else between the two for tens of milliseconds, and passed on meanwhile, the job would get it twice."""
-    if info.si_code <= 0 and info.si_pid > 0:
-        with contextlib.suppress(OSError):
-            if os.getpgid(info.si_pid) == os.getpgrp():
-                return GROUP_FOLLOWS_S
-    return WITNESS_WAIT_S
 
 
 def _sigtimedwait(watched: set[int], timeout: float) -> Any:
@@ -354,8 +347,8 @@ def _stopped(pid: int, relayer: Relayer) -> None:
 
 def _wait_for_the_group(watched: set[int], relayer: Relayer, asked: _Asked, job: int) -> None:
     """Reap the job's leftovers (reparented to us) until none of its processes is left in our group, or
-    GRACE_S passed; signals sent to us alone meanwhile are still relayed to them, and a leftover that outlives
-    a signal meant to end the job (a shell wrapper died of it, its python saves) gets the snapshot."""
+    GRACE_S passed (a signal sent to us alone meanwhile reaches none of them, as unarmed), and a leftover that
+    outlives a signal meant to end the job (a shell wrapper died of it, its python saves) gets the snapshot."""
     deadline = time.monotonic() + GRACE_S
     while time.monotonic() < deadline:
         _reap(relayer)
