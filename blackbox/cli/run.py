@@ -223,12 +223,12 @@ def recover(rings: Path, bundle: Path, ended: Ended, quiet: bool, left: list[dic
                     f"{headline} bundle in {bundle}/")  # fmt: skip
         if torchelastic.write_error_file(meta, status, bundle):
             line += " (the verdict is in torchrun's error file: its Root Cause table)"
-        if meta["cause"] != "clean_exit" or ended.snapshot:  # (the end's verdict replaces a snapshot's message)
+        died = meta["cause"] != "clean_exit"
+        if died or ended.snapshot:  # (the end's verdict replaces a snapshot's message)
             verdict = verdict_line(meta, str(bundle))
             if written := termination_message(verdict):
                 line += f" (and in {written}, the pod's termination message)"
-            if meta["cause"] != "clean_exit" and os.environ.get("SLURM_JOB_ID", "").isdigit() and account_here(
-                    ended, bundle.parent.parent):  # fmt: skip
+            if died and os.environ.get("SLURM_JOB_ID", "").isdigit() and account_here(ended, bundle.parent.parent):
                 line += f" ({slurm_comment(os.environ['SLURM_JOB_ID'], verdict)})"
         say(of_rank + line)
         if not quiet and account_here(ended, bundle.parent.parent):
