@@ -211,24 +211,34 @@ def _unshare_works() -> bool:
 
 PID1 = """\
 import signal, sys, time
-signal.signal(signal.SIGTERM, lambda *_: (print("took it", flush=True), sys.exit(3)))
+if sys.argv[2] == "handler":
+    signal.signal(signal.SIGTERM, lambda *_: (print("took it", flush=True), sys.exit(3)))
 open(sys.argv[1], "w").close()
-time.sleep(30)
+time.sleep(30 if sys.argv[2] == "handler" else 2)
+print("ran on", flush=True)
 """
+PID1_JOBS = {  # how the job is started, and how it ends, unarmed as PID 1, after the SIGTERM
+    "handler": (lambda job: job, 3, "took it\n"),
+    "no handler": (lambda job: job, 0, "ran on\n"),  # the kernel drops it: no handler
+    "shell, no handler": (lambda job: ["bash", "-c", " ".join(job) + "; exit $?"], 0, "ran on\n"),  # (bash has none)
+    "no handler, no C extension": (lambda job: job, 0, "ran on\n"),  # (faulthandler records signals there)
+}
 
 
 @pytest.mark.skipif(not _unshare_works(), reason="no PID namespace can be made here (unshare -fp)")
-def test_sigterm_to_a_pid_namespaces_first_process_reaches_the_jobs_handler(tmp_path: Path) -> None:
-    # (A job with no handler differs: unarmed, as PID 1, the kernel drops the SIGTERM; armed, blackbox run is
-    # PID 1, passes it on, and the job dies of it, 143. README says so.)
-    # GIVEN a Python job as a container's first process (PID 1 of its PID namespace), unarmed and under `blackbox
-    # run` (then blackbox run is PID 1); its SIGTERM handler ends it
+@pytest.mark.parametrize("kind", list(PID1_JOBS))
+def test_sigterm_to_a_pid_namespaces_first_process_is_what_the_kernel_makes_of_it(tmp_path: Path, kind: str) -> None:
+    # GIVEN a Python job as a container's first process (PID 1 of its PID namespace), directly or under a shell,
+    # unarmed and under `blackbox run` (then blackbox run is PID 1); with a SIGTERM handler that ends it, or none
     (tmp_path / "job.py").write_text(PID1)
+    wrap, status, said = PID1_JOBS[kind]
     procs = {}
     for armed in (False, True):
-        job = [sys.executable, str(tmp_path / "job.py"), str(tmp_path / f"up-{armed}")]
+        handles = "handler" if kind == "handler" else "none"
+        job = wrap([sys.executable, str(tmp_path / "job.py"), str(tmp_path / f"up-{armed}"), handles])
         cmd = [*BLACKBOX, "--dir", str(tmp_path / "run"), "--", *job] if armed else job
-        procs[armed] = subprocess.Popen(["unshare", "-fp", "--mount-proc", *cmd], env=ENV, stdout=subprocess.PIPE,
+        env = dict(ENV, BLACKBOX_NO_C_EXTENSION="1") if "no C" in kind else ENV
+        procs[armed] = subprocess.Popen(["unshare", "-fp", "--mount-proc", *cmd], env=env, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.monotonic() + 60
     while not all((tmp_path / f"up-{a}").exists() for a in procs) and time.monotonic() < deadline:
@@ -238,9 +248,16 @@ def test_sigterm_to_a_pid_namespaces_first_process_reaches_the_jobs_handler(tmp_
         (init,) = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
         os.kill(init, signal.SIGTERM)
     ended = {armed: proc.communicate(timeout=60) for armed, proc in procs.items()}
-    # THEN the job takes it in its handler, armed as unarmed (blackbox run passes it on to the job alone)
+    # THEN the job takes it in its handler, or runs on where it has none (the kernel drops it for PID 1), armed as
+    # unarmed: blackbox run passes on to the job alone what it has a handler for, and the recorder of a job with
+    # none drops what blackbox run passed on from pid 1
     for armed, (out, err) in ended.items():
-        assert (procs[armed].returncode, out) == (3, "took it\n"), (armed, err[-2000:])
+        assert (procs[armed].returncode, out) == (status, said), (armed, err[-2000:])
+    # AND the bundle of a Python job with no handler says the SIGTERM was dropped, not that a handler took it
+    if kind == "no handler":
+        summary = next((tmp_path / "run").glob("run-*/bundle/summary.md")).read_text()
+        assert "**The job exited cleanly.**" in summary and "SIGTERM at " in summary, summary[:3000]
+        assert "was dropped (no handler; unarmed, this was its PID namespace's first process" in summary
 
 
 @pytest.mark.skipif(shutil.which("timeout") is None, reason="coreutils timeout is not installed")

@@ -37,6 +37,7 @@ from typing import Any
 
 from .._fds import OwnedFd
 from ..ring import format as fmt
+from .identity import stands_in_for_init
 
 _OWNER: list[DeathSignals] = []  # the one recorder of this process that records its signals
 
@@ -91,6 +92,8 @@ class DeathSignals:
             return "sigaction cannot be read here (ctypes): signals are not recorded"
         if self._header.version < 3:
             return f"a version-{self._header.version} ring has no signal slots: signals are not recorded"
+        if stands_in_for_init():  # faulthandler's handler would hand on to the default action what pid 1 sent
+            return "signals are not recorded: the job's own process stands for its PID namespace's first process"
         _OWNER.append(self)
         self.active = True
         self._wrap()

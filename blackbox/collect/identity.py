@@ -282,3 +282,11 @@ def parent_gone(ident: dict[str, Any]) -> bool:
     another parent (a DataLoader worker whose main process was killed)."""
     ppid = ident.get("ppid")
     return isinstance(ppid, int) and not isinstance(ppid, bool) and os.getppid() != ppid
+
+
+def stands_in_for_init() -> bool:
+    """This process is the job's own process of a ``blackbox run`` that is its PID namespace's first process (a
+    container's entrypoint): unarmed, this process would be that first process, to which the kernel gives no
+    signal it has no handler for. Armed, ``blackbox run`` takes such a signal and passes it on from pid 1, and
+    the recorder drops it, where the default action is in force, as the kernel would have."""
+    return os.environ.get(RUN_PID_ENV) == "1" and os.getppid() == 1 and os.getpid() != 1

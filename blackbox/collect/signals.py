@@ -48,6 +48,7 @@ from .._fds import OwnedFd
 from .._jobsignal import raised_by_signal_handler, remember_handler, remember_handlers
 from ..ring import format as fmt
 from .death_signals import DeathSignals, os_handler
+from .identity import stands_in_for_init
 
 KIND_SIGNAL = fmt.KIND_CODES["signal"]
 RECORDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
@@ -129,6 +130,8 @@ class SignalRecorder:
             self._cmod.signals_arm(buffer, records_offset, capacity, sequence, self._intern(DEFAULT_ACTION))
         except RuntimeError as exc:  # one recorder per process owns the signals
             return str(exc)
+        if stands_in_for_init():
+            self._cmod.signals_stand_in(self._intern(fmt.DROPPED_AS_INIT))
         self.active = True
         self._record(RECORDED + ENDINGS)
         self._wrap_signal_function()

@@ -59,7 +59,7 @@ from .exits import HOW_KNOWN, MAX_SAID, RUN_SAW, exit_message, exit_status, inte
 from .facts import Facts, counter_rose, facts, near_limit
 from .gpu_oom import EXPANDABLE_ON, gpu_oom_kind
 from .hang import with_hang
-from .headline import headline, sent_from
+from .headline import dropped_as_init, headline, sent_from
 from .helpers import process_name, start_method
 from .kinds import of_kind
 from .levers import analysis
@@ -498,6 +498,8 @@ class _Death:
         """A signal the job's own handler took before it ended by itself: a graceful shutdown (Lightning's
         SIGTERM checkpoint-and-exit, a requeue on SIGUSR1), said where the job's end alone would hide it."""
         handled = [s for s in self.f.in_life() if s["detail"] not in (DEFAULT_ACTION, "raised KeyboardInterrupt")]
+        self.evidence += dropped_as_init(handled)
+        handled = [s for s in handled if s["detail"] != fmt.DROPPED_AS_INIT]
         if not handled:
             return
         s, exc = handled[-1], self._raised()

@@ -125,3 +125,10 @@ def sender_named(killed_by: dict[str, Any] | None) -> str | None:
         return str(killed_by["sender"])
     pid = killed_by.get("sender_pid")
     return f"pid {pid}" if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
+
+
+def dropped_as_init(signals: Any) -> list[str]:
+    """Evidence of the signals dropped as for a PID namespace's first process (``fmt.DROPPED_AS_INIT``): no death,
+    nor a handler's graceful shutdown, but what a pod's SIGTERM is to a job with no handler, said as such."""
+    return [f"{s['label']}{sent_from(s)} at {s['time']} was {s['detail']}: the job ran on" for s in signals
+            if s["detail"] == fmt.DROPPED_AS_INIT]  # fmt: skip

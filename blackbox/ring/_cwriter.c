@@ -24,7 +24,9 @@
  *    hands the signal on: to the disposition it wrapped (the job's C or Python
  *    handler, with the same siginfo), or, for SIG_DFL, it restores SIG_DFL and
  *    raises the signal again so the process ends at once, exactly as it would
- *    have. Python's own handler table is never touched: signal.getsignal()
+ *    have (except where the process stands in for a PID namespace's first
+ *    process, and its launcher there sent it: signals_stand_in). Python's own
+ *    handler table is never touched: signal.getsignal()
  *    answers what it would without blackbox. A second signal re-enters it
  *    safely: every step is a syscall or an atomic.
  *
@@ -1052,6 +1054,13 @@ static void drop_pending(int sig) {
 static int g_late; /* atomic */
 static char *late_slot(uint64_t *seq, int fatal);
 
+/* Set by signals_stand_in: this process is the job's own process of a `blackbox run` that is its PID namespace's
+ * first process (a container's entrypoint). Unarmed, the job itself would be that process, and the kernel drops a
+ * signal sent to it for which it has no handler; armed, blackbox run (pid 1 as seen here) takes the signal and
+ * passes it on, so one sent from pid 1 while the default action is in force is recorded and dropped here. */
+static int g_stand_in;            /* atomic */
+static int64_t g_detail_stand_in; /* string id of how such a signal is said */
+
 static void on_signal(int sig, siginfo_t *info, void *context) {
     int saved_errno = errno;
     if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP)
@@ -1063,6 +1072,10 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
     SigChain *chain = &g_chain[sig];
     struct sigaction prev = chain->prev[__atomic_load_n(&chain->cur, __ATOMIC_ACQUIRE)];
     int to_default = !(prev.sa_flags & SA_SIGINFO) && prev.sa_handler == SIG_DFL;
+    int dropped = to_default && info != NULL && info->si_code == SI_USER && info->si_pid == 1 &&
+                  __atomic_load_n(&g_stand_in, __ATOMIC_ACQUIRE);
+    if (dropped)
+        to_default = 0; /* nothing to hand it on to (prev is SIG_DFL): dropped, as for a namespace's first process */
     int fault = kernel_fault(sig, info), refault = fault && (to_default || is_faulthandler(&prev));
     __atomic_add_fetch(&g_inflight, 1, __ATOMIC_SEQ_CST);
     int armed = __atomic_load_n(&g_target_on, __ATOMIC_ACQUIRE) && g_target.pid == getpid();
@@ -1074,7 +1087,7 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
         char comm[16] = {0};
         for (int i = 0; i < PAYLOAD_WORDS; i++)
             payload[i] = -1;
-        payload[0] = to_default || refault ? g_target.detail_default : g_target.detail[sig];
+        payload[0] = dropped ? g_detail_stand_in : to_default || refault ? g_target.detail_default : g_target.detail[sig];
         if (info != NULL) {
             payload[2] = info->si_code;
             if (fault)
@@ -1195,6 +1208,7 @@ static PyObject *signals_arm(PyObject *Py_UNUSED(m), PyObject *args) {
     g_target.detail_default = detail_default;
     __atomic_store_n(&g_late, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&g_late_fd, -1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&g_stand_in, 0, __ATOMIC_SEQ_CST); /* until signals_stand_in says otherwise */
     for (int s = 0; s < MAX_SIGNAL; s++) {
         g_target.tag[s] = 0;
         g_target.detail[s] = 0;
@@ -1235,6 +1249,17 @@ static PyObject *signals_watch(PyObject *Py_UNUSED(m), PyObject *args) {
     }
     chain->installed = 1;
     return PyUnicode_FromString("wrapped");
+}
+
+/* signals_stand_in(detail): signals sent from pid 1 with the default action in force are recorded with `detail` and
+ * dropped (g_stand_in); the caller has checked that blackbox run is pid 1 and this process its child. */
+static PyObject *signals_stand_in(PyObject *Py_UNUSED(m), PyObject *arg) {
+    long long detail = PyLong_AsLongLong(arg);
+    if (detail == -1 && PyErr_Occurred())
+        return NULL;
+    g_detail_stand_in = detail;
+    __atomic_store_n(&g_stand_in, 1, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
 }
 
 /* signals_ours(signum) -> bool: our handler is the signal's disposition now (the tick's cheap check: where it
@@ -1333,6 +1358,7 @@ static PyObject *signals_forget(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(args
     __atomic_store_n(&g_target_on, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&g_inflight, 0, __ATOMIC_SEQ_CST); /* a parent thread's count, copied by fork */
     g_stop_taken = 0;                                   /* the parent's request to stop, not the child's */
+    __atomic_store_n(&g_stand_in, 0, __ATOMIC_SEQ_CST); /* a child of the job's own process is not it */
     __atomic_store_n(&g_late, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&g_late_fd, -1, __ATOMIC_SEQ_CST);
     restore_all();
@@ -2052,6 +2078,8 @@ static PyMethodDef module_methods[] = {
     {"signals_late_text", signals_late_text, METH_VARARGS,
      "signals_late_text(fd): where the stacks at a signal that ends the shutdown go (-1: nowhere)."},
     {"signals_ours", signals_ours, METH_O, "signals_ours(signum) -> bool: our handler is its disposition now."},
+    {"signals_stand_in", signals_stand_in, METH_O,
+     "signals_stand_in(detail): as a PID namespace's first process, drop what pid 1 sends with no handler in force."},
     {"signals_refault", signals_refault, METH_VARARGS,
      "signals_refault(on, fd=-1) -> bool: faulthandler under the crash signals is blackbox's own; a kernel fault then "
      "goes back to the kernel once recorded (as unarmed: its log line, the core's siginfo)."},

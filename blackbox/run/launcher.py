@@ -28,9 +28,12 @@ The job runs as it would without us:
   ``proctrack/cgroup``) is relayed to the job's own process alone, as it would
   have reached it alone unarmed (its DataLoader workers and subprocesses, a
   shell wrapper's python, never get it from us); to no one once that process
-  has ended. (As a PID namespace's first process, we pass on a signal the job
-  has no handler for, which the kernel drops for an unarmed job there: to tell
-  the job's own handler from the recorder's is not done yet.)
+  has ended. As a PID namespace's first process (a container's entrypoint),
+  where unarmed the job's own process would be that first process, to which
+  the kernel gives no signal it has no handler for, we pass on only what it
+  has a handler for (``SigCgt``); an armed Python process always has ours, and
+  drops a signal from pid 1 itself where the job's own disposition is the
+  default (``collect.signals.stands_in_for_init``).
   Each relay is written down first, with its original sender (pid, uid,
   command, ``si_code``), in ``relayed.jsonl`` beside the rings: the job's rings
   name us as the sender, and recovery gives the signal back to whoever really
@@ -65,7 +68,7 @@ from ..ring.relayed import MAX_RELAYED_BYTES, RELAYED, Relay, relay_line
 from . import snapshot
 from .bootstrap import BOOT_ENV, SITECUSTOMIZE
 from .leftovers import descendants, stat_of
-from .proc import argv_of, comm_of, command_of, program_of
+from .proc import argv_of, catches, comm_of, command_of, program_of
 from .torchelastic import RUN_ID_ENV as TORCHELASTIC_RUN_ID
 from .witness import WAIT_S as WITNESS_WAIT_S
 from .witness import Witness
@@ -169,6 +172,8 @@ class Relayer:
                 return  # the job has it already
         elif self.job <= 0:  # sent to us alone once the job's own process has ended: unarmed, it would reach no
             return  # one (what that process left, a shell wrapper's python and its workers, never had it)
+        elif os.getpid() == 1 and catches(self.job, info.si_signo) is False:
+            return  # unarmed, the job's own process would be the namespace's first: the kernel drops what it takes not
         if info.si_code > 0 or info.si_pid <= 0:  # sent by the kernel (a terminal's hang-up)
             relay = Relay(info.si_signo, info.si_code, None, None, None, None, os.getpid(), time.time_ns())
         else:  # by a process (kill, sigqueue): who, read now, while it is most likely still there

@@ -60,3 +60,14 @@ def program_of(argv: list[str], comm: str) -> str:
         elif not arg.startswith("-"):
             return os.path.basename(arg)[:64] or comm
     return comm
+
+
+def catches(pid: int, signo: int) -> bool | None:
+    """Whether the process has a handler for the signal (``SigCgt`` of its status); None where unread."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = f.read(1 << 16)
+        line = next(x for x in status.splitlines() if x.startswith(b"SigCgt:"))
+        return bool(int(line.split()[1], 16) >> (signo - 1) & 1)
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
