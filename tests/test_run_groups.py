@@ -210,18 +210,31 @@ def _unshare_works() -> bool:
 
 
 PID1 = """\
-import signal, sys, time
-if sys.argv[2] == "handler":
+import os, signal, sys, threading, time
+mode = sys.argv[2]
+if mode == "handler":
     signal.signal(signal.SIGTERM, lambda *_: (print("took it", flush=True), sys.exit(3)))
+if mode == "sigwait":
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    waiter = threading.Thread(target=lambda: print("waited for", signal.sigwait({signal.SIGTERM}), flush=True))
+    waiter.start()
 open(sys.argv[1], "w").close()
-time.sleep(30 if sys.argv[2] == "handler" else 2)
+if mode == "self":
+    os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(30 if mode == "handler" else 2)
+if mode == "sigwait":
+    waiter.join()
 print("ran on", flush=True)
 """
-PID1_JOBS = {  # how the job is started, and how it ends, unarmed as PID 1, after the SIGTERM
-    "handler": (lambda job: job, 3, "took it\n"),
-    "no handler": (lambda job: job, 0, "ran on\n"),  # the kernel drops it: no handler
-    "shell, no handler": (lambda job: ["bash", "-c", " ".join(job) + "; exit $?"], 0, "ran on\n"),  # (bash has none)
-    "no handler, no C extension": (lambda job: job, 0, "ran on\n"),  # (faulthandler records signals there)
+RAN_ON = (0, "ran on\n")
+PID1_JOBS = {  # (the job's mode, how it is started, and how it ends unarmed as PID 1 after the SIGTERM)
+    "handler": ("handler", lambda job: job, (3, "took it\n")),
+    "no handler": ("none", lambda job: job, RAN_ON),  # the kernel drops it: no handler
+    "shell, no handler": ("none", lambda job: ["bash", "-c", " ".join(job) + "; exit $?"], RAN_ON),  # (bash has none)
+    "no handler, no C extension": ("none", lambda job: job, RAN_ON),  # (faulthandler records signals there)
+    "no handler, signals itself": ("self", lambda job: job, RAN_ON),  # dropped too, whoever sends it
+    "waits for it": ("sigwait", lambda job: job, (0, "waited for 15\nran on\n")),  # blocked: queued, even for PID 1
+    "waits for it, unarmed (-I)": ("sigwait", lambda job: [job[0], "-I", *job[1:]], (0, "waited for 15\nran on\n")),
 }
 
 
@@ -231,11 +244,10 @@ def test_sigterm_to_a_pid_namespaces_first_process_is_what_the_kernel_makes_of_i
     # GIVEN a Python job as a container's first process (PID 1 of its PID namespace), directly or under a shell,
     # unarmed and under `blackbox run` (then blackbox run is PID 1); with a SIGTERM handler that ends it, or none
     (tmp_path / "job.py").write_text(PID1)
-    wrap, status, said = PID1_JOBS[kind]
+    mode, wrap, (status, said) = PID1_JOBS[kind]
     procs = {}
     for armed in (False, True):
-        handles = "handler" if kind == "handler" else "none"
-        job = wrap([sys.executable, str(tmp_path / "job.py"), str(tmp_path / f"up-{armed}"), handles])
+        job = wrap([sys.executable, str(tmp_path / "job.py"), str(tmp_path / f"up-{armed}"), mode])
         cmd = [*BLACKBOX, "--dir", str(tmp_path / "run"), "--", *job] if armed else job
         env = dict(ENV, BLACKBOX_NO_C_EXTENSION="1") if "no C" in kind else ENV
         procs[armed] = subprocess.Popen(["unshare", "-fp", "--mount-proc", *cmd], env=env, stdout=subprocess.PIPE,
@@ -258,6 +270,31 @@ def test_sigterm_to_a_pid_namespaces_first_process_is_what_the_kernel_makes_of_i
         summary = next((tmp_path / "run").glob("run-*/bundle/summary.md")).read_text()
         assert "**The job exited cleanly.**" in summary and "SIGTERM at " in summary, summary[:3000]
         assert "was dropped (no handler; unarmed, this was its PID namespace's first process" in summary
+
+
+LEAVER = """\
+import subprocess, sys
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3); print('left', flush=True)"])
+print("done", flush=True)
+"""
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="no PID namespace can be made here (unshare -fp)")
+def test_what_a_pid_namespaces_first_process_left_ends_with_it(tmp_path: Path) -> None:
+    # GIVEN a job, a container's first process, that leaves a process running as it exits, unarmed and under
+    # `blackbox run` (then blackbox run is PID 1)
+    (tmp_path / "job.py").write_text(LEAVER)
+    ended = {}
+    for armed in (False, True):
+        job = [sys.executable, str(tmp_path / "job.py")]
+        cmd = [*BLACKBOX, "--dir", str(tmp_path / "run"), "--", *job] if armed else job
+        # WHEN the job exits
+        proc = subprocess.run(["unshare", "-fp", "--mount-proc", *cmd], env=ENV, capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+        ended[armed] = (proc.returncode, proc.stdout)
+    # THEN what it left dies with it at once (the kernel SIGKILLs the rest of a namespace whose first process
+    # ends), armed as unarmed: blackbox run, PID 1 there, does not give it 10 s to end by itself (it said "left")
+    assert ended[False] == ended[True] == (0, "done\n"), ended
 
 
 @pytest.mark.skipif(shutil.which("timeout") is None, reason="coreutils timeout is not installed")

@@ -164,6 +164,28 @@ print("child ended", child.returncode, flush=True)
 """
 
 
+SIGWAIT = """\
+import threading
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # after arm: the recorder's threads started before
+waiter = threading.Thread(target=lambda: print("waited for", signal.sigwait({signal.SIGTERM}), flush=True))
+waiter.start()
+print("READY", flush=True)
+waiter.join()
+"""
+
+
+@pytest.mark.parametrize("armed", [False, True], ids=["unarmed", "armed"])
+def test_a_signal_every_thread_of_the_job_blocks_waits_for_its_sigwait(tmp_path: Path, armed: bool) -> None:
+    # GIVEN a job that blocks SIGTERM in each of its threads and waits for it in one (sigwait)
+    proc = run_until_ready(job(SIGWAIT, armed), tmp_path)
+    # WHEN SIGTERM is sent to it
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    # THEN its sigwait returns it, armed as unarmed (the recorder's threads block it: taken there, the default
+    # action ended the job, 143)
+    assert (proc.returncode, out) == (0, "waited for 15\n"), err[-2000:]
+
+
 @pytest.mark.parametrize("armed", [False, True], ids=["unarmed", "armed"])
 def test_an_ignored_signal_stays_ignored_also_for_the_jobs_children(tmp_path: Path, armed: bool) -> None:
     # GIVEN a job started under nohup (SIGHUP ignored), which starts a subprocess

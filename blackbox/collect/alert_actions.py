@@ -33,6 +33,7 @@ from types import FrameType
 from typing import Any
 
 from .._jobsignal import Latch, _code_of, raised_by_signal_handler
+from .._quiet_threads import keep_off_this_thread
 from ..ring import format as fmt
 from .alerts import Alert
 from .gpu import loaded_torch
@@ -190,6 +191,7 @@ class AlertActions:
 
     # ------------------------------------------------------------ the thread: watchdog and callbacks
     def _run(self) -> None:
+        keep_off_this_thread()
         while not self._stopped:
             self._wake.acquire(timeout=5.0)
             while self._queue and not self._stopped:

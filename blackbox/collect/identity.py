@@ -52,6 +52,7 @@ MAX_ARGV_CHARS = 16384
 MAX_CODE_CHARS = 200  # of `python -c CODE`'s code, on one line
 REDACTED = "***"
 RUN_PID_ENV = "BLACKBOX_RUN_PID"  # set by `blackbox run`: its own pid, the job's parent
+RUN_INIT_ENV = "BLACKBOX_RUN_INIT"  # set by a `blackbox run` that is its PID namespace's first process: that namespace
 RUN_ID_ENV = "BLACKBOX_RUN_ID"  # set by `blackbox run`: its run folder's name, unique to the run
 RUN_JOB_ENV = "BLACKBOX_RUN_JOB"  # set by a `blackbox run` that holds the whole job: its run id, every process's job
 FIRST_PY_ENV = "BLACKBOX_RUN_PY"  # the pid of the first Python process of this branch of the job (run/bootstrap.py)
@@ -284,9 +285,11 @@ def parent_gone(ident: dict[str, Any]) -> bool:
     return isinstance(ppid, int) and not isinstance(ppid, bool) and os.getppid() != ppid
 
 
+
 def stands_in_for_init() -> bool:
     """This process is the job's own process of a ``blackbox run`` that is its PID namespace's first process (a
-    container's entrypoint): unarmed, this process would be that first process, to which the kernel gives no
-    signal it has no handler for. Armed, ``blackbox run`` takes such a signal and passes it on from pid 1, and
-    the recorder drops it, where the default action is in force, as the kernel would have."""
-    return os.environ.get(RUN_PID_ENV) == "1" and os.getppid() == 1 and os.getpid() != 1
+    container's entrypoint; ``RUN_INIT_ENV`` names that namespace, and it is this one: not a namespace the job
+    made below it): unarmed, this process would be that first process, to which the kernel gives no signal it
+    has no handler for (but a fault it raised). Armed, the recorder drops such a signal, as the kernel would."""
+    ns = pid_namespace()
+    return ns is not None and os.environ.get(RUN_INIT_ENV) == ns and os.getppid() == 1 and os.getpid() != 1

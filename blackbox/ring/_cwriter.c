@@ -25,7 +25,7 @@
  *    handler, with the same siginfo), or, for SIG_DFL, it restores SIG_DFL and
  *    raises the signal again so the process ends at once, exactly as it would
  *    have (except where the process stands in for a PID namespace's first
- *    process, and its launcher there sent it: signals_stand_in). Python's own
+ *    process, to which the kernel gives no such signal: signals_stand_in). Python's own
  *    handler table is never touched: signal.getsignal()
  *    answers what it would without blackbox. A second signal re-enters it
  *    safely: every step is a syscall or an atomic.
@@ -1056,8 +1056,9 @@ static char *late_slot(uint64_t *seq, int fatal);
 
 /* Set by signals_stand_in: this process is the job's own process of a `blackbox run` that is its PID namespace's
  * first process (a container's entrypoint). Unarmed, the job itself would be that process, and the kernel drops a
- * signal sent to it for which it has no handler; armed, blackbox run (pid 1 as seen here) takes the signal and
- * passes it on, so one sent from pid 1 while the default action is in force is recorded and dropped here. */
+ * signal for which it has no handler, whoever sent it (blackbox run passing one on from pid 1, a group's kill, a
+ * terminal's Ctrl-\, the process itself), but a fault it raised; armed, it reaches this process as any other, so
+ * one that is no crash, while the default action is in force, is recorded and dropped here. */
 static int g_stand_in;            /* atomic */
 static int64_t g_detail_stand_in; /* string id of how such a signal is said */
 
@@ -1072,8 +1073,7 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
     SigChain *chain = &g_chain[sig];
     struct sigaction prev = chain->prev[__atomic_load_n(&chain->cur, __ATOMIC_ACQUIRE)];
     int to_default = !(prev.sa_flags & SA_SIGINFO) && prev.sa_handler == SIG_DFL;
-    int dropped = to_default && info != NULL && info->si_code == SI_USER && info->si_pid == 1 &&
-                  __atomic_load_n(&g_stand_in, __ATOMIC_ACQUIRE);
+    int dropped = to_default && !crash_signal(sig) && __atomic_load_n(&g_stand_in, __ATOMIC_ACQUIRE);
     if (dropped)
         to_default = 0; /* nothing to hand it on to (prev is SIG_DFL): dropped, as for a namespace's first process */
     int fault = kernel_fault(sig, info), refault = fault && (to_default || is_faulthandler(&prev));
@@ -1251,7 +1251,7 @@ static PyObject *signals_watch(PyObject *Py_UNUSED(m), PyObject *args) {
     return PyUnicode_FromString("wrapped");
 }
 
-/* signals_stand_in(detail): signals sent from pid 1 with the default action in force are recorded with `detail` and
+/* signals_stand_in(detail): signals but crashes, with the default action in force, are recorded with `detail` and
  * dropped (g_stand_in); the caller has checked that blackbox run is pid 1 and this process its child. */
 static PyObject *signals_stand_in(PyObject *Py_UNUSED(m), PyObject *arg) {
     long long detail = PyLong_AsLongLong(arg);
@@ -2079,7 +2079,7 @@ static PyMethodDef module_methods[] = {
      "signals_late_text(fd): where the stacks at a signal that ends the shutdown go (-1: nowhere)."},
     {"signals_ours", signals_ours, METH_O, "signals_ours(signum) -> bool: our handler is its disposition now."},
     {"signals_stand_in", signals_stand_in, METH_O,
-     "signals_stand_in(detail): as a PID namespace's first process, drop what pid 1 sends with no handler in force."},
+     "signals_stand_in(detail): as a PID namespace's first process, drop a signal with no handler in force."},
     {"signals_refault", signals_refault, METH_VARARGS,
      "signals_refault(on, fd=-1) -> bool: faulthandler under the crash signals is blackbox's own; a kernel fault then "
      "goes back to the kernel once recorded (as unarmed: its log line, the core's siginfo)."},

@@ -31,9 +31,11 @@ The job runs as it would without us:
   has ended. As a PID namespace's first process (a container's entrypoint),
   where unarmed the job's own process would be that first process, to which
   the kernel gives no signal it has no handler for, we pass on only what it
-  has a handler for (``SigCgt``); an armed Python process always has ours, and
-  drops a signal from pid 1 itself where the job's own disposition is the
-  default (``collect.signals.stands_in_for_init``).
+  has a handler for or blocks (``SigCgt``, ``SigBlk``); an armed Python process
+  always has ours, and drops itself a signal that is not a fault where the
+  job's own disposition is the default, whoever sent it
+  (``collect.identity.stands_in_for_init``); once it ended, what it left is
+  SIGKILLed at once, as the kernel does when a namespace's first process ends.
   Each relay is written down first, with its original sender (pid, uid,
   command, ``si_code``), in ``relayed.jsonl`` beside the rings: the job's rings
   name us as the sender, and recovery gives the signal back to whoever really
@@ -63,12 +65,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..collect.identity import RUN_ID_ENV, RUN_JOB_ENV, RUN_PID_ENV
+from ..collect.identity import RUN_ID_ENV, RUN_INIT_ENV, RUN_JOB_ENV, RUN_PID_ENV, pid_namespace
 from ..ring.relayed import MAX_RELAYED_BYTES, RELAYED, Relay, relay_line
 from . import snapshot
 from .bootstrap import BOOT_ENV, SITECUSTOMIZE
 from .leftovers import descendants, stat_of
-from .proc import argv_of, catches, comm_of, command_of, program_of
+from .proc import argv_of, comm_of, command_of, own_proc, program_of, takes
 from .torchelastic import RUN_ID_ENV as TORCHELASTIC_RUN_ID
 from .witness import WAIT_S as WITNESS_WAIT_S
 from .witness import Witness
@@ -118,6 +120,9 @@ def job_environment(rings: Path, boot: Path) -> dict[str, str]:
     env["BLACKBOX_DIR"] = str(rings)
     env[BOOT_ENV] = str(boot)
     env[RUN_PID_ENV] = str(os.getpid())
+    env.pop(RUN_INIT_ENV, None)
+    if os.getpid() == 1 and (ns := pid_namespace()):  # a container's entrypoint: the job's own process stands for us
+        env[RUN_INIT_ENV] = ns
     env[RUN_ID_ENV] = rings.parent.name  # the run folder's name (run-<UTC time>-XXXX): the job's id
     if not env.get(TORCHELASTIC_RUN_ID):  # not one rank's run: the whole job, torchrun's ranks below us included
         env[RUN_JOB_ENV] = env[RUN_ID_ENV]
@@ -172,7 +177,7 @@ class Relayer:
                 return  # the job has it already
         elif self.job <= 0:  # sent to us alone once the job's own process has ended: unarmed, it would reach no
             return  # one (what that process left, a shell wrapper's python and its workers, never had it)
-        elif os.getpid() == 1 and catches(self.job, info.si_signo) is False:
+        elif os.getpid() == 1 and takes(self.job, info.si_signo) is False:
             return  # unarmed, the job's own process would be the namespace's first: the kernel drops what it takes not
         if info.si_code > 0 or info.si_pid <= 0:  # sent by the kernel (a terminal's hang-up)
             relay = Relay(info.si_signo, info.si_code, None, None, None, None, os.getpid(), time.time_ns())
@@ -215,6 +220,17 @@ class Relayer:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(self.job, signo)
 
+    def end_namespace(self) -> None:
+        """We are our PID namespace's first process, which unarmed the job's own process was, and it has ended:
+        the kernel SIGKILLs every other process of a namespace whose first process ends, so what it left is
+        SIGKILLed now (our own children aside), not given ``GRACE_S`` to end by itself."""
+        if not own_proc():  # (another namespace's /proc: its pids are not ours to kill)
+            return
+        ours = self.ours | {w.pid for w in (self.witness, self.lone) if w is not None and w.pid is not None}
+        for pid in set(descendants(os.getpid())) - ours:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
     def close(self) -> None:
         self.witness.close()
         if self.lone is not None:
@@ -252,6 +268,8 @@ def launch(command: list[str], rings: Path, boot: Path, on_end: Callable[[Ended]
             ended.end_ns, ended.pid = time.time_ns(), child.pid
             if on_end is not None:
                 on_end(ended)
+            if os.getpid() == 1:
+                relayer.end_namespace()
             _wait_for_the_group(watched, relayer, asked, child.pid)
             ended.snapshot = asked.started
         finally:

@@ -62,12 +62,25 @@ def program_of(argv: list[str], comm: str) -> str:
     return comm
 
 
-def catches(pid: int, signo: int) -> bool | None:
-    """Whether the process has a handler for the signal (``SigCgt`` of its status); None where unread."""
+
+def takes(pid: int, signo: int) -> bool | None:
+    """Whether the process has a handler for the signal or blocks it (``SigCgt``, ``SigBlk`` of its status: the
+    kernel queues a blocked signal even for a namespace's first process); None where ``/proc`` is not this
+    PID namespace's (``unshare -p`` without ``--mount-proc``: a pid there is another process) or unread."""
     try:
+        if not own_proc():
+            return None
         with open(f"/proc/{pid}/status", "rb") as f:
             status = f.read(1 << 16)
-        line = next(x for x in status.splitlines() if x.startswith(b"SigCgt:"))
-        return bool(int(line.split()[1], 16) >> (signo - 1) & 1)
-    except (OSError, StopIteration, ValueError, IndexError):
+        masks = dict(x.split(b":", 1) for x in status.splitlines() if x.startswith((b"SigCgt:", b"SigBlk:")))
+        return bool((int(masks[b"SigCgt"], 16) | int(masks[b"SigBlk"], 16)) >> (signo - 1) & 1)
+    except (OSError, KeyError, ValueError):
         return None
+
+
+def own_proc() -> bool:
+    """``/proc`` is this PID namespace's (not so after ``unshare -p`` without ``--mount-proc``)."""
+    try:
+        return os.readlink("/proc/self") == str(os.getpid())
+    except OSError:
+        return False
