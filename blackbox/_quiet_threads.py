@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 # Raised for the thread that faulted (blocked, the kernel kills the process), and the two that cannot be blocked.
 _KEPT = ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT", "SIGTRAP", "SIGSYS", "SIGKILL", "SIGSTOP")
@@ -30,16 +30,21 @@ def keep_off_this_thread() -> None:
 
 
 @contextlib.contextmanager
-def threads_kept_off() -> Iterator[None]:
-    """While the calling thread loads what starts threads of its own (numpy's BLAS), every signal but a fault's
-    is blocked on it, so that those threads are made blocking them; the mask is then put back as it was (a
-    signal that came meanwhile is delivered then, a moment late, as while arming: ``held_while_arming``)."""
+def held(signals: Iterable[int]) -> Iterator[None]:
+    """``signals`` blocked on the calling thread while the block runs; the thread's mask is then put back as it
+    was (a signal the job blocked stays blocked; one that came meanwhile is delivered then, a moment late)."""
     try:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, _blocked())
-    except (AttributeError, OSError, ValueError):
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    except (AttributeError, OSError, ValueError):  # (no pthread_sigmask on this platform)
         yield
         return
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def threads_kept_off() -> contextlib.AbstractContextManager[None]:
+    """While the calling thread loads what starts threads of its own (numpy's BLAS), every signal but a fault's
+    is held on it, so that those threads are made blocking them."""
+    return held(_blocked())

@@ -40,12 +40,13 @@ import io
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .._fds import OwnedFd
 from .._jobsignal import raised_by_signal_handler, remember_handler, remember_handlers
+from .._quiet_threads import held
 from ..ring import format as fmt
 from .death_signals import DeathSignals, os_handler
 from .identity import stands_in_for_init
@@ -65,23 +66,14 @@ ENDINGS = ("SIGQUIT", "SIGALRM", "SIGXCPU", "SIGVTALRM", "SIGPROF")
 DEFAULT_ACTION = "default action"  # detail of a signal that ended the process (the diagnosis keys on it)
 
 
-@contextlib.contextmanager
-def held_while_arming() -> Iterator[None]:
+def held_while_arming() -> contextlib.AbstractContextManager[None]:
     """The recorded signals held (blocked on this thread) while a ring is made and its handlers go in. One
     that comes in that window is delivered as the block ends, to the handler now in place, and recorded; it
     ended the process before with a ring that said nothing but ``arm`` ("killed; no handler ran": a Pool's
     teardown SIGTERMed a fork helper as it armed). The thread's mask is put back as it was: a signal the
     job blocked stays blocked. Arming holds them for its own time, tens of milliseconds: the signal comes
     as late as it would had it been sent then."""
-    try:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, [getattr(signal, name) for name in RECORDED])
-    except (AttributeError, OSError, ValueError):  # (no pthread_sigmask on this platform)
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    return held([getattr(signal, name) for name in RECORDED])
 
 
 def _how(python_handler: Any) -> str:
