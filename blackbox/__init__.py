@@ -11,14 +11,6 @@
 After a death: ``blackbox recover RING -o bundle/`` (or :func:`recover`).
 """
 
-import sys as _sys
-
-from ._quiet_threads import threads_kept_off as _threads_kept_off
-
-if "numpy" not in _sys.modules:  # its BLAS's threads, made here, are blackbox's: they take no signal (_quiet_threads)
-    with _threads_kept_off():
-        import numpy  # noqa: F401
-
 from ._api import active, arm, capture_oom, disarm, mark, phase, recover, step
 from ._errors import (
     BlackboxError,

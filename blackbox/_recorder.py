@@ -19,7 +19,6 @@ from types import TracebackType
 from typing import Any
 
 from ._jobsignal import Latch, the_jobs
-from ._quiet_threads import keep_off_this_thread
 from ._recorder_collect import install_collectors, tick_alerts, upkeep
 from ._recorder_end import _noop, _null_event, abandon_after_fork, disarm, teardown
 from ._version import __version__
@@ -392,7 +391,6 @@ class Recorder:
         return None if s < 0 else s
 
     def _sample_loop(self) -> None:
-        keep_off_this_thread()
         stop, interval, sync = self._stop, self.sample_interval, self.sync_interval
         tick = min(interval, sync) if sync is not None else interval
         now = time.monotonic()

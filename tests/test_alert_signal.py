@@ -121,3 +121,30 @@ def test_the_callback_is_told_where_the_memory_was_allocated_when_allocations_ar
     assert told and told[0] is not None, proc.stderr  # the GPU's warning (7.5 of 8 GiB)
     # the innermost frame of the job's own code (3.11's list comprehension has a frame of its own)
     assert told[0]["site"].startswith("load_table") and told[0]["live_bytes"] > 64 << 20, told[0]
+
+
+MASK_JOB = """
+import json, signal, subprocess, sys, time
+import blackbox
+seen = []
+def start_a_child(alert):  # the job's own code, on blackbox's alerts thread: what it starts has the job's mask
+    if not seen:
+        child = subprocess.run(["grep", "SigBlk", "/proc/self/status"], capture_output=True, text=True)
+        seen.append((sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])), child.stdout.split()[1]))
+blackbox.on_alert(start_a_child)
+blackbox.arm(sys.argv[1], sample_interval=0.05, alert_levels=(0.0001, 0.0002))
+deadline = time.monotonic() + 10
+while not seen and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(json.dumps(seen))
+"""
+
+
+def test_a_callback_and_what_it_starts_have_the_jobs_signal_mask(tmp_path: Path) -> None:
+    # GIVEN a job whose on_alert callback starts a process (blackbox's alerts thread blocks the signals it records)
+    # WHEN the alert comes
+    proc = run_py(MASK_JOB, str(tmp_path))
+    # THEN the callback runs, and its process starts, with the mask the job has: nothing blocked (they had the
+    # signals blocked that arming holds, which the thread inherited: a process with SIGTERM blocked outlived its
+    # terminate())
+    assert json.loads(proc.stdout) == [[[], "0000000000000000"]], proc.stderr[-2000:]

@@ -36,7 +36,7 @@ LEAVES = {
     "blackbox._times",
     "blackbox._fds",
     "blackbox._jobsignal",
-    "blackbox._quiet_threads",
+    "blackbox._sigmask",
     "blackbox._fit",
 }
 RECOVERY_ORDER = {

@@ -33,10 +33,11 @@ from types import FrameType
 from typing import Any
 
 from .._jobsignal import Latch, _code_of, raised_by_signal_handler
-from .._quiet_threads import keep_off_this_thread
+from .._sigmask import let_through
 from ..ring import format as fmt
 from .alerts import Alert
 from .gpu import loaded_torch
+from .signals import RECORDED
 
 KIND_ACTION = fmt.KIND_CODES["alert_action"]
 SIGNAL_ENV, WATCHDOG_ENV = "BLACKBOX_ALERT_SIGNAL", "BLACKBOX_WATCHDOG"
@@ -191,7 +192,6 @@ class AlertActions:
 
     # ------------------------------------------------------------ the thread: watchdog and callbacks
     def _run(self) -> None:
-        keep_off_this_thread()
         while not self._stopped:
             self._wake.acquire(timeout=5.0)
             while self._queue and not self._stopped:
@@ -199,7 +199,8 @@ class AlertActions:
                 if self.watchdog and alert.kind == "fragmentation":
                     self._empty_cache(alert)
                 if _CALLBACKS:
-                    self._call(alert)
+                    with let_through(RECORDED):  # the job's code: what it starts must not have them blocked
+                        self._call(alert)
 
     def _empty_cache(self, alert: Alert) -> None:
         now = time.monotonic()

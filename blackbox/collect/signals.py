@@ -46,7 +46,7 @@ from typing import Any
 
 from .._fds import OwnedFd
 from .._jobsignal import raised_by_signal_handler, remember_handler, remember_handlers
-from .._quiet_threads import held
+from .._sigmask import held
 from ..ring import format as fmt
 from .death_signals import DeathSignals, os_handler
 from .identity import stands_in_for_init

@@ -1,0 +1,51 @@
+"""A thread's signal mask, changed for a while and put back: while arming, and while blackbox's threads run the job's
+code.
+
+Arming holds the signals it records (``collect.signals.held_while_arming``): one that comes meanwhile is delivered
+once the handler is in place. The threads arming starts (the sampler, and the alerts' thread it starts in turn)
+inherit that mask and keep it, so a signal sent to the job never lands on them: the kernel gives it to the job's
+own threads, or leaves it pending where they all block it (a job that waits for it with ``sigwait``), as unarmed.
+Where such a thread runs the job's own code (an ``on_alert`` callback), it lets those signals through meanwhile: a
+process the callback started inherited them blocked, and outlived its ``terminate()``. (A finalizer of the job's
+that the collector runs on the sampler thread still has them blocked: noted.) numpy's BLAS threads, which
+blackbox's load of numpy may start before the job's code runs, take a signal the job's threads all block, as they
+do unarmed in a job that loaded numpy before it blocked it: unchanged, since a mask set there would change the
+common case (a job that loads numpy itself, then blocks a signal for a moment: its BLAS threads take it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterable, Iterator
+
+
+@contextlib.contextmanager
+def held(signals: Iterable[int]) -> Iterator[None]:
+    """``signals`` blocked on the calling thread while the block runs; the thread's mask is then put back as it
+    was (a signal the job blocked stays blocked; one that came meanwhile is delivered then, a moment late)."""
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    except (AttributeError, OSError, ValueError):  # (no pthread_sigmask on this platform)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+@contextlib.contextmanager
+def let_through(names: Iterable[str]) -> Iterator[None]:
+    """The named signals unblocked on one of blackbox's threads while it runs the job's code (a process or a
+    thread that code starts inherits the mask), then blocked again."""
+    numbers = [getattr(signal, name) for name in names if hasattr(signal, name)]
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, numbers)
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_BLOCK, numbers)
