@@ -216,7 +216,7 @@ if mode == "handler":
     signal.signal(signal.SIGTERM, lambda *_: (print("took it", flush=True), sys.exit(3)))
 if mode == "sigwait":
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    waiter = threading.Thread(target=lambda: print("waited for", signal.sigwait({signal.SIGTERM}), flush=True))
+    waiter = threading.Thread(target=lambda: print("waited for", int(signal.sigwait({signal.SIGTERM})), flush=True))
     waiter.start()
 open(sys.argv[1], "w").close()
 if mode == "self":

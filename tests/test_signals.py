@@ -167,7 +167,7 @@ print("child ended", child.returncode, flush=True)
 SIGWAIT = """\
 import threading
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # after arm: the recorder's threads started before
-waiter = threading.Thread(target=lambda: print("waited for", signal.sigwait({signal.SIGTERM}), flush=True))
+waiter = threading.Thread(target=lambda: print("waited for", int(signal.sigwait({signal.SIGTERM})), flush=True))
 waiter.start()
 print("READY", flush=True)
 waiter.join()

@@ -285,7 +285,6 @@ def parent_gone(ident: dict[str, Any]) -> bool:
     return isinstance(ppid, int) and not isinstance(ppid, bool) and os.getppid() != ppid
 
 
-
 def stands_in_for_init() -> bool:
     """This process is the job's own process of a ``blackbox run`` that is its PID namespace's first process (a
     container's entrypoint; ``RUN_INIT_ENV`` names that namespace, and it is this one: not a namespace the job

@@ -25,8 +25,8 @@
  *    handler, with the same siginfo), or, for SIG_DFL, it restores SIG_DFL and
  *    raises the signal again so the process ends at once, exactly as it would
  *    have (except where the process stands in for a PID namespace's first
- *    process, to which the kernel gives no such signal: signals_stand_in). Python's own
- *    handler table is never touched: signal.getsignal()
+ *    process, to which the kernel gives no such signal: signals_stand_in).
+ *    Python's own handler table is never touched: signal.getsignal()
  *    answers what it would without blackbox. A second signal re-enters it
  *    safely: every step is a syscall or an atomic.
  *

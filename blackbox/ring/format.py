@@ -137,7 +137,7 @@ EXIT_SYS, EXIT_OS, EXIT_PROCESS = "sys.exit", "os._exit", "process exit"
 HANDLED_EXIT_PREFIX = "uncaught; caught by the job, which exited with status "
 HANDLED_EXIT = HANDLED_EXIT_PREFIX + "{}"
 # A signal's detail where the job's own process stood for its PID namespace's first process (`blackbox run` was
-# that process, pid 1, and passed it on) and had no handler for it: the kernel drops it there, so did blackbox
+# that process, pid 1) and had no handler for it: the kernel drops it there, whoever sent it; so did blackbox
 DROPPED_AS_INIT = "dropped (no handler; unarmed, this was its PID namespace's first process, which the kernel spares)"
 # ...where it was read at exit from sys.last_exc, the job's own excepthook not calling blackbox's: an uncaught
 # one where the process then exits with a failing status (sys.last_exc may be an older one where it exits 0)
