@@ -7,6 +7,7 @@ become ``***``, as in a ring's identity) and bounded.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from ..collect.identity import bounded_argv, redact_argv
@@ -62,20 +63,31 @@ def program_of(argv: list[str], comm: str) -> str:
     return comm
 
 
+def status_masks(pid: int, keys: tuple[str, ...]) -> dict[str, int] | None:
+    """The signal masks named (``SigPnd``, ``SigCgt``, ...) that the process's status holds, as numbers; None where
+    it cannot be read (an ended process)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            text = f.read(8192).decode("ascii", "replace")
+    except OSError:
+        return None
+    masks: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key in keys:
+            with contextlib.suppress(ValueError):
+                masks[key] = int(value.strip(), 16)
+    return masks
+
 
 def takes(pid: int, signo: int) -> bool | None:
     """Whether the process has a handler for the signal or blocks it (``SigCgt``, ``SigBlk`` of its status: the
     kernel queues a blocked signal even for a namespace's first process); None where ``/proc`` is not this
     PID namespace's (``unshare -p`` without ``--mount-proc``: a pid there is another process) or unread."""
-    try:
-        if not own_proc():
-            return None
-        with open(f"/proc/{pid}/status", "rb") as f:
-            status = f.read(1 << 16)
-        masks = dict(x.split(b":", 1) for x in status.splitlines() if x.startswith((b"SigCgt:", b"SigBlk:")))
-        return bool((int(masks[b"SigCgt"], 16) | int(masks[b"SigBlk"], 16)) >> (signo - 1) & 1)
-    except (OSError, KeyError, ValueError):
+    masks = status_masks(pid, ("SigCgt", "SigBlk")) if own_proc() else None
+    if masks is None or len(masks) < 2:
         return None
+    return bool((masks["SigCgt"] | masks["SigBlk"]) >> (signo - 1) & 1)
 
 
 def own_proc() -> bool:

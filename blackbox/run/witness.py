@@ -42,6 +42,7 @@ import time
 from collections.abc import Iterable
 
 from .leftovers import stat_of
+from .proc import status_masks
 
 WAIT_S = 0.02  # how long to look for the signal in the witness (a sender may reach it just after us)
 _PR_SET_PDEATHSIG = 1
@@ -49,17 +50,9 @@ _PR_SET_PDEATHSIG = 1
 
 def pending(pid: int) -> int:
     """The signals pending in process ``pid`` (its threads' and the process's), as a bit mask; 0 if unknown."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            text = f.read(8192).decode("ascii", "replace")
-    except OSError:
-        return 0
     mask = 0
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key in ("SigPnd", "ShdPnd"):
-            with contextlib.suppress(ValueError):
-                mask |= int(value.strip(), 16)
+    for value in (status_masks(pid, ("SigPnd", "ShdPnd")) or {}).values():
+        mask |= value
     return mask
 
 
