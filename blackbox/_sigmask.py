@@ -21,12 +21,12 @@ from collections.abc import Iterable, Iterator
 
 
 @contextlib.contextmanager
-def held(signals: Iterable[int]) -> Iterator[None]:
-    """``signals`` blocked on the calling thread while the block runs; the thread's mask is then put back as it
-    was (a signal the job blocked stays blocked; one that came meanwhile is delivered then, a moment late)."""
+def _changed(how: int, signals: Iterable[int]) -> Iterator[None]:
+    """The calling thread's mask changed by ``how`` (SIG_BLOCK, SIG_UNBLOCK) while the block runs, then put back as
+    it was (nothing changed where masks cannot be set on this platform)."""
     try:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-    except (AttributeError, OSError, ValueError):  # (no pthread_sigmask on this platform)
+        old = signal.pthread_sigmask(how, signals)
+    except (AttributeError, OSError, ValueError):
         yield
         return
     try:
@@ -35,17 +35,13 @@ def held(signals: Iterable[int]) -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-@contextlib.contextmanager
-def let_through(names: Iterable[str]) -> Iterator[None]:
+def held(signals: Iterable[int]) -> contextlib.AbstractContextManager[None]:
+    """``signals`` blocked on the calling thread while the block runs; the thread's mask is then put back as it
+    was (a signal the job blocked stays blocked; one that came meanwhile is delivered then, a moment late)."""
+    return _changed(signal.SIG_BLOCK, signals)
+
+
+def let_through(names: Iterable[str]) -> contextlib.AbstractContextManager[None]:
     """The named signals unblocked on one of blackbox's threads while it runs the job's code (a process or a
-    thread that code starts inherits the mask), then blocked again."""
-    numbers = [getattr(signal, name) for name in names if hasattr(signal, name)]
-    try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, numbers)
-    except (AttributeError, OSError, ValueError):
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_BLOCK, numbers)
+    thread that code starts inherits the mask), then its mask put back."""
+    return _changed(signal.SIG_UNBLOCK, [getattr(signal, name) for name in names if hasattr(signal, name)])
