@@ -54,6 +54,7 @@ RECOVERY_ORDER = {
     "family": 0,
     "limits": 0,
     "headline": 2,
+    "first_process": 2,
     "gpu_oom": 0,
     "exits": 2,
     "stacks": 1,

@@ -274,7 +274,7 @@ def test_sigterm_to_a_pid_namespaces_first_process_is_what_the_kernel_makes_of_i
     if kind == "no handler":
         summary = next((tmp_path / "run").glob("run-*/bundle/summary.md")).read_text()
         assert "**The job exited cleanly.**" in summary and "SIGTERM at " in summary, summary[:3000]
-        assert "was dropped (no handler; unarmed, this was its PID namespace's first process" in summary
+        assert "was dropped (no handler; the kernel spares its PID namespace's first process" in summary
 
 
 LEAVER = """\

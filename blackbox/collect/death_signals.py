@@ -93,7 +93,7 @@ class DeathSignals:
         if self._header.version < 3:
             return f"a version-{self._header.version} ring has no signal slots: signals are not recorded"
         if stands_in_for_init():  # faulthandler's handler would hand to the default action what the kernel drops
-            return "signals are not recorded: the job's own process stands for its PID namespace's first process"
+            return "signals are not recorded: this process is, or stands for, its PID namespace's first process"
         _OWNER.append(self)
         self.active = True
         self._wrap()

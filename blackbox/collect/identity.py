@@ -286,9 +286,13 @@ def parent_gone(ident: dict[str, Any]) -> bool:
 
 
 def stands_in_for_init() -> bool:
-    """This process is the job's own process of a ``blackbox run`` that is its PID namespace's first process (a
-    container's entrypoint; ``RUN_INIT_ENV`` names that namespace, and it is this one: not a namespace the job
-    made below it): unarmed, this process would be that first process, to which the kernel gives no signal it
-    has no handler for (but a fault it raised). Armed, the recorder drops such a signal, as the kernel would."""
+    """This process is its PID namespace's first process (a container's entrypoint, armed by ``arm()``), or stands
+    for it: the job's own process of a ``blackbox run`` that is that first process (``RUN_INIT_ENV`` names that
+    namespace, and it is this one: not a namespace the job made below it). The kernel gives that first process no
+    signal it has no handler for (but a fault it raised), whoever sent it: armed, the recorder's handler is in
+    force, so the recorder drops such a signal, as the kernel would (the first process's own would otherwise be
+    recorded as a death it did not die, and one standing for it would die of it)."""
+    if os.getpid() == 1:
+        return True
     ns = pid_namespace()
-    return ns is not None and os.environ.get(RUN_INIT_ENV) == ns and os.getppid() == 1 and os.getpid() != 1
+    return ns is not None and os.environ.get(RUN_INIT_ENV) == ns and os.getppid() == 1

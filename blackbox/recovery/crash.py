@@ -220,3 +220,9 @@ def shutdown_where(text: str | None, signal: str, frames: int = 4) -> str:
     parts = stack.split(";")
     shown = innermost_first(";".join(parts[-frames:]))
     return f"in {shown}{' ← …' if len(parts) > frames else ''}"
+
+
+def faulthandler_frame(stack: str) -> str:
+    """The innermost frame of faulthandler's stack (``  File "x.py", line 5 in f``) as ``f (x.py:5)``."""
+    m = re.search(r'File "(.*)", line (\d+) in (.*)', stack)
+    return f"{m[3]} ({m[1]}:{m[2]})" if m else "a frame faulthandler could not name"

@@ -43,7 +43,6 @@ record; for a child's, at the main process's last record before the kernel's kil
 
 from __future__ import annotations
 
-import re
 import signal as signals
 from typing import Any
 
@@ -53,13 +52,14 @@ import pyarrow.compute as pc
 from .._units import human_bytes
 from ..ring import format as fmt
 from ..ring.reader import without_c_extension
-from .crash import native_crash, shutdown_where
+from .crash import faulthandler_frame, native_crash, shutdown_where
 from .evidence import Evidence, KernelKill
 from .exits import HOW_KNOWN, MAX_SAID, RUN_SAW, exit_message, exit_status, interrupted_by, signal_of
 from .facts import Facts, counter_rose, facts, near_limit
+from .first_process import came_first, dropped_as_init, sender_of, with_grace_lever
 from .gpu_oom import EXPANDABLE_ON, gpu_oom_kind
 from .hang import with_hang
-from .headline import dropped_as_init, headline, sent_from
+from .headline import headline, sent_from
 from .helpers import process_name, start_method
 from .kinds import of_kind
 from .levers import analysis
@@ -99,7 +99,7 @@ def diagnose(table: pa.Table, clean: bool, ev: Evidence, meta: dict[str, Any]) -
     d.decide(clean)
     if without_c_extension(meta) and not (ev.writer_alive and not clean):
         d.evidence.append(NOT_KNOWN_WITHOUT_C)
-    death = d.result()
+    death = with_grace_lever(d.result())
     gpu = death.get("gpu_oom")
     if gpu and gpu["kind"] == "fragmentation" and _noted(table, fmt.NOTE_EXPANDABLE):
         lever = EXPANDABLE_ON
@@ -192,7 +192,7 @@ class _Death:
             uncaught = uncaught.keep(pc.not_equal(uncaught.column("detail").cast(pa.string()), fmt.LAST_EXC))
         if uncaught and uncaught[-1]["label"] and uncaught[-1]["label"].startswith("KeyboardInterrupt"):
             s, why = interrupted_by(f)
-            self.killed_by = _sender(s) if s is not None else None
+            self.killed_by = sender_of(s) if s is not None else None
             self._set("interrupted", "certain", why)
             self.when = uncaught[-1]
             return
@@ -262,7 +262,7 @@ class _Death:
             self._at(own.time_ns, own=True)
         elif fatal:
             s = fatal[-1]
-            self.killed_by, self.when = _sender(s), s
+            self.killed_by, self.when = sender_of(s), s
             who = sent_from(s)
             took = (self._signal_ns(s) - f.clean_end_ns) / 1e9 if f.clean_end_ns is not None else None
             after = f", {took:.1f} s after its clean end" if took is not None and took >= 0 else ""
@@ -298,7 +298,7 @@ class _Death:
 
     def _interrupt_caught(self, s: dict[str, Any]) -> None:
         """Ended by an interrupt the job caught and turned into its exit status (Lightning: exit 1)."""
-        self.handled, self.killed_by = s, _sender(s)
+        self.handled, self.killed_by = s, sender_of(s)
         who = sent_from(s)
         self._set("interrupted", "certain", f"SIGINT{who} at {s['time']} raised KeyboardInterrupt, which the job "
                   f"caught; it then exited by itself with status {self.status} "
@@ -374,15 +374,15 @@ class _Death:
             self._set("host_oom_kill", "strong", rose)
         elif ev.crash:
             self.crash, why = native_crash(ev.crash, signals.Signals(sig).name if sig else None, self.pid, f.signals)
-            self.killed_by = _sender(self.crash["sent"]) if self.crash.get("sent") else None
+            self.killed_by = sender_of(self.crash["sent"]) if self.crash.get("sent") else None
             self._set("signal", "certain", why)
         elif ev.signal_stacks:  # faulthandler's stack in the slot of the signal that ended it (no C extension)
             name, stack = next(iter(ev.signal_stacks.items()))
-            why = f"{name} with its default action, in {_innermost(stack)} (its stack then, by faulthandler)"
+            why = f"{name} with its default action, in {faulthandler_frame(stack)} (its stack then, by faulthandler)"
             self._set("interrupted" if name == "SIGINT" else "signal", "certain", why)
         elif fatal:
             s = fatal[-1]
-            self.killed_by = _sender(s)
+            self.killed_by = sender_of(s)
             who = sent_from(s)
             if (s["sender"] or "") in OOM_DAEMONS:
                 self._set("userspace_oom_kill", "certain", f"{s['label']}{who}, a userspace OOM killer")
@@ -422,7 +422,7 @@ class _Death:
                       f"same boot, {after}no handler ran: SIGKILL (or os._exit)")  # fmt: skip
         recent = last_signal if last_signal and self.f.last_ns - self._signal_ns(last_signal) < 120 * 10**9 else None
         if recent and (recent["sender"] or "") in OOM_DAEMONS:
-            self.killed_by = _sender(recent)
+            self.killed_by = sender_of(recent)
             self._set("userspace_oom_kill", "strong", f"{recent['label']} from {recent['sender']}, then {how}")
         elif near is not None and near[0] >= NEAR_LIMIT:
             self._set(
@@ -435,9 +435,9 @@ class _Death:
         else:
             self._set("killed", "certain" if seen else "strong", how)
             if recent:
-                self.killed_by = _sender(recent)
-                who = sent_from(recent)
-                self.evidence.append(f"{recent['label']}{who}{self._role(recent)} came first, at {recent['time']}")
+                self.killed_by = sender_of(recent)
+                ran_on = (self.f.last_ns - self._signal_ns(recent)) / 1e9
+                self.evidence.append(came_first(recent, self._role(recent), ran_on))
 
     def _thread_deaths(self) -> None:
         """Threads that died of an uncaught exception while the process went on (a prefetcher, an uploader: a
@@ -487,7 +487,7 @@ class _Death:
                       "a native handler: PyTorch's DataLoader worker exits 0 on its parent's SIGTERM (the parent "
                       "shutting its workers down)")  # fmt: skip
             return
-        self.killed_by = _sender(s)
+        self.killed_by = sender_of(s)
         who = sent_from(s)
         self._set("interrupted" if s["label"] == "SIGINT" else "signal", "strong",
                   f"{s['label']}{who}{self._role(s)} at {s['time']}, taken by a native handler, and nothing was "
@@ -508,7 +508,7 @@ class _Death:
         if exc is not None and s["label"] in STOPS and s["step"] == exc["step"] and s["time"] <= exc["time"]:
             self._set("signal", "certain", f"{s['label']}{who}{self._role(s)} at {s['time']} was {s['detail']}, "
                       "which raised the exception it died of (torchrun's agent raises SignalException)")  # fmt: skip
-            self.killed_by = _sender(s)
+            self.killed_by = sender_of(s)
             return
         self.evidence.append(f"{s['label']}{who}{self._role(s)} at {s['time']} was {s['detail'] or 'handled'}, "
                              "and the job then ended by itself (a graceful shutdown)")  # fmt: skip
@@ -585,16 +585,7 @@ class _Death:
         return d
 
 
-def _sender(row: dict[str, Any]) -> dict[str, Any]:
-    return {"signal": row["label"], "sender": row["sender"], "sender_pid": row["sender_pid"], "time": row["time"]}
-
-
 def _short(text: str | None, n: int = 300) -> str:
     text = (text or "").replace("\n", " ")
     return text if len(text) <= n else text[: n - 1] + "…"
 
-
-def _innermost(stack: str) -> str:
-    """The innermost frame of faulthandler's stack (``  File "x.py", line 5 in f``) as ``f (x.py:5)``."""
-    m = re.search(r'File "(.*)", line (\d+) in (.*)', stack)
-    return f"{m[3]} ({m[1]}:{m[2]})" if m else "a frame faulthandler could not name"

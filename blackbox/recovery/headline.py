@@ -43,6 +43,9 @@ def headline(
         by = f" {killed_by['signal']}, which it sent itself"
     if by and killed_by and killed_by.get("reason"):
         by += f": {str(killed_by['reason']).split(' (Slurm')[0]}"
+    if cause == "killed" and killed_by and killed_by.get("dropped") and not in_shutdown:
+        return (f"{who} was killed with SIGKILL after{by or ' ' + str(killed_by['signal'])}, which it had no handler "
+                "for: as a container's first process it is spared such a signal, and it ran on until the SIGKILL.")
     if in_shutdown and cause == "killed":
         return f"{who} was killed with SIGKILL while it shut down{', after' + by if by else ''}, before it could exit."
     if in_shutdown and cause in ("signal", "interrupted") and by and not crash:
@@ -125,10 +128,3 @@ def sender_named(killed_by: dict[str, Any] | None) -> str | None:
         return str(killed_by["sender"])
     pid = killed_by.get("sender_pid")
     return f"pid {pid}" if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
-
-
-def dropped_as_init(signals: Any) -> list[str]:
-    """Evidence of the signals dropped as for a PID namespace's first process (``fmt.DROPPED_AS_INIT``): no death,
-    nor a handler's graceful shutdown, but what a pod's SIGTERM is to a job with no handler, said as such."""
-    return [f"{s['label']}{sent_from(s)} at {s['time']} was {s['detail']}: the job ran on" for s in signals
-            if s["detail"] == fmt.DROPPED_AS_INIT]  # fmt: skip

@@ -24,8 +24,8 @@
  *    hands the signal on: to the disposition it wrapped (the job's C or Python
  *    handler, with the same siginfo), or, for SIG_DFL, it restores SIG_DFL and
  *    raises the signal again so the process ends at once, exactly as it would
- *    have (except where the process stands in for a PID namespace's first
- *    process, to which the kernel gives no such signal: signals_stand_in).
+ *    have (except where the process is, or stands in for, a PID namespace's
+ *    first process, to which the kernel gives no such signal: signals_stand_in).
  *    Python's own handler table is never touched: signal.getsignal()
  *    answers what it would without blackbox. A second signal re-enters it
  *    safely: every step is a syscall or an atomic.
@@ -1054,11 +1054,12 @@ static void drop_pending(int sig) {
 static int g_late; /* atomic */
 static char *late_slot(uint64_t *seq, int fatal);
 
-/* Set by signals_stand_in: this process is the job's own process of a `blackbox run` that is its PID namespace's
- * first process (a container's entrypoint). Unarmed, the job itself would be that process, and the kernel drops a
- * signal for which it has no handler, whoever sent it (blackbox run passing one on from pid 1, a group's kill, a
- * terminal's Ctrl-\, the process itself), but a fault it raised; armed, it reaches this process as any other, so
- * one that is no crash, while the default action is in force, is recorded and dropped here. */
+/* Set by signals_stand_in: this process is its PID namespace's first process (a container's entrypoint), or the
+ * job's own process of a `blackbox run` that is that first process (unarmed, the job itself would be it). The kernel
+ * drops a signal for which that process has no handler, whoever sent it (blackbox run passing one on from pid 1, a
+ * group's kill, a terminal's Ctrl-\, the process itself), but a fault it raised; armed, our handler is in force, so
+ * it reaches this process as any other, and one that is no crash, while the default action is in force, is
+ * recorded and dropped here. */
 static int g_stand_in;            /* atomic */
 static int64_t g_detail_stand_in; /* string id of how such a signal is said */
 
@@ -1252,7 +1253,8 @@ static PyObject *signals_watch(PyObject *Py_UNUSED(m), PyObject *args) {
 }
 
 /* signals_stand_in(detail): signals but crashes, with the default action in force, are recorded with `detail` and
- * dropped (g_stand_in); the caller has checked that blackbox run is pid 1 and this process its child. */
+ * dropped (g_stand_in); the caller has checked that this process is pid 1, or that blackbox run is and this process
+ * is its child. */
 static PyObject *signals_stand_in(PyObject *Py_UNUSED(m), PyObject *arg) {
     long long detail = PyLong_AsLongLong(arg);
     if (detail == -1 && PyErr_Occurred())

@@ -136,9 +136,11 @@ EXIT_SYS, EXIT_OS, EXIT_PROCESS = "sys.exit", "os._exit", "process exit"
 # (``except Exception: log(...); sys.exit(1)``, torch.multiprocessing.spawn's workers): what the process died of
 HANDLED_EXIT_PREFIX = "uncaught; caught by the job, which exited with status "
 HANDLED_EXIT = HANDLED_EXIT_PREFIX + "{}"
-# A signal's detail where the job's own process stood for its PID namespace's first process (`blackbox run` was
-# that process, pid 1) and had no handler for it: the kernel drops it there, whoever sent it; so did blackbox
-DROPPED_AS_INIT = "dropped (no handler; unarmed, this was its PID namespace's first process, which the kernel spares)"
+# A signal's detail where the process was its PID namespace's first process (a container's entrypoint), or stood
+# for it (`blackbox run` was that process, pid 1), and had no handler for it: the kernel drops it there, whoever
+# sent it, but a fault; so did blackbox
+DROPPED_AS_INIT = ("dropped (no handler; the kernel spares its PID namespace's first process: this one, or "
+                   "`blackbox run` in its place)")
 # ...where it was read at exit from sys.last_exc, the job's own excepthook not calling blackbox's: an uncaught
 # one where the process then exits with a failing status (sys.last_exc may be an older one where it exits 0)
 LAST_EXC = "uncaught; read at exit from sys.last_exc (the job's excepthook did not call blackbox's)"
