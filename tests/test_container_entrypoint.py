@@ -35,14 +35,27 @@ pytestmark = [
 ENV = dict(os.environ, PYTHONPATH=str(REPO))
 BLACKBOX = [sys.executable, "-m", "blackbox", "run", "--quiet"]
 JOB = """\
-import signal, sys, time
+import ctypes, os, signal, sys, time
 up, rings, how = sys.argv[1:4]
 if "arm" in how:
     import blackbox
     blackbox.arm(rings + "/")
 if "handler" in how:
     signal.signal(signal.SIGTERM, lambda *_: print("took it, and went on", flush=True))
+if "native fork" in how:  # a child forked past Python's at-fork hooks (a C library's fork)
+    pid = ctypes.CDLL(None).fork()
+    if pid == 0:
+        open(up + ".child", "w").write(str(os.getpid()))
+        time.sleep(10)
+        print("child ran on", flush=True)
+        os._exit(0)
+    while not os.path.exists(up + ".child"):
+        time.sleep(0.01)
+    print("child ended:", os.waitpid(pid, 0)[1], flush=True)
 open(up, "w").close()
+if "later" in how:  # a handler installed later (the first SIGTERM came with none)
+    time.sleep(1.5)
+    signal.signal(signal.SIGTERM, lambda *_: print("took it, and went on", flush=True))
 time.sleep(float(sys.argv[4]))
 print("ran on", flush=True)
 """
@@ -60,9 +73,9 @@ def _first_process(tmp_path: Path, name: str, how: str, seconds: float, *, run: 
     proc = subprocess.Popen(["unshare", "-fp", "--mount-proc", *cmd] if namespace else cmd, env=ENV, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     deadline = time.monotonic() + 60
-    while not up.exists() and proc.poll() is None and time.monotonic() < deadline:
+    while not (up.exists() or Path(f"{up}.child").exists()) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert up.exists(), proc.communicate(timeout=10)
+    assert up.exists() or Path(f"{up}.child").exists(), proc.communicate(timeout=10)
     time.sleep(0.5)  # a few records written after it was up
     if not namespace:
         return proc, proc.pid, rings
@@ -150,4 +163,92 @@ def test_a_sigkill_after_a_sigterm_a_handler_took_is_no_dropped_signal(tmp_path:
     # THEN nothing says a signal was dropped, nor gives the entrypoint's lever
     assert "dropped" not in (death.get("killed_by") or {}), death
     assert not any("dropped" in e for e in death["evidence"]), death["evidence"]
+    assert not any("as a container's first process" in x for x in death.get("levers") or []), death
+
+
+def _sent(proc: subprocess.Popen[str], init: int, *steps: tuple[int, float]) -> tuple[int, str]:
+    """Each signal sent to ``init`` from outside its namespace, then the wait that follows it; the status and
+    output."""
+    try:
+        for sig, wait in steps:
+            os.kill(init, sig)
+            time.sleep(wait)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(init, signal.SIGKILL)
+    return proc.returncode, out
+
+
+def test_a_child_that_an_armed_entrypoint_forked_natively_dies_of_sigterm_as_unarmed(tmp_path: Path) -> None:
+    # GIVEN a container's first process that forks a child through libc (no Python at-fork hook runs), armed and not
+    ended = {}
+    for how in ("native fork", "arm, native fork"):
+        proc, _, _ = _first_process(tmp_path, how.replace(", ", "-").replace(" ", "-"), how, 0)
+        child = int(Path(f"{tmp_path}/up-{how.replace(', ', '-').replace(' ', '-')}.child").read_text())
+        # WHEN that child, no namespace's first process, is sent SIGTERM from outside (by its pid there)
+        host = _host_pid(proc.pid, child)
+        ended[how] = _sent(proc, host, (signal.SIGTERM, 0))
+    # THEN it dies of it, armed as unarmed: the recorder drops signals only in the first process itself
+    assert ended["native fork"] == ended["arm, native fork"] == (0, "child ended: 15\nran on\n"), ended
+
+
+def _host_pid(unshare: int, nspid: int) -> int:
+    """The pid outside the namespace of the process whose pid inside is ``nspid`` (below ``unshare``)."""
+    for status in Path("/proc").glob("[0-9]*/status"):
+        with contextlib.suppress(OSError):
+            text = status.read_text()
+            ns = next((line.split()[1:] for line in text.splitlines() if line.startswith("NSpid:")), [])
+            if len(ns) == 2 and int(ns[1]) == nspid and _below(int(ns[0]), unshare):
+                return int(ns[0])
+    raise AssertionError(f"no process {nspid} in the namespace below {unshare}")
+
+
+def _below(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return False
+
+
+def test_a_sigabrt_sent_to_an_armed_entrypoint_is_dropped_not_told_as_a_crash(tmp_path: Path) -> None:
+    # GIVEN a container's first process with no handler of its own for SIGABRT (blackbox's faulthandler has one)
+    ended = {}
+    for how in ("none", "arm"):
+        proc, init, rings = _first_process(tmp_path, how, how, 2.0)
+        # WHEN SIGABRT is sent to it from outside (a sent one, no fault of its own)
+        ended[how] = (*_sent(proc, init, (signal.SIGABRT, 0)), rings)
+    # THEN both run on (the kernel drops it for PID 1), and the bundle says it was dropped: no crash, no handler
+    assert ended["none"][:2] == ended["arm"][:2] == (0, "ran on\n"), ended
+    death = _death(ended["arm"][2], tmp_path / "bundle")
+    assert death["cause"] == "clean_exit" and death["headline"] == "The job exited cleanly.", death
+    assert any(e.startswith("SIGABRT at ") and "was dropped (no handler;" in e for e in death["evidence"]), death
+
+
+def test_sigterms_dropped_one_after_another_then_sigkill_time_the_run_from_the_first(tmp_path: Path) -> None:
+    # GIVEN an armed container's first process with no SIGTERM handler, sent SIGTERM, then again 1.5 s later, then
+    # SIGKILL 1 s after that: 2.5 s after the first
+    proc, init, rings = _first_process(tmp_path, "twice", "arm", 60)
+    _sent(proc, init, (signal.SIGTERM, 1.5), (signal.SIGTERM, 1.0), (signal.SIGKILL, 0))
+    death = _death(rings, tmp_path / "bundle")
+    # THEN the evidence names the first, says one more came, and times the run on from the first
+    told = [e for e in death["evidence"] if "the job ran on for" in e]
+    assert len(told) == 1 and "and 1 more after it, the last SIGTERM at " in told[0], death["evidence"]
+    ran_on = float(re.search(r"ran on for ([\d.]+) s", told[0])[1])  # type: ignore[index]
+    assert abs(ran_on - 2.5) <= 0.35, told
+
+
+def test_a_sigkill_after_a_sigterm_taken_by_a_handler_installed_after_one_dropped_names_it(tmp_path: Path) -> None:
+    # GIVEN an armed container's first process sent SIGTERM with no handler (dropped), which then installs one;
+    # a second SIGTERM is taken by it, and a SIGKILL follows
+    proc, init, rings = _first_process(tmp_path, "later", "arm, later", 60)
+    status, out = _sent(proc, init, (signal.SIGTERM, 2.0), (signal.SIGTERM, 1.0), (signal.SIGKILL, 0))
+    assert out == "took it, and went on\n", (status, out)
+    death = _death(rings, tmp_path / "bundle")
+    # THEN the verdict is the SIGKILL after that SIGTERM (from outside: no sender), not "no handler ran"
+    assert death["cause"] == "killed" and "dropped" not in death["killed_by"], death
+    assert death["headline"].endswith("was killed with SIGKILL (no handler runs for it), after SIGTERM."), death
+    # AND the first SIGTERM's drop is no grace period's: no lever for it
     assert not any("as a container's first process" in x for x in death.get("levers") or []), death

@@ -436,8 +436,7 @@ class _Death:
             self._set("killed", "certain" if seen else "strong", how)
             if recent:
                 self.killed_by = sender_of(recent)
-                ran_on = (self.f.last_ns - self._signal_ns(recent)) / 1e9
-                self.evidence.append(came_first(recent, self._role(recent), ran_on))
+                self.evidence.append(came_first(self.f.signals, self.f.signal_ns, self.f.last_ns, self._role(recent)))
 
     def _thread_deaths(self) -> None:
         """Threads that died of an uncaught exception while the process went on (a prefetcher, an uploader: a

@@ -78,7 +78,8 @@ def headline(
         "host_oom_kill": f"{who} was killed by the kernel OOM killer.",
         "userspace_oom_kill": f"{who} was killed by a userspace OOM killer ({(killed_by or {}).get('sender')}).",
         "killed": f"{who} was killed with SIGKILL (no handler runs for it), after{by}." if by else
-                  f"{who} was killed with SIGKILL; no handler ran.",  # ("no handler ran" read as the SIGTERM's)
+                  f"{who} was killed with SIGKILL (no handler runs for it), after {killed_by['signal']}." if killed_by
+                  else f"{who} was killed with SIGKILL; no handler ran.",  # ("no handler ran" read as the SIGTERM's)
         "signal": f"{who} was ended by{by}." if by else f"{who} was ended by {_unsent(killed_by, status)}.",
     }.get(cause, "The cause of death is unknown.")
 

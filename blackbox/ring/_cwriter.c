@@ -1057,11 +1057,19 @@ static char *late_slot(uint64_t *seq, int fatal);
 /* Set by signals_stand_in: this process is its PID namespace's first process (a container's entrypoint), or the
  * job's own process of a `blackbox run` that is that first process (unarmed, the job itself would be it). The kernel
  * drops a signal for which that process has no handler, whoever sent it (blackbox run passing one on from pid 1, a
- * group's kill, a terminal's Ctrl-\, the process itself), but a fault it raised; armed, our handler is in force, so
- * it reaches this process as any other, and one that is no crash, while the default action is in force, is
- * recorded and dropped here. */
+ * group's kill, a terminal's Ctrl-\, the process itself; a SIGSEGV or SIGABRT sent too), but a fault the kernel
+ * forced on it; armed, our handler is in force, so it reaches this process as any other, and one that is no forced
+ * fault, while the default action is in force, is recorded and dropped here. */
 static int g_stand_in;            /* atomic */
+static pid_t g_stand_in_pid;      /* the process it was set in: a child forked past the at-fork hooks is not it */
 static int64_t g_detail_stand_in; /* string id of how such a signal is said */
+
+/* A signal the kernel forced on the process for a fault of its own (not sent by a process, nor raised): it ends
+ * even a PID namespace's first process, whose default action the kernel otherwise spares. */
+static int forced_fault(int sig, const siginfo_t *info) {
+    return info != NULL && info->si_code > 0 &&
+           (sig == SIGSEGV || sig == SIGBUS || sig == SIGILL || sig == SIGFPE || sig == SIGTRAP || sig == SIGSYS);
+}
 
 static void on_signal(int sig, siginfo_t *info, void *context) {
     int saved_errno = errno;
@@ -1074,14 +1082,16 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
     SigChain *chain = &g_chain[sig];
     struct sigaction prev = chain->prev[__atomic_load_n(&chain->cur, __ATOMIC_ACQUIRE)];
     int to_default = !(prev.sa_flags & SA_SIGINFO) && prev.sa_handler == SIG_DFL;
-    int dropped = to_default && !crash_signal(sig) && __atomic_load_n(&g_stand_in, __ATOMIC_ACQUIRE);
+    /* blackbox's own faulthandler stands where the job has the default action (unarmed, it has no faulthandler) */
+    int dropped = (to_default || is_faulthandler(&prev)) && !forced_fault(sig, info) &&
+                  __atomic_load_n(&g_stand_in, __ATOMIC_ACQUIRE) && getpid() == g_stand_in_pid;
     if (dropped)
         to_default = 0; /* nothing to hand it on to (prev is SIG_DFL): dropped, as for a namespace's first process */
     int fault = kernel_fault(sig, info), refault = fault && (to_default || is_faulthandler(&prev));
     __atomic_add_fetch(&g_inflight, 1, __ATOMIC_SEQ_CST);
     int armed = __atomic_load_n(&g_target_on, __ATOMIC_ACQUIRE) && g_target.pid == getpid();
     uint64_t late_seq = 0;
-    char *late = armed ? NULL : late_slot(&late_seq, to_default || crash_signal(sig));
+    char *late = armed ? NULL : late_slot(&late_seq, to_default || (crash_signal(sig) && !dropped));
     int text_fd = -1; /* where the crash's tracebacks went, for its native frame */
     if (armed || late != NULL) {
         int64_t payload[PAYLOAD_WORDS];
@@ -1101,21 +1111,23 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
         }
         if (late != NULL) {
             put_record(late, 1, late_seq, now_ns(), (uint64_t)pthread_self(), -1, sig, g_target.tag[sig], payload);
-            if (to_default || crash_signal(sig))
+            if (to_default || (crash_signal(sig) && !dropped))
                 text_fd = late_dump(sig); /* before the default action (or the job's crash handler) ends it */
         } else {
             uint64_t seq = __atomic_add_fetch(&g_target.seq->value, 1, __ATOMIC_RELAXED);
             put_record(g_target.records, g_target.cap, seq, now_ns(), (uint64_t)pthread_self(), -1, sig,
                        g_target.tag[sig], payload);
             window_after(g_target.seq, seq);
-            if (crash_signal(sig))
+            if (crash_signal(sig) && !dropped)
                 text_fd = dump_crash(sig); /* before the job's handler, which ends the process */
             if (refault && !to_default)
                 text_fd = __atomic_load_n(&g_fh_fd, __ATOMIC_ACQUIRE); /* faulthandler's, ours: it writes next */
         }
     }
     __atomic_sub_fetch(&g_inflight, 1, __ATOMIC_SEQ_CST);
-    if (to_default) {
+    if (dropped) {
+        /* nothing handed on: as the kernel drops it for a namespace's first process */
+    } else if (to_default) {
         default_action(sig);
         if (!refault)
             raise(sig); /* pending until this handler returns: then the default action, at once */
@@ -1125,7 +1137,7 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
     } else if (prev.sa_handler != SIG_IGN && prev.sa_handler != NULL) {
         prev.sa_handler(sig);
     }
-    if (!to_default && crash_signal(sig)) {
+    if (!to_default && !dropped && crash_signal(sig)) {
         /* A crash handler that put ours back and raised the signal again (a faulthandler enabled anew after
          * arm remembers ours as the handler before it): the default action, or it would come back forever. */
         struct sigaction cur;
@@ -1252,14 +1264,15 @@ static PyObject *signals_watch(PyObject *Py_UNUSED(m), PyObject *args) {
     return PyUnicode_FromString("wrapped");
 }
 
-/* signals_stand_in(detail): signals but crashes, with the default action in force, are recorded with `detail` and
- * dropped (g_stand_in); the caller has checked that this process is pid 1, or that blackbox run is and this process
+/* signals_stand_in(detail): signals but a fault's, with the default action in force, are recorded with `detail` and
+ * dropped (g_stand_in), in this process only; the caller has checked that this process is pid 1, or that blackbox run is and this process
  * is its child. */
 static PyObject *signals_stand_in(PyObject *Py_UNUSED(m), PyObject *arg) {
     long long detail = PyLong_AsLongLong(arg);
     if (detail == -1 && PyErr_Occurred())
         return NULL;
     g_detail_stand_in = detail;
+    g_stand_in_pid = getpid();
     __atomic_store_n(&g_stand_in, 1, __ATOMIC_RELEASE);
     Py_RETURN_NONE;
 }
