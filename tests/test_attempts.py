@@ -410,3 +410,68 @@ def test_a_rank_killed_while_it_shut_down_is_not_the_first_death_before_a_rank_t
     # AND alone, a death while it shut down is the first death all the same
     first, _, _ = deaths(rings[:1])
     assert first is not None and first["rank"] == 1, first
+
+
+def test_workers_sigkilled_with_their_parent_leave_the_parent_as_the_first_death() -> None:
+    # GIVEN a job's main process (pid 10) and its two DataLoader workers (11, 12), SIGKILLed in one kill (the
+    # group's, a container's end): the workers' last records came 72 and 29 ms before the main process's, each
+    # within the time its death may lie after its last record (106 ms)
+    rings = [
+        _dead(10, None, "killed", 172, ppid=1, time_error_s=0.021),
+        _dead(11, None, "killed", 100, ppid=10, time_error_s=0.106),
+        _dead(12, None, "killed", 143, ppid=10, time_error_s=0.106),
+    ]
+    # WHEN the attempt's deaths are ordered
+    first, _, _ = deaths(rings)
+    # THEN the first death told is the main process's: a parent that outlived its worker would have noticed
+    assert first is not None and first["pid"] == 10, first
+    # AND a worker killed longer before its parent's kill than its death can lie after its last record died first
+    rings[1]["death"]["time_error_s"] = 0.05
+    rings[2]["death"]["time_error_s"] = 0.02
+    first, _, _ = deaths(rings)
+    assert first is not None and first["pid"] == 11, first
+    # AND so does a worker killed whose parent then died otherwise (it raised: "worker killed by signal")
+    rings[1]["death"]["time_error_s"] = rings[2]["death"]["time_error_s"] = 0.106
+    rings[0]["death"]["cause"] = "exception"
+    first, _, _ = deaths(rings)
+    assert first is not None and first["pid"] == 11, first
+
+
+GROUP_JOB = """
+import multiprocessing as mp, os, sys, time
+def work():
+    while True:
+        sum(range(1000))
+        time.sleep(0.001)
+if __name__ == "__main__":
+    ctx = mp.get_context("fork")
+    workers = [ctx.Process(target=work) for _ in range(3)]
+    for w in workers:
+        w.start()
+    open(sys.argv[1], "w").write(str(os.getpid()))
+    work()
+"""
+
+
+@pytest.mark.slow
+def test_a_group_sigkill_of_a_job_and_its_workers_is_told_as_the_jobs_death(tmp_path: Path) -> None:
+    # GIVEN a job under `blackbox run` whose main process forked three workers, every process armed
+    (tmp_path / "job.py").write_text(GROUP_JOB)
+    up = tmp_path / "up"
+    proc = subprocess.Popen([sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "run"), "--",
+                             sys.executable, str(tmp_path / "job.py"), str(up)], env=dict(os.environ,
+                            PYTHONPATH=str(REPO)), start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (up.exists() and up.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)
+    # WHEN the whole group is SIGKILLed at once (`kill -KILL -PGID`, a scheduler's end), blackbox run with it
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    rings = next((tmp_path / "run").glob("run-*/rings"))
+    meta = recover_rings([rings]).meta
+    # THEN the first death is the job's own process, its workers' deaths told as that close to it
+    assert len(list(rings.glob("*.ring"))) == 4
+    first = meta["first_death"]
+    assert first["pid"] == int(up.read_text()) and first["cause"] == "killed", first
+    assert "4 processes `killed`" in bundle_summary(meta)

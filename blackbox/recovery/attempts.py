@@ -287,12 +287,33 @@ def _earliest(dead: list[dict[str, Any]], when: dict[int, tuple[float, str]],
     times alone decide (nothing better is known)."""
     first = min(dead, key=lambda m: when[id(m)])
     if not first["death"].get("starved"):
-        return first
+        return _killed_with_its_parent(first, dead, when)
     t0 = when[id(first)][0]
     on_time = [m for m in dead if t0 <= when[id(m)][0] <= t0 + _error_s(first) and not m["death"].get("starved")
                and not m["death"].get("peer_lost") and _teardown(m) is None
                and (m.get("host"), m.get("pid")) not in parents]  # fmt: skip
-    return min(on_time, key=lambda m: when[id(m)]) if on_time else first
+    return _killed_with_its_parent(min(on_time, key=lambda m: when[id(m)]) if on_time else first, dead, when)
+
+
+def _killed_with_its_parent(
+    first: dict[str, Any], dead: list[dict[str, Any]], when: dict[int, tuple[float, str]]
+) -> dict[str, Any]:
+    """A process SIGKILLed (``killed``: no handler ran) whose parent was SIGKILLed too, within the time its own
+    death may lie after its last record, died in one kill with it (a group's SIGKILL, a container's end, a
+    grace period's): a parent that outlives a child's death notices it first (a DataLoader's raises "worker
+    killed by signal"). The parent's death is then the one told, up to the topmost process so killed: the job's
+    own, not whichever of its workers wrote its last record a few milliseconds sooner."""
+    seen = {id(first)}
+    while first["death"].get("cause") == "killed":
+        t0, error = when[id(first)][0], _error_s(first)
+        parent = next((m for m in dead if id(m) not in seen and m["death"].get("cause") == "killed"
+                       and m.get("host") == first.get("host") and m.get("pid") == first.get("ppid")
+                       and t0 <= when[id(m)][0] <= t0 + error), None)  # fmt: skip
+        if parent is None:
+            return first
+        seen.add(id(parent))
+        first = parent
+    return first
 
 
 def deaths(
