@@ -124,7 +124,7 @@ def assess(cell: dict[str, Any], run: Path, env: Env) -> dict[str, Any]:
         "oom_kills": obs["oom_kills"], "kernel_victims": [k["role"] for k in obs["kernel_kills"]],
         "orphans": [o["role"] for o in obs["orphans"] + (obs["rerun"]["orphans"] if death.rerun else [])],
         **outputs(run, ["a", "b"] if death.rerun else ["a"], replace, job.progress),
-        "files": files_of(run, timed=death.timeout),
+        "files": files_of(run, timed=death.timed),
     }  # fmt: skip
     cell["seen"] = {k: sorted(v) if isinstance(v, set) else v for k, v in seen.items()}
     if mode != "unarmed":
@@ -142,7 +142,7 @@ def assess(cell: dict[str, Any], run: Path, env: Env) -> dict[str, Any]:
 def row(cell: dict[str, Any], bases: list[dict[str, Any]]) -> dict[str, Any]:
     """One armed run against the unarmed runs: a difference counts only where it is one from every unarmed
     run (what the job does by itself in one of them, a race in its own error path, is no change)."""
-    timed = DEATHS[cell["death"]].timeout
+    timed = DEATHS[cell["death"]].timed
     if bases:
         each = [differences(_sets(b["seen"]), _sets(cell["seen"]), timed, cap=None) for b in bases]
         diffs = capped([d for d in each[0] if all(d in other for other in each[1:])])

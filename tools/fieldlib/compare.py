@@ -157,6 +157,9 @@ def truth(job: Job, death: Death, obs: dict[str, Any], mode: str) -> dict[str, A
         # torchrun starts its ranks in a session of their own: unarmed too, they get the signal from it
         t["relays"] = sorted(pid for pid, p in procs.items() if p["role"] == "torchrun") if job.ranks > 1 else []
         t["signal"] = death.signal
+    if death.namespace:  # the rings know the pids inside the container's PID namespace
+        t["victims"] = sorted(procs[pid].get("nspid", pid) if pid in procs else pid for pid in t["victims"])
+        procs = {p.get("nspid", pid): p for pid, p in procs.items()}
     t["steps"] = {pid: procs[pid]["steps"] for pid in t["victims"] if pid in procs}
     if death.site:
         t["site"] = death.site

@@ -27,6 +27,13 @@ class Death:
     exit_status: int | None = None
     site: str = ""  # where a hang was: the function the verdict must name
     headline: str = ""  # words the verdict's headline must hold (a native crash's fault)
+    namespace: bool = False  # the job is its PID namespace's first process (`unshare -fp`: a container's)
+
+    @property
+    def timed(self) -> bool:
+        """Ended by the clock: `timeout`, or a grace period after a SIGTERM (a pod's, Slurm's KillWait), in which
+        either run, armed or not, may get further along (more steps, a later checkpoint)."""
+        return self.timeout or self.action in ("pod", "slurm")
 
 
 DEATHS = {
@@ -56,6 +63,10 @@ DEATHS = {
     # DataLoader workers (fork) never sent one; SIGKILL to every process after the grace period
     "pod": Death("pod", at_step=6, action="pod", job_args=["--workers", "2", "--context", "fork"], sender="field",
                  signal="SIGTERM", long=True),  # fmt: skip
+    # the same, the job a container's first process (PID 1 of its PID namespace, armed by arm() or blackbox run
+    # in its place): a SIGTERM it has no handler for is dropped; the runtime, outside the namespace, is no sender
+    "container": Death("container", at_step=6, action="pod", job_args=["--workers", "2", "--context", "fork"],
+                       long=True, namespace=True),  # fmt: skip
     "rerun": Death("rerun", at_step=6, action="sigkill", rerun=True, causes=("clean_exit",)),
 }
 

@@ -152,7 +152,7 @@ JOBS = {
     "mnist": Job(
         "mnist", _venv_tv, lambda e: e.src / "examples" / "mnist" / "main.py", _mnist_args, _mnist_cwd,
         leak_mib=32, timeout_s=12, prepare=prepare_mnist, progress=r"^Train Epoch: ",
-        deaths=["sigkill", "oom", "ctrlc", "systemexit2", "timeout", "exit-hang", "segv", "rerun"],
+        deaths=["sigkill", "oom", "ctrlc", "systemexit2", "timeout", "exit-hang", "segv", "rerun", "container"],
     ),
     "nanogpt": Job(
         "nanogpt", _venv, lambda e: e.src / "nanoGPT" / "train.py", _nanogpt_args, lambda e, r: e.src / "nanoGPT",
@@ -162,12 +162,12 @@ JOBS = {
     "hf": Job(
         "hf", _venv, lambda e: HERE / "hf_job.py", _own("hf"), lambda e, r: r, worker_args=True, timeout_s=20,
         worker_leak_mib=4, progress=r"^\{'loss': ",
-        deaths=["sigkill", "oom", "workers-spawn", "ctrlc", "slurm", "pod", "exit-hang", "segv"],
+        deaths=["sigkill", "oom", "workers-spawn", "ctrlc", "slurm", "pod", "container", "exit-hang", "segv"],
     ),
     "lightning": Job(
         "lightning", _venv, lambda e: HERE / "lightning_job.py", _own("lightning"), lambda e, r: r,
         worker_args=True, timeout_s=12, sigterm_status=0,  # (its own handler takes SIGTERM; 2.6.6 then exits 0)
-        deaths=["sigkill", "oom", "workers-forkserver", "ctrlc", "exit3", "slurm", "pod", "exit-hang", "segv",
-                "rerun"],
+        deaths=["sigkill", "oom", "workers-forkserver", "ctrlc", "exit3", "slurm", "pod", "container", "exit-hang",
+                "segv", "rerun"],
     ),
 }  # fmt: skip

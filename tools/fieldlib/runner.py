@@ -31,6 +31,7 @@ class Proc:
     ppid: int
     argv: list[str]
     rank: str | None
+    nspid: int  # its pid in its own PID namespace (a container's: `container`'s deaths), else pid
 
 
 def _read(path: Path) -> str:
@@ -47,7 +48,9 @@ def _proc(pid: int) -> Proc | None:
         return None
     environ = _read(Path(f"/proc/{pid}/environ")).split("\0")
     rank = next((e[5:] for e in environ if e.startswith("RANK=")), None)
-    return Proc(pid, int(stat.rsplit(")", 1)[1].split()[1]), argv, rank)
+    nspid = next((line.split()[-1] for line in _read(Path(f"/proc/{pid}/status")).splitlines()
+                  if line.startswith("NSpid:")), str(pid))  # fmt: skip
+    return Proc(pid, int(stat.rsplit(")", 1)[1].split()[1]), argv, rank, int(nspid))
 
 
 def role(p: Proc, procs: dict[int, Proc]) -> str:
@@ -133,6 +136,8 @@ def run_once(
         cmd = [str(job.python(env)), "-m", "blackbox", "run", "--dir", str(run / "bb"), "--", *cmd]
     if death.timeout and deal:
         cmd = ["timeout", str(job.timeout_s), *cmd]
+    if death.namespace:  # a container's first process: PID 1 of a PID namespace of its own
+        cmd = ["unshare", "-fp", "--mount-proc", *cmd]
     child_env = {k: v for k, v in os.environ.items() if not k.startswith(("BLACKBOX_", "PYTHONPATH", "FIELD_"))}
     child_env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", FIELD_STEPS=str(steps_dir))
     if deal:
@@ -163,12 +168,13 @@ def run_once(
                         procs[pid] = p if old is None or p.rank is not None or old.rank is None else old
                 if target is None:
                     target = _target(job, procs, steps_dir)
-                done = steps_of(steps_dir, target) if target else None
+                done = steps_of(steps_dir, procs[target].nspid) if target else None
                 if deal and death.leak and limit is None and (done or 0) >= LEAK_AFTER:
                     limit = cg.usage() + LEAK_HEADROOM[death.leak]
                     cg.limit(limit)
                 if deal and death.action and not dealt and target and (done or 0) >= death.at_step:
-                    dealt.append(_deal(death.action, top.pid, target, done))
+                    first = _first_process(top.pid) if death.namespace else top.pid
+                    dealt.append(_deal(death.action, first, target, done))
                     if death.action in GRACE_OF:
                         kill_at = time.monotonic() + GRACE_OF[death.action]
                 if kill_at and time.monotonic() >= kill_at:
@@ -196,7 +202,8 @@ def run_once(
         "command": cmd, "status": status if status >= 0 else 128 - status, "wall_s": round(wall, 1),
         "top_pid": top.pid, "field_pid": os.getpid(), "target": target, "dealt": dealt, "limit": limit,
         "oom_kills": oom_kills, "kernel_kills": kills, "orphans": orphans,
-        "procs": {pid: {"role": role(p, procs), "ppid": p.ppid, "rank": p.rank, "steps": steps_of(steps_dir, pid)}
+        "procs": {pid: {"role": role(p, procs), "ppid": p.ppid, "rank": p.rank, "steps": steps_of(steps_dir, p.nspid),
+                       "nspid": p.nspid}
                   for pid, p in procs.items()},
     }  # fmt: skip
 
@@ -205,9 +212,15 @@ def _target(job: Job, procs: dict[int, Proc], steps_dir: Path) -> int | None:
     """The job's main process (under torchrun: the rank that counts as main): the one fieldrun runs in,
     known by the step file it opens at start (a fork of it that has not exec'd yet opens none)."""
     for p in procs.values():
-        if (steps_dir / f"steps-{p.pid}").exists() and (job.ranks == 1 or p.rank == str(job.kill_rank)):
+        if (steps_dir / f"steps-{p.nspid}").exists() and (job.ranks == 1 or p.rank == str(job.kill_rank)):
             return p.pid
     return None
+
+
+def _first_process(unshare: int) -> int:
+    """The PID namespace's first process that `unshare -fp` started (its child), as a runtime signals it."""
+    children = _read(Path(f"/proc/{unshare}/task/{unshare}/children")).split()
+    return int(children[0]) if children else unshare
 
 
 def _deal(action: str, top: int, target: int, done: int | None) -> dict[str, Any]:
