@@ -435,6 +435,11 @@ def test_workers_sigkilled_with_their_parent_leave_the_parent_as_the_first_death
     rings[0]["death"]["cause"] = "exception"
     first, _, _ = deaths(rings)
     assert first is not None and first["pid"] == 11, first
+    # AND a rank SIGKILLed with torchrun's agent, its parent (no rank of its own), stays the first death
+    ranks = [_dead(50, None, "killed", 172, ppid=1, time_error_s=0.021),
+             _dead(11, 0, "killed", 100, time_error_s=0.106)]  # fmt: skip
+    first, _, _ = deaths(ranks)
+    assert first is not None and first["pid"] == 11, first
 
 
 GROUP_JOB = """

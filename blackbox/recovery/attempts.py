@@ -302,12 +302,14 @@ def _killed_with_its_parent(
     death may lie after its last record, died in one kill with it (a group's SIGKILL, a container's end, a
     grace period's): a parent that outlives a child's death notices it first (a DataLoader's raises "worker
     killed by signal"). The parent's death is then the one told, up to the topmost process so killed: the job's
-    own, not whichever of its workers wrote its last record a few milliseconds sooner."""
+    own, not whichever of its workers wrote its last record a few milliseconds sooner. Not a launcher over its
+    ranks (torchrun's agent, of another rank than its child's): each rank's death is its own."""
     seen = {id(first)}
     while first["death"].get("cause") == "killed":
         t0, error = when[id(first)][0], _error_s(first)
         parent = next((m for m in dead if id(m) not in seen and m["death"].get("cause") == "killed"
-                       and m.get("host") == first.get("host") and m.get("pid") == first.get("ppid")
+                       and (m.get("host"), m.get("pid"), m.get("rank")) == (first.get("host"), first.get("ppid"),
+                                                                             first.get("rank"))
                        and t0 <= when[id(m)][0] <= t0 + error), None)  # fmt: skip
         if parent is None:
             return first

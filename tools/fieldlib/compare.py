@@ -145,8 +145,9 @@ def truth(job: Job, death: Death, obs: dict[str, Any], mode: str) -> dict[str, A
         t["victim_role"] = kills[0]["role"] if kills else None
     elif death.rerun:  # the second run ends cleanly; the first, killed, is an earlier attempt
         t["victims"], t["first_attempt"] = [], {"cause": "killed", "pid": obs["target"]}
-    elif death.action == "sigkill" or (death.exit_status is not None and job.ranks == 1):
-        t["victims"] = [obs["target"]]  # (every rank exits alike: any may be the first death)
+    elif death.action in ("sigkill", "pod") or (death.exit_status is not None and job.ranks == 1):
+        t["victims"] = [obs["target"]]  # (every rank exits alike: any may be the first death; a pod's end is the
+        # job's, not that of a worker killed with it, whose role the field reads as "main": a fork, no exec)
     if not death.causes:
         direct = job.ranks == 1 and not death.timeout  # the job's main process is the field's own child
         status = obs["status"] if direct else (job.sigterm_status if death.signal == "SIGTERM" else 130)
