@@ -289,7 +289,7 @@ def stands_in_for_init() -> bool:
     """This process is its PID namespace's first process (a container's entrypoint, armed by ``arm()``), or stands
     for it: the job's own process of a ``blackbox run`` that is that first process (``RUN_INIT_ENV`` names that
     namespace, and it is this one: not a namespace the job made below it). The kernel gives that first process no
-    signal it has no handler for (but a fault it raised), whoever sent it: armed, the recorder's handler is in
+    signal it has no handler for (but a fault the kernel forced), whoever sent it: armed, the recorder's handler is in
     force, so the recorder drops such a signal, as the kernel would (the first process's own would otherwise be
     recorded as a death it did not die, and one standing for it would die of it)."""
     if os.getpid() == 1:
