@@ -56,7 +56,7 @@ from .crash import faulthandler_frame, native_crash, shutdown_where
 from .evidence import Evidence, KernelKill
 from .exits import HOW_KNOWN, MAX_SAID, RUN_SAW, exit_message, exit_status, interrupted_by, signal_of
 from .facts import Facts, counter_rose, facts, near_limit
-from .first_process import came_first, dropped_as_init, sender_of, with_grace_lever
+from .first_process import came_first, dropped_as_init, dropped_before, sender_of, with_grace_lever
 from .gpu_oom import EXPANDABLE_ON, gpu_oom_kind
 from .hang import with_hang
 from .headline import headline, sent_from
@@ -175,6 +175,7 @@ class _Death:
         else:
             self.evidence.insert(0, "no clean end: the process ended without running its exit handlers")
             self._not_clean(near)
+            self.evidence += dropped_before(self.f.signals, self.killed_by)  # (the SIGKILL's own said already)
         if clean and self.cause in ("clean_exit", "nonzero_exit", "exception"):
             self._handled_signal()
         self._thread_deaths()

@@ -61,6 +61,16 @@ def dropped_as_init(signals: Any) -> list[str]:
             if s["detail"] == fmt.DROPPED_AS_INIT]  # fmt: skip
 
 
+def dropped_before(signals: Any, killed_by: dict[str, Any] | None) -> list[str]:
+    """Evidence of the signals dropped as for a namespace's first process before a death with no clean end (the
+    job ran on past each), but those a SIGKILL's evidence tells (``came_first``: the last ones, dropped in a row,
+    where ``killed_by`` is the last of them)."""
+    rows = list(signals)
+    while killed_by and killed_by.get("dropped") and rows and rows[-1]["detail"] == fmt.DROPPED_AS_INIT:
+        rows.pop()
+    return dropped_as_init(rows)
+
+
 def with_grace_lever(death: dict[str, Any]) -> dict[str, Any]:
     """``death`` with the grace lever first where it was a SIGKILL after a dropped SIGTERM (a runtime's request to
     stop: `docker stop`, a pod's deletion); after another signal dropped, the evidence says so, with no lever."""
