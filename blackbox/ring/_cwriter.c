@@ -1086,12 +1086,13 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
     int dropped = (to_default || is_faulthandler(&prev)) && !forced_fault(sig, info) &&
                   __atomic_load_n(&g_stand_in, __ATOMIC_ACQUIRE) && getpid() == g_stand_in_pid;
     if (dropped)
-        to_default = 0; /* nothing to hand it on to (prev is SIG_DFL): dropped, as for a namespace's first process */
+        to_default = 0; /* nothing handed on (not to SIG_DFL, nor to our faulthandler): as for a first process */
+    int crash = crash_signal(sig) && !dropped; /* a sent crash signal that is dropped is no crash */
     int fault = kernel_fault(sig, info), refault = fault && (to_default || is_faulthandler(&prev));
     __atomic_add_fetch(&g_inflight, 1, __ATOMIC_SEQ_CST);
     int armed = __atomic_load_n(&g_target_on, __ATOMIC_ACQUIRE) && g_target.pid == getpid();
     uint64_t late_seq = 0;
-    char *late = armed ? NULL : late_slot(&late_seq, to_default || (crash_signal(sig) && !dropped));
+    char *late = armed ? NULL : late_slot(&late_seq, to_default || crash);
     int text_fd = -1; /* where the crash's tracebacks went, for its native frame */
     if (armed || late != NULL) {
         int64_t payload[PAYLOAD_WORDS];
@@ -1111,14 +1112,14 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
         }
         if (late != NULL) {
             put_record(late, 1, late_seq, now_ns(), (uint64_t)pthread_self(), -1, sig, g_target.tag[sig], payload);
-            if (to_default || (crash_signal(sig) && !dropped))
+            if (to_default || crash)
                 text_fd = late_dump(sig); /* before the default action (or the job's crash handler) ends it */
         } else {
             uint64_t seq = __atomic_add_fetch(&g_target.seq->value, 1, __ATOMIC_RELAXED);
             put_record(g_target.records, g_target.cap, seq, now_ns(), (uint64_t)pthread_self(), -1, sig,
                        g_target.tag[sig], payload);
             window_after(g_target.seq, seq);
-            if (crash_signal(sig) && !dropped)
+            if (crash)
                 text_fd = dump_crash(sig); /* before the job's handler, which ends the process */
             if (refault && !to_default)
                 text_fd = __atomic_load_n(&g_fh_fd, __ATOMIC_ACQUIRE); /* faulthandler's, ours: it writes next */
@@ -1137,7 +1138,7 @@ static void on_signal(int sig, siginfo_t *info, void *context) {
     } else if (prev.sa_handler != SIG_IGN && prev.sa_handler != NULL) {
         prev.sa_handler(sig);
     }
-    if (!to_default && !dropped && crash_signal(sig)) {
+    if (!to_default && crash) {
         /* A crash handler that put ours back and raised the signal again (a faulthandler enabled anew after
          * arm remembers ours as the handler before it): the default action, or it would come back forever. */
         struct sigaction cur;
@@ -1265,8 +1266,8 @@ static PyObject *signals_watch(PyObject *Py_UNUSED(m), PyObject *args) {
 }
 
 /* signals_stand_in(detail): signals but a fault's, with the default action in force, are recorded with `detail` and
- * dropped (g_stand_in), in this process only; the caller has checked that this process is pid 1, or that blackbox run is and this process
- * is its child. */
+ * dropped (g_stand_in), in this process only; the caller has checked that this process is pid 1, or that blackbox
+ * run is and this process is its child. */
 static PyObject *signals_stand_in(PyObject *Py_UNUSED(m), PyObject *arg) {
     long long detail = PyLong_AsLongLong(arg);
     if (detail == -1 && PyErr_Occurred())
