@@ -59,7 +59,7 @@ def test_thread_exception_is_recorded_and_still_printed(tmp_path: Path) -> None:
     assert oom["label"] == "MemoryError: worker ran out" and oom["detail"] == "uncaught in thread loader"
 
 
-def test_capture_oom_records_once_with_context_and_reraises(tmp_path: Path) -> None:
+def test_capture_oom_records_with_context_reraises_and_one_left_uncaught_is_the_death(tmp_path: Path) -> None:
     code = ARM + (
         "import errno\n"
         "try:\n"
@@ -75,8 +75,13 @@ def test_capture_oom_records_once_with_context_and_reraises(tmp_path: Path) -> N
     (oom,) = _events(tmp_path, "oom")
     assert oom["label"] == "OSError: [Errno 12] Cannot allocate memory"
     assert oom["detail"] == "capture_oom: eval batch=64 split='val'; raised as RuntimeError: retrying smaller"
-    (exc,) = _events(tmp_path, "exception")  # recorded by capture_oom, not again by sys.excepthook
-    assert exc["label"] == "KeyError: 'plain'" and exc["detail"] == "capture_oom: train"
+    # the caught one recorded once; the one that went uncaught again by sys.excepthook, which says so
+    captured, uncaught = _events(tmp_path, "exception")
+    assert captured["label"] == uncaught["label"] == "KeyError: 'plain'"
+    assert (captured["detail"], uncaught["detail"]) == ("capture_oom: train", "uncaught; capture_oom: train")
+    # AND the death is that exception (it read "exited cleanly": the uncaught one was not recorded)
+    death = recover_rings([tmp_path]).meta["death"]
+    assert death["cause"] == "exception" and death["headline"].startswith("The job died of an uncaught KeyError at ")
 
 
 def test_sigterm_is_recorded_and_still_kills(tmp_path: Path) -> None:
@@ -294,7 +299,12 @@ def test_an_exception_the_job_caught_before_exiting_with_a_failure_is_the_death(
     death = recover_rings([tmp_path]).meta["death"]
     if status:  # AND the death is that exception, at its step, said caught (it read "exited with status 1")
         assert (death["cause"], death["step"]) == ("exception", 6), death
-        assert death["headline"] == "The job died of a ValueError, which it caught and exited with status 1."
+        lines = CAUGHT_THEN_EXIT.splitlines()  # (run as `python -c`: the file is <string>)
+        raised = lines.index('            raise ValueError("bad batch at step 6")') + 1
+        called = lines.index("    main()") + 1
+        assert death["headline"] == (f"The job died of a ValueError at main (<string>:{raised}), which it caught and "
+                                     "exited with status 1.")  # fmt: skip
+        assert f"raised at main (<string>:{raised}) ← <module> (<string>:{called})" in death["evidence"]
         assert "exception at step 6: ValueError: bad batch at step 6; the job caught it and exited with status 1" \
             in death["evidence"]  # fmt: skip
     else:  # an exit with status 0 after catching it: the job's choice, no death

@@ -87,7 +87,7 @@ def test_a_shells_python_that_imports_blackbox_first_is_armed_once_and_its_death
     assert len(rings) == 1 and "rings" not in meta and meta["role"] == "main", rings
     death = meta["death"]
     assert (death["cause"], death["step"]) == ("exception", 7), death
-    assert "The job died of an uncaught ValueError." in proc.stderr
+    assert 'The job died of an uncaught ValueError at <module> (t.py:4): "planted at step 7".' in proc.stderr
 
 
 def test_a_child_that_imports_torch_arms_once_torch_is_imported(tmp_path: Path) -> None:

@@ -66,7 +66,9 @@ def test_a_shell_wrappers_python_that_raises_is_the_jobs_death(tmp_path: Path) -
     assert proc.returncode == 1
     death = meta["death"]
     assert (death["cause"], death["step"], death["exit_status"]) == ("exception", 4, 1), death
-    assert death["victim"]["role"] == "main process" and death["headline"] == "The job died of an uncaught ValueError."
+    line = STEPS.splitlines().index("{end}") + 1  # the raise, as planted
+    assert death["victim"]["role"] == "main process" and death["headline"] == (
+        f'The job died of an uncaught ValueError at <module> (train.py:{line}): "planted at step 4".')
     assert any("ValueError: planted at step 4" in e for e in death["evidence"]), death
     assert "helpers" not in meta
 

@@ -21,9 +21,11 @@ handlers), where a SystemExit is reported and the status stays what it was.
 ``os._exit`` too, from any thread (detail ``os._exit``: it ends the process at
 once, running no exit handler, so the ring has no clean end but still says the
 process chose to exit, and with what status); it then calls the real one, with
-the same arguments. An exception already recorded by ``capture_oom`` is not
-recorded twice when it later goes uncaught. Statuses are recorded as a parent
-sees them (the low 8 bits).
+the same arguments. An exception is recorded once, but one that ``capture_oom``
+recorded and that then goes uncaught is recorded again as uncaught (detail
+``uncaught; capture_oom: ...``): the job died of it. Each record names where
+the exception was raised (``raised_at``: its traceback, folded). Statuses are
+recorded as a parent sees them (the low 8 bits).
 """
 
 from __future__ import annotations
@@ -45,12 +47,16 @@ from ..ring import format as fmt
 from ..ring.writer import NO_C_EXTENSION, RingWriter, built_module
 from .identity import start_method
 from .oom import classify
-from .stacks import OWN_CODE
+from .stacks import OWN_CODE, frame_text
 
 KIND_OOM = fmt.KIND_CODES["oom"]
 KIND_EXCEPTION = fmt.KIND_CODES["exception"]
 KIND_EXIT = fmt.KIND_CODES["exit"]
 MAX_DETAIL = 512
+CAPTURED = "capture_oom:"  # the detail of an exception capture_oom recorded begins so
+MAX_TRACEBACK = 1 << 20  # frames walked at most
+MAX_DEPTH = fmt.MAX_STACK_DEPTH  # innermost frames kept
+KEPT_OUTERMOST = 4  # frames kept from the outer end of a traceback cut to fit a string
 
 Event = Callable[..., int]
 Intern = Callable[[Any], int]
@@ -72,6 +78,31 @@ def report_late(exc: BaseException) -> None:
         pass
 
 
+def raised_at(exc: BaseException) -> str | None:
+    """Where ``exc`` was raised: its traceback folded as a stack sample's (``function (file:line)``, outermost
+    first, joined by ``;``), blackbox's own frames left out; None where it has none. Where it is longer than a
+    string may be (fmt.MAX_STRING_BYTES), the middle frames go (a placeholder says how many): the innermost say
+    where it was raised, the outermost which line of the job's own led there (a Trainer's ``train()``)."""
+    outer: list[Any] = []
+    inner: deque[Any] = deque(maxlen=MAX_DEPTH)
+    tb, seen = exc.__traceback__, 0
+    while tb is not None and seen < MAX_TRACEBACK:  # (a RecursionError's holds as many as the limit allows)
+        if not tb.tb_frame.f_code.co_filename.startswith(OWN_CODE):
+            (outer if len(outer) < KEPT_OUTERMOST else inner).append((tb.tb_frame.f_code, tb.tb_lineno))
+            seen += 1
+        tb = tb.tb_next
+    texts = [frame_text(code, line).decode("utf-8", "replace") for code, line in [*outer, *inner]]
+    kept, room = len(texts), fmt.MAX_STRING_BYTES - 64 - sum(len(t.encode()) + 1 for t in texts[:len(outer)])
+    for i in range(len(texts) - 1, len(outer) - 1, -1):  # innermost first, while they fit
+        room -= len(texts[i].encode()) + 1
+        if room < 0:
+            break
+        kept = i
+    cut = seen - len(outer) - (len(texts) - kept)
+    return ";".join([*texts[:len(outer)], *([f"<blackbox: {cut} frames left out>"] if cut else []),
+                     *texts[kept:]]) or None
+
+
 def _then(late: BaseException | None, prev: Callable[..., Any], *args: Any) -> Any:
     """The hook that was there before, then what the job's handler raised meanwhile (``report_late``)."""
     try:
@@ -87,7 +118,7 @@ class ExceptionRecorder:
     def __init__(self, event: Event, intern: Intern) -> None:
         self._event = event
         self._intern = intern
-        self._recent: deque[BaseException] = deque(maxlen=32)
+        self._recent: deque[tuple[BaseException, str]] = deque(maxlen=32)  # recorded, with their details
         self._sys_hook: Any = None
         self._thread_hook: Any = None
         self._prev_sys: Any = None
@@ -102,19 +133,22 @@ class ExceptionRecorder:
     def record(self, exc: BaseException, detail: str) -> str:
         """Write the event; returns its kind (``oom`` or ``exception``), or "" if already recorded."""
         try:
-            if any(e is exc for e in self._recent):
-                return ""
-            self._recent.append(exc)
+            prior = next((d for e, d in self._recent if e is exc), None)
+            if prior is not None:  # recorded once; again only where one that capture_oom recorded goes uncaught
+                if not (detail.startswith("uncaught") and prior.startswith(CAPTURED)):
+                    return ""
+                detail = f"{detail}; {prior}"
+            self._recent.append((exc, detail))
             kind, label, wrapper = classify(exc)
             if wrapper:
                 detail = f"{detail}; raised as {wrapper}"
             code = KIND_OOM if kind == "oom" else KIND_EXCEPTION
-            sid = self._intern(detail[:MAX_DETAIL])
-            self._event(code, label, None, -1, (sid, fmt.NULL, fmt.NULL) if code == KIND_OOM else (sid,))
+            sid, at = self._intern(detail[:MAX_DETAIL]), self._intern(raised_at(exc))
+            self._event(code, label, None, -1, (sid, fmt.NULL, fmt.NULL, at) if code == KIND_OOM else (sid, at))
             return kind
         except Exception as err:
             if raised_by_signal_handler(err):  # the job's handler ran meanwhile: its exception is the job's
-                if self._recent and self._recent[-1] is exc:
+                if self._recent and self._recent[-1][0] is exc:
                     self._recent.pop()  # not recorded: a second try may record it
                 raise
             return ""
@@ -263,7 +297,7 @@ class ExceptionRecorder:
 
 def format_context(context: str, metadata: dict[str, Any]) -> str:
     """``capture_oom: CONTEXT k=v ...`` (the detail of a captured exception)."""
-    parts = [f"capture_oom: {context}"] + [
+    parts = [f"{CAPTURED} {context}"] + [
         f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in metadata.items()
     ]
     return " ".join(parts)

@@ -59,7 +59,7 @@ from .facts import Facts, counter_rose, facts, near_limit
 from .first_process import came_first, dropped_as_init, dropped_before, sender_of, with_grace_lever
 from .gpu_oom import EXPANDABLE_ON, gpu_oom_kind
 from .hang import with_hang
-from .headline import headline, sent_from
+from .headline import headline, raised_from, sent_from
 from .helpers import process_name, start_method
 from .kinds import of_kind
 from .levers import analysis
@@ -190,7 +190,8 @@ class _Death:
         f = self.f
         uncaught = f.main_uncaught
         if self.status == 0 and len(uncaught):  # sys.last_exc read at exit is an older one where it exits 0
-            uncaught = uncaught.keep(pc.not_equal(uncaught.column("detail").cast(pa.string()), fmt.LAST_EXC))
+            detail = uncaught.column("detail").cast(pa.string())
+            uncaught = uncaught.keep(pc.invert(pc.starts_with(detail, fmt.LAST_EXC)))
         if uncaught and uncaught[-1]["label"] and uncaught[-1]["label"].startswith("KeyboardInterrupt"):
             s, why = interrupted_by(f)
             self.killed_by = sender_of(s) if s is not None else None
@@ -215,6 +216,8 @@ class _Death:
                                      f"status {detail[len(fmt.HANDLED_EXIT_PREFIX):]}")  # fmt: skip
             else:
                 self.evidence.append(f"uncaught {exc['kind']}{at}: {_short(exc['label'])}")
+            if exc.get("traceback"):
+                self.evidence.append(f"raised at {raised_from(exc['traceback'])}")
             self.when = exc
             return
         if self._died_in_shutdown(near):

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 SAMPLE_COLUMNS = ["time", "step", "host_rss", "children_rss", "cgroup_usage", "cgroup_limit", "cgroup_oom_kills",
                   "mem_available"]  # fmt: skip
 STAT_COLUMNS = ["time", "cgroup_anon", "cgroup_file", "cgroup_shmem", "cgroup_file_dirty", "cgroup_file_writeback"]
-ERROR_COLUMNS = ["time", "kind", "step", "label", "detail", "oom_requested", "oom_reserved_unallocated",
+ERROR_COLUMNS = ["time", "kind", "step", "label", "detail", "traceback", "oom_requested", "oom_reserved_unallocated",
                  "oom_capacity", "oom_free"]  # fmt: skip
 SIGNAL_COLUMNS = ["time", "step", "label", "value", "detail", "sender", "sender_pid", "signal_code", "address"]
 _WORKER_KILLED = re.compile(

@@ -6,8 +6,12 @@ import signal
 from typing import Any
 
 from ..ring import format as fmt
-from .crash import crash_headline
+from .allocs import site_of
+from .crash import crash_headline, innermost_first, short_frame
 from .exits import signal_of
+
+MESSAGE_SAID = 120  # characters of an exception's message the headline says (its first line)
+TRACEBACK_SAID = 8  # frames of an exception's traceback the evidence says
 
 # What a signal with no sender (the kernel's) whose default action ended the process means (collect/signals.py,
 # ENDINGS): it named no one, and a bare "ended by SIGXCPU" leaves the reader to look the limit up.
@@ -66,15 +70,19 @@ def headline(
         if cause == "nonzero_exit":
             return f"The job exited with status {status}" + after
     detail = str((raised or {}).get("detail") or "")
+    site = raised_site(raised)
+    at = f" at {site}" if site else ""
     if cause == "exception" and kind and detail.startswith(fmt.HANDLED_EXIT_PREFIX):
         article = "an" if kind[:1].lower() in "aeiou" else "a"
-        return f"{job} died of {article} {kind}, which it caught and exited with status {status}."
+        return f"{job} died of {article} {kind}{at}, which it caught and exited with status {status}."
+    message = _first_line(str((raised or {}).get("label") or "").partition(":")[2]) if kind else ""
+    message = f': "{message if len(message) <= MESSAGE_SAID else message[: MESSAGE_SAID - 1] + "…"}"' if message else ""
     return {
         "clean_exit": f"{job} exited cleanly.",
         "nonzero_exit": f"{job} exited with status {status}" + (f', saying "{said}".' if said else "."),
         "interrupted": f"{job} was interrupted by{by}." if by else f"{job} was interrupted (Ctrl-C or SIGINT).",
-        "exception": f"{job} died of an uncaught {kind or 'exception'}.",
-        "oom_exception": f"{job} died of an out-of-memory exception{f' ({kind})' if kind else ''}.",
+        "exception": f"{job} died of an uncaught {kind or 'exception'}{at}{message}.",
+        "oom_exception": f"{job} died of an out-of-memory exception{f' ({kind})' if kind else ''}{at}.",
         "host_oom_kill": f"{who} was killed by the kernel OOM killer.",
         "userspace_oom_kill": f"{who} was killed by a userspace OOM killer ({(killed_by or {}).get('sender')}).",
         "killed": f"{who} was killed with SIGKILL (no handler runs for it), after{by}." if by else
@@ -82,6 +90,26 @@ def headline(
                   else f"{who} was killed with SIGKILL; no handler ran.",  # ("no handler ran" read as the SIGTERM's)
         "signal": f"{who} was ended by{by}." if by else f"{who} was ended by {_unsent(killed_by, status)}.",
     }.get(cause, "The cause of death is unknown.")
+
+
+def raised_site(raised: dict[str, Any] | None) -> str | None:
+    """Where an exception's row says it was raised: the innermost frame of the job's own code in its traceback
+    (``load (train.py:4)``), else of a library's (``allocs.site_of``); None where no traceback was recorded."""
+    folded = str((raised or {}).get("traceback") or "")
+    return short_frame(site_of(folded)) if folded else None
+
+
+def _first_line(message: str) -> str:
+    """A message's first line with a word in it (torchelastic's ChildFailedError opens with a line of ``=``)."""
+    return next((ln.strip() for ln in message.splitlines() if any(c.isalnum() for c in ln)), "")
+
+
+def raised_from(folded: str, frames: int = TRACEBACK_SAID) -> str:
+    """A traceback as evidence says it, innermost frame first: ``load (train.py:4) ← main (train.py:9)``, the
+    outer ones past ``frames`` counted."""
+    stack = folded.split(";")
+    more = f" ← … ({len(stack) - frames} more)" if len(stack) > frames else ""
+    return innermost_first(";".join(stack[-frames:])) + more
 
 
 def sent_from(row: dict[str, Any]) -> str:

@@ -114,7 +114,7 @@ def _events(table: pa.Table, kinds: tuple[str, ...], columns: tuple[str, ...], l
 
 
 MAX_MODULE_DEPTH = 256
-_EXC_COLUMNS = ("label", "detail", "device", "value", "device_total", "device_free", *OOM_COLUMNS)
+_EXC_COLUMNS = ("label", "detail", "traceback", "device", "value", "device_total", "device_free", *OOM_COLUMNS)
 
 
 def ring_metadata(ring: Ring, table: pa.Table, evidence: Evidence, death: dict[str, Any]) -> dict[str, Any]:

@@ -418,7 +418,8 @@ def _payload(
         if name in fmt.TEXT_COLUMNS:
             out[name] = _text_column(r, n, texts[name]) if name in texts else null_strings
         elif name in fmt.STRING_COLUMNS:
-            out[name] = _strings_column(*detail, strings, cut) if detail is not None else null_strings
+            ids = detail if name == "detail" else _word_column(r, n, sources.get(name, []), string=True)
+            out[name] = _strings_column(*ids, strings, cut) if ids is not None else null_strings
         elif name in fmt.CODED_COLUMNS:
             column = _word_column(r, n, sources.get(name, []))
             out[name] = _coded(column, fmt.CODED_COLUMNS[name]) if column is not None else null_strings

@@ -234,8 +234,12 @@ PAYLOAD_COLUMNS[5] = {
     # p5 of ``signal``: the faulting address of a fault the kernel raised (SIGSEGV, SIGBUS, SIGILL, an integer
     # SIGFPE: si_code > 0); older writers of version 5 left -1 (null)
     "signal": (*PAYLOAD_COLUMNS[4]["signal"], "address"),
+    # the last word of ``exception`` (p1) and ``oom`` (p3): where it was raised, its traceback folded (a string
+    # id); older writers of version 5 left 0 (none)
+    "exception": ("detail", "traceback"),
+    "oom": (*PAYLOAD_COLUMNS[4]["oom"], "traceback"),
 }  # fmt: skip
-STRING_COLUMNS = frozenset({"detail"})  # the word holds a string id (0 = none)
+STRING_COLUMNS = frozenset({"detail", "traceback"})  # the word holds a string id (0 = none)
 TEXT_COLUMNS = frozenset({"sender"})  # consecutive words hold UTF-8 text, zero padded
 ALLOC_DOMAINS = {1: "python", 2: "native", 3: "gpu"}  # alloc_domain codes: the allocator the block came from
 ALERT_KINDS = {1: "memory", 2: "leak", 3: "fragmentation", 4: "forecast"}
@@ -252,7 +256,7 @@ gpu_alloc_retries gpu_ooms device_free device_total address stream allocator_tim
 signal_code sender stack_depth child_pid child_rss cgroup_anon cgroup_file cgroup_shmem
 cgroup_file_dirty cgroup_file_writeback cgroup_pgmajfault sample_weight alloc_domain alert_kind
 alert_level limit_kind limit_bytes growth_per_s forecast_ms forecast_error_ms forecast_steps
-forecast_steps_error detail
+forecast_steps_error detail traceback
 """.split())
 SAMPLE_FIELDS = PAYLOAD_COLUMNS[FORMAT_VERSION]["sample"]
 GPU_SAMPLE_FIELDS = PAYLOAD_COLUMNS[FORMAT_VERSION]["gpu_sample"]
