@@ -18,6 +18,10 @@ else
     say "installing torch 2.13.0 (CPU build, about 200 MB; the demo's job trains with it)"
     .venv/bin/python -m pip install -q torch==2.13.0 || say "torch 2.13.0 not installed; continuing without it"
 fi
+if .venv/bin/python -c 'import torch' 2>/dev/null && ! .venv/bin/python -c 'import accelerate' 2>/dev/null; then
+    say "installing accelerate 1.15.0 (a launch pattern the tests run: accelerate launch), torch kept at 2.13.0"
+    .venv/bin/python -m pip install -q accelerate==1.15.0 torch==2.13.0 || say "accelerate not installed; its tests skip"
+fi
 # The distribution was called blackbox-recorder before: an old .venv's editable install of it goes first.
 .venv/bin/python -m pip uninstall -q -y blackbox-recorder >/dev/null 2>&1 || true
 say "installing blackbox and its dev tools (numpy, pyarrow, zstandard, pytest, ruff, mypy; builds the C extension)"

@@ -63,6 +63,7 @@ from typing import Any
 
 from .._times import epoch_ns
 from .hang import SHOWN, attempt_hang, hang_headline, ranked
+from .helpers import LAUNCHED_BY
 
 # Launchers that tear a job's other processes down when one fails, by their command (as a signal's sender
 # records it) -> the name said: torchrun's agent names its main thread pt_elastic, which /proc shows.
@@ -220,6 +221,15 @@ def _teardown(m: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def _launcher(m: dict[str, Any], killer: dict[str, Any], group: list[dict[str, Any]]) -> str | None:
+    """The launcher that sent ``killer`` to ``m``, by the sender's own ring where the attempt holds it (accelerate
+    runs torchrun's agent in its own process: the same thread name), else by the sender's command."""
+    pid = killer.get("sender_pid")
+    named = next((str(r["death"].get("victim", {}).get("role")) for r in group
+                  if pid and (r.get("host"), r.get("pid")) == (m.get("host"), pid)), None)  # fmt: skip
+    return LAUNCHED_BY.get(named or "") or LAUNCHERS.get(str(killer.get("sender") or ""))
+
+
 def _who(m: dict[str, Any]) -> dict[str, Any]:
     return {k: m.get(k) for k in ("rank", "host", "pid")}
 
@@ -337,7 +347,7 @@ def deaths(
             d.update(cause="hang", headline=hang_headline(d, h))  # waiters say (a worker counts no steps to time)
         for m in waiters:  # stopped by their launcher, or, for that launcher itself, by what ended the job
             sender = str((m["death"].get("killed_by") or {}).get("sender") or "")
-            by = LAUNCHERS.get(sender) or (sender if sender in ENDERS else None)
+            by = _launcher(m, m["death"].get("killed_by") or {}, group) or (sender if sender in ENDERS else None)
             m["death"]["collateral_of"] = _who(stuck) | {"by": by}
         return stuck, waiters, info
     when = {id(m): _when(m) for m in dead}
@@ -356,7 +366,7 @@ def deaths(
     rest = [m for m in rest if not m["death"].get("in_shutdown")] or rest
     first = _earliest(rest, when, parents) if rest else None
     for m in collateral:
-        m["death"]["collateral_of"] = _who(first or {}) | {"by": LAUNCHERS.get(torn[id(m)].get("sender") or "")}
+        m["death"]["collateral_of"] = _who(first or {}) | {"by": _launcher(m, torn[id(m)], group)}
     return first, collateral, None
 
 

@@ -47,6 +47,7 @@ from .._times import epoch_ns
 from .allocs import is_job_frame, site_of
 from .crash import crashing_stack, innermost_first, short_frame, shutdown_signal
 from .headline import sender_named
+from .helpers import LAUNCHED_BY
 from .kinds import of_kind
 from .stacks import codes as stack_codes
 from .stall_threads import (
@@ -553,11 +554,13 @@ def _chain(dead: list[dict[str, Any]], first: dict[str, Any]) -> list[dict[str, 
         if not isinstance(killer, dict) or not killer.get("signal"):
             break
         to = [m for m in dead if _killed_by_pid(m, killer.get("sender_pid"), ring.get("host"))] or [ring]
-        chain.insert(0, {"signal": killer.get("signal"), "sender": killer.get("sender"),
-                         "sender_pid": killer.get("sender_pid"), "time": killer.get("time"),
+        host, pid = ring.get("host"), killer.get("sender_pid")
+        sender = next((m for m in dead if m.get("pid") == pid and m.get("host") == host), None)
+        named = ((sender or {}).get("death") or {}).get("victim", {}).get("role")  # its ring's name for it
+        chain.insert(0, {"signal": killer.get("signal"), "sender": killer.get("sender"), "sender_pid": pid,
+                         "time": killer.get("time"), "launcher": LAUNCHED_BY.get(str(named)),
                          "to": [_who(m) for m in to[:SHOWN]], "to_count": len(to)})  # fmt: skip
-        ring = next((m for m in dead if m.get("pid") == killer.get("sender_pid") and m.get("host") == ring.get("host")),
-                    None)  # fmt: skip
+        ring = sender
     return chain
 
 

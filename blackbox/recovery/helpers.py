@@ -5,7 +5,9 @@ multiprocessing child, torch.compile's, another Python child); its name says
 what it is:
 
 - ``main``: the ``torchrun agent`` where its command is torchrun
-  (``torchrun``, ``python -m torch.distributed.run`` or ``.launch``), else the
+  (``torchrun``, ``python -m torch.distributed.run`` or ``.launch``), the
+  ``accelerate launcher`` where it is ``accelerate launch`` (which runs
+  torchrun's agent in its own process for several processes), else the
   ``main process``;
 - ``worker``: a multiprocessing child, named by what it ran: as it named itself
   (``blackbox helper: NAME``, from its Process's target, FORMAT.md), else from
@@ -35,7 +37,9 @@ WORKER_FRAMES = (
     (r"(^|;)worker \([^;]*multiprocessing/pool\.py:", "multiprocessing Pool worker"),
 )
 TORCHRUN = ("torch/distributed/run.py", "torch/distributed/launch.py")
+ACCELERATE = "accelerate/commands/launch.py"  # `python -m accelerate.commands.launch`
 START_METHODS = ("fork", "spawn", "forkserver")
+LAUNCHED_BY = {"torchrun agent": "torchrun", "accelerate launcher": "accelerate launch"}  # a launcher's ring -> said
 
 
 def process_name(ident: dict[str, Any], table: pa.Table) -> str:
@@ -43,8 +47,8 @@ def process_name(ident: dict[str, Any], table: pa.Table) -> str:
     role = str(ident.get("role"))
     if role == "worker":
         return _worker_kind(table)
-    if role in ("main", "None") and _is_torchrun(ident.get("argv")):
-        return "torchrun agent"
+    if role in ("main", "None") and (launcher := _launcher(ident.get("argv"))):
+        return launcher
     return ROLE.get(role, "main process")
 
 
@@ -53,10 +57,14 @@ def start_method(ident: dict[str, Any]) -> str | None:
     return method if method in START_METHODS else None
 
 
-def _is_torchrun(argv: Any) -> bool:
+def _launcher(argv: Any) -> str | None:
+    """``torchrun agent`` or ``accelerate launcher`` where the command is one, else None."""
     if not isinstance(argv, list) or not argv or not isinstance(argv[0], str):
-        return False
-    return os.path.basename(argv[0]) == "torchrun" or argv[0].endswith(TORCHRUN)
+        return None
+    if os.path.basename(argv[0]) == "torchrun" or argv[0].endswith(TORCHRUN):
+        return "torchrun agent"
+    launch = argv[1:2] == ["launch"] and os.path.basename(argv[0]) == "accelerate"
+    return "accelerate launcher" if launch or argv[0].endswith(ACCELERATE) else None
 
 
 def _worker_kind(table: pa.Table) -> str:

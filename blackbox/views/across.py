@@ -329,7 +329,8 @@ def hang_lines(hang: dict[str, Any] | None) -> list[str]:
 
 
 def _sender(link: dict[str, Any]) -> str:
-    return str(LAUNCHERS.get(str(link.get("sender")), link.get("sender")) or "an unknown sender")
+    said = link.get("launcher") or LAUNCHERS.get(str(link.get("sender")), link.get("sender"))
+    return str(said or "an unknown sender")
 
 
 def _secs(v: Any) -> str:
