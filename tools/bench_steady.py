@@ -91,7 +91,7 @@ from small_gpt import gpt_step, mlp_step
 run = gpt_step() if model == "gpt" else mlp_step()
 for _ in range(warmup):
     run()
-MEANS = {"off": None, "default": 1 << 20, "R = 2 MiB": 2 << 20, "hooks": 1 << 30}
+MEANS = {"off": None, "R = 4 MiB (where the step settles)": 4 << 20, "hooks": 1 << 30}
 got = {k: [] for k in MEANS}
 started = True
 for _ in range(rounds):
@@ -188,7 +188,8 @@ def main() -> int:
 
 def toggle(args: argparse.Namespace, env: dict[str, str]) -> int:
     """One process armed once; each block stops the hooks (allocations=False from then on) and, for the
-    sampled configurations, starts them again as arm() did with the block's R; two steps unmeasured."""
+    sampled configurations, starts them again as arm() did with the block's R (4 MiB, where a running GPT step
+    settles; 1 GiB, the hooks in with nothing sampled); ``--settle`` steps unmeasured."""
     with tempfile.TemporaryDirectory(dir=os.environ.get("BLACKBOX_DIR") or "/var/tmp") as d:
         argv = [str(a) for a in (args.rounds, args.warmup, d, args.model, args.block, args.settle)]
         out = subprocess.run([sys.executable, "-c", TOGGLE, *argv], capture_output=True, text=True, env=env, check=True)
