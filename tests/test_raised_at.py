@@ -180,3 +180,15 @@ def test_an_exception_in_a_ring_written_before_tracebacks_reads_as_none() -> Non
     (exc,) = [r for r in rows if r["kind"] == "exception"]
     said = headline("exception", {"role": "main process", "pid": 3}, None, 1, raised=exc)
     assert " at " not in said and said.startswith("The job died of an uncaught "), said
+
+
+def test_an_exception_whose_traceback_cannot_be_read_is_recorded_without_it(tmp_path: Path) -> None:
+    # GIVEN a job whose exception's traceback fails to fold (the frame formatter made to raise)
+    code = ("import sys, blackbox\nblackbox.arm(sys.argv[1], capacity=4096, sample_interval=3600)\n"
+            "import blackbox.collect.exceptions as e\ne.frame_text = lambda *a: 1 / 0\n"
+            "raise ValueError('planted')\n")  # fmt: skip
+    proc = _run(tmp_path, {"train.py": code})
+    # THEN the job reports and exits as it would, and its exception is recorded, with no traceback
+    assert proc.returncode == 1 and proc.stderr.endswith("ValueError: planted\n"), proc.stderr
+    (exc,) = _recorded(tmp_path / "rings", "exception")
+    assert (exc["label"], exc["detail"], exc["traceback"]) == ("ValueError: planted", "uncaught", None)

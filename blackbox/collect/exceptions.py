@@ -103,6 +103,16 @@ def raised_at(exc: BaseException) -> str | None:
                      *texts[kept:]]) or None
 
 
+def _where(exc: BaseException) -> str | None:
+    """``raised_at``, or None where reading the traceback failed: the event is written all the same."""
+    try:
+        return raised_at(exc)
+    except Exception as err:
+        if raised_by_signal_handler(err):  # the job's handler ran meanwhile: its exception is the job's
+            raise
+        return None
+
+
 def _then(late: BaseException | None, prev: Callable[..., Any], *args: Any) -> Any:
     """The hook that was there before, then what the job's handler raised meanwhile (``report_late``)."""
     try:
@@ -143,7 +153,7 @@ class ExceptionRecorder:
             if wrapper:
                 detail = f"{detail}; raised as {wrapper}"
             code = KIND_OOM if kind == "oom" else KIND_EXCEPTION
-            sid, at = self._intern(detail[:MAX_DETAIL]), self._intern(raised_at(exc))
+            sid, at = self._intern(detail[:MAX_DETAIL]), self._intern(_where(exc))
             self._event(code, label, None, -1, (sid, fmt.NULL, fmt.NULL, at) if code == KIND_OOM else (sid, at))
             return kind
         except Exception as err:
