@@ -325,7 +325,9 @@ def test_a_thread_that_died_while_the_process_went_on_is_in_the_evidence(tmp_pat
     # THEN the job ended cleanly, and the evidence says the thread died (it was in metadata alone)
     assert death["cause"] == "clean_exit", death
     (said,) = [e for e in death["evidence"] if e.startswith("uncaught in thread uploader")]
-    assert said.endswith("(the process went on): ConnectionError: checkpoint upload failed: connection reset"), said
+    line = code.splitlines().index("def upload(): raise ConnectionError('checkpoint upload failed: connection reset')")
+    assert said.endswith("(the process went on): ConnectionError: checkpoint upload failed: connection reset, "
+                         f"raised at upload (<string>:{line + 1})"), said  # fmt: skip
 
 
 NOT_THE_CAUSE = {

@@ -59,7 +59,7 @@ from .facts import Facts, counter_rose, facts, near_limit
 from .first_process import came_first, dropped_as_init, dropped_before, sender_of, with_grace_lever
 from .gpu_oom import EXPANDABLE_ON, gpu_oom_kind
 from .hang import with_hang
-from .headline import headline, raised_from, sent_from
+from .headline import headline, raised_from, raised_site, sent_from
 from .helpers import process_name, start_method
 from .kinds import of_kind
 from .levers import analysis
@@ -450,8 +450,9 @@ class _Death:
                 if str(errors[i].get("detail") or "").startswith("uncaught in thread ")]  # fmt: skip
         for row in died[-THREADS_SAID:]:
             at = f" at step {row['step']}" if row.get("step") is not None else ""
+            site = f", raised at {raised_site(row)}" if row.get("traceback") else ""
             self.evidence.append(f"{row['detail']}{at}, at {row['time']} (the process went on): "
-                                 f"{_short(row['label'], 200)}")  # fmt: skip
+                                 f"{_short(row['label'], 200)}{site}")  # fmt: skip
 
     def _raised(self) -> dict[str, Any] | None:
         """The uncaught exception's row the death is timed by, where it is one."""
