@@ -58,8 +58,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# the command as users type it, and as a module (armed before runpy set sys.argv[0], its argv read "-m" alone)
+LAUNCHES = {"accelerate launch": [str(ACCELERATE), "launch"],
+            "python -m": [sys.executable, "-m", "accelerate.commands.launch"]}  # fmt: skip
+
+
 @pytest.mark.skipif(not ACCELERATE.exists(), reason="no accelerate beside this Python (tools/setup.sh installs it)")
-def test_accelerate_launch_hang_names_the_stuck_rank_and_accelerate_as_the_launcher(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launch", list(LAUNCHES))
+def test_accelerate_launch_hang_names_the_stuck_rank_and_accelerate_as_the_launcher(
+    tmp_path: Path, launch: str
+) -> None:
     pytest.importorskip("accelerate")
     pytest.importorskip("torch.distributed")
     (tmp_path / "train.py").write_text(JOB)
@@ -69,7 +77,7 @@ def test_accelerate_launch_hang_names_the_stuck_rank_and_accelerate_as_the_launc
     procs, stuck = [], []
     for i, prefix in enumerate([[], [sys.executable, "-m", "blackbox", "run", "--dir", str(runs), "--"]]):
         stuck.append(tmp_path / f"stuck{i}")
-        cmd = [*prefix, str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        cmd = [*prefix, *LAUNCHES[launch], "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
                str(tmp_path / "train.py"), str(stuck[i])]  # fmt: skip
         procs.append(subprocess.Popen(["timeout", "120", *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -153,6 +153,9 @@ def test_a_deep_traceback_keeps_its_ends_and_says_how_many_frames_went(tmp_path:
     assert int(frames[gap].split()[1]) + len(frames) - 1 == 3002  # <module>, 3,001 calls of descend
     death = recover_rings([tmp_path / "rings"]).meta["death"]
     assert f"RecursionError at descend (train.py:{_line(RECURSE, 'BOTTOM') + shift})" in death["headline"]
+    # AND the evidence counts every frame it does not show (it counted the placeholder as one)
+    (said,) = [e for e in death["evidence"] if e.startswith("raised at ")]
+    assert said.endswith(f"← … ({3002 - 8} more)"), said
 
 
 def test_a_traceback_made_only_of_library_frames_names_the_library_line_and_its_first_worded_line(
@@ -192,3 +195,15 @@ def test_an_exception_whose_traceback_cannot_be_read_is_recorded_without_it(tmp_
     assert proc.returncode == 1 and proc.stderr.endswith("ValueError: planted\n"), proc.stderr
     (exc,) = _recorded(tmp_path / "rings", "exception")
     assert (exc["label"], exc["detail"], exc["traceback"]) == ("ValueError: planted", "uncaught", None)
+
+
+def test_an_exception_the_job_hands_to_its_excepthook_itself_is_recorded_once_more_at_most(tmp_path: Path) -> None:
+    # GIVEN a job that calls sys.excepthook itself on an exception capture_oom recorded, then lets it go uncaught
+    code = ("import sys, blackbox\nblackbox.arm(sys.argv[1], capacity=4096, sample_interval=3600)\n"
+            "try:\n    with blackbox.capture_oom('train'):\n        raise MemoryError('planted')\n"
+            "except MemoryError:\n    sys.excepthook(*sys.exc_info())\n    raise\n")  # fmt: skip
+    proc = _run(tmp_path, {"train.py": code})
+    assert proc.returncode == 1 and proc.stderr.count("MemoryError: planted") == 2, proc.stderr
+    # THEN the capture and one uncaught record (three before: the second uncaught passed the rule too)
+    rows = _recorded(tmp_path / "rings", "oom")
+    assert [r["detail"] for r in rows] == ["capture_oom: train", "uncaught; capture_oom: train"], rows

@@ -143,11 +143,11 @@ class ExceptionRecorder:
     def record(self, exc: BaseException, detail: str) -> str:
         """Write the event; returns its kind (``oom`` or ``exception``), or "" if already recorded."""
         try:
-            prior = next((d for e, d in self._recent if e is exc), None)
-            if prior is not None:  # recorded once; again only where one that capture_oom recorded goes uncaught
-                if not (detail.startswith("uncaught") and prior.startswith(CAPTURED)):
+            priors = [d for e, d in self._recent if e is exc]
+            if priors:  # recorded once; again only where one that capture_oom recorded (alone) goes uncaught
+                if not (detail.startswith("uncaught") and all(p.startswith(CAPTURED) for p in priors)):
                     return ""
-                detail = f"{detail}; {prior}"
+                detail = f"{detail}; {priors[0]}"
             self._recent.append((exc, detail))
             kind, label, wrapper = classify(exc)
             if wrapper:

@@ -102,9 +102,12 @@ def redact_argv(argv: list[str]) -> list[str]:
 
 def command_argv() -> list[str]:
     """``sys.argv``; for ``python -c CODE``, where ``sys.argv`` is ``['-c', ...]`` without the code, the code
-    from ``sys.orig_argv`` on one line, its first ``MAX_CODE_CHARS`` (a summary's Command read ``-c``)."""
+    from ``sys.orig_argv`` on one line, its first ``MAX_CODE_CHARS`` (a summary's Command read ``-c``); for
+    ``python -m MODULE`` armed before runpy set ``sys.argv[0]`` (``blackbox run``'s start), ``-m MODULE``."""
     argv = [str(a) for a in sys.argv]
     orig = [str(a) for a in getattr(sys, "orig_argv", ())]
+    if argv[:1] == ["-m"] and "-m" in orig[:-1]:  # armed while runpy imports the module: its name from the command
+        return ["-m", orig[orig.index("-m") + 1], *argv[1:]]
     if argv[:1] == ["-c"] and "-c" in orig[:-1]:
         code = " ".join(orig[orig.index("-c") + 1].split())
         return ["-c", code if len(code) <= MAX_CODE_CHARS else code[:MAX_CODE_CHARS] + "...", *argv[1:]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 from typing import Any
 
@@ -12,6 +13,7 @@ from .exits import signal_of
 
 MESSAGE_SAID = 120  # characters of an exception's message the headline says (its first line)
 TRACEBACK_SAID = 8  # frames of an exception's traceback the evidence says
+_LEFT_OUT = re.compile(r"<blackbox: (\d{1,9}) frames left out>")  # collect/exceptions.py's placeholder
 
 # What a signal with no sender (the kernel's) whose default action ended the process means (collect/signals.py,
 # ENDINGS): it named no one, and a bare "ended by SIGXCPU" leaves the reader to look the limit up.
@@ -108,7 +110,8 @@ def raised_from(folded: str, frames: int = TRACEBACK_SAID) -> str:
     """A traceback as evidence says it, innermost frame first: ``load (train.py:4) ← main (train.py:9)``, the
     outer ones past ``frames`` counted."""
     stack = folded.split(";")
-    more = f" ← … ({len(stack) - frames} more)" if len(stack) > frames else ""
+    cut = sum(int(m.group(1)) - 1 for f in stack[:-frames] if (m := _LEFT_OUT.fullmatch(f)))  # a placeholder's count
+    more = f" ← … ({len(stack) - frames + cut} more)" if len(stack) > frames else ""
     return innermost_first(";".join(stack[-frames:])) + more
 
 

@@ -37,7 +37,9 @@ WORKER_FRAMES = (
     (r"(^|;)worker \([^;]*multiprocessing/pool\.py:", "multiprocessing Pool worker"),
 )
 TORCHRUN = ("torch/distributed/run.py", "torch/distributed/launch.py")
-ACCELERATE = "accelerate/commands/launch.py"  # `python -m accelerate.commands.launch`
+TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")  # as `python -m` names them
+ACCELERATE = "accelerate/commands/launch.py"  # `python -m accelerate.commands.launch`, once runpy ran it
+ACCELERATE_MODULE = "accelerate.commands.launch"
 START_METHODS = ("fork", "spawn", "forkserver")
 LAUNCHED_BY = {"torchrun agent": "torchrun", "accelerate launcher": "accelerate launch"}  # a launcher's ring -> said
 
@@ -61,10 +63,11 @@ def _launcher(argv: Any) -> str | None:
     """``torchrun agent`` or ``accelerate launcher`` where the command is one, else None."""
     if not isinstance(argv, list) or not argv or not isinstance(argv[0], str):
         return None
-    if os.path.basename(argv[0]) == "torchrun" or argv[0].endswith(TORCHRUN):
+    module = argv[1] if argv[0] == "-m" and len(argv) > 1 and isinstance(argv[1], str) else None  # python -m M
+    if os.path.basename(argv[0]) == "torchrun" or argv[0].endswith(TORCHRUN) or module in TORCHRUN_MODULES:
         return "torchrun agent"
     launch = argv[1:2] == ["launch"] and os.path.basename(argv[0]) == "accelerate"
-    return "accelerate launcher" if launch or argv[0].endswith(ACCELERATE) else None
+    return "accelerate launcher" if launch or argv[0].endswith(ACCELERATE) or module == ACCELERATE_MODULE else None
 
 
 def _worker_kind(table: pa.Table) -> str:

@@ -1,0 +1,45 @@
+"""What a launcher's ring is named by its command: torchrun's agent and accelerate's launcher, however started."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from conftest import REPO
+
+from blackbox.recovery.helpers import process_name
+
+EMPTY = pa.table({"kind": pa.array([], pa.string())})
+
+
+@pytest.mark.parametrize(("argv", "name"), [
+    (["/v/bin/torchrun", "--nproc-per-node=2", "train.py"], "torchrun agent"),
+    (["-m", "torch.distributed.run", "--nproc-per-node=2", "train.py"], "torchrun agent"),
+    (["/v/lib/python3.11/site-packages/torch/distributed/run.py", "train.py"], "torchrun agent"),
+    (["-m", "torch.distributed.launch", "train.py"], "torchrun agent"),
+    (["/v/bin/accelerate", "launch", "--multi_gpu", "train.py"], "accelerate launcher"),
+    (["-m", "accelerate.commands.launch", "--multi_gpu", "train.py"], "accelerate launcher"),
+    (["/v/lib/python3.11/site-packages/accelerate/commands/launch.py", "train.py"], "accelerate launcher"),
+    (["/v/bin/accelerate", "config"], "main process"),  # not a launch
+    (["-m", "mytrainer", "launch"], "main process"),
+    (["train.py", "launch"], "main process"),
+    (["-m"], "main process"),
+])  # fmt: skip
+def test_a_launchers_ring_is_named_by_its_command(argv: list[str], name: str) -> None:
+    assert process_name({"role": "main", "argv": argv}, EMPTY) == name
+
+
+def test_a_module_run_with_dash_m_is_named_in_the_argv_recorded_before_runpy_sets_it(tmp_path: Path) -> None:
+    # GIVEN `python -m pkg.job`, whose package's __init__ runs while sys.argv[0] is still "-m" (as blackbox
+    # run's start-up arms: before runpy set it to the module's file)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text(
+        "import sys\nfrom blackbox.collect.identity import command_argv\nprint(sys.argv[0], command_argv())\n")
+    (tmp_path / "pkg" / "job.py").write_text("")
+    out = subprocess.run([sys.executable, "-m", "pkg.job", "--flag"], capture_output=True, text=True, check=True,
+                         cwd=tmp_path, env={"PYTHONPATH": f"{REPO}:{tmp_path}"}).stdout  # fmt: skip
+    # THEN the argv recorded names the module (it read ['-m', '--flag'])
+    assert out == "-m ['-m', 'pkg.job', '--flag']\n", out
