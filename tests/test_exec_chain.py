@@ -51,7 +51,7 @@ if how == "failed":  # an exec that fails, which the job catches and goes on fro
         os.execv("/nonexistent/program", ["program"])
     except OSError:
         print("exec failed", flush=True)
-    raise ValueError("after the failed exec")
+    raise ValueError("after the failed exec")  # RAISED
 if how == "child":  # a forked child that execs (the parent's mapping is its too), then the parent is killed
     pid = os.fork()
     if pid == 0:
@@ -60,6 +60,8 @@ if how == "child":  # a forked child that execs (the parent's mapping is its too
     os.kill(os.getpid(), 9)
 os.execv("/bin/sh", ["sh", "-c", "echo replaced; exit 3"])
 """
+RAISED = EXEC_JOB.splitlines().index('    raise ValueError("after the failed exec")  # RAISED') + 1
+
 
 
 def _exec_job(tmp_path: Path, how: str, armed: bool) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
@@ -94,7 +96,11 @@ def test_an_exec_that_failed_or_a_forked_childs_is_not_the_armed_process_leaving
     assert (proc.returncode, proc.stdout) == (plain.returncode, plain.stdout), (proc.stderr, plain.stderr)
     # THEN the death is the process's own: its exception, or the SIGKILL, never an exec
     assert death["cause"] == ("exception" if how == "failed" else "killed"), death
-    assert "exec" not in death["headline"], death
+    told = death["headline"].split(': "')[0]  # (the exception's message, quoted after, is the job's own words)
+    assert "exec" not in told, death
+    if how == "failed":
+        assert death["headline"] == (f"The job died of an uncaught ValueError at <module> (<string>:{RAISED}): "
+                                     '"after the failed exec".')  # fmt: skip
 
 
 def test_an_exec_whose_program_fails_is_told_by_that_programs_status(tmp_path: Path) -> None:
