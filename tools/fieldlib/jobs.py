@@ -7,6 +7,7 @@ only by arming. ``long`` asks for a run that outlasts a time-based death (``time
 from __future__ import annotations
 
 import pickle
+import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +34,8 @@ class Job:
     script: Callable[[Env], Path]
     args: Callable[[Env, Path, bool], list[str]]  # (env, run folder, long) -> the script's arguments
     cwd: Callable[[Env, Path], Path]
-    ranks: int = 1  # >1: torchrun --nproc-per-node ranks
+    ranks: int = 1  # >1: torchrun --nproc-per-node ranks (or accelerate launch's --num_processes)
+    launcher: str = "torchrun"  # of several ranks: torchrun, or accelerate (`accelerate launch --multi_gpu`)
     worker_args: bool = False  # takes --workers/--context/--worker-leak
     worker_leak_mib: int = 1  # the planted leak per item in DataLoader worker 0
     leak_mib: int = 24  # the planted leak per optimizer step (main process or one rank)
@@ -48,10 +50,20 @@ class Job:
     def command(self, env: Env, run: Path, armed: bool, long: bool) -> list[str]:
         """The job's command line (`--arm`: fieldrun calls blackbox.arm() first)."""
         inner = [str(FIELDRUN), *(["--arm"] if armed else []), str(self.script(env)), *self.args(env, run, long)]
+        if self.ranks > 1 and self.launcher == "accelerate":  # torchrun's agent inside accelerate's process
+            accelerate = str(self.python(env).parent / "accelerate")
+            return [accelerate, "launch", "--multi_gpu", f"--num_processes={self.ranks}", "--num_machines=1",
+                    "--mixed_precision=no", "--dynamo_backend=no", f"--main_process_port={_free_port()}", *inner]
         if self.ranks > 1:
             torchrun = str(self.python(env).parent / "torchrun")
             return [torchrun, "--standalone", f"--nproc-per-node={self.ranks}", *inner]
         return [str(self.python(env)), *inner]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _venv(env: Env) -> Path:
@@ -158,6 +170,12 @@ JOBS = {
         "nanogpt", _venv, lambda e: e.src / "nanoGPT" / "train.py", _nanogpt_args, lambda e, r: e.src / "nanoGPT",
         ranks=3, leak_mib=24, leak_rank=1, timeout_s=25, prepare=prepare_nanogpt, progress=r"^iter \d+: loss",
         deaths=["sigkill", "oom", "exit3", "slurm", "timeout", "exit-hang", "segv"],
+    ),
+    # the same nanoGPT ranks launched by `accelerate launch --multi_gpu` (nanoGPT reads torchrun's variables)
+    "nanogpt-accel": Job(
+        "nanogpt-accel", _venv, lambda e: e.src / "nanoGPT" / "train.py", _nanogpt_args, lambda e, r: e.src / "nanoGPT",
+        ranks=3, launcher="accelerate", leak_mib=24, leak_rank=1, timeout_s=25, prepare=prepare_nanogpt,
+        progress=r"^iter \d+: loss", deaths=["sigkill", "oom", "exit3", "timeout", "segv"],
     ),
     "hf": Job(
         "hf", _venv, lambda e: HERE / "hf_job.py", _own("hf"), lambda e, r: r, worker_args=True, timeout_s=20,

@@ -62,8 +62,8 @@ def role(p: Proc, procs: dict[int, Proc]) -> str:
         return "blackbox run"
     if "fieldrun.py" in head:
         return f"rank{p.rank}" if p.rank is not None else "main"
-    if "torchrun" in head:
-        return "torchrun"
+    if "torchrun" in head or {"accelerate", "launch"} <= {os.path.basename(a) for a in p.argv[:3]}:
+        return "torchrun"  # (accelerate launch of several processes runs torchrun's agent in its own)
     if "forkserver import main" in text:
         parent = procs.get(p.ppid)
         return "worker" if parent is not None and "forkserver import main" in " ".join(parent.argv) else "forkserver"
