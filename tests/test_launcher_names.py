@@ -43,3 +43,29 @@ def test_a_module_run_with_dash_m_is_named_in_the_argv_recorded_before_runpy_set
                          cwd=tmp_path, env={"PYTHONPATH": f"{REPO}:{tmp_path}"}).stdout  # fmt: skip
     # THEN the argv recorded names the module (it read ['-m', '--flag'])
     assert out == "-m ['-m', 'pkg.job', '--flag']\n", out
+
+
+@pytest.mark.parametrize("victim", [{"pid": 50, "role": "accelerate launcher"}, {"pid": 50, "role": "torchrun agent"},
+                                    None, {"pid": 50, "role": None}])  # fmt: skip
+def test_a_rank_a_launcher_stopped_is_said_stopped_by_it_whatever_its_bundle_says(victim: object) -> None:
+    from blackbox.recovery.attempts import deaths
+
+    at = "2026-11-23T10:00:{:02d}.000000Z"
+    sigterm = {"signal": "SIGTERM", "sender": "pt_elastic", "sender_pid": 50, "time": at.format(5)}
+    # GIVEN rank 1 killed at :04, then its launcher's SIGTERM to rank 0 at :05, the launcher's own death at :06 (its
+    # ring's victim as job.py's reading of a bundle may hold it: named, missing, or with no role)
+    ring = {"host": "n1", "role": "main", "started_at": at.format(0)}
+    group = [
+        ring | {"pid": 11, "rank": 1, "ppid": 50, "last_event_at": at.format(4),
+                "death": {"cause": "killed", "time": at.format(4), "victim": {"pid": 11}}},
+        ring | {"pid": 10, "rank": 0, "ppid": 50, "last_event_at": at.format(5),
+                "death": {"cause": "signal", "time": at.format(5), "killed_by": sigterm, "victim": {"pid": 10}}},
+        ring | {"pid": 50, "rank": None, "last_event_at": at.format(6),
+                "death": {"cause": "exception", "time": at.format(6), "victim": victim}},
+    ]  # fmt: skip
+    first, collateral, _ = deaths(group)
+    # THEN rank 1 died first, and rank 0 was stopped by accelerate launch where its ring says so, else by torchrun
+    assert first is not None and first["pid"] == 11
+    (stopped,) = collateral
+    named = isinstance(victim, dict) and victim.get("role") == "accelerate launcher"
+    assert stopped["death"]["collateral_of"]["by"] == ("accelerate launch" if named else "torchrun")

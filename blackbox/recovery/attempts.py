@@ -63,7 +63,7 @@ from typing import Any
 
 from .._times import epoch_ns
 from .hang import SHOWN, attempt_hang, hang_headline, ranked
-from .helpers import LAUNCHED_BY
+from .helpers import launcher_said
 
 # Launchers that tear a job's other processes down when one fails, by their command (as a signal's sender
 # records it) -> the name said: torchrun's agent names its main thread pt_elastic, which /proc shows.
@@ -225,9 +225,8 @@ def _launcher(m: dict[str, Any], killer: dict[str, Any], group: list[dict[str, A
     """The launcher that sent ``killer`` to ``m``, by the sender's own ring where the attempt holds it (accelerate
     runs torchrun's agent in its own process: the same thread name), else by the sender's command."""
     pid = killer.get("sender_pid")
-    named = next((str(r["death"].get("victim", {}).get("role")) for r in group
-                  if pid and (r.get("host"), r.get("pid")) == (m.get("host"), pid)), None)  # fmt: skip
-    return LAUNCHED_BY.get(named or "") or LAUNCHERS.get(str(killer.get("sender") or ""))
+    sender = next((r for r in group if pid and (r.get("host"), r.get("pid")) == (m.get("host"), pid)), None)
+    return launcher_said((sender or {}).get("death")) or LAUNCHERS.get(str(killer.get("sender") or ""))
 
 
 def _who(m: dict[str, Any]) -> dict[str, Any]:

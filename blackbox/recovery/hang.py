@@ -47,7 +47,7 @@ from .._times import epoch_ns
 from .allocs import is_job_frame, site_of
 from .crash import crashing_stack, innermost_first, short_frame, shutdown_signal
 from .headline import sender_named
-from .helpers import LAUNCHED_BY
+from .helpers import launcher_said
 from .kinds import of_kind
 from .stacks import codes as stack_codes
 from .stall_threads import (
@@ -556,9 +556,8 @@ def _chain(dead: list[dict[str, Any]], first: dict[str, Any]) -> list[dict[str, 
         to = [m for m in dead if _killed_by_pid(m, killer.get("sender_pid"), ring.get("host"))] or [ring]
         host, pid = ring.get("host"), killer.get("sender_pid")
         sender = next((m for m in dead if m.get("pid") == pid and m.get("host") == host), None)
-        named = ((sender or {}).get("death") or {}).get("victim", {}).get("role")  # its ring's name for it
         chain.insert(0, {"signal": killer.get("signal"), "sender": killer.get("sender"), "sender_pid": pid,
-                         "time": killer.get("time"), "launcher": LAUNCHED_BY.get(str(named)),
+                         "time": killer.get("time"), "launcher": launcher_said((sender or {}).get("death")),
                          "to": [_who(m) for m in to[:SHOWN]], "to_count": len(to)})  # fmt: skip
         ring = sender
     return chain

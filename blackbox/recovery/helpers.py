@@ -54,6 +54,14 @@ def process_name(ident: dict[str, Any], table: pa.Table) -> str:
     return ROLE.get(role, "main process")
 
 
+def launcher_said(death: Any) -> str | None:
+    """``torchrun`` or ``accelerate launch`` where a ring's death names its process as that launcher, else None
+    (a death read from a bundle is whatever the bundle holds)."""
+    victim = death.get("victim") if isinstance(death, dict) else None
+    role = victim.get("role") if isinstance(victim, dict) else None
+    return LAUNCHED_BY.get(role) if isinstance(role, str) else None
+
+
 def start_method(ident: dict[str, Any]) -> str | None:
     method = ident.get("start_method")
     return method if method in START_METHODS else None
