@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import CorruptHeaderError, NotARingError, UnsupportedVersionError
-from .schema import parse_meta
+from .schema import parse_meta, valid_text
 
 MAGIC = b"\x89BLKBOX\n"
 FORMAT_VERSION = 5
@@ -291,31 +291,6 @@ def pad8(n: int) -> int:
     return (n + 7) & ~7
 
 
-def _valid_text(meta: Any) -> Any:
-    """``meta`` where its text holds no lone surrogate, which a reader refuses (schema.py): an argument or a
-    path of bytes that are not UTF-8 (Python keeps each as a surrogate, ``surrogateescape``) reads
-    ``caf\\xe9``; another lone surrogate as ``\\udXXX``. Unchanged, and not copied, where there is none."""
-    try:
-        json.dumps(meta, ensure_ascii=False).encode()
-        return meta
-    except UnicodeEncodeError:
-        pass
-
-    def fix(value: Any) -> Any:
-        if isinstance(value, str):
-            try:
-                return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-            except UnicodeEncodeError:
-                return value.encode("utf-8", "backslashreplace").decode()
-        if isinstance(value, dict):
-            return {fix(k): fix(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [fix(v) for v in value]
-        return value
-
-    return fix(meta)
-
-
 def string_entry(string_id: int, text: str) -> bytes:
     """Encode one interned string; text longer than MAX_STRING_BYTES is cut at a character."""
     data = text.encode("utf-8", "replace")
@@ -509,7 +484,7 @@ def encode_header(
         stacks_size = 0
     if version < 4:
         heap_size = 0
-    blob = json.dumps(_valid_text(meta), sort_keys=True, separators=(",", ":")).encode()
+    blob = json.dumps(valid_text(meta), sort_keys=True, separators=(",", ":")).encode()
     header_size, strings_size = _page(PREFIX_SIZE + len(blob)), _page(strings_size)
     if header_size > MAX_HEADER_SIZE:
         raise ValueError(f"ring metadata is {len(blob)} bytes; at most {MAX_HEADER_SIZE - 64} fit")

@@ -126,6 +126,31 @@ _TOO_DEEP = f"metadata nested deeper than {MAX_DEPTH} levels"
 _LONE_SURROGATE = "metadata text that is not valid Unicode (a lone surrogate)"
 
 
+def valid_text(meta: Any) -> Any:
+    """``meta`` where its text holds no lone surrogate, which a reader refuses (``_LONE_SURROGATE``): an argument or a
+    path of bytes that are not UTF-8 (Python keeps each as a surrogate, ``surrogateescape``) reads
+    ``caf\\xe9``; another lone surrogate as ``\\udXXX``. Unchanged, and not copied, where there is none."""
+    try:
+        json.dumps(meta, ensure_ascii=False).encode()
+        return meta
+    except UnicodeEncodeError:
+        pass
+
+    def fix(value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            except UnicodeEncodeError:
+                return value.encode("utf-8", "backslashreplace").decode()
+        if isinstance(value, dict):
+            return {fix(k): fix(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [fix(v) for v in value]
+        return value
+
+    return fix(meta)
+
+
 def _document_problems(meta: dict[str, Any], blob: bytes) -> list[str]:
     """Depth and text of the whole document (its numbers were checked as they were parsed), each walked
     without recursion. Its strings are walked only where the JSON held a surrogate escape: UTF-8 bytes
