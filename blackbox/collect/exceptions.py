@@ -91,16 +91,17 @@ def raised_at(exc: BaseException) -> str | None:
             (outer if len(outer) < KEPT_OUTERMOST else inner).append((tb.tb_frame.f_code, tb.tb_lineno))
             seen += 1
         tb = tb.tb_next
-    texts = [frame_text(code, line).decode("utf-8", "replace") for code, line in [*outer, *inner]]
-    kept, room = len(texts), fmt.MAX_STRING_BYTES - 64 - sum(len(t.encode()) + 1 for t in texts[:len(outer)])
-    for i in range(len(texts) - 1, len(outer) - 1, -1):  # innermost first, while they fit
-        room -= len(texts[i].encode()) + 1
+    texts = [frame_text(code, line) for code, line in [*outer, *inner]]  # UTF-8, each at most MAX_FRAME_BYTES
+    n = len(outer)
+    kept, room = len(texts), fmt.MAX_STRING_BYTES - 64 - sum(len(t) + 1 for t in texts[:n])
+    for i in range(len(texts) - 1, n - 1, -1):  # innermost first, while they fit
+        room -= len(texts[i]) + 1
         if room < 0:
             break
         kept = i
-    cut = seen - len(outer) - (len(texts) - kept)
-    return ";".join([*texts[:len(outer)], *([f"<blackbox: {cut} frames left out>"] if cut else []),
-                     *texts[kept:]]) or None
+    cut = seen - n - (len(texts) - kept)
+    gap = [fmt.FRAMES_LEFT_OUT.format(cut).encode()] if cut else []
+    return b";".join([*texts[:n], *gap, *texts[kept:]]).decode("utf-8", "replace") or None
 
 
 def _where(exc: BaseException) -> str | None:

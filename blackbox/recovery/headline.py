@@ -13,7 +13,7 @@ from .exits import signal_of
 
 MESSAGE_SAID = 120  # characters of an exception's message the headline says (its first line)
 TRACEBACK_SAID = 8  # frames of an exception's traceback the evidence says
-_LEFT_OUT = re.compile(r"<blackbox: (\d{1,9}) frames left out>")  # collect/exceptions.py's placeholder
+_LEFT_OUT = re.compile(re.escape(fmt.FRAMES_LEFT_OUT).replace(r"\{\}", r"(\d{1,9})"))  # the frames it stands for
 
 # What a signal with no sender (the kernel's) whose default action ended the process means (collect/signals.py,
 # ENDINGS): it named no one, and a bare "ended by SIGXCPU" leaves the reader to look the limit up.

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import CorruptHeaderError, NotARingError, UnsupportedVersionError
-from .schema import parse_meta, valid_text
+from .schema import escape_surrogates, lone_surrogate, parse_meta
 
 MAGIC = b"\x89BLKBOX\n"
 FORMAT_VERSION = 5
@@ -144,6 +144,8 @@ DROPPED_AS_INIT = ("dropped (no handler; the kernel spares its PID namespace's f
 # ...where it was read at exit from sys.last_exc, the job's own excepthook not calling blackbox's: an uncaught
 # one where the process then exits with a failing status (sys.last_exc may be an older one where it exits 0)
 LAST_EXC = "uncaught; read at exit from sys.last_exc (the job's excepthook did not call blackbox's)"
+# the frame a traceback cut to fit a string holds in place of its middle ones (the ``traceback`` column)
+FRAMES_LEFT_OUT = "<blackbox: {} frames left out>"
 ALLOCATOR_KINDS = ("alloc", "free_requested", "free", "segment_alloc", "segment_free", "segment_map", "segment_unmap")
 
 # Payload words p0..p8: which timeline column each word of a kind fills, per format
@@ -484,7 +486,9 @@ def encode_header(
         stacks_size = 0
     if version < 4:
         heap_size = 0
-    blob = json.dumps(valid_text(meta), sort_keys=True, separators=(",", ":")).encode()
+    blob = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+    if lone_surrogate(meta, blob):  # its reader would refuse it: a command line's bytes that are not UTF-8
+        blob = json.dumps(escape_surrogates(meta), sort_keys=True, separators=(",", ":")).encode()
     header_size, strings_size = _page(PREFIX_SIZE + len(blob)), _page(strings_size)
     if header_size > MAX_HEADER_SIZE:
         raise ValueError(f"ring metadata is {len(blob)} bytes; at most {MAX_HEADER_SIZE - 64} fit")

@@ -126,38 +126,34 @@ _TOO_DEEP = f"metadata nested deeper than {MAX_DEPTH} levels"
 _LONE_SURROGATE = "metadata text that is not valid Unicode (a lone surrogate)"
 
 
-def valid_text(meta: Any) -> Any:
-    """``meta`` where its text holds no lone surrogate, which a reader refuses (``_LONE_SURROGATE``): an argument or a
-    path of bytes that are not UTF-8 (Python keeps each as a surrogate, ``surrogateescape``) reads
-    ``caf\\xe9``; another lone surrogate as ``\\udXXX``. Unchanged, and not copied, where there is none."""
-    try:
-        json.dumps(meta, ensure_ascii=False).encode()
-        return meta
-    except UnicodeEncodeError:
-        pass
+def lone_surrogate(meta: Any, blob: bytes) -> bool:
+    """``meta``, written as the JSON ``blob``, holds a key or string that is not valid Unicode, which a reader
+    refuses (``_LONE_SURROGATE``). Its strings are walked only where the JSON held a surrogate escape: UTF-8
+    bytes cannot hold a lone surrogate."""
+    return bool(_SURROGATE_ESCAPE.search(blob)) and _lone_surrogate(meta)
 
-    def fix(value: Any) -> Any:
-        if isinstance(value, str):
-            try:
-                return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-            except UnicodeEncodeError:
-                return value.encode("utf-8", "backslashreplace").decode()
-        if isinstance(value, dict):
-            return {fix(k): fix(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [fix(v) for v in value]
-        return value
 
-    return fix(meta)
+def escape_surrogates(meta: Any) -> Any:
+    """``meta`` with every lone surrogate escaped: an argument or a path of bytes that are not UTF-8 (Python keeps
+    each as a surrogate, ``surrogateescape``) reads ``caf\\xe9``; another lone surrogate ``\\udXXX``."""
+    if isinstance(meta, str):
+        try:
+            return meta.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:
+            return meta.encode("utf-8", "backslashreplace").decode()
+    if isinstance(meta, dict):
+        return {escape_surrogates(k): escape_surrogates(v) for k, v in meta.items()}
+    if isinstance(meta, (list, tuple)):
+        return [escape_surrogates(v) for v in meta]
+    return meta
 
 
 def _document_problems(meta: dict[str, Any], blob: bytes) -> list[str]:
     """Depth and text of the whole document (its numbers were checked as they were parsed), each walked
-    without recursion. Its strings are walked only where the JSON held a surrogate escape: UTF-8 bytes
-    cannot hold a lone surrogate."""
+    without recursion (``lone_surrogate``)."""
     if not _deep_enough(meta):
         return [_TOO_DEEP]
-    if _SURROGATE_ESCAPE.search(blob) and _lone_surrogate(meta):
+    if lone_surrogate(meta, blob):
         return [_LONE_SURROGATE]
     return []
 
@@ -183,7 +179,7 @@ def _lone_surrogate(meta: dict[str, Any]) -> bool:
         if isinstance(node, dict):
             stack.extend(node.keys())
             stack.extend(node.values())
-        elif isinstance(node, list):
+        elif isinstance(node, (list, tuple)):  # (a writer's metadata may hold tuples: JSON's lists)
             stack.extend(node)
         elif isinstance(node, str):
             try:
