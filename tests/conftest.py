@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -25,6 +26,13 @@ def tick_kinds() -> list[str]:
     from blackbox.collect.host import find_memory_cgroup
 
     return ["stack_sample", "sample"] + (["cgroup_sample"] if find_memory_cgroup() is not None else [])
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (a rendezvous for torchrun's or accelerate's ranks)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def run_py(

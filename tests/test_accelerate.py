@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO
+from conftest import REPO, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -52,12 +51,6 @@ for step in range(10**6):
 STUCK_FOR = 4.0  # seconds the planted hang lasts before `timeout` is made to end the job
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 # the command as users type it, and as a module (armed before runpy set sys.argv[0], its argv read "-m" alone)
 LAUNCHES = {"accelerate launch": [str(ACCELERATE), "launch"],
             "python -m": [sys.executable, "-m", "accelerate.commands.launch"]}  # fmt: skip
@@ -78,7 +71,7 @@ def test_accelerate_launch_hang_names_the_stuck_rank_and_accelerate_as_the_launc
     for i, prefix in enumerate([[], [sys.executable, "-m", "blackbox", "run", "--dir", str(runs), "--"]]):
         stuck.append(tmp_path / f"stuck{i}")
         cmd = [*prefix, *LAUNCHES[launch], "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
                str(tmp_path / "train.py"), str(stuck[i])]  # fmt: skip
         procs.append(subprocess.Popen(["timeout", "120", *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True, env=ENV, cwd=tmp_path))  # fmt: skip

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import REPO
+from conftest import REPO, free_port
 
 from blackbox._postmortem import job_account, write_postmortem
 from blackbox.ring.writer import c_writer_module
@@ -43,12 +42,6 @@ for step in range(100000):
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_ranks_torchrun_stops_after_a_rank_died_are_collateral(tmp_path: Path) -> None:
     pytest.importorskip("torch.distributed", reason="torchrun needs torch")
@@ -59,7 +52,7 @@ def test_ranks_torchrun_stops_after_a_rank_died_are_collateral(tmp_path: Path) -
     # GIVEN a torchrun job of 3 ranks whose rank 1 is SIGKILLed at step 20, with no restart allowed
     proc = subprocess.run(
         [*launcher, "--nproc-per-node=3", "--max-restarts=0", "--rdzv-backend=c10d",
-         f"--rdzv-endpoint=127.0.0.1:{_free_port()}", str(script), str(rings)],
+         f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(script), str(rings)],
         capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"),
     )  # fmt: skip
     assert proc.returncode != 0, proc.stderr[-3000:]
@@ -181,7 +174,7 @@ def test_ranks_each_under_blackbox_run_stopped_by_torchrun_are_collateral_and_bl
     # whose rank 1 is SIGKILLed: torchrun's SIGTERM reaches ranks 0 and 2 through their `blackbox run`
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=3", "--max-restarts=0",
-         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}", "--no-python",
+         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--no-python",
          sys.executable, "-m", "blackbox", "run", "--dir", str(runs), "--quiet", "--", sys.executable, str(script)],
         capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"),
     )  # fmt: skip

@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO
+from conftest import REPO, free_port
 
 ENV = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
 STUCK_FOR = 3.0  # seconds the test lets the planted hang last before `timeout` ends it
@@ -78,12 +77,6 @@ main()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _end_when_stuck(
     jobs: list[tuple[list[str], Path, dict[str, str]]], stuck_for: float = STUCK_FOR
 ) -> list[subprocess.Popen[str]]:
@@ -118,7 +111,7 @@ def test_a_stuck_rank_is_named_not_the_rank_whose_sigterm_landed_first(tmp_path:
     script = tmp_path / "train.py"
     script.write_text(DDP_JOB)
     torchrun = [str(TORCHRUN), "--nproc-per-node=3", "--max-restarts=0", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{_free_port()}"]  # fmt: skip
+                f"--rdzv-endpoint=127.0.0.1:{free_port()}"]  # fmt: skip
     # GIVEN 3 gloo ranks under torchrun, rank 1 stuck in its data source at step 20; `timeout` ends the job,
     # unarmed and under `blackbox run`; the flight recorder on, its dumps written by a watchdog thread 2 s into
     # the stall (NCCL's watchdog writes them on a collective's timeout; gloo has none)
@@ -127,7 +120,7 @@ def test_a_stuck_rank_is_named_not_the_rank_whose_sigterm_landed_first(tmp_path:
         ([*torchrun, str(script), str(tmp_path / "stuck0")], tmp_path / "stuck0",
          {"TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "unarmed_fr_")}),
         ([sys.executable, "-m", "blackbox", "run", "--dir", str(runs), "--", *torchrun[:-1],
-          f"--rdzv-endpoint=127.0.0.1:{_free_port()}", str(script), str(tmp_path / "stuck1")], tmp_path / "stuck1",
+          f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(script), str(tmp_path / "stuck1")], tmp_path / "stuck1",
          {"TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "fr_")}),
     ])  # fmt: skip
     timeout_pid = armed.pid
@@ -329,7 +322,7 @@ def test_ranks_whose_collective_timed_out_waited_for_the_stuck_rank(tmp_path: Pa
     env = dict(ENV, **setting)
     runs = tmp_path / "runs"
     procs = [subprocess.Popen([*launcher, str(TORCHRUN), "--nproc-per-node=3", "--max-restarts=0",
-                               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}", str(script),
+                               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(script),
                                str(tmp_path / f"stuck{i}")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=env)
              for i, launcher in enumerate([[], [sys.executable, "-m", "blackbox", "run", "--dir", str(runs), "--"]])]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from conftest import REPO
+from conftest import REPO, free_port
 
 pytest.importorskip("torch.distributed", reason="torchrun needs torch")
 
@@ -36,12 +35,6 @@ for step in range(1, 1000):
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_torchrun_rank_killed_first_is_named_in_merged_bundle(tmp_path: Path) -> None:
     script = tmp_path / "worker.py"
@@ -49,7 +42,7 @@ def test_torchrun_rank_killed_first_is_named_in_merged_bundle(tmp_path: Path) ->
     cmd = [
         sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path / "run"), "--quiet", "--",
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=3", "--max-restarts=0",
-        f"--rdzv-endpoint=127.0.0.1:{_free_port()}", "--rdzv-backend=c10d", str(script),
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-backend=c10d", str(script),
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO, env=env)

@@ -13,13 +13,12 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, free_port
 
 pytest.importorskip("torch.distributed", reason="torchrun needs torch")
 
@@ -41,19 +40,13 @@ time.sleep(120)  # the others wait outside any collective: torchrun tears them d
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="no torchrun beside this Python")
 def test_torchrun_teardown_names_torchrun_and_the_account_is_printed_once(tmp_path: Path) -> None:
     # GIVEN three gloo ranks under torchrun, each in its own blackbox run; rank 1 SIGKILLs itself
     (tmp_path / "train.py").write_text(TRAIN)
     work = tmp_path / "runs"
-    cmd = [str(TORCHRUN), "--nproc-per-node", "3", "--max-restarts=0", f"--rdzv-endpoint=127.0.0.1:{_free_port()}",
+    cmd = [str(TORCHRUN), "--nproc-per-node", "3", "--max-restarts=0", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
            "--rdzv-backend=c10d", "--no-python", *BLACKBOX, "run", "--dir", str(work), "--", sys.executable,
            str(tmp_path / "train.py")]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
@@ -194,7 +187,7 @@ def test_ranks_left_running_by_a_sigkilled_torchrun_are_told_as_running_with_whe
     try:
         for name, where in pids.items():
             where.mkdir()
-            cmd = (f"timeout -s KILL 10 {TORCHRUN} --nproc-per-node 2 --master-port {_free_port()} "
+            cmd = (f"timeout -s KILL 10 {TORCHRUN} --nproc-per-node 2 --master-port {free_port()} "
                    f"{tmp_path / 'train.py'} {where}")  # fmt: skip
             armed = [*BLACKBOX, "run", "--quiet", "--dir", str(tmp_path / "run"), "--"] if name == "armed" else []
             with open(where / "err", "w") as err:  # (a file: the ranks left running keep it open, as a pipe)
