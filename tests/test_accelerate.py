@@ -94,6 +94,7 @@ def test_accelerate_launch_hang_names_the_stuck_rank_and_accelerate_as_the_launc
     line = JOB.splitlines().index("        threading.Event().wait()  # STUCK") + 1
     assert (meta["cause"], first["rank"], first["cause"]) == ("hang", 1, "hang"), json.dumps(first, default=str)
     assert first["hang"]["site"].startswith(f"next_batch ({tmp_path / 'train.py'}:{line})"), first["hang"]
+    assert first["headline"].endswith("; then SIGTERM from accelerate launch ended it."), first["headline"]
     roles = sorted(m["death"]["victim"]["role"] for m in meta["rings"])
     assert roles == ["accelerate launcher", "main process", "main process"], roles
     by_rank = {m["rank"]: m["death"] for m in meta["rings"]}

@@ -41,3 +41,12 @@ def test_an_entry_point_script_a_package_installs_is_the_librarys() -> None:
     assert site_and_imports(";".join([torchrun, "main (/venv/lib/python3.11/site-packages/torch/distributed/run.py:9)"
                                       ]))[0].startswith("main (")  # fmt: skip
     assert site_and_imports(";".join([torchrun, JOB]))[0] == JOB
+
+
+def test_a_jobs_own_script_without_an_extension_in_a_bin_folder_is_the_jobs() -> None:
+    # (a red team's `bin/train`: every frame of it was taken for a library's, and the site named torch's Linear)
+    torch_frame = "forward (/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py:125)"
+    own = "build_cache (/home/u/proj/bin/train:41)"
+    stack = ["<module> (/home/u/proj/bin/train:60)", "main (/home/u/proj/bin/train:55)", own, torch_frame]
+    assert site_and_imports(";".join(stack))[0] == own
+    assert site_and_imports(";".join(["<module> (/home/u/proj/bin/train:60)", torch_frame]))[0] == torch_frame

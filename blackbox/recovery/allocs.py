@@ -54,8 +54,10 @@ MIN_GROWTH_STEPS = 3  # distinct steps a site's blocks must span before it is sa
 MIN_GROWTH_WINDOW_S = 2.0  # and seconds, for growth per second (at least 5 sample intervals too)
 # blackbox's own frames (arm's allocations), and the sitecustomize `blackbox run` writes into its run folder
 _OWN = r"/blackbox/(ring/|collect/|run/|_\w+\.py:|__init__\.py:)|/\.boot/sitecustomize\.py:"
-# (an entry point a package installs, `bin/torchrun`: a file without a dot in a bin folder, is the library's)
-_LIBRARY = re.compile(r"site-packages|dist-packages|<frozen|/lib/python3\.\d+/|/s?bin/[^/.]+:\d+\)?$|" + _OWN)
+_LIBRARY = re.compile(r"site-packages|dist-packages|<frozen|/lib/python3\.\d+/|" + _OWN)
+# an entry point a package installs (`<module> (/venv/bin/torchrun:6)`: a file without a dot in a bin folder, whose
+# wrapper pip writes defines no function) is the library's; a job's own `bin/train` is the job's where its functions are
+_ENTRY = re.compile(r"/s?bin/[^/.]+:\d+\)?$")
 # the standard library (site-packages apart), frozen modules and blackbox: never a site where a library's is
 _STDLIB = re.compile(r"<frozen |/lib/python3\.\d+/(?!site-packages/|dist-packages/)|" + _OWN)
 _OWN_FRAME = re.compile(_OWN)
@@ -67,8 +69,9 @@ def _where(frame: str) -> str:
 
 
 def is_library_frame(frame: str) -> bool:
-    """A frame of a library (``fn (path:line)``): site-packages, the standard library, blackbox."""
-    return bool(_LIBRARY.search(_where(frame)))
+    """A frame of a library (``fn (path:line)``): site-packages, the standard library, blackbox, an entry point."""
+    where = _where(frame)
+    return bool(_LIBRARY.search(where)) or (frame.startswith("<module> (") and bool(_ENTRY.search(where)))
 
 
 def is_job_frame(frame: str) -> bool:

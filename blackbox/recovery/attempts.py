@@ -342,8 +342,9 @@ def deaths(
         stuck, waiters, info = hung
         d = stuck["death"]
         h = d.get("hang")
-        if d.get("cause") in ("signal", "killed") and isinstance(h, dict) and not h.get("busy"):  # hung: as its
-            d.update(cause="hang", headline=hang_headline(d, h))  # waiters say (a worker counts no steps to time)
+        if d.get("cause") in ("signal", "killed", "hang") and isinstance(h, dict) and not h.get("busy"):  # hung:
+            by = _launcher(stuck, d.get("killed_by") or {}, group)  # as its waiters say (a worker counts no steps);
+            d.update(cause="hang", headline=hang_headline(d, h, by))  # its launcher named, not its agent's thread
         for m in waiters:  # stopped by their launcher, or, for that launcher itself, by what ended the job
             sender = str((m["death"].get("killed_by") or {}).get("sender") or "")
             by = _launcher(m, m["death"].get("killed_by") or {}, group) or (sender if sender in ENDERS else None)

@@ -387,11 +387,12 @@ def _stall_evidence(st: dict[str, Any]) -> str:
             f"{st['longest_s']:.3g} s){seen}")  # fmt: skip
 
 
-def hang_headline(death: dict[str, Any], st: dict[str, Any]) -> str:
-    """The verdict's sentence for a death after the stall ``st``: who hung, how long, where, what ended it."""
+def hang_headline(death: dict[str, Any], st: dict[str, Any], by: str | None = None) -> str:
+    """The verdict's sentence for a death after the stall ``st``: who hung, how long, where, what ended it
+    (``by``: the launcher that sent the signal, where the attempt knows it, in place of the sender's name)."""
     v = death.get("victim") or {}
     killer = death.get("killed_by") or {}
-    sender = sender_named(killer)
+    sender = by or sender_named(killer)
     how = f"{killer['signal']} from {sender}" if killer.get("signal") and sender else (
         killer.get("signal") or ("SIGKILL" if death["cause"] == "killed" else "a signal"))  # fmt: skip
     taken = st.get("handled")
