@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import BundleDestinationError, one_line
+from ._warn import warn
 from .recovery.bundle import PLOT, SUMMARY, Destination, Reader, stream_bundle, write_job_bundle
 from .recovery.job import JobPass
 from .recovery.pipeline import RecoveryPass
@@ -37,8 +38,12 @@ def _views(meta: dict[str, Any], read: Reader, *, warmer: PlotWarmer | None) -> 
         if who is not None:
             pick += [("pid", "=", who.get("pid")), ("host", "=", who.get("host"))]
         buf = io.BytesIO()
-        memory_figure(read(pick, PLOT_COLUMNS, MAX_SAMPLE_ROWS), meta).savefig(buf, format="png", dpi=110)
-        files[PLOT] = buf.getvalue()
+        try:
+            memory_figure(read(pick, PLOT_COLUMNS, MAX_SAMPLE_ROWS), meta).savefig(buf, format="png", dpi=110)
+        except Exception as e:  # noqa: BLE001 (a picture is never worth the bundle: the rest is written, this said)
+            warn(f"memory.png not drawn, the rest of the bundle written: {one_line(f'{type(e).__name__}: {e}')[:300]}")
+        else:
+            files[PLOT] = buf.getvalue()
     return files
 
 

@@ -108,3 +108,42 @@ def test_warmer_waits_for_nothing_when_never_started() -> None:
     warmer = _postmortem.PlotWarmer()
     warmer.wait()  # returns at once: no thread
     assert warmer._thread is None
+
+
+def test_a_backend_named_in_the_environment_that_this_python_lacks_changes_nothing(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    # GIVEN `blackbox recover` run from a notebook's shell cell: MPLBACKEND names the kernel's inline backend,
+    # which blackbox's Python has not (matplotlib's import raised ValueError: recover exited 1, no timeline)
+    ring = _ring(tmp_path)
+    env = dict(os.environ, MPLBACKEND="module://no_such_backend_module.inline")
+    done = subprocess.run([sys.executable, "-m", "blackbox", "recover", str(ring), "-o", str(tmp_path / "b")],
+                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    # THEN the whole bundle is written, the picture the same as without it
+    assert done.returncode == 0, done.stderr[-2000:]
+    write_postmortem([ring], tmp_path / "plain", raw=False)
+    assert (tmp_path / "b" / "memory.png").read_bytes() == (tmp_path / "plain" / "memory.png").read_bytes()
+    assert (tmp_path / "b" / "timeline.parquet").stat().st_size > 0
+
+
+def test_a_picture_that_cannot_be_drawn_is_one_warning_and_the_rest_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from blackbox._errors import BlackboxWarning
+    from blackbox.views import plot
+
+    def fails(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("planted: a backend this Python lacks")
+
+    # GIVEN the drawing of memory.png fails
+    monkeypatch.setattr(plot, "memory_figure", fails)
+    # WHEN the rings are recovered
+    with pytest.warns(BlackboxWarning, match="memory.png not drawn, the rest of the bundle written: ValueError: "
+                                             "planted"):  # fmt: skip
+        meta = write_postmortem([_ring(tmp_path)], tmp_path / "bundle", raw=False)
+    # THEN the bundle is whole but for the picture
+    assert meta["complete"] is True
+    names = {p.name for p in (tmp_path / "bundle").iterdir()}
+    assert {"timeline.parquet", "metadata.json", "summary.md"} <= names and "memory.png" not in names

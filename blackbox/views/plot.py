@@ -21,6 +21,8 @@ panels says why (RSS counts pages the cgroup was not charged for).
 
 from __future__ import annotations
 
+import os
+import sys
 import textwrap
 from dataclasses import dataclass
 from typing import Any
@@ -79,14 +81,20 @@ def drawn_process(meta: dict[str, Any]) -> dict[str, Any] | None:
     return first or min(rings, key=lambda m: (m.get("rank") is None, m.get("rank") or 0))
 
 
-def _figure_class() -> Any:
-    """matplotlib's Figure, used without pyplot: no global figure registry, no GUI backend."""
+def figure_class() -> Any:
+    """matplotlib's Figure, used without pyplot: no global figure registry, no GUI backend. A backend named in
+    ``MPLBACKEND`` is never used, so it is not read: where it names one this Python lacks (a shell a Jupyter
+    kernel started: ``module://matplotlib_inline.backend_inline``), importing matplotlib raised ValueError."""
+    backend = os.environ.pop("MPLBACKEND", None) if "matplotlib" not in sys.modules else None
     try:
         from matplotlib.figure import Figure
     except ImportError:
         raise PlotUnavailableError(
             "expected matplotlib for plots (pip install matplotlib), found it is not installed"
         ) from None
+    finally:
+        if backend is not None:
+            os.environ["MPLBACKEND"] = backend
     return Figure
 
 
@@ -131,7 +139,7 @@ def memory_figure(table: pa.Table, meta: dict[str, Any]) -> Any:
     panels = ["job"] + (["cgroup"] if cgroup_peak > 0 and not together else []) + (["gpu"] if gpu else [])
     notes = _notes(samples, len(pc.unique(table["pid"])) > 1, t0)
     heights = [PANEL_HEIGHTS[p] for p in panels]
-    fig = _figure_class()(figsize=(13, 1.2 + sum(heights) + 0.35 * len(notes)))
+    fig = figure_class()(figsize=(13, 1.2 + sum(heights) + 0.35 * len(notes)))
     axes = list(fig.subplots(len(panels), 1, sharex=True, squeeze=False, height_ratios=heights)[:, 0])
     job_ax = axes[0]
     _draw(job_ax, job + (cgroup if together else []), limit if together else None, "cgroup limit")

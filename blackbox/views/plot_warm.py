@@ -38,9 +38,9 @@ class PlotWarmer:
 
 def _warm() -> None:
     try:
-        from matplotlib.figure import Figure
+        from .plot import figure_class
 
-        figure = Figure(figsize=(1, 1))
+        figure = figure_class()(figsize=(1, 1))
         figure.text(0.5, 0.5, "0 B \u2192 1 GiB")  # the default font loaded, as the legend's text needs it
         figure.savefig(io.BytesIO(), format="png", dpi=20)  # the Agg canvas imported, a text rendered
     except Exception:  # noqa: BLE001, S110 (the real figure meets the same failure and reports it)
