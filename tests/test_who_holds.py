@@ -262,6 +262,63 @@ def test_a_spike_is_told_from_a_leak_with_its_line_step_and_requested_bytes(
                    in lv for lv in death["levers"]), death["levers"]  # fmt: skip
 
 
+AFTER_STEPS_JOB = """
+import os, sys, time
+import numpy as np
+import blackbox
+
+blackbox.arm(sys.argv[1], sample_interval=0.05)
+for step in range(20):  # training: no growth
+    blackbox.step(step)
+    scratch = np.ones(1 << 18)
+    time.sleep(0.02)
+time.sleep(0.5)
+keep = []
+t0 = time.monotonic()
+while True:  # after training (an evaluation, a notebook's next cell): no step() any more
+    if sys.argv[2] == "leak":
+        keep.append(np.ones(1 << 20))  # PLANT: leak (8 MiB every 50 ms, kept)
+        print(f"kept {len(keep) << 23} at {time.monotonic() - t0:.3f}", flush=True)
+        time.sleep(0.05)
+    else:
+        time.sleep(2.5)
+        print("spike", flush=True)
+        batch = np.ones(3 << 26)  # PLANT: spike (1.5 GiB, filled: the kernel kills it at the limit)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("planted", ["leak", "spike"])
+def test_what_grew_after_the_last_step_is_a_leak_by_the_second_and_one_block_there_a_spike(
+    tmp_path: Path, memory_cgroup: Any, planted: str
+) -> None:
+    # GIVEN a job that trained 20 steps and then, with no step any more, leaked 8 MiB every 50 ms (or made one
+    # 1.5 GiB block), OOM-killed in a 600 MiB cgroup (the leak was told "one allocation of 392 MiB ... in step 20,
+    # a spike, not a leak", "no site grew": every block after the loop counted as the last step's, in flight)
+    cg = memory_cgroup(600 * MiB)
+    kills = cg.oom_kills()
+    proc, meta, job = run(tmp_path, AFTER_STEPS_JOB, planted, cgroup=cg)
+    assert proc.returncode == -signal.SIGKILL and cg.oom_kills() == kills + 1, proc.stderr[-2000:]
+    death, report = meta["death"], meta["allocations"]
+    assert death["cause"] == "host_oom_kill", death
+    assert report["last_step_ran_s"] > 2.0 and 0.01 < report["step_s"] < 0.2, report
+    where = f"{job}:{line_of(AFTER_STEPS_JOB, planted)}"
+    if planted == "spike":  # THEN one block after the loop is still a spike, said after the last step began
+        assert death["memory_pattern"] == "spike", death
+        assert f"one allocation of 1.5 GiB at `{where}`" in death["levers"][0], death["levers"]
+        assert "after step 19 began (no step for " in death["levers"][0], death["levers"]
+        return
+    # THEN the leak's line grew, per second, within its error of the truth; and the levers say growth
+    kept = [(int(m.group(1)), float(m.group(2))) for m in re.finditer(r"kept (\d+) at ([\d.]+)", proc.stdout)]
+    truth = (kept[-1][0] - kept[0][0]) / (kept[-1][1] - kept[0][1])
+    (grower, *_) = report["grew"]
+    assert grower["site"].endswith(f"({where})") and grower["growth_by"] == "second", grower
+    assert abs(grower["growth_per_s"] - truth) < max(0.3 * truth, 2 * grower["grown_error_bytes"]), (grower, truth)
+    assert death["memory_pattern"] == "growth", death
+    assert f"`{where}`" in death["levers"][0] and " per second" in death["levers"][0], death["levers"]
+    assert not any("a spike, not a leak" in lv for lv in death["levers"]), death["levers"]
+
+
 DLSYM_JOB = """
 import ctypes, os, signal, sys, time
 import blackbox

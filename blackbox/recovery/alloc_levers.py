@@ -100,13 +100,21 @@ def spike_of(allocations: dict[str, Any] | None, death: dict[str, Any]) -> dict[
         return None
     step = death.get("step")
     return {"site": top["site"], "line": top.get("line") or "", "thread": top.get("thread"),
-            "bytes": top["last_step_bytes"], "largest_block": top.get("largest_block"), "step": step}  # fmt: skip
+            "bytes": top["last_step_bytes"], "largest_block": top.get("largest_block"), "step": step,
+            "ran_s": allocations.get("last_step_ran_s"), "step_s": allocations.get("step_s")}  # fmt: skip
+
+
+def _step_s(spike: dict[str, Any]) -> str:
+    step_s = spike.get("step_s")
+    return f", against {step_s:.3g} s a step" if isinstance(step_s, (int, float)) else ""
 
 
 def spike_lever(spike: dict[str, Any], last_sample: dict[str, Any] | None) -> str:
     """The spike's lever: one allocation of N at line L in step S, and requested against touched."""
     line = f" (`{spike['line']}`)" if spike.get("line") else ""
     step = "" if spike.get("step") is None else f" in step {spike['step']}, the step it died in,"
+    if spike.get("step") is not None and spike.get("ran_s") is not None:  # its loop had ended, or something else ran
+        step = f" after step {spike['step']} began (no step for {spike['ran_s']:.1f} s{_step_s(spike)}),"
     text = (f"one allocation of {human_bytes(spike['bytes'])} at {_at(spike)}{line}{_thread(spike)}{step} with no "
             "growth across the steps before it: a spike, not a leak; chunk it (work on it in pieces), lower the "
             "batch size, checkpoint activations, or raise the limit")  # fmt: skip

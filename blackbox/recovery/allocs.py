@@ -25,8 +25,12 @@ counts only the blocks allocated in the steps between, and is given only where
 they span ``MIN_GROWTH_STEPS`` distinct steps: per step for the thread that
 counts steps, per second for the others (and for a ring without steps), then
 only over a window of at least ``MIN_GROWTH_WINDOW_S`` (never extrapolated from
-a step or a tick). ``grew`` ranks the sites by the bytes they grew, apart from
-``sites``, which ranks them by the bytes they hold.
+a step or a tick). A last step that ran ``LATE_STEPS`` times its steps' median
+and that window (the loop had ended: an evaluation after training, a notebook's
+later cells; or something else ran) is no step in flight: what was allocated
+after it began grows per second, so a leak there is told as one, not a spike.
+``grew`` ranks the sites by the bytes they grew, apart from ``sites``, which
+ranks them by the bytes they hold.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ Z95 = 1.96
 GPU_DOMAIN = next(code for code, name in fmt.ALLOC_DOMAINS.items() if name == "gpu")
 MIN_GROWTH_STEPS = 3  # distinct steps a site's blocks must span before it is said to grow per step
 MIN_GROWTH_WINDOW_S = 2.0  # and seconds, for growth per second (at least 5 sample intervals too)
+LATE_STEPS = 5  # a last step that ran this many times its steps' median (and the window above) ran long
+STEPS_TIMED = 20  # the last steps whose median step time that is measured against
 # blackbox's own frames (arm's allocations), and the sitecustomize `blackbox run` writes into its run folder
 _OWN = r"/blackbox/(ring/|collect/|run/|_\w+\.py:|__init__\.py:)|/\.boot/sitecustomize\.py:"
 _LIBRARY = re.compile(r"site-packages|dist-packages|<frozen|/lib/python3\.\d+/|" + _OWN)
@@ -247,7 +253,7 @@ def live_sites(
     when = _wall(ring_meta, slots["time"])
     step_of = np.clip(_steps(slots, when, steps), -1, np.iinfo(np.int32).max).astype(np.int32)
     end = end_ns if end_ns is not None else (int(when.max()) if len(when) else 0)
-    window = Window(last_step, end, _interval(ring_meta), main_thread)
+    window = Window(last_step, end, _interval(ring_meta), main_thread, _late_from(steps, end))
     slot_imports = imports[rows_of]
     grows = window.growing(slots, step_of, when, slot_imports)
     grown = np.bincount(rows_of, np.where(grows, slots["weight"].astype(float), 0.0), len(keys))
@@ -261,6 +267,7 @@ def live_sites(
     grew = [_grew(made[g]) for g in growers.tolist() if g in made and made[g]["grows"]]
     stacks_out = sorted(by_stack.items(), key=lambda kv: -kv[1])
     stepped = last_step is not None
+    late = None if window.late_ns is None else (end - window.late_ns) / 1e9
     return {
         "recorded": True,
         "mean_bytes": mean_bytes(ring_meta),
@@ -269,6 +276,8 @@ def live_sites(
         "host_live_bytes": total_bytes(slots["weight"][slots["domain"] != GPU_DOMAIN]),
         "resident_bytes": total_bytes(slots["weight"][window.resident(step_of, slot_imports)]),
         "last_step_bytes": total_bytes(slots["weight"][step_of == last_step]) if stepped else None,
+        "last_step_ran_s": None if late is None else round(late, 3),
+        "step_s": _step_s(steps),
         "sampled_blocks": len(slots),
         "torn_slots": heap.torn,
         "sites": sites,
@@ -276,6 +285,22 @@ def live_sites(
         "site_count": len(keys),
         "stacks": [{"stack": s, "live_bytes": int(round(b))} for s, b in stacks_out[:TOP_STACKS]],
     }
+
+
+def _step_s(steps: tuple[np.ndarray, np.ndarray] | None) -> float | None:
+    """The median of the last ``STEPS_TIMED`` steps' times (s), None with fewer than 2 step records."""
+    if steps is None or len(steps[0]) < 2:
+        return None
+    return round(float(np.median(np.diff(steps[0][-STEPS_TIMED - 1 :]))) / 1e9, 6)
+
+
+def _late_from(steps: tuple[np.ndarray, np.ndarray] | None, end_ns: int) -> int | None:
+    """When the last step began (UTC ns), where it ran long (module docstring), else None."""
+    step_s = _step_s(steps)
+    if steps is None or step_s is None:
+        return None
+    began = int(steps[0][-1])
+    return began if (end_ns - began) / 1e9 > max(LATE_STEPS * step_s, MIN_GROWTH_WINDOW_S) else None
 
 
 def _interval(ring_meta: dict[str, Any]) -> float:
@@ -286,10 +311,12 @@ def _interval(ring_meta: dict[str, Any]) -> float:
 class Window:
     """When a block counts as grown: not resident (allocated before the first step, or by an import in a
     ring without steps), not in flight (allocated in the step the ring ended in, or within the last sample
-    interval), and how its site's growth is measured (per step or per second)."""
+    interval), and how its site's growth is measured (per step or per second; per second too after the
+    start of a last step that ran long, ``late_ns``)."""
 
-    def __init__(self, last_step: int | None, end_ns: int, interval_s: float, main_thread: int | None) -> None:
-        self.last_step, self.end_ns, self.main_thread = last_step, end_ns, main_thread
+    def __init__(self, last_step: int | None, end_ns: int, interval_s: float, main_thread: int | None,
+                 late_ns: int | None = None) -> None:  # fmt: skip
+        self.last_step, self.end_ns, self.main_thread, self.late_ns = last_step, end_ns, main_thread, late_ns
         self.interval_ns = int(interval_s * 1e9)
         self.min_window_s = max(MIN_GROWTH_WINDOW_S, 5 * interval_s)
 
@@ -301,11 +328,16 @@ class Window:
     def growing(self, slots: np.ndarray, step_of: np.ndarray, when: np.ndarray, imports: np.ndarray) -> np.ndarray:
         """Blocks that count as growth (resident and in-flight ones left out)."""
         out = ~self.resident(step_of, imports)
+        late = self.late(when)
         if self.last_step is not None:
-            out &= step_of < self.last_step
+            out &= (step_of < self.last_step) | late
         by_second = slots["thread"] != self.main_thread if self.main_thread is not None else np.ones(len(out), bool)
-        out &= ~by_second | (when < self.end_ns - self.interval_ns)
+        out &= ~(by_second | late) | (when < self.end_ns - self.interval_ns)
         return out
+
+    def late(self, when: np.ndarray) -> np.ndarray:
+        """Blocks allocated after the start of a last step that ran long."""
+        return when >= self.late_ns if self.late_ns is not None else np.zeros(len(when), bool)
 
 
 def _grew(site: dict[str, Any]) -> dict[str, Any]:
@@ -386,19 +418,23 @@ def _site(
     g = grows[idx]
     by_step = window.main_thread is not None and bool((slots["thread"][idx] == window.main_thread).any())
     by_step = by_step and window.last_step is not None
+    late = g & window.late(t)  # (the main thread's blocks after a last step that ran long: by the second too)
     per_step = per_s = None
-    if by_step and len(np.unique(steps[g])) >= MIN_GROWTH_STEPS:
+    if by_step and len(np.unique(steps[g & ~late])) >= MIN_GROWTH_STEPS:
         assert window.last_step is not None
-        per_step = _slope(steps[g], w[g], _step_grid(int(steps[g].min()), window.last_step - 1))
-    elif not by_step and g.any():
-        first_ns = int(t[g].min())
+        counted = g & ~late
+        per_step = _slope(steps[counted], w[counted], _step_grid(int(steps[counted].min()), window.last_step - 1))
+    timed = late if by_step else g
+    if per_step is None and timed.any():
+        first_ns = int(t[timed].min())
         span_s = (window.end_ns - first_ns) / 1e9
-        ticks = len(np.unique((t[g] - first_ns) // max(window.interval_ns, 1)))
+        ticks = len(np.unique((t[timed] - first_ns) // max(window.interval_ns, 1)))
         if span_s >= window.min_window_s and ticks >= MIN_GROWTH_STEPS:
-            seconds = (t[g] - first_ns).astype(float) / 1e9
-            per_s = _slope(seconds, w[g], np.linspace(0.0, span_s, 50))
+            seconds = (t[timed] - first_ns).astype(float) / 1e9
+            per_s = _slope(seconds, w[timed], np.linspace(0.0, span_s, 50))
     grown_bytes = total_bytes(w[g])
     grown_error = error95(slots["size"][idx][g], w[g])
+    by_step = by_step and per_s is None  # (grown only after a last step that ran long: per second)
     rate = per_step if by_step else per_s
     resident = window.resident(steps, np.full(len(idx), key[1]))
     return {

@@ -73,9 +73,12 @@ def shown_stack(folded: str | None) -> str:
 def _totals(report: dict[str, Any]) -> str:
     live = report.get("live_bytes") or 0
     parts = []
+    ran = report.get("last_step_ran_s")
+    last = (f"allocated after the last step began (no step for {ran:.1f} s: its loop had ended, or something else "
+            "ran)" if isinstance(ran, (int, float)) else "allocated in the last step (in flight)")  # fmt: skip
     for key, word in (("resident_bytes", "resident since start-up (before the first step: imports, the model, "
                                           "the optimizer's state)"),
-                      ("last_step_bytes", "allocated in the last step (in flight)")):  # fmt: skip
+                      ("last_step_bytes", last)):  # fmt: skip
         if report.get(key) is not None:
             parts.append(f"{human_bytes(report[key])} {word}")
     grown = sum(int(g.get("grown_bytes") or 0) for g in report.get("grew") or [])
@@ -144,7 +147,9 @@ def _grew_lines(report: dict[str, Any]) -> list[str]:
     if not grew:
         return ["Who grew: no site grew across the steps (or, for threads without steps, over "
                 "several sample intervals) beyond its sampling error.", ""]  # fmt: skip
-    lines = ["Who grew, most first (live bytes allocated since start-up, outside the last step):", "",
+    outside = ("outside the last step, or by the second after it began" if report.get("last_step_ran_s") is not None
+               else "outside the last step")  # fmt: skip
+    lines = [f"Who grew, most first (live bytes allocated since start-up, {outside}):", "",
              "| site | grew | growth | since step | thread |", "|---|---:|---:|---:|---|"]  # fmt: skip
     lines += [f"| {_where(g)} | {human_bytes(g['grown_bytes'])} ± {human_bytes(g['grown_error_bytes'])} | "
               f"{_growth(g)} | {'-' if g.get('first_step') is None else g['first_step']} | {_thread(g)} |"
