@@ -208,8 +208,10 @@ def mp_parent() -> int | None:
     return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
 
 
+SPAWNED_RANK = "torch.multiprocessing.spawn process"  # mp.spawn's: a rank, whatever its parent's SIGTERM says
 HELPER_TARGETS = {("torch.utils.data._utils.worker", "_worker_loop"): "DataLoader worker",
-                  ("multiprocessing.pool", "worker"): "multiprocessing Pool worker"}  # fmt: skip
+                  ("multiprocessing.pool", "worker"): "multiprocessing Pool worker",
+                  ("torch.multiprocessing.spawn", "_wrap"): SPAWNED_RANK}  # fmt: skip
 
 
 def helper_name() -> str | None:

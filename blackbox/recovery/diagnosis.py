@@ -50,6 +50,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._units import human_bytes
+from ..collect.identity import SPAWNED_RANK
 from ..ring import format as fmt
 from ..ring.reader import without_c_extension
 from .crash import faulthandler_frame, native_crash, shutdown_where
@@ -461,9 +462,11 @@ class _Death:
     def _ended_by_its_pool(self, s: dict[str, Any]) -> bool:
         """A multiprocessing worker (no DataLoader's: those take SIGTERM in a handler of their own) that its
         parent (or, forked by a forkserver, the process whose Pool it serves) ended by SIGTERM: a Pool's
-        teardown, no death of the job."""
+        teardown, no death of the job. Not a rank torch.multiprocessing.spawn started: its parent ends the others
+        so after one of them failed (their deaths collateral of that one's)."""
         parents = {self.ident.get("ppid"), self.ident.get("mp_parent")} - {None}  # (a forkserver's child: both)
-        return self.ident.get("role") == "worker" and s["label"] == "SIGTERM" and s["sender_pid"] in parents
+        return (self.ident.get("role") == "worker" and self.victim["role"] != SPAWNED_RANK and s["label"] == "SIGTERM"
+                and s["sender_pid"] in parents)  # fmt: skip
 
     def _raised_again(self, last: dict[str, Any] | None, status_signal: int | None) -> dict[str, Any] | None:
         """The signal a native handler took as the process's last record (nothing after it for

@@ -26,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..collect.identity import SPAWNED_RANK
 from ..ring import format as fmt
 from .kinds import of_kind
 
@@ -35,6 +36,7 @@ ROLE = {"main": "main process", "worker": "multiprocessing worker", "mp_service"
 WORKER_FRAMES = (
     (r"(^|;)_worker_loop \([^;]*torch/utils/data/", "DataLoader worker"),
     (r"(^|;)worker \([^;]*multiprocessing/pool\.py:", "multiprocessing Pool worker"),
+    (r"(^|;)_wrap \([^;]*torch/multiprocessing/spawn\.py:", SPAWNED_RANK),
 )
 TORCHRUN = ("torch/distributed/run.py", "torch/distributed/launch.py")
 TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")  # as `python -m` names them

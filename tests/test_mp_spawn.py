@@ -1,0 +1,64 @@
+"""torch.multiprocessing.spawn (``mp.spawn``, as pytorch/examples' DDP scripts start their ranks) under
+`blackbox run`, unarmed and armed side by side: where one rank dies, the parent ends the others by SIGTERM
+and raises. That SIGTERM is no Pool's teardown (a clean end): those ranks are collateral of the first death."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+JOB = """\
+import os, signal, sys, time
+import torch.multiprocessing as mp
+
+def fn(rank):
+    for step in range(400):
+        time.sleep(0.02)
+        if rank == 1 and step == 25:
+            os.kill(os.getpid(), signal.SIGKILL)  # PLANT: rank 1's death
+
+if __name__ == "__main__":
+    mp.spawn(fn, nprocs=3)
+"""
+
+
+def test_ranks_the_parent_ends_after_one_dies_are_collateral_not_clean_ends(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    (tmp_path / "train.py").write_text(JOB)
+    # GIVEN mp.spawn's 3 ranks, rank 1 SIGKILLed at its step 25; the parent then SIGTERMs ranks 0 and 2, and raises
+    runs = []
+    for armed in (False, True):
+        run = [sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "run"), "--"] * armed
+        env = dict(os.environ, PYTHONPATH=str(REPO) if armed else "")
+        runs.append(subprocess.run([*run, sys.executable, "train.py"], capture_output=True, text=True, timeout=180,
+                                   cwd=tmp_path, env=env))  # fmt: skip
+    plain, armed = runs
+    # THEN it ends as unarmed: the parent's ProcessExitedException, status 1
+    assert plain.returncode == armed.returncode == 1, (plain.stderr[-2000:], armed.stderr[-2000:])
+    for done in runs:
+        assert "process 1 terminated with signal SIGKILL" in done.stderr, done.stderr[-2000:]
+    (bundle,) = (tmp_path / "run").glob("run-*/bundle")
+    meta = json.loads((bundle / "metadata.json").read_text())
+    # AND the first death is rank 1's SIGKILL; the other two were stopped by their parent after it, collateral
+    first = meta["first_death"]
+    assert (first["cause"], first["victim"]["role"]) == ("killed", "torch.multiprocessing.spawn process"), first
+    rings = {m["pid"]: m for m in meta["rings"]}
+    spawned = [m for m in rings.values() if m["death"]["victim"]["role"] == "torch.multiprocessing.spawn process"]
+    assert len(spawned) == 3, [m["death"]["victim"] for m in rings.values()]
+    stopped = [m for m in spawned if m["pid"] != first["pid"]]
+    for m in stopped:  # (they read `clean_exit`: "multiprocessing ends a Pool's workers so")
+        assert m["death"]["cause"] == "signal" and m["death"]["killed_by"]["signal"] == "SIGTERM", m["death"]
+        assert m["death"]["collateral_of"]["pid"] == first["pid"], m["death"]
+    summary = (bundle / "summary.md").read_text()
+    assert f"stopped by the parent process after pid {first['pid']} died" in summary, summary[:3000]
+    assert "clean_exit" not in summary.split("## How they ended", 1)[1].split("##", 1)[0], summary[:3000]
+    assert signal.SIGKILL.name in summary
