@@ -1,5 +1,5 @@
 """Signals whose default action ends the process and that jobs seldom mean to die of (collect/signals.py,
-ENDINGS: SIGQUIT, SIGALRM, SIGXCPU, SIGVTALRM, SIGPROF): named as what ended the job, and left alone where the
+ENDINGS: SIGQUIT, SIGALRM, SIGXCPU, SIGVTALRM, SIGPROF, SIGPIPE): named as what ended the job, and left alone where the
 job handles them.
 
 Each job runs under a shell, as `train.sh` runs it (`python train.py; echo status $?`): the shell, not the
@@ -33,6 +33,8 @@ ENDS = {  # how the job meets each, at its planted line
     "SIGQUIT": "print('READY', os.getpid(), flush=True)\ntime.sleep(60)",  # the test sends it (as Ctrl-\\ would)
     "SIGXCPU": "resource.setrlimit(resource.RLIMIT_CPU, (1, resource.RLIM_INFINITY))\nwhile True:\n    pass",
     "SIGALRM": "signal.alarm(1)\ntime.sleep(60)",
+    # a job that puts SIGPIPE's default action back (as `| head` scripts do), then writes to a pipe nobody reads
+    "SIGPIPE": "signal.signal(signal.SIGPIPE, signal.SIG_DFL)\nr, w = os.pipe()\nos.close(r)\nos.write(w, b'x')",
 }
 
 
@@ -69,6 +71,8 @@ def test_a_signal_whose_default_action_ended_the_job_is_named_not_called_sigkill
         assert death["killed_by"]["sender_pid"] == os.getpid(), death["killed_by"]
     elif name == "SIGXCPU":
         assert "CPU-time limit" in death["headline"], death["headline"]
+    elif name == "SIGPIPE":  # (it read "killed with SIGKILL; no handler ran")
+        assert "a pipe or socket whose reader had gone" in death["headline"], death["headline"]
     else:
         assert "an alarm" in death["headline"], death["headline"]
 

@@ -1,7 +1,7 @@
 """Signals and native crashes, recorded without changing how the job handles either.
 
 Signals (SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2; and ``ENDINGS``, SIGQUIT, SIGALRM,
-SIGXCPU, SIGVTALRM and SIGPROF, only while their default action is in force) are recorded by the C
+SIGXCPU, SIGVTALRM, SIGPROF and SIGPIPE, only while their default action is in force) are recorded by the C
 extension's async-signal-safe handler (``ring/_cwriter.c``), installed at the
 OS level over whatever disposition the process has, never over ``SIG_IGN``. It
 writes one ``signal`` record and hands the signal on: to the job's handler, or,
@@ -59,10 +59,11 @@ RECORDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
 CRASHES = ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT")
 # Signals whose default action ends the process and that a job seldom means to die of (Ctrl-\, an alarm() left
 # unhandled, the CPU-time limit of `ulimit -t`, a profiler's timer that outlived its handler): recorded only while
-# that default action is in force. Over a handler (the job's SIGALRM timeout, a profiler's SIGPROF firing a
-# thousand times a second) or SIG_IGN nothing of ours goes: each is no death, and would flood the ring. Unrecorded,
-# such a death under a shell read as "killed with SIGKILL; no handler ran".
-ENDINGS = ("SIGQUIT", "SIGALRM", "SIGXCPU", "SIGVTALRM", "SIGPROF")
+# that default action is in force (SIGPIPE: a write to a pipe whose reader had gone, where the job put back the
+# default action Python sets aside, as `| head` scripts do). Over a handler (the job's SIGALRM timeout, a
+# profiler's SIGPROF firing a thousand times a second) or SIG_IGN nothing of ours goes: each is no death, and
+# would flood the ring. Unrecorded, such a death under a shell read as "killed with SIGKILL; no handler ran".
+ENDINGS = ("SIGQUIT", "SIGALRM", "SIGXCPU", "SIGVTALRM", "SIGPROF", "SIGPIPE")
 DEFAULT_ACTION = "default action"  # detail of a signal that ended the process (the diagnosis keys on it)
 
 

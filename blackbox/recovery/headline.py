@@ -22,6 +22,7 @@ KERNEL_ENDINGS = {
     "SIGALRM": "an alarm (`alarm()`, `signal.alarm`, `setitimer`) that no handler took",
     "SIGVTALRM": "a virtual timer (`setitimer`) that no handler took",
     "SIGPROF": "a profiling timer (`setitimer`) that no handler took: a profiler's, left running after it",
+    "SIGPIPE": "it wrote to a pipe or socket whose reader had gone (`| head` done, a `tee` killed)",
 }
 
 
@@ -47,6 +48,8 @@ def headline(
     by = f" {killed_by['signal']} from {sender}" if killed_by and sender else ""
     if by and killed_by and killed_by.get("sender_pid") == victim.get("pid") and victim.get("pid"):
         by = f" {killed_by['signal']}, which it sent itself"
+        if killed_by["signal"] == "SIGPIPE":  # the kernel's, for a write of its own (si_pid: the writer)
+            by = f" SIGPIPE: {KERNEL_ENDINGS['SIGPIPE']}"
     if by and killed_by and killed_by.get("reason"):
         by += f": {str(killed_by['reason']).split(' (Slurm')[0]}"
     if cause == "killed" and killed_by and killed_by.get("dropped") and not in_shutdown:
