@@ -250,3 +250,29 @@ def test_a_failing_status_of_the_shell_is_told_as_the_shells_when_every_python_e
     summary = (run / "bundle" / "summary.md").read_text()
     assert "**The job exited with status 3**, its own (a shell, or a program that is not Python)" in summary
     assert "exit status 3, the job's own (a shell, or a program that is not Python)" in proc.stderr, proc.stderr
+
+
+def test_a_python_child_killed_by_the_oom_killer_gets_no_dataloader_worker_levers(
+    tmp_path: Path, memory_cgroup: Any
+) -> None:
+    # GIVEN a job whose Python starts another Python (a notebook's kernel under nbconvert, a script's
+    # subprocess) that leaks until the kernel OOM-kills it in a 300 MiB cgroup (its levers were a DataLoader
+    # worker's: "a cache in the Dataset that grows in every worker", "fewer DataLoader workers")
+    (tmp_path / "child.py").write_text("import time\nimport numpy as np\nkept = []\nwhile True:\n"
+                                       "    kept.append(np.ones(1 << 19))  # PLANT\n    time.sleep(0.01)\n")
+    (tmp_path / "parent.py").write_text(f"import subprocess, sys\nsys.exit(subprocess.run([{PY!r}, 'child.py'])"
+                                        ".returncode & 0xFF)\n")  # fmt: skip
+    cg = memory_cgroup(300 << 20)
+    kills = cg.oom_kills()
+    run = [PY, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "run"), "--", PY, "parent.py"]
+    done = subprocess.run(run, capture_output=True, text=True, timeout=120, env=ENV, cwd=tmp_path,
+                          preexec_fn=cg.join)  # fmt: skip
+    assert cg.oom_kills() == kills + 1, done.stderr[-2000:]
+    (bundle,) = (tmp_path / "run").glob("run-*/bundle")
+    meta = json.loads((bundle / "metadata.json").read_text())
+    first = meta["first_death"]
+    # THEN the child's OOM kill is the first death, with the levers of a process of its own
+    assert (first["cause"], first["victim"]["role"]) == ("host_oom_kill", "child process"), first
+    change = (bundle / "summary.md").read_text().split("What to change:", 1)[1].split("\n## ", 1)[0]
+    assert "Dataset" not in change and "DataLoader" not in change, change
+    assert "child.py:5" in change.split("\n- ", 2)[1], change

@@ -32,6 +32,7 @@ MEMORY_CAUSES = frozenset({"host_oom_kill", "userspace_oom_kill", "oom_exception
 SPIKE_SHARE = 0.5  # of the largest holder's live bytes, allocated in the last step, for a spike
 SPIKE_GROWTH = 0.25  # growth elsewhere (bytes grown) below this share of the spike's bytes: still a spike
 GPU = "gpu"  # the domain of the CUDA caching allocator's blocks
+DATALOADER_WORKER = "torch/utils/data/_utils/worker.py:"  # a DataLoader worker loop's frame (no Pool's, no rank's)
 LEAK_LEVERS = frozenset({*MAIN_LEVERS, LIMIT_LEVER})
 UNSEEN = (
     "allocators the hooks do not see (a malloc reached through dlsym before arming, mmap, a custom allocator), "
@@ -51,7 +52,8 @@ def _thread(site: dict[str, Any]) -> str:
 def _why(site: dict[str, Any], role: str | None) -> str:
     name = site["site"].rpartition(" (")[0]
     line = site.get("line") or ""
-    if name.endswith("__getitem__") or role == "worker":
+    stack = site.get("stack") or ""
+    if name.endswith("__getitem__") or DATALOADER_WORKER in stack or (role == "worker" and not stack):
         return "the Dataset keeps what __getitem__ makes (a cache in every worker): return it without keeping it"
     if ".append(" in line or ".extend(" in line or "+=" in line:
         return "a list appended in the loop keeps every step's objects: keep `x.item()` or a bounded deque"

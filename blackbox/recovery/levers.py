@@ -18,7 +18,13 @@ import numpy as np
 
 from .._fit import trend
 from .._units import human_bytes
+from ..collect.identity import SPAWNED_RANK
 from .facts import Facts, Rows
+from .helpers import LAUNCHED_BY, ROLE
+
+# Processes whose OOM kill is no worker's (no Dataset, no copies per worker): their levers are a main process's
+NOT_WORKERS = frozenset({None, ROLE["main"], ROLE["child"], ROLE["compile_worker"], ROLE["mp_service"], SPAWNED_RANK,
+                         *LAUNCHED_BY})  # fmt: skip
 
 COPY_ON_READ_LEVER = (
     "each worker holds its own copy of every Python object the dataset touches (reference counts turn "
@@ -215,7 +221,7 @@ def analysis(f: Facts, cause: str, victim: dict[str, Any], stat: dict[str, Any] 
     if memory:
         out["memory_at_end"] = memory
     if cause in ("host_oom_kill", "userspace_oom_kill"):
-        worker = victim.get("role") not in (None, "main process") or (growth or {}).get("grew") == "children"
+        worker = victim.get("role") not in NOT_WORKERS or (growth or {}).get("grew") == "children"
         if worker:
             behaved = worker_memory(f, victim.get("pid"))
             if behaved:
