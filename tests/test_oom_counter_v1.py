@@ -7,6 +7,9 @@ child (the task), an armed job in the child whose forked worker outgrows the
 limit. The kernel's own counters are the planted truth (1 in the task, 0 where
 the limit is); the ring's samples must see the count rise, where reading the
 limit's cgroup saw nothing.
+
+And a rise of the counter after a ring's last sample is not its own kill where
+the kernel log names another process of the cgroup killed since.
 """
 
 from __future__ import annotations
@@ -61,3 +64,36 @@ def test_v1_oom_kill_is_read_in_the_task_cgroup(tmp_path: Path, memory_cgroup) -
                 break
             except OSError:
                 time.sleep(0.1)
+
+
+KILLED_ITSELF = """
+import os, signal, sys, time
+import blackbox
+blackbox.arm(sys.argv[1], sample_interval=0.05)
+time.sleep(0.5)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+LEAKS = "kept = []\nwhile True:\n    kept.append(bytearray(8 << 20))\n"
+
+
+def test_a_sigkill_stays_one_when_another_process_of_its_cgroup_is_oom_killed_before_recovery(
+    tmp_path: Path, memory_cgroup
+) -> None:
+    from blackbox.recovery.pipeline import recover_rings
+
+    cg: MemoryCgroup = memory_cgroup(160 << 20)
+    # GIVEN an armed process SIGKILLed (by itself) in a memory cgroup, then another, unarmed, OOM-killed there
+    # before the first one's rings are recovered (a notebook's kernels, a job's tools, in one cgroup)
+    rings = tmp_path / "rings"
+    killed = run_py(KILLED_ITSELF, f"{rings}/", check=False, preexec_fn=cg.join)
+    assert killed.returncode == -9, killed.stderr
+    before = cg.oom_kills()
+    leaked = run_py(LEAKS, check=False, preexec_fn=cg.join)
+    assert leaked.returncode == -9 and cg.oom_kills() == before + 1, leaked.stderr
+    # WHEN its rings are recovered
+    death = recover_rings([rings]).meta["death"]
+    # THEN it was killed with SIGKILL, not by the OOM killer (its cgroup's counter rose for the other one, the
+    # kernel log says so); the other's kill is said as what the counter counted
+    assert death["cause"] == "killed", death  # (it read host_oom_kill: "oom_kill counter rose from 0 to 1")
+    assert any("the kernel OOM-killed another process of its memory cgroup after its last record" in e
+               for e in death["evidence"]), death["evidence"]  # fmt: skip

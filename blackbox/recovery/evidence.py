@@ -63,6 +63,9 @@ class Evidence:
     # the pids among them matched by the job's memory cgroup alone (a DataLoader worker no process sampled)
     cgroup_matched: set[int] = field(default_factory=set)
     cgroup_oom_kills_now: int | None = None
+    # the kernel log's OOM kills of other processes in the ring's own memory cgroup, after its last event: what a
+    # rise of that cgroup's counter since then may be (another process of the cgroup, killed later)
+    others_killed: list[KernelKill] = field(default_factory=list)
     exit_status: int | None = None  # as a shell reports it (128 + signal), from `blackbox run`
     crash: str | None = None  # faulthandler's tracebacks left beside the ring (a native crash)
     signal_stacks: dict[str, str] = field(default_factory=dict)  # a signal that ended it -> its stack (no C)
@@ -133,6 +136,9 @@ def gather(
         if matched and not (sees_workers is not None and sees_workers()):
             ev.kernel_kills = sorted(ev.kernel_kills + matched, key=lambda k: k.time_ns)
             ev.cgroup_matched = {k.pid for k in matched}
+        ev.others_killed = [k for k in inside if k.pid not in targets and k.pid not in ev.cgroup_matched
+                            and k.time_ns >= last - SLACK_NS and isinstance(cg_path, str)
+                            and in_cgroup(k, cg_path)]  # fmt: skip
     if isinstance(cg.get("path"), str) and cg.get("version") in (1, 2):
         ev.cgroup_oom_kills_now = (cgroups or CgroupCounters()).read(cg["path"], int(cg["version"]))
     return ev
@@ -144,8 +150,11 @@ def worker_in_cgroup(kill: KernelKill, cgroup_path: str) -> bool:
     grandchild, which no sampler sees and whose death the job's error may not name (a
     ``ConnectionResetError``). The cgroup must be a real one, not the root (every process is there):
     ``cgroup_path`` is the mount of a cgroup filesystem followed by ``task_memcg``."""
-    if not kill.name.startswith("pt_data"):
-        return False
+    return kill.name.startswith("pt_data") and in_cgroup(kill, cgroup_path)
+
+
+def in_cgroup(kill: KernelKill, cgroup_path: str) -> bool:
+    """The kill's victim was in the memory cgroup ``cgroup_path`` (a real one, not the root), by its report."""
     memcg = next((m.group(1) for line in kill.report if (m := _TASK_MEMCG.search(line))), None)
     if memcg is None or memcg in ("", "/") or not cgroup_path.endswith(memcg):
         return False

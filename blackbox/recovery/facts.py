@@ -271,7 +271,9 @@ def near_limit(sample: dict[str, Any] | None) -> tuple[float, str] | None:
 
 
 def counter_rose(first: dict[str, Any] | None, last: dict[str, Any] | None, ev: Evidence | None = None) -> str | None:
-    """The cgroup's oom_kill counter rose: between two samples, or (``ev``) after the last one."""
+    """The cgroup's oom_kill counter rose: between two samples, or (``ev``) after the last one, by more than the
+    kernel log's kills of other processes there since (``ev.others_killed``: recovered after another process of
+    the cgroup was OOM-killed, a SIGKILL read as the OOM killer's)."""
     if not last or last.get("cgroup_oom_kills") is None:
         return None
     if ev is None:
@@ -281,7 +283,7 @@ def counter_rose(first: dict[str, Any] | None, last: dict[str, Any] | None, ev: 
         return None
     if ev.cgroup_oom_kills_now is None or not ev.same_boot:
         return None
-    if ev.cgroup_oom_kills_now > last["cgroup_oom_kills"]:
+    if ev.cgroup_oom_kills_now - last["cgroup_oom_kills"] > len(ev.others_killed):  # (not others' kills alone)
         return (f"the memory cgroup's oom_kill counter rose from {last['cgroup_oom_kills']} (last sample) "
                 f"to {ev.cgroup_oom_kills_now}")  # fmt: skip
     return None
