@@ -36,6 +36,14 @@ def test_code_a_library_compiled_from_a_string_is_the_librarys_and_python_c_is_t
     assert site_and_imports(";".join([JOB, made]))[0] == made  # the job's own exec
 
 
+def test_a_function_cloudpickle_shipped_by_value_is_the_jobs() -> None:
+    # (submitit, Ray, Dask: cloudpickle names such code `<dynamic-code>`; the site and the raise were submitit's)
+    runner = "DelayedSubmission.result (/venv/lib/python3.11/site-packages/submitit/core/utils.py:137)"
+    work = "work (<dynamic-code>:13)"
+    assert site_and_imports(";".join([runner, work, LIBRARY]))[0] == work
+    assert site_and_imports(";".join([JOB, runner, work]))[0] == work
+
+
 def test_an_entry_point_script_a_package_installs_is_the_librarys() -> None:
     torchrun = "<module> (/venv/bin/torchrun:6)"
     assert site_and_imports(";".join([torchrun, "main (/venv/lib/python3.11/site-packages/torch/distributed/run.py:9)"

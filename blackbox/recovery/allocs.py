@@ -67,6 +67,7 @@ _ENTRY = re.compile(r"/s?bin/[^/.]+:\d+\)?$")
 # the standard library (site-packages apart), frozen modules and blackbox: never a site where a library's is
 _STDLIB = re.compile(r"<frozen |/lib/python3\.\d+/(?!site-packages/|dist-packages/)|" + _OWN)
 _OWN_FRAME = re.compile(_OWN)
+DYNAMIC_CODE = "<dynamic-code>:"  # cloudpickle's file name for code pickled by value
 _IMPORT = re.compile(r"<frozen importlib\._bootstrap|/importlib/_bootstrap(_external)?\.py:")
 
 
@@ -98,7 +99,10 @@ def is_stdlib_frame(frame: str) -> bool:
 def _run_by_the_job(frames: list[str], i: int) -> bool:
     """Frame ``i`` (the job's by its file) is the job's: code compiled from a string (``<string>``) is the job's
     only where the nearest frame outside such code is (``python -c``), not where a library made it (a
-    dataclass's ``__init__``, a namedtuple's ``__new__``)."""
+    dataclass's ``__init__``, a namedtuple's ``__new__``). cloudpickle's ``<dynamic-code>`` is the job's: the
+    function submitit, Ray or Dask shipped by value to a process of theirs (defined in ``__main__`` or a notebook)."""
+    if _where(frames[i]).startswith(DYNAMIC_CODE):
+        return True
     while i >= 0 and _where(frames[i]).startswith("<"):
         i -= 1
     return i < 0 or is_job_frame(frames[i])
