@@ -135,3 +135,8 @@ def test_a_starved_rank_killed_first_is_not_displaced_by_the_peer_that_lost_it(t
     # AND the starved rank that was killed is still the first death: the peer's error came after it
     assert (meta["first_death"]["rank"], meta["first_death"]["cause"]) == (1, "killed"), meta["first_death"]
     assert meta["first_death"]["peer_lost"] is None
+    # AND rank 0 is collateral of it, said so: it counted as a death of its own cause
+    assert by_rank[0]["death"]["collateral_of"]["lost_peer"] is True, by_rank[0]["death"]
+    (attempt,) = meta["attempts"]
+    assert (attempt["deaths"], attempt["collateral"]) == (1, 1), attempt
+    assert "- 1 rank lost a peer after rank 1 died" in (out / "summary.md").read_text()

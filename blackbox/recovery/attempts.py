@@ -367,6 +367,11 @@ def deaths(
     first = _earliest(rest, when, parents) if rest else None
     for m in collateral:
         m["death"]["collateral_of"] = _who(first or {}) | {"by": _launcher(m, torn[id(m)], group)}
+    if first is not None and not first["death"].get("peer_lost"):  # its peers' ends, as theirs say: collateral
+        lost = [m for m in rest if m is not first and m["death"].get("peer_lost") and when[id(m)] >= when[id(first)]]
+        for m in lost:
+            m["death"]["collateral_of"] = _who(first) | {"by": None, "lost_peer": True}
+        collateral += lost
     return first, collateral, None
 
 

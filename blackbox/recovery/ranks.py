@@ -44,6 +44,7 @@ SCHEMA = with_nullable_ints(pa.schema(
         ("job", pa.string()),
         ("collateral_of", pa.int64()),
         ("stopped_by", pa.string()),
+        ("lost_peer", pa.bool_()),
         ("death_time_error_s", pa.float64()),
         ("starved_late_s", pa.float64()),
     ]
@@ -90,12 +91,14 @@ def _number(v: Any) -> float | None:
 
 
 def collateral_columns(after: dict[str, Any] | None) -> dict[str, Any]:
-    """``collateral_of`` (the pid of the death it followed) and ``stopped_by`` (its launcher), for a ring
-    torn down by its launcher after another's death (``death.collateral_of``); nulls for any other."""
+    """``collateral_of`` (the pid of the death it followed), ``stopped_by`` (its launcher) and ``lost_peer``
+    (it died of that death: a peer gone away), for a ring collateral of another's death
+    (``death.collateral_of``); nulls for any other."""
     if not isinstance(after, dict):
-        return {"collateral_of": None, "stopped_by": None}
+        return {"collateral_of": None, "stopped_by": None, "lost_peer": None}
     pid, by = after.get("pid"), after.get("by")
-    return {"collateral_of": pid if isinstance(pid, int) else None, "stopped_by": by if isinstance(by, str) else None}
+    return {"collateral_of": pid if isinstance(pid, int) else None, "stopped_by": by if isinstance(by, str) else None,
+            "lost_peer": after.get("lost_peer") is True or None}  # fmt: skip
 
 
 def _nanos(iso: Any) -> int | None:

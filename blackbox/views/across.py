@@ -203,6 +203,8 @@ def _torn_down_sentence(first: dict[str, Any], rows: list[dict[str, Any]], torn:
 def _after_first(first: dict[str, Any], r: dict[str, Any]) -> str:
     """How a collateral row ended, after the first death: stopped by its launcher; in a hang, that or its own
     end while it waited for the stuck rank (a collective's timeout)."""
+    if r.get("lost_peer"):  # its own exception, of its peer's loss (gloo's "Connection closed by peer")
+        return f"lost a peer after {_short(first)} died"
     role = str((first.get("victim") or {}).get("role") or "")
     by_first = bool(r.get("stopped_by")) and first.get("rank") is None and r["stopped_by"] in role
     if first.get("cause") != "hang" and by_first:  # the first death is the launcher that stopped it, as it went down
@@ -244,7 +246,7 @@ def ended_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]],
         if cause == RUNNING:
             lines.append(f"{text}: {_named(members)}")
             continue
-        if cause.startswith(("stopped by", "ended (")):
+        if cause.startswith(("stopped by", "ended (", "lost a peer")):
             within = f", within {_seconds(max(times) - t0)}" if times and t0 is not None and max(times) >= t0 else ""
             lines.append(f"{text}{within}: {_named(members)} (collateral, not counted as deaths)")
             continue
