@@ -439,9 +439,7 @@ class _Death:
             self._set("userspace_oom_kill", "strong", f"{how}; {over}")
         else:
             self._set("killed", "certain" if seen else "strong", how)
-            for other in self.ev.others_killed[-3:]:  # what its cgroup's oom_kill counter counted since, not it
-                self.evidence.append(f"the kernel OOM-killed another process of its memory cgroup after its last "
-                                     f"record: pid {other.pid} `{other.name}` ({other.line})")  # fmt: skip
+            self.evidence += self.ev.others_said  # what its cgroup's oom_kill counter counted since, not it
             if recent:
                 self.killed_by = sender_of(recent)
                 self.evidence.append(came_first(self.f.signals, self.f.signal_ns, self.f.last_ns, self._role(recent)))

@@ -79,6 +79,12 @@ class Evidence:
     exec_mark: str | None = None  # ...where its own last exec mark says so (collect.execs), no later ring of it
 
     @property
+    def others_said(self) -> list[str]:
+        """The last 3 of ``others_killed``, as evidence says them."""
+        return [f"the kernel OOM-killed another process of its memory cgroup after its last record: pid {k.pid} "
+                f"`{k.name}` ({k.line})" for k in self.others_killed[-3:]]  # fmt: skip
+
+    @property
     def kernel_oom_line(self) -> str | None:
         return self.kernel_kills[-1].line if self.kernel_kills else None
 
