@@ -483,3 +483,26 @@ def test_a_group_sigkill_of_a_job_and_its_workers_is_told_as_the_jobs_death(tmp_
     first = meta["first_death"]
     assert first["pid"] == int(up.read_text()) and first["cause"] == "killed", first
     assert "4 processes `killed`" in bundle_summary(meta)
+
+
+@pytest.mark.slow
+def test_a_process_still_running_is_no_first_death_where_an_earlier_one_died(tmp_path: Path) -> None:
+    # GIVEN a ring folder holding a process SIGKILLed, then another armed later and still running (two notebook
+    # kernels, one after the other, in one folder): it was told "First death: pid N ... `unknown` ... still running"
+    rings = tmp_path / "rings"
+    killed = run_py("import os, signal, sys, time, blackbox\nblackbox.arm(sys.argv[1])\ntime.sleep(0.3)\n"
+                    "os.kill(os.getpid(), signal.SIGKILL)\n", f"{rings}/", check=False)  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL
+    live = spawn_py("import sys, time, blackbox\nblackbox.arm(sys.argv[1])\nprint('armed', flush=True)\n"
+                    "time.sleep(60)\n", f"{rings}/", stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        assert live.stdout is not None and live.stdout.readline().strip() == "armed"
+        meta = recover_rings([rings]).meta
+    finally:
+        live.kill()
+        live.communicate()
+    summary = bundle_summary(meta)
+    # THEN the one still running is said to be running, no death; the death is the earlier attempt's
+    assert f"**No death: pid {live.pid} on host " in summary and "is still running**" in summary, summary[:2000]
+    assert "First death: pid" not in summary, summary[:2000]
+    assert re.search(r"- attempt 1 of 2: killed at step - \(pid \d+ on ", summary), summary[:2000]

@@ -92,6 +92,9 @@ def first_death_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]]) 
     that the order between them is not known."""
     if not first:
         return ["No process records a death: every writer ended cleanly or is still running.", ""]
+    if first.get("alive"):  # a snapshot of one that runs on (a hang recovered by hand), no death
+        return [f"**No death: {_who(first)} is still running**; recovered as a snapshot at {first['time']}, step "
+                f"{_step(first.get('step'))}.", *(["", first["headline"]] if first.get("headline") else []), ""]
     lines = [f"**First death: {_who(first)}**, `{first['cause']}` at {first['time']}, step {_step(first.get('step'))}."]
     if first.get("headline"):
         lines += ["", first["headline"]]
