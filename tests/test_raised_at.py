@@ -207,3 +207,38 @@ def test_an_exception_the_job_hands_to_its_excepthook_itself_is_recorded_once_mo
     # THEN the capture and one uncaught record (three before: the second uncaught passed the rule too)
     rows = _recorded(tmp_path / "rings", "oom")
     assert [r["detail"] for r in rows] == ["capture_oom: train", "uncaught; capture_oom: train"], rows
+
+
+NOTEBOOK_RUNNER = '''\
+import sys, blackbox
+
+blackbox.arm(sys.argv[1], capacity=4096, sample_interval=3600)
+
+
+class CellExecutionError(Exception):
+    pass
+
+
+def check():  # as nbconvert's NotebookClient raises a cell's error: a preamble, the cell, the kernel's traceback
+    raise CellExecutionError(  # RAISE
+        "An error occurred while executing the following cell:\\n------------------\\nbatch['labels']\\n"
+        "------------------\\n\\n\\x1b[31m-----------\\x1b[39m\\n\\x1b[31mKeyError\\x1b[39m   Traceback (most recent "
+        "call last)\\nCell \\x1b[32mIn[2]\\x1b[39m, line 1\\n----> 1 batch['labels']\\n\\n"
+        "\\x1b[31mKeyError\\x1b[39m: 'labels'\\n")
+
+
+check()
+'''
+
+
+def test_a_message_that_announces_a_cells_error_is_told_by_that_error_without_its_colours(tmp_path: Path) -> None:
+    # GIVEN nbconvert's CellExecutionError as a notebook run dies of it: its first line announces the cell, the
+    # cell's own error (KeyError: 'labels') comes last, coloured with the terminal's escape codes
+    proc = _run(tmp_path, {"train.py": NOTEBOOK_RUNNER})
+    assert proc.returncode == 1 and "CellExecutionError" in proc.stderr, proc.stderr
+    death = recover_rings([tmp_path / "rings"]).meta["death"]
+    # THEN the headline quotes the cell's error (it quoted "An error occurred while executing the following cell:")
+    assert death["headline"] == (f"The job died of an uncaught CellExecutionError at check (train.py:"
+                                 f"{_line(NOTEBOOK_RUNNER, 'RAISE')}): \"KeyError: 'labels'\".")  # fmt: skip
+    # AND no colour's escape code reaches the evidence
+    assert not any("\x1b" in e or "\\x1b" in e for e in death["evidence"]), death["evidence"]

@@ -60,7 +60,7 @@ from .facts import Facts, counter_rose, facts, near_limit
 from .first_process import came_first, dropped_as_init, dropped_before, sender_of, with_grace_lever
 from .gpu_oom import EXPANDABLE_ON, gpu_oom_kind
 from .hang import with_hang
-from .headline import headline, raised_from, raised_site, sent_from
+from .headline import SGR, headline, raised_from, raised_site, sent_from
 from .helpers import process_name, start_method
 from .kinds import of_kind
 from .levers import analysis
@@ -594,6 +594,6 @@ class _Death:
 
 
 def _short(text: str | None, n: int = 300) -> str:
-    text = (text or "").replace("\n", " ")
+    text = SGR.sub("", text or "").replace("\n", " ")  # (a terminal's colours: IPython's traceback in a message)
     return text if len(text) <= n else text[: n - 1] + "…"
 

@@ -12,6 +12,8 @@ from .crash import crash_headline, innermost_first, short_frame
 from .exits import signal_of
 
 MESSAGE_SAID = 120  # characters of an exception's message the headline says (its first line)
+SGR = re.compile(r"\x1b\[[0-9;]*m")  # a terminal colour (IPython's tracebacks in nbconvert's message)
+_NAMES_AN_ERROR = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Warning)\b(:|$)")
 TRACEBACK_SAID = 8  # frames of an exception's traceback the evidence says
 _LEFT_OUT = re.compile(re.escape(fmt.FRAMES_LEFT_OUT).replace(r"\{\}", r"(\d{1,9})"))  # the frames it stands for
 
@@ -105,8 +107,14 @@ def raised_site(raised: dict[str, Any] | None) -> str | None:
 
 
 def _first_line(message: str) -> str:
-    """A message's first line with a word in it (torchelastic's ChildFailedError opens with a line of ``=``)."""
-    return next((ln.strip() for ln in message.splitlines() if any(c.isalnum() for c in ln)), "")
+    """A message's first line with a word in it (torchelastic's ChildFailedError opens with a line of ``=``),
+    its colours (ANSI SGR codes) left out. Where that line only announces what follows (it ends with ``:``:
+    nbconvert's "An error occurred while executing the following cell:", papermill's) and a later line names
+    an exception (``KeyError: 'labels'``, the cell's own error), the last such line."""
+    lines = [ln.strip() for ln in SGR.sub("", message).splitlines()]
+    first = next((ln for ln in lines if any(c.isalnum() for c in ln)), "")
+    named = [ln for ln in lines if _NAMES_AN_ERROR.match(ln)] if first.endswith(":") else []
+    return named[-1] if named else first
 
 
 def raised_from(folded: str, frames: int = TRACEBACK_SAID) -> str:
