@@ -27,6 +27,7 @@ from .collect.alert_actions import AlertActions, alert_settings
 from .collect.alerts import AlertEngine
 from .collect.allocs import AllocSampler, heap_bytes, mean_bytes, tail_bytes, unavailable
 from .collect.clock import clock_error_s
+from .collect.dist_rank import DistRank
 from .collect.exceptions import ExceptionRecorder
 from .collect.execs import ExecWatch
 from .collect.flight import flight_recorder
@@ -136,6 +137,7 @@ class Recorder:
         self._probe: HostProbe | None = None
         self._gpu: GpuProbe | None = None
         self._torch: TorchHooks | None = None
+        self._dist_rank: DistRank | None = None  # (collect/dist_rank.py)
         self._exceptions: ExceptionRecorder | None = None
         self._execs: ExecWatch | None = None
         self._signals: SignalRecorder | None = None

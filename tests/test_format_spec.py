@@ -111,5 +111,5 @@ def test_readme_lists_every_kind_of_the_timeline() -> None:
 
 
 def test_the_recorders_own_marks_are_the_ones_format_md_names() -> None:
-    for label in (fmt.HELPER_PREFIX + "NAME", fmt.EXEC_PREFIX + "COMMAND", fmt.EXEC_FAILED):
+    for label in (fmt.HELPER_PREFIX + "NAME", fmt.EXEC_PREFIX + "COMMAND", fmt.EXEC_FAILED, fmt.RANK_PREFIX + "R of N"):
         assert f"`{label}`" in SPEC, label

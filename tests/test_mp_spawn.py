@@ -12,15 +12,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, free_port
 
 pytestmark = pytest.mark.slow
 
 JOB = """\
 import os, signal, sys, time
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 def fn(rank):
+    dist.init_process_group("gloo", rank=rank, world_size=3)  # the rank an argument, no RANK in the environment
     for step in range(400):
         time.sleep(0.02)
         if rank == 1 and step == 25:
@@ -38,7 +40,8 @@ def test_ranks_the_parent_ends_after_one_dies_are_collateral_not_clean_ends(tmp_
     runs = []
     for armed in (False, True):
         run = [sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "run"), "--"] * armed
-        env = dict(os.environ, PYTHONPATH=str(REPO) if armed else "")
+        env = dict(os.environ, PYTHONPATH=str(REPO) if armed else "", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(free_port()))
         runs.append(subprocess.run([*run, sys.executable, "train.py"], capture_output=True, text=True, timeout=180,
                                    cwd=tmp_path, env=env))  # fmt: skip
     plain, armed = runs
@@ -48,9 +51,11 @@ def test_ranks_the_parent_ends_after_one_dies_are_collateral_not_clean_ends(tmp_
         assert "process 1 terminated with signal SIGKILL" in done.stderr, done.stderr[-2000:]
     (bundle,) = (tmp_path / "run").glob("run-*/bundle")
     meta = json.loads((bundle / "metadata.json").read_text())
-    # AND the first death is rank 1's SIGKILL; the other two were stopped by their parent after it, collateral
+    # AND the first death is rank 1's SIGKILL (its rank said as torch.distributed gave it: it read "rank -"); the
+    # other two were stopped by their parent after it, collateral
     first = meta["first_death"]
     assert (first["cause"], first["victim"]["role"]) == ("killed", "torch.multiprocessing.spawn process"), first
+    assert first["rank"] == 1, first
     rings = {m["pid"]: m for m in meta["rings"]}
     spawned = [m for m in rings.values() if m["death"]["victim"]["role"] == "torch.multiprocessing.spawn process"]
     assert len(spawned) == 3, [m["death"]["victim"] for m in rings.values()]
@@ -59,6 +64,7 @@ def test_ranks_the_parent_ends_after_one_dies_are_collateral_not_clean_ends(tmp_
         assert m["death"]["cause"] == "signal" and m["death"]["killed_by"]["signal"] == "SIGTERM", m["death"]
         assert m["death"]["collateral_of"]["pid"] == first["pid"], m["death"]
     summary = (bundle / "summary.md").read_text()
-    assert f"stopped by the parent process after pid {first['pid']} died" in summary, summary[:3000]
+    assert "**First death: rank 1 (host " in summary, summary[:3000]
+    assert "ranks 0 and 2 stopped by the parent process after rank 1 died" in summary, summary[:3000]
     assert "clean_exit" not in summary.split("## How they ended", 1)[1].split("##", 1)[0], summary[:3000]
     assert signal.SIGKILL.name in summary

@@ -21,6 +21,7 @@ what it is:
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import pyarrow as pa
@@ -96,3 +97,26 @@ def _worker_kind(table: pa.Table) -> str:
         if pc.any(pc.match_substring_regex(distinct, pattern)).as_py():
             return name
     return ROLE["worker"]
+
+
+_RANK_SAID = re.compile(r"(\d{1,9}) of (\d{1,9})")
+
+
+def with_group_rank(meta: dict[str, Any], table: pa.Table) -> pa.Table:
+    """Where the ring's identity names no rank and its process said one as it joined its process group (a
+    ``blackbox rank: R of N`` mark, collect/dist_rank.py: ``torch.multiprocessing.spawn``'s ranks), that rank
+    and world size in ``meta``'s identity and the timeline's ``rank`` column; else the table as it was."""
+    ident = meta.get("identity")
+    if not isinstance(ident, dict) or ident.get("rank") is not None or "rank" not in table.column_names:
+        return table
+    said = None
+    for chunk in of_kind(table, "mark", columns=["label"])["label"].chunks:
+        words = chunk.dictionary.to_pylist() if pa.types.is_dictionary(chunk.type) else chunk.to_pylist()
+        said = next((m for w in words if isinstance(w, str) and w.startswith(fmt.RANK_PREFIX)
+                     and (m := _RANK_SAID.fullmatch(w[len(fmt.RANK_PREFIX) :]))), said)  # fmt: skip
+    if said is None or not int(said.group(1)) < int(said.group(2)):
+        return table
+    rank, size = int(said.group(1)), int(said.group(2))
+    meta["identity"] = {**ident, "rank": rank, "world_size": ident.get("world_size") or size}
+    at = table.schema.get_field_index("rank")
+    return table.set_column(at, table.schema.field(at), pa.array([rank] * table.num_rows, table.schema.field(at).type))

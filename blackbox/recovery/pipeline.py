@@ -31,6 +31,7 @@ from .diagnosis import diagnose
 from .evidence import CgroupCounters, KernelKill, gather, kernel_oom_kills
 from .facts import named_workers
 from .flight import read_dump
+from .helpers import with_group_rank
 from .kinds import of_kind
 from .metadata import bundle_metadata, helper_groups, ring_metadata
 from .relays import RelayIndex
@@ -233,7 +234,7 @@ class RecoveryPass:
                          hold=None if kept is None else lambda fd: kept.hold(path, fd))  # fmt: skip
         window, children = _window_and_children(ring)
         table = ring_table(ring, release=True)  # the ring's slots are freed once their columns are taken
-        table = own_signals(self.relays.attribute(table, folder, ring.owner))
+        table = with_group_rank(ring.meta, own_signals(self.relays.attribute(table, folder, ring.owner)))
         status = self.exit_status if path == self.owner else None
         pids = children | named_workers(table)  # a forkserver's worker is sampled by none, named by the job
         evidence = gather(ring.writer_locked, ring.meta, status, self.kills, ring.crash, window, pids, self.cgroups,
