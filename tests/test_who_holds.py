@@ -314,9 +314,14 @@ def test_what_grew_after_the_last_step_is_a_leak_by_the_second_and_one_block_the
     (grower, *_) = report["grew"]
     assert grower["site"].endswith(f"({where})") and grower["growth_by"] == "second", grower
     assert abs(grower["growth_per_s"] - truth) < max(0.3 * truth, 2 * grower["grown_error_bytes"]), (grower, truth)
-    assert death["memory_pattern"] == "growth", death
-    assert f"`{where}`" in death["levers"][0] and " per second" in death["levers"][0], death["levers"]
-    assert not any("a spike, not a leak" in lv for lv in death["levers"]), death["levers"]
+    assert grower["after_last_step"] is True, grower
+    # (not "a list appended in the loop keeps every step's objects": a step that ran long because it was the
+    # heavy one, a larger batch's activations, looks the same to the samples; a red team planted it)
+    assert death["memory_pattern"] == "after_last_step", death
+    lever = death["levers"][0]
+    assert f"`{where}`" in lever and " per second" in lever and "after the last step began" in lever, lever
+    assert "where the loop had ended there" in lever and "lower the batch size" in lever, lever
+    assert not any("a spike, not a leak" in lv or "kept across steps" in lv for lv in death["levers"]), death
 
 
 DLSYM_JOB = """

@@ -28,9 +28,14 @@ class DistRank:
         if self._done:
             return
         dist = sys.modules.get("torch.distributed")
-        if dist is None or not dist.is_available() or not dist.is_initialized():
-            return
+        if dist is None or getattr(getattr(dist, "__spec__", None), "_initializing", False):
+            return  # (not imported, or still being imported by the job's thread: asked again next tick)
+        try:
+            if not dist.is_available() or not dist.is_initialized():
+                return
+            rank, size = dist.get_rank(), dist.get_world_size()
+        except Exception:  # noqa: BLE001 (a module half made, a group torn down meanwhile: asked next tick)
+            return  # (raised, it was a warning on the job's stderr: "blackbox dropped an event")
         self._done = True  # (asked once: a group torn down and made again keeps the first rank said)
-        rank, size = dist.get_rank(), dist.get_world_size()
         if isinstance(rank, int) and isinstance(size, int) and 0 <= rank < size:
             self._mark(f"{fmt.RANK_PREFIX}{rank} of {size}")

@@ -346,7 +346,7 @@ class Window:
 
 def _grew(site: dict[str, Any]) -> dict[str, Any]:
     keep = ("site", "thread", "line", "imports", "domains", "grown_bytes", "grown_error_bytes", "growth_per_step",
-            "growth_per_s", "growth_by", "first_step", "live_bytes")  # fmt: skip
+            "growth_per_s", "growth_by", "after_last_step", "first_step", "live_bytes")  # fmt: skip
     return {k: site[k] for k in keep}
 
 
@@ -438,7 +438,8 @@ def _site(
             per_s = _slope(seconds, w[timed], np.linspace(0.0, span_s, 50))
     grown_bytes = total_bytes(w[g])
     grown_error = error95(slots["size"][idx][g], w[g])
-    by_step = by_step and per_s is None  # (grown only after a last step that ran long: per second)
+    after_last_step = by_step and per_step is None and per_s is not None  # grown only after it began: per second
+    by_step = by_step and not after_last_step
     rate = per_step if by_step else per_s
     resident = window.resident(steps, np.full(len(idx), key[1]))
     return {
@@ -460,6 +461,7 @@ def _site(
         "growth_per_step": None if per_step is None else int(round(per_step)),
         "growth_per_s": None if per_s is None else int(round(per_s)),
         "growth_by": "step" if by_step else "second",
+        "after_last_step": after_last_step,
         "first_step": first_step,
         "first_seen_ns": int(t.min()),
     }
