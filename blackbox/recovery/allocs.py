@@ -27,8 +27,9 @@ counts steps, per second for the others (and for a ring without steps), then
 only over a window of at least ``MIN_GROWTH_WINDOW_S`` (never extrapolated from
 a step or a tick). A last step that ran ``LATE_STEPS`` times its steps' median
 and that window (the loop had ended: an evaluation after training, a notebook's
-later cells; or something else ran) is no step in flight: what was allocated
-after it began grows per second, so a leak there is told as one, not a spike.
+later cells; or one heavy step ran) is no step in flight: what was allocated
+after it began grows per second (``after_last_step``, which alloc_levers tells
+both ways), not one allocation of all its blocks.
 ``grew`` ranks the sites by the bytes they grew, apart from ``sites``, which
 ranks them by the bytes they hold.
 """
