@@ -24,6 +24,7 @@ import os
 import re
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -119,4 +120,5 @@ def with_group_rank(meta: dict[str, Any], table: pa.Table) -> pa.Table:
     rank, size = int(said.group(1)), int(said.group(2))
     meta["identity"] = {**ident, "rank": rank, "world_size": ident.get("world_size") or size}
     at = table.schema.get_field_index("rank")
-    return table.set_column(at, table.schema.field(at), pa.array([rank] * table.num_rows, table.schema.field(at).type))
+    column = pa.array(np.full(table.num_rows, rank, np.int64)).cast(table.schema.field(at).type)
+    return table.set_column(at, table.schema.field(at), column)
