@@ -111,17 +111,18 @@ def after_step_lever(site: dict[str, Any], allocations: dict[str, Any]) -> str:
     there (an evaluation, a notebook's later cell: what it keeps is what holds the memory) or that step was a
     heavy one (a larger batch, its activations held for backward); the samples alone do not tell which."""
     line = f" (`{site['line']}`)" if site.get("line") else ""
-    ran, step_s = allocations.get("last_step_ran_s"), allocations.get("step_s")
+    ran = allocations.get("last_step_ran_s")
     since = f", {ran:.1f} s with no step since" if isinstance(ran, (int, float)) else ""
-    against = f", against {step_s:.3g} s a step" if isinstance(step_s, (int, float)) else ""
     return (f"{_at(site)}{line}{_thread(site)} allocated {human_bytes(site.get('grown_bytes'))} after the last step "
-            f"began and kept it ({_rate(site)}{since}{against}): where the loop had ended there (an evaluation, a "
-            "notebook's later cell), that is what holds the memory: keep less of it, or free it; where it was one "
-            "step's work (a larger batch), lower the batch size, chunk it or checkpoint activations")  # fmt: skip
+            f"began and kept it ({_rate(site)}{since}{_step_s(allocations)}): where the loop had ended there (an "
+            "evaluation, a notebook's later cell), that is what holds the memory: keep less of it, or free it; "
+            "where it was one step's work (a larger batch), lower the batch size, chunk it or checkpoint "
+            "activations")  # fmt: skip
 
 
-def _step_s(spike: dict[str, Any]) -> str:
-    step_s = spike.get("step_s")
+def _step_s(said: dict[str, Any]) -> str:
+    """``, against S s a step`` where ``said`` (a spike, the allocations) holds the steps' median time."""
+    step_s = said.get("step_s")
     return f", against {step_s:.3g} s a step" if isinstance(step_s, (int, float)) else ""
 
 
@@ -186,16 +187,19 @@ def with_site_lever(death: dict[str, Any], allocations: dict[str, Any] | None, r
     if top is None:
         return death
     if grew and grew[0].get("after_last_step"):  # a loop that had ended, or one heavy step: not told apart here
-        kept = [lever for lever in levers if lever not in LEAK_LEVERS and not lever.startswith("memory grew ")]
-        first = _first(death, after_step_lever(grew[0], allocations), kept)
+        first = _first(death, after_step_lever(grew[0], allocations), _no_leak_levers(levers))
         return {**death, "memory_pattern": "after_last_step", "levers": first}
     spike = spike_of(allocations, death)
     if spike is not None:
-        kept = [lever for lever in levers if lever not in LEAK_LEVERS and not lever.startswith("memory grew ")]
-        first = _first(death, spike_lever(spike, last_sample), kept)
+        first = _first(death, spike_lever(spike, last_sample), _no_leak_levers(levers))
         return {**death, "memory_pattern": "spike", "spike": spike, "levers": first}
     lever = site_lever(grew[0], role, grew=True) if grew else site_lever(top, role)
     return {**death, "memory_pattern": "growth" if grew else "held", "levers": _first(death, lever, levers)}
+
+
+def _no_leak_levers(levers: list[str]) -> list[str]:
+    """``levers`` without those that tell a leak (what grew across steps), where no leak is the story."""
+    return [lever for lever in levers if lever not in LEAK_LEVERS and not lever.startswith("memory grew ")]
 
 
 def _first(death: dict[str, Any], lever: str, levers: list[str]) -> list[str]:

@@ -258,7 +258,8 @@ def live_sites(
     when = _wall(ring_meta, slots["time"])
     step_of = np.clip(_steps(slots, when, steps), -1, np.iinfo(np.int32).max).astype(np.int32)
     end = end_ns if end_ns is not None else (int(when.max()) if len(when) else 0)
-    window = Window(last_step, end, _interval(ring_meta), main_thread, _late_from(steps, end))
+    step_s = _step_s(steps)
+    window = Window(last_step, end, _interval(ring_meta), main_thread, _late_from(steps, step_s, end))
     slot_imports = imports[rows_of]
     grows = window.growing(slots, step_of, when, slot_imports)
     grown = np.bincount(rows_of, np.where(grows, slots["weight"].astype(float), 0.0), len(keys))
@@ -282,7 +283,7 @@ def live_sites(
         "resident_bytes": total_bytes(slots["weight"][window.resident(step_of, slot_imports)]),
         "last_step_bytes": total_bytes(slots["weight"][step_of == last_step]) if stepped else None,
         "last_step_ran_s": None if late is None else round(late, 3),
-        "step_s": _step_s(steps),
+        "step_s": step_s,
         "sampled_blocks": len(slots),
         "torn_slots": heap.torn,
         "sites": sites,
@@ -299,9 +300,8 @@ def _step_s(steps: tuple[np.ndarray, np.ndarray] | None) -> float | None:
     return round(float(np.median(np.diff(steps[0][-STEPS_TIMED - 1 :]))) / 1e9, 6)
 
 
-def _late_from(steps: tuple[np.ndarray, np.ndarray] | None, end_ns: int) -> int | None:
-    """When the last step began (UTC ns), where it ran long (module docstring), else None."""
-    step_s = _step_s(steps)
+def _late_from(steps: tuple[np.ndarray, np.ndarray] | None, step_s: float | None, end_ns: int) -> int | None:
+    """When the last step began (UTC ns), where it ran long against ``step_s`` (module docstring), else None."""
     if steps is None or step_s is None:
         return None
     began = int(steps[0][-1])

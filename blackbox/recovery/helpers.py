@@ -85,11 +85,9 @@ def _launcher(argv: Any) -> str | None:
 def _worker_kind(table: pa.Table) -> str:
     """What a multiprocessing child ran: as it named itself (a ``blackbox helper: NAME`` mark), else from the
     distinct stacks it sampled."""
-    for chunk in of_kind(table, "mark", columns=["label"])["label"].chunks:
-        words = chunk.dictionary.to_pylist() if pa.types.is_dictionary(chunk.type) else chunk.to_pylist()
-        named = [w[len(fmt.HELPER_PREFIX) :] for w in words if isinstance(w, str) and w.startswith(fmt.HELPER_PREFIX)]
-        if named:
-            return named[0][:64]
+    named = [w[len(fmt.HELPER_PREFIX) :] for w in _mark_labels(table) if w.startswith(fmt.HELPER_PREFIX)]
+    if named:
+        return named[0][:64]
     stacks = of_kind(table, "stack_sample", columns=["detail"])["detail"]
     if not len(stacks):
         return ROLE["worker"]
@@ -98,6 +96,15 @@ def _worker_kind(table: pa.Table) -> str:
         if pc.any(pc.match_substring_regex(distinct, pattern)).as_py():
             return name
     return ROLE["worker"]
+
+
+def _mark_labels(table: pa.Table) -> list[str]:
+    """The distinct labels of the ring's marks, through each chunk's dictionary (the marks may be many)."""
+    words: list[str] = []
+    for chunk in of_kind(table, "mark", columns=["label"])["label"].chunks:
+        values = chunk.dictionary.to_pylist() if pa.types.is_dictionary(chunk.type) else chunk.to_pylist()
+        words += (w for w in values if isinstance(w, str))
+    return words
 
 
 _RANK_SAID = re.compile(r"(\d{1,9}) of (\d{1,9})")
@@ -110,11 +117,8 @@ def with_group_rank(meta: dict[str, Any], table: pa.Table) -> pa.Table:
     ident = meta.get("identity")
     if not isinstance(ident, dict) or ident.get("rank") is not None or "rank" not in table.column_names:
         return table
-    said = None
-    for chunk in of_kind(table, "mark", columns=["label"])["label"].chunks:
-        words = chunk.dictionary.to_pylist() if pa.types.is_dictionary(chunk.type) else chunk.to_pylist()
-        said = next((m for w in words if isinstance(w, str) and w.startswith(fmt.RANK_PREFIX)
-                     and (m := _RANK_SAID.fullmatch(w[len(fmt.RANK_PREFIX) :]))), said)  # fmt: skip
+    said = next((m for w in _mark_labels(table) if w.startswith(fmt.RANK_PREFIX)
+                 and (m := _RANK_SAID.fullmatch(w[len(fmt.RANK_PREFIX) :]))), None)  # fmt: skip
     if said is None or not int(said.group(1)) < int(said.group(2)):
         return table
     rank, size = int(said.group(1)), int(said.group(2))
