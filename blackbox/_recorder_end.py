@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from ._jobsignal import HeldForTheJob
 from ._recorder_collect import uninstall_collectors
+from ._sigmask import block, numbers, restore
 from .collect.exceptions import exit_record_possible, record_status_at_exit
 from .collect.identity import helper_name, parent_gone
+from .collect.signals import ENDINGS, RECORDED
 from .ring import format as fmt
 from .ring.file import died_armed
 from .ring.folded import FOLDED, fold_line
@@ -54,10 +56,16 @@ def disarm(rec: Recorder, *, at_exit: bool) -> None:
 def _ending_steps(rec: Recorder, held: HeldForTheJob, at_exit: bool) -> list[tuple[Callable[[], object], bool]]:
     """The steps of ``disarm``, each with whether it may run twice (run again if the job cut it short)."""
     ring, w, sampler, promised = rec._ring, rec._writer, rec._sampler, [False]  # promised: the exit record
+    fold: list[tuple[bytes, ...]] = [()]
+    mask: list[Any] = [None]
 
     def await_sampler() -> None:
         if sampler is not None and sampler is not threading.current_thread():
             held.wait(rec._sampled, max(1.0, 2 * rec.sample_interval))
+
+    def rank() -> None:  # a rank that learnt its number as it joined its group, ending before a tick said it
+        if rec._dist_rank is not None:  # (an mp.spawn rank raising at its first step: "1 of 3 ranks left no ring")
+            rec._dist_rank.poll()
 
     def possible() -> None:
         promised[0] = at_exit and ring is not None and exit_record_possible(ring.fd, w)
@@ -74,9 +82,20 @@ def _ending_steps(rec: Recorder, held: HeldForTheJob, at_exit: bool) -> list[tup
         if ring is not None:
             fmt.STATE_STRUCT.pack_into(ring.map.buffer, fmt.STATE_OFFSET, fmt.STATE_CLEAN)
 
+    def exit_fold() -> None:  # what the exit record folds, learnt before the signals' release (it reads files)
+        fold[0] = _exit_fold(rec) if promised[0] else ()
+
+    def hold_late() -> None:  # from the release of the signals to the exit record's arming, a signal taken has no
+        if promised[0]:  # slot: held on this thread, it comes once the slots are armed (a Pool's teardown
+            mask[0] = block(numbers(RECORDED + ENDINGS))  # SIGTERMed a helper there: "killed while it shut down")
+
+    def let_late() -> None:
+        mask[0], was = None, mask[0]
+        restore(was)
+
     def exit_record() -> None:  # armed again if cut short: the disarm record has promised it
         if promised[0]:
-            _record_status_at_exit(rec)
+            _record_status_at_exit(rec, fold[0])
 
     def fold_sites() -> None:  # a helper to be folded keeps its largest allocation sites, read before its ring goes
         allocs, hdr = rec._allocs, rec._header
@@ -91,19 +110,25 @@ def _ending_steps(rec: Recorder, held: HeldForTheJob, at_exit: bool) -> list[tup
     # exit record is promised, one taken after this too, into its slots (a SIGTERM to a rank hung in teardown).
     return [(lambda: setattr(rec, "armed", False), True), (rec._stop.set, True), (await_sampler, True),
             (lambda: uninstall_collectors(rec, in_child=False, signals=False, run=held.run), False),
-            (possible, True), (rec.sample_now, True), (in_flight, False), (disarm_record, False), (clean, True),
+            (rank, True), (possible, True), (rec.sample_now, True), (in_flight, False), (disarm_record, False),
+            (clean, True),
+            (fold_sites, True), (exit_fold, True), (hold_late, False),
             (lambda: uninstall_collectors(rec, in_child=False, signals=True, run=held.run, keep_late=promised[0]),
              False),
-            (fold_sites, True), (exit_record, True),
+            (exit_record, True), (let_late, False),
             (lambda: teardown(rec, flush=rec.sync_interval is not None), False),
             (lambda: _fold(rec, at_exit=promised[0]), False)]  # fmt: skip
 
 
-def _record_status_at_exit(rec: Recorder) -> None:  # (run by disarm's HeldForTheJob: a failure is one warning)
+def _exit_fold(rec: Recorder) -> tuple[bytes, ...]:
+    """What the exit record folds where the status is 0: (folded.jsonl, the line, the ring), or () to keep it."""
+    path = _foldable(rec)
+    return () if path is None else (os.fsencode(path.parent / FOLDED), _line(rec), os.fsencode(path))
+
+
+def _record_status_at_exit(rec: Recorder, fold: tuple[bytes, ...]) -> None:  # (a failure: one warning)
     ring, w, hdr = rec._ring, rec._writer, rec._header  # exit_record_possible said they are there
     assert ring is not None and w is not None and hdr is not None and w.sequence is not None
-    path = _foldable(rec)
-    fold = () if path is None else (os.fsencode(path.parent / FOLDED), _line(rec), os.fsencode(path))
     record_status_at_exit(built_module(), ring.fd.fd, hdr, w.sequence.value, w.current_step(), w.intern, fold)
 
 

@@ -7,10 +7,12 @@ inherit that mask and keep it, so a signal sent to the job never lands on them: 
 own threads, or leaves it pending where they all block it (a job that waits for it with ``sigwait``), as unarmed.
 Where such a thread runs the job's own code (an ``on_alert`` callback), it lets those signals through meanwhile: a
 process the callback started inherited them blocked, and outlived its ``terminate()``. (A finalizer of the job's
-that the collector runs on the sampler thread still has them blocked: noted.) numpy's BLAS threads, which
-blackbox's load of numpy may start before the job's code runs, take a signal the job's threads all block, as they
-do unarmed in a job that loaded numpy before it blocked it: unchanged, since a mask set there would change the
-common case (a job that loads numpy itself, then blocks a signal for a moment: its BLAS threads take it).
+that the collector runs on the sampler thread still has them blocked: noted.) numpy's BLAS threads start as numpy
+loads, with the loading thread's mask. Where ``blackbox run`` arms a process at start-up, its import of numpy comes
+before the job's code, so the bootstrap holds these signals from before it (``run.bootstrap.HELD``): a signal sent
+while arming goes to the handler once it is in, not to a BLAS thread, whose default action ended the process with
+nothing recorded, and a job that never loads numpy and blocks SIGTERM to ``sigwait()`` for it receives it, as
+unarmed. Where the job loaded numpy before ``arm()``, its BLAS threads keep the mask the job gave them.
 """
 
 from __future__ import annotations
@@ -35,6 +37,26 @@ def _changed(how: int, signals: Iterable[int]) -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def numbers(names: Iterable[str]) -> list[int]:
+    """The named signals this platform has, as numbers."""
+    return [getattr(signal, name) for name in names if hasattr(signal, name)]
+
+
+def block(signals: Iterable[int]) -> set[int | signal.Signals] | None:
+    """``signals`` blocked on the calling thread until ``restore``; returns the mask to put back (None where masks
+    cannot be set: nothing was changed). For a hold that spans steps a ``with`` cannot."""
+    try:
+        return signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def restore(mask: set[int | signal.Signals] | None) -> None:
+    """The calling thread's mask put back as ``block`` found it (a signal that came meanwhile is delivered now)."""
+    if mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
 def held(signals: Iterable[int]) -> contextlib.AbstractContextManager[None]:
     """``signals`` blocked on the calling thread while the block runs; the thread's mask is then put back as it
     was (a signal the job blocked stays blocked; one that came meanwhile is delivered then, a moment late)."""
@@ -44,4 +66,4 @@ def held(signals: Iterable[int]) -> contextlib.AbstractContextManager[None]:
 def let_through(names: Iterable[str]) -> contextlib.AbstractContextManager[None]:
     """The named signals unblocked on one of blackbox's threads while it runs the job's code (a process or a
     thread that code starts inherits the mask), then its mask put back."""
-    return _changed(signal.SIG_UNBLOCK, [getattr(signal, name) for name in names if hasattr(signal, name)])
+    return _changed(signal.SIG_UNBLOCK, numbers(names))

@@ -393,10 +393,13 @@ def test_a_starved_rank_killed_first_is_not_displaced_by_the_teardown_it_caused(
     first, collateral, _ = deaths(rings)
     # THEN rank 1 died first: a launcher's teardown and the launcher's own end came after a death, never before
     assert first is not None and first["rank"] == 1, first
-    # AND rank 2, stopped by torchrun, and rank 0, dead of its peer's loss, are collateral of it, not deaths
-    assert [m["rank"] for m in collateral] == [2, 0]
+    # AND rank 2, stopped by torchrun, rank 0, dead of its peer's loss, and the agent's exception, its report of
+    # rank 1's death, are collateral of it, not deaths
+    assert [m["rank"] for m in collateral] == [2, 0, None]
     assert collateral[1]["death"]["collateral_of"] == {"rank": 1, "host": "h", "pid": 11, "by": None,
                                                        "lost_peer": True}  # fmt: skip
+    assert collateral[2]["death"]["collateral_of"] == {"rank": 1, "host": "h", "pid": 11, "by": None,
+                                                       "reported": True}  # fmt: skip
 
 
 def test_a_rank_killed_while_it_shut_down_is_not_the_first_death_before_a_rank_that_failed() -> None:

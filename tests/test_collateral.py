@@ -191,3 +191,20 @@ def test_ranks_each_under_blackbox_run_stopped_by_torchrun_are_collateral_and_bl
     by = rows[0]["stopped_by"] or "the launcher"
     assert f"3 ranks: rank 1 killed; ranks 0 and 2 stopped by {by} after rank 1 died." in text
     assert "by blackbox" not in text
+
+
+def test_the_first_death_is_not_counted_within_the_time_after_itself() -> None:
+    from blackbox.views.across import ended_lines
+
+    # GIVEN rank 1 killed first, then rank 3 killed 0.4 s later, and rank 0 SIGKILLed 1.2 s later too
+    first = {"rank": 1, "host": "a", "pid": 11, "cause": "killed", "time": "2026-12-02T00:00:00.000000Z"}
+    rows = [{"rank": 1, "host": "a", "pid": 11, "cause": "killed", "death_time": "2026-12-02T00:00:00.000000Z"},
+            {"rank": 3, "host": "a", "pid": 13, "cause": "killed", "death_time": "2026-12-02T00:00:00.400000Z"},
+            {"rank": 0, "host": "a", "pid": 10, "cause": "killed", "death_time": "2026-12-02T00:00:01.200000Z"}]
+    # THEN the group holding it says it is the first, and how soon the other two came (it read "3 ranks `killed`
+    # within 1.2 s after the first death", the first death among them)
+    (line,) = [line for line in ended_lines(first, rows) if line.startswith("- ")]
+    assert line == "- 3 ranks `killed` (the first death, then 2 more within 1.2 s)", line
+    # AND a group without it still says how long after it came
+    (line,) = [line for line in ended_lines(first, rows[1:]) if line.startswith("- ")]
+    assert line == "- 2 ranks `killed` within 1.2 s after the first death", line

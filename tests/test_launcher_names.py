@@ -66,6 +66,7 @@ def test_a_rank_a_launcher_stopped_is_said_stopped_by_it_whatever_its_bundle_say
     first, collateral, _ = deaths(group)
     # THEN rank 1 died first, and rank 0 was stopped by accelerate launch where its ring says so, else by torchrun
     assert first is not None and first["pid"] == 11
-    (stopped,) = collateral
+    stopped, launcher = collateral  # (the launcher's exception: its report of rank 1's death, collateral too)
+    assert launcher["pid"] == 50 and launcher["death"]["collateral_of"]["reported"] is True, launcher["death"]
     named = isinstance(victim, dict) and victim.get("role") == "accelerate launcher"
     assert stopped["death"]["collateral_of"]["by"] == ("accelerate launch" if named else "torchrun")

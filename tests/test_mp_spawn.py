@@ -68,3 +68,51 @@ def test_ranks_the_parent_ends_after_one_dies_are_collateral_not_clean_ends(tmp_
     assert "ranks 0 and 2 stopped by the parent process after rank 1 died" in summary, summary[:3000]
     assert "clean_exit" not in summary.split("## How they ended", 1)[1].split("##", 1)[0], summary[:3000]
     assert signal.SIGKILL.name in summary
+
+
+RAISES_AT_ONCE = """\
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+def fn(rank):
+    dist.init_process_group("gloo", rank=rank, world_size=3)
+    dist.barrier()
+    if rank == 1:
+        raise ValueError("planted: rank 1 fails")  # before any tick of its sampler wrote its rank
+    dist.barrier()  # (the others wait for it: the parent ends them)
+
+if __name__ == "__main__":
+    mp.spawn(fn, nprocs=3)
+"""
+
+
+def test_a_rank_that_raises_at_once_is_named_and_the_parents_report_is_no_death_of_its_own(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    (tmp_path / "train.py").write_text(RAISES_AT_ONCE)
+    # GIVEN mp.spawn's 3 ranks, rank 1 raising as soon as its group is up; the parent raises
+    # ProcessRaisedException after ending the others
+    runs = []
+    for armed in (False, True):
+        run = [sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "run"), "--"] * armed
+        env = dict(os.environ, PYTHONPATH=str(REPO) if armed else "", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(free_port()))
+        runs.append(subprocess.run([*run, sys.executable, "train.py"], capture_output=True, text=True, timeout=180,
+                                   cwd=tmp_path, env=env))  # fmt: skip
+    for done in runs:  # as unarmed
+        assert done.returncode == 1 and "ValueError: planted: rank 1 fails" in done.stderr, done.stderr[-2000:]
+    (bundle,) = (tmp_path / "run").glob("run-*/bundle")
+    meta = json.loads((bundle / "metadata.json").read_text())
+    # THEN the first death is rank 1's ValueError, its rank said (its ring held none: the rank is written at its
+    # disarm too, not only at a tick), and the parent's ProcessRaisedException is its report of that death,
+    # collateral (it counted as "1 other died of its own cause")
+    first = meta["first_death"]
+    assert (first["cause"], first["rank"]) == ("exception", 1), first
+    (parent,) = [m for m in meta["rings"] if m["rank"] is None]
+    assert parent["death"]["cause"] == "exception", parent["death"]
+    assert parent["death"]["collateral_of"] == {"rank": 1, "host": first["host"], "pid": first["pid"], "by": None,
+                                                "reported": True}, parent["death"]  # fmt: skip
+    assert meta["attempts"][0]["deaths"] == 1, meta["attempts"]
+    summary = (bundle / "summary.md").read_text()
+    told = next(line for line in summary.splitlines() if line.startswith("4 processes: "))
+    assert f"pid {parent['pid']} reported rank 1's death and ended (`exception`)" in told, told
+    assert "own cause" not in told and "1 rank `exception` (the first death)" in summary, summary[:3000]

@@ -131,6 +131,14 @@ def test_who_arms_at_start_is_who_collect_identity_calls_a_helper_other_than_a_c
         assert bootstrap.arms_at_start() and identity.role() == "main"
 
 
+def test_the_signals_held_from_before_blackboxs_import_are_the_ones_it_records() -> None:
+    # The bootstrap names them with the standard library alone: held from before numpy loads (its BLAS threads
+    # inherit the mask) until the handlers are in, they are the ones arming holds
+    from blackbox.collect import signals
+
+    assert bootstrap.HELD == signals.RECORDED
+
+
 def test_helpers_forked_after_the_main_took_a_sighup_still_fold_when_they_end_cleanly(tmp_path: Path) -> None:
     # GIVEN a job's own process that reloads its config on SIGHUP (it took one), then runs 3 fork workers
     # that end cleanly

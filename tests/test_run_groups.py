@@ -203,6 +203,36 @@ def test_kill_of_a_shell_wrappers_pid_leaves_its_python_running(tmp_path: Path, 
         _cleanup(pids)
 
 
+SIGWAITER = """\
+import os, signal, sys, threading
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # (the job never loads numpy itself)
+waiter = threading.Thread(target=lambda: print("waited for", int(signal.sigwait({signal.SIGTERM})), flush=True))
+waiter.start()
+open(sys.argv[1], "w").write(str(os.getpid()))
+waiter.join()
+"""
+
+
+def test_a_signal_the_job_blocks_to_wait_for_is_not_taken_by_the_blas_threads_blackbox_started(tmp_path: Path) -> None:
+    # GIVEN a job with no numpy of its own that blocks SIGTERM on its threads and waits for it (sigwait), unarmed and
+    # under `blackbox run`, whose import of numpy starts two BLAS threads before the job's code runs
+    env = dict(ENV, OPENBLAS_NUM_THREADS="2")
+    for armed in (False, True):
+        up = tmp_path / f"up-{armed}"
+        cmd = [*BLACKBOX, "--dir", str(tmp_path / "run"), "--"] if armed else []
+        proc = subprocess.Popen([*cmd, sys.executable, "-c", SIGWAITER, str(up)], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not (up.exists() and up.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # WHEN SIGTERM is sent to the job's Python process
+        os.kill(int(up.read_text()), signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        # THEN its sigwait returns it, armed as unarmed (the BLAS threads, started with SIGTERM unblocked, took it
+        # and the job died of its default action: exit status 143)
+        assert (proc.returncode, out) == (0, "waited for 15\n"), (armed, err[-2000:])
+
+
 def _unshare_works() -> bool:
     unshare = shutil.which("unshare")
     return unshare is not None and subprocess.run([unshare, "-fp", "--mount-proc", "true"], capture_output=True,

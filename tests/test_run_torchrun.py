@@ -111,7 +111,12 @@ def test_blackbox_run_of_torchrun_is_one_job_with_its_agent_named(tmp_path: Path
     agent = next(r for r in meta["rings"] if r["rank"] is None and r["role"] == "main")
     assert agent["death"]["victim"]["role"] == "torchrun agent", agent["death"]
     assert (meta["first_death"]["rank"], meta["first_death"]["cause"]) == (1, "exception"), meta["first_death"]
-    assert "These rings are of 2 jobs" not in (run / "bundle" / "summary.md").read_text()
+    summary = (run / "bundle" / "summary.md").read_text()
+    assert "These rings are of 2 jobs" not in summary
+    # AND the agent's ChildFailedError is its report of rank 1's death, not a death of its own cause
+    assert agent["death"]["collateral_of"]["reported"] is True and meta["attempts"][0]["deaths"] == 1, agent["death"]
+    told = next(line for line in summary.splitlines() if line.startswith("3 processes: "))
+    assert f"pid {agent['pid']} reported rank 1's death and ended (`exception`)" in told and "own cause" not in told
 
 
 LONG = """\

@@ -46,7 +46,7 @@ from typing import Any
 
 from .._fds import OwnedFd
 from .._jobsignal import raised_by_signal_handler, remember_handler, remember_handlers
-from .._sigmask import held
+from .._sigmask import held, numbers
 from ..ring import format as fmt
 from .death_signals import DeathSignals, os_handler
 from .identity import stands_in_for_init
@@ -74,7 +74,7 @@ def held_while_arming() -> contextlib.AbstractContextManager[None]:
     teardown SIGTERMed a fork helper as it armed). The thread's mask is put back as it was: a signal the
     job blocked stays blocked. Arming holds them for its own time, tens of milliseconds: the signal comes
     as late as it would had it been sent then."""
-    return held([getattr(signal, name) for name in RECORDED])
+    return held(numbers(RECORDED))
 
 
 def _how(python_handler: Any) -> str:

@@ -38,7 +38,12 @@ records it: the pool's owner's death is the cause). It keeps its cause, is marke
 ``collateral_of`` (that death's rank, host and pid, and ``by``: the launcher's
 name where the sender is a known one, else None: a parent may be ``blackbox
 run`` passing on a signal whose sender it did not record, and it is never named
-as the sender), and is never the first death nor counted among the deaths.
+as the sender), and is never the first death nor counted among the deaths. So
+are a rank that died of its peer's loss after that death (``peer_lost``: gloo's
+"Connection closed by peer"), and a launcher whose own end (an exception, a
+nonzero status) came as it reported its rank's death (torchrun's agent's
+ChildFailedError, ``torch.multiprocessing.spawn``'s ProcessRaisedException):
+``lost_peer`` and ``reported`` in ``collateral_of``.
 
 A hang (``hang.attempt_hang``): where ranks stalled in a collective, or died of its timeout, while
 another stalled outside any, that stuck rank is the first death whatever signal landed first, and every
@@ -62,6 +67,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._times import epoch_ns
+from ..collect.identity import SPAWNED_RANK
 from .hang import SHOWN, attempt_hang, hang_headline, ranked
 from .helpers import launcher_said
 
@@ -372,7 +378,24 @@ def deaths(
         for m in lost:
             m["death"]["collateral_of"] = _who(first) | {"by": None, "lost_peer": True}
         collateral += lost
+    if first is not None:  # a launcher's own end as it reports its rank's death (torchrun's ChildFailedError)
+        reports = [m for m in rest if m is not first and not m["death"].get("collateral_of")
+                   and _reports_a_rank(m, dead) and when[id(m)] >= when[id(first)]]  # fmt: skip
+        for m in reports:
+            m["death"]["collateral_of"] = _who(first) | {"by": None, "reported": True}
+        collateral += reports
     return first, collateral, None
+
+
+def _reports_a_rank(m: dict[str, Any], dead: list[dict[str, Any]]) -> bool:
+    """Ring ``m`` is a launcher's that ended of its own exception or status after a rank it started died: it
+    reports that death (torchrun's agent raises ChildFailedError, mp.spawn's parent ProcessRaisedException,
+    ``accelerate launch`` exits 1), which is not a death of its own cause. Not a DataLoader's main process,
+    whose work is the job's."""
+    if ranked(m) or m["death"].get("cause") not in ("exception", "nonzero_exit"):
+        return False
+    return any(c is not m and (c.get("host"), c.get("ppid")) == (m.get("host"), m.get("pid"))
+               and (ranked(c) or (c["death"].get("victim") or {}).get("role") == SPAWNED_RANK) for c in dead)
 
 
 def attempt_metadata(groups: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:

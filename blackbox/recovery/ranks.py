@@ -45,6 +45,7 @@ SCHEMA = with_nullable_ints(pa.schema(
         ("collateral_of", pa.int64()),
         ("stopped_by", pa.string()),
         ("lost_peer", pa.bool_()),
+        ("reported", pa.bool_()),
         ("death_time_error_s", pa.float64()),
         ("starved_late_s", pa.float64()),
     ]
@@ -91,14 +92,15 @@ def _number(v: Any) -> float | None:
 
 
 def collateral_columns(after: dict[str, Any] | None) -> dict[str, Any]:
-    """``collateral_of`` (the pid of the death it followed), ``stopped_by`` (its launcher) and ``lost_peer``
-    (it died of that death: a peer gone away), for a ring collateral of another's death
-    (``death.collateral_of``); nulls for any other."""
+    """``collateral_of`` (the pid of the death it followed), ``stopped_by`` (its launcher), ``lost_peer`` (it
+    died of that death: a peer gone away) and ``reported`` (a launcher's end as it reported that death), for a
+    ring collateral of another's death (``death.collateral_of``); nulls for any other."""
     if not isinstance(after, dict):
-        return {"collateral_of": None, "stopped_by": None, "lost_peer": None}
+        return {"collateral_of": None, "stopped_by": None, "lost_peer": None, "reported": None}
     pid, by = after.get("pid"), after.get("by")
     return {"collateral_of": pid if isinstance(pid, int) else None, "stopped_by": by if isinstance(by, str) else None,
-            "lost_peer": after.get("lost_peer") is True or None}  # fmt: skip
+            "lost_peer": after.get("lost_peer") is True or None,
+            "reported": after.get("reported") is True or None}  # fmt: skip
 
 
 def _nanos(iso: Any) -> int | None:

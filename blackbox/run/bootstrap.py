@@ -55,6 +55,12 @@ RUN_PID_ENV = "BLACKBOX_RUN_PID"  # as collect.identity.RUN_PID_ENV (this file i
 FIRST_PY_ENV = "BLACKBOX_RUN_PY"  # as collect.identity.FIRST_PY_ENV: set by the first Python process of a branch
 HELPER_CAPACITY = 8192  # slots: 1 MiB of records
 HELPER_STRINGS = 64 << 10
+# As collect.signals.RECORDED (a test keeps them in step): held on the main thread from before blackbox's import of
+# numpy until the handlers are in. numpy's BLAS threads start as it loads and inherit the thread's mask: started
+# with these unblocked, they took a signal sent while arming held it on the main thread and died of its default
+# action, unrecorded ("killed; no handler ran": a spawn Pool helper SIGTERMed by the Pool's teardown as it armed),
+# and took a SIGTERM that a job with no numpy of its own blocked to sigwait() for it, which unarmed it received.
+HELD = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
 TRIGGERS = ("numpy", "torch")  # a child process arms once it has imported one of these
 ARM_WHEN_IMPORTED = "_arm_when_imported"  # set on the blackbox package where a trigger fired inside its import
 # Command-line marks of the helpers that arm at start (collect.identity.role names them).
@@ -209,6 +215,7 @@ def boot() -> None:
 def start() -> None:
     """Arm, never raising: the job's own processes get a full ring, a helper a small one; all but the
     one ``blackbox run`` started and the ranks are folded away if they end cleanly."""
+    held = _hold()
     try:
         import blackbox
         from blackbox.collect.identity import role
@@ -224,6 +231,26 @@ def start() -> None:
             os.register_at_fork(after_in_child=_after_fork)
     except Exception as exc:  # never break the job, even here
         sys.stderr.write(f"blackbox: not armed ({type(exc).__name__}: {exc}); the job runs unrecorded\n")
+    finally:
+        if held is not None:  # a signal that came meanwhile is delivered now, to the handler in place
+            import signal
+
+            try:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            except Exception as exc:
+                sys.stderr.write(f"blackbox: signals left blocked ({type(exc).__name__}: {exc})\n")
+
+
+def _hold() -> Any:
+    """``HELD`` blocked on this thread; returns the mask to put back (None where masks cannot be set). The threads
+    that start meanwhile (numpy's BLAS threads, when blackbox's import is the process's first of numpy) keep them
+    blocked: a signal sent to the process goes to the job's own threads, as unarmed, where there are none."""
+    import signal
+
+    try:
+        return signal.pthread_sigmask(signal.SIG_BLOCK, [getattr(signal, n) for n in HELD if hasattr(signal, n)])
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 _forks_watched: list[bool] = []

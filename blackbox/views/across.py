@@ -208,6 +208,8 @@ def _after_first(first: dict[str, Any], r: dict[str, Any]) -> str:
     end while it waited for the stuck rank (a collective's timeout)."""
     if r.get("lost_peer"):  # its own exception, of its peer's loss (gloo's "Connection closed by peer")
         return f"lost a peer after {_short(first)} died"
+    if r.get("reported"):  # a launcher's exception or status, telling of its rank's death
+        return f"reported {_short(first)}'s death and ended (`{r.get('cause')}`)"
     role = str((first.get("victim") or {}).get("role") or "")
     by_first = bool(r.get("stopped_by")) and first.get("rank") is None and r["stopped_by"] in role
     if first.get("cause") != "hang" and by_first:  # the first death is the launcher that stopped it, as it went down
@@ -238,6 +240,7 @@ def ended_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]],
             key = f"`{r.get('cause') or 'unknown'}`"
         groups.setdefault(key, []).append(r)
     t0 = _t(first["time"]) if first else None
+    me = (first.get("host"), first.get("pid")) if first else None
     lines = ["## How they ended", ""]
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
     for cause, members in ordered[:MAX_GROUPS]:
@@ -249,14 +252,17 @@ def ended_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]],
         if cause == RUNNING:
             lines.append(f"{text}: {_named(members)}")
             continue
-        if cause.startswith(("stopped by", "ended (", "lost a peer")):
+        if cause.startswith(("stopped by", "ended (", "lost a peer", "reported")):
             within = f", within {_seconds(max(times) - t0)}" if times and t0 is not None and max(times) >= t0 else ""
             lines.append(f"{text}{within}: {_named(members)} (collateral, not counted as deaths)")
             continue
         if times and t0 is not None and cause != "`clean_exit`":
             lo, hi = min(times) - t0, max(times) - t0
+            others = [m for m in members if (m.get("host"), m.get("pid")) != me]
             if lo == hi == 0:
                 text += " (the first death)"
+            elif lo == 0 and 0 < len(others) < len(members):  # (the first death is not "within" it: it is it)
+                text += f" (the first death, then {len(others)} more within {_seconds(hi)})"
             elif lo >= 0:
                 text += f" within {_seconds(hi)} after the first death"
             else:
