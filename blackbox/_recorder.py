@@ -26,6 +26,7 @@ from ._warn import warn
 from .collect.alert_actions import AlertActions, alert_settings
 from .collect.alerts import AlertEngine
 from .collect.allocs import AllocSampler, heap_bytes, mean_bytes, tail_bytes, unavailable
+from .collect.cells import CellNames
 from .collect.clock import clock_error_s
 from .collect.dist_rank import DistRank
 from .collect.exceptions import ExceptionRecorder
@@ -138,6 +139,7 @@ class Recorder:
         self._gpu: GpuProbe | None = None
         self._torch: TorchHooks | None = None
         self._dist_rank: DistRank | None = None  # (collect/dist_rank.py)
+        self._cells: CellNames | None = None  # a notebook's cells by IPython's names (collect/cells.py)
         self._exceptions: ExceptionRecorder | None = None
         self._execs: ExecWatch | None = None
         self._signals: SignalRecorder | None = None

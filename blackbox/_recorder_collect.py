@@ -18,6 +18,7 @@ from ._warn import warn
 from .collect.alert_actions import AlertActions
 from .collect.alerts import AlertEngine
 from .collect.allocs import start_allocs
+from .collect.cells import CellNames
 from .collect.dist_rank import DistRank
 from .collect.exceptions import ExceptionRecorder, exit_status_unrecorded
 from .collect.execs import ExecWatch
@@ -69,6 +70,7 @@ def install_collectors(rec: Recorder, ring: Path, history: int, modules: bool) -
         gpu_blocks=rec._allocs.gpu_block if rec._allocs is not None else None,
     )
     rec._dist_rank = DistRank(rec._identity.get("rank") is not None, lambda label: rec.mark(label))
+    rec._cells = CellNames(lambda label: rec.mark(label))
     mapping, sequence = rec._ring.map.buffer, w.sequence
     signals = rec._signals
     for what, install in (
@@ -167,8 +169,9 @@ def upkeep(rec: Recorder) -> None:
     """Once a sample: attach torch hooks as the job gets there, re-wrap signal handlers the job
     replaced, and take back descriptors the job closed (the crash region's, the lock's)."""
     follow_torch_worker_handlers(_record_crashes_of_the_active)
-    dist = rec._dist_rank
-    for part in (rec._torch.poll if rec._torch else None, dist.poll if dist else None, rec._signals, rec._crash):
+    dist, cells = rec._dist_rank, rec._cells
+    for part in (rec._torch.poll if rec._torch else None, dist.poll if dist else None,
+                 cells.poll if cells else None, rec._signals, rec._crash):
         if part is None:
             continue
         try:

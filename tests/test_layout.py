@@ -61,6 +61,7 @@ RECOVERY_ORDER = {
     "allocs": 1,
     "facts": 1,
     "helpers": 1,
+    "cells": 2,
     "relays": 1,
     "alerts": 1,
     "levers": 2,

@@ -82,11 +82,13 @@ def _now() -> str:
 
 def _one_ring(path: Path) -> tuple[str, dict[str, Any], bool]:
     """A frame both ways (the text for a person, the data for ``--json``), and whether the writer runs."""
+    from ..recovery.cells import name_cells
     from ..ring.liveness import writer_alive
     from ..ring.reader import read_ring
     from ..views.live import frame, ring_state
 
     ring = read_ring(path)
+    name_cells(ring)  # (a notebook's cells: Cell In[3])
     running = writer_alive(ring.writer_locked, ring.meta) and not ring.clean
     data = {"target": str(path), "live": int(running), "total": 1, "rings": [ring_state(ring, running)]}
     return frame(ring, running), data, running
@@ -96,6 +98,7 @@ def _folder_frame(folder: Path, follow: bool) -> tuple[str, dict[str, Any], bool
     """The frame of a folder's rings, listed afresh (a job's new processes arm new rings): its live
     rings, else the last ones written; and whether any is live. The folder is opened once a frame (a run
     folder's rings/ never through a link), and its rings are looked at and read through that descriptor."""
+    from ..recovery.cells import name_cells
     from ..ring.inputs import open_named
     from ..ring.liveness import writer_alive
     from ..ring.reader import RING_SUFFIX, list_rings, probe, read_ring
@@ -137,6 +140,7 @@ def _folder_frame(folder: Path, follow: bool) -> tuple[str, dict[str, Any], bool
                 ring = read_ring(path, where)
             except (BlackboxError, OSError):
                 continue
+            name_cells(ring)
             shown.append((ring, bool(live) and writer_alive(ring.writer_locked, ring.meta) and not ring.clean))
     text = job_frame(shown, one_line(str(folder)), len(live), len(live) + len(ended))
     data = {"target": str(folder), "live": len(live), "total": len(live) + len(ended),

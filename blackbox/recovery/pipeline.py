@@ -27,6 +27,7 @@ from ..ring.inputs import Folder
 from ..ring.packed import KeptRings, Unpacking
 from ..ring.reader import Listing, Ring, Unread, list_rings, nothing_read, read_header, read_ring
 from .alerts import own_signals
+from .cells import name_cells
 from .diagnosis import diagnose
 from .evidence import CgroupCounters, KernelKill, gather, kernel_oom_kills
 from .facts import named_workers
@@ -233,6 +234,7 @@ class RecoveryPass:
         ring = read_ring(path, folder, owners=self.owners, unpacking=self.unpacking,
                          hold=None if kept is None else lambda fd: kept.hold(path, fd))  # fmt: skip
         window, children = _window_and_children(ring)
+        name_cells(ring)  # a notebook's cells as IPython names them (Cell In[3]), in its stacks and strings
         table = ring_table(ring, release=True)  # the ring's slots are freed once their columns are taken
         table = with_group_rank(ring.meta, own_signals(self.relays.attribute(table, folder, ring.owner)))
         status = self.exit_status if path == self.owner else None

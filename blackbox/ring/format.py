@@ -122,6 +122,7 @@ EXEC_PREFIX, EXEC_FAILED = "blackbox exec: ", "blackbox exec failed"
 EXEC_MARKS = (EXEC_PREFIX, EXEC_FAILED)
 JOINS_PREFIX = "blackbox joins: "  # a ``mark``: the main thread, stood still, waits in the join of this thread
 HELPER_PREFIX = "blackbox helper: "  # a ``mark`` naming what a multiprocessing child runs (``DataLoader worker``)
+CELL_PREFIX = "blackbox cell: "  # a ``mark``: ``In[N] NAME``, the count IPython gave the cell it compiled as NAME
 RANK_PREFIX = "blackbox rank: "  # a ``mark``: ``R of N``, the rank torch.distributed gave a process its env did not
 # Two notes recovery reads back: PyTorch's allocator history lost actions between drains (the mark's value
 # is the total lost so far), and the caching allocator runs with expandable segments.
