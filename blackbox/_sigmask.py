@@ -8,11 +8,15 @@ own threads, or leaves it pending where they all block it (a job that waits for 
 Where such a thread runs the job's own code (an ``on_alert`` callback), it lets those signals through meanwhile: a
 process the callback started inherited them blocked, and outlived its ``terminate()``. (A finalizer of the job's
 that the collector runs on the sampler thread still has them blocked: noted.) numpy's BLAS threads start as numpy
-loads, with the loading thread's mask. Where ``blackbox run`` arms a process at start-up, its import of numpy comes
-before the job's code, so the bootstrap holds these signals from before it (``run.bootstrap.HELD``): a signal sent
-while arming goes to the handler once it is in, not to a BLAS thread, whose default action ended the process with
-nothing recorded, and a job that never loads numpy and blocks SIGTERM to ``sigwait()`` for it receives it, as
-unarmed. Where the job loaded numpy before ``arm()``, its BLAS threads keep the mask the job gave them.
+loads, with the loading thread's mask. Where ``blackbox run`` arms a multiprocessing or torch.compile helper at
+start-up, its import of numpy comes before the helper's code, and the bootstrap holds these signals from before it
+(``run.bootstrap.HELD``): a signal sent while the helper arms (a Pool's teardown) goes to the handler once it is
+in, not to a BLAS thread, whose default action ended the process with nothing recorded. In the job's own process
+the BLAS threads keep the mask they have unarmed: a job that blocks SIGTERM for a critical section after loading
+numpy dies of it at once, armed as unarmed. There a signal sent while ``arm()`` runs, or in the few system calls
+between the release of the handler at exit and the arming of the exit record's slots, can still be taken by a BLAS
+thread and end the process unrecorded; and a job that never loads numpy itself and blocks SIGTERM to ``sigwait()``
+for it loses it to a BLAS thread that blackbox's import started (carried).
 """
 
 from __future__ import annotations

@@ -387,7 +387,7 @@ def test_a_starved_rank_killed_first_is_not_displaced_by_the_teardown_it_caused(
         _dead(10, 0, "exception", 130, peer_lost="Connection reset by peer"),
         _dead(11, 1, "killed", 100, time_error_s=0.5, starved={"late_s": 0.3, "interval_s": 0.1}),
         _dead(12, 2, "signal", 250, killed_by=sigterm),
-        _dead(50, None, "exception", 400, ppid=1),
+        _dead(50, None, "exception", 400, ppid=1) | {"raised": "ChildFailedError"},
     ]
     # WHEN the attempt's deaths are ordered
     first, collateral, _ = deaths(rings)
@@ -400,6 +400,24 @@ def test_a_starved_rank_killed_first_is_not_displaced_by_the_teardown_it_caused(
                                                        "lost_peer": True}  # fmt: skip
     assert collateral[2]["death"]["collateral_of"] == {"rank": 1, "host": "h", "pid": 11, "by": None,
                                                        "reported": True}  # fmt: skip
+
+
+@pytest.mark.parametrize(("raised", "role", "reported"), [
+    ("ChildFailedError", None, True), ("ProcessRaisedException", "main process", True),
+    ("CalledProcessError", "accelerate launcher", True), ("CalledProcessError", "main process", False),
+    ("KeyError", "torchrun agent", False), ("KeyError", "main process", False),
+])  # fmt: skip
+def test_a_launchers_end_is_its_report_of_a_death_only_by_the_exception_launchers_raise_for_it(
+    raised: str, role: str | None, reported: bool
+) -> None:
+    # GIVEN rank 1 dead at .100, then the process that started it (pid 50) dead of an uncaught exception at .300
+    rings = [_dead(11, 1, "killed", 100),
+             _dead(50, None, "exception", 300, ppid=1, victim={"pid": 50, "role": role}) | {"raised": raised}]
+    first, collateral, _ = deaths(rings)
+    # THEN a launcher's exception for a failed child is its report of rank 1's death, collateral; its own bug (a
+    # KeyError in a script that started ranks with subprocess) is a death of its own
+    assert first is not None and first["rank"] == 1
+    assert [m["pid"] for m in collateral] == ([50] if reported else []), collateral
 
 
 def test_a_rank_killed_while_it_shut_down_is_not_the_first_death_before_a_rank_that_failed() -> None:

@@ -60,7 +60,7 @@ def test_a_rank_a_launcher_stopped_is_said_stopped_by_it_whatever_its_bundle_say
                 "death": {"cause": "killed", "time": at.format(4), "victim": {"pid": 11}}},
         ring | {"pid": 10, "rank": 0, "ppid": 50, "last_event_at": at.format(5),
                 "death": {"cause": "signal", "time": at.format(5), "killed_by": sigterm, "victim": {"pid": 10}}},
-        ring | {"pid": 50, "rank": None, "last_event_at": at.format(6),
+        ring | {"pid": 50, "rank": None, "last_event_at": at.format(6), "raised": "ChildFailedError",
                 "death": {"cause": "exception", "time": at.format(6), "victim": victim}},
     ]  # fmt: skip
     first, collateral, _ = deaths(group)

@@ -40,9 +40,10 @@ name where the sender is a known one, else None: a parent may be ``blackbox
 run`` passing on a signal whose sender it did not record, and it is never named
 as the sender), and is never the first death nor counted among the deaths. So
 are a rank that died of its peer's loss after that death (``peer_lost``: gloo's
-"Connection closed by peer"), and a launcher whose own end (an exception, a
-nonzero status) came as it reported its rank's death (torchrun's agent's
-ChildFailedError, ``torch.multiprocessing.spawn``'s ProcessRaisedException):
+"Connection closed by peer"), and a launcher whose own end came as it reported
+that death (the exception launchers raise for a failed child, ``REPORTS``:
+torchrun's agent's ChildFailedError, ``torch.multiprocessing.spawn``'s
+ProcessRaisedException; ``accelerate launch``'s CalledProcessError or status):
 ``lost_peer`` and ``reported`` in ``collateral_of``.
 
 A hang (``hang.attempt_hang``): where ranks stalled in a collective, or died of its timeout, while
@@ -67,7 +68,6 @@ from __future__ import annotations
 from typing import Any
 
 from .._times import epoch_ns
-from ..collect.identity import SPAWNED_RANK
 from .hang import SHOWN, attempt_hang, hang_headline, ranked
 from .helpers import launcher_said
 
@@ -80,6 +80,8 @@ LAUNCHERS = {
     "torch.distributed.launch": "torchrun",
     "slurmstepd": "slurmstepd",
 }
+# The exceptions launchers raise for a child that failed: a launcher's report of a death, not one of its own
+REPORTS = ("ChildFailedError", "ProcessRaisedException", "ProcessExitedException")
 ENDERS = ("timeout", "scancel", "srun", "slurmd", "kubelet")  # what ends a hung job from outside, by name
 SLIM = ("rank", "host", "pid", "ppid", "role", "job", "attempt", "started_at", "last_event_at", "last_step",
         "clock_error_s")  # fmt: skip
@@ -96,6 +98,7 @@ def slim(m: dict[str, Any]) -> dict[str, Any]:
     killer = death.get("killed_by")
     out = {k: m.get(k) for k in SLIM} | {"death": {k: death.get(k) for k in SLIM_DEATH}}
     out["death"]["killed_by"] = {k: killer.get(k) for k in SLIM_KILLER} if isinstance(killer, dict) else None
+    out["raised"] = _raised(m)
     return out
 
 
@@ -380,22 +383,33 @@ def deaths(
         collateral += lost
     if first is not None:  # a launcher's own end as it reports its rank's death (torchrun's ChildFailedError)
         reports = [m for m in rest if m is not first and not m["death"].get("collateral_of")
-                   and _reports_a_rank(m, dead) and when[id(m)] >= when[id(first)]]  # fmt: skip
+                   and _reports_a_death(m) and when[id(m)] >= when[id(first)]]  # fmt: skip
         for m in reports:
             m["death"]["collateral_of"] = _who(first) | {"by": None, "reported": True}
         collateral += reports
     return first, collateral, None
 
 
-def _reports_a_rank(m: dict[str, Any], dead: list[dict[str, Any]]) -> bool:
-    """Ring ``m`` is a launcher's that ended of its own exception or status after a rank it started died: it
-    reports that death (torchrun's agent raises ChildFailedError, mp.spawn's parent ProcessRaisedException,
-    ``accelerate launch`` exits 1), which is not a death of its own cause. Not a DataLoader's main process,
-    whose work is the job's."""
-    if ranked(m) or m["death"].get("cause") not in ("exception", "nonzero_exit"):
+def _reports_a_death(m: dict[str, Any]) -> bool:
+    """Ring ``m`` is a launcher's that ended as it reported a death of the job's: by the exception launchers raise
+    for a child that failed (``REPORTS``: torchrun's agent, ``accelerate launch`` of several processes,
+    torch.multiprocessing.spawn's parent), or, a launcher by its command, by a CalledProcessError or a nonzero
+    status (``accelerate launch`` of one process). Another exception of a process that started ranks (its own
+    bug, after a rank died) is a death of its own."""
+    cause, raised = m["death"].get("cause"), m.get("raised")
+    if ranked(m) or cause not in ("exception", "nonzero_exit"):
         return False
-    return any(c is not m and (c.get("host"), c.get("ppid")) == (m.get("host"), m.get("pid"))
-               and (ranked(c) or (c["death"].get("victim") or {}).get("role") == SPAWNED_RANK) for c in dead)
+    if cause == "exception" and raised in REPORTS:
+        return True
+    return launcher_said(m["death"]) is not None and (cause == "nonzero_exit" or raised == "CalledProcessError")
+
+
+def _raised(m: dict[str, Any]) -> str | None:
+    """The class name of the ring's last uncaught exception (``ChildFailedError``), where it recorded one."""
+    found = [e for e in m.get("exceptions") or [] if isinstance(e, dict)
+             and str(e.get("detail")).startswith("uncaught")]  # fmt: skip
+    label = found[-1].get("label") if found else None
+    return label.split(":", 1)[0].rsplit(".", 1)[-1].strip()[:200] if isinstance(label, str) and label else None
 
 
 def attempt_metadata(groups: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -55,11 +55,13 @@ RUN_PID_ENV = "BLACKBOX_RUN_PID"  # as collect.identity.RUN_PID_ENV (this file i
 FIRST_PY_ENV = "BLACKBOX_RUN_PY"  # as collect.identity.FIRST_PY_ENV: set by the first Python process of a branch
 HELPER_CAPACITY = 8192  # slots: 1 MiB of records
 HELPER_STRINGS = 64 << 10
-# As collect.signals.RECORDED (a test keeps them in step): held on the main thread from before blackbox's import of
-# numpy until the handlers are in. numpy's BLAS threads start as it loads and inherit the thread's mask: started
-# with these unblocked, they took a signal sent while arming held it on the main thread and died of its default
-# action, unrecorded ("killed; no handler ran": a spawn Pool helper SIGTERMed by the Pool's teardown as it armed),
-# and took a SIGTERM that a job with no numpy of its own blocked to sigwait() for it, which unarmed it received.
+# As collect.signals.RECORDED (a test keeps them in step): in a multiprocessing or torch.compile helper (ARM_AT_START),
+# held on the main thread from before blackbox's import of numpy until the handlers are in. numpy's BLAS threads
+# start as it loads and inherit the thread's mask: started with these unblocked, they took a signal sent while
+# arming held it on the main thread and died of its default action, unrecorded ("killed; no handler ran": a spawn
+# Pool helper SIGTERMed by the Pool's teardown as it armed, 5 runs in 60 under load). Not in the job's own
+# process: there the BLAS threads keep them blocked for good, and a job that blocks SIGTERM for a critical section
+# after loading numpy dies at once unarmed (a BLAS thread takes it) but only after it armed.
 HELD = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
 TRIGGERS = ("numpy", "torch")  # a child process arms once it has imported one of these
 ARM_WHEN_IMPORTED = "_arm_when_imported"  # set on the blackbox package where a trigger fired inside its import
@@ -205,7 +207,10 @@ def boot() -> None:
         if "--multiprocessing-fork" in " ".join(getattr(sys, "orig_argv", sys.argv)):
             import multiprocessing.util  # noqa: F401  (a spawn child imports it next: armed, we hook its bootstrap)
         if arms_at_start():
-            start()
+            try:
+                start()
+            except KeyboardInterrupt:
+                _interrupted()
         elif not _runs_blackbox():  # (`blackbox recover` a job's script calls is not the job's work)
             sys.meta_path.insert(0, ArmAfterImport(start))
     except Exception as exc:  # never break the job
@@ -215,7 +220,8 @@ def boot() -> None:
 def start() -> None:
     """Arm, never raising: the job's own processes get a full ring, a helper a small one; all but the
     one ``blackbox run`` started and the ranks are folded away if they end cleanly."""
-    held = _hold()
+    command = " ".join(getattr(sys, "orig_argv", sys.argv))
+    held = _hold() if any(mark in command for mark in ARM_AT_START) else None
     try:
         import blackbox
         from blackbox.collect.identity import role
@@ -233,12 +239,29 @@ def start() -> None:
         sys.stderr.write(f"blackbox: not armed ({type(exc).__name__}: {exc}); the job runs unrecorded\n")
     finally:
         if held is not None:  # a signal that came meanwhile is delivered now, to the handler in place
-            import signal
+            _restore(held)
 
-            try:
-                signal.pthread_sigmask(signal.SIG_SETMASK, held)
-            except Exception as exc:
-                sys.stderr.write(f"blackbox: signals left blocked ({type(exc).__name__}: {exc})\n")
+
+def _restore(held: Any) -> None:
+    import signal
+
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    except Exception as exc:
+        sys.stderr.write(f"blackbox: signals left blocked ({type(exc).__name__}: {exc})\n")
+
+
+def _interrupted() -> None:
+    """A SIGINT as the process armed at start-up (held meanwhile, it is delivered as the hold ends) raised
+    KeyboardInterrupt inside the interpreter's import of site, which it cannot survive ("Fatal Python error:
+    init_import_site", status 1, and the verdict a deliberate exit): the process ends of SIGINT instead, as a job
+    interrupted as it starts does unarmed (130). The C handler recorded the SIGINT."""
+    import signal
+
+    sys.stderr.write("KeyboardInterrupt\n")
+    sys.stderr.flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 def _hold() -> Any:
