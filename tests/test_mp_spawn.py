@@ -33,10 +33,8 @@ if __name__ == "__main__":
 """
 
 
-def test_ranks_the_parent_ends_after_one_dies_are_collateral_not_clean_ends(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    (tmp_path / "train.py").write_text(JOB)
-    # GIVEN mp.spawn's 3 ranks, rank 1 SIGKILLed at its step 25; the parent then SIGTERMs ranks 0 and 2, and raises
+def _unarmed_and_armed(tmp_path: Path) -> list[subprocess.CompletedProcess[str]]:
+    """train.py run unarmed, then under `blackbox run` (its run folder in tmp_path/run)."""
     runs = []
     for armed in (False, True):
         run = [sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "run"), "--"] * armed
@@ -44,6 +42,14 @@ def test_ranks_the_parent_ends_after_one_dies_are_collateral_not_clean_ends(tmp_
                    MASTER_PORT=str(free_port()))
         runs.append(subprocess.run([*run, sys.executable, "train.py"], capture_output=True, text=True, timeout=180,
                                    cwd=tmp_path, env=env))  # fmt: skip
+    return runs
+
+
+def test_ranks_the_parent_ends_after_one_dies_are_collateral_not_clean_ends(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    (tmp_path / "train.py").write_text(JOB)
+    # GIVEN mp.spawn's 3 ranks, rank 1 SIGKILLed at its step 25; the parent then SIGTERMs ranks 0 and 2, and raises
+    runs = _unarmed_and_armed(tmp_path)
     plain, armed = runs
     # THEN it ends as unarmed: the parent's ProcessExitedException, status 1
     assert plain.returncode == armed.returncode == 1, (plain.stderr[-2000:], armed.stderr[-2000:])
@@ -91,13 +97,7 @@ def test_a_rank_that_raises_at_once_is_named_and_the_parents_report_is_no_death_
     (tmp_path / "train.py").write_text(RAISES_AT_ONCE)
     # GIVEN mp.spawn's 3 ranks, rank 1 raising as soon as its group is up; the parent raises
     # ProcessRaisedException after ending the others
-    runs = []
-    for armed in (False, True):
-        run = [sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(tmp_path / "run"), "--"] * armed
-        env = dict(os.environ, PYTHONPATH=str(REPO) if armed else "", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(free_port()))
-        runs.append(subprocess.run([*run, sys.executable, "train.py"], capture_output=True, text=True, timeout=180,
-                                   cwd=tmp_path, env=env))  # fmt: skip
+    runs = _unarmed_and_armed(tmp_path)
     for done in runs:  # as unarmed
         assert done.returncode == 1 and "ValueError: planted: rank 1 fails" in done.stderr, done.stderr[-2000:]
     (bundle,) = (tmp_path / "run").glob("run-*/bundle")

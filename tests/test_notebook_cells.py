@@ -17,6 +17,7 @@ import pytest
 from conftest import REPO
 
 from blackbox.recovery.cells import cell_names
+from blackbox.recovery.pipeline import recover_rings
 from blackbox.ring import format as fmt
 
 CELLS = [
@@ -71,15 +72,49 @@ def test_a_cells_site_reads_as_ipython_names_the_cell(tmp_path: Path, shell: str
     # (it read `<module> (/tmp/ipykernel_8940/1438328138.py:3)`, a file that does not exist)
     top = meta["allocations"]["sites"][0]
     assert top["site"] == "<module> (Cell In[3]:3)", top
-    assert abs(top["live_bytes"] - (120 << 20)) <= max(top["error_bytes"], 1), top
+    # (within 3 times its stated 95% error: each 4 MiB block goes unsampled with probability e^-4 at a 1 MiB mean
+    # interval, so 3 of the 30 do in 1.7% of runs, 10 MiB off against a stated 5.9; 5 of 30 in 0.03%)
+    assert abs(top["live_bytes"] - (120 << 20)) <= 3 * max(top["error_bytes"], 1), top
     summary = (out / "summary.md").read_text()
     assert "`<module> (Cell In[3]:3)`: `kept.append(bytearray(4 << 20))  # PLANT: 4 MiB a step`" in summary
     assert "ipykernel_" not in summary.split("## Raw rings")[0].replace("ipykernel_launcher", "")
     assert "ipython-input" not in summary
 
 
-def test_a_cell_run_again_is_named_by_its_latest_count_and_other_strings_are_left_be() -> None:
-    strings = {1: f"{fmt.CELL_PREFIX}In[3] /tmp/ipykernel_1/11.py", 2: f"{fmt.CELL_PREFIX}In[7] /tmp/ipykernel_1/11.py",
-               3: f"{fmt.CELL_PREFIX}In[4] <ipython-input-4-ab>", 4: f"{fmt.CELL_PREFIX}In[x] /a.py",
-               5: "blackbox cell: /b.py", 6: "<module> (/tmp/ipykernel_1/11.py:2)"}  # fmt: skip
+def test_a_cell_run_again_is_named_by_its_latest_count_and_marks_naming_no_cell_are_left_out() -> None:
+    # GIVEN cell marks: one cell run twice, a terminal shell's cell, and marks the job wrote naming files that are no
+    # IPython cell (a library's file, a bare name, a malformed count)
+    said = ["In[3] /tmp/ipykernel_1/11.py", "In[7] /tmp/ipykernel_1/11.py", "In[4] <ipython-input-4-ab>",
+            "In[1] /usr/lib/python3.11/threading.py", "In[2] y", "In[x] /tmp/ipykernel_1/12.py", "/b.py"]
+    strings = {i: fmt.CELL_PREFIX + text for i, text in enumerate(said)} | {99: "<module> (/tmp/ipykernel_1/11.py:2)"}
+    # THEN the cells are named by their latest count, and nothing else is (a mark naming threading.py renamed every
+    # frame of it "Cell In[1]")
     assert cell_names(strings) == {"/tmp/ipykernel_1/11.py": "Cell In[7]", "<ipython-input-4-ab>": "Cell In[4]"}
+
+
+CRASH = """
+import json, sys
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+cells = [f"import blackbox\\nblackbox.arm({sys.argv[1]!r}, sample_interval=0.02)",
+         "import ctypes, time\\ndef crash():\\n    ctypes.string_at(0)  # PLANT: SIGSEGV at line 3 of cell 2",
+         "time.sleep(0.5)\\ncrash()"]
+for cell in cells:
+    shell.run_cell(cell, store_history=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_crash_in_a_cell_names_the_cell(tmp_path: Path) -> None:
+    pytest.importorskip("IPython")
+    # GIVEN an IPython shell whose cell 3 calls a function of cell 2 that segfaults
+    rings = tmp_path / "rings"
+    done = subprocess.run([sys.executable, "-c", CRASH, f"{rings}/"], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
+    assert done.returncode == -11, done.stderr[-2000:]
+    # THEN the crash's site and stack name the cells as IPython does (faulthandler's text kept the file names)
+    meta = recover_rings([rings]).meta
+    crash = meta["native_crash"]
+    assert crash["site"] == "crash (Cell In[2]:3)", crash
+    assert "<module> (Cell In[3]:2)" in crash["stack"] and "ipython-input" not in crash["stack"], crash["stack"]
+    assert "crash (Cell In[2]:3)" in meta["death"]["headline"], meta["death"]["headline"]

@@ -4,9 +4,10 @@ IPython compiles each cell under a name of its own: ``/tmp/ipykernel_8940/143832
 (a file that never exists) or ``<ipython-input-3-...>`` in a terminal, and so every stack of a notebook named
 that. Its own tracebacks say "Cell In[3], line 4": ``CachingCompiler.format_code_name`` reads the shell
 compiler's ``_filename_map`` (name -> execution count, IPython 8 and later). Where a shell is running, the
-sampler's upkeep reads that map when the shell's execution count has moved (a cell ran) and writes a ``blackbox
-cell: In[N] NAME`` mark for each name new or run again under a new count (``ring/FORMAT.md``); recovery
-(``recovery/cells.py``) writes ``Cell In[N]`` for that name in the ring's stacks. Nothing is imported and no
+sampler's upkeep reads that map when the shell's execution count or the map's size has moved (a cell ran) and
+writes a ``blackbox cell: In[N] NAME`` mark for each name new or run again under a new count
+(``ring/FORMAT.md``); recovery (``recovery/cells.py``) writes ``Cell In[N]`` for that name in the ring's stacks.
+A cell that dies before the next tick (a crash at its first line) keeps IPython's file name. Nothing is imported and no
 shell is made: only an IPython the job loaded, whose shell is up, is read; a map that is not a dict is left be.
 """
 
@@ -27,7 +28,7 @@ class CellNames:
     def __init__(self, mark: Callable[[str], object]) -> None:
         self._mark = mark
         self._said: dict[str, int] = {}
-        self._count: Any = None  # the shell's execution count at the last read
+        self._seen: Any = None  # (the shell's execution count, its map's size) at the last read
 
     def poll(self) -> None:
         getter = sys.modules.get("IPython.core.getipython")
@@ -35,11 +36,11 @@ class CellNames:
             return
         try:
             shell = getter.get_ipython()  # (None where no shell was made: it makes none)
-            if shell is None or shell.execution_count == self._count:
-                return
-            self._count = shell.execution_count
-            names = getattr(shell.compile, "_filename_map", None)
-            items = list(names.items()) if isinstance(names, dict) else []  # (one C call: the GIL held)
+            names = getattr(shell.compile, "_filename_map", None) if shell is not None else None
+            if not isinstance(names, dict) or (shell.execution_count, len(names)) == self._seen:
+                return  # (IPython raises the count before it compiles the cell: the size moves after)
+            self._seen = (shell.execution_count, len(names))
+            items = list(names.items())  # (one C call: the GIL held)
         except Exception:  # noqa: BLE001 (a shell half made or torn down: read again at the next cell)
             return
         new = [(n, name) for name, n in items if isinstance(name, str) and isinstance(n, int)
