@@ -252,14 +252,18 @@ def test_a_failing_status_of_the_shell_is_told_as_the_shells_when_every_python_e
     assert "exit status 3, the job's own (a shell, or a program that is not Python)" in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("armed_child", [True, False], ids=["child armed", "child never armed"])
 def test_a_python_child_killed_by_the_oom_killer_gets_no_dataloader_worker_levers(
-    tmp_path: Path, memory_cgroup: Any
+    tmp_path: Path, memory_cgroup: Any, armed_child: bool
 ) -> None:
     # GIVEN a job whose Python starts another Python (a notebook's kernel under nbconvert, a script's
     # subprocess) that leaks until the kernel OOM-kills it in a 300 MiB cgroup (its levers were a DataLoader
-    # worker's: "a cache in the Dataset that grows in every worker", "fewer DataLoader workers")
-    (tmp_path / "child.py").write_text("import time\nimport numpy as np\nkept = []\nwhile True:\n"
-                                       "    kept.append(np.ones(1 << 19))  # PLANT\n    time.sleep(0.01)\n")
+    # worker's: "a cache in the Dataset that grows in every worker", "fewer DataLoader workers"); it imports numpy
+    # (armed, a ring of its own), or never does (never armed: a kernel that runs no array code; the levers then
+    # came from its growth as the parent's child)
+    block = "np.ones(1 << 19)" if armed_child else "bytearray(4 << 20)"
+    (tmp_path / "child.py").write_text(f"import time\n{'import numpy as np' if armed_child else ''}\nkept = []\n"
+                                       f"while True:\n    kept.append({block})  # PLANT\n    time.sleep(0.01)\n")
     (tmp_path / "parent.py").write_text(f"import subprocess, sys\nsys.exit(subprocess.run([{PY!r}, 'child.py'])"
                                         ".returncode & 0xFF)\n")  # fmt: skip
     cg = memory_cgroup(300 << 20)
@@ -275,4 +279,4 @@ def test_a_python_child_killed_by_the_oom_killer_gets_no_dataloader_worker_lever
     assert (first["cause"], first["victim"]["role"]) == ("host_oom_kill", "child process"), first
     change = (bundle / "summary.md").read_text().split("What to change:", 1)[1].split("\n## ", 1)[0]
     assert "Dataset" not in change and "DataLoader" not in change, change
-    assert "child.py:5" in change.split("\n- ", 2)[1], change
+    assert ("child.py:5" if armed_child else "caches that never evict") in change.split("\n- ", 2)[1], change

@@ -221,7 +221,8 @@ def analysis(f: Facts, cause: str, victim: dict[str, Any], stat: dict[str, Any] 
     if memory:
         out["memory_at_end"] = memory
     if cause in ("host_oom_kill", "userspace_oom_kill"):
-        worker = victim.get("role") not in NOT_WORKERS or (growth or {}).get("grew") == "children"
+        role = victim.get("role")  # (the growth of children: workers with no ring, but not for a child's own kill)
+        worker = role not in NOT_WORKERS or ((growth or {}).get("grew") == "children" and role != ROLE["child"])
         if worker:
             behaved = worker_memory(f, victim.get("pid"))
             if behaved:
