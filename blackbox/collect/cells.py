@@ -7,8 +7,9 @@ compiler's ``_filename_map`` (name -> execution count, IPython 8 and later). Whe
 sampler's upkeep reads that map when the shell's execution count or the map's size has moved (a cell ran) and
 writes a ``blackbox cell: In[N] NAME`` mark for each name new or run again under a new count
 (``ring/FORMAT.md``); recovery (``recovery/cells.py``) writes ``Cell In[N]`` for that name in the ring's stacks.
-A cell that dies before the next tick (a crash at its first line) keeps IPython's file name. Nothing is imported and no
-shell is made: only an IPython the job loaded, whose shell is up, is read; a map that is not a dict is left be.
+A cell that dies before the next tick (a crash at its first line) keeps IPython's file name. Nothing is imported
+and no shell is made: only an IPython the job loaded, whose shell is up, is read; a map that is not a dict is left
+be.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 A kernel's ring holds ``blackbox cell: In[N] NAME`` marks (``collect/cells.py``): NAME is the file name IPython
 compiled the cell under (``/tmp/ipykernel_8940/1438328138.py``, a file that does not exist), N its execution
 count, the highest where the same code ran again. Every frame of such a file is written ``Cell In[N]`` in the
-ring's stack table (the stack samples, the allocation sites) and in its strings (the exceptions' tracebacks),
-so in the timeline and all that is read from the ring; the marks keep the file names. A ring without such
-marks is left as it was.
+ring's stack table (the stack samples, the allocation sites), in its strings (the exceptions' tracebacks) and in
+faulthandler's text of a crash, so in the timeline and all that is read from the ring; the marks themselves keep
+the file names. Only names of IPython's forms count (``_CELL_FILE``). A ring without such marks is left as it was.
 """
 
 from __future__ import annotations

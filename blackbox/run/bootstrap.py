@@ -252,10 +252,11 @@ def _restore(held: Any) -> None:
 
 
 def _interrupted() -> None:
-    """A SIGINT as the process armed at start-up (held meanwhile, it is delivered as the hold ends) raised
+    """A SIGINT as the process armed at start-up (in a helper, held and delivered as the hold ends) raised
     KeyboardInterrupt inside the interpreter's import of site, which it cannot survive ("Fatal Python error:
     init_import_site", status 1, and the verdict a deliberate exit): the process ends of SIGINT instead, as a job
-    interrupted as it starts does unarmed (130). The C handler recorded the SIGINT."""
+    interrupted as it starts does unarmed (130). Where the handler was in by then, its ring holds the SIGINT;
+    one that came before the ring was made leaves none."""
     import signal
 
     sys.stderr.write("KeyboardInterrupt\n")
@@ -266,8 +267,8 @@ def _interrupted() -> None:
 
 def _hold() -> Any:
     """``HELD`` blocked on this thread; returns the mask to put back (None where masks cannot be set). The threads
-    that start meanwhile (numpy's BLAS threads, when blackbox's import is the process's first of numpy) keep them
-    blocked: a signal sent to the process goes to the job's own threads, as unarmed, where there are none."""
+    that start meanwhile (numpy's BLAS threads: blackbox's import is a helper's first of numpy) keep them blocked,
+    so a signal sent to the helper waits for its handler."""
     import signal
 
     try:
