@@ -351,7 +351,7 @@ class JobPass:
         table = pa.concat_tables(self._ranks) if self._ranks else SCHEMA.empty_table()
         if self._finished and table.num_rows == len(self._rings):
             marks = [collateral_columns(m["death"].get("collateral_of")) for m in self._rings]
-            for name in ("collateral_of", "stopped_by", "lost_peer", "reported"):
+            for name in collateral_columns(None):  # (its columns, as rank_rows fills them)
                 column = pa.array([c[name] for c in marks], type=SCHEMA.field(name).type)
                 table = table.set_column(table.schema.get_field_index(name), name, column)
         return table

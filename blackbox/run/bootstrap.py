@@ -125,6 +125,11 @@ def arms_at_start() -> bool:
     launcher = _int_env(RUN_PID_ENV)
     if launcher is None or os.getppid() == launcher:
         return True
+    return _helper_at_start()
+
+
+def _helper_at_start() -> bool:
+    """This process is a multiprocessing or torch.compile helper, by its command line (``ARM_AT_START``)."""
     command = " ".join(getattr(sys, "orig_argv", sys.argv))
     return any(mark in command for mark in ARM_AT_START)
 
@@ -220,8 +225,7 @@ def boot() -> None:
 def start() -> None:
     """Arm, never raising: the job's own processes get a full ring, a helper a small one; all but the
     one ``blackbox run`` started and the ranks are folded away if they end cleanly."""
-    command = " ".join(getattr(sys, "orig_argv", sys.argv))
-    held = _hold() if any(mark in command for mark in ARM_AT_START) else None
+    held = _hold() if _helper_at_start() else None
     try:
         import blackbox
         from blackbox.collect.identity import role

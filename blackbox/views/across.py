@@ -231,11 +231,13 @@ def ended_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]],
     """The processes grouped by how they ended: count and time spread after the first death. ``alive``:
     (host, pid) of the processes that ran on (the attempt's ``still_running``)."""
     groups: dict[str, list[dict[str, Any]]] = {}
+    collateral: set[str] = set()  # the groups of processes torn down after the first death
     for r in rows:
         if (r.get("host"), r.get("pid")) in alive:
             key = RUNNING
         elif r.get("collateral_of") is not None and first:  # torn down after the first death: not a death of its own
             key = _after_first(first, r)
+            collateral.add(key)
         else:
             key = f"`{r.get('cause') or 'unknown'}`"
         groups.setdefault(key, []).append(r)
@@ -252,7 +254,7 @@ def ended_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]],
         if cause == RUNNING:
             lines.append(f"{text}: {_named(members)}")
             continue
-        if cause.startswith(("stopped by", "ended (", "lost a peer", "reported")):
+        if cause in collateral:
             within = f", within {_seconds(max(times) - t0)}" if times and t0 is not None and max(times) >= t0 else ""
             lines.append(f"{text}{within}: {_named(members)} (collateral, not counted as deaths)")
             continue
