@@ -182,6 +182,78 @@ def test_a_stuck_rank_is_named_not_the_rank_whose_sigterm_landed_first(tmp_path:
     assert "cause: hang; The main process (pid " in armed.err
 
 
+PREPARE_JOB = """\
+import sys, threading
+import torch, torch.distributed as dist
+
+def prepare_data(rank):
+    if rank == 1:
+        open(sys.argv[1], "w").close()  # the planted truth: rank 1 is stuck from now on, before any step
+        threading.Event().wait()  # PLANT: its data preparation never returns
+    return torch.ones(4)
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+x = prepare_data(rank)
+print(f"rank {rank} prepared", flush=True)
+dist.barrier()  # ranks 0 and 2 wait here for rank 1
+print(f"rank {rank} trained", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="no torchrun beside this Python")
+def test_a_rank_stuck_before_its_first_step_is_named_by_the_ranks_that_waited_for_it(tmp_path: Path) -> None:
+    pytest.importorskip("torch.distributed")
+    script = tmp_path / "train.py"
+    script.write_text(PREPARE_JOB)
+    torchrun = [str(TORCHRUN), "--nproc-per-node=3", "--max-restarts=0", "--rdzv-backend=c10d"]
+    # GIVEN 3 gloo ranks under torchrun that count no steps: rank 1 stuck in its data preparation, ranks 0 and 2 in
+    # the barrier; `timeout` ends the job 12 s later (a stack unchanged for 10 s is a stall without steps), unarmed
+    # and under `blackbox run`
+    runs = tmp_path / "runs"
+    unarmed, armed = _end_when_stuck([
+        ([*torchrun, f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(script), str(tmp_path / "stuck0")],
+         tmp_path / "stuck0", {}),
+        ([sys.executable, "-m", "blackbox", "run", "--dir", str(runs), "--", *torchrun,
+          f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(script), str(tmp_path / "stuck1")], tmp_path / "stuck1", {}),
+    ], stuck_for=12.5)  # fmt: skip
+    # THEN the job ends as it does unarmed: timeout's status, the same lines printed
+    assert unarmed.returncode == armed.returncode == 124, (unarmed.err[-2000:], armed.err[-3000:])
+    assert sorted(unarmed.out.splitlines()) == sorted(armed.out.splitlines()) == [f"rank {r} prepared" for r in (0, 2)]
+    # AND rank 1 hung there, told by the ranks that waited for it, "probable" (no steps timed it); it read "ranks 0
+    # to 2 stopped by pid N (torchrun) as it went down", torchrun's agent the first death
+    meta = _bundle(runs)
+    first, line = meta["first_death"], PREPARE_JOB.splitlines().index(
+        "        threading.Event().wait()  # PLANT: its data preparation never returns") + 1
+    assert (meta["cause"], first["rank"], first["cause"], first["confidence"]) == ("hang", 1, "hang", "probable"), first
+    assert first["hang"]["site"] == f"prepare_data ({script}:{line})" and first["hang"]["step"] is None
+    assert 10.0 <= first["hang"]["stalled_s"] <= 12.5 + 30, first["hang"]
+    assert first["headline"].endswith(f"stuck in prepare_data (train.py:{line}); then SIGTERM from torchrun ended it.")
+    (attempt,) = meta["attempts"]
+    assert sorted((w["rank"], w["collective"]) for w in attempt["hang"]["waited"]) == [(0, "barrier"), (2, "barrier")]
+    by_rank = {m["rank"]: m for m in meta["rings"]}
+    assert all(by_rank[r]["death"]["collateral_of"]["rank"] == 1 for r in (0, 2, None))
+    # AND its own ring's death, ranks.parquet and the summary's detail say the same, with a hang's levers
+    own = by_rank[1]["death"]
+    assert (own["cause"], own["confidence"], own["headline"]) == ("hang", "probable", first["headline"])
+    assert own["levers"][0].startswith(f"look at prepare_data (train.py:{line}): the process was stuck there")
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(next(runs.glob("run-*/bundle")) / "ranks.parquet").to_pylist()
+    assert [(r["rank"], r["cause"]) for r in sorted(table, key=lambda r: r["pid"]) if r["rank"] == 1] == [(1, "hang")]
+    summary = meta["_summary"]
+    assert "**A hang:** rank 1 made no progress for " in summary and ", before any step)" in summary, summary[:3000]
+    assert "- ranks 0 and 2 waited for it, in barrier" in summary and "- 1 rank `hang` (the first death)" in summary
+    assert "Cause `hang` (a hang: no progress for a long time, then ended from outside), confidence probable" in summary
+    # AND the job-wide account over the node bundle says the same
+    from blackbox._postmortem import job_account
+
+    _, job, text = job_account([str(next(runs.glob("run-*/bundle")))])
+    assert (job["cause"], job["first_death"]["rank"]) == ("hang", 1)
+    assert "- 1 rank `hang` (the first death)" in text and "confidence probable" in text, text[:3000]
+
+
 LOCKED = """\
 import sys, threading, time
 import blackbox

@@ -144,3 +144,53 @@ def test_a_sender_that_ended_before_it_was_named_is_told_by_its_pid() -> None:
     stall = {"stalled_s": 12.0, "step_s": 0.05, "site": "deadlock (c3_lock.py:8)", "collective": None}
     told = hang_headline(death, stall)
     assert told.endswith("stuck in deadlock (c3_lock.py:8); then SIGTERM from pid 2531 ended it."), told
+
+
+def _before_steps(ring: dict[str, Any]) -> dict[str, Any]:
+    """``ring`` stalled before it counted steps: its stack the same for 30 s (``hang._same_stack``)."""
+    ring["death"]["hang"].update(step=None, step_s=None, longest_s=None, busy=None)
+    return ring
+
+
+def test_a_rank_at_one_stack_before_any_step_while_the_others_wait_in_a_collective_is_the_stuck_rank() -> None:
+    from blackbox.recovery.attempts import deaths
+
+    # GIVEN 3 ranks that count no steps yet: rank 1 at one line of its own for 30 s (its data preparation), ranks 0
+    # and 2 in the barrier, all three SIGTERMed by torchrun (each alone: a place told, no hang called)
+    rings = [_before_steps(_ring(r, 10 + r, "signal", None if r == 1 else "barrier")) for r in (0, 1, 2)]
+    # WHEN the attempt's deaths are read
+    first, collateral, info = deaths(rings)
+    # THEN rank 1 hung, told so by the ranks that waited for it; "probable": no steps timed it (it read "ranks 0 to
+    # 2 stopped by torchrun")
+    assert first is rings[1] and {m["rank"] for m in collateral} == {0, 2}, first
+    assert (first["death"]["cause"], first["death"]["confidence"]) == ("hang", "probable")
+    assert "hung: the same stack for 30.0 s before the end, stuck in wait_for_batch (train.py:7)" in first["death"][
+        "headline"]
+    assert info is not None and [w["rank"] for w in info["waited"]] == [0, 2] and info["step_s"] is None
+
+
+def test_a_rank_at_one_stack_before_any_step_is_no_hang_without_a_rank_waiting_in_a_collective() -> None:
+    # rank 1 at one line and rank 0 somewhere else of its own, both SIGTERMed: nobody waited for anybody
+    assert attempt_hang([_before_steps(_ring(0, 10, "signal")), _before_steps(_ring(1, 11, "signal"))]) is None
+    # rank 1 at one line raised (its own error, after a long data preparation) while rank 0 waited in the barrier
+    rings = [_before_steps(_ring(0, 10, "signal", "barrier")), _before_steps(_ring(1, 11, "exception", killer=None))]
+    assert attempt_hang(rings) is None
+
+
+def test_a_death_its_attempt_called_a_hang_takes_the_attempts_cause_and_a_hangs_levers() -> None:
+    from blackbox.recovery.hang import as_decided
+
+    ring = _before_steps(_ring(1, 11, "signal"))
+    own = "look at wait_for_batch (train.py:7): the main thread was there in every stack sample for the last 30 s " \
+          "before the end (waiting there, or looping on that one line)"  # fmt: skip
+    death = {**ring["death"], "confidence": "certain", "headline": "ended by SIGTERM", "levers": [own, "other"]}
+    decided = {"cause": "hang", "confidence": "probable", "headline": "The main process (pid 11) hung"}
+    told = as_decided(death, decided, True)
+    assert (told["cause"], told["confidence"], told["headline"]) == ("hang", "probable", decided["headline"])
+    assert told["levers"][0].startswith("look at wait_for_batch (train.py:7): the process was stuck there"), told
+    assert own not in told["levers"] and told["levers"][-1] == "other"
+    assert any("collective timeout" in lever for lever in told["levers"])
+    # a death its attempt left as it was, or one already a hang, is unchanged
+    assert as_decided(death, {"cause": "signal"}, True) is death
+    hung = {**death, "cause": "hang"}
+    assert as_decided(hung, decided, True) is hung

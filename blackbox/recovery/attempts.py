@@ -354,6 +354,8 @@ def deaths(
         if d.get("cause") in ("signal", "killed", "hang") and isinstance(h, dict) and not h.get("busy"):  # hung:
             by = _launcher(stuck, d.get("killed_by") or {}, group)  # as its waiters say (a worker counts no steps);
             d.update(cause="hang", headline=hang_headline(d, h, by))  # its launcher named, not its agent's thread
+            if h.get("step_s") is None and not any((m["death"].get("hang") or {}).get("step_s") for m in waiters):
+                d["confidence"] = "probable"  # no steps timed it, its own nor a waiter's: one stack, long
         for m in waiters:  # stopped by their launcher, or, for that launcher itself, by what ended the job
             sender = str((m["death"].get("killed_by") or {}).get("sender") or "")
             by = _launcher(m, m["death"].get("killed_by") or {}, group) or (sender if sender in ENDERS else None)

@@ -216,18 +216,36 @@ def with_hang(
                 "levers": [lever, *levers] if death["cause"] == "killed" else levers}
     if st["step_s"] is None:  # no steps to time it by: the place is told, no hang called (``_same_stack``)
         st["busy"] = None
-        lever = (f"look at {short_frame(st['site'])}: the main thread was there in every stack sample for the last "
-                 f"{st['stalled_s']:.0f} s before the end (waiting there, or looping on that one line)")  # fmt: skip
-        return {**death, "hang": st, "evidence": [*death.get("evidence", []), _stall_evidence(st)],
-                "levers": [lever, *(death.get("levers") or [])] if st.get("site") and is_job_frame(st["site"])
-                else death.get("levers")}  # (a launcher's own loop, torchrun's agent: no line of the job's)
+        mine = st.get("site") and is_job_frame(st["site"])  # (a launcher's own loop, torchrun's agent: no line of
+        return {**death, "hang": st, "evidence": [*death.get("evidence", []), _stall_evidence(st)],  # the job's)
+                "levers": [_place_lever(st), *(death.get("levers") or [])] if mine else death.get("levers")}
     # Its stack changing from sample to sample, it was working (an evaluation, a checkpoint, a slow data
     # pass killed at the time limit): no progress in steps, but not stuck. It keeps its cause.
     st["busy"] = busy(st["samples"], st["share"] or 0.0, st["moves"])
     out = {**death, "hang": st, "evidence": [*death.get("evidence", []), _stall_evidence(st)]}
     if death["cause"] in ("signal", "killed") and not crashed and not st["busy"]:
-        out.update(cause="hang", confidence="strong", headline=hang_headline(death, st), levers=_levers(st, ranked))
+        out.update(cause="hang", confidence="strong", headline=hang_headline(death, st), levers=hang_levers(st, ranked))
     return out
+
+
+def _place_lever(st: dict[str, Any]) -> str:
+    """The lever of a stall without steps: where the main thread stayed."""
+    return (f"look at {short_frame(st['site'])}: the main thread was there in every stack sample for the last "
+            f"{st['stalled_s']:.0f} s before the end (waiting there, or looping on that one line)")
+
+
+def as_decided(death: dict[str, Any], decided: dict[str, Any], ranked: bool) -> dict[str, Any]:
+    """A ring's full ``death`` as its attempt told it (``decided``, its slim death after ``attempt_hang``): a
+    stall the ring alone calls no hang (no steps to time it by: a rank stuck before its first step, a Pool
+    worker), told hung by the processes that waited for it, takes the attempt's cause, confidence and
+    headline, and a hang's levers before its own."""
+    h = death.get("hang")
+    if decided.get("cause") != "hang" or death.get("cause") == "hang" or not isinstance(h, dict):
+        return death
+    place = _place_lever(h) if h.get("site") else None
+    rest = [lever for lever in death.get("levers") or [] if lever != place]
+    return {**death, "cause": "hang", "confidence": decided.get("confidence"), "headline": decided.get("headline"),
+            "levers": [*hang_levers(h, ranked), *rest]}  # fmt: skip
 
 
 def snapshot_death(death: dict[str, Any], table: pa.Table, end_ns: int | None, ranked: bool) -> dict[str, Any]:
@@ -257,7 +275,7 @@ def snapshot_death(death: dict[str, Any], table: pa.Table, end_ns: int | None, r
         told += taken
     out["headline"] = str(death.get("headline") or "") + told
     if st.get("site") and is_job_frame(st["site"]) or joined(st):
-        out["levers"] = [*_levers(st, ranked)[:1], *(death.get("levers") or [])]
+        out["levers"] = [*hang_levers(st, ranked)[:1], *(death.get("levers") or [])]
     return out
 
 
@@ -313,7 +331,7 @@ def _shutdown_since(table: pa.Table, st: dict[str, Any], end_ns: int) -> dict[st
     return taken | {"lasted_s": round((end_ns - at) / 1e9, 3)}
 
 
-def _levers(st: dict[str, Any], ranked: bool) -> list[str]:
+def hang_levers(st: dict[str, Any], ranked: bool) -> list[str]:
     """What to change after a hang: where to look, and, for a rank, what makes the next one end and tell."""
     if st.get("loader"):
         out = ["look at the dataset's __getitem__ and collate_fn: a DataLoader worker never delivered its batch (the "
@@ -477,7 +495,8 @@ def attempt_hang(dead: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[
         return None  # the stalls waited for a rank that had died: its death comes first, not a hang
     if first["death"].get("cause") != "hang" and not any(_timed_out(m) for m in waited) and not (
         (_hang(first) or {}).get("busy") and waited and first["death"].get("cause") in ("signal", "killed")
-    ) and not (first["death"].get("cause") in ("signal", "killed") and any(_hung_waiting(m) for m in waited)):
+    ) and not (first["death"].get("cause") in ("signal", "killed") and any(_hung_waiting(m) for m in waited)
+               ) and not _stuck_before_steps(first, waited):
         return None  # it died of its own cause (an exception after a long evaluation): no hang
     collateral = [m for m in dead if m is not first and m not in stuck]  # the waiters and the launcher
     chain = _chain(dead, first)
@@ -492,6 +511,16 @@ def attempt_hang(dead: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[
     if recorded is not None:
         info["flight_recorder"] = {k: v for k, v in recorded.items() if not k.startswith("_")}
     return first, collateral, info
+
+
+def _stuck_before_steps(first: dict[str, Any], waited: list[dict[str, Any]]) -> bool:
+    """Rank ``first``, too few steps to time (stuck before its third, or a job that counts none), sat at one
+    stack outside any collective (``_same_stack``) while another rank waited in a collective, and a signal
+    or SIGKILL ended it: the rank the others waited for (a hang at start-up, before the first step: a rank in
+    its data preparation while the others wait in a barrier). Alone its stall is a place, not a hang."""
+    h = _hang(first) or {}
+    return (first["death"].get("cause") in ("signal", "killed") and h.get("step_s") is None
+            and any((_hang(m) or {}).get("collective") for m in waited))  # fmt: skip
 
 
 def _peer_died_first(dead: list[dict[str, Any]], stalled: list[dict[str, Any]], since_ns: float) -> bool:

@@ -32,6 +32,7 @@ from .._version import __version__
 from . import live_stacks
 from .attempts import attempt_metadata, group_attempts
 from .bundle import METADATA, RANKS, parse_metadata
+from .hang import as_decided, ranked
 from .locate import Place, find_bundles
 from .ranks import SCHEMA, collateral_columns, rank_rows, ranks_table, table_rows
 
@@ -354,6 +355,11 @@ class JobPass:
             for name in collateral_columns(None):  # (its columns, as rank_rows fills them)
                 column = pa.array([c[name] for c in marks], type=SCHEMA.field(name).type)
                 table = table.set_column(table.schema.get_field_index(name), name, column)
+            for name in ("cause", "confidence"):  # a hang its attempt called, across bundles (``as_decided``)
+                was = table[name].to_pylist()
+                column = pa.array([m["death"][name] if m["death"]["cause"] == "hang" else w
+                                   for m, w in zip(self._rings, was, strict=True)], type=SCHEMA.field(name).type)
+                table = table.set_column(table.schema.get_field_index(name), name, column)
         return table
 
     def finish(self) -> dict[str, Any]:
@@ -407,6 +413,7 @@ class JobPass:
         ring: dict[str, Any] | None = rings[j] if j < len(rings) and rings[j].get("pid") == first["pid"] else None
         if ring is None:
             return None
+        ring["death"] = as_decided(ring.get("death") or {}, self._first_ring(first)["death"], ranked(ring))
         with contextlib.suppress(BlackboxError):  # its stacks (none where its bundle has no readable file)
             live_stacks.attach_bytes(meta_i, place.read(live_stacks.ALLOCATIONS, live_stacks.MAX_FILE_BYTES), place)
         return ring

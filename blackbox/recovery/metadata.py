@@ -26,7 +26,7 @@ from .attempts import SLIM_DEATH, attempt_metadata, group_attempts, slim
 from .crash import crash_reading, shutdown_signal
 from .evidence import Evidence
 from .family import RECENT_STEPS, extra, retell
-from .hang import snapshot_death
+from .hang import as_decided, ranked, snapshot_death
 from .headline import still_running
 from .kinds import last_of_kind, of_kind, rows_of_kind
 from .spill import SpilledRings
@@ -358,8 +358,11 @@ def bundle_metadata(rings: Sequence[dict[str, Any]]) -> dict[str, Any]:
         slims[i]["death"].update({k: v for k, v in change.items() if k in SLIM_DEATH})
         if "killed_by" in change:
             slims[i]["death"]["killed_by"] = slim({"death": change})["death"]["killed_by"]
+    causes = [s["death"]["cause"] for s in slims]
     attempts = attempt_metadata(group_attempts(slims))
     marks = {i: s["death"]["collateral_of"] for i, s in enumerate(slims) if "collateral_of" in s["death"]}
+    decided = {i: s["death"] for i, s in enumerate(slims) if s["death"]["cause"] != causes[i]}  # (a stall its
+    # waiters call a hang)
     first_death = attempts[-1]["first_death"] if attempts else None
     return {
         "format_version": version,
@@ -370,22 +373,28 @@ def bundle_metadata(rings: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "clean": clean,
         "events": events,
         "recovery": totals,
-        "rings": _retold(rings, marks, retold) if marks or retold else rings,
+        "rings": _retold(rings, marks, retold, decided) if marks or retold or decided else rings,
         "recovered_by": {"blackbox": __version__},
     }
 
 
 def _retold(
-    rings: Sequence[dict[str, Any]], marks: dict[int, Any], retold: dict[int, dict[str, Any]]
+    rings: Sequence[dict[str, Any]],
+    marks: dict[int, Any],
+    retold: dict[int, dict[str, Any]],
+    decided: dict[int, dict[str, Any]],
 ) -> Sequence[dict[str, Any]]:
     """The rings again, each one in ``marks`` with ``death.collateral_of`` set, each in ``retold`` with its
-    death's fields changed (``family``; its own end now the death), spilled again where they were."""
+    death's fields changed (``family``; its own end now the death), each in ``decided`` as its attempt told
+    its death (``hang.as_decided``), spilled again where they were."""
     out: SpilledRings | list[dict[str, Any]] = SpilledRings() if isinstance(rings, SpilledRings) else []
     for i, m in enumerate(rings):
-        if i not in marks and i not in retold:
+        if i not in marks and i not in retold and i not in decided:
             out.append(m)
             continue
         death = {**m["death"], **retold.get(i, {})}
+        if i in decided:
+            death = as_decided(death, decided[i], ranked(m))
         if "after" in retold.get(i, {}):
             death.pop("own_end", None)
         out.append({**m, "death": death | ({"collateral_of": marks[i]} if i in marks else {})})

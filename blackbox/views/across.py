@@ -249,7 +249,8 @@ def ended_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]],
         ranks = sum(1 for m in members if m.get("rank") is not None)
         noun = ("rank" if ranks == len(members) else "process") + ("" if len(members) == 1 else
                 ("s" if ranks == len(members) else "es"))  # fmt: skip
-        times = [t for t in (_t(m.get("death_time")) for m in members) if t is not None]
+        times = [t for t in (t0 if (m.get("host"), m.get("pid")) == me else _t(m.get("death_time")) for m in members)
+                 if t is not None]  # (the first death's own row at its time: a table's rounding read "-0 ms")
         text = f"- {len(members)} {noun} {cause}"
         if cause == RUNNING:
             lines.append(f"{text}: {_named(members)}")
@@ -309,8 +310,11 @@ def hang_lines(hang: dict[str, Any] | None) -> list[str]:
     who = _named(stuck) + (f" (of {hang['stuck_count']})" if hang.get("stuck_count", 0) > len(stuck) else "")
     step_s = f"; its steps took {hang['step_s']:.3g} s" if isinstance(hang.get("step_s"), (int, float)) else ""
     where = f"stuck in {_frames(first['stack'])}" if first.get("stack") else "with no stack sampled"
-    lines = [f"**A hang:** {who} made no progress for {_secs(first.get('stalled_s'))} before the end (since step "
-             f"{_step(first.get('step'))} at {first.get('since')}{step_s}), {where}."]  # fmt: skip
+    then = "before any step" if first.get("step") is None else f"after step {_step(first.get('step'))}"
+    since = (f"since step {_step(first.get('step'))} at {first.get('since')}{step_s}" if step_s else
+             f"the same stack since {first.get('since')}, {then}")  # (too few steps to time: ``hang._same_stack``)
+    lines = [f"**A hang:** {who} made no progress for {_secs(first.get('stalled_s'))} before the end ({since}), "
+             f"{where}."]  # fmt: skip
     groups: dict[str, list[dict[str, Any]]] = {}
     for w in hang.get("waited") or []:
         how = f"in {w['collective']}" if w.get("collective") else f"at `{short_frame(w['site'])}`" if w.get("site") \
@@ -319,8 +323,8 @@ def hang_lines(hang: dict[str, Any] | None) -> list[str]:
     more = hang.get("waited_count", 0) - len(hang.get("waited") or [])
     for how, members in groups.items():
         told = f" ({members[0]['timed_out']})" if how == "timed out" else ""
-        lines.append(f"- {_named(members)} waited for it from step {_step(members[0].get('step'))}, "
-                     + (f"then timed out{told}" if told else how))  # fmt: skip
+        at = f" from step {_step(members[0].get('step'))}" if members[0].get("step") is not None else ""
+        lines.append(f"- {_named(members)} waited for it{at}, " + (f"then timed out{told}" if told else how))
     if more > 0:
         lines.append(f"- {more} more waited (metadata.json: attempts[].hang)")
     fr = hang.get("flight_recorder")
