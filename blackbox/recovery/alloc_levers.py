@@ -31,6 +31,7 @@ from .levers import LIMIT_LEVER, MAIN_LEVERS
 MEMORY_CAUSES = frozenset({"host_oom_kill", "userspace_oom_kill", "oom_exception"})
 SPIKE_SHARE = 0.5  # of the largest holder's live bytes, allocated in the last step, for a spike
 SPIKE_GROWTH = 0.25  # growth elsewhere (bytes grown) below this share of the spike's bytes: still a spike
+ONE_BLOCK = 0.9  # the largest block this share of the spike's bytes at least: "one allocation of N"
 GPU = "gpu"  # the domain of the CUDA caching allocator's blocks
 DATALOADER_WORKER = "torch/utils/data/_utils/worker.py:"  # a DataLoader worker loop's frame (no Pool's, no rank's)
 LEAK_LEVERS = frozenset({*MAIN_LEVERS, LIMIT_LEVER})
@@ -127,16 +128,20 @@ def _step_s(said: dict[str, Any]) -> str:
 
 
 def spike_lever(spike: dict[str, Any], last_sample: dict[str, Any] | None) -> str:
-    """The spike's lever: one allocation of N at line L in step S, and requested against touched."""
+    """The spike's lever: one allocation of N at line L in step S (or N allocated there, its largest block M,
+    where no one block makes most of it), and requested against touched."""
     line = f" (`{spike['line']}`)" if spike.get("line") else ""
+    block = spike.get("largest_block") or 0
+    largest = f" (its largest block {human_bytes(block)})" if block else ""
+    what = (f"one allocation of {human_bytes(spike['bytes'])}" if block >= ONE_BLOCK * spike["bytes"] else
+            f"{human_bytes(spike['bytes'])} allocated{largest}")
     step = "" if spike.get("step") is None else f" in step {spike['step']}, the step it died in,"
     if spike.get("step") is not None and spike.get("ran_s") is not None:  # its loop had ended, or something else ran
         step = f" after step {spike['step']} began (no step for {spike['ran_s']:.1f} s{_step_s(spike)}),"
-    text = (f"one allocation of {human_bytes(spike['bytes'])} at {_at(spike)}{line}{_thread(spike)}{step} with no "
+    text = (f"{what} at {_at(spike)}{line}{_thread(spike)}{step} with no "
             "growth across the steps before it: a spike, not a leak; chunk it (work on it in pieces), lower the "
             "batch size, checkpoint activations, or raise the limit")  # fmt: skip
     touched = (last_sample or {}).get("host_anon")
-    block = spike.get("largest_block") or 0
     if isinstance(touched, int) and 0 < touched < block:
         limit = (last_sample or {}).get("cgroup_limit")
         under = f" under a limit of {human_bytes(limit)}" if isinstance(limit, int) and limit > 0 else ""
