@@ -527,3 +527,35 @@ def test_a_process_still_running_is_no_first_death_where_an_earlier_one_died(tmp
     assert f"**No death: pid {live.pid} on host " in summary and "is still running**" in summary, summary[:2000]
     assert "First death: pid" not in summary, summary[:2000]
     assert re.search(r"- attempt 1 of 2: killed at step - \(pid \d+ on ", summary), summary[:2000]
+
+
+def _node(job: str, ranks: range, world: int, start: str, end: str, pid: int) -> list[dict[str, Any]]:
+    """One node's rings of a torchrun job under its own `blackbox run`: its ranks, each with its run's id."""
+    return [{"job": job, "host": f"node-{job}", "pid": pid + r, "ppid": pid, "rank": r, "world_size": world,
+             "role": "main", "started_at": start, "last_event_at": end,
+             "death": {"cause": "signal", "time": end}} for r in ranks]  # fmt: skip
+
+
+def test_the_nodes_of_one_world_each_under_its_own_blackbox_run_are_one_job() -> None:
+    # GIVEN two nodes of one torchrun job (world of 4), each under `blackbox run`, so each node's rings carry its
+    # run's id (a red team's two-node job read "These rings are of 2 jobs", the stuck rank under "earlier attempts")
+    a = "2026-12-02T00:00:00.000000Z", "2026-12-02T00:01:00.000000Z"
+    b = "2026-12-02T00:00:01.500000Z", "2026-12-02T00:01:00.300000Z"
+    node0, node1 = _node("run-a", range(0, 2), 4, *a, 100), _node("run-b", range(2, 4), 4, *b, 200)
+    (job,) = group_attempts([*node0, *node1])
+    assert sorted(m["rank"] for m in job) == [0, 1, 2, 3]
+
+
+def test_nodes_are_one_world_only_where_their_ranks_make_exactly_one_running_at_once() -> None:
+    a = "2026-12-02T00:00:00.000000Z", "2026-12-02T00:01:00.000000Z"
+    later = "2026-12-02T00:02:00.000000Z", "2026-12-02T00:03:00.000000Z"
+    # two worlds of 4 at once on two nodes (a rank in two jobs): four jobs, as recorded
+    four = [*_node("A0", range(0, 2), 4, *a, 100), *_node("A1", range(2, 4), 4, *a, 200),
+            *_node("B0", range(0, 2), 4, *a, 300), *_node("B1", range(2, 4), 4, *a, 400)]  # fmt: skip
+    assert len(group_attempts(four)) == 4
+    # one node's ranks alone, rank 3 missing: not all of the world
+    assert len(group_attempts([*_node("A0", range(0, 2), 4, *a, 100), *_node("A1", range(2, 3), 4, *a, 200)])) == 2
+    # the other node's ranks an hour later: not at once
+    assert len(group_attempts([*_node("A0", range(0, 2), 4, *a, 100), *_node("A1", range(2, 4), 4, *later, 200)])) == 2
+    # a world of another size
+    assert len(group_attempts([*_node("A0", range(0, 2), 4, *a, 100), *_node("A1", range(2, 4), 8, *a, 200)])) == 2

@@ -208,3 +208,46 @@ def test_the_first_death_is_not_counted_within_the_time_after_itself() -> None:
     # AND a group without it still says how long after it came
     (line,) = [line for line in ended_lines(first, rows[1:]) if line.startswith("- ")]
     assert line == "- 2 ranks `killed` within 1.2 s after the first death", line
+
+
+def test_the_first_deaths_own_row_is_the_first_death_whatever_its_tables_rounding() -> None:
+    from blackbox.views.across import ended_lines
+
+    # GIVEN the first death at ns precision and its ranks.parquet row at us (a job-wide account read "1 rank
+    # `hang`, from -0 ms to -0 ms around the first death")
+    first = {"rank": 1, "host": "a", "pid": 11, "cause": "hang", "time": "2026-12-02T00:00:00.635501588Z"}
+    rows = [{"rank": 1, "host": "a", "pid": 11, "cause": "hang", "death_time": "2026-12-02T00:00:00.635501Z"}]
+    (line,) = [line for line in ended_lines(first, rows) if line.startswith("- ")]
+    assert line == "- 1 rank `hang` (the first death)", line
+
+
+def test_a_ranks_worker_is_named_as_its_worker_never_as_the_rank() -> None:
+    from blackbox.views.across import across_lines
+
+    # GIVEN rank 1's DataLoader worker (it inherits RANK) hung, rank 1 and rank 0 waiting; a red team's summary read
+    # "rank 1 hung ... rank 1 waited for it"
+    t = "2026-12-02T00:00:10.000000Z"
+    first = {"rank": 1, "host": "a", "pid": 21, "role": "worker", "cause": "hang", "time": t, "headline": "hung"}
+    rows = [{"rank": 0, "host": "a", "pid": 10, "role": "main", "cause": "signal", "death_time": t, "collateral_of": 21,
+             "stopped_by": "torchrun"},
+            {"rank": 1, "host": "a", "pid": 11, "role": "main", "cause": "signal", "death_time": t, "collateral_of": 21,
+             "stopped_by": "torchrun"},
+            {"rank": 1, "host": "a", "pid": 21, "role": "worker", "cause": "hang", "death_time": t}]  # fmt: skip
+    hang = {"stuck": [{"rank": 1, "host": "a", "pid": 21, "role": "worker", "since": t, "stalled_s": 15.0,
+                       "step": None, "stack": "work (job.py:3)"}],
+            "waited": [{"rank": 1, "host": "a", "pid": 11, "role": "main", "step": None, "site": "main (job.py:9)"},
+                       {"rank": 0, "host": "a", "pid": 10, "role": "main", "step": None, "collective": "barrier"}],
+            "stuck_count": 1, "waited_count": 2, "chain": []}  # fmt: skip
+    meta = {"first_death": first, "attempts": [{"job": "j", "first_death": first, "hang": hang, "rings": 3}]}
+    text = "\n".join(across_lines(meta, rows))
+    assert "**First death: rank 1's worker (host a, pid 21)**" in text, text
+    assert "**A hang:** rank 1's worker (pid 21) made no progress for 15.0 s" in text, text
+    assert "- rank 1 waited for it, at `main (job.py:9)`" in text and "- rank 0 waited for it, in barrier" in text
+    assert "ranks 0 and 1 stopped by torchrun after rank 1's worker (pid 21) hung" in text, text
+
+    # AND an mp.spawn rank (a multiprocessing worker whose rank no other process has) is named as the rank
+    spawned = [{**r, "role": "worker"} for r in rows[:2]]
+    first = {**spawned[1], "cause": "exception", "time": t, "headline": "raised"}
+    meta = {"first_death": first, "attempts": [{"job": "j", "first_death": first, "rings": 2}]}
+    text = "\n".join(across_lines(meta, [spawned[0], {**spawned[1], "cause": "exception", "collateral_of": None}]))
+    assert "**First death: rank 1 (host a, pid 11)**" in text and "worker" not in text, text

@@ -237,7 +237,8 @@ def test_a_rank_stuck_before_its_first_step_is_named_by_the_ranks_that_waited_fo
     # AND its own ring's death, ranks.parquet and the summary's detail say the same, with a hang's levers
     own = by_rank[1]["death"]
     assert (own["cause"], own["confidence"], own["headline"]) == ("hang", "probable", first["headline"])
-    assert own["levers"][0].startswith(f"look at prepare_data (train.py:{line}): the process was stuck there")
+    assert own["levers"][0].startswith(f"look at prepare_data (train.py:{line}): the main thread was there in every "
+                                       "stack sample"), own["levers"]  # (no steps: a wait or a loop on one line)
     import pyarrow.parquet as pq
 
     table = pq.read_table(next(runs.glob("run-*/bundle")) / "ranks.parquet").to_pylist()
@@ -641,7 +642,7 @@ def _at(seconds: float) -> str:
 
 
 def test_torchruns_agent_is_neither_the_stuck_rank_nor_a_waiter() -> None:
-    from blackbox.recovery.hang import attempt_hang
+    from blackbox.recovery.stuck_rank import attempt_hang
 
     # GIVEN the deaths of a torchrun job where rank 1 stalled at step 20 (since 20 s), ranks 0 and 2 waited in
     # the all-reduce until a watchdog aborted them (23 s), the agent then stopped rank 1 (24 s) and raised

@@ -1,11 +1,11 @@
-"""The rules that tell a hang from other deaths across an attempt's rings (recovery.hang.attempt_hang), over
+"""The rules that tell a hang from other deaths across an attempt's rings (recovery.stuck_rank.attempt_hang), over
 the slim metadata the real jobs of test_hang.py produce: the cases those jobs do not reach on CPU."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from blackbox.recovery.hang import attempt_hang
+from blackbox.recovery.stuck_rank import attempt_hang
 
 BACKWARD = "backward (where DDP all-reduces the gradients)"
 
@@ -187,10 +187,46 @@ def test_a_death_its_attempt_called_a_hang_takes_the_attempts_cause_and_a_hangs_
     decided = {"cause": "hang", "confidence": "probable", "headline": "The main process (pid 11) hung"}
     told = as_decided(death, decided, True)
     assert (told["cause"], told["confidence"], told["headline"]) == ("hang", "probable", decided["headline"])
-    assert told["levers"][0].startswith("look at wait_for_batch (train.py:7): the process was stuck there"), told
-    assert own not in told["levers"] and told["levers"][-1] == "other"
+    # (the place's lever keeps its hedge: without steps, a wait and a loop on one line look alike; a red team's rank
+    # computing on one line read "stuck there (a data source, a lock, I/O)")
+    assert told["levers"][0] == own and told["levers"].count(own) == 1 and told["levers"][-1] == "other", told
     assert any("collective timeout" in lever for lever in told["levers"])
     # a death its attempt left as it was, or one already a hang, is unchanged
     assert as_decided(death, {"cause": "signal"}, True) is death
     hung = {**death, "cause": "hang"}
     assert as_decided(hung, decided, True) is hung
+
+
+def test_a_rank_at_one_stack_before_any_step_is_no_hang_while_another_rank_kept_moving() -> None:
+    # rank 1 polls at one line for a file rank 0 is busy writing (its stack moving: no stall); rank 2 waits in the
+    # barrier: the others may have waited for rank 0, not rank 1 (a red team's case read "rank 1 hung")
+    rings = [_before_steps(_ring(r, 10 + r, "signal", "barrier" if r == 2 else None)) for r in (0, 1, 2)]
+    rings[0]["death"]["hang"] = None
+    assert attempt_hang(rings) is None
+
+
+def test_two_ranks_at_one_stack_before_any_step_both_hung_and_a_waiter_that_lost_its_peer_says_so() -> None:
+    from blackbox.recovery.attempts import deaths
+
+    # GIVEN ranks 1 and 2 each at one line of its own, rank 0 in the barrier until gloo lost its peer, rank 3 too,
+    # SIGTERMed by torchrun
+    rings = [_before_steps(_ring(r, 10 + r, "signal", None if r in (1, 2) else "barrier")) for r in range(4)]
+    rings[0]["death"].update(cause="exception", peer_lost="Connection closed by peer", killed_by=None)
+    first, collateral, _ = deaths(rings)
+    # THEN both hung (rank 2 kept "signal", "died of its own cause"), rank 0 lost its peer, rank 3 was stopped
+    assert first is rings[1] and [m["death"]["cause"] for m in rings[1:3]] == ["hang", "hang"], rings[2]["death"]
+    assert rings[2]["death"]["confidence"] == "probable" and "collateral_of" not in rings[2]["death"]
+    assert rings[0]["death"]["collateral_of"] == {"rank": 1, "host": "h", "pid": 11, "by": None, "lost_peer": True}
+    assert rings[3]["death"]["collateral_of"]["rank"] == 1 and "lost_peer" not in rings[3]["death"]["collateral_of"]
+    assert {m["rank"] for m in collateral} == {0, 3}
+
+
+def test_a_rank_waiting_in_init_process_group_is_said_to_wait_there_not_in_its_helper() -> None:
+    from blackbox.recovery.hang import collective_of
+
+    c10d = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+    stack = (f"main (job.py:46);init_process_group ({c10d}:1899);_new_process_group_helper ({c10d}:2169);"
+             f"_store_based_barrier ({c10d}:700)")  # fmt: skip
+    assert collective_of(stack, True) == "init_process_group"
+    assert collective_of(f"main (job.py:9);all_reduce ({c10d}:2800)", True) == "all_reduce"
+    assert collective_of(f"main (job.py:9);_private_only ({c10d}:10)", True) == "_private_only"

@@ -67,6 +67,7 @@ RECOVERY_ORDER = {
     "levers": 2,
     "crash": 2,
     "hang": 2,
+    "stuck_rank": 2,
     "stall_threads": 1,
     "timing": 1,
     "flight": 0,

@@ -119,6 +119,65 @@ def test_blackbox_run_of_torchrun_is_one_job_with_its_agent_named(tmp_path: Path
     assert f"pid {agent['pid']} reported rank 1's death and ended (`exception`)" in told and "own cause" not in told
 
 
+TWO_NODES = """\
+import time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+for step in range(3):
+    x = torch.ones(1)
+    dist.all_reduce(x)
+if dist.get_rank() == 3:
+    raise ValueError("rank 3 fails")
+dist.barrier()  # the others lose their peer here (a node left waiting would wait in torchrun's exit barrier)
+"""
+
+
+def _two_nodes(tmp_path: Path, name: str, armed: bool) -> list[subprocess.CompletedProcess[str]]:
+    """Two torchrun nodes of one world of 4 on this host (c10d rendezvous), each under its own `blackbox run
+    --dir D<n>` where ``armed``; both ended."""
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(REPO) if armed else "", OMP_NUM_THREADS="1")
+    procs = []
+    for n in (0, 1):
+        torchrun = [str(TORCHRUN), "--nnodes=2", "--nproc-per-node=2", "--max-restarts=0", "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={name}", str(tmp_path / "train.py")]  # fmt: skip
+        run = [*BLACKBOX, "run", "--quiet", "--dir", str(tmp_path / f"{name}{n}"), "--"] if armed else []
+        procs.append(subprocess.Popen([*run, *torchrun], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env=env))  # fmt: skip
+    ended = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=240)
+            ended.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    finally:
+        for p in procs:
+            with contextlib.suppress(OSError):
+                p.kill()
+    return ended
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="no torchrun beside this Python")
+def test_two_nodes_each_under_its_own_blackbox_run_are_one_job(tmp_path: Path) -> None:
+    from blackbox._postmortem import job_account
+
+    # GIVEN a job of two torchrun nodes (2 ranks each), each under `blackbox run` with its own folder (as on two
+    # hosts), rank 3 raising after three all-reduces; unarmed, then armed
+    (tmp_path / "train.py").write_text(TWO_NODES)
+    plain, armed = _two_nodes(tmp_path, "plain", armed=False), _two_nodes(tmp_path, "d", armed=True)
+    # THEN each node ends as it does unarmed
+    assert [p.returncode for p in armed] == [p.returncode for p in plain] == [1, 1], [p.stderr[-1500:] for p in armed]
+    # AND the two nodes' bundles are one job (each node's rings carry its own run's id: it read "These rings are of
+    # 2 jobs", the other node's ranks "left no ring"): rank 3's ValueError the first death, every other end collateral
+    _, meta, text = job_account([str(tmp_path / "d0"), str(tmp_path / "d1")])
+    assert meta["jobs"] == 1 and len(meta["attempts"]) == 1, [a["job"] for a in meta["attempts"]]
+    first = meta["first_death"]
+    assert (first["rank"], first["cause"]) == (3, "exception"), first
+    assert meta["attempts"][0]["deaths"] == 1 and meta["attempts"][0]["collateral"] == 5, meta["attempts"][0]
+    assert "These rings are of 2 jobs" not in text and "left no ring" not in text, text[:3000]
+    assert "reported rank 3's death" in text and "own cause" not in text, text[:3000]
+
+
 LONG = """\
 import sys, time
 import torch, torch.distributed as dist

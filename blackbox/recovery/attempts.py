@@ -12,7 +12,10 @@ large job start over minutes and die one after another, and are still one run):
    launcher of ranks (a ring without a rank whose children on its host are
    ranks: torchrun's agent, which under ``blackbox run -- torchrun`` has the
    run's id, its ranks torchrun's) joins its ranks' job, and the attempt
-   running when it ended;
+   running when it ended. The nodes of one world are one job (``_one_world``):
+   jobs whose ranks, of one world size, are each a part of that world, none in
+   two of them, together all of it, running at once (`blackbox run -- torchrun
+   --nnodes 2` on each node gives each node's rings its run's id);
 2. within a job, the launcher's restart count (``attempt``) changing is a new
    attempt;
 3. a process that already has a ring in the attempt starting again after that
@@ -46,7 +49,7 @@ torchrun's agent's ChildFailedError, ``torch.multiprocessing.spawn``'s
 ProcessRaisedException; ``accelerate launch``'s CalledProcessError or status):
 ``lost_peer`` and ``reported`` in ``collateral_of``.
 
-A hang (``hang.attempt_hang``): where ranks stalled in a collective, or died of its timeout, while
+A hang (``stuck_rank.attempt_hang``): where ranks stalled in a collective, or died of its timeout, while
 another stalled outside any, that stuck rank is the first death whatever signal landed first, and every
 other death of the attempt (the ranks that waited, the launcher the end's signal passed through) is
 collateral of it, ``by`` the launcher or what ended the job (``timeout``).
@@ -68,8 +71,9 @@ from __future__ import annotations
 from typing import Any
 
 from .._times import epoch_ns
-from .hang import SHOWN, attempt_hang, hang_headline, ranked
+from .hang import SHOWN, hang_headline
 from .helpers import launcher_said
+from .stuck_rank import attempt_hang, ranked
 
 # Launchers that tear a job's other processes down when one fails, by their command (as a signal's sender
 # records it) -> the name said: torchrun's agent names its main thread pt_elastic, which /proc shows.
@@ -98,7 +102,7 @@ def slim(m: dict[str, Any]) -> dict[str, Any]:
     killer = death.get("killed_by")
     out = {k: m.get(k) for k in SLIM} | {"death": {k: death.get(k) for k in SLIM_DEATH}}
     out["death"]["killed_by"] = {k: killer.get(k) for k in SLIM_KILLER} if isinstance(killer, dict) else None
-    out["raised"] = _raised(m)
+    out["raised"] = raised(m)
     return out
 
 
@@ -151,6 +155,7 @@ def group_jobs(rings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
         job = launched.get(id(m), _job(m))
         if job is not None:
             named.setdefault(job, []).append(m)
+    named = _one_world(named)
     spans = {}
     for job, members in named.items():
         dated = [_span(m) for m in members if _span(m)[0]]
@@ -166,6 +171,32 @@ def group_jobs(rings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
             anonymous.append(m)
     jobs = [*named.values(), *([anonymous] if anonymous else [])]
     return sorted(jobs, key=lambda members: min((_span(m)[0] for m in members), default=""))
+
+
+def _one_world(named: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """``named`` with the jobs that are the nodes of one world merged (rule 1), under the id of the one that
+    started first: jobs of ranks of one world size W, each holding fewer than W of them, that overlap in time;
+    where their rank sets are disjoint and together are ranks 0 to W-1, exactly. Two worlds of one size at once
+    (a rank in two of the jobs) merge nothing."""
+    parts: dict[int, list[tuple[str, frozenset[int], tuple[str, str]]]] = {}
+    for job, members in named.items():
+        sizes = {m.get("world_size") for m in members if ranked(m)}
+        ranks = frozenset(int(m["rank"]) for m in members if ranked(m) and m.get("role") in (None, "main"))
+        dated = [_span(m) for m in members if _span(m)[0]]
+        (size,) = sizes if len(sizes) == 1 else (None,)
+        if isinstance(size, int) and 0 < len(ranks) < size and dated:
+            parts.setdefault(size, []).append((job, ranks, (min(a for a, _ in dated), max(b for _, b in dated))))
+    out = dict(named)
+    for size, jobs in parts.items():
+        seen = [r for _, ranks, _ in jobs for r in ranks]
+        span = (max(s for _, _, (s, _) in jobs), min(e for _, _, (_, e) in jobs))
+        if len(jobs) < 2 or len(seen) != len(set(seen)) or set(seen) != set(range(size)) or span[0] > span[1]:
+            continue  # (not one world's nodes, all of them, all running at one time)
+        first = min(jobs, key=lambda j: j[2][0])[0]
+        for job, _, _ in jobs:
+            if job != first:
+                out[first] = [*out[first], *out.pop(job)]
+    return out
 
 
 class _Attempt:
@@ -340,7 +371,7 @@ def deaths(
     group: list[dict[str, Any]],
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], dict[str, Any] | None]:
     """An attempt's first death (None: none), its collateral rings (see the module docstring), and its hang
-    (``hang.attempt_hang``: the stuck rank is then the first death, its waiters collateral). Marks
+    (``stuck_rank.attempt_hang``: the stuck rank is then the first death, its waiters collateral). Marks
     each collateral ring's slim death with ``collateral_of``. A ring telling of a child's death that the
     child's own ring tells too (a launcher's, of its rank's kernel OOM kill) is never the first death:
     both carry the kernel's one stamp, and which converts it to the earlier time is their clocks' rounding."""
@@ -349,17 +380,22 @@ def deaths(
     hung = attempt_hang(dead)
     if hung is not None:  # a hang: the stuck rank first, whatever signal landed first; its waiters collateral
         stuck, waiters, info = hung
-        d = stuck["death"]
-        h = d.get("hang")
-        if d.get("cause") in ("signal", "killed", "hang") and isinstance(h, dict) and not h.get("busy"):  # hung:
-            by = _launcher(stuck, d.get("killed_by") or {}, group)  # as its waiters say (a worker counts no steps);
-            d.update(cause="hang", headline=hang_headline(d, h, by))  # its launcher named, not its agent's thread
-            if h.get("step_s") is None and not any((m["death"].get("hang") or {}).get("step_s") for m in waiters):
-                d["confidence"] = "probable"  # no steps timed it, its own nor a waiter's: one stack, long
+        timed = any((m["death"].get("hang") or {}).get("step_s") for m in waiters)
+        for m in [stuck, *info.pop("_stuck")]:  # the first, and any other stuck with no steps of its own
+            d = m["death"]
+            h = d.get("hang")
+            if d.get("cause") in ("signal", "killed", "hang") and isinstance(h, dict) and not h.get("busy") and (
+                    m is stuck or h.get("step_s") is None):  # hung: as its waiters say (a worker counts no steps);
+                by = _launcher(m, d.get("killed_by") or {}, group)  # its launcher named, not its agent's thread
+                d.update(cause="hang", headline=hang_headline(d, h, by))
+                if h.get("step_s") is None and not timed:
+                    d["confidence"] = "probable"  # no steps timed it, its own nor a waiter's: one stack, long
         for m in waiters:  # stopped by their launcher, or, for that launcher itself, by what ended the job
             sender = str((m["death"].get("killed_by") or {}).get("sender") or "")
             by = _launcher(m, m["death"].get("killed_by") or {}, group) or (sender if sender in ENDERS else None)
-            m["death"]["collateral_of"] = _who(stuck) | {"by": by}
+            m["death"]["collateral_of"] = _who(stuck) | {"by": by} | (
+                {"lost_peer": True} if m["death"].get("peer_lost") else {"reported": True} if _reports_a_death(m)
+                else {})  # (a waiter's own end as it lost the stuck rank, a launcher's report of it)  # fmt: skip
         return stuck, waiters, info
     when = {id(m): _when(m) for m in dead}
     torn = {id(m): k for m in dead if (k := _teardown(m)) is not None}
@@ -406,9 +442,11 @@ def _reports_a_death(m: dict[str, Any]) -> bool:
     return launcher_said(m["death"]) is not None and (cause == "nonzero_exit" or raised == "CalledProcessError")
 
 
-def _raised(m: dict[str, Any]) -> str | None:
-    """The class name of the ring's last uncaught exception (``ChildFailedError``), where it recorded one."""
-    found = [e for e in m.get("exceptions") or [] if isinstance(e, dict)
+def raised(m: dict[str, Any]) -> str | None:
+    """The class name of the ring's last uncaught exception (``ChildFailedError``), where it recorded one (a
+    bundle's metadata read back: anything of another type is none)."""
+    listed = m.get("exceptions")
+    found = [e for e in (listed if isinstance(listed, list) else []) if isinstance(e, dict)
              and str(e.get("detail")).startswith("uncaught")]  # fmt: skip
     label = found[-1].get("label") if found else None
     return label.split(":", 1)[0].rsplit(".", 1)[-1].strip()[:200] if isinstance(label, str) and label else None
@@ -452,4 +490,4 @@ def attempt_metadata(groups: list[list[dict[str, Any]]]) -> list[dict[str, Any]]
 def _first_death(m: dict[str, Any] | None) -> dict[str, Any] | None:
     if m is None:
         return None
-    return _who(m) | {k: m["death"].get(k) for k in SLIM_DEATH}
+    return _who(m) | {"role": m.get("role")} | {k: m["death"].get(k) for k in SLIM_DEATH}

@@ -30,11 +30,12 @@ from .._errors import BlackboxError, BundleDestinationError, RingNotFoundError, 
 from .._times import epoch_ns
 from .._version import __version__
 from . import live_stacks
-from .attempts import attempt_metadata, group_attempts
+from .attempts import attempt_metadata, group_attempts, raised
 from .bundle import METADATA, RANKS, parse_metadata
-from .hang import as_decided, ranked
+from .hang import as_decided
 from .locate import Place, find_bundles
 from .ranks import SCHEMA, collateral_columns, rank_rows, ranks_table, table_rows
+from .stuck_rank import ranked
 
 MAX_RANKS_BYTES = 64 << 20  # a ranks.parquet of a million rings is far smaller
 
@@ -128,6 +129,7 @@ def _slim(m: dict[str, Any], at: tuple[int, int]) -> dict[str, Any]:
         "peaks": _peaks(m.get("peaks")),
         "ring": _text(m.get("ring"), TEXT_LIMITS["ring"]),
         "events": _int(m.get("events")) or 0,
+        "raised": _text(raised(m)),  # (a launcher's report of a death: attempts.REPORTS)
         "death": death,
         "_at": at,
     }

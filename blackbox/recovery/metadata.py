@@ -26,11 +26,12 @@ from .attempts import SLIM_DEATH, attempt_metadata, group_attempts, slim
 from .crash import crash_reading, shutdown_signal
 from .evidence import Evidence
 from .family import RECENT_STEPS, extra, retell
-from .hang import as_decided, ranked, snapshot_death
+from .hang import as_decided, snapshot_death
 from .headline import still_running
 from .kinds import last_of_kind, of_kind, rows_of_kind
 from .spill import SpilledRings
 from .stacks import stack_report
+from .stuck_rank import ranked
 from .timeline import BYTE_GAUGES, GAUGES, OOM_COLUMNS, py_rows, stamps_ns
 
 

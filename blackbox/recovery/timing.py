@@ -29,8 +29,10 @@ MIN_GAPS = 4
 LAST_SAMPLES = 5  # sampler intervals looked at for starvation: the last ones
 MIN_LATE_S = 0.1
 # What an exception says where the process's peer went away: gloo's pair.cc (a read or write on the peer's
-# socket), NCCL's ncclRemoteError ("remote process exited or there was a network error").
-PEER_LOST = re.compile(r"Connection (?:reset|closed) by peer|Broken pipe|remote process exited|ncclRemoteError")
+# socket), NCCL's ncclRemoteError ("remote process exited or there was a network error"), torchrun's agent
+# whose rendezvous store, another node's agent, went away (RendezvousConnectionError).
+PEER_LOST = re.compile(r"Connection (?:reset|closed) by peer|Broken pipe|remote process exited|ncclRemoteError|"
+                       r"RendezvousConnectionError")
 
 
 def _ns(table: pa.Table) -> np.ndarray:

@@ -27,9 +27,28 @@ def _t(iso: str | None) -> float | None:
 
 
 def _who(r: dict[str, Any]) -> str:
+    if (helper := _rank_helper(r)) is not None:
+        return f"{helper} (host {r.get('host')}, pid {r.get('pid')})"
     if r.get("rank") is not None:
         return f"rank {r['rank']} (host {r.get('host')}, pid {r.get('pid')})"
     return f"pid {r.get('pid')} on host {r.get('host')}"
+
+
+def _rank_helper(r: dict[str, Any]) -> str | None:
+    """``rank 1's worker``: a process of a rank's that is not the rank itself (its DataLoader's or a Pool's worker,
+    which inherits the rank's number: ``of_rank``, set by ``_of_ranks``), by its role; None for any other."""
+    role = r.get("role")
+    if r.get("of_rank") is not True or not isinstance(r.get("rank"), int) or not isinstance(role, str):
+        return None
+    return f"rank {r['rank']}'s {role.replace('_', ' ')}"
+
+
+def _of_ranks(mains: set[tuple[Any, Any]], items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``items`` (rows, the first death, a hang's entries), each process of a rank's own copied with ``of_rank``:
+    not its main process (role) while that rank's main process is on its host (``mains``: (host, rank)). An
+    ``mp.spawn`` rank is a multiprocessing worker too, but no other process has its rank."""
+    return [r | {"of_rank": True} if r.get("role") not in (None, "main") and (r.get("host"), r.get("rank")) in mains
+            else r for r in items]  # fmt: skip
 
 
 def _seconds(s: float) -> str:
@@ -159,13 +178,15 @@ MAX_NAMED = 6  # ranks (or ranges of ranks) named in one list
 
 
 def _short(r: dict[str, Any]) -> str:
+    if (helper := _rank_helper(r)) is not None:
+        return f"{helper} (pid {r.get('pid')})"
     return f"rank {r['rank']}" if r.get("rank") is not None else f"pid {r.get('pid')}"
 
 
 def _named(rows: list[dict[str, Any]]) -> str:
     """``ranks 0 and 2``, ``ranks 0, 2 to 9 and 12``: ranks as ranges, processes without one by pid,
     at most ``MAX_NAMED`` parts and how many more."""
-    ranks = sorted({r["rank"] for r in rows if isinstance(r.get("rank"), int)})
+    ranks = sorted({r["rank"] for r in rows if isinstance(r.get("rank"), int) and _rank_helper(r) is None})
     runs: list[list[int]] = []
     for rank in ranks:
         if runs and runs[-1][1] == rank - 1:
@@ -176,6 +197,7 @@ def _named(rows: list[dict[str, Any]]) -> str:
     for lo, hi in runs:
         parts += [f"{lo} to {hi}"] if hi > lo + 1 else [str(v) for v in range(lo, hi + 1)]
     parts = [("rank " if len(ranks) == 1 else "ranks ") + parts[0], *parts[1:]] if parts else []
+    parts += [_short(r) for r in rows if _rank_helper(r) is not None]
     parts += [f"pid {r.get('pid')}" for r in rows if not isinstance(r.get("rank"), int)]
     if len(parts) > MAX_NAMED:
         parts = [*parts[:MAX_NAMED], f"{len(parts) - MAX_NAMED} more"]
@@ -192,8 +214,12 @@ def _torn_down_sentence(first: dict[str, Any], rows: list[dict[str, Any]], torn:
         by.setdefault(_after_first(first, r), []).append(r)
     parts += [f"{_named(members)} {after}" for after, members in by.items()]
     me = (first.get("host"), first.get("pid"))
-    dead = [r for r in rows if r.get("collateral_of") is None and r.get("cause") not in ("clean_exit", None)]
-    others = sum(1 for r in dead if (r.get("host"), r.get("pid")) != me)
+    dead = [r for r in rows if r.get("collateral_of") is None and r.get("cause") not in ("clean_exit", None)
+            and (r.get("host"), r.get("pid")) != me]  # fmt: skip
+    hung = [r for r in dead if first["cause"] == "hang" and r.get("cause") == "hang"]  # stuck as the first was
+    if hung:
+        parts.append(f"{_named(hung)} hung too")
+    others = len(dead) - len(hung)
     if others:
         parts.append(f"{others} other{'s' if others != 1 else ''} died of {'their' if others != 1 else 'its'} own "
                      f"cause{'s' if others != 1 else ''}")  # fmt: skip
@@ -301,7 +327,7 @@ def _frames(stack: Any, shown: int = 4) -> str:
 
 
 def hang_lines(hang: dict[str, Any] | None) -> list[str]:
-    """An attempt's hang (``recovery.hang.attempt_hang``): the stuck rank, how long and where; the ranks that
+    """An attempt's hang (``recovery.stuck_rank.attempt_hang``): the stuck rank, how long and where; the ranks that
     waited for it and where; the signals that ended it, first sent first."""
     if not hang or not hang.get("stuck"):
         return []
@@ -398,6 +424,13 @@ def across_lines(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     first = meta.get("first_death")
     last = attempts[-1] if attempts else {}
     alive = frozenset((r.get("host"), r.get("pid")) for r in last.get("still_running") or [])
+    mains = {(r.get("host"), r.get("rank")) for r in rows if isinstance(r.get("rank"), int) and r.get("role") in
+             (None, "main")}  # fmt: skip
+    if mains:  # a rank's own processes named as its (``_rank_helper``)
+        rows = _of_ranks(mains, rows)
+        first = _of_ranks(mains, [first])[0] if first else first
+        if isinstance(hang := last.get("hang"), dict):
+            last = last | {"hang": hang | {k: _of_ranks(mains, hang.get(k) or []) for k in ("stuck", "waited")}}
     return [
         *attempt_lines(attempts),
         "## First death",
