@@ -183,8 +183,11 @@ def test_a_stuck_rank_is_named_not_the_rank_whose_sigterm_landed_first(tmp_path:
 
 
 PREPARE_JOB = """\
-import sys, threading
+import signal, sys, threading
 import torch, torch.distributed as dist
+
+if sys.argv[2] == "handler":  # a checkpoint on SIGTERM, then exit: the rank's end is its own handler's
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
 
 def prepare_data(rank):
     if rank == 1:
@@ -203,20 +206,25 @@ print(f"rank {rank} trained", flush=True)
 
 @pytest.mark.slow
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="no torchrun beside this Python")
-def test_a_rank_stuck_before_its_first_step_is_named_by_the_ranks_that_waited_for_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("on_sigterm", ["default", "handler"])
+def test_a_rank_stuck_before_its_first_step_is_named_by_the_ranks_that_waited_for_it(
+    tmp_path: Path, on_sigterm: str
+) -> None:
     pytest.importorskip("torch.distributed")
     script = tmp_path / "train.py"
     script.write_text(PREPARE_JOB)
     torchrun = [str(TORCHRUN), "--nproc-per-node=3", "--max-restarts=0", "--rdzv-backend=c10d"]
     # GIVEN 3 gloo ranks under torchrun that count no steps: rank 1 stuck in its data preparation, ranks 0 and 2 in
     # the barrier; `timeout` ends the job 12 s later (a stack unchanged for 10 s is a stall without steps), unarmed
-    # and under `blackbox run`
+    # and under `blackbox run`; each rank ended by torchrun's SIGTERM, or by its own handler of it (sys.exit(143):
+    # it read "rank 1 exited with status 143 ... a graceful shutdown", the first death)
     runs = tmp_path / "runs"
     unarmed, armed = _end_when_stuck([
-        ([*torchrun, f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(script), str(tmp_path / "stuck0")],
+        ([*torchrun, f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(script), str(tmp_path / "stuck0"), on_sigterm],
          tmp_path / "stuck0", {}),
         ([sys.executable, "-m", "blackbox", "run", "--dir", str(runs), "--", *torchrun,
-          f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(script), str(tmp_path / "stuck1")], tmp_path / "stuck1", {}),
+          f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(script), str(tmp_path / "stuck1"), on_sigterm],
+         tmp_path / "stuck1", {}),
     ], stuck_for=12.5)  # fmt: skip
     # THEN the job ends as it does unarmed: timeout's status, the same lines printed
     assert unarmed.returncode == armed.returncode == 124, (unarmed.err[-2000:], armed.err[-3000:])
@@ -229,7 +237,8 @@ def test_a_rank_stuck_before_its_first_step_is_named_by_the_ranks_that_waited_fo
     assert (meta["cause"], first["rank"], first["cause"], first["confidence"]) == ("hang", 1, "hang", "probable"), first
     assert first["hang"]["site"] == f"prepare_data ({script}:{line})" and first["hang"]["step"] is None
     assert 10.0 <= first["hang"]["stalled_s"] <= 12.5 + 30, first["hang"]
-    assert first["headline"].endswith(f"stuck in prepare_data (train.py:{line}); then SIGTERM from torchrun ended it.")
+    ended = "SIGTERM from torchrun ended it." if on_sigterm == "default" else "its own handler ended it."
+    assert first["headline"].endswith(ended) and f"stuck in prepare_data (train.py:{line}); then " in first["headline"]
     (attempt,) = meta["attempts"]
     assert sorted((w["rank"], w["collective"]) for w in attempt["hang"]["waited"]) == [(0, "barrier"), (2, "barrier")]
     by_rank = {m["rank"]: m for m in meta["rings"]}
@@ -246,6 +255,8 @@ def test_a_rank_stuck_before_its_first_step_is_named_by_the_ranks_that_waited_fo
     summary = meta["_summary"]
     assert "**A hang:** rank 1 made no progress for " in summary and ", before any step)" in summary, summary[:3000]
     assert "- ranks 0 and 2 waited for it, in barrier" in summary and "- 1 rank `hang` (the first death)" in summary
+    assert "ranks 0 and 2 stopped by torchrun after rank 1 hung" in summary, summary[:3000]
+    assert "- then torchrun (pid " in summary and ") sent SIGTERM to ranks 0 to 2 at " in summary, summary[:3000]
     assert "Cause `hang` (a hang: no progress for a long time, then ended from outside), confidence probable" in summary
     # AND the job-wide account over the node bundle says the same
     from blackbox._postmortem import job_account
@@ -310,6 +321,59 @@ def test_a_single_process_stuck_on_a_lock_is_a_hang_not_a_signal_death(tmp_path:
     assert len(list((tmp_path / "rings").glob("*.ring"))) == 1  # the unarmed run left none
     assert death["levers"] == [f"look at next_batch (job.py:{line}): the process was stuck there (a data source, "
                                f"a lock, I/O) for {death['hang']['stalled_s']:.0f} s"]  # fmt: skip
+
+
+HANDLED = """\
+import signal, sys, threading, time
+import blackbox
+blackbox.arm(sys.argv[1] + "/", sample_interval=0.05)
+signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))  # a checkpoint on SIGTERM, then exit
+lock = threading.Lock()
+lock.acquire()
+
+for step in range(10**6):
+    blackbox.step(step)
+    if step == 30:
+        open(sys.argv[2], "w").close()  # the planted truth: stuck from now on, or at work as ever
+        if sys.argv[3] == "stuck":
+            lock.acquire()  # PLANT: stuck
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("state", ["stuck", "training"])
+def test_a_job_whose_handler_exits_on_sigterm_is_a_hang_only_where_it_had_stopped(tmp_path: Path, state: str) -> None:
+    # GIVEN a job whose SIGTERM handler exits (status 143), stuck on a lock at step 30 or training on, ended by
+    # `timeout` (SIGTERM) 3 s later
+    (tmp_path / "job.py").write_text(HANDLED)
+    stuck = tmp_path / "stuck"
+    proc = subprocess.Popen(["timeout", "120", sys.executable, str(tmp_path / "job.py"), str(tmp_path / "rings"),
+                             str(stuck), state], env=ENV, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    while not stuck.exists() and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(STUCK_FOR)
+    proc.send_signal(signal.SIGALRM)  # (timeout acts as if its time had run out)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 124, err[-2000:]
+    import blackbox
+
+    blackbox.recover(tmp_path / "rings", tmp_path / "bundle")
+    death = json.loads((tmp_path / "bundle" / "metadata.json").read_text())["death"]
+    assert death["handled_by"]["signal"] == "SIGTERM" and death["handled_by"]["sender"] == "timeout", death
+    if state == "training":  # THEN a job at work that its handler ended is a graceful shutdown, no hang
+        assert death["cause"] == "nonzero_exit" and "hang" not in death, death
+        assert "after SIGTERM from timeout, which its own handler took (a graceful shutdown)" in death["headline"]
+        return
+    # THEN a stuck one hung (it read "exited with status 143 ... a graceful shutdown"): where, and that its handler
+    # ended it when the SIGTERM came, 3 s after its last step
+    line = HANDLED.splitlines().index("            lock.acquire()  # PLANT: stuck") + 1
+    assert death["cause"] == "hang" and death["hang"]["step"] == 30, death
+    assert STUCK_FOR - 0.5 <= death["hang"]["stalled_s"] <= STUCK_FOR + 20, death["hang"]
+    assert f"hung: no step for {death['hang']['stalled_s']:.1f} s" in death["headline"], death["headline"]
+    assert death["headline"].endswith(f"stuck in <module> (job.py:{line}); then SIGTERM from timeout came at "
+                                      f"{death['hang']['handled']['time']}, and its own handler ended it.")  # fmt: skip
+    # (timeout sends its SIGTERM to the job, then to its group: the handler took two; the first is told)
 
 
 BUSY = """\

@@ -119,6 +119,55 @@ def test_blackbox_run_of_torchrun_is_one_job_with_its_agent_named(tmp_path: Path
     assert f"pid {agent['pid']} reported rank 1's death and ended (`exception`)" in told and "own cause" not in told
 
 
+CHECKPOINT_ON_SIGTERM = """\
+import signal, sys, time
+import torch, torch.distributed as dist
+
+def on_sigterm(signum, frame):  # save a checkpoint, then exit: torchrun's teardown ends the rank by its own hand
+    print(f"rank {dist.get_rank()} saving", flush=True)
+    sys.exit(1)
+
+signal.signal(signal.SIGTERM, on_sigterm)
+dist.init_process_group("gloo")
+for step in range(10**6):
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    if dist.get_rank() == 1 and step == 20:
+        raise ValueError("rank 1 fails")
+    if step == 20:
+        time.sleep(120)  # the others wait outside any collective until torchrun's SIGTERM
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="no torchrun beside this Python")
+def test_ranks_whose_handler_exits_on_torchruns_sigterm_are_stopped_by_torchrun_not_deaths(tmp_path: Path) -> None:
+    # GIVEN 3 gloo ranks under torchrun that each save and exit(1) on SIGTERM, rank 1 raising at step 20; unarmed,
+    # then under `blackbox run`
+    (tmp_path / "train.py").write_text(CHECKPOINT_ON_SIGTERM)
+    torchrun = [str(TORCHRUN), "--standalone", "--nproc-per-node", "3", "--max-restarts=0", str(tmp_path / "train.py")]
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    plain = subprocess.run(torchrun, capture_output=True, text=True, timeout=300, env={**env, "PYTHONPATH": ""})
+    armed = subprocess.run([*BLACKBOX, "run", "--quiet", "--dir", str(tmp_path / "run"), "--", *torchrun],
+                           capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    # THEN both end alike: torchrun's status, ranks 0 and 2 saving
+    assert armed.returncode == plain.returncode == 1, (plain.stderr[-2000:], armed.stderr[-2000:])
+    assert sorted(armed.stdout.splitlines()) == sorted(plain.stdout.splitlines()) == ["rank 0 saving", "rank 2 saving"]
+    # AND rank 1's ValueError is the one death; ranks 0 and 2, ended by their own handler of torchrun's SIGTERM, are
+    # collateral (they read "2 others died of their own causes"), their ring saying which signal it took
+    (run,) = (tmp_path / "run").glob("run-*")
+    meta = json.loads((run / "bundle" / "metadata.json").read_text())
+    assert (meta["first_death"]["rank"], meta["first_death"]["cause"]) == (1, "exception"), meta["first_death"]
+    assert meta["attempts"][0]["deaths"] == 1, meta["attempts"][0]
+    by_rank = {r["rank"]: r["death"] for r in meta["rings"]}
+    for r in (0, 2):
+        assert by_rank[r]["cause"] == "nonzero_exit" and by_rank[r]["handled_by"]["signal"] == "SIGTERM", by_rank[r]
+        assert by_rank[r]["collateral_of"]["rank"] == 1 and by_rank[r]["collateral_of"]["by"] == "torchrun"
+    summary = (run / "bundle" / "summary.md").read_text()
+    assert "ranks 0 and 2 stopped by torchrun after rank 1 died" in summary and "own cause" not in summary, summary
+
+
 TWO_NODES = """\
 import time
 import torch, torch.distributed as dist
@@ -251,14 +300,16 @@ def test_ranks_left_running_by_a_sigkilled_torchrun_are_told_as_running_with_whe
     try:
         for name, where in pids.items():
             where.mkdir()
-            cmd = (f"timeout -s KILL 10 {TORCHRUN} --nproc-per-node 2 --master-port {free_port()} "
-                   f"{tmp_path / 'train.py'} {where}")  # fmt: skip
+            # (its time runs out, SIGALRM, 3 s after rank 1 wrote its pid: a fixed 10 s was too short under load)
+            cmd = (f"timeout -s KILL 100 {TORCHRUN} --nproc-per-node 2 --master-port {free_port()} "
+                   f"{tmp_path / 'train.py'} {where} & t=$!; while [ ! -e {where}/rank-1 ]; do sleep 0.1; done; "
+                   "sleep 3; kill -ALRM $t; wait $t")  # fmt: skip
             armed = [*BLACKBOX, "run", "--quiet", "--dir", str(tmp_path / "run"), "--"] if name == "armed" else []
             with open(where / "err", "w") as err:  # (a file: the ranks left running keep it open, as a pipe)
                 procs[name] = subprocess.run([*armed, "bash", "-c", cmd], stdout=subprocess.DEVNULL, stderr=err,
                                              timeout=120, env=env)  # fmt: skip
         # THEN both end alike, the ranks running on in both
-        assert procs["armed"].returncode == procs["unarmed"].returncode == -9, {
+        assert procs["armed"].returncode == procs["unarmed"].returncode == 128 + 9, {  # (bash: its timeout killed)
             k: (p.returncode, (pids[k] / "err").read_text()[-1500:]) for k, p in procs.items()}  # fmt: skip
         for where in pids.values():
             for rank in (0, 1):

@@ -102,6 +102,8 @@ def slim(m: dict[str, Any]) -> dict[str, Any]:
     killer = death.get("killed_by")
     out = {k: m.get(k) for k in SLIM} | {"death": {k: death.get(k) for k in SLIM_DEATH}}
     out["death"]["killed_by"] = {k: killer.get(k) for k in SLIM_KILLER} if isinstance(killer, dict) else None
+    took = death.get("handled_by")
+    out["death"]["handled_by"] = {k: took.get(k) for k in SLIM_KILLER} if isinstance(took, dict) else None
     out["raised"] = raised(m)
     return out
 
@@ -250,10 +252,18 @@ def job_of(group: list[dict[str, Any]]) -> str | None:
     return next((j for j in of_ranks if j is not None), None) or next((j for j in map(_job, group) if j), None)
 
 
+def _signalled(m: dict[str, Any]) -> dict[str, Any] | None:
+    """The signal that ended ring ``m``: the one that killed it, or the one its own handler took before it ended
+    by itself (``handled_by``: a checkpoint on SIGTERM, then ``sys.exit(1)``); None: none."""
+    killer = m["death"].get("killed_by") or m["death"].get("handled_by")
+    return killer if isinstance(killer, dict) else None
+
+
 def _teardown(m: dict[str, Any]) -> dict[str, Any] | None:
-    """The signal that ended this ring, where its launcher sent it (its parent, or a known launcher)."""
-    killer = m["death"].get("killed_by")
-    if not isinstance(killer, dict):
+    """The signal that ended this ring (``_signalled``), where its launcher sent it (its parent, or a known
+    launcher)."""
+    killer = _signalled(m)
+    if killer is None:
         return None
     pid = killer.get("sender_pid")
     if (isinstance(pid, int) and pid > 0 and pid == m.get("ppid")) or killer.get("sender") in LAUNCHERS:
@@ -384,15 +394,17 @@ def deaths(
         for m in [stuck, *info.pop("_stuck")]:  # the first, and any other stuck with no steps of its own
             d = m["death"]
             h = d.get("hang")
-            if d.get("cause") in ("signal", "killed", "hang") and isinstance(h, dict) and not h.get("busy") and (
+            ended = d.get("cause") in ("signal", "killed", "hang") or d.get("cause") == "nonzero_exit" and bool(
+                d.get("handled_by"))  # (its handler's exit on the signal that ended the job)
+            if ended and isinstance(h, dict) and not h.get("busy") and (
                     m is stuck or h.get("step_s") is None):  # hung: as its waiters say (a worker counts no steps);
-                by = _launcher(m, d.get("killed_by") or {}, group)  # its launcher named, not its agent's thread
+                by = _launcher(m, _signalled(m) or {}, group)  # its launcher named, not its agent's thread
                 d.update(cause="hang", headline=hang_headline(d, h, by))
                 if h.get("step_s") is None and not timed:
                     d["confidence"] = "probable"  # no steps timed it, its own nor a waiter's: one stack, long
         for m in waiters:  # stopped by their launcher, or, for that launcher itself, by what ended the job
-            sender = str((m["death"].get("killed_by") or {}).get("sender") or "")
-            by = _launcher(m, m["death"].get("killed_by") or {}, group) or (sender if sender in ENDERS else None)
+            sender = str((_signalled(m) or {}).get("sender") or "")
+            by = _launcher(m, _signalled(m) or {}, group) or (sender if sender in ENDERS else None)
             m["death"]["collateral_of"] = _who(stuck) | {"by": by} | (
                 {"lost_peer": True} if m["death"].get("peer_lost") else {"reported": True} if _reports_a_death(m)
                 else {})  # (a waiter's own end as it lost the stuck rank, a launcher's report of it)  # fmt: skip

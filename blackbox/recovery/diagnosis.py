@@ -576,7 +576,8 @@ class _Death:
             "step": self.when["step"] if self.when else None,
             "victim": {k: v for k, v in self.victim.items() if v is not None},
             "exit_status": self.status,
-            "killed_by": self.killed_by,
+            "killed_by": self.killed_by,  # (and where it ended by itself after its own handler took one: handled_by)
+            **({"handled_by": sender_of(self.handled)} if self.handled is not None and self.killed_by is None else {}),
         }
         if self.in_shutdown:
             d["in_shutdown"] = True

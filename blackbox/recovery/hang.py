@@ -168,9 +168,11 @@ def with_hang(
     ``late``: for a death after the clean end, that end's time (UTC ns) and the ring's crash region
     (``_in_shutdown``)."""
     end = epoch_ns(death.get("time"))
-    if end is None or death.get("cause") not in ("signal", "killed", "exception", "interrupted"):
+    exited = death.get("cause") == "nonzero_exit" and isinstance(death.get("handled_by"), dict)  # (its handler's)
+    if end is None or death.get("cause") not in ("signal", "killed", "exception", "interrupted") and not exited:
         return death
-    st = stall(table, end, ranked)
+    upto = epoch_ns(death["handled_by"].get("time")) if exited else None  # (its handler's exit: its own stack)
+    st = stall(table, upto if upto is not None and upto <= end else end, ranked)
     if st is None:
         return death
     if late is not None:
@@ -186,7 +188,9 @@ def with_hang(
     elif crashed and st["collective"] and "SIGABRT" in str(death.get("headline")):
         st["timed_out"] = "SIGABRT while it waited in a collective (NCCL's watchdog aborts a rank whose collective " \
                           "timed out)"
-    shutdown = _shutdown_since(table, st, end) if death["cause"] in ("signal", "killed") else None
+    shutdown = _shutdown_since(table, st, end) if death["cause"] in ("signal", "killed") or exited else None
+    if exited and not st.get("handled"):  # its handler took a signal that came as it worked, and it exited
+        return death  # (a graceful shutdown: no stall before that signal)
     if shutdown is not None:  # the job's own handler began its shutdown: no hang, a shutdown past its grace
         st["shutdown"] = shutdown
         grace = f"{shutdown['lasted_s']:.1f} s" if shutdown["lasted_s"] is not None else "its time"
@@ -210,7 +214,7 @@ def with_hang(
     # pass killed at the time limit): no progress in steps, but not stuck. It keeps its cause.
     st["busy"] = busy(st["samples"], st["share"] or 0.0, st["moves"])
     out = {**death, "hang": st, "evidence": [*death.get("evidence", []), _stall_evidence(st)]}
-    if death["cause"] in ("signal", "killed") and not crashed and not st["busy"]:
+    if (death["cause"] in ("signal", "killed") or exited) and not crashed and not st["busy"]:
         out.update(cause="hang", confidence="strong", headline=hang_headline(death, st), levers=hang_levers(st, ranked))
     return out
 
@@ -403,7 +407,10 @@ def hang_headline(death: dict[str, Any], st: dict[str, Any], by: str | None = No
     how = f"{killer['signal']} from {sender}" if killer.get("signal") and sender else (
         killer.get("signal") or ("SIGKILL" if death["cause"] == "killed" else "a signal"))  # fmt: skip
     taken = st.get("handled")
-    if taken:  # a signal its own handler took while it hung, before the one that ended it (a signal the handler
+    if taken and death.get("handled_by"):  # its handler took it, and the process then exited by itself
+        how = f"{taken['signal']} from {by or taken['sender']}" if by or taken.get("sender") else taken["signal"]
+        how = f"{how} came at {taken['time']}, and its own handler"
+    elif taken:  # a signal its own handler took while it hung, before the one that ended it (a signal the handler
         if killer.get("signal") == taken["signal"]:  # took ended nothing: what did, unrecorded, was a SIGKILL)
             how = "SIGKILL"
         how = (f"{_said(taken)} came at {taken['time']}, taken by the job's own handler, which could not act on it "

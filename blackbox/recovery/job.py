@@ -105,6 +105,7 @@ def _slim(m: dict[str, Any], at: tuple[int, int]) -> dict[str, Any]:
         if victim
         else None,
         "killed_by": _killer(d.get("killed_by")),
+        "handled_by": _killer(d.get("handled_by")),
         "hang": _stall(d.get("hang")),
         "time_error_s": _float(d.get("time_error_s")),
         "starved": _starved(d.get("starved")),
