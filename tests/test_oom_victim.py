@@ -174,7 +174,8 @@ def _run(tmp_path: Path, context: str, how: str) -> dict[str, object]:
     victims = None if killed is None else [next(n for n, p in pids.items() if p == pid) for pid in killed]
     tables = "\n".join(f"  {row}" for row in rows)  # the kernel's view of each kill, in pages
     return {"rc": proc.returncode, "kills": kills, "victims": victims, "left": left, "error": error,
-            "worker0": worker0, "balloon": f"{balloon}; pids {pids}\n{tables}" if balloon else "",
+            "worker0": worker0, "worker1": str(pids.get("worker1", "?")),
+            "balloon": f"{balloon}; pids {pids}\n{tables}" if balloon else "",
             "stderr": stderr[-3000:]}  # fmt: skip
 
 
@@ -199,9 +200,10 @@ def test_kernel_oom_kills_the_same_leaking_worker_armed_or_not(tmp_path: Path, c
             )
             assert victims in (["worker0"], ["worker0", "worker1"]), f"{what}: victims {victims}"
         assert r["rc"] == 1, f"{what}: the job exits 1 after its worker's death, got {r['rc']}\n{r['stderr']}"
-        assert f"pid {r['worker0']})" in r["error"] or f"pid(s) {r['worker0']})" in r["error"], (
-            f"{what}: torch names worker 0 ({r['worker0']}) as the one that died: {r['error']!r}"
-        )
+        killed = [r["worker0"], r["worker1"]] if r["victims"] == ["worker0", "worker1"] else [r["worker0"]]
+        assert any(f"pid {pid})" in r["error"] or f"pid(s) {pid})" in r["error"] for pid in killed), (
+            f"{what}: torch names a worker the kernel killed ({killed}) as the one that died: {r['error']!r}"
+        )  # (after a second kill, whichever of the two its main process noticed first: seen once in CI, spawn)
         assert r["left"] == [], f"{what}: processes left running in the cgroup: {r['left']}"
         errors[how] = re.sub(r"\d+", "N", str(r["error"]))
     assert errors["arm"] == errors["run"] == errors["unarmed"], errors
