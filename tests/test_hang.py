@@ -327,7 +327,10 @@ HANDLED = """\
 import signal, sys, threading, time
 import blackbox
 blackbox.arm(sys.argv[1] + "/", sample_interval=0.05)
-signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))  # a checkpoint on SIGTERM, then exit
+if sys.argv[4] == "interrupt":  # Python's SIGINT handler for SIGTERM too: a KeyboardInterrupt ends it
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+else:  # a checkpoint on SIGTERM, then exit
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(int(sys.argv[4])))
 lock = threading.Lock()
 lock.acquire()
 
@@ -342,14 +345,18 @@ for step in range(10**6):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("state", ["stuck", "training"])
-def test_a_job_whose_handler_exits_on_sigterm_is_a_hang_only_where_it_had_stopped(tmp_path: Path, state: str) -> None:
-    # GIVEN a job whose SIGTERM handler exits (status 143), stuck on a lock at step 30 or training on, ended by
-    # `timeout` (SIGTERM) 3 s later
+@pytest.mark.parametrize(("state", "handler"), [("stuck", "143"), ("training", "143"), ("stuck", "0"),
+                                                 ("stuck", "interrupt")])  # fmt: skip
+def test_a_job_whose_handler_exits_on_sigterm_is_a_hang_only_where_it_had_stopped(
+    tmp_path: Path, state: str, handler: str
+) -> None:
+    # GIVEN a job whose SIGTERM handler exits (status 143 or 0, or raises KeyboardInterrupt), stuck on a lock at
+    # step 30 or training on, ended by `timeout` (SIGTERM) 3 s later (a red team's exit 0 read "exited cleanly ...
+    # a graceful shutdown", its KeyboardInterrupt "interrupted (Ctrl-C or SIGINT)")
     (tmp_path / "job.py").write_text(HANDLED)
     stuck = tmp_path / "stuck"
     proc = subprocess.Popen(["timeout", "120", sys.executable, str(tmp_path / "job.py"), str(tmp_path / "rings"),
-                             str(stuck), state], env=ENV, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                             str(stuck), state, handler], env=ENV, stderr=subprocess.PIPE, text=True)  # fmt: skip
     while not stuck.exists() and proc.poll() is None:
         time.sleep(0.05)
     time.sleep(STUCK_FOR)
@@ -360,7 +367,8 @@ def test_a_job_whose_handler_exits_on_sigterm_is_a_hang_only_where_it_had_stoppe
 
     blackbox.recover(tmp_path / "rings", tmp_path / "bundle")
     death = json.loads((tmp_path / "bundle" / "metadata.json").read_text())["death"]
-    assert death["handled_by"]["signal"] == "SIGTERM" and death["handled_by"]["sender"] == "timeout", death
+    took = death["killed_by"] if handler == "interrupt" else death["handled_by"]  # (what raised its KeyboardInterrupt)
+    assert took["signal"] == "SIGTERM" and took["sender"] == "timeout", death
     if state == "training":  # THEN a job at work that its handler ended is a graceful shutdown, no hang
         assert death["cause"] == "nonzero_exit" and "hang" not in death, death
         assert "after SIGTERM from timeout, which its own handler took (a graceful shutdown)" in death["headline"]
@@ -372,7 +380,7 @@ def test_a_job_whose_handler_exits_on_sigterm_is_a_hang_only_where_it_had_stoppe
     assert STUCK_FOR - 0.5 <= death["hang"]["stalled_s"] <= STUCK_FOR + 20, death["hang"]
     assert f"hung: no step for {death['hang']['stalled_s']:.1f} s" in death["headline"], death["headline"]
     assert death["headline"].endswith(f"stuck in <module> (job.py:{line}); then SIGTERM from timeout came at "
-                                      f"{death['hang']['handled']['time']}, and its own handler ended it.")  # fmt: skip
+                                      f"{death['hang']['handled']['time']}, and its own handler ended it."), death
     # (timeout sends its SIGTERM to the job, then to its group: the handler took two; the first is told)
 
 

@@ -230,3 +230,22 @@ def test_a_rank_waiting_in_init_process_group_is_said_to_wait_there_not_in_its_h
     assert collective_of(stack, True) == "init_process_group"
     assert collective_of(f"main (job.py:9);all_reduce ({c10d}:2800)", True) == "all_reduce"
     assert collective_of(f"main (job.py:9);_private_only ({c10d}:10)", True) == "_private_only"
+
+
+def test_ranks_whose_handler_exited_0_on_the_ends_sigterm_are_read_for_a_hang() -> None:
+    from blackbox.recovery.attempts import deaths
+
+    # GIVEN 3 ranks before any step, each ending by its own handler's exit(0) on torchrun's SIGTERM: rank 1 at one
+    # line of its own, ranks 0 and 2 in the barrier (clean exits: no deaths, so the hang was never looked for)
+    rings = [_before_steps(_ring(r, 10 + r, "clean_exit", None if r == 1 else "barrier")) for r in (0, 1, 2)]
+    for m in rings:
+        m["death"]["handled_by"], m["death"]["killed_by"] = m["death"]["killed_by"], None
+    first, collateral, info = deaths(rings)
+    assert first is rings[1] and first["death"]["cause"] == "hang", first
+    assert first["death"]["headline"].endswith("then SIGTERM from torchrun came at 2026-01-01T00:00:40.000000Z, and "
+                                               "its own handler ended it."), first["death"]["headline"]
+    assert {m["rank"] for m in collateral} == {0, 2} and info is not None
+    # AND with no rank stalled, clean exits stay clean: no first death
+    for m in rings:
+        m["death"].update(cause="clean_exit", hang=None)
+    assert deaths(rings)[0] is None

@@ -127,7 +127,7 @@ def on_sigterm(signum, frame):  # save a checkpoint, then exit: torchrun's teard
     print(f"rank {dist.get_rank()} saving", flush=True)
     sys.exit(1)
 
-signal.signal(signal.SIGTERM, on_sigterm)
+signal.signal(signal.SIGTERM, on_sigterm if sys.argv[1] == "exit" else signal.default_int_handler)
 dist.init_process_group("gloo")
 for step in range(10**6):
     x = torch.ones(1)
@@ -142,18 +142,23 @@ for step in range(10**6):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="no torchrun beside this Python")
-def test_ranks_whose_handler_exits_on_torchruns_sigterm_are_stopped_by_torchrun_not_deaths(tmp_path: Path) -> None:
-    # GIVEN 3 gloo ranks under torchrun that each save and exit(1) on SIGTERM, rank 1 raising at step 20; unarmed,
-    # then under `blackbox run`
+@pytest.mark.parametrize("handler", ["exit", "interrupt"])
+def test_ranks_whose_handler_exits_on_torchruns_sigterm_are_stopped_by_torchrun_not_deaths(
+    tmp_path: Path, handler: str
+) -> None:
+    # GIVEN 3 gloo ranks under torchrun that each save and exit(1) on SIGTERM (or take it as Python's SIGINT: a
+    # KeyboardInterrupt), rank 1 raising at step 20; unarmed, then under `blackbox run`
     (tmp_path / "train.py").write_text(CHECKPOINT_ON_SIGTERM)
-    torchrun = [str(TORCHRUN), "--standalone", "--nproc-per-node", "3", "--max-restarts=0", str(tmp_path / "train.py")]
+    torchrun = [str(TORCHRUN), "--standalone", "--nproc-per-node", "3", "--max-restarts=0", str(tmp_path / "train.py"),
+                handler]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     plain = subprocess.run(torchrun, capture_output=True, text=True, timeout=300, env={**env, "PYTHONPATH": ""})
     armed = subprocess.run([*BLACKBOX, "run", "--quiet", "--dir", str(tmp_path / "run"), "--", *torchrun],
                            capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
     # THEN both end alike: torchrun's status, ranks 0 and 2 saving
     assert armed.returncode == plain.returncode == 1, (plain.stderr[-2000:], armed.stderr[-2000:])
-    assert sorted(armed.stdout.splitlines()) == sorted(plain.stdout.splitlines()) == ["rank 0 saving", "rank 2 saving"]
+    saving = ["rank 0 saving", "rank 2 saving"] if handler == "exit" else []
+    assert sorted(armed.stdout.splitlines()) == sorted(plain.stdout.splitlines()) == saving
     # AND rank 1's ValueError is the one death; ranks 0 and 2, ended by their own handler of torchrun's SIGTERM, are
     # collateral (they read "2 others died of their own causes"), their ring saying which signal it took
     (run,) = (tmp_path / "run").glob("run-*")
@@ -161,8 +166,10 @@ def test_ranks_whose_handler_exits_on_torchruns_sigterm_are_stopped_by_torchrun_
     assert (meta["first_death"]["rank"], meta["first_death"]["cause"]) == (1, "exception"), meta["first_death"]
     assert meta["attempts"][0]["deaths"] == 1, meta["attempts"][0]
     by_rank = {r["rank"]: r["death"] for r in meta["rings"]}
-    for r in (0, 2):
-        assert by_rank[r]["cause"] == "nonzero_exit" and by_rank[r]["handled_by"]["signal"] == "SIGTERM", by_rank[r]
+    for r in (0, 2):  # (a KeyboardInterrupt read "interrupted (Ctrl-C or SIGINT)", a death of its own)
+        took = by_rank[r]["handled_by"] if handler == "exit" else by_rank[r]["killed_by"]
+        assert by_rank[r]["cause"] == ("nonzero_exit" if handler == "exit" else "interrupted"), by_rank[r]
+        assert took["signal"] == "SIGTERM" and took["sender"] == "pt_elastic", by_rank[r]
         assert by_rank[r]["collateral_of"]["rank"] == 1 and by_rank[r]["collateral_of"]["by"] == "torchrun"
     summary = (run / "bundle" / "summary.md").read_text()
     assert "ranks 0 and 2 stopped by torchrun after rank 1 died" in summary and "own cause" not in summary, summary

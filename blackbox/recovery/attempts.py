@@ -71,7 +71,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._times import epoch_ns
-from .hang import SHOWN, hang_headline
+from .hang import SHOWN, handler_ended, hang_headline
 from .helpers import launcher_said
 from .stuck_rank import attempt_hang, ranked
 
@@ -387,15 +387,16 @@ def deaths(
     both carry the kernel's one stamp, and which converts it to the earlier time is their clocks' rounding."""
     dead = [m for m in group if m["death"].get("cause") != "clean_exit" and m["death"].get("time")]
     dead = [m for m in dead if not m["death"].get("alive")] or dead  # a snapshot of one running on is no death
-    hung = attempt_hang(dead)
+    quit_ = [m for m in group if m["death"].get("cause") == "clean_exit" and m["death"].get("time") and
+             handler_ended(m["death"]) is not None and isinstance(m["death"].get("hang"), dict)]  # fmt: skip
+    hung = attempt_hang(dead + quit_)  # (one whose handler exits 0 on the end's signal may have hung, or waited)
     if hung is not None:  # a hang: the stuck rank first, whatever signal landed first; its waiters collateral
         stuck, waiters, info = hung
         timed = any((m["death"].get("hang") or {}).get("step_s") for m in waiters)
         for m in [stuck, *info.pop("_stuck")]:  # the first, and any other stuck with no steps of its own
             d = m["death"]
             h = d.get("hang")
-            ended = d.get("cause") in ("signal", "killed", "hang") or d.get("cause") == "nonzero_exit" and bool(
-                d.get("handled_by"))  # (its handler's exit on the signal that ended the job)
+            ended = d.get("cause") in ("signal", "killed", "hang") or handler_ended(d) is not None  # (or its handler)
             if ended and isinstance(h, dict) and not h.get("busy") and (
                     m is stuck or h.get("step_s") is None):  # hung: as its waiters say (a worker counts no steps);
                 by = _launcher(m, _signalled(m) or {}, group)  # its launcher named, not its agent's thread

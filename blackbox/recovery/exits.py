@@ -51,16 +51,22 @@ def signal_of(status: int | None) -> int | None:
     return None
 
 
+HANDLED = "handled by the job's handler"  # a signal record's detail (collect/signals.py; hang.HANDLED)
+
+
 def interrupted_by(f: Facts) -> tuple[dict[str, Any] | None, str]:
-    """(the signal row, the evidence) of an uncaught KeyboardInterrupt: the last signal, where it is the SIGINT
-    that raised it, and from whom it was (``kill -INT``: its sender; a terminal's Ctrl-C: the kernel, no
-    sender); else only that it came."""
+    """(the signal row, the evidence) of an uncaught KeyboardInterrupt: the last signal, where it is the one
+    that raised it (SIGINT, or a SIGTERM the job gave Python's SIGINT handler), and from whom it was (``kill
+    -INT``: its sender; a terminal's Ctrl-C: the kernel, no sender); else only that it came."""
     s = f.signals[-1] if len(f.signals) else None
-    if s is None or s["label"] != "SIGINT" or s["detail"] != "raised KeyboardInterrupt":
-        return None, "an uncaught KeyboardInterrupt (Ctrl-C or SIGINT)"
-    raised = "an uncaught KeyboardInterrupt, raised by SIGINT from"
+    if s is None or s["detail"] not in ("raised KeyboardInterrupt", HANDLED):  # (SIGINT's, or another the job
+        return None, "an uncaught KeyboardInterrupt (Ctrl-C or SIGINT)"  # gave Python's handler, or its own that
+    # raised it: SIGTERM under torchrun)
+    raised = f"an uncaught KeyboardInterrupt, raised by {s['label']} from"
     if s["sender"]:
         return s, f"{raised} {s['sender']} (pid {s['sender_pid']}) at {s['time']}"
-    if (s["signal_code"] or 0) > 0:  # SI_KERNEL: the terminal's line discipline sent it
+    if (s["signal_code"] or 0) > 0 and s["label"] == "SIGINT":  # SI_KERNEL: the terminal's line discipline sent it
         return None, f"{raised} the kernel (a terminal's Ctrl-C) at {s['time']}"
+    if s["label"] != "SIGINT":
+        return None, f"an uncaught KeyboardInterrupt, raised by {s['label']} at {s['time']}"
     return None, "an uncaught KeyboardInterrupt (Ctrl-C or SIGINT)"

@@ -168,10 +168,11 @@ def with_hang(
     ``late``: for a death after the clean end, that end's time (UTC ns) and the ring's crash region
     (``_in_shutdown``)."""
     end = epoch_ns(death.get("time"))
-    exited = death.get("cause") == "nonzero_exit" and isinstance(death.get("handled_by"), dict)  # (its handler's)
+    took = handler_ended(death)  # the signal its own handler took, then ended it (an exit, a KeyboardInterrupt)
+    exited = took is not None
     if end is None or death.get("cause") not in ("signal", "killed", "exception", "interrupted") and not exited:
         return death
-    upto = epoch_ns(death["handled_by"].get("time")) if exited else None  # (its handler's exit: its own stack)
+    upto = epoch_ns(took.get("time")) if took is not None else None  # (its handler's end: its own stack)
     st = stall(table, upto if upto is not None and upto <= end else end, ranked)
     if st is None:
         return death
@@ -188,9 +189,13 @@ def with_hang(
     elif crashed and st["collective"] and "SIGABRT" in str(death.get("headline")):
         st["timed_out"] = "SIGABRT while it waited in a collective (NCCL's watchdog aborts a rank whose collective " \
                           "timed out)"
-    shutdown = _shutdown_since(table, st, end) if death["cause"] in ("signal", "killed") or exited else None
-    if exited and not st.get("handled"):  # its handler took a signal that came as it worked, and it exited
-        return death  # (a graceful shutdown: no stall before that signal)
+    shutdown = _shutdown_since(table, st, end) if death["cause"] in ("signal", "killed") else None
+    if took is not None:  # a signal that came long after it stopped, which its handler took to end it: a hang
+        at, since = epoch_ns(took.get("time")), epoch_ns(st.get("since"))
+        if at is None or since is None or (at - since) / 1e9 < max(HANG_FACTOR * float(st["step_s"] or 0), HANG_MIN_S):
+            return death  # (it came as the process worked, or soon after: a graceful shutdown)
+        st["handled"] = {"signal": took.get("signal"), "sender": took.get("sender"), "time": took.get("time"),
+                         "ended_it": True}  # fmt: skip
     if shutdown is not None:  # the job's own handler began its shutdown: no hang, a shutdown past its grace
         st["shutdown"] = shutdown
         grace = f"{shutdown['lasted_s']:.1f} s" if shutdown["lasted_s"] is not None else "its time"
@@ -216,7 +221,21 @@ def with_hang(
     out = {**death, "hang": st, "evidence": [*death.get("evidence", []), _stall_evidence(st)]}
     if (death["cause"] in ("signal", "killed") or exited) and not crashed and not st["busy"]:
         out.update(cause="hang", confidence="strong", headline=hang_headline(death, st), levers=hang_levers(st, ranked))
+        if exited:  # (its handler's end was no graceful shutdown: it ended a hang)
+            out["evidence"] = [e.removesuffix(" (a graceful shutdown)") if isinstance(e, str) else e
+                               for e in out["evidence"]]  # fmt: skip
     return out
+
+
+def handler_ended(death: dict[str, Any]) -> dict[str, Any] | None:
+    """The signal the process's own handler took, which then ended it by itself: an exit after it
+    (``handled_by``), or the KeyboardInterrupt it raised (``signal.default_int_handler`` for SIGTERM, a
+    ``kill -INT``: ``interrupted`` with its sender); None where its end was no handler's of a signal."""
+    cause, took = death.get("cause"), death.get("handled_by")
+    if cause in ("nonzero_exit", "clean_exit") and isinstance(took, dict):
+        return took
+    killer = death.get("killed_by")
+    return killer if cause == "interrupted" and isinstance(killer, dict) and killer.get("signal") else None
 
 
 def _place_lever(st: dict[str, Any]) -> str:
@@ -407,9 +426,11 @@ def hang_headline(death: dict[str, Any], st: dict[str, Any], by: str | None = No
     how = f"{killer['signal']} from {sender}" if killer.get("signal") and sender else (
         killer.get("signal") or ("SIGKILL" if death["cause"] == "killed" else "a signal"))  # fmt: skip
     taken = st.get("handled")
-    if taken and death.get("handled_by"):  # its handler took it, and the process then exited by itself
-        how = f"{taken['signal']} from {by or taken['sender']}" if by or taken.get("sender") else taken["signal"]
-        how = f"{how} came at {taken['time']}, and its own handler"
+    took = death.get("handled_by") if isinstance(death.get("handled_by"), dict) and not killer else None
+    if (taken or {}).get("ended_it") or took:  # its handler took it, and the process then ended by itself
+        t: dict[str, Any] = taken if taken and taken.get("ended_it") else took or {}
+        how = f"{t.get('signal')} from {by or t.get('sender')}" if by or t.get("sender") else str(t.get("signal"))
+        how = f"{how} came at {t.get('time')}, and its own handler"
     elif taken:  # a signal its own handler took while it hung, before the one that ended it (a signal the handler
         if killer.get("signal") == taken["signal"]:  # took ended nothing: what did, unrecorded, was a SIGKILL)
             how = "SIGKILL"

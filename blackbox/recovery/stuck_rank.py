@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._times import epoch_ns
-from .hang import HANG_MIN_S, SHOWN
+from .hang import HANG_MIN_S, SHOWN, handler_ended
 from .helpers import launcher_said
 
 
@@ -126,9 +126,8 @@ def _stuck_before_steps(first: dict[str, Any], waited: list[dict[str, Any]], poo
 
 
 def _ended_from_outside(m: dict[str, Any]) -> bool:
-    """Ring ``m`` was ended by a signal, SIGKILL, or its own handler of a signal (``handled_by``), then its exit."""
-    d = m["death"]
-    return d.get("cause") in ("signal", "killed") or d.get("cause") == "nonzero_exit" and bool(d.get("handled_by"))
+    """Ring ``m`` was ended by a signal, SIGKILL, or its own handler of a signal (``hang.handler_ended``)."""
+    return m["death"].get("cause") in ("signal", "killed") or handler_ended(m["death"]) is not None
 
 
 def _peer_died_first(dead: list[dict[str, Any]], stalled: list[dict[str, Any]], since_ns: float) -> bool:
@@ -141,7 +140,7 @@ def _peer_died_first(dead: list[dict[str, Any]], stalled: list[dict[str, Any]], 
     for m in dead:
         d = m["death"]
         if m in stalled or d.get("cause") in ("signal", "hang", "clean_exit") or d.get("peer_lost") or _timed_out(m) \
-                or d.get("handled_by"):  # (its own handler's exit on a signal: a teardown)
+                or handler_ended(d) is not None:  # (its own handler's end on a signal: a teardown)
             continue
         at = epoch_ns(d.get("time"))
         if at is not None and at - since_ns < HANG_MIN_S * 1e9:
