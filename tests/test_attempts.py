@@ -559,3 +559,13 @@ def test_nodes_are_one_world_only_where_their_ranks_make_exactly_one_running_at_
     assert len(group_attempts([*_node("A0", range(0, 2), 4, *a, 100), *_node("A1", range(2, 4), 4, *later, 200)])) == 2
     # a world of another size
     assert len(group_attempts([*_node("A0", range(0, 2), 4, *a, 100), *_node("A1", range(2, 4), 8, *a, 200)])) == 2
+    # a world size a bundle made up (2**31 - 1: a job-wide account reads bundles as untrusted), in bounded time
+    # and memory: never a set of its ranks
+    import tracemalloc
+
+    tracemalloc.start()
+    huge = (1 << 31) - 1
+    assert len(group_attempts([*_node("A0", range(0, 2), huge, *a, 100), *_node("A1", range(2, 4), huge, *a, 200)
+                               ])) == 2  # fmt: skip
+    assert tracemalloc.get_traced_memory()[1] < 16 << 20
+    tracemalloc.stop()

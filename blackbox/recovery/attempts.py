@@ -192,7 +192,8 @@ def _one_world(named: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[st
     for size, jobs in parts.items():
         seen = [r for _, ranks, _ in jobs for r in ranks]
         span = (max(s for _, _, (s, _) in jobs), min(e for _, _, (_, e) in jobs))
-        if len(jobs) < 2 or len(seen) != len(set(seen)) or set(seen) != set(range(size)) or span[0] > span[1]:
+        whole = len(seen) == len(set(seen)) == size and min(seen) == 0 and max(seen) == size - 1  # (never a range
+        if len(jobs) < 2 or not whole or span[0] > span[1]:  # of a world size a bundle may have made up)
             continue  # (not one world's nodes, all of them, all running at one time)
         first = min(jobs, key=lambda j: j[2][0])[0]
         for job, _, _ in jobs:
@@ -387,9 +388,9 @@ def deaths(
     both carry the kernel's one stamp, and which converts it to the earlier time is their clocks' rounding."""
     dead = [m for m in group if m["death"].get("cause") != "clean_exit" and m["death"].get("time")]
     dead = [m for m in dead if not m["death"].get("alive")] or dead  # a snapshot of one running on is no death
-    quit_ = [m for m in group if m["death"].get("cause") == "clean_exit" and m["death"].get("time") and
+    exits = [m for m in group if m["death"].get("cause") == "clean_exit" and m["death"].get("time") and
              handler_ended(m["death"]) is not None and isinstance(m["death"].get("hang"), dict)]  # fmt: skip
-    hung = attempt_hang(dead + quit_)  # (one whose handler exits 0 on the end's signal may have hung, or waited)
+    hung = attempt_hang(dead + exits)  # (one whose handler exits 0 on the end's signal may have hung, or waited)
     if hung is not None:  # a hang: the stuck rank first, whatever signal landed first; its waiters collateral
         stuck, waiters, info = hung
         timed = any((m["death"].get("hang") or {}).get("step_s") for m in waiters)
