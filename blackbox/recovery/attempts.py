@@ -73,7 +73,7 @@ from typing import Any
 from .._times import epoch_ns
 from .hang import SHOWN, handler_ended, hang_headline
 from .helpers import launcher_said
-from .stuck_rank import attempt_hang, ranked
+from .stuck_rank import attempt_hang, ended_from_outside, ranked, signalled
 
 # Launchers that tear a job's other processes down when one fails, by their command (as a signal's sender
 # records it) -> the name said: torchrun's agent names its main thread pt_elastic, which /proc shows.
@@ -253,17 +253,10 @@ def job_of(group: list[dict[str, Any]]) -> str | None:
     return next((j for j in of_ranks if j is not None), None) or next((j for j in map(_job, group) if j), None)
 
 
-def _signalled(m: dict[str, Any]) -> dict[str, Any] | None:
-    """The signal that ended ring ``m``: the one that killed it, or the one its own handler took before it ended
-    by itself (``handled_by``: a checkpoint on SIGTERM, then ``sys.exit(1)``); None: none."""
-    killer = m["death"].get("killed_by") or m["death"].get("handled_by")
-    return killer if isinstance(killer, dict) else None
-
-
 def _teardown(m: dict[str, Any]) -> dict[str, Any] | None:
-    """The signal that ended this ring (``_signalled``), where its launcher sent it (its parent, or a known
-    launcher)."""
-    killer = _signalled(m)
+    """The signal that ended this ring (``stuck_rank.signalled``), where its launcher sent it (its parent, or
+    a known launcher)."""
+    killer = signalled(m)
     if killer is None:
         return None
     pid = killer.get("sender_pid")
@@ -397,16 +390,16 @@ def deaths(
         for m in [stuck, *info.pop("_stuck")]:  # the first, and any other stuck with no steps of its own
             d = m["death"]
             h = d.get("hang")
-            ended = d.get("cause") in ("signal", "killed", "hang") or handler_ended(d) is not None  # (or its handler)
+            ended = d.get("cause") == "hang" or ended_from_outside(m)
             if ended and isinstance(h, dict) and not h.get("busy") and (
                     m is stuck or h.get("step_s") is None):  # hung: as its waiters say (a worker counts no steps);
-                by = _launcher(m, _signalled(m) or {}, group)  # its launcher named, not its agent's thread
+                by = _launcher(m, signalled(m) or {}, group)  # its launcher named, not its agent's thread
                 d.update(cause="hang", headline=hang_headline(d, h, by))
                 if h.get("step_s") is None and not timed:
                     d["confidence"] = "probable"  # no steps timed it, its own nor a waiter's: one stack, long
         for m in waiters:  # stopped by their launcher, or, for that launcher itself, by what ended the job
-            sender = str((_signalled(m) or {}).get("sender") or "")
-            by = _launcher(m, _signalled(m) or {}, group) or (sender if sender in ENDERS else None)
+            sender = str((signalled(m) or {}).get("sender") or "")
+            by = _launcher(m, signalled(m) or {}, group) or (sender if sender in ENDERS else None)
             m["death"]["collateral_of"] = _who(stuck) | {"by": by} | (
                 {"lost_peer": True} if m["death"].get("peer_lost") else {"reported": True} if _reports_a_death(m)
                 else {})  # (a waiter's own end as it lost the stuck rank, a launcher's report of it)  # fmt: skip

@@ -407,7 +407,8 @@ class JobPass:
         first = meta.get("first_death")
         if not first:
             return None
-        i, j = self._first_ring(first)["_at"]
+        told = self._first_ring(first)  # (its slim: where it is, and its death as the attempt told it)
+        i, j = told["_at"]
         place = self.places[i]
         try:
             rings = _rings_of(meta_i := _read_meta(place), place)
@@ -416,7 +417,7 @@ class JobPass:
         ring: dict[str, Any] | None = rings[j] if j < len(rings) and rings[j].get("pid") == first["pid"] else None
         if ring is None:
             return None
-        ring["death"] = as_decided(ring.get("death") or {}, self._first_ring(first)["death"], ranked(ring))
+        ring["death"] = as_decided(ring.get("death") or {}, told["death"], ranked(ring))
         with contextlib.suppress(BlackboxError):  # its stacks (none where its bundle has no readable file)
             live_stacks.attach_bytes(meta_i, place.read(live_stacks.ALLOCATIONS, live_stacks.MAX_FILE_BYTES), place)
         return ring

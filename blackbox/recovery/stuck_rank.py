@@ -92,8 +92,8 @@ def attempt_hang(dead: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[
     if _peer_died_first(pool, stalled, _since(first)[0]):
         return None  # the stalls waited for a rank that had died: its death comes first, not a hang
     if first["death"].get("cause") != "hang" and not any(_timed_out(m) for m in waited) and not (
-        (_hang(first) or {}).get("busy") and waited and _ended_from_outside(first)
-    ) and not (_ended_from_outside(first) and any(_hung_waiting(m) for m in waited)
+        (_hang(first) or {}).get("busy") and waited and ended_from_outside(first)
+    ) and not (ended_from_outside(first) and any(_hung_waiting(m) for m in waited)
                ) and not _stuck_before_steps(first, waited, pool):
         return None  # it died of its own cause (an exception after a long evaluation): no hang
     collateral = [m for m in dead if m is not first and m not in stuck]  # the waiters and the launcher
@@ -120,14 +120,21 @@ def _stuck_before_steps(first: dict[str, Any], waited: list[dict[str, Any]], poo
     where a process of the attempt kept moving (``pool``: every one stalled): the others may have waited for
     it (a rank at work on a download another polls for)."""
     h = _hang(first) or {}
-    return (_ended_from_outside(first) and h.get("step_s") is None
+    return (ended_from_outside(first) and h.get("step_s") is None
             and any((_hang(m) or {}).get("collective") for m in waited)
             and all(_hang(m) is not None for m in pool))  # fmt: skip
 
 
-def _ended_from_outside(m: dict[str, Any]) -> bool:
+def ended_from_outside(m: dict[str, Any]) -> bool:
     """Ring ``m`` was ended by a signal, SIGKILL, or its own handler of a signal (``hang.handler_ended``)."""
     return m["death"].get("cause") in ("signal", "killed") or handler_ended(m["death"]) is not None
+
+
+def signalled(m: dict[str, Any]) -> dict[str, Any] | None:
+    """The signal that ended ring ``m``: the one that killed it, or the one its own handler took before it ended
+    by itself (``handled_by``: a checkpoint on SIGTERM, then ``sys.exit(1)``); None: none."""
+    killer = m["death"].get("killed_by") or m["death"].get("handled_by")
+    return killer if isinstance(killer, dict) else None
 
 
 def _peer_died_first(dead: list[dict[str, Any]], stalled: list[dict[str, Any]], since_ns: float) -> bool:
@@ -189,8 +196,8 @@ def _chain(dead: list[dict[str, Any]], first: dict[str, Any]) -> list[dict[str, 
     seen: set[Any] = set()
     while ring is not None and id(ring) not in seen:
         seen.add(id(ring))
-        killer = ring["death"].get("killed_by") or ring["death"].get("handled_by")  # (its handler's exit on it)
-        if not isinstance(killer, dict) or not killer.get("signal"):
+        killer = signalled(ring)
+        if killer is None or not killer.get("signal"):
             break
         to = [m for m in dead if _killed_by_pid(m, killer.get("sender_pid"), ring.get("host"))] or [ring]
         host, pid = ring.get("host"), killer.get("sender_pid")
@@ -203,5 +210,5 @@ def _chain(dead: list[dict[str, Any]], first: dict[str, Any]) -> list[dict[str, 
 
 
 def _killed_by_pid(m: dict[str, Any], pid: Any, host: Any) -> bool:
-    killer = m["death"].get("killed_by") or m["death"].get("handled_by")
-    return isinstance(killer, dict) and pid is not None and killer.get("sender_pid") == pid and m.get("host") == host
+    killer = signalled(m)
+    return killer is not None and pid is not None and killer.get("sender_pid") == pid and m.get("host") == host
