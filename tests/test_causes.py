@@ -573,6 +573,40 @@ def test_a_graceful_shutdown_on_sigterm_is_told_not_hidden_by_the_exit(tmp_path:
                and "handled by the job's handler" in e for e in death["evidence"]), death["evidence"]  # fmt: skip
 
 
+STEPS_AFTER = """\
+import os, signal, sys, time, blackbox
+blackbox.arm(sys.argv[1] + "/", sample_interval=0.02)
+got = []
+signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))  # a handler that only logs (a checkpoint's request)
+for step in range(10**6):
+    blackbox.step(step)
+    if step == 10:
+        os.kill(os.getpid(), signal.SIGUSR1)
+    if got and step >= 10 + int(sys.argv[2]):  # N steps after it, the job ends by itself
+        sys.exit(2)
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("after", [1, 20], ids=["at-the-next-step", "20-steps-on"])
+def test_a_handled_signal_is_told_as_the_end_only_where_the_job_did_not_go_on_after_it(
+    tmp_path: Path, after: int
+) -> None:
+    # GIVEN a job whose handler takes SIGUSR1 at step 10, and which exits with status 2 at the next step, or 20 on
+    proc = subprocess.run([sys.executable, "-c", STEPS_AFTER, str(tmp_path), str(after)], env=ENV, timeout=60)
+    assert proc.returncode == 2
+    death = death_of(tmp_path)
+    # THEN at the next step it is the end's signal, a graceful shutdown; 20 steps on the job went on, and the signal
+    # is no part of the end (it read "exited with status 2 after SIGUSR1 ..., which its own handler took")
+    assert death["cause"] == "nonzero_exit", death
+    said = " ".join(death["evidence"])
+    if after == 1:
+        assert death["headline"].endswith("which its own handler took (a graceful shutdown).") and "handled_by" in death
+    else:
+        assert "SIGUSR1" not in death["headline"] and "handled_by" not in death, death
+        assert "and the job went on (20 steps after it) before it ended" in said, said
+
+
 CAUGHT_CTRL_C = ("import signal, sys, time, blackbox; blackbox.arm(sys.argv[1] + '/', sample_interval=0.02)\n"
                  "print('up', flush=True)\nstep = 0\n"
                  "def train(n):\n    global step\n"

@@ -319,8 +319,9 @@ def test_a_single_process_stuck_on_a_lock_is_a_hang_not_a_signal_death(tmp_path:
     ender = "SIGTERM from timeout" if not kill else "SIGKILL"
     assert death["headline"].endswith(f"stuck in next_batch (job.py:{line}); then {ender} ended it."), death
     assert len(list((tmp_path / "rings").glob("*.ring"))) == 1  # the unarmed run left none
-    assert death["levers"] == [f"look at next_batch (job.py:{line}): the process was stuck there (a data source, "
-                               f"a lock, I/O) for {death['hang']['stalled_s']:.0f} s"]  # fmt: skip
+    assert death["levers"] == [f"look at next_batch (job.py:{line}): the process stayed there for "
+                               f"{death['hang']['stalled_s']:.0f} s (waiting on a data source, a lock or I/O, or "
+                               "looping on that one line)"]  # fmt: skip
 
 
 HANDLED = """\
@@ -449,6 +450,81 @@ def test_a_process_busy_without_steps_when_killed_keeps_its_cause(tmp_path: Path
     assert death["hang"]["stalled_s"] >= STUCK_FOR - 0.5
     assert death["hang"]["share"] < 0.5 if job == BUSY else death["hang"]["share"] >= 0.5, death["hang"]
     assert "busy, not stuck" in " ".join(death["evidence"]) and "hung" not in death["headline"]
+
+
+BUSY_RANK = """\
+import os, random, sys, time
+import torch, torch.distributed as dist
+import blackbox
+
+def attention(x):
+    return sum(i * i for i in range(x))
+
+def mlp(x):
+    return sum(i + 1 for i in range(x))
+
+def evaluate():  # rank 0's evaluation: at work, its stack moving between its layers
+    while True:
+        for layer in (attention, mlp):
+            layer(random.randint(5000, 40000))
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+x = torch.ones(4)
+for step in range(30):
+    blackbox.step(step)
+    dist.all_reduce(x)
+    time.sleep(0.02)
+os.write(1, f"rank {rank} trained\\n".encode())  # one write: the ranks share torchrun's stdout
+if rank == 0:
+    open(sys.argv[1], "w").close()
+    evaluate()
+dist.barrier()  # ranks 1 and 2 wait here for rank 0's evaluation
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="no torchrun beside this Python")
+def test_ranks_that_waited_for_a_rank_at_work_when_the_time_limit_came_name_no_hang_and_no_rank_first(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("torch.distributed")
+    script = tmp_path / "train.py"
+    script.write_text(BUSY_RANK)
+    torchrun = [str(TORCHRUN), "--nproc-per-node=3", "--max-restarts=0", "--rdzv-backend=c10d"]
+    # GIVEN 3 gloo ranks under torchrun after 30 steps: rank 0 evaluating (its stack moving), ranks 1 and 2 waiting
+    # for it in the barrier, until `timeout` ends torchrun (a time limit), unarmed and under `blackbox run`
+    runs = tmp_path / "runs"
+    unarmed, armed = _end_when_stuck([
+        ([*torchrun, f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(script), str(tmp_path / "go0")],
+         tmp_path / "go0", {}),
+        ([sys.executable, "-m", "blackbox", "run", "--dir", str(runs), "--", *torchrun,
+          f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(script), str(tmp_path / "go1")], tmp_path / "go1", {}),
+    ], stuck_for=2 * STUCK_FOR)  # fmt: skip
+    # THEN the job ends as it does unarmed
+    assert unarmed.returncode == armed.returncode == 124, (unarmed.err[-2000:], armed.err[-3000:])
+    assert sorted(unarmed.out.splitlines()) == sorted(armed.out.splitlines()) == [f"rank {r} trained" for r in range(3)]
+    # AND timeout's SIGTERM to torchrun is the first death, the three ranks stopped by it: none failed, none hung (it
+    # read "rank 0 was ended by SIGTERM from pt_elastic (a scheduler ...)", the first death, "A hang: rank 0 ...")
+    meta = _bundle(runs)
+    first = meta["first_death"]
+    assert (first["rank"], first["cause"]) == (None, "signal"), first
+    assert first["headline"].startswith(f"The torchrun agent (pid {first['pid']}) was ended by SIGTERM from timeout")
+    by_rank = {m["rank"]: m for m in meta["rings"] if m["rank"] is not None}
+    assert all(by_rank[r]["death"]["collateral_of"]["pid"] == first["pid"] for r in range(3)), by_rank
+    assert by_rank[0]["death"]["cause"] == "signal" and not by_rank[0]["death"]["headline"].count("hung")
+    # AND the wait is told beside: rank 0 at work, in its evaluation; ranks 1 and 2 waited for it in the barrier
+    (attempt,) = meta["attempts"]
+    hang = attempt["hang"]
+    assert hang["busy"] is True and [s["rank"] for s in hang["stuck"]] == [0], hang
+    assert sorted((w["rank"], w["collective"]) for w in hang["waited"]) == [(1, "barrier"), (2, "barrier")]
+    summary = meta["_summary"]
+    assert "**Waiting for a rank at work:** rank 0 took no step for " in summary and "**A hang" not in summary
+    assert "- ranks 1 and 2 waited for it from step 29, in barrier" in summary, summary[:3000]
+    assert "`evaluate (train.py:" in summary.split("**Waiting for a rank at work:**")[1].split("\n")[0]
+    # AND rank 0's SIGTERM is torchrun's stopping of its ranks, not a scheduler's time limit
+    said = " ".join(by_rank[0]["death"]["evidence"])
+    assert "(torchrun stopping its ranks: " in said and "a scheduler" not in said, said
 
 
 TIMEOUTS = {"gloo": ({"PG_TIMEOUT_S": "5"}, "Timed out waiting 5000ms for ", "exception"),

@@ -249,3 +249,22 @@ def test_ranks_whose_handler_exited_0_on_the_ends_sigterm_are_read_for_a_hang() 
     for m in rings:
         m["death"].update(cause="clean_exit", hang=None)
     assert deaths(rings)[0] is None
+
+
+def test_ranks_whose_barrier_timed_out_waiting_for_a_rank_at_work_die_first_of_the_timeout() -> None:
+    from blackbox.recovery.attempts import deaths
+
+    # GIVEN rank 0 evaluating after step 20 (its stack moving: busy), ranks 1 and 2 whose barrier timed out waiting for
+    # it (gloo's "Timed out waiting", their own exceptions), rank 0 then stopped by torchrun
+    rings = [_ring(0, 10, "signal"), *(_ring(r, 10 + r, "exception", "barrier", killer=None,
+                                              timed_out="RuntimeError: Timed out waiting 6000ms") for r in (1, 2))]
+    rings[0]["death"]["hang"]["busy"] = True
+    for m in rings[1:]:
+        m["death"]["time"] = "2026-01-01T00:00:3{}.000000Z".format(m["rank"])
+    first, collateral, info = deaths(rings)
+    # THEN rank 1's timeout is the first death (it read rank 0's SIGTERM from torchrun), rank 0 stopped after it, and
+    # the wait for rank 0 is told beside as busy, no hang
+    assert first is rings[1] and [m["rank"] for m in collateral] == [0], (first, collateral)
+    assert rings[0]["death"]["cause"] == "signal" and info is not None and info["busy"] is True
+    assert [s["rank"] for s in info["stuck"]] == [0] and [w["rank"] for w in info["waited"]] == [1, 2]
+    assert "_stuck" not in info

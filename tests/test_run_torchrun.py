@@ -120,14 +120,14 @@ def test_blackbox_run_of_torchrun_is_one_job_with_its_agent_named(tmp_path: Path
 
 
 CHECKPOINT_ON_SIGTERM = """\
-import signal, sys, time
+import os, signal, sys, time
 import torch, torch.distributed as dist
 
 def on_sigterm(signum, frame):  # save a checkpoint, then exit: torchrun's teardown ends the rank by its own hand
-    print(f"rank {dist.get_rank()} saving", flush=True)
-    sys.exit(1)
+    os.write(1, f"rank {dist.get_rank()} saving\\n".encode())  # one write: torchrun's `python -u` splits a print
+    sys.exit(0 if sys.argv[1] == "exit0" else 1)
 
-signal.signal(signal.SIGTERM, on_sigterm if sys.argv[1] == "exit" else signal.default_int_handler)
+signal.signal(signal.SIGTERM, signal.default_int_handler if sys.argv[1] == "interrupt" else on_sigterm)
 dist.init_process_group("gloo")
 for step in range(10**6):
     x = torch.ones(1)
@@ -142,12 +142,12 @@ for step in range(10**6):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="no torchrun beside this Python")
-@pytest.mark.parametrize("handler", ["exit", "interrupt"])
+@pytest.mark.parametrize("handler", ["exit", "exit0", "interrupt"])
 def test_ranks_whose_handler_exits_on_torchruns_sigterm_are_stopped_by_torchrun_not_deaths(
     tmp_path: Path, handler: str
 ) -> None:
-    # GIVEN 3 gloo ranks under torchrun that each save and exit(1) on SIGTERM (or take it as Python's SIGINT: a
-    # KeyboardInterrupt), rank 1 raising at step 20; unarmed, then under `blackbox run`
+    # GIVEN 3 gloo ranks under torchrun that each save and exit(1) on SIGTERM (or exit(0), or take it as Python's
+    # SIGINT: a KeyboardInterrupt), rank 1 raising at step 20; unarmed, then under `blackbox run`
     (tmp_path / "train.py").write_text(CHECKPOINT_ON_SIGTERM)
     torchrun = [str(TORCHRUN), "--standalone", "--nproc-per-node", "3", "--max-restarts=0", str(tmp_path / "train.py"),
                 handler]  # fmt: skip
@@ -157,22 +157,25 @@ def test_ranks_whose_handler_exits_on_torchruns_sigterm_are_stopped_by_torchrun_
                            capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
     # THEN both end alike: torchrun's status, ranks 0 and 2 saving
     assert armed.returncode == plain.returncode == 1, (plain.stderr[-2000:], armed.stderr[-2000:])
-    saving = ["rank 0 saving", "rank 2 saving"] if handler == "exit" else []
+    saving = ["rank 0 saving", "rank 2 saving"] if handler != "interrupt" else []
     assert sorted(armed.stdout.splitlines()) == sorted(plain.stdout.splitlines()) == saving
     # AND rank 1's ValueError is the one death; ranks 0 and 2, ended by their own handler of torchrun's SIGTERM, are
-    # collateral (they read "2 others died of their own causes"), their ring saying which signal it took
+    # collateral (they read "2 others died of their own causes"; by exit(0), "2 ended cleanly"), their ring saying
+    # which signal it took
     (run,) = (tmp_path / "run").glob("run-*")
     meta = json.loads((run / "bundle" / "metadata.json").read_text())
     assert (meta["first_death"]["rank"], meta["first_death"]["cause"]) == (1, "exception"), meta["first_death"]
     assert meta["attempts"][0]["deaths"] == 1, meta["attempts"][0]
     by_rank = {r["rank"]: r["death"] for r in meta["rings"]}
     for r in (0, 2):  # (a KeyboardInterrupt read "interrupted (Ctrl-C or SIGINT)", a death of its own)
-        took = by_rank[r]["handled_by"] if handler == "exit" else by_rank[r]["killed_by"]
-        assert by_rank[r]["cause"] == ("nonzero_exit" if handler == "exit" else "interrupted"), by_rank[r]
+        took = by_rank[r]["killed_by"] if handler == "interrupt" else by_rank[r]["handled_by"]
+        cause = {"exit": "nonzero_exit", "exit0": "clean_exit", "interrupt": "interrupted"}[handler]
+        assert by_rank[r]["cause"] == cause, by_rank[r]
         assert took["signal"] == "SIGTERM" and took["sender"] == "pt_elastic", by_rank[r]
         assert by_rank[r]["collateral_of"]["rank"] == 1 and by_rank[r]["collateral_of"]["by"] == "torchrun"
     summary = (run / "bundle" / "summary.md").read_text()
     assert "ranks 0 and 2 stopped by torchrun after rank 1 died" in summary and "own cause" not in summary, summary
+    assert "ended cleanly" not in summary and "`clean_exit`" not in summary, summary
 
 
 TWO_NODES = """\

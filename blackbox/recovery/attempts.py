@@ -375,7 +375,8 @@ def deaths(
     group: list[dict[str, Any]],
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], dict[str, Any] | None]:
     """An attempt's first death (None: none), its collateral rings (see the module docstring), and its hang
-    (``stuck_rank.attempt_hang``: the stuck rank is then the first death, its waiters collateral). Marks
+    (``stuck_rank.attempt_hang``: the stuck rank is then the first death, its waiters collateral; where the rank
+    they waited for was at work, ``busy``, the ends read as without it, and the wait is told beside). Marks
     each collateral ring's slim death with ``collateral_of``. A ring telling of a child's death that the
     child's own ring tells too (a launcher's, of its rank's kernel OOM kill) is never the first death:
     both carry the kernel's one stamp, and which converts it to the earlier time is their clocks' rounding."""
@@ -384,6 +385,10 @@ def deaths(
     exits = [m for m in group if m["death"].get("cause") == "clean_exit" and m["death"].get("time") and
              handler_ended(m["death"]) is not None and isinstance(m["death"].get("hang"), dict)]  # fmt: skip
     hung = attempt_hang(dead + exits)  # (one whose handler exits 0 on the end's signal may have hung, or waited)
+    at_work = hung if hung is not None and (hung[0]["death"].get("hang") or {}).get("busy") else None
+    if at_work is not None:  # the others waited for a rank at work (an evaluation): no hang, and none died first
+        hung = None  # for it, as it was stopped with them (it read "rank 0 ended by SIGTERM from torchrun", the first)
+        at_work[2].pop("_stuck")
     if hung is not None:  # a hang: the stuck rank first, whatever signal landed first; its waiters collateral
         stuck, waiters, info = hung
         timed = any((m["death"].get("hang") or {}).get("step_s") for m in waiters)
@@ -432,7 +437,12 @@ def deaths(
         for m in reports:
             m["death"]["collateral_of"] = _who(first) | {"by": None, "reported": True}
         collateral += reports
-    return first, collateral, None
+        stopped = [m for m in group if m["death"].get("cause") == "clean_exit" and m["death"].get("time") and
+                   (k := _teardown(m)) is not None and _after(m, k.get("time"), first)]  # fmt: skip
+        for m in stopped:  # its own handler of its launcher's teardown exited 0 (a checkpoint saved, then exit)
+            m["death"]["collateral_of"] = _who(first) | {"by": _launcher(m, _teardown(m) or {}, group)}
+        collateral += stopped  # (it read "2 ended cleanly", no part of the teardown)
+    return first, collateral, None if at_work is None else at_work[2] | {"busy": True}
 
 
 def _reports_a_death(m: dict[str, Any]) -> bool:
@@ -485,7 +495,7 @@ def attempt_metadata(groups: list[list[dict[str, Any]]]) -> list[dict[str, Any]]
             "last_step": max(steps) if steps else None,
             "cause": first["death"]["cause"] if first else "clean_exit",
             "first_death": _first_death(first),
-            "deaths": dead - len(collateral),
+            "deaths": dead - sum(1 for m in collateral if m["death"].get("cause") != "clean_exit"),
             "collateral": len(collateral),
             **({"hang": hang} if hang is not None else {}),
             **({"still_running": [_who(m) | {"headline": m["death"].get("headline")} for m in alive[:SHOWN]],

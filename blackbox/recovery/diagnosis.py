@@ -60,7 +60,7 @@ from .facts import Facts, counter_rose, facts, near_limit
 from .first_process import came_first, dropped_as_init, dropped_before, sender_of, with_grace_lever
 from .gpu_oom import EXPANDABLE_ON, gpu_oom_kind
 from .hang import with_hang
-from .headline import SGR, headline, raised_from, raised_site, sent_from
+from .headline import SGR, headline, raised_from, raised_site, sender_role, sent_from
 from .helpers import process_name, start_method
 from .kinds import of_kind
 from .levers import analysis
@@ -83,8 +83,6 @@ NATIVE = "handled by a native handler"  # ...for one a handler set outside Pytho
 TERMINATING = frozenset({"SIGTERM", "SIGINT", *CRASH_SIGNALS})
 THREADS_SAID = 3  # threads' uncaught exceptions said in the evidence, the last ones
 RAISED_AGAIN_S = 0.25  # a process that lived on past its native handler writes a sample within 0.1 s
-SCHEDULERS = ("slurmstepd", "slurmd", "srun", "scancel", "kubelet", "containerd-shim", "timeout", "systemd", "torchrun",
-              "pt_elastic", "torch.distributed.run")  # fmt: skip
 NOT_KNOWN_WITHOUT_C = ("not known: this process ran without blackbox's C extension, which records a signal's sender, "
                        "a signal the job's own handler takes, and the status of an exit that calls neither sys.exit "
                        "nor os._exit")  # fmt: skip
@@ -269,7 +267,7 @@ class _Death:
             s = fatal[-1]
             self.killed_by, self.when = sender_of(s), s
             who = sent_from(s)
-            took = (self._signal_ns(s) - f.clean_end_ns) / 1e9 if f.clean_end_ns is not None else None
+            took = (self.f.ns_of_signal(s) - f.clean_end_ns) / 1e9 if f.clean_end_ns is not None else None
             after = f", {took:.1f} s after its clean end" if took is not None and took >= 0 else ""
             where = shutdown_where(ev.crash, s["label"]) or ("a crash in native code" if s["label"] in CRASH_SIGNALS
                                                              else "its exit handlers, finalization: a join or a "
@@ -425,7 +423,7 @@ class _Death:
         after = f"after its uncaught {_short(uncaught[-1]['label'])}, " if uncaught else "no exception, "
         how = how or ("`blackbox run` saw the job end by SIGKILL" if seen else
                       f"same boot, {after}no handler ran: SIGKILL (or os._exit)")  # fmt: skip
-        recent = last_signal if last_signal and self.f.last_ns - self._signal_ns(last_signal) < 120 * 10**9 else None
+        recent = last_signal if last_signal and self.f.last_ns - self.f.ns_of_signal(last_signal) < 120e9 else None
         if recent and (recent["sender"] or "") in OOM_DAEMONS:
             self.killed_by = sender_of(recent)
             self._set("userspace_oom_kill", "strong", f"{recent['label']} from {recent['sender']}, then {how}")
@@ -479,7 +477,7 @@ class _Death:
             return None
         if status_signal is not None and signals.Signals(status_signal).name != last["label"]:
             return None
-        return last if self.f.last_ns - self._signal_ns(last) <= RAISED_AGAIN_S * 1e9 else None
+        return last if self.f.last_ns - self.f.ns_of_signal(last) <= RAISED_AGAIN_S * 1e9 else None
 
     def _died_of_native(self, s: dict[str, Any]) -> None:
         self.when = s
@@ -511,7 +509,11 @@ class _Death:
         if not handled:
             return
         s, exc = handled[-1], self._raised()
-        who = sent_from(s)
+        who, went_on = sent_from(s), self.f.steps_since(self.f.ns_of_signal(s))
+        if went_on > 1:  # its handler did not end it (a SIGUSR1 logged): it read "exited with status 2 after SIGUSR1"
+            self.evidence.append(f"{s['label']}{who} at {s['time']} was {s['detail'] or 'handled'}, and the job went "
+                                 f"on ({went_on} steps after it) before it ended")  # fmt: skip
+            return
         self.handled = s
         if exc is not None and s["label"] in STOPS and s["step"] == exc["step"] and s["time"] <= exc["time"]:
             self._set("signal", "certain", f"{s['label']}{who}{self._role(s)} at {s['time']} was {s['detail']}, "
@@ -543,11 +545,7 @@ class _Death:
             if self.killed_by is not None and self.killed_by.get("sender") == sender:
                 self.killed_by["reason"] = self.ev.slurm
             return f" (Slurm: {self.ev.slurm})"
-        return " (a scheduler: time limit or preemption)" if sender in SCHEDULERS else ""
-
-    def _signal_ns(self, row: dict[str, Any]) -> int:
-        i = self.f.signals.index(row)
-        return int(self.f.signal_ns[i])
+        return sender_role(sender)
 
     def _set(self, cause: str, confidence: str, why: str) -> None:
         self.cause, self.confidence = cause, confidence

@@ -165,6 +165,17 @@ class Facts:
                 return [int(p) for p in re.findall(r"\d+", m.group(1))], (m.group(2) or "exited unexpectedly").strip()
         return None
 
+    def ns_of_signal(self, row: dict[str, Any]) -> int:
+        """The monotonic time of one of ``signals``' rows."""
+        return int(self.signal_ns[self.signals.index(row)])
+
+    def steps_since(self, t_ns: int) -> int:
+        """How many steps began after ``t_ns``: the steps in force in the records after it, less the one at it."""
+        if self.steps is None or not self.steps.num_rows:
+            return 0
+        i = int(np.searchsorted(_ns(self.steps), t_ns + self.to_wall, side="right"))
+        return len(set(pc.unique(self.steps["step"].slice(i)).to_pylist()) - {None, self.step_at(t_ns)})
+
     def sample_before(self, t_ns: int) -> dict[str, Any] | None:
         i = int(np.searchsorted(self.sample_ns, t_ns, side="right")) - 1
         return self.samples[i] if i >= 0 else None

@@ -360,8 +360,9 @@ def hang_levers(st: dict[str, Any], ranked: bool) -> list[str]:
     elif st.get("step_s") is None and st.get("site") and not st.get("collective"):  # no steps: stuck or looping
         out = [_place_lever(st)]
     else:
-        out = [f"look at {short_frame(st['site'])}: the process was stuck there (a data source, a lock, I/O) for "
-               f"{st['stalled_s']:.0f} s" if st.get("site") and not st.get("collective") else
+        out = [f"look at {short_frame(st['site'])}: the process stayed there for {st['stalled_s']:.0f} s (waiting on "
+               "a data source, a lock or I/O, or looping on that one line)" if st.get("site") and not
+               st.get("collective") else
                "find the rank that never entered the collective this one waited in (the job's other ranks)"]
     if ranked:
         out.append("a collective timeout shorter than the job's time limit (init_process_group(timeout="

@@ -136,6 +136,18 @@ def sent_from(row: dict[str, Any]) -> str:
     return f" from pid {pid}" if pid else ""
 
 
+SCHEDULERS = ("slurmstepd", "slurmd", "srun", "scancel", "kubelet", "containerd-shim", "timeout", "systemd")
+AGENTS = ("torchrun", "pt_elastic", "torch.distributed.run")  # torchrun's agent, by its names and its thread's
+
+
+def sender_role(sender: str) -> str:
+    """What a signal from ``sender`` meant, said after it: a scheduler's (its time limit, a preemption), or torchrun's
+    agent stopping its ranks (it read "a scheduler" too: the agent stops them whatever ended it, or a rank)."""
+    if sender in AGENTS:
+        return " (torchrun stopping its ranks: one of them ended, or torchrun itself was stopped)"
+    return " (a scheduler: time limit or preemption)" if sender in SCHEDULERS else ""
+
+
 def still_running(victim: dict[str, Any]) -> str:
     """The verdict's sentence for a ring whose writer runs still (recovered while it ran: a process of the job
     left running after `blackbox run`'s job ended, or a snapshot taken by hand)."""

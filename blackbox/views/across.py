@@ -223,7 +223,7 @@ def _torn_down_sentence(first: dict[str, Any], rows: list[dict[str, Any]], torn:
     if others:
         parts.append(f"{others} other{'s' if others != 1 else ''} died of {'their' if others != 1 else 'its'} own "
                      f"cause{'s' if others != 1 else ''}")  # fmt: skip
-    clean = sum(1 for r in rows if r.get("cause") == "clean_exit")
+    clean = sum(1 for r in rows if r.get("cause") == "clean_exit" and r.get("collateral_of") is None)
     if clean:
         parts.append(f"{clean} ended cleanly")
     return f"{len(rows)} {noun}: " + "; ".join(parts) + "."
@@ -341,6 +341,10 @@ def hang_lines(hang: dict[str, Any] | None) -> list[str]:
              f"the same stack since {first.get('since')}, {then}")  # (too few steps to time: ``hang._same_stack``)
     lines = [f"**A hang:** {who} made no progress for {_secs(first.get('stalled_s'))} before the end ({since}), "
              f"{where}."]  # fmt: skip
+    if hang.get("busy"):  # the others waited for a rank at work: a slow evaluation, or a loop that never ends
+        most = f", most often in {_frames(first['stack'])}" if first.get("stack") else ""
+        lines = [f"**Waiting for a rank at work:** {who} took no step for {_secs(first.get('stalled_s'))} before the "
+                 f"end ({since}), its stack changing all along (at work, not stuck: no hang){most}."]  # fmt: skip
     groups: dict[str, list[dict[str, Any]]] = {}
     for w in hang.get("waited") or []:
         how = f"in {w['collective']}" if w.get("collective") else f"at `{short_frame(w['site'])}`" if w.get("site") \
