@@ -34,6 +34,7 @@ PREEMPTIVE = "OutOfMemoryError: CUDA out of memory. Allocation was preemptively 
         ("oom_exception", LIMITS, {"cgroup_limit": GIB, "cgroup_usage": GIB // 2}, {}, None, "MemTotal", 64 * GIB),
         ("host_oom_kill", LIMITS, {"cgroup_limit": GIB, "cgroup_usage": GIB // 2}, None, CGROUP_LINE, "cgroup", GIB),
         ("host_oom_kill", LIMITS, {}, None, GLOBAL_LINE, "MemTotal", 64 * GIB),
+        ("host_oom_kill", LIMITS, {}, None, CGROUP_LINE, "cgroup", None),  # it read "a global OOM kill"
         ("oom_exception", AS_LIMITED, {}, {"label": CUDA_RUNTIME, "device_total": 80 * GIB}, None, "device total",
          80 * GIB),
         ("oom_exception", AS_LIMITED, {"cgroup_limit": GIB, "cgroup_usage": GIB}, {"label": CUDA_RUNTIME}, None,
@@ -42,7 +43,8 @@ PREEMPTIVE = "OutOfMemoryError: CUDA out of memory. Allocation was preemptively 
         ("exception", AS_LIMITED, {}, None, None, None, None),
         ("killed", LIMITS, {"cgroup_limit": GIB, "cgroup_usage": GIB}, None, None, None, None),
     ],
-    ids=["address-space", "gpu", "cgroup-exception", "overcommit", "cgroup-kill", "global-kill", "gpu-runtime-read",
+    ids=["address-space", "gpu", "cgroup-exception", "overcommit", "cgroup-kill", "global-kill",
+         "cgroup-kill-joined-after-arming", "gpu-runtime-read",
          "gpu-runtime-unknown", "gpu-no-capacity", "not-oom", "sigkill"],
 )
 def test_the_limit_hit_is_the_one_the_evidence_names(cause, limits, sample, oom, line, name, size) -> None:  # type: ignore[no-untyped-def]

@@ -58,8 +58,13 @@ def limit_hit(
         refused = "the kernel refused the allocation"
         return _limit("MemTotal", total, "the host's memory (MemTotal)", refused) if total else None
     if cause == "host_oom_kill":
-        if cgroup is not None and ("Memory cgroup out of memory" in (kill_line or "") or at_cgroup):
+        in_cgroup = "Memory cgroup out of memory" in (kill_line or "")
+        if cgroup is not None and (in_cgroup or at_cgroup):
             return _limit("cgroup", cgroup, "the memory cgroup's limit")
+        if in_cgroup:  # the kernel says so, where the samples read no limit (it read "a global OOM kill")
+            return {"name": "cgroup", "bytes": None, "text": "a memory cgroup's limit (the kernel's line says so), of "
+                    "a size blackbox did not read: the process joined that cgroup after arming, or the limit is on "
+                    "a cgroup it cannot see"}
         total = _int(limits.get("mem_total"))
         if kill_line and total is not None:
             return _limit("MemTotal", total, "the host's memory (MemTotal)", "a global OOM kill")
