@@ -53,6 +53,7 @@ RECOVERY_ORDER = {
     "arrays": 0,
     "family": 0,
     "limits": 0,
+    "rendezvous": 0,
     "headline": 2,
     "first_process": 2,
     "gpu_oom": 0,

@@ -60,11 +60,12 @@ from .facts import Facts, counter_rose, facts, near_limit
 from .first_process import came_first, dropped_as_init, dropped_before, sender_of, with_grace_lever
 from .gpu_oom import EXPANDABLE_ON, gpu_oom_kind
 from .hang import with_hang
-from .headline import SGR, headline, raised_from, raised_site, sender_role, sent_from
+from .headline import headline, raised_from, raised_site, sender_role, sent_from, short_text
 from .helpers import process_name, start_method
 from .kinds import of_kind
 from .levers import analysis
 from .limits import limit_hit
+from .rendezvous import rendezvous_levers
 from .slurm import SENDERS as SLURM_SENDERS
 from .timeline import iso_ns
 from .timing import death_timing, peer_lost
@@ -106,6 +107,8 @@ def diagnose(table: pa.Table, clean: bool, ev: Evidence, meta: dict[str, Any]) -
         death["levers"] = [lever, *(x for x in death["levers"] if "expandable_segments" not in x)]
     death.update(death_timing(table, meta.get("sample_interval_s"), not clean and d.when is f.last_event))
     death["peer_lost"] = peer_lost(death.get("evidence"))
+    if death["cause"] == "exception" and (said := rendezvous_levers(f.main_uncaught, ident.get("argv"))):
+        death["levers"] = [*said, *death.get("levers", [])]  # (torchrun's agent, before any rank ran)
     if death["victim"].get("pid") != d.pid:  # a child's death: this process's own end too, for the bundle
         own = _Death(f, ev, ident, name, children=False)
         own.decide(clean)
@@ -211,10 +214,10 @@ class _Death:
             at = f" at step {exc['step']}" if exc["step"] is not None else " before any step"
             detail = str(exc.get("detail") or "")
             if detail.startswith(fmt.HANDLED_EXIT_PREFIX):  # its own handler caught it, then sys.exit(N)
-                self.evidence.append(f"{exc['kind']}{at}: {_short(exc['label'])}; the job caught it and exited with "
-                                     f"status {detail[len(fmt.HANDLED_EXIT_PREFIX):]}")  # fmt: skip
+                self.evidence.append(f"{exc['kind']}{at}: {short_text(exc['label'])}; the job caught it and exited "
+                                     f"with status {detail[len(fmt.HANDLED_EXIT_PREFIX):]}")  # fmt: skip
             else:
-                self.evidence.append(f"uncaught {exc['kind']}{at}: {_short(exc['label'])}")
+                self.evidence.append(f"uncaught {exc['kind']}{at}: {short_text(exc['label'])}")
             if exc.get("traceback"):
                 self.evidence.append(f"raised at {raised_from(exc['traceback'])}")
             self.when = exc
@@ -331,7 +334,7 @@ class _Death:
         self._at(kill.time_ns)
         self.stat_at_end = f.stat_before(kill.time_ns) or self.stat_at_end
         if f.main_uncaught:
-            self.evidence.append(f"then, in the job: {_short(f.main_uncaught[-1]['label'])}")
+            self.evidence.append(f"then, in the job: {short_text(f.main_uncaught[-1]['label'])}")
 
     def _child_role(self, pid: int) -> str:
         series = self.f.children.get(pid)
@@ -346,7 +349,7 @@ class _Death:
         self.victim = {"pid": pid, "role": "DataLoader worker", "rss": series.at(last_seen) if series else None}
         self.when = exc
         self.death_ns = last_seen
-        self.evidence.append(f"in the job: {_short(exc['label'])}")
+        self.evidence.append(f"in the job: {short_text(exc['label'])}")
         before, after = f.sample_before(last_seen), f.sample_before(f.last_ns)
         rose = counter_rose(before, after)
         near = near_limit(before)
@@ -420,7 +423,7 @@ class _Death:
         self, near: tuple[float, str] | None, last_signal: dict[str, Any] | None, *, seen: bool, how: str = ""
     ) -> None:
         uncaught = self.f.main_uncaught  # (one, then no clean end: it died as it exited, its exit handlers unrun)
-        after = f"after its uncaught {_short(uncaught[-1]['label'])}, " if uncaught else "no exception, "
+        after = f"after its uncaught {short_text(uncaught[-1]['label'])}, " if uncaught else "no exception, "
         how = how or ("`blackbox run` saw the job end by SIGKILL" if seen else
                       f"same boot, {after}no handler ran: SIGKILL (or os._exit)")  # fmt: skip
         recent = last_signal if last_signal and self.f.last_ns - self.f.ns_of_signal(last_signal) < 120e9 else None
@@ -452,7 +455,7 @@ class _Death:
             at = f" at step {row['step']}" if row.get("step") is not None else ""
             site = f", raised at {raised_site(row)}" if row.get("traceback") else ""
             self.evidence.append(f"{row['detail']}{at}, at {row['time']} (the process went on): "
-                                 f"{_short(row['label'], 200)}{site}")  # fmt: skip
+                                 f"{short_text(row['label'], 200)}{site}")  # fmt: skip
 
     def _raised(self) -> dict[str, Any] | None:
         """The uncaught exception's row the death is timed by, where it is one."""
@@ -560,7 +563,7 @@ class _Death:
 
     def _exit_message(self) -> str | None:
         said = exit_message(self.f, self.status) if self.cause == "nonzero_exit" else None
-        return _short(said, MAX_SAID) if said else None
+        return short_text(said, MAX_SAID) if said else None
 
     def result(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -590,9 +593,3 @@ class _Death:
                 d["gpu_oom"] = gpu
                 d["levers"] = gpu["levers"] + d.get("levers", [])
         return d
-
-
-def _short(text: str | None, n: int = 300) -> str:
-    text = SGR.sub("", text or "").replace("\n", " ")  # (a terminal's colours: IPython's traceback in a message)
-    return text if len(text) <= n else text[: n - 1] + "…"
-

@@ -126,6 +126,12 @@ def raised_from(folded: str, frames: int = TRACEBACK_SAID) -> str:
     return innermost_first(";".join(stack[-frames:])) + more
 
 
+def short_text(text: str | None, n: int = 300) -> str:
+    """``text`` on one line, without a terminal's colours (IPython's traceback in a message), cut at ``n``."""
+    text = SGR.sub("", text or "").replace("\n", " ")
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
 def sent_from(row: dict[str, Any]) -> str:
     """`` from NAME (pid N)`` for a signal's sender; `` from pid N`` where it ended before it could be named (a
     /bin/kill); "" where none was recorded (the kernel's)."""
