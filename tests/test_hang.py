@@ -449,37 +449,42 @@ def test_a_process_busy_without_steps_when_killed_keeps_its_cause(tmp_path: Path
     assert death["cause"] == "signal" and death["hang"]["busy"] is True, death
     assert death["hang"]["stalled_s"] >= STUCK_FOR - 0.5
     assert death["hang"]["share"] < 0.5 if job == BUSY else death["hang"]["share"] >= 0.5, death["hang"]
-    assert "busy, not stuck" in " ".join(death["evidence"]) and "hung" not in death["headline"]
+    said = " ".join(death["evidence"])
+    assert "between consecutive samples): busy in " in said and ", not stuck (no hang called)" in said, said
+    assert "hung" not in death["headline"]
 
 
 BUSY_RANK = """\
-import os, random, sys, time
+import os, sys, time
 import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 import blackbox
-
-def attention(x):
-    return sum(i * i for i in range(x))
-
-def mlp(x):
-    return sum(i + 1 for i in range(x))
-
-def evaluate():  # rank 0's evaluation: at work, its stack moving between its layers
-    while True:
-        for layer in (attention, mlp):
-            layer(random.randint(5000, 40000))
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-x = torch.ones(4)
-for step in range(30):
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+def evaluate():  # rank 0's evaluation through the DDP model, as nanoGPT's estimate_loss: at work, no step
+    with torch.no_grad():
+        while True:
+            x = torch.randn(512, 64)
+            loss = model(x).pow(2).mean()
+            loss.item()
+
+for step in range(10**6):
     blackbox.step(step)
-    dist.all_reduce(x)
+    if step == 30 and rank == 0:
+        os.write(1, b"rank 0 evaluates\\n")  # one write: the ranks share torchrun's stdout
+        open(sys.argv[1], "w").close()
+        evaluate()
+    loss = model(torch.randn(32, 64)).pow(2).mean()
+    loss.backward()  # ranks 1 and 2 wait here, in DDP's all-reduce, for rank 0's evaluation
+    opt.step()
+    opt.zero_grad()
     time.sleep(0.02)
-os.write(1, f"rank {rank} trained\\n".encode())  # one write: the ranks share torchrun's stdout
-if rank == 0:
-    open(sys.argv[1], "w").close()
-    evaluate()
-dist.barrier()  # ranks 1 and 2 wait here for rank 0's evaluation
 """
 
 
@@ -492,8 +497,9 @@ def test_ranks_that_waited_for_a_rank_at_work_when_the_time_limit_came_name_no_h
     script = tmp_path / "train.py"
     script.write_text(BUSY_RANK)
     torchrun = [str(TORCHRUN), "--nproc-per-node=3", "--max-restarts=0", "--rdzv-backend=c10d"]
-    # GIVEN 3 gloo ranks under torchrun after 30 steps: rank 0 evaluating (its stack moving), ranks 1 and 2 waiting
-    # for it in the barrier, until `timeout` ends torchrun (a time limit), unarmed and under `blackbox run`
+    # GIVEN 3 gloo DDP ranks under torchrun: at step 30 rank 0 evaluates through the DDP model (its stack moving),
+    # ranks 1 and 2 wait for it in the next step's backward, until `timeout` ends torchrun (a time limit), unarmed
+    # and under `blackbox run` (nanoGPT's shape: only its master process evaluates)
     runs = tmp_path / "runs"
     unarmed, armed = _end_when_stuck([
         ([*torchrun, f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(script), str(tmp_path / "go0")],
@@ -503,7 +509,7 @@ def test_ranks_that_waited_for_a_rank_at_work_when_the_time_limit_came_name_no_h
     ], stuck_for=2 * STUCK_FOR)  # fmt: skip
     # THEN the job ends as it does unarmed
     assert unarmed.returncode == armed.returncode == 124, (unarmed.err[-2000:], armed.err[-3000:])
-    assert sorted(unarmed.out.splitlines()) == sorted(armed.out.splitlines()) == [f"rank {r} trained" for r in range(3)]
+    assert unarmed.out == armed.out == "rank 0 evaluates\n"
     # AND timeout's SIGTERM to torchrun is the first death, the three ranks stopped by it: none failed, none hung (it
     # read "rank 0 was ended by SIGTERM from pt_elastic (a scheduler ...)", the first death, "A hang: rank 0 ...")
     meta = _bundle(runs)
@@ -513,18 +519,21 @@ def test_ranks_that_waited_for_a_rank_at_work_when_the_time_limit_came_name_no_h
     by_rank = {m["rank"]: m for m in meta["rings"] if m["rank"] is not None}
     assert all(by_rank[r]["death"]["collateral_of"]["pid"] == first["pid"] for r in range(3)), by_rank
     assert by_rank[0]["death"]["cause"] == "signal" and not by_rank[0]["death"]["headline"].count("hung")
-    # AND the wait is told beside: rank 0 at work, in its evaluation; ranks 1 and 2 waited for it in the barrier
+    # AND the wait is told beside: rank 0 at work, in its evaluation (DDP's forward with the job's model deeper: it
+    # read as a wait in a collective, so no rank was the one waited for); ranks 1 and 2 waited for it in backward
     (attempt,) = meta["attempts"]
     hang = attempt["hang"]
     assert hang["busy"] is True and [s["rank"] for s in hang["stuck"]] == [0], hang
-    assert sorted((w["rank"], w["collective"]) for w in hang["waited"]) == [(1, "barrier"), (2, "barrier")]
+    waited = "backward (where DDP all-reduces the gradients)"
+    assert sorted((w["rank"], w["collective"]) for w in hang["waited"]) == [(1, waited), (2, waited)], hang
+    assert hang["stuck"][0]["work"] == f"evaluate ({script})" and hang["stuck"][0]["collective"] is None, hang
     summary = meta["_summary"]
     assert "**Waiting for a rank at work:** rank 0 took no step for " in summary and "**A hang" not in summary
-    assert "- ranks 1 and 2 waited for it from step 29, in barrier" in summary, summary[:3000]
-    assert "`evaluate (train.py:" in summary.split("**Waiting for a rank at work:**")[1].split("\n")[0]
-    # AND rank 0's SIGTERM is torchrun's stopping of its ranks, not a scheduler's time limit
+    assert f"- ranks 1 and 2 waited for it from step 30, in {waited}" in summary, summary[:3000]
+    assert "at work in `evaluate (train.py)`, its stack changing all along" in summary, summary[:3000]
+    # AND rank 0's SIGTERM is its launcher's stopping of its ranks, not a scheduler's time limit
     said = " ".join(by_rank[0]["death"]["evidence"])
-    assert "(torchrun stopping its ranks: " in said and "a scheduler" not in said, said
+    assert "(the launcher stopping its ranks: " in said and "a scheduler" not in said, said
 
 
 TIMEOUTS = {"gloo": ({"PG_TIMEOUT_S": "5"}, "Timed out waiting 5000ms for ", "exception"),

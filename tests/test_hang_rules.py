@@ -268,3 +268,72 @@ def test_ranks_whose_barrier_timed_out_waiting_for_a_rank_at_work_die_first_of_t
     assert rings[0]["death"]["cause"] == "signal" and info is not None and info["busy"] is True
     assert [s["rank"] for s in info["stuck"]] == [0] and [w["rank"] for w in info["waited"]] == [1, 2]
     assert "_stuck" not in info
+
+
+def test_ddps_forward_running_the_model_is_at_work_and_its_own_collectives_a_wait() -> None:
+    from blackbox.recovery.hang import collective_of
+
+    ddp = f"{TORCH}/nn/parallel/distributed.py"
+    module = f"Module._call_impl ({TORCH}/nn/modules/module.py:1789)"
+    forward = (f"<module> (/job/train.py:25);evaluate (/job/train.py:17);DistributedDataParallel._run_ddp_forward "
+               f"({ddp}:1715)")
+    # the model's forward under DDP's (an evaluation on rank 0 alone): its layers, a library's or the job's, at work
+    assert collective_of(f"{forward};{module};Linear.forward ({TORCH}/nn/modules/linear.py:134)", True) is None
+    assert collective_of(f"{forward};{module};Block.forward (/job/model.py:104)", True) is None
+    # DDP's own wait before the forward (its buffers' broadcast): a collective
+    assert collective_of(f"<module> (/job/train.py:25);DistributedDataParallel._sync_buffers ({ddp}:2100)", True) == \
+        "DistributedDataParallel._sync_buffers (distributed.py:2100)"  # fmt: skip
+
+
+def test_a_stalls_work_is_the_job_frame_every_sample_passed_through() -> None:
+    from blackbox.recovery.hang import _common
+
+    a = "<module> (/job/train.py:265);estimate_loss (/job/train.py:218);forward (/job/model.py:64)"
+    b = "<module> (/job/train.py:265);estimate_loss (/job/train.py:219);item (/lib/python3.11/site-packages/x.py:3)"
+    c = "<module> (/job/train.py:265);estimate_loss (/job/train.py:218);forward (/job/model.py:70)"
+    assert _common([a, b]) == "estimate_loss (/job/train.py)"  # one function at two lines: its line dropped
+    assert _common([a, c]) == "forward (/job/model.py)"  # the deepest the job's: the model's forward, at two lines
+    assert _common([a]) == "forward (/job/model.py:64)"
+    assert _common([a, "<module> (/job/other.py:1)"]) is None and _common([]) is None
+
+
+def test_a_rank_really_stuck_beside_a_rank_at_work_is_the_hang_and_the_busy_one_at_work() -> None:
+    from blackbox.recovery.attempts import deaths
+
+    # GIVEN rank 0 evaluating since 00:00:00 (busy), rank 1 stuck on an event since 00:00:01, rank 2 in the barrier,
+    # all three SIGTERMed by torchrun (it read "ranks 0 and 1 ... at work, no hang")
+    rings = [_ring(0, 10, "signal"), _ring(1, 11, "hang"), _ring(2, 12, "hang", "barrier")]
+    rings[0]["death"]["hang"]["busy"] = True
+    first, collateral, info = deaths(rings)
+    # THEN rank 1 hung, the first death; rank 0 at work meanwhile, collateral with the waiter
+    assert first is rings[1] and first["death"]["cause"] == "hang", first
+    assert info is not None and not info.get("busy") and [s["rank"] for s in info["stuck"]] == [1], info
+    assert [w["rank"] for w in info["at_work"]] == [0] and {m["rank"] for m in collateral} == {0, 2}
+    assert rings[0]["death"]["cause"] == "signal" and rings[0]["death"]["collateral_of"]["rank"] == 1
+
+
+def test_a_rank_that_raised_after_a_pause_beside_a_rank_at_work_is_the_first_death_and_no_wait_is_told() -> None:
+    from blackbox.recovery.attempts import deaths
+
+    # GIVEN rank 0 evaluating (busy), rank 2 asleep 4 s and then raising (it read "ranks 0 and 2 ... at work")
+    rings = [_ring(0, 10, "signal"), _ring(1, 11, "hang", "barrier"), _ring(2, 12, "exception", killer=None)]
+    rings[0]["death"]["hang"]["busy"] = True
+    rings[2]["death"]["time"] = "2026-01-01T00:00:35.000000Z"
+    first, collateral, info = deaths(rings)
+    assert first is rings[2] and info is None and {m["rank"] for m in collateral} == {0, 1}, (first, info)
+
+
+def test_ranks_whose_handler_exits_0_when_a_time_limit_stops_torchrun_are_stopped_by_it() -> None:
+    from blackbox.recovery.attempts import deaths
+
+    # GIVEN timeout's SIGTERM to torchrun's agent (pid 100), which SIGTERMs its ranks at 00:00:40 and dies 2 s later,
+    # waiting for them; each rank's handler saves and exits 0 (they read "3 ended cleanly", or one "graceful")
+    agent = {"rank": None, "host": "h", "pid": 100, "ppid": 9, "death": {
+        "cause": "signal", "time": "2026-01-01T00:00:42.000000Z", "hang": None,
+        "killed_by": {"signal": "SIGTERM", "sender": "timeout", "sender_pid": 9, "time": "2026-01-01T00:00:39.9Z"}}}
+    rings = [_ring(r, 10 + r, "clean_exit") for r in range(3)]
+    for m in rings:
+        m["death"].update(hang=None, handled_by=m["death"].pop("killed_by"))
+    first, collateral, _ = deaths([agent, *rings])
+    assert first is agent and {m["rank"] for m in collateral} == {0, 1, 2}, (first, collateral)
+    assert all(m["death"]["collateral_of"]["pid"] == 100 for m in rings)

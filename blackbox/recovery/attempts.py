@@ -438,7 +438,8 @@ def deaths(
             m["death"]["collateral_of"] = _who(first) | {"by": None, "reported": True}
         collateral += reports
         stopped = [m for m in group if m["death"].get("cause") == "clean_exit" and m["death"].get("time") and
-                   (k := _teardown(m)) is not None and _after(m, k.get("time"), first)]  # fmt: skip
+                   (k := _teardown(m)) is not None and (_after(m, k.get("time"), first)
+                                                        or _by_its_dying_sender(m, k, [first]))]  # fmt: skip
         for m in stopped:  # its own handler of its launcher's teardown exited 0 (a checkpoint saved, then exit)
             m["death"]["collateral_of"] = _who(first) | {"by": _launcher(m, _teardown(m) or {}, group)}
         collateral += stopped  # (it read "2 ended cleanly", no part of the teardown)

@@ -513,9 +513,10 @@ class _Death:
             return
         s, exc = handled[-1], self._raised()
         who, went_on = sent_from(s), self.f.steps_since(self.f.ns_of_signal(s))
-        if went_on > 1:  # its handler did not end it (a SIGUSR1 logged): it read "exited with status 2 after SIGUSR1"
+        if went_on > 1:  # the job went on: its handler may have asked for the end (a flag read at an epoch's end),
             self.evidence.append(f"{s['label']}{who} at {s['time']} was {s['detail'] or 'handled'}, and the job went "
                                  f"on ({went_on} steps after it) before it ended")  # fmt: skip
+            self.handled = {**s, "steps_after": went_on}  # or not (a SIGUSR1 logged): no graceful shutdown told
             return
         self.handled = s
         if exc is not None and s["label"] in STOPS and s["step"] == exc["step"] and s["time"] <= exc["time"]:
@@ -578,7 +579,8 @@ class _Death:
             "victim": {k: v for k, v in self.victim.items() if v is not None},
             "exit_status": self.status,
             "killed_by": self.killed_by,  # (and where it ended by itself after its own handler took one: handled_by)
-            **({"handled_by": sender_of(self.handled)} if self.handled is not None and self.killed_by is None else {}),
+            **({"handled_by": sender_of(self.handled)} if self.handled is not None and self.killed_by is None
+               and not self.handled.get("steps_after") else {}),
         }
         if self.in_shutdown:
             d["in_shutdown"] = True

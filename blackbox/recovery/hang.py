@@ -59,25 +59,30 @@ _C10D = re.compile(r"/torch/distributed/distributed_c10d\.py")
 # the main process waiting for a batch from its DataLoader's worker processes
 _LOADER_WAIT = re.compile(r"_MultiProcessingDataLoaderIter\._(?:try_)?get_data \([^;]*/torch/utils/data/dataloader\.py")
 _BACKWARD = re.compile(r"/torch/autograd/|/torch/_tensor\.py")
+_MODULE_CALL = re.compile(r"^Module\._call_impl \(.*/torch/nn/modules/module\.py:")  # a module run: its forward
 # an exception that is a collective's timeout: gloo's, NCCL's watchdog, the c10d store's
 TIMEOUT = re.compile(r"Timed out waiting|Watchdog caught collective operation timeout|collective operation timeout|"
                      r"DistBackendError.*[Tt]imeout|[Ss]ocket [Tt]imeout")  # fmt: skip
 HANDLED = "handled by the job's handler"  # a signal record's detail (collect/signals.py)
 SHOWN = 20  # ranks listed by name in an attempt's hang (the rest counted)
+COMMON_OF = 256  # the distinct stacks a stall's common frame is read from (the first, by code)
 
 
 def collective_of(stack: str | None, ranked: bool) -> str | None:
     """The collective a folded stack waits in (``all_reduce``, ``barrier``...; ``backward (where DDP
-    all-reduces the gradients)`` for a rank of several in autograd), None where it is in none."""
+    all-reduces the gradients)`` for a rank of several in autograd), None where it is in none, or where the job's
+    own code or a module's forward runs deeper than a distributed wrapper's frame (DDP's forward running the
+    model: an evaluation)."""
     if not stack:
         return None
     frames = stack.split(";")
     c10d = [frame.rpartition(" (")[0] for frame in frames if _C10D.search(frame)]
     if c10d:  # the innermost of torch.distributed's public functions (init_process_group, not the helper it calls)
         return next((f for f in reversed(c10d) if not f.startswith("_")), c10d[-1])
-    for frame in reversed(frames):
-        if _COLLECTIVE.search(frame):
-            return short_frame(frame)
+    for i in range(len(frames) - 1, -1, -1):
+        if _COLLECTIVE.search(frames[i]):  # a wrapper's forward running the model (DDP, FSDP): no wait, at work
+            deeper = frames[i + 1 :]
+            return None if any(is_job_frame(f) or _MODULE_CALL.search(f) for f in deeper) else short_frame(frames[i])
     if ranked and innermost_is(frames, _BACKWARD):  # (the job's own code deeper: its own backward, stuck there)
         return "backward (where DDP all-reduces the gradients)"
     return None
@@ -99,11 +104,11 @@ def stall(table: pa.Table, end_ns: int, ranked: bool) -> dict[str, Any] | None:
     stalled = (end_ns - last) / 1e9
     if stalled < max(HANG_FACTOR * step_s, HANG_MIN_S) or stalled <= longest:
         return None
-    stack, share, count, moves = _stack_since(table, last, end_ns)
+    stack, share, count, moves, common = _stack_since(table, last, end_ns)
     return with_threads(table, last, end_ns, {
         "since": iso_ns(last), "step": steps["step"][-1].as_py(), "stalled_s": round(stalled, 3),
         "step_s": round(step_s, 6), "longest_s": round(longest, 6), "stack": stack, "share": share,
-        "samples": count, "moves": moves, "site": site_of(stack) if stack else None,
+        "samples": count, "moves": moves, "site": site_of(stack) if stack else None, "work": common,
         "collective": collective_of(stack, ranked), "waits": waits_for_others(stack),
         "loader": bool(stack and _LOADER_WAIT.search(stack))})  # fmt: skip
 
@@ -135,9 +140,9 @@ def _same_stack(table: pa.Table, end_ns: int, ranked: bool, step: int | None) ->
         "loader": bool(_LOADER_WAIT.search(stack))})  # fmt: skip
 
 
-def _stack_since(table: pa.Table, since_ns: int, end_ns: int) -> tuple[str | None, float | None, int, int]:
-    """The main thread's most sampled stack after ``since_ns`` (to ``end_ns``), its share, the samples, and
-    how many times the stack changed from one sample to the next."""
+def _stack_since(table: pa.Table, since_ns: int, end_ns: int) -> tuple[str | None, float | None, int, int, str | None]:
+    """The main thread's most sampled stack after ``since_ns`` (to ``end_ns``), its share, the samples, how many
+    times the stack changed from one sample to the next, and where all of them were (``_common``)."""
     rows = of_kind(table, "stack_sample", columns=["time", "label", "detail"])
     t = rows["time"].cast(pa.int64())
     rows = rows.filter(pc.and_(pc.greater(t, since_ns), pc.less_equal(t, end_ns)))
@@ -147,11 +152,27 @@ def _stack_since(table: pa.Table, since_ns: int, end_ns: int) -> tuple[str | Non
     codes, words = stack_codes(chosen.unify_dictionaries().combine_chunks()["detail"])
     codes = codes[codes >= 0]
     if not len(codes):
-        return None, None, 0, 0
+        return None, None, 0, 0, None
     n = np.bincount(codes)
     i = int(np.argmax(n))
     moves = int(np.count_nonzero(codes[1:] != codes[:-1]))
-    return str(words[i]), round(float(n[i]) / len(codes), 4), len(codes), moves
+    common = _common([str(words[c]) for c in np.unique(codes)[:COMMON_OF]])
+    return str(words[i]), round(float(n[i]) / len(codes), 4), len(codes), moves, common
+
+
+def _common(stacks: list[str]) -> str | None:
+    """The innermost frame of the job's own code that every folded stack of ``stacks`` passes through (a busy
+    rank's ``estimate_loss``, where the stacks part below it), its line dropped where they differ there."""
+    prefix: list[str] = []
+    for level in zip(*(st.split(";") for st in stacks), strict=False):
+        if len({f.rpartition(":")[0] for f in level}) > 1:
+            break
+        if len(set(level)) > 1:  # one function at several lines: the function, without a line
+            prefix.append(level[0].rpartition(":")[0] + ")")
+            break
+        prefix.append(level[0])
+    job = [f for f in prefix if is_job_frame(f)]
+    return job[-1] if job else None
 
 
 def with_hang(
@@ -407,8 +428,9 @@ def _stall_evidence(st: dict[str, Any]) -> str:
     if others:
         seen += f"; its other threads in that time: {'; '.join(others)}"
     if st.get("busy"):
-        seen += (f"; its stack kept changing ({st.get('moves', 0)} times between consecutive samples): busy, not "
-                 "stuck (no hang called)")  # fmt: skip
+        work = f" in {short_frame(st['work'])}" if st.get("work") else ""
+        seen += (f"; its stack kept changing ({st.get('moves', 0)} times between consecutive samples): busy{work}, "
+                 "not stuck (no hang called)")  # fmt: skip
     if st.get("step_s") is None:  # no steps to time (``_same_stack``)
         return (f"the main thread's stack was the same in every sample for the last {st['stalled_s']:.1f} s before "
                 f"the end (from {st['since']}; {st['samples']} samples; too few steps to time: "

@@ -71,7 +71,9 @@ def headline(
         if cause == "interrupted":
             return (f"The job was interrupted by {handled['label']}{sent}; it caught the KeyboardInterrupt and "
                     f"exited with status {status}.")  # fmt: skip
-        after = f" after {handled['label']}{sent}, which its own handler took (a graceful shutdown)."
+        n = handled.get("steps_after")  # (the job went on that many steps after it: no shutdown told)
+        after = (f", {n} steps after {handled['label']}{sent}, which its own handler took." if n else
+                 f" after {handled['label']}{sent}, which its own handler took (a graceful shutdown).")
         if cause == "clean_exit":
             return "The job exited cleanly" + after
         if cause == "nonzero_exit":
@@ -148,9 +150,10 @@ AGENTS = ("torchrun", "pt_elastic", "torch.distributed.run")  # torchrun's agent
 
 def sender_role(sender: str) -> str:
     """What a signal from ``sender`` meant, said after it: a scheduler's (its time limit, a preemption), or torchrun's
-    agent stopping its ranks (it read "a scheduler" too: the agent stops them whatever ended it, or a rank)."""
+    agent stopping its ranks (it read "a scheduler" too: the agent stops them whatever ended it, or a rank; under
+    `accelerate launch` too, whose agent is torchrun's: "the launcher")."""
     if sender in AGENTS:
-        return " (torchrun stopping its ranks: one of them ended, or torchrun itself was stopped)"
+        return " (the launcher stopping its ranks: one of them ended, or the launcher itself was stopped)"
     return " (a scheduler: time limit or preemption)" if sender in SCHEDULERS else ""
 
 

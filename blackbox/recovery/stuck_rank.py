@@ -72,7 +72,8 @@ def attempt_hang(dead: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[
     deaths are a hang (module docstring); None where they are not. ``hang``: ``stuck`` and ``waited`` (the
     first ``SHOWN`` of each: rank, host, pid, and ``since``, ``stalled_s``, ``step``, ``site``, ``stack``;
     ``collective`` or ``timed_out`` for the waiters), ``stuck_count``, ``waited_count``, ``step_s`` (the
-    stuck rank's step time) and ``chain`` (the signals that ended it, first sent first)."""
+    stuck rank's step time), ``chain`` (the signals that ended it, first sent first) and, where other ranks
+    stalled at work beside a stuck one (``busy``: an evaluation), ``at_work`` (the first ``SHOWN``)."""
     # Among ranks, the ranks alone: their launcher (torchrun's agent), still in its monitoring loop while they
     # hung, is neither stuck nor waiting in a collective, nor a peer that died first (its stack, unchanged for
     # 10 s, made it the stuck process, the earliest, whose own cause was its ChildFailedError)
@@ -88,6 +89,11 @@ def attempt_hang(dead: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[
                                                                                         _timed_out(m))]
     if not stuck or not (waited or any(m["death"].get("cause") == "hang" for m in stuck)):
         return None
+    at_work = [m for m in stuck if (_hang(m) or {}).get("busy")]
+    if len(at_work) < len(stuck):  # a rank really stuck beside ranks at work (an evaluation): the stuck one is it
+        stuck = [m for m in stuck if m not in at_work]  # (it read "ranks 0 and 1 ... at work", rank 1 in a wait)
+    else:
+        at_work = []
     first = min(stuck, key=_since)
     if _peer_died_first(pool, stalled, _since(first)[0]):
         return None  # the stalls waited for a rank that had died: its death comes first, not a hang
@@ -108,6 +114,8 @@ def attempt_hang(dead: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[
     }
     if recorded is not None:
         info["flight_recorder"] = {k: v for k, v in recorded.items() if not k.startswith("_")}
+    if at_work:
+        info["at_work"] = [_entry(m) for m in sorted(at_work, key=_since)[:SHOWN]]
     info["_stuck"] = [m for m in stuck if m is not first]  # (for attempts.deaths: the others stuck, told hung)
     return first, collateral, info
 
@@ -183,7 +191,7 @@ def _flight(stalled: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def _entry(m: dict[str, Any]) -> dict[str, Any]:
     h = _hang(m) or {}
-    out = _who(m) | {"role": m.get("role")} | {k: h.get(k) for k in ("since", "stalled_s", "step", "site",
+    out = _who(m) | {"role": m.get("role")} | {k: h.get(k) for k in ("since", "stalled_s", "step", "site", "work",
                                                                        "collective", "timed_out")}  # fmt: skip
     return out | {"stack": None if h.get("collective") else h.get("stack")}  # a waiter's stack is its collective
 

@@ -342,9 +342,14 @@ def hang_lines(hang: dict[str, Any] | None) -> list[str]:
     lines = [f"**A hang:** {who} made no progress for {_secs(first.get('stalled_s'))} before the end ({since}), "
              f"{where}."]  # fmt: skip
     if hang.get("busy"):  # the others waited for a rank at work: a slow evaluation, or a loop that never ends
-        most = f", most often in {_frames(first['stack'])}" if first.get("stack") else ""
+        work = f" in `{short_frame(first['work'])}`" if first.get("work") else ""
+        most = f"; most often in {_frames(first['stack'])}" if first.get("stack") else ""
+        its = "their stacks" if len(stuck) > 1 else "its stack"
         lines = [f"**Waiting for a rank at work:** {who} took no step for {_secs(first.get('stalled_s'))} before the "
-                 f"end ({since}), its stack changing all along (at work, not stuck: no hang){most}."]  # fmt: skip
+                 f"end ({since}), at work{work}, {its} changing all along (not stuck: no hang){most}."]  # fmt: skip
+    for w in hang.get("at_work") or []:  # beside the stuck rank, a rank at work (its own evaluation)
+        lines.append(f"- {_short(w)} was at work meanwhile" + (f", in `{short_frame(w['work'])}`" if w.get("work")
+                                                                else "") + " (its stack changing: not stuck)")
     groups: dict[str, list[dict[str, Any]]] = {}
     for w in hang.get("waited") or []:
         how = f"in {w['collective']}" if w.get("collective") else f"at `{short_frame(w['site'])}`" if w.get("site") \
@@ -434,7 +439,8 @@ def across_lines(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
         rows = _of_ranks(mains, rows)
         first = _of_ranks(mains, [first])[0] if first else first
         if isinstance(hang := last.get("hang"), dict):
-            last = last | {"hang": hang | {k: _of_ranks(mains, hang.get(k) or []) for k in ("stuck", "waited")}}
+            named = {k: _of_ranks(mains, hang.get(k) or []) for k in ("stuck", "waited", "at_work")}
+            last = last | {"hang": hang | named}
     return [
         *attempt_lines(attempts),
         "## First death",
