@@ -97,6 +97,25 @@ def _end_when_stuck(
     return procs
 
 
+def _torchrun_both(
+    tmp_path: Path, job: str, args: list[str], stuck_for: float
+) -> tuple[subprocess.Popen[str], subprocess.Popen[str], Path]:
+    """``job`` as train.py under torchrun (3 ranks, c10d on a free port; its first argument the file it makes once
+    stuck, then ``args``), unarmed and under `blackbox run` side by side (``_end_when_stuck``): both ended, and the
+    armed run's folder."""
+    script, runs = tmp_path / "train.py", tmp_path / "runs"
+    script.write_text(job)
+    torchrun = [str(TORCHRUN), "--nproc-per-node=3", "--max-restarts=0", "--rdzv-backend=c10d"]
+    unarmed, armed = _end_when_stuck([
+        ([*torchrun, f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(script), str(tmp_path / "stuck0"), *args],
+         tmp_path / "stuck0", {}),
+        ([sys.executable, "-m", "blackbox", "run", "--dir", str(runs), "--", *torchrun,
+          f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(script), str(tmp_path / "stuck1"), *args],
+         tmp_path / "stuck1", {}),
+    ], stuck_for=stuck_for)  # fmt: skip
+    return unarmed, armed, runs
+
+
 def _bundle(runs: Path) -> dict[str, Any]:
     (bundle,) = runs.glob("run-*/bundle")
     meta: dict[str, Any] = json.loads((bundle / "metadata.json").read_text())
@@ -211,21 +230,12 @@ def test_a_rank_stuck_before_its_first_step_is_named_by_the_ranks_that_waited_fo
     tmp_path: Path, on_sigterm: str
 ) -> None:
     pytest.importorskip("torch.distributed")
-    script = tmp_path / "train.py"
-    script.write_text(PREPARE_JOB)
-    torchrun = [str(TORCHRUN), "--nproc-per-node=3", "--max-restarts=0", "--rdzv-backend=c10d"]
     # GIVEN 3 gloo ranks under torchrun that count no steps: rank 1 stuck in its data preparation, ranks 0 and 2 in
     # the barrier; `timeout` ends the job 12 s later (a stack unchanged for 10 s is a stall without steps), unarmed
     # and under `blackbox run`; each rank ended by torchrun's SIGTERM, or by its own handler of it (sys.exit(143):
     # it read "rank 1 exited with status 143 ... a graceful shutdown", the first death)
-    runs = tmp_path / "runs"
-    unarmed, armed = _end_when_stuck([
-        ([*torchrun, f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(script), str(tmp_path / "stuck0"), on_sigterm],
-         tmp_path / "stuck0", {}),
-        ([sys.executable, "-m", "blackbox", "run", "--dir", str(runs), "--", *torchrun,
-          f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(script), str(tmp_path / "stuck1"), on_sigterm],
-         tmp_path / "stuck1", {}),
-    ], stuck_for=12.5)  # fmt: skip
+    unarmed, armed, runs = _torchrun_both(tmp_path, PREPARE_JOB, [on_sigterm], stuck_for=12.5)
+    script = tmp_path / "train.py"
     # THEN the job ends as it does unarmed: timeout's status, the same lines printed
     assert unarmed.returncode == armed.returncode == 124, (unarmed.err[-2000:], armed.err[-3000:])
     assert sorted(unarmed.out.splitlines()) == sorted(armed.out.splitlines()) == [f"rank {r} prepared" for r in (0, 2)]
@@ -494,19 +504,11 @@ def test_ranks_that_waited_for_a_rank_at_work_when_the_time_limit_came_name_no_h
     tmp_path: Path,
 ) -> None:
     pytest.importorskip("torch.distributed")
-    script = tmp_path / "train.py"
-    script.write_text(BUSY_RANK)
-    torchrun = [str(TORCHRUN), "--nproc-per-node=3", "--max-restarts=0", "--rdzv-backend=c10d"]
     # GIVEN 3 gloo DDP ranks under torchrun: at step 30 rank 0 evaluates through the DDP model (its stack moving),
     # ranks 1 and 2 wait for it in the next step's backward, until `timeout` ends torchrun (a time limit), unarmed
     # and under `blackbox run` (nanoGPT's shape: only its master process evaluates)
-    runs = tmp_path / "runs"
-    unarmed, armed = _end_when_stuck([
-        ([*torchrun, f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(script), str(tmp_path / "go0")],
-         tmp_path / "go0", {}),
-        ([sys.executable, "-m", "blackbox", "run", "--dir", str(runs), "--", *torchrun,
-          f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(script), str(tmp_path / "go1")], tmp_path / "go1", {}),
-    ], stuck_for=2 * STUCK_FOR)  # fmt: skip
+    unarmed, armed, runs = _torchrun_both(tmp_path, BUSY_RANK, [], stuck_for=2 * STUCK_FOR)
+    script = tmp_path / "train.py"
     # THEN the job ends as it does unarmed
     assert unarmed.returncode == armed.returncode == 124, (unarmed.err[-2000:], armed.err[-3000:])
     assert unarmed.out == armed.out == "rank 0 evaluates\n"
