@@ -533,6 +533,15 @@ def test_ranks_that_waited_for_a_rank_at_work_when_the_time_limit_came_name_no_h
     assert "**Waiting for a rank at work:** rank 0 took no step for " in summary and "**A hang" not in summary
     assert f"- ranks 1 and 2 waited for it from step 30, in {waited}" in summary, summary[:3000]
     assert "at work in `evaluate (train.py)`, its stack changing all along" in summary, summary[:3000]
+    # AND ranks 1 and 2, a hang by their own stall, were ended by torchrun's SIGTERM as they waited for rank 0: no
+    # hang of their own (they read "hung: no step for 6.0 s ... waiting in backward"), in ranks.parquet too
+    import pyarrow.parquet as pq
+
+    rows = {r["rank"]: r for r in pq.read_table(next(runs.glob("run-*/bundle")) / "ranks.parquet").to_pylist()}
+    for r in (1, 2):
+        own = by_rank[r]["death"]
+        assert (own["cause"], own["waited_for"]["rank"], rows[r]["cause"]) == ("signal", 0, "signal"), own
+        assert own["headline"].endswith("for rank 0, at work in evaluate (train.py): no hang of its own."), own
     # AND rank 0's SIGTERM is its launcher's stopping of its ranks, not a scheduler's time limit
     said = " ".join(by_rank[0]["death"]["evidence"])
     assert "(the launcher stopping its ranks: " in said and "a scheduler" not in said, said

@@ -337,3 +337,29 @@ def test_ranks_whose_handler_exits_0_when_a_time_limit_stops_torchrun_are_stoppe
     first, collateral, _ = deaths([agent, *rings])
     assert first is agent and {m["rank"] for m in collateral} == {0, 1, 2}, (first, collateral)
     assert all(m["death"]["collateral_of"]["pid"] == 100 for m in rings)
+
+
+def test_ranks_that_waited_for_a_rank_at_work_are_no_hang_of_their_own() -> None:
+    from blackbox.recovery.attempts import deaths
+    from blackbox.recovery.hang import as_decided
+
+    # GIVEN rank 0 at work (busy, in estimate_loss), ranks 1 and 2 a hang by their own stall in a barrier, all three
+    # SIGTERMed by torchrun (ranks 1 and 2 read "hung" beside "Waiting for a rank at work: ... no hang")
+    rings = [_ring(0, 10, "signal"), _ring(1, 11, "hang", "barrier"), _ring(2, 12, "hang", "barrier")]
+    rings[0]["death"]["hang"].update(busy=True, work="estimate_loss (/job/train.py)")
+    for m in rings:
+        m["death"]["victim"] = {"role": "main process", "pid": m["pid"]}
+    full = {**rings[1]["death"], "levers": ["find the rank that never entered the collective this one waited in (the "
+                                            "job's other ranks)", "its own"]}  # fmt: skip
+    _, _, info = deaths(rings)
+    # THEN each is ended by the signal, waiting for rank 0, at work there; its full death says the same, without a
+    # hang's levers
+    assert info is not None and info["busy"] is True
+    for m in rings[1:]:
+        d = m["death"]
+        assert (d["cause"], d["confidence"], d["waited_for"]["rank"]) == ("signal", "certain", 0), d
+        assert d["headline"] == (f"The main process (pid {m['pid']}) was ended by SIGTERM from torchrun after it "
+                                 "waited 30.0 s in barrier for rank 0, at work in estimate_loss (train.py): no hang of "
+                                 "its own."), d["headline"]  # fmt: skip
+    told = as_decided(full, rings[1]["death"], True)
+    assert (told["cause"], told["levers"], told["waited_for"]["rank"]) == ("signal", ["its own"], 0), told

@@ -71,7 +71,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._times import epoch_ns
-from .hang import SHOWN, handler_ended, hang_headline
+from .hang import SHOWN, handler_ended, hang_headline, waited_headline
 from .helpers import launcher_said
 from .stuck_rank import attempt_hang, ended_from_outside, ranked, signalled
 
@@ -389,6 +389,8 @@ def deaths(
     if at_work is not None:  # the others waited for a rank at work (an evaluation): no hang, and none died first
         hung = None  # for it, as it was stopped with them (it read "rank 0 ended by SIGTERM from torchrun", the first)
         at_work[2].pop("_stuck")
+        for m in at_work[1]:
+            _waited_for_work(m, at_work[0], group)
     if hung is not None:  # a hang: the stuck rank first, whatever signal landed first; its waiters collateral
         stuck, waiters, info = hung
         timed = any((m["death"].get("hang") or {}).get("step_s") for m in waiters)
@@ -444,6 +446,19 @@ def deaths(
             m["death"]["collateral_of"] = _who(first) | {"by": _launcher(m, _teardown(m) or {}, group)}
         collateral += stopped  # (it read "2 ended cleanly", no part of the teardown)
     return first, collateral, None if at_work is None else at_work[2] | {"busy": True}
+
+
+def _waited_for_work(m: dict[str, Any], busy: dict[str, Any], group: list[dict[str, Any]]) -> None:
+    """Ring ``m``, a hang by its own stall, waited (in a collective, for another process) for rank ``busy`` at work
+    and was ended by a signal: no hang of its own (it read "hung ... waiting in backward" beside "no hang"). Its
+    slim death takes that signal's cause, a headline that says so, and ``waited_for``."""
+    d, h, killer = m["death"], m["death"].get("hang"), m["death"].get("killed_by")
+    if d.get("cause") != "hang" or not isinstance(h, dict) or not isinstance(killer, dict) or not (
+            h.get("collective") or h.get("waits")):  # fmt: skip
+        return
+    waited = _who(busy) | {"work": (busy["death"].get("hang") or {}).get("work")}
+    d.update(cause="killed" if killer.get("signal") == "SIGKILL" else "signal", confidence="certain", waited_for=waited,
+             headline=waited_headline(d, h, waited, _launcher(m, killer, group)))
 
 
 def _reports_a_death(m: dict[str, Any]) -> bool:

@@ -269,8 +269,13 @@ def as_decided(death: dict[str, Any], decided: dict[str, Any], ranked: bool) -> 
     """A ring's full ``death`` as its attempt told it (``decided``, its slim death after ``attempt_hang``): a
     stall the ring alone calls no hang (no steps to time it by: a rank stuck before its first step, a Pool
     worker), told hung by the processes that waited for it, takes the attempt's cause, confidence and
-    headline, and a hang's levers before its own."""
+    headline, and a hang's levers before its own; a rank's stall its attempt found waiting for a rank at work
+    (``waited_for``) is no hang: it takes the attempt's cause and headline, without a hang's levers."""
     h = death.get("hang")
+    if decided.get("waited_for") and death.get("cause") == "hang" and isinstance(h, dict):  # it waited for work
+        own = hang_levers(h, ranked)
+        return {**death, **{k: decided.get(k) for k in ("cause", "confidence", "headline", "waited_for")},
+                "levers": [lever for lever in death.get("levers") or [] if lever not in own]}  # fmt: skip
     if decided.get("cause") != "hang" or death.get("cause") == "hang" or not isinstance(h, dict):
         return death
     place = _place_lever(h) if h.get("site") else None
@@ -438,6 +443,18 @@ def _stall_evidence(st: dict[str, Any]) -> str:
     return (f"no step for {st['stalled_s']:.1f} s before the end (the last, step {st['step']}, at {st['since']}; its "
             f"steps took {st['step_s']:.3g} s, median of the last {STEPS_SEEN} at most, the longest "
             f"{st['longest_s']:.3g} s){seen}")  # fmt: skip
+
+
+def waited_headline(death: dict[str, Any], st: dict[str, Any], busy: dict[str, Any], by: str | None = None) -> str:
+    """The verdict's sentence for a rank that waited for ``busy``, a rank at work (``attempts.deaths``), until a
+    signal ended it: what ended it, after how long a wait where, and for whom."""
+    v, killer = death.get("victim") or {}, death.get("killed_by") or {}
+    sender = by or sender_named(killer)
+    how = f"{killer.get('signal')} from {sender}" if sender else str(killer.get("signal") or "a signal")
+    where = f"in {st['collective']}" if st.get("collective") else _where(st)
+    work = f", at work in {short_frame(busy['work'])}" if busy.get("work") else ", at work"
+    return (f"The {v.get('role', 'process')} (pid {v.get('pid')}) was ended by {how} after it waited "
+            f"{st.get('stalled_s') or 0:.1f} s {where} for rank {busy.get('rank')}{work}: no hang of its own.")
 
 
 def hang_headline(death: dict[str, Any], st: dict[str, Any], by: str | None = None) -> str:

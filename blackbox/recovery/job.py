@@ -358,10 +358,12 @@ class JobPass:
             for name in collateral_columns(None):  # (its columns, as rank_rows fills them)
                 column = pa.array([c[name] for c in marks], type=SCHEMA.field(name).type)
                 table = table.set_column(table.schema.get_field_index(name), name, column)
-            for name in ("cause", "confidence"):  # a hang its attempt called, across bundles (``as_decided``)
-                was = table[name].to_pylist()
-                column = pa.array([m["death"][name] if m["death"]["cause"] == "hang" else w
-                                   for m, w in zip(self._rings, was, strict=True)], type=SCHEMA.field(name).type)
+            for name in ("cause", "confidence"):  # a hang its attempt called, across bundles (``as_decided``), or
+                was = table[name].to_pylist()  # a wait for a rank at work it found
+                told = [m["death"]["cause"] == "hang" or bool(m["death"].get("waited_for")) for m in self._rings]
+                column = pa.array([m["death"][name] if t else w for m, w, t in zip(self._rings, was, told,
+                                                                                   strict=True)],
+                                  type=SCHEMA.field(name).type)  # fmt: skip
                 table = table.set_column(table.schema.get_field_index(name), name, column)
         return table
 
