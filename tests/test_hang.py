@@ -547,6 +547,44 @@ def test_ranks_that_waited_for_a_rank_at_work_when_the_time_limit_came_name_no_h
     assert "(the launcher stopping its ranks: " in said and "a scheduler" not in said, said
 
 
+GIL_HELD = """\
+import re, sys, time
+import blackbox
+blackbox.arm(sys.argv[1] + "/", sample_interval=0.05)
+for step in range(40):
+    blackbox.step(step)
+    time.sleep(0.01)
+end = time.monotonic() + 1.0
+while time.monotonic() < end:  # a second of work at this line: its stack samples come before the plant
+    pass
+open(sys.argv[2], "w").close()
+re.match(r"(a+)+$", "a" * 40 + "b")  # PLANT: minutes in C, the GIL held: the stack sampler cannot run
+"""
+
+
+@pytest.mark.slow
+def test_a_stall_that_starved_the_stack_sampler_names_no_place_from_before_it(tmp_path: Path) -> None:
+    # GIVEN a job that, after 40 steps and a second of work, runs a regex for minutes in C with the GIL held (as
+    # torch.save into a pipe does), SIGTERMed 3 s in: its stack sampler, a Python thread, sampled only the work
+    (tmp_path / "job.py").write_text(GIL_HELD)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(tmp_path / "rings"), str(tmp_path / "go")],
+                            env=ENV)  # fmt: skip
+    while not (tmp_path / "go").exists() and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(STUCK_FOR)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == -signal.SIGTERM
+    from blackbox.recovery.pipeline import recover_rings
+
+    death = recover_rings([tmp_path / "rings"]).meta["death"]
+    # THEN a hang, with no place named from the samples taken before it (it read "stuck in <module> (job.py:9)",
+    # the second of work's line, confidence strong)
+    hang = death["hang"]
+    assert death["cause"] == "hang" and hang["site"] is None and hang["samples"] >= 3, (hang, death["evidence"])
+    assert death["hang"]["unsampled_s"] >= STUCK_FOR - 0.5 and "no stack was sampled" in death["headline"], death
+    assert "not where it stopped, which no sample says" in " ".join(death["evidence"])
+
+
 TIMEOUTS = {"gloo": ({"PG_TIMEOUT_S": "5"}, "Timed out waiting 5000ms for ", "exception"),
             "watchdog abort": ({"ABORT_AFTER_S": "3"}, "SIGABRT while it waited in a collective", "signal")}
 

@@ -363,3 +363,18 @@ def test_ranks_that_waited_for_a_rank_at_work_are_no_hang_of_their_own() -> None
                                  "its own."), d["headline"]  # fmt: skip
     told = as_decided(full, rings[1]["death"], True)
     assert (told["cause"], told["levers"], told["waited_for"]["rank"]) == ("signal", ["its own"], 0), told
+
+
+def test_a_rank_writing_its_distributed_checkpoint_shard_is_not_waiting() -> None:
+    from blackbox.recovery.hang import collective_of
+
+    dcp = f"{TORCH}/distributed/checkpoint"
+    # rank 1 stuck opening its shard (a full disk, a hung mount): I/O, not a collective (it read as waiting in
+    # FileSystem.create_stream, and no hang was told); DCP's own gathers go through distributed_c10d
+    writing = (f"<module> (/job/dcp.py:13);save ({dcp}/state_dict_saver.py:180);_write_files_from_queue "
+               f"({dcp}/filesystem.py:422);FileSystem.create_stream ({dcp}/filesystem.py:520);Path.open "
+               "(/usr/lib/python3.11/pathlib.py:1044)")  # fmt: skip
+    assert collective_of(writing, True) is None
+    gathering = f"<module> (/job/dcp.py:13);save ({dcp}/state_dict_saver.py:180);all_gather ({TORCH}/distributed/" \
+                "distributed_c10d.py:3000)"  # fmt: skip
+    assert collective_of(gathering, True) == "all_gather"

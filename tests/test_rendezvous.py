@@ -29,11 +29,14 @@ def _raised(label: str) -> list[dict[str, Any]]:
     (["torchrun", "--nnodes", "2", "--rdzv_endpoint=h:1", "train.py", "--nnodes=9"], {"nnodes": "2",
                                                                                          "rdzv-endpoint": "h:1"}),
     (["torchrun", "--nnodes=1:4", "--standalone", "-m", "pkg"], {"nnodes": "1:4", "standalone": "1"}),
+    (["torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", "h:7", "--rdzv-conf", "join_timeout=5",
+      "t.py"], {"nnodes": "2", "rdzv-endpoint": "h:7", "rdzv-conf": "join_timeout=5"}),  # (it stopped at "1")
+    (["-m", "torch.distributed.run", "--node_rank", "1", "--nnodes=3", "t.py"], {"nnodes": "3"}),
     (["/x/run.py", "--master_addr", "10.0.0.1", "--master-port=1234", "t.py"], {"master-addr": "10.0.0.1",
                                                                                "master-port": "1234"}),
     ("torchrun --nnodes=2", {}), (["torchrun", 3], {}), (["torchrun", "--nnodes"], {"nnodes": ""}),
-], ids=["spaced-and-underscored", "elastic-and-standalone", "python-m", "a-string", "not-strings",
-        "no-value"])  # fmt: skip
+], ids=["spaced-and-underscored", "elastic-and-standalone", "every-option-spaced", "python-m-as-recorded",
+        "run-py-path", "a-string", "not-strings", "no-value"])  # fmt: skip
 def test_torchruns_options_are_read_up_to_its_script(argv: Any, expected: dict[str, str]) -> None:
     assert launch_options(argv) == expected
 
@@ -41,20 +44,23 @@ def test_torchruns_options_are_read_up_to_its_script(argv: Any, expected: dict[s
 def test_each_rendezvous_failure_gets_its_lever_and_other_exceptions_none() -> None:
     argv = ["torchrun", "--nnodes=4", "--rdzv-endpoint=head:29400", "--rdzv-conf", "join_timeout=900,x=1", "t.py"]
     timeout = rendezvous_levers(_raised("torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError"), argv)
-    assert timeout[0].startswith("not every node joined the rendezvous in time: this agent waited 900 s (join_timeout "
+    assert timeout[0].startswith("the rendezvous did not complete in time: this agent waited 900 s (join_timeout "
                                  "in --rdzv-conf) for 4 nodes (--nnodes=4) at head:29400; "), timeout
     default = rendezvous_levers(_raised("RendezvousTimeoutError"), ["torchrun", "t.py"])
     assert "waited 600 s (torchrun's default join_timeout" in default[0] and "for every node at 127.0.0.1:29500" in \
         default[0]  # fmt: skip
     unreached = rendezvous_levers(_raised("torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: "
                                           "The connection to the C10d store has failed."), argv)  # fmt: skip
-    assert unreached[0].startswith("this agent could not reach the rendezvous store at head:29400"), unreached
+    assert unreached[0].startswith("this agent lost or never reached the rendezvous store at head:29400"), unreached
     closed = rendezvous_levers(_raised("torch.distributed.elastic.rendezvous.api.RendezvousClosedError"), argv)
     assert closed[0].startswith("the rendezvous was closed: another node's agent ended the job's run"), closed
     taken = rendezvous_levers(_raised("torch.distributed.DistNetworkError: The server socket has failed to listen on "
                                       "any local network address. port: 29501, useIpv6: false, code: -98, name: "
                                       "EADDRINUSE, message: address already in use"), argv)  # fmt: skip
     assert taken[0].startswith("port 29501 was taken on this host"), taken
+    elastic = rendezvous_levers(_raised("RendezvousTimeoutError"), ["torchrun", "--nnodes=2:4", "--rdzv-endpoint=h",
+                                                                   "t.py"])  # fmt: skip
+    assert "for at least 2 of 4 nodes (--nnodes=2:4) at h:29400; " in elastic[0], elastic
     for other in ("ValueError: bad", "torch.distributed.DistNetworkError: Connection reset by peer", ""):
         assert rendezvous_levers(_raised(other), argv) == []
     assert rendezvous_levers([], argv) == []
@@ -88,7 +94,7 @@ def test_a_node_that_never_joined_is_told_with_the_nodes_endpoint_and_timeout(tm
     # THEN the death's first lever says what the agent waited for, where and how long
     death = meta["death"]
     assert death["cause"] == "exception" and "RendezvousTimeoutError" in death["headline"], death
-    assert death["levers"][0].startswith("not every node joined the rendezvous in time: this agent waited 5 s "
+    assert death["levers"][0].startswith("the rendezvous did not complete in time: this agent waited 5 s "
                                          f"(join_timeout in --rdzv-conf) for 2 nodes (--nnodes=2) at {endpoint}; ")
 
 

@@ -51,9 +51,12 @@ HANG_MIN_S = 2.0  # ...and at least this long (and longer than any of those step
 STEPS_SEEN = 50  # the step intervals the step time is taken from: the last ones
 SAME_STACK_S = 10.0  # without steps: the main thread's stack unchanged this long before the end is no progress...
 STILL_SAMPLES = 5  # ...in this many samples at least
+PLACE_SAMPLES = 3  # a stall with fewer stack samples since its last step names no place...
+STALE_S = 2.0  # ...nor one whose last stack sample came this long before its end (the sampler kept out)
 # (torchrun's own code, its agent's monitoring loop among it, waits in no collective: the agent's stack held
-# still for 10 s read as a rank that waited, "launch_agent (api.py)")
-_COLLECTIVE = re.compile(r"/torch/distributed/(?!elastic/|launcher/|run\.py)|/deepspeed/comm/|"
+# still for 10 s read as a rank that waited, "launch_agent (api.py)"); nor do torch.distributed.checkpoint's writes,
+# I/O (its collectives go through distributed_c10d: a rank stuck writing its shard read as waiting, the hang untold)
+_COLLECTIVE = re.compile(r"/torch/distributed/(?!elastic/|launcher/|run\.py|checkpoint/)|/deepspeed/comm/|"
                          r"/torch/nn/parallel/distributed\.py")
 _C10D = re.compile(r"/torch/distributed/distributed_c10d\.py")
 # the main process waiting for a batch from its DataLoader's worker processes
@@ -104,8 +107,11 @@ def stall(table: pa.Table, end_ns: int, ranked: bool) -> dict[str, Any] | None:
     stalled = (end_ns - last) / 1e9
     if stalled < max(HANG_FACTOR * step_s, HANG_MIN_S) or stalled <= longest:
         return None
-    stack, share, count, moves, common = _stack_since(table, last, end_ns)
-    return with_threads(table, last, end_ns, {
+    stack, share, count, moves, common, sampled = _stack_since(table, last, end_ns)
+    quiet = round((end_ns - sampled) / 1e9, 3) if sampled is not None else None
+    if count < PLACE_SAMPLES or (quiet or 0) > STALE_S:  # its samples came before it stopped: a C call that held the
+        stack = common = share = None  # GIL kept the sampler out since (it read "stuck in" an evaluation's line)
+    return with_threads(table, last, end_ns, {"unsampled_s": quiet if stack is None and count else None,
         "since": iso_ns(last), "step": steps["step"][-1].as_py(), "stalled_s": round(stalled, 3),
         "step_s": round(step_s, 6), "longest_s": round(longest, 6), "stack": stack, "share": share,
         "samples": count, "moves": moves, "site": site_of(stack) if stack else None, "work": common,
@@ -140,9 +146,12 @@ def _same_stack(table: pa.Table, end_ns: int, ranked: bool, step: int | None) ->
         "loader": bool(_LOADER_WAIT.search(stack))})  # fmt: skip
 
 
-def _stack_since(table: pa.Table, since_ns: int, end_ns: int) -> tuple[str | None, float | None, int, int, str | None]:
+def _stack_since(
+    table: pa.Table, since_ns: int, end_ns: int
+) -> tuple[str | None, float | None, int, int, str | None, int | None]:
     """The main thread's most sampled stack after ``since_ns`` (to ``end_ns``), its share, the samples, how many
-    times the stack changed from one sample to the next, and where all of them were (``_common``)."""
+    times the stack changed from one sample to the next, where all of them were (``_common``), and the last
+    sample's time (UTC ns)."""
     rows = of_kind(table, "stack_sample", columns=["time", "label", "detail"])
     t = rows["time"].cast(pa.int64())
     rows = rows.filter(pc.and_(pc.greater(t, since_ns), pc.less_equal(t, end_ns)))
@@ -152,12 +161,13 @@ def _stack_since(table: pa.Table, since_ns: int, end_ns: int) -> tuple[str | Non
     codes, words = stack_codes(chosen.unify_dictionaries().combine_chunks()["detail"])
     codes = codes[codes >= 0]
     if not len(codes):
-        return None, None, 0, 0, None
+        return None, None, 0, 0, None, None
     n = np.bincount(codes)
     i = int(np.argmax(n))
     moves = int(np.count_nonzero(codes[1:] != codes[:-1]))
     common = _common([str(words[c]) for c in np.unique(codes)[:COMMON_OF]])
-    return str(words[i]), round(float(n[i]) / len(codes), 4), len(codes), moves, common
+    last = int(chosen["time"].cast(pa.int64())[-1].as_py())
+    return str(words[i]), round(float(n[i]) / len(codes), 4), len(codes), moves, common, last
 
 
 def _common(stacks: list[str]) -> str | None:
@@ -238,7 +248,7 @@ def with_hang(
                 "levers": [_place_lever(st), *(death.get("levers") or [])] if mine else death.get("levers")}
     # Its stack changing from sample to sample, it was working (an evaluation, a checkpoint, a slow data
     # pass killed at the time limit): no progress in steps, but not stuck. It keeps its cause.
-    st["busy"] = busy(st["samples"], st["share"] or 0.0, st["moves"])
+    st["busy"] = None if st["share"] is None else busy(st["samples"], st["share"], st["moves"])  # (unsampled: unknown)
     out = {**death, "hang": st, "evidence": [*death.get("evidence", []), _stall_evidence(st)]}
     if (death["cause"] in ("signal", "killed") or exited) and not crashed and not st["busy"]:
         out.update(cause="hang", confidence="strong", headline=hang_headline(death, st), levers=hang_levers(st, ranked))
@@ -295,7 +305,7 @@ def snapshot_death(death: dict[str, Any], table: pa.Table, end_ns: int | None, r
     taken = f" It took {_said(last[1])} at {last[1]['time']} in its own handler." if last else ""
     if st is None or end_ns is None:
         return {**out, "headline": str(death.get("headline") or "") + taken}
-    st["busy"] = None if st["step_s"] is None else busy(st["samples"], st["share"] or 0.0, st["moves"])
+    st["busy"] = None if st["step_s"] is None or st["share"] is None else busy(st["samples"], st["share"], st["moves"])
     out.update(hang=st, evidence=[*death.get("evidence", []), _stall_evidence(st)])
     if st["busy"]:
         return {**out, "headline": str(death.get("headline") or "") + taken}
@@ -423,6 +433,11 @@ def _where(st: dict[str, Any]) -> str:
 def _stall_evidence(st: dict[str, Any]) -> str:
     seen = (f"; {100 * st['share']:.0f}% of the main thread's {st['samples']} stack samples since were "
             f"{innermost_first(st['stack'])}") if st.get("stack") else "; no stack was sampled since"  # fmt: skip
+    if not st.get("stack") and st.get("samples"):
+        n = st["samples"]
+        seen = (f"; {n} stack sample{'s' if n > 1 else ''} since, the last {st.get('unsampled_s') or 0:.1f} s before "
+                "the end: not where it stopped, which no sample says (the sampler could not run: a C call that held "
+                "the GIL, as torch.save into a pipe does)")  # fmt: skip
     if st.get("shutdown_s") is not None:  # (``_in_shutdown``)
         seen = (f"; it ended its work and shut down for {st['shutdown_s']:.1f} s after its clean end, "
                 + (f"in {innermost_first(st['stack'])} at the signal" if st.get("stack") else
