@@ -131,8 +131,8 @@ def _procs(cg: Path) -> list[int]:
     return [int(p) for p in (cg / "cgroup.procs").read_text().split()]
 
 
-def _run(tmp_path: Path, context: str, how: str) -> dict[str, object]:
-    out = tmp_path / how
+def _run(tmp_path: Path, context: str, how: str, attempt: int = 0) -> dict[str, object]:
+    out = tmp_path / (f"{how}-{attempt}" if attempt else how)
     out.mkdir()
     script = tmp_path / "job.py"
     script.write_text(JOB)
@@ -184,7 +184,10 @@ def _run(tmp_path: Path, context: str, how: str) -> dict[str, object]:
 def test_kernel_oom_kills_the_same_leaking_worker_armed_or_not(tmp_path: Path, context: str) -> None:
     errors = {}
     for how in ("unarmed", "arm", "run"):
-        r = _run(tmp_path, context, how)
+        for attempt in range(3):  # a second kill that takes the main process, not worker 1 (the kernel's race below,
+            r = _run(tmp_path, context, how, attempt)  # seen unarmed in CI: their RSS alike) ends the job before it
+            if "main" not in (r["victims"] or [])[1:]:  # can tell its worker's death: that run again, twice at most
+                break
         what = f"{context}, {how}: {r['balloon'] or 'worker 0 never reached its size'}"
         assert r["balloon"], f"{what}\n{r['stderr']}"
         if r["victims"] is None:  # no kernel log to read here: the cgroup's count alone
