@@ -202,7 +202,7 @@ def test_a_stuck_rank_is_named_not_the_rank_whose_sigterm_landed_first(tmp_path:
 
 
 PREPARE_JOB = """\
-import signal, sys, threading
+import os, signal, sys, threading
 import torch, torch.distributed as dist
 
 if sys.argv[2] == "handler":  # a checkpoint on SIGTERM, then exit: the rank's end is its own handler's
@@ -217,9 +217,9 @@ def prepare_data(rank):
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 x = prepare_data(rank)
-print(f"rank {rank} prepared", flush=True)
+os.write(1, f"rank {rank} prepared\\n".encode())  # one write: torchrun's `python -u` splits a print in two
 dist.barrier()  # ranks 0 and 2 wait here for rank 1
-print(f"rank {rank} trained", flush=True)
+os.write(1, f"rank {rank} trained\\n".encode())
 """
 
 
