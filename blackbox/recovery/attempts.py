@@ -49,6 +49,12 @@ torchrun's agent's ChildFailedError, ``torch.multiprocessing.spawn``'s
 ProcessRaisedException; ``accelerate launch``'s CalledProcessError or status):
 ``lost_peer`` and ``reported`` in ``collateral_of``.
 
+One signal to many (``_one_signal``): where the first death came of a signal from outside the attempt that
+ended others at once (the same signal from the same sender within ``ONE_SIGNAL_S``: ``timeout``'s SIGTERM to
+its process group, a terminal's Ctrl-C, Slurm's signal to every task), the topmost of them by their parents is
+the death told (the job's main process, not the DataLoader worker or spawned rank the kernel reached first),
+and the others are collateral of it with ``same_signal``, ``by`` the sender.
+
 A hang (``stuck_rank.attempt_hang``): where ranks stalled in a collective, or died of its timeout, while
 another stalled outside any, that stuck rank is the first death whatever signal landed first, and every
 other death of the attempt (the ranks that waited, the launcher the end's signal passed through) is
@@ -90,6 +96,8 @@ ENDERS = ("timeout", "scancel", "srun", "slurmd", "kubelet")  # what ends a hung
 SLIM = ("rank", "host", "pid", "ppid", "role", "job", "attempt", "started_at", "last_event_at", "last_step",
         "clock_error_s")  # fmt: skip
 DEFAULT_CLOCK_ERROR_S = 0.1  # assumed where a host's time service did not say how far off its clock may be
+ONE_SIGNAL_S = 1.0  # deaths by one signal from one sender this close: one signal to many (a process group)
+FAULTS = ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT", "SIGSYS", "SIGTRAP")  # a process's own
 UNWINDING_S = 30.0  # a sender that tore a ring down and died of its own cause this soon after: the cause
 SLIM_DEATH = ("cause", "confidence", "headline", "victim", "time", "step", "hang", "time_error_s", "starved",
               "peer_lost", "in_shutdown", "alive")  # fmt: skip
@@ -412,11 +420,13 @@ def deaths(
                 else {})  # (a waiter's own end as it lost the stuck rank, a launcher's report of it)  # fmt: skip
         return stuck, waiters, info
     when = {id(m): _when(m) for m in dead}
+    parents = frozenset((m.get("host"), m.get("ppid")) for m in dead)
+    together = _one_signal(dead, group, when, parents)  # one signal ended several at once: the topmost is told
+    dead = [m for m in dead if all(m is not o for o in together)]
     torn = {id(m): k for m in dead if (k := _teardown(m)) is not None}
     told = {id(m) for m in dead if _told_by_its_own(m, dead)}
     own = [m for m in dead if id(m) not in torn and id(m) not in told]
     own = [m for m in own if not m["death"].get("in_shutdown")] or own  # its work done; its end's time unknown
-    parents = frozenset((m.get("host"), m.get("ppid")) for m in dead)
     collateral = []
     if own:
         first_own = _earliest(own, when, parents)
@@ -428,6 +438,7 @@ def deaths(
     first = _earliest(rest, when, parents) if rest else None
     for m in collateral:
         m["death"]["collateral_of"] = _who(first or {}) | {"by": _launcher(m, torn[id(m)], group)}
+    collateral += together
     if first is not None and not first["death"].get("peer_lost"):  # its peers' ends, as theirs say: collateral
         lost = [m for m in rest if m is not first and m["death"].get("peer_lost") and when[id(m)] >= when[id(first)]]
         for m in lost:
@@ -446,6 +457,47 @@ def deaths(
             m["death"]["collateral_of"] = _who(first) | {"by": _launcher(m, _teardown(m) or {}, group)}
         collateral += stopped  # (it read "2 ended cleanly", no part of the teardown)
     return first, collateral, None if at_work is None else at_work[2] | {"busy": True}
+
+
+def _signal_of(m: dict[str, Any], group: list[dict[str, Any]]) -> tuple[tuple[Any, ...], float] | None:
+    """(host, signal, sender pid, sender) of the signal that ended ring ``m`` (or that its handler took) and the
+    time it came, where a process outside the attempt sent it (not a fault: a process's own); else None."""
+    k = signalled(m)
+    if k is None or not isinstance(k.get("signal"), str) or k["signal"] in FAULTS:
+        return None
+    pid, at = k.get("sender_pid"), _epoch(str(k.get("time") or ""))
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid < 0 or at is None or any(
+            (r.get("host"), r.get("pid")) == (m.get("host"), pid) for r in group if pid):  # fmt: skip
+        return None  # (a signal from a process of the job is its teardown, told apart)
+    return (m.get("host"), k["signal"], pid, str(k.get("sender") or "")), at
+
+
+def _one_signal(dead: list[dict[str, Any]], group: list[dict[str, Any]], when: dict[int, tuple[float, str]],
+                parents: frozenset[tuple[Any, Any]]) -> list[dict[str, Any]]:  # fmt: skip
+    """Where the first death came of one signal that ended other processes at once (``timeout``'s SIGTERM to its
+    process group, a terminal's Ctrl-C, Slurm's to every task: the same signal from the same sender, outside the
+    attempt, within ``ONE_SIGNAL_S``), the others, marked collateral (``same_signal``) of the topmost of them by
+    their parents: the job's main process is the death told, not the DataLoader worker or spawned rank the kernel
+    reached a few microseconds sooner (nor is the main process its parent's teardown after that worker's death:
+    ``timeout`` is the parent of the command it runs). Which the kernel reached first says nothing of the job."""
+    if not dead:
+        return []
+    first = _earliest(dead, when, parents)
+    key = _signal_of(first, group)
+    if key is None:
+        return []
+    same = [first] + [m for m in dead if m is not first and (k := _signal_of(m, group)) is not None
+                      and k[0] == key[0] and abs(k[1] - key[1]) <= ONE_SIGNAL_S]  # fmt: skip
+    seen = {id(first)}
+    while (parent := next((m for m in same if id(m) not in seen and (m.get("host"), m.get("pid")) == (
+            first.get("host"), first.get("ppid"))), None)) is not None:  # fmt: skip
+        seen.add(id(parent))
+        first = parent
+    together = [m for m in same if m is not first]
+    for m in together:
+        by = _launcher(m, signalled(m) or {}, group) or key[0][3] or None
+        m["death"]["collateral_of"] = _who(first) | {"by": by, "same_signal": key[0][1]}
+    return together
 
 
 def _waited_for_work(m: dict[str, Any], busy: dict[str, Any], group: list[dict[str, Any]]) -> None:

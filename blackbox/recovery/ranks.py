@@ -46,6 +46,7 @@ SCHEMA = with_nullable_ints(pa.schema(
         ("stopped_by", pa.string()),
         ("lost_peer", pa.bool_()),
         ("reported", pa.bool_()),
+        ("same_signal", pa.string()),
         ("death_time_error_s", pa.float64()),
         ("starved_late_s", pa.float64()),
     ]
@@ -93,14 +94,16 @@ def _number(v: Any) -> float | None:
 
 def collateral_columns(after: dict[str, Any] | None) -> dict[str, Any]:
     """``collateral_of`` (the pid of the death it followed), ``stopped_by`` (its launcher), ``lost_peer`` (it
-    died of that death: a peer gone away) and ``reported`` (a launcher's end as it reported that death), for a
+    died of that death: a peer gone away), ``reported`` (a launcher's end as it reported that death) and
+    ``same_signal`` (the signal that ended it with that death, sent to both at once), for a
     ring collateral of another's death (``death.collateral_of``); nulls for any other."""
     if not isinstance(after, dict):
-        return {"collateral_of": None, "stopped_by": None, "lost_peer": None, "reported": None}
+        return {"collateral_of": None, "stopped_by": None, "lost_peer": None, "reported": None, "same_signal": None}
     pid, by = after.get("pid"), after.get("by")
     return {"collateral_of": pid if isinstance(pid, int) else None, "stopped_by": by if isinstance(by, str) else None,
             "lost_peer": after.get("lost_peer") is True or None,
-            "reported": after.get("reported") is True or None}  # fmt: skip
+            "reported": after.get("reported") is True or None,
+            "same_signal": after["same_signal"] if isinstance(after.get("same_signal"), str) else None}  # fmt: skip
 
 
 def _nanos(iso: Any) -> int | None:

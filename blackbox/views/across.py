@@ -175,6 +175,8 @@ ENDED = {
     "oom_exception": "died of an out-of-memory exception", "nonzero_exit": "exited with an error", "hang": "hung",
 }  # fmt: skip
 MAX_NAMED = 6  # ranks (or ranges of ranks) named in one list
+_ROLES = {"worker": "worker ", "compile_worker": "compile worker ", "mp_service": "multiprocessing service ",
+          "child": "child "}  # a process without a rank, named by its role where it is not the main one
 
 
 def _short(r: dict[str, Any]) -> str:
@@ -184,7 +186,7 @@ def _short(r: dict[str, Any]) -> str:
 
 
 def _named(rows: list[dict[str, Any]]) -> str:
-    """``ranks 0 and 2``, ``ranks 0, 2 to 9 and 12``: ranks as ranges, processes without one by pid,
+    """``ranks 0 and 2``, ``ranks 0, 2 to 9 and 12``: ranks as ranges, processes without one by role and pid,
     at most ``MAX_NAMED`` parts and how many more."""
     ranks = sorted({r["rank"] for r in rows if isinstance(r.get("rank"), int) and _rank_helper(r) is None})
     runs: list[list[int]] = []
@@ -198,7 +200,8 @@ def _named(rows: list[dict[str, Any]]) -> str:
         parts += [f"{lo} to {hi}"] if hi > lo + 1 else [str(v) for v in range(lo, hi + 1)]
     parts = [("rank " if len(ranks) == 1 else "ranks ") + parts[0], *parts[1:]] if parts else []
     parts += [_short(r) for r in rows if _rank_helper(r) is not None]
-    parts += [f"pid {r.get('pid')}" for r in rows if not isinstance(r.get("rank"), int)]
+    parts += [f"{_ROLES.get(str(r.get('role')), '')}pid {r.get('pid')}" for r in rows
+              if not isinstance(r.get("rank"), int)]  # fmt: skip
     if len(parts) > MAX_NAMED:
         parts = [*parts[:MAX_NAMED], f"{len(parts) - MAX_NAMED} more"]
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
@@ -232,6 +235,9 @@ def _torn_down_sentence(first: dict[str, Any], rows: list[dict[str, Any]], torn:
 def _after_first(first: dict[str, Any], r: dict[str, Any]) -> str:
     """How a collateral row ended, after the first death: stopped by its launcher; in a hang, that or its own
     end while it waited for the stuck rank (a collective's timeout)."""
+    if r.get("same_signal"):  # one signal to many at once (a process group's): not after the first, with it
+        by = f" from {r['stopped_by']}" if r.get("stopped_by") else ""
+        return f"ended with it by the same {r['same_signal']}{by} (one signal to them all)"
     if r.get("lost_peer"):  # its own exception, of its peer's loss (gloo's "Connection closed by peer")
         return f"lost a peer after {_short(first)} died"
     if r.get("reported"):  # a launcher's exception or status, telling of its rank's death
