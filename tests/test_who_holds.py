@@ -275,6 +275,28 @@ def test_a_spike_is_told_from_a_leak_with_its_line_step_and_requested_bytes(
                    in lv for lv in death["levers"]), death["levers"]  # fmt: skip
 
 
+def test_a_spike_filled_on_a_loaded_machine_is_no_growth_per_step(tmp_path: Path) -> None:
+    # GIVEN the ring of SPIKE_JOB's "many" run on a loaded machine (the whole suite beside it): its RSS rose 8 MiB
+    # once at step 3, and the 16 pieces filled over 22 samples of step 6 before the kernel's OOM kill
+    import zstandard
+
+    recorded = Path(__file__).parent / "data" / "spike-filled-on-a-loaded-machine.ring.zst"
+    (tmp_path / "rings").mkdir()
+    with recorded.open("rb") as src, (tmp_path / "rings" / "job.ring").open("wb") as out:
+        zstandard.ZstdDecompressor().copy_stream(src, out)
+    # WHEN it is recovered
+    proc = subprocess.run([sys.executable, "-m", "blackbox", "recover", str(tmp_path / "rings"), "-o",
+                           str(tmp_path / "bundle")], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    death = json.loads((tmp_path / "bundle" / "metadata.json").read_text())["death"]
+    # THEN the steps before the one it died in show no growth, and the spike is told (it read "the process grew
+    # 5.1 MiB per step but no sampled allocation site grew": the dying step's samples fitted as growth per step)
+    growth = death["host_growth"]
+    assert not growth["rss_per_step_beyond_noise"] and abs(growth["rss_per_step"]) <= growth["rss_per_step_error"]
+    assert death["cause"] == "host_oom_kill" and death["memory_pattern"] == "spike", death["memory_pattern"]
+    assert re.match(r"480.0 MiB allocated \(its largest block 48.0 MiB\) at `\S+train.py:16`", death["levers"][0])
+
+
 AFTER_STEPS_JOB = """
 import os, sys, time
 import numpy as np

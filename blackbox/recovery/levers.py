@@ -52,10 +52,19 @@ LIMIT_LEVER = "raise the memory limit only once the growth is explained"
 MAX_FIT_POINTS = 1 << 16
 
 
+def _before_last_step(steps: np.ndarray) -> np.ndarray:
+    """The samples of the steps before the last one (where they are 3 or more, of 2 steps or more), else all: the
+    step a process died in is a part of one, whose memory says nothing of growth across steps (a spike filling
+    there, sampled 20 times on a loaded machine, read as 5 MiB a step beyond the noise)."""
+    ok = np.isfinite(steps)
+    done = ok & (steps < (steps[ok].max() if ok.any() else 0.0))
+    return done if done.sum() >= 3 and len(np.unique(steps[done])) >= 2 else np.ones(len(steps), bool)
+
+
 def host_growth(f: Facts) -> dict[str, Any] | None:
-    """Least-squares growth of RSS per step and per second, each with its 95% interval (``_error``:
-    the half-width) and whether it is beyond the noise (``_beyond_noise``: the interval excludes zero);
-    the growth of the job's children, and who grew."""
+    """Least-squares growth of RSS per step (over the steps before the last: ``_before_last_step``) and per
+    second, each with its 95% interval (``_error``: the half-width) and whether it is beyond the noise
+    (``_beyond_noise``: the interval excludes zero); the growth of the job's children, and who grew."""
     if len(f.samples) < 3:
         return None
     samples, sample_ns = f.samples, f.sample_ns
@@ -64,8 +73,9 @@ def host_growth(f: Facts) -> dict[str, Any] | None:
         samples, sample_ns = Rows(samples.table, samples.rows[keep]), sample_ns[keep]
     rss, children, steps = (samples.floats(c) for c in ("host_rss", "children_rss", "step"))
     out: dict[str, Any] = {}
-    for name, x in (("rss_per_second", sample_ns / 1e9), ("rss_per_step", steps)):
-        fit = trend(x, rss)
+    done = _before_last_step(steps)
+    for name, x, y in (("rss_per_second", sample_ns / 1e9, rss), ("rss_per_step", steps[done], rss[done])):
+        fit = trend(x, y)
         if fit is not None:
             out[name], error = fit
             out[f"{name}_error"] = error if np.isfinite(error) else None  # None: too few points to tell

@@ -136,7 +136,7 @@ def _per_step(growth: dict[str, Any]) -> str:
     if growth.get("rss_per_step_beyond_noise"):
         trend = "grew" if per_step > 0 else "shrank"
         return (f"The job's own memory {trend} {human_bytes(int(abs(per_step)))} ± {human_bytes(int(error or 0))} "
-                "per step (least squares over the samples, 95% interval).")  # fmt: skip
+                "per step (least squares over the samples of the steps before the last, 95% interval).")  # fmt: skip
     why = "a 95% interval that includes zero" if error is not None else "too few independent samples to tell"
     return f"The job's own memory shows no growth per step beyond its noise (the fit: {fit} per step, {why})."
 
