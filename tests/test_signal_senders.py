@@ -8,6 +8,7 @@ import json
 import os
 import pty
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -128,3 +129,34 @@ def test_a_job_ended_by_a_signal_is_told_by_that_signals_name(tmp_path: Path, na
     assert death["cause"] == "signal", death
     ends = [f"{name} from kill.", f"{name} from pid {sender.pid}."] if sender else [f"{name}, which it sent itself."]
     assert any(death["headline"].endswith(f") was ended by {end}") for end in ends), death["headline"]
+
+
+@pytest.mark.slow
+def test_a_signal_a_relay_passed_on_names_the_relay_as_one(tmp_path: Path) -> None:
+    # GIVEN a job started through a program that passes signals on (`docker run --init`'s tini), run bare and under
+    # `blackbox run`, and a SIGTERM sent to that program (as `docker stop` sends it to the container's first process)
+    if shutil.which("tini") is None:
+        pytest.skip("tini is not installed (CI installs it: tools/ci_packages.sh)")
+    (tmp_path / "train.py").write_text("import numpy\n" + JOB)  # (a job's python under a program arms at numpy)
+    ended = {}
+    for armed in (False, True):
+        run = [sys.executable, "-m", "blackbox", "run", "--dir", str(tmp_path / "runs"), "--quiet", "--"]
+        job = ["tini", "-s", "--", sys.executable, str(tmp_path / "train.py")]
+        proc = subprocess.Popen([*(run if armed else []), *job],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        tini = proc.pid if not armed else next(
+            int(k) for k in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+            if Path(f"/proc/{k}/comm").read_text().strip() == "tini")  # fmt: skip
+        os.kill(tini, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+        ended[armed] = (proc.returncode, out)
+    # THEN the job ends as it does bare
+    assert ended[True] == ended[False] and ended[False][0] == 128 + signal.SIGTERM, ended
+    # AND tini is named as what passed the signal on, not as who ended the job (it read "ended by SIGTERM from tini.")
+    (run_dir,) = (tmp_path / "runs").glob("run-*")
+    death = json.loads((run_dir / "bundle" / "metadata.json").read_text())["death"]
+    said = ("was ended by SIGTERM from tini (a container's init, passing on a signal it got: `docker stop`, a pod's "
+            "deletion; who sent it is not recorded).")
+    assert death["cause"] == "signal" and said in death["headline"], death["headline"]

@@ -146,14 +146,23 @@ def sent_from(row: dict[str, Any]) -> str:
 
 SCHEDULERS = ("slurmstepd", "slurmd", "srun", "scancel", "kubelet", "containerd-shim", "timeout", "systemd")
 AGENTS = ("torchrun", "pt_elastic", "torch.distributed.run")  # torchrun's agent, by its names and its thread's
+_INIT = "a container's init, passing on a signal it got: `docker stop`, a pod's deletion; who sent it is not recorded"
+_PASSED = ", passing on a signal it got; who sent it is not recorded"
+RELAYS = {  # senders that only pass on what they get (the job's ring names them, not who sent it to them)
+    "tini": _INIT, "tini-static": _INIT, "docker-init": _INIT, "dumb-init": _INIT, "catatonit": _INIT,
+    "uv": f"`uv run`{_PASSED}", "sudo": f"`sudo`{_PASSED}",
+}  # fmt: skip
 
 
 def sender_role(sender: str) -> str:
-    """What a signal from ``sender`` meant, said after it: a scheduler's (its time limit, a preemption), or torchrun's
+    """What a signal from ``sender`` meant, said after it: a scheduler's (its time limit, a preemption), a relay's
+    (``RELAYS``: a container's init, `uv run`: not who sent it), or torchrun's
     agent stopping its ranks (it read "a scheduler" too: the agent stops them whatever ended it, or a rank; under
     `accelerate launch` too, whose agent is torchrun's: "the launcher")."""
     if sender in AGENTS:
         return " (the launcher stopping its ranks: one of them ended, or the launcher itself was stopped)"
+    if sender in RELAYS:
+        return f" ({RELAYS[sender]})"
     return " (a scheduler: time limit or preemption)" if sender in SCHEDULERS else ""
 
 
@@ -184,11 +193,12 @@ def _signal_named(status: int | None) -> str | None:
 
 
 def sender_named(killed_by: dict[str, Any] | None) -> str | None:
-    """Who sent the signal: its command name, else its pid (a sender that ended before the recorder read its
-    name: ``/bin/kill``), else None."""
+    """Who sent the signal: its command name (with what it is, for a sender that passes signals on: ``RELAYS``),
+    else its pid (a sender that ended before the recorder read its name: ``/bin/kill``), else None."""
     if not killed_by:
         return None
-    if killed_by.get("sender"):
-        return str(killed_by["sender"])
+    if killed_by.get("sender"):  # (one that passes signals on is said to: `docker run --init`'s tini, `uv run`)
+        sender = str(killed_by["sender"])
+        return f"{sender} ({RELAYS[sender]})" if sender in RELAYS else sender
     pid = killed_by.get("sender_pid")
     return f"pid {pid}" if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
