@@ -78,18 +78,10 @@ from typing import Any
 
 from .._times import epoch_ns
 from .hang import SHOWN, handler_ended, hang_headline, waited_headline
+from .headline import LAUNCHERS
 from .helpers import launcher_said
 from .stuck_rank import attempt_hang, ended_from_outside, ranked, signalled
 
-# Launchers that tear a job's other processes down when one fails, by their command (as a signal's sender
-# records it) -> the name said: torchrun's agent names its main thread pt_elastic, which /proc shows.
-LAUNCHERS = {
-    "pt_elastic": "torchrun",  # the agent's thread name, what a ring's own signal record shows
-    "torchrun": "torchrun",
-    "torch.distributed.run": "torchrun",  # `python -m torch.distributed.run`: a relayed signal names the module
-    "torch.distributed.launch": "torchrun",
-    "slurmstepd": "slurmstepd",
-}
 # The exceptions launchers raise for a child that failed: a launcher's report of a death, not one of its own
 REPORTS = ("ChildFailedError", "ProcessRaisedException", "ProcessExitedException")
 ENDERS = ("timeout", "scancel", "srun", "slurmd", "kubelet")  # what ends a hung job from outside, by name

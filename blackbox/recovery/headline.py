@@ -145,7 +145,16 @@ def sent_from(row: dict[str, Any]) -> str:
 
 
 SCHEDULERS = ("slurmstepd", "slurmd", "srun", "scancel", "kubelet", "containerd-shim", "timeout", "systemd")
-AGENTS = ("torchrun", "pt_elastic", "torch.distributed.run")  # torchrun's agent, by its names and its thread's
+# Launchers that tear a job's other processes down when one fails, by their command (as a signal's sender
+# records it) -> the name said: torchrun's agent names its main thread pt_elastic, which /proc shows.
+LAUNCHERS = {
+    "pt_elastic": "torchrun",  # the agent's thread name, what a ring's own signal record shows
+    "torchrun": "torchrun",
+    "torch.distributed.run": "torchrun",  # `python -m torch.distributed.run`: a relayed signal names the module
+    "torch.distributed.launch": "torchrun",
+    "slurmstepd": "slurmstepd",
+}
+AGENTS = tuple(name for name, said in LAUNCHERS.items() if said == "torchrun")  # torchrun's agent, by its names
 _INIT = "a container's init, passing on a signal it got: `docker stop`, a pod's deletion; who sent it is not recorded"
 _PASSED = ", passing on a signal it got; who sent it is not recorded"
 RELAYS = {  # senders that only pass on what they get (the job's ring names them, not who sent it to them)

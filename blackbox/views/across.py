@@ -13,8 +13,9 @@ from typing import Any
 
 from .._times import epoch_ns
 from .._units import human_bytes
-from ..recovery.attempts import LAUNCHERS, group_attempts
+from ..recovery.attempts import group_attempts
 from ..recovery.crash import short_frame
+from ..recovery.headline import LAUNCHERS
 
 DEFAULT_CLOCK_ERROR_S = 0.1  # assumed where a host's time service did not say how far off it may be
 MAX_GROUPS = 12
