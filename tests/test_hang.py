@@ -123,6 +123,19 @@ def _bundle(runs: Path) -> dict[str, Any]:
     return meta
 
 
+def _start_until_go(tmp_path: Path, job: str, *args: str, wait_s: float = STUCK_FOR,
+                    **kw: Any) -> subprocess.Popen[Any]:  # fmt: skip
+    """``job`` run as tmp_path/job.py with its rings folder, its go file and ``args``, returned once it has written
+    the go file (its plant begins there) and ``wait_s`` more seconds have passed."""
+    (tmp_path / "job.py").write_text(job)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(tmp_path / "rings"), str(tmp_path / "go"),
+                             *args], env=ENV, **kw)  # fmt: skip
+    while not (tmp_path / "go").exists() and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(wait_s)
+    return proc
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="no torchrun beside this Python")
 def test_a_stuck_rank_is_named_not_the_rank_whose_sigterm_landed_first(tmp_path: Path) -> None:
@@ -444,12 +457,8 @@ def test_a_process_busy_without_steps_when_killed_keeps_its_cause(tmp_path: Path
     # GIVEN a job that evaluates for seconds after its last step (its stack always changing), then the
     # scheduler's SIGTERM: no step for 30x its step time, but it was working, not stuck
     assert job == BUSY or ("[attention] * 12" in job and SPREAD not in job)
-    (tmp_path / "job.py").write_text(job)
-    proc = subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(tmp_path / "rings"), str(tmp_path / "go")],
-                            env=ENV)  # fmt: skip
-    while not (tmp_path / "go").exists() and proc.poll() is None:
-        time.sleep(0.05)
-    time.sleep(2 * STUCK_FOR)  # twice as long: enough stack samples, under load too, that no layer has half
+    # twice as long: enough stack samples, under load too, that no layer has half of them
+    proc = _start_until_go(tmp_path, job, wait_s=2 * STUCK_FOR)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == -signal.SIGTERM
     from blackbox.recovery.pipeline import recover_rings
@@ -566,12 +575,7 @@ re.match(r"(a+)+$", "a" * 40 + "b")  # PLANT: minutes in C, the GIL held: the st
 def test_a_stall_that_starved_the_stack_sampler_names_no_place_from_before_it(tmp_path: Path) -> None:
     # GIVEN a job that, after 40 steps and a second of work, runs a regex for minutes in C with the GIL held (as
     # torch.save into a pipe does), SIGTERMed 3 s in: its stack sampler, a Python thread, sampled only the work
-    (tmp_path / "job.py").write_text(GIL_HELD)
-    proc = subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(tmp_path / "rings"), str(tmp_path / "go")],
-                            env=ENV)  # fmt: skip
-    while not (tmp_path / "go").exists() and proc.poll() is None:
-        time.sleep(0.05)
-    time.sleep(STUCK_FOR)
+    proc = _start_until_go(tmp_path, GIL_HELD)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == -signal.SIGTERM
     from blackbox.recovery.pipeline import recover_rings
@@ -699,12 +703,7 @@ for step in range(1000):
 def test_a_job_hung_long_before_its_handler_took_the_sigterm_is_a_hang(tmp_path: Path) -> None:
     # GIVEN a job hung for STUCK_FOR seconds, then sent SIGTERM (its handler sets a flag nobody reads), then
     # SIGKILL 1 s later
-    (tmp_path / "job.py").write_text(HUNG_THEN_FLAGGED)
-    proc = subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(tmp_path / "rings"), str(tmp_path / "go")],
-                            env=ENV)  # fmt: skip
-    while not (tmp_path / "go").exists() and proc.poll() is None:
-        time.sleep(0.05)
-    time.sleep(STUCK_FOR)
+    proc = _start_until_go(tmp_path, HUNG_THEN_FLAGGED)
     proc.send_signal(signal.SIGTERM)
     time.sleep(1.0)
     proc.kill()
@@ -743,12 +742,7 @@ def test_a_main_process_waiting_for_a_stuck_dataloader_worker_is_said_to_wait_fo
     pytest.importorskip("torch")
     # GIVEN a DataLoader worker stuck in the dataset at batch 10, its main process waiting for that batch, until
     # the scheduler's SIGTERM
-    (tmp_path / "job.py").write_text(LOADER_HANG)
-    proc = subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(tmp_path / "rings"), str(tmp_path / "go")],
-                            env=ENV, stderr=subprocess.DEVNULL)  # fmt: skip
-    while not (tmp_path / "go").exists() and proc.poll() is None:
-        time.sleep(0.05)
-    time.sleep(STUCK_FOR)
+    proc = _start_until_go(tmp_path, LOADER_HANG, stderr=subprocess.DEVNULL)
     proc.send_signal(signal.SIGTERM)
     try:
         assert proc.wait(timeout=60) == -signal.SIGTERM
@@ -796,12 +790,7 @@ while True:
 @pytest.mark.parametrize("state", ["stuck", "working"])
 def test_a_job_without_steps_is_told_where_its_stack_stayed(tmp_path: Path, state: str) -> None:
     # GIVEN a job that counts no steps, stuck on a lock (or working), ended by the scheduler's SIGTERM after 12 s
-    (tmp_path / "job.py").write_text(STEPLESS)
-    proc = subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(tmp_path / "rings"), str(tmp_path / "go"),
-                             state], env=ENV)  # fmt: skip
-    while not (tmp_path / "go").exists() and proc.poll() is None:
-        time.sleep(0.05)
-    time.sleep(12)
+    proc = _start_until_go(tmp_path, STEPLESS, state, wait_s=12)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == -signal.SIGTERM
     from blackbox.recovery.pipeline import recover_rings
