@@ -71,13 +71,33 @@ def test_signals_that_are_not_one_signal_to_many_keep_their_deaths_apart(apart: 
     assert first is worker and "same_signal" not in str(collateral)
 
 
+def test_a_main_process_that_took_the_group_signal_and_exited_0_leaves_no_death() -> None:
+    # GIVEN `timeout`'s SIGTERM to the group: the main process saved a checkpoint in its own handler and exited 0,
+    # its two spawned workers died of it (they have no handler), 0.2 ms sooner
+    main = _ring(10, 9, 1.0002, cause="clean_exit")
+    main["death"]["handled_by"] = main["death"].pop("killed_by")
+    w1, w2 = _ring(11, 10, 1.0, role="worker"), _ring(12, 10, 1.0001, role="worker")
+    first, collateral, _ = deaths([w1, w2, main])
+    # THEN no death is the job's: the workers ended with the main process's clean end (it read "The DataLoader
+    # worker (pid 11) was ended by SIGTERM from timeout", and `blackbox run` "a process of it died before")
+    assert first is None and {m["pid"] for m in collateral} == {11, 12}
+    assert all(m["death"]["collateral_of"]["pid"] == 10 for m in collateral)
+
+
 JOB = """\
-import multiprocessing as mp, os, sys, time
+import multiprocessing as mp, os, signal, sys, time
 def spin(ready):
     open(ready, "w").close()
     while True:
         time.sleep(0.01)
+def save_then_exit(signum, frame):  # a checkpoint saved, then the exit (fork workers inherit it)
+    time.sleep(0.2)
+    if sys.argv[2] == "0":
+        sys.exit(0)
+    os._exit(1)  # (as handlers do that must not wait for the job's threads)
 if __name__ == "__main__":
+    if sys.argv[2] != "none":
+        signal.signal(signal.SIGTERM, save_then_exit)
     workers = [mp.get_context(sys.argv[1]).Process(target=spin, args=(f"w{i}.ready",)) for i in range(2)]
     for w in workers:
         w.start()
@@ -87,7 +107,7 @@ if __name__ == "__main__":
 """
 
 
-def _job(tmp_path: Path, armed: bool, method: str, how: str) -> tuple[int, list[int]]:
+def _job(tmp_path: Path, armed: bool, method: str, how: str, handler: str) -> tuple[int, list[int]]:
     """Run JOB in a session of its own (armed under `blackbox run`, else bare), wait until both workers are up,
     then signal it: the whole group (``killpg``) or, one by one, the workers first and the main process last (as
     a scheduler signals every task). Returns the exit status and the pids (main, worker, worker)."""
@@ -96,8 +116,9 @@ def _job(tmp_path: Path, armed: bool, method: str, how: str) -> tuple[int, list[
     (work / "job.py").write_text(JOB)
     run = [sys.executable, "-m", "blackbox", "run", "--quiet", "--dir", str(work / "run"), "--"] if armed else []
     env = dict(os.environ, PYTHONPATH=str(REPO) if armed else "")
-    proc = subprocess.Popen([*run, sys.executable, "job.py", method], cwd=work, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen([*run, sys.executable, "job.py", method, handler], cwd=work, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
     assert proc.stdout is not None
     pids = [int(p) for p in proc.stdout.readline().split()[1:]]
     deadline = time.monotonic() + 120
@@ -113,23 +134,32 @@ def _job(tmp_path: Path, armed: bool, method: str, how: str) -> tuple[int, list[
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("method", "how"), [("fork", "group"), ("spawn", "workers first")])
-def test_one_sigterm_to_a_job_and_its_workers_tells_the_main_process(tmp_path: Path, method: str, how: str) -> None:
-    # GIVEN a job with two multiprocessing workers, run bare and under `blackbox run`, each SIGTERMed with its workers
-    bare, _ = _job(tmp_path, False, method, how)
-    armed, (main, *workers) = _job(tmp_path, True, method, how)
+@pytest.mark.parametrize(("method", "how", "handler"), [("fork", "group", "none"), ("spawn", "workers first", "none"),
+                                                       ("spawn", "group", "0"), ("fork", "group", "1")])  # fmt: skip
+def test_one_sigterm_to_a_job_and_its_workers_tells_the_main_process(tmp_path: Path, method: str, how: str,
+                                                                     handler: str) -> None:  # fmt: skip
+    # GIVEN a job with two multiprocessing workers, run bare and under `blackbox run`, each SIGTERMed with its workers;
+    # its main process with no handler, or one that saves a checkpoint and exits: sys.exit(0), or os._exit(1) (fork
+    # workers inherit it; such an end read "the process called os._exit(1)", the signal its handler took untold)
+    bare, _ = _job(tmp_path, False, method, how, handler)
+    armed, (main, *workers) = _job(tmp_path, True, method, how, handler)
     # THEN it ends the same either way
-    assert armed == bare == -signal.SIGTERM, (armed, bare)
-    # AND the main process is the death told, its workers ended with it by the same signal from its sender
+    assert armed == bare == (-signal.SIGTERM if handler == "none" else int(handler)), (armed, bare)
+    # AND the main process is the death told (none where it exited 0), its workers ended with it by the same signal
     (run,) = (tmp_path / "armed" / "run").glob("run-*")
     meta = json.loads((run / "bundle" / "metadata.json").read_text())
-    first = meta["first_death"]
-    assert first["pid"] == main and first["cause"] == "signal", first
-    sender = "python" if how == "group" else "kill"
-    assert f"The main process (pid {main}) was ended by SIGTERM from {sender}" in first["headline"], first["headline"]
-    by_pid = {m["pid"]: m for m in meta["rings"]}
-    for pid in workers:
-        after = by_pid[pid]["death"]["collateral_of"]
-        assert after["pid"] == main and after["same_signal"] == "SIGTERM" and after["by"] == sender, after
+    first, sender = meta["first_death"], "python" if how == "group" else "kill"
     text = (run / "bundle" / "summary.md").read_text()
+    if handler == "0":
+        assert first is None and meta["cause"] == "clean_exit", first
+        assert f"No process died of its own cause: one SIGTERM from {sender} reached them at once; pid {main}" in text
+    else:
+        assert first["pid"] == main and first["cause"] == ("signal" if handler == "none" else "nonzero_exit"), first
+        said = f"by SIGTERM from {sender}" if handler == "none" else f"after SIGTERM from {sender}, which its own"
+        assert said in first["headline"], first["headline"]
+    by_pid = {m["pid"]: m for m in meta["rings"]}
+    for pid in workers:  # (fork workers that took it in the inherited handler, then os._exit(1), are told so too)
+        after = by_pid[pid]["death"].get("collateral_of") or {}
+        assert after.get("pid") == main and after["same_signal"] == "SIGTERM" and after["by"] == sender, (
+            by_pid[pid]["death"], first)
     assert f"ended with it by the same SIGTERM from {sender} (one signal to them all)" in text

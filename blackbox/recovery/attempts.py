@@ -452,7 +452,7 @@ def deaths(
 
 
 def _signal_of(m: dict[str, Any], group: list[dict[str, Any]]) -> tuple[tuple[Any, ...], float] | None:
-    """(host, signal, sender pid, sender) of the signal that ended ring ``m`` (or that its handler took) and the
+    """(host, signal, sender pid) of the signal that ended ring ``m`` (or that its handler took) and the
     time it came, where a process outside the attempt sent it (not a fault: a process's own); else None."""
     k = signalled(m)
     if k is None or not isinstance(k.get("signal"), str) or k["signal"] in FAULTS:
@@ -461,7 +461,7 @@ def _signal_of(m: dict[str, Any], group: list[dict[str, Any]]) -> tuple[tuple[An
     if not isinstance(pid, int) or isinstance(pid, bool) or pid < 0 or at is None or any(
             (r.get("host"), r.get("pid")) == (m.get("host"), pid) for r in group if pid):  # fmt: skip
         return None  # (a signal from a process of the job is its teardown, told apart)
-    return (m.get("host"), k["signal"], pid, str(k.get("sender") or "")), at
+    return (m.get("host"), k["signal"], pid), at  # (its name may be read in one and not another: `kill` exits fast)
 
 
 def _one_signal(dead: list[dict[str, Any]], group: list[dict[str, Any]], when: dict[int, tuple[float, str]],
@@ -471,23 +471,27 @@ def _one_signal(dead: list[dict[str, Any]], group: list[dict[str, Any]], when: d
     attempt, within ``ONE_SIGNAL_S``), the others, marked collateral (``same_signal``) of the topmost of them by
     their parents: the job's main process is the death told, not the DataLoader worker or spawned rank the kernel
     reached a few microseconds sooner (nor is the main process its parent's teardown after that worker's death:
-    ``timeout`` is the parent of the command it runs). Which the kernel reached first says nothing of the job."""
+    ``timeout`` is the parent of the command it runs). Where that main process took the signal in its own handler and
+    exited 0 (a checkpoint saved), the others are collateral of its clean end, and the attempt has no death. Which
+    the kernel reached first says nothing of the job."""
     if not dead:
         return []
     first = _earliest(dead, when, parents)
     key = _signal_of(first, group)
     if key is None:
         return []
-    same = [first] + [m for m in dead if m is not first and (k := _signal_of(m, group)) is not None
+    clean = [m for m in group if m["death"].get("cause") == "clean_exit" and m["death"].get("handled_by")]
+    same = [first] + [m for m in dead + clean if m is not first and (k := _signal_of(m, group)) is not None
                       and k[0] == key[0] and abs(k[1] - key[1]) <= ONE_SIGNAL_S]  # fmt: skip
     seen = {id(first)}
     while (parent := next((m for m in same if id(m) not in seen and (m.get("host"), m.get("pid")) == (
             first.get("host"), first.get("ppid"))), None)) is not None:  # fmt: skip
         seen.add(id(parent))
         first = parent
-    together = [m for m in same if m is not first]
-    for m in together:
-        by = _launcher(m, signalled(m) or {}, group) or key[0][3] or None
+    together = [m for m in same if m is not first and m["death"].get("cause") != "clean_exit"]
+    named = next((str(took.get("sender")) for m in same if (took := signalled(m) or {}).get("sender")), None)
+    for m in together:  # (the topmost may have taken it in its handler and exited 0: then no death is told)
+        by = _launcher(m, signalled(m) or {}, group) or named
         m["death"]["collateral_of"] = _who(first) | {"by": by, "same_signal": key[0][1]}
     return together
 

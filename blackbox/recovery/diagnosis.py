@@ -178,7 +178,7 @@ class _Death:
             self.evidence.insert(0, "no clean end: the process ended without running its exit handlers")
             self._not_clean(near)
             self.evidence += dropped_before(self.f.signals, self.killed_by)  # (the SIGKILL's own said already)
-        if clean and self.cause in ("clean_exit", "nonzero_exit", "exception"):
+        if (clean or self.exit_how == fmt.EXIT_OS) and self.cause in ("clean_exit", "nonzero_exit", "exception"):
             self._handled_signal()
         self._thread_deaths()
         if self.status is not None and not any("exit status" in e for e in self.evidence):

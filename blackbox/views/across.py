@@ -111,7 +111,7 @@ def first_death_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]]) 
     """Who died first; and where a death on another host is closer than the two clocks can tell apart,
     that the order between them is not known."""
     if not first:
-        return ["No process records a death: every writer ended cleanly or is still running.", ""]
+        return [_no_death(rows), ""]
     if first.get("alive"):  # a snapshot of one that runs on (a hang recovered by hand), no death
         return [f"**No death: {_who(first)} is still running**; recovered as a snapshot at {first['time']}, step "
                 f"{_step(first.get('step'))}.", *(["", first["headline"]] if first.get("headline") else []), ""]
@@ -150,6 +150,19 @@ def first_death_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]]) 
                       f"records). {len(uncertain)} death(s) are that close."]  # fmt: skip
     lines += _starved_lines(rows)
     return [*lines, ""]
+
+
+def _no_death(rows: list[dict[str, Any]]) -> str:
+    """The sentence where no process died of its own cause: where one signal reached several and the topmost took
+    it in its own handler and exited 0 (``timeout``'s SIGTERM, a checkpoint saved), the others ended by it."""
+    torn = [r for r in rows if r.get("same_signal") and r.get("collateral_of") is not None]
+    top = next((r for r in rows if torn and r.get("pid") == torn[0]["collateral_of"] and r.get("host") ==
+                torn[0].get("host")), None)  # fmt: skip
+    if top is None:
+        return "No process records a death: every writer ended cleanly or is still running."
+    sig, by = torn[0]["same_signal"], f" from {torn[0]['stopped_by']}" if torn[0].get("stopped_by") else ""
+    return (f"No process died of its own cause: one {sig}{by} reached them at once; {_short(top)} took it in its "
+            f"own handler and exited cleanly, {_named(torn)} ended by it.")  # fmt: skip
 
 
 def _window(r: dict[str, Any]) -> float:
@@ -268,8 +281,8 @@ def ended_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]],
     for r in rows:
         if (r.get("host"), r.get("pid")) in alive:
             key = RUNNING
-        elif r.get("collateral_of") is not None and first:  # torn down after the first death: not a death of its own
-            key = _after_first(first, r)
+        elif r.get("collateral_of") is not None and (first or r.get("same_signal")):  # not a death of its own
+            key = _after_first(first or {}, r)  # (torn down after the first death, or ended with it by one signal)
             collateral.add(key)
         else:
             key = f"`{r.get('cause') or 'unknown'}`"
