@@ -451,15 +451,16 @@ def deaths(
     return first, collateral, None if at_work is None else at_work[2] | {"busy": True}
 
 
-def _signal_of(m: dict[str, Any], group: list[dict[str, Any]]) -> tuple[tuple[Any, ...], float] | None:
+def _signal_of(m: dict[str, Any], ours: set[tuple[Any, Any]]) -> tuple[tuple[Any, ...], float] | None:
     """(host, signal, sender pid) of the signal that ended ring ``m`` (or that its handler took) and the
-    time it came, where a process outside the attempt sent it (not a fault: a process's own); else None."""
+    time it came, where a process outside the attempt (``ours``: its rings' host and pid) sent it (not a fault: a
+    process's own); else None."""
     k = signalled(m)
     if k is None or not isinstance(k.get("signal"), str) or k["signal"] in FAULTS:
         return None
     pid, at = k.get("sender_pid"), _epoch(str(k.get("time") or ""))
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid < 0 or at is None or any(
-            (r.get("host"), r.get("pid")) == (m.get("host"), pid) for r in group if pid):  # fmt: skip
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid < 0 or at is None or (
+            pid and (m.get("host"), pid) in ours):  # fmt: skip
         return None  # (a signal from a process of the job is its teardown, told apart)
     return (m.get("host"), k["signal"], pid), at  # (its name may be read in one and not another: `kill` exits fast)
 
@@ -477,11 +478,12 @@ def _one_signal(dead: list[dict[str, Any]], group: list[dict[str, Any]], when: d
     if not dead:
         return []
     first = _earliest(dead, when, parents)
-    key = _signal_of(first, group)
+    ours = {(r.get("host"), r.get("pid")) for r in group}  # (once: a thousand tasks' signal, a thousand rings)
+    key = _signal_of(first, ours)
     if key is None:
         return []
     clean = [m for m in group if m["death"].get("cause") == "clean_exit" and m["death"].get("handled_by")]
-    same = [first] + [m for m in dead + clean if m is not first and (k := _signal_of(m, group)) is not None
+    same = [first] + [m for m in dead + clean if m is not first and (k := _signal_of(m, ours)) is not None
                       and k[0] == key[0] and abs(k[1] - key[1]) <= ONE_SIGNAL_S]  # fmt: skip
     seen = {id(first)}
     while (parent := next((m for m in same if id(m) not in seen and (m.get("host"), m.get("pid")) == (

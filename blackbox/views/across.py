@@ -16,6 +16,7 @@ from .._units import human_bytes
 from ..recovery.attempts import group_attempts
 from ..recovery.crash import short_frame
 from ..recovery.headline import LAUNCHERS
+from ..recovery.helpers import ROLE
 
 DEFAULT_CLOCK_ERROR_S = 0.1  # assumed where a host's time service did not say how far off it may be
 MAX_GROUPS = 12
@@ -155,11 +156,14 @@ def first_death_lines(first: dict[str, Any] | None, rows: list[dict[str, Any]]) 
 def _no_death(rows: list[dict[str, Any]]) -> str:
     """The sentence where no process died of its own cause: where one signal reached several and the topmost took
     it in its own handler and exited 0 (``timeout``'s SIGTERM, a checkpoint saved), the others ended by it."""
+    none = "No process records a death: every writer ended cleanly or is still running."
     torn = [r for r in rows if r.get("same_signal") and r.get("collateral_of") is not None]
-    top = next((r for r in rows if torn and r.get("pid") == torn[0]["collateral_of"] and r.get("host") ==
-                torn[0].get("host")), None)  # fmt: skip
+    if not torn:
+        return none
+    top = next((r for r in rows if (r.get("host"), r.get("pid")) == (torn[0].get("host"), torn[0]["collateral_of"])),
+               None)  # fmt: skip
     if top is None:
-        return "No process records a death: every writer ended cleanly or is still running."
+        return none
     sig, by = torn[0]["same_signal"], f" from {torn[0]['stopped_by']}" if torn[0].get("stopped_by") else ""
     return (f"No process died of its own cause: one {sig}{by} reached them at once; {_short(top)} took it in its "
             f"own handler and exited cleanly, {_named(torn)} ended by it.")  # fmt: skip
@@ -189,14 +193,18 @@ ENDED = {
     "oom_exception": "died of an out-of-memory exception", "nonzero_exit": "exited with an error", "hang": "hung",
 }  # fmt: skip
 MAX_NAMED = 6  # ranks (or ranges of ranks) named in one list
-_ROLES = {"worker": "worker ", "compile_worker": "compile worker ", "mp_service": "multiprocessing service ",
-          "child": "child "}  # a process without a rank, named by its role where it is not the main one
 
 
 def _short(r: dict[str, Any]) -> str:
     if (helper := _rank_helper(r)) is not None:
         return f"{helper} (pid {r.get('pid')})"
     return f"rank {r['rank']}" if r.get("rank") is not None else f"pid {r.get('pid')}"
+
+
+def _role_of(r: dict[str, Any]) -> str:
+    """``multiprocessing worker ``: a process's role as its headline names it (``helpers.ROLE``), but the main one's."""
+    role = str(r.get("role"))
+    return f"{ROLE[role]} " if role in ROLE and role != "main" else ""
 
 
 def _named(rows: list[dict[str, Any]]) -> str:
@@ -214,7 +222,7 @@ def _named(rows: list[dict[str, Any]]) -> str:
         parts += [f"{lo} to {hi}"] if hi > lo + 1 else [str(v) for v in range(lo, hi + 1)]
     parts = [("rank " if len(ranks) == 1 else "ranks ") + parts[0], *parts[1:]] if parts else []
     parts += [_short(r) for r in rows if _rank_helper(r) is not None]
-    parts += [f"{_ROLES.get(str(r.get('role')), '')}pid {r.get('pid')}" for r in rows
+    parts += [f"{_role_of(r)}pid {r.get('pid')}" for r in rows
               if not isinstance(r.get("rank"), int)]  # fmt: skip
     if len(parts) > MAX_NAMED:
         parts = [*parts[:MAX_NAMED], f"{len(parts) - MAX_NAMED} more"]
